@@ -1,0 +1,42 @@
+# fastinfer: `make demo` and `make test` work from a fresh clone (they create .venv first).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_VERSION := 2.14.1
+# Pinned build and test tools (the package's runtime deps come from pyproject.toml).
+BUILD_DEPS := scikit-build-core==1.1.2 ninja==1.13.2 cmake==3.31.6
+DEPS_STAMP := $(VENV)/.deps-$(TORCH_VERSION)
+BUILD_STAMP := $(VENV)/.installed
+JOBS ?= $(shell nproc)
+
+.PHONY: venv install demo test bench gpu-check clean
+
+venv: $(DEPS_STAMP)
+
+$(DEPS_STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q torch==$(TORCH_VERSION) $(BUILD_DEPS)
+	$(PIP) install -q --no-deps nvidia-cutlass==4.2.0
+	touch $@
+
+# Incremental: scikit-build-core keeps its CMake build in build/<wheel tag>.
+install: $(DEPS_STAMP)
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PIP) install --no-build-isolation -q ".[test]"
+	touch $(BUILD_STAMP)
+
+demo: install
+	$(PY) -m fastinfer.demo
+
+# Everything, the C++ embedding example (tests/test_cpp_package.py) and the build checks included.
+test: install
+	$(PY) -m pytest -q -ra tests
+
+bench: install
+	$(PY) bench/ops.py --json bench/results/ops-$$(hostname).json
+
+gpu-check:
+	bash bench/gpu_check.sh
+
+clean:
+	rm -rf build tests/cpp/build

@@ -1,0 +1,143 @@
+// CPU implementations (ATen, fp32 inside) of the fastinfer ops: they make the runner usable on a
+// CPU-only machine and accept float32 as well as float16/bfloat16.
+#include <torch/library.h>
+
+#include "validate.h"
+
+namespace fastinfer::binding {
+namespace {
+
+void check_on_cpu(const at::Tensor& t, const char* op, const char* name) {
+  FI_CHECK(t.device().is_cpu(), op, name, " must be a CPU tensor for this implementation, got ", t.device());
+}
+
+at::Tensor rms_norm_fp32(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const auto xf = x.to(at::kFloat);
+  const auto inv_rms = (xf.square().mean(-1, /*keepdim=*/true) + eps).rsqrt();
+  return xf * inv_rms * weight.to(at::kFloat);
+}
+
+void check_rms_norm_inputs(const char* op, const at::Tensor& x, const at::Tensor& weight) {
+  check_on_cpu(x, op, "x");
+  check_on_cpu(weight, op, "weight");
+  check_contiguous(x, op, "x");
+}
+
+void rms_norm_out_cpu(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  validate_rms_norm("rms_norm_out", x, weight, eps, true);
+  validate_same_shape("rms_norm_out", out, "out", x, "x");
+  check_same_dtype(out, x, "rms_norm_out", "out", "x");
+  check_rms_norm_inputs("rms_norm_out", x, weight);
+  check_on_cpu(out, "rms_norm_out", "out");
+  out.copy_(rms_norm_fp32(x, weight, eps));
+}
+
+at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  validate_rms_norm("rms_norm", x, weight, eps, true);
+  check_rms_norm_inputs("rms_norm", x, weight);
+  return rms_norm_fp32(x, weight, eps).to(x.scalar_type());
+}
+
+void fused_add_rms_norm_cpu(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
+  const char* op = "fused_add_rms_norm";
+  validate_rms_norm(op, x, weight, eps, true);
+  validate_same_shape(op, residual, "residual", x, "x");
+  check_same_dtype(residual, x, op, "residual", "x");
+  check_rms_norm_inputs(op, x, weight);
+  check_on_cpu(residual, op, "residual");
+  check_contiguous(residual, op, "residual");
+  residual.copy_(x.to(at::kFloat) + residual.to(at::kFloat));  // rounded to the residual dtype
+  x.copy_(rms_norm_fp32(residual, weight, eps));
+}
+
+at::Tensor silu_and_mul_fp32(const at::Tensor& x) {
+  const int64_t f = x.size(-1) / 2;
+  return at::silu(x.narrow(-1, 0, f).to(at::kFloat)) * x.narrow(-1, f, f).to(at::kFloat);
+}
+
+at::Tensor silu_and_mul_cpu(const at::Tensor& x) {
+  validate_silu_and_mul("silu_and_mul", x, true);
+  check_on_cpu(x, "silu_and_mul", "x");
+  return silu_and_mul_fp32(x).to(x.scalar_type());
+}
+
+void silu_and_mul_out_cpu(at::Tensor& out, const at::Tensor& x) {
+  const char* op = "silu_and_mul_out";
+  validate_silu_and_mul(op, x, true);
+  check_on_cpu(x, op, "x");
+  check_on_cpu(out, op, "out");
+  FI_CHECK(out.sym_sizes() == c10::SymIntArrayRef(silu_and_mul_out_shape(x)), op, "out must have shape ",
+           c10::SymIntArrayRef(silu_and_mul_out_shape(x)), ", got ", out.sizes());
+  check_same_dtype(out, x, op, "out", "x");
+  out.copy_(silu_and_mul_fp32(x));
+}
+
+void rotate_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rot, bool is_neox) {
+  // x: [T, H, D]; cos, sin: [T, 1, rot / 2] float32.
+  const int64_t half = rot / 2;
+  auto xr = x.narrow(-1, 0, rot);
+  at::Tensor x1, x2;
+  if (is_neox) {
+    x1 = xr.narrow(-1, 0, half);
+    x2 = xr.narrow(-1, half, half);
+  } else {
+    x1 = xr.slice(-1, 0, rot, 2);
+    x2 = xr.slice(-1, 1, rot, 2);
+  }
+  // copies (not aliases, even for float32 x): x1 is overwritten before x2 is computed
+  const auto a = x1.to(at::kFloat, false, true), b = x2.to(at::kFloat, false, true);
+  x1.copy_(a * cos - b * sin);
+  x2.copy_(b * cos + a * sin);
+}
+
+void rotary_embedding_cpu(const at::Tensor& positions, at::Tensor& q, at::Tensor& k,
+                          const at::Tensor& cos_sin_cache, bool is_neox) {
+  const char* op = "rotary_embedding";
+  validate_rotary_embedding(op, positions, q, k, cos_sin_cache, true);
+  for (const auto& [t, name] : {std::pair{&positions, "positions"}, {&q, "q"}, {&k, "k"}, {&cos_sin_cache, "cos_sin_cache"}})
+    check_on_cpu(*t, op, name);
+  check_index_range(positions, 0, cos_sin_cache.size(0), op, "positions", "rows of cos_sin_cache");
+  const int64_t rot = cos_sin_cache.size(1);
+  const auto rows = cos_sin_cache.index_select(0, positions.to(at::kLong)).to(at::kFloat).unsqueeze(1);
+  const auto cos = rows.narrow(-1, 0, rot / 2), sin = rows.narrow(-1, rot / 2, rot / 2);
+  rotate_(q, cos, sin, rot, is_neox);
+  rotate_(k, cos, sin, rot, is_neox);
+}
+
+void reshape_and_cache_cpu(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
+                           const at::Tensor& slot_mapping, const std::optional<at::Tensor>& k_scale,
+                           const std::optional<at::Tensor>& v_scale) {
+  const char* op = "reshape_and_cache";
+  validate_reshape_and_cache(op, k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, true);
+  for (const auto& [t, name] : {std::pair{&k, "k"}, {&v, "v"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"},
+                                {&slot_mapping, "slot_mapping"}})
+    check_on_cpu(*t, op, name);
+  check_contiguous(k_cache, op, "k_cache");
+  check_contiguous(v_cache, op, "v_cache");
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  check_index_range(slot_mapping, -1, num_slots, op, "slot_mapping", "-1 or a slot < num_blocks * block_size");
+  const auto slots = slot_mapping.to(at::kLong);
+  const auto keep = slots.ge(0);
+  const auto dst = slots.masked_select(keep);
+  auto store = [&](const at::Tensor& src, at::Tensor& cache, const std::optional<at::Tensor>& scale) {
+    auto rows = src.index({keep});
+    if (scale.has_value()) rows = (rows.to(at::kFloat) / scale->to(at::kFloat)).clamp(-448.0, 448.0);
+    cache.view({num_slots, cache.size(2), cache.size(3)}).index_put_({dst}, rows.to(cache.scalar_type()));
+  };
+  store(k, k_cache, k_scale);
+  store(v, v_cache, v_scale);
+}
+
+}  // namespace
+}  // namespace fastinfer::binding
+
+FASTINFER_LIBRARY_IMPL(FASTINFER_NS, CPU, m) {
+  using namespace fastinfer::binding;
+  m.impl("rms_norm", &rms_norm_cpu);
+  m.impl("rms_norm_out", &rms_norm_out_cpu);
+  m.impl("fused_add_rms_norm", &fused_add_rms_norm_cpu);
+  m.impl("silu_and_mul", &silu_and_mul_cpu);
+  m.impl("silu_and_mul_out", &silu_and_mul_out_cpu);
+  m.impl("rotary_embedding", &rotary_embedding_cpu);
+  m.impl("reshape_and_cache", &reshape_and_cache_cpu);
+}

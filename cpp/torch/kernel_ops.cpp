@@ -1,0 +1,259 @@
+// The CUDA implementations: validate, fill the Params struct, call the torch-free launcher, check
+// the returned error. Built twice from this one file:
+//   FASTINFER_KERNEL_BACKEND_CUDA: fastinfer._C, CUDA tensors, the current CUDA stream;
+//   FASTINFER_KERNEL_BACKEND_SIMT: fastinfer._sim, CPU tensors, the kernels run in cpp/simt.
+#include <torch/library.h>
+
+#include "fastinfer/fastinfer.h"
+#include "validate.h"
+
+#if defined(FASTINFER_KERNEL_BACKEND_CUDA)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <nvtx3/nvToolsExt.h>
+#define FASTINFER_KERNEL_KEY CUDA
+#elif defined(FASTINFER_KERNEL_BACKEND_SIMT)
+#define FASTINFER_KERNEL_KEY CPU
+#else
+#error "define FASTINFER_KERNEL_BACKEND_CUDA or FASTINFER_KERNEL_BACKEND_SIMT"
+#endif
+
+namespace fastinfer::binding {
+namespace {
+
+#if defined(FASTINFER_KERNEL_BACKEND_CUDA)
+constexpr const char* kKernelDevice = "a CUDA tensor";
+bool on_kernel_device(const at::Tensor& t) { return t.is_cuda(); }
+
+// Device guard + current stream of the op's first tensor, and an NVTX range named after the op
+// when FASTINFER_NVTX=1 (one cached getenv otherwise: free when off).
+class KernelScope {
+ public:
+  KernelScope(const char* op, const at::Tensor& anchor)
+      : guard_(anchor.device()), stream_(c10::cuda::getCurrentCUDAStream(anchor.device().index()).stream()) {
+    if (nvtx_enabled()) nvtxRangePushA(op);
+  }
+  ~KernelScope() {
+    if (nvtx_enabled()) nvtxRangePop();
+  }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  static bool nvtx_enabled() {
+    static const bool on = [] {
+      const char* v = std::getenv("FASTINFER_NVTX");
+      return v != nullptr && std::string(v) == "1";
+    }();
+    return on;
+  }
+  c10::cuda::CUDAGuard guard_;
+  cudaStream_t stream_;
+};
+#else
+constexpr const char* kKernelDevice = "a CPU tensor (the sim namespace runs the CUDA kernels on the CPU)";
+bool on_kernel_device(const at::Tensor& t) { return t.device().is_cpu(); }
+
+class KernelScope {
+ public:
+  KernelScope(const char*, const at::Tensor&) {}
+  cudaStream_t stream() const { return nullptr; }
+};
+#endif
+
+void check_device(const at::Tensor& t, const char* op, const char* name) {
+  FI_CHECK(on_kernel_device(t), op, name, " must be ", kKernelDevice, ", got ", t.device());
+}
+
+void check_launch(cudaError_t err, const char* op) {
+  FI_CHECK(err == cudaSuccess, op, "kernel failed: ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+}
+
+// ---------------------------------------------------------------------------------------------
+void rms_norm_out_impl(const char* op, at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_device(x, op, "x");
+  check_same_device(weight, x, op, "weight", "x");
+  check_same_device(out, x, op, "out", "x");
+  check_contiguous(x, op, "x");
+  check_contiguous(weight, op, "weight");
+  check_contiguous(out, op, "out");
+  KernelScope scope(op, x);
+  RmsNormParams p;
+  p.out = out.data_ptr();
+  p.x = x.data_ptr();
+  p.weight = weight.data_ptr();
+  p.hidden = x.size(-1);
+  p.num_rows = p.hidden == 0 ? 0 : x.numel() / p.hidden;
+  p.x_row_stride = p.hidden;
+  p.out_row_stride = p.hidden;
+  p.eps = static_cast<float>(eps);
+  p.dtype = to_dtype(x.scalar_type());
+  if (p.hidden == 0) return;
+  check_launch(launch_rms_norm(p, scope.stream()), op);
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  validate_rms_norm("rms_norm", x, weight, eps, false);
+  auto out = at::empty_like(x, at::MemoryFormat::Contiguous);
+  rms_norm_out_impl("rms_norm", out, x, weight, eps);
+  return out;
+}
+
+void rms_norm_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  validate_rms_norm("rms_norm_out", x, weight, eps, false);
+  validate_same_shape("rms_norm_out", out, "out", x, "x");
+  check_same_dtype(out, x, "rms_norm_out", "out", "x");
+  rms_norm_out_impl("rms_norm_out", out, x, weight, eps);
+}
+
+void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
+  const char* op = "fused_add_rms_norm";
+  validate_rms_norm(op, x, weight, eps, false);
+  validate_same_shape(op, residual, "residual", x, "x");
+  check_same_dtype(residual, x, op, "residual", "x");
+  check_device(x, op, "x");
+  check_same_device(residual, x, op, "residual", "x");
+  check_same_device(weight, x, op, "weight", "x");
+  check_contiguous(x, op, "x");
+  check_contiguous(residual, op, "residual");
+  check_contiguous(weight, op, "weight");
+  if (x.numel() == 0) return;
+  KernelScope scope(op, x);
+  FusedAddRmsNormParams p;
+  p.x = x.data_ptr();
+  p.residual = residual.data_ptr();
+  p.weight = weight.data_ptr();
+  p.hidden = x.size(-1);
+  p.num_rows = x.numel() / p.hidden;
+  p.x_row_stride = p.hidden;
+  p.residual_row_stride = p.hidden;
+  p.eps = static_cast<float>(eps);
+  p.dtype = to_dtype(x.scalar_type());
+  check_launch(launch_fused_add_rms_norm(p, scope.stream()), op);
+}
+
+// ---------------------------------------------------------------------------------------------
+void silu_and_mul_impl(const char* op, at::Tensor& out, const at::Tensor& x) {
+  check_device(x, op, "x");
+  check_same_device(out, x, op, "out", "x");
+  check_contiguous(x, op, "x");
+  check_contiguous(out, op, "out");
+  if (out.numel() == 0) return;
+  KernelScope scope(op, x);
+  SiluAndMulParams p;
+  p.out = out.data_ptr();
+  p.x = x.data_ptr();
+  p.width = x.size(-1) / 2;
+  p.num_rows = out.numel() / p.width;
+  p.x_row_stride = 2 * p.width;
+  p.out_row_stride = p.width;
+  p.dtype = to_dtype(x.scalar_type());
+  check_launch(launch_silu_and_mul(p, scope.stream()), op);
+}
+
+at::Tensor silu_and_mul(const at::Tensor& x) {
+  validate_silu_and_mul("silu_and_mul", x, false);
+  auto out = at::empty_symint(silu_and_mul_out_shape(x), x.options());
+  silu_and_mul_impl("silu_and_mul", out, x);
+  return out;
+}
+
+void silu_and_mul_out(at::Tensor& out, const at::Tensor& x) {
+  const char* op = "silu_and_mul_out";
+  validate_silu_and_mul(op, x, false);
+  FI_CHECK(out.sym_sizes() == c10::SymIntArrayRef(silu_and_mul_out_shape(x)), op, "out must have shape ",
+           c10::SymIntArrayRef(silu_and_mul_out_shape(x)), ", got ", out.sizes());
+  check_same_dtype(out, x, op, "out", "x");
+  silu_and_mul_impl(op, out, x);
+}
+
+// ---------------------------------------------------------------------------------------------
+void rotary_embedding(const at::Tensor& positions, at::Tensor& q, at::Tensor& k, const at::Tensor& cos_sin_cache,
+                      bool is_neox) {
+  const char* op = "rotary_embedding";
+  validate_rotary_embedding(op, positions, q, k, cos_sin_cache, false);
+  check_device(q, op, "q");
+  check_same_device(positions, q, op, "positions", "q");
+  check_same_device(k, q, op, "k", "q");
+  check_same_device(cos_sin_cache, q, op, "cos_sin_cache", "q");
+  check_contiguous(positions, op, "positions");
+  check_contiguous(cos_sin_cache, op, "cos_sin_cache");
+  check_packed_heads(q, op, "q");
+  check_packed_heads(k, op, "k");
+  check_index_range(positions, 0, cos_sin_cache.size(0), op, "positions", "rows of cos_sin_cache");
+  if (q.size(0) == 0) return;
+  KernelScope scope(op, q);
+  RotaryEmbeddingParams p;
+  p.positions = positions.data_ptr();
+  p.position_type = to_index_type(positions.scalar_type());
+  p.q = q.data_ptr();
+  p.k = k.numel() > 0 ? k.data_ptr() : nullptr;
+  p.cos_sin_cache = cos_sin_cache.data_ptr();
+  p.cache_dtype = to_dtype(cos_sin_cache.scalar_type());
+  p.num_tokens = q.size(0);
+  p.num_q_heads = q.size(1);
+  p.num_kv_heads = k.size(1);
+  p.head_dim = q.size(2);
+  p.rotary_dim = cos_sin_cache.size(1);
+  p.q_token_stride = q.stride(0);
+  p.k_token_stride = k.stride(0);
+  p.is_neox = is_neox;
+  p.dtype = to_dtype(q.scalar_type());
+  if (p.num_q_heads == 0) return;
+  check_launch(launch_rotary_embedding(p, scope.stream()), op);
+}
+
+// ---------------------------------------------------------------------------------------------
+void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
+                       const at::Tensor& slot_mapping, const std::optional<at::Tensor>& k_scale,
+                       const std::optional<at::Tensor>& v_scale) {
+  const char* op = "reshape_and_cache";
+  validate_reshape_and_cache(op, k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, false);
+  check_device(k, op, "k");
+  check_same_device(v, k, op, "v", "k");
+  check_same_device(k_cache, k, op, "k_cache", "k");
+  check_same_device(v_cache, k, op, "v_cache", "k");
+  check_same_device(slot_mapping, k, op, "slot_mapping", "k");
+  if (k_scale) check_same_device(*k_scale, k, op, "k_scale", "k");
+  if (v_scale) check_same_device(*v_scale, k, op, "v_scale", "k");
+  check_packed_heads(k, op, "k");
+  check_packed_heads(v, op, "v");
+  check_contiguous(k_cache, op, "k_cache");
+  check_contiguous(v_cache, op, "v_cache");
+  check_contiguous(slot_mapping, op, "slot_mapping");
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  check_index_range(slot_mapping, -1, num_slots, op, "slot_mapping", "-1 or a slot < num_blocks * block_size");
+  if (k.numel() == 0) return;
+  KernelScope scope(op, k);
+  ReshapeAndCacheParams p;
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.k_cache = k_cache.data_ptr();
+  p.v_cache = v_cache.data_ptr();
+  p.slot_mapping = slot_mapping.data_ptr();
+  p.slot_type = to_index_type(slot_mapping.scalar_type());
+  p.k_scale = k_scale ? k_scale->data_ptr<float>() : nullptr;
+  p.v_scale = v_scale ? v_scale->data_ptr<float>() : nullptr;
+  p.num_tokens = k.size(0);
+  p.num_kv_heads = k.size(1);
+  p.head_dim = k.size(2);
+  p.k_token_stride = k.stride(0);
+  p.v_token_stride = v.stride(0);
+  p.num_slots = num_slots;
+  p.dtype = to_dtype(k.scalar_type());
+  p.cache_dtype = to_dtype(k_cache.scalar_type());
+  check_launch(launch_reshape_and_cache(p, scope.stream()), op);
+}
+
+}  // namespace
+}  // namespace fastinfer::binding
+
+FASTINFER_LIBRARY_IMPL(FASTINFER_NS, FASTINFER_KERNEL_KEY, m) {
+  using namespace fastinfer::binding;
+  m.impl("rms_norm", &rms_norm);
+  m.impl("rms_norm_out", &rms_norm_out);
+  m.impl("fused_add_rms_norm", &fused_add_rms_norm);
+  m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("silu_and_mul_out", &silu_and_mul_out);
+  m.impl("rotary_embedding", &rotary_embedding);
+  m.impl("reshape_and_cache", &reshape_and_cache);
+}

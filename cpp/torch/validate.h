@@ -1,0 +1,108 @@
+#pragma once
+// Shape and dtype rules of each op, written with symbolic sizes so that the Meta (fake) kernels,
+// the CPU impls and the CUDA/sim impls all enforce exactly the same contract.
+// Device, contiguity and index-range checks need real tensors: see check_* in the impl files.
+#include <cmath>
+
+#include "common.h"
+
+namespace fastinfer::binding {
+
+inline void check_activation_dtype(const at::Tensor& t, bool allow_fp32, const char* op, const char* name) {
+  if (allow_fp32)
+    check_dtype_in(t, {at::kHalf, at::kBFloat16, at::kFloat}, op, name);
+  else
+    check_dtype_in(t, {at::kHalf, at::kBFloat16}, op, name);
+}
+
+inline void validate_rms_norm(const char* op, const at::Tensor& x, const at::Tensor& weight, double eps,
+                              bool allow_fp32) {
+  FI_CHECK(x.dim() >= 1, op, "x must have shape [..., hidden], got a 0-D tensor");
+  check_activation_dtype(x, allow_fp32, op, "x");
+  check_dim(weight, 1, op, "weight", "[hidden]");
+  check_same_dtype(weight, x, op, "weight", "x");
+  FI_CHECK(weight.sym_size(0) == x.sym_size(-1), op, "weight must have shape [hidden] = [", x.sym_size(-1),
+               "] (the last dim of x), got ", shape_str(weight));
+  FI_CHECK(std::isfinite(eps) && eps >= 0, op, "eps must be a finite number >= 0, got ", eps);
+}
+
+inline void validate_same_shape(const char* op, const at::Tensor& t, const char* name, const at::Tensor& ref,
+                                const char* ref_name) {
+  FI_CHECK(t.sym_sizes() == ref.sym_sizes(), op, name, " must have the shape of ", ref_name, " ",
+               shape_str(ref), ", got ", shape_str(t));
+}
+
+inline void validate_silu_and_mul(const char* op, const at::Tensor& x, bool allow_fp32) {
+  FI_CHECK(x.dim() >= 1, op, "x must have shape [..., 2 * F], got a 0-D tensor");
+  check_activation_dtype(x, allow_fp32, op, "x");
+  FI_CHECK(x.sym_size(-1) % 2 == 0, op, "x must have an even last dim [..., 2 * F] (gate then up), got ",
+               shape_str(x));
+}
+
+inline std::vector<c10::SymInt> silu_and_mul_out_shape(const at::Tensor& x) {
+  auto shape = x.sym_sizes().vec();
+  shape.back() = shape.back() / 2;
+  return shape;
+}
+
+inline void validate_rotary_embedding(const char* op, const at::Tensor& positions, const at::Tensor& q,
+                                      const at::Tensor& k, const at::Tensor& cos_sin_cache, bool allow_fp32) {
+  check_dim(positions, 1, op, "positions", "[num_tokens]");
+  check_dtype_in(positions, {at::kInt, at::kLong}, op, "positions");
+  check_dim(q, 3, op, "q", "[num_tokens, num_q_heads, head_dim]");
+  check_dim(k, 3, op, "k", "[num_tokens, num_kv_heads, head_dim]");
+  check_activation_dtype(q, allow_fp32, op, "q");
+  check_same_dtype(k, q, op, "k", "q");
+  FI_CHECK(q.sym_size(0) == positions.sym_size(0), op, "q must have num_tokens = positions.size(0) = ",
+               positions.sym_size(0), " rows, got shape ", shape_str(q));
+  FI_CHECK(k.sym_size(0) == positions.sym_size(0), op, "k must have num_tokens = positions.size(0) = ",
+               positions.sym_size(0), " rows, got shape ", shape_str(k));
+  FI_CHECK(k.sym_size(2) == q.sym_size(2), op, "k must have the head_dim of q (", q.sym_size(2), "), got shape ",
+               shape_str(k));
+  check_dim(cos_sin_cache, 2, op, "cos_sin_cache", "[max_position, rotary_dim]");
+  FI_CHECK(cos_sin_cache.scalar_type() == at::kFloat || cos_sin_cache.scalar_type() == q.scalar_type(), op,
+           "cos_sin_cache must be float32 or the dtype of q (", q.scalar_type(), "), got ",
+           cos_sin_cache.scalar_type());
+  const auto rot = cos_sin_cache.sym_size(1);
+  FI_CHECK(rot % 2 == 0 && rot > 0 && rot <= q.sym_size(2), op,
+               "cos_sin_cache must have an even rotary_dim in [2, head_dim = ", q.sym_size(2),
+               "] as its last dim (cat(cos, sin)), got shape ", shape_str(cos_sin_cache));
+}
+
+inline void validate_reshape_and_cache(const char* op, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                       const at::Tensor& slot_mapping, const std::optional<at::Tensor>& k_scale,
+                                       const std::optional<at::Tensor>& v_scale, bool allow_fp32) {
+  check_dim(k, 3, op, "k", "[num_tokens, num_kv_heads, head_dim]");
+  check_activation_dtype(k, allow_fp32, op, "k");
+  validate_same_shape(op, v, "v", k, "k");
+  check_same_dtype(v, k, op, "v", "k");
+  check_dim(k_cache, 4, op, "k_cache", "[num_blocks, block_size, num_kv_heads, head_dim]");
+  FI_CHECK(k_cache.sym_size(2) == k.sym_size(1) && k_cache.sym_size(3) == k.sym_size(2), op,
+               "k_cache must have shape [num_blocks, block_size, ", k.sym_size(1), ", ", k.sym_size(2),
+               "] to match k, got ", shape_str(k_cache));
+  validate_same_shape(op, v_cache, "v_cache", k_cache, "k_cache");
+  const bool fp8 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
+  FI_CHECK(fp8 || k_cache.scalar_type() == k.scalar_type(), op, "k_cache must have the dtype of k (",
+           k.scalar_type(), ") or float8_e4m3fn, got ", k_cache.scalar_type());
+  check_same_dtype(v_cache, k_cache, op, "v_cache", "k_cache");
+  check_dim(slot_mapping, 1, op, "slot_mapping", "[num_tokens]");
+  check_dtype_in(slot_mapping, {at::kInt, at::kLong}, op, "slot_mapping");
+  FI_CHECK(slot_mapping.sym_size(0) == k.sym_size(0), op, "slot_mapping must have num_tokens = ",
+               k.sym_size(0), " entries (k.size(0)), got ", shape_str(slot_mapping));
+  const std::pair<const std::optional<at::Tensor>*, const char*> scales[] = {{&k_scale, "k_scale"},
+                                                                             {&v_scale, "v_scale"}};
+  for (const auto& [scale, name] : scales) {
+    if (fp8) {
+      FI_CHECK(scale->has_value(), op, name, " is required with a float8_e4m3fn cache (a float32 tensor with 1 element)");
+      FI_CHECK((*scale)->scalar_type() == at::kFloat, op, name, " must be float32, got ", (*scale)->scalar_type());
+      FI_CHECK((*scale)->sym_numel() == 1, op, name, " must have exactly 1 element (a per-layer scale), got shape ",
+                   shape_str(**scale));
+    } else {
+      FI_CHECK(!scale->has_value(), op, name, " must be None unless the cache is float8_e4m3fn (cache dtype is ",
+               k_cache.scalar_type(), ")");
+    }
+  }
+}
+
+}  // namespace fastinfer::binding

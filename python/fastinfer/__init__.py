@@ -1,0 +1,47 @@
+"""fastinfer: CUDA kernels for LLM inference, as PyTorch custom ops (``torch.ops.fastinfer.*``).
+
+Importing the package loads the compiled extension ``fastinfer._C``, which registers every op
+(CPU, CUDA and Meta kernels). ``import fastinfer._sim`` additionally registers
+``torch.ops.fastinfer_sim.*``: the same CUDA kernel sources run on CPU tensors by the simt
+emulator (see cpp/simt/README.md). The C++ package (headers, static libraries, CMake config)
+lives inside this package: ``cmake -DCMAKE_PREFIX_PATH=$(python -c 'import fastinfer;
+print(fastinfer.cmake_prefix_path)')`` then ``find_package(fastinfer)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch  # noqa: F401  (the extension links against libtorch: load it first)
+
+from . import _C  # noqa: F401  (registers torch.ops.fastinfer.*)
+
+__version__ = "0.1.0"
+
+_pkg_dir = os.path.dirname(os.path.abspath(__file__))
+#: Directory holding the installed C++ headers (cuda/include and the simt headers).
+include_dir = os.path.join(_pkg_dir, "include")
+#: Directory holding libfastinfer_kernels.a, libfastinfer_kernels_simt.a, libfastinfer_simt.a.
+lib_dir = os.path.join(_pkg_dir, "lib")
+#: Add to CMAKE_PREFIX_PATH to find_package(fastinfer).
+cmake_prefix_path = os.path.join(_pkg_dir, "share", "cmake")
+
+
+def cuda_available() -> bool:
+    """True when the extension was built with CUDA kernels and a GPU is visible."""
+    return torch.cuda.is_available() and torch._C._dispatch_has_kernel_for_dispatch_key(
+        "fastinfer::rms_norm", "CUDA"
+    )
+
+
+def sim_available() -> bool:
+    """True when the simt build (``torch.ops.fastinfer_sim``) can be loaded."""
+    try:
+        importlib.import_module("fastinfer._sim")
+    except ImportError:
+        return False
+    return True
+
+
+from . import ops  # noqa: E402,F401
