@@ -19,11 +19,12 @@ def built_example(tmp_path_factory):
     build = tmp_path_factory.mktemp("cpp-build")
     generator = ["-G", "Ninja"] if shutil.which("ninja") or os.path.exists(os.path.join(os.path.dirname(sys.executable), "ninja")) else []
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    subprocess.run(
+    proc = subprocess.run(
         ["cmake", "-S", os.path.join(HERE, "cpp"), "-B", str(build), *generator,
          f"-DCMAKE_PREFIX_PATH={fastinfer.cmake_prefix_path}", "-DCMAKE_BUILD_TYPE=Release"],
-        check=True, capture_output=True, text=True, env=env,
+        capture_output=True, text=True, env=env,
     )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = subprocess.run(["cmake", "--build", str(build)], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return build

@@ -1,0 +1,101 @@
+"""`make demo`: every op on sample data, through each backend present, with its error against the
+fp64 reference and its time. Backends: "cpu" (ATen impls), "sim" (the CUDA kernels run by the simt
+emulator on the CPU: slow by design, small shapes) and "cuda" (when a GPU is present).
+Timings on cpu/sim are CPU timings; nothing here is a GPU figure unless the backend says cuda."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+import fastinfer
+from fastinfer import ops, reference
+
+
+def _sample(backend: str, dtype: torch.dtype, device: str):
+    """(name, run, ref) triples; run() returns the tensors to compare, ref() their references."""
+    big = backend != "sim"
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(dtype).to(device)
+
+    T = 100 if big else 17
+    H = 4096 if big else 200
+    F = 14336 if big else 96
+    Hq, Hkv, D = (32, 8, 128) if big else (4, 2, 64)
+    NB, BS = (64, 16) if big else (4, 16)
+    ns = torch.ops.fastinfer_sim if backend == "sim" else torch.ops.fastinfer
+    x, w, res = rnd(T, H), rnd(H, scale=0.5) + 1, rnd(T, H)
+    act = rnd(T, 2 * F)
+    qkv = rnd(T, (Hq + 2 * Hkv) * D)
+    q, k = qkv[:, : Hq * D].view(T, Hq, D), qkv[:, Hq * D : (Hq + Hkv) * D].view(T, Hkv, D)
+    v = qkv[:, (Hq + Hkv) * D :].view(T, Hkv, D)
+    positions = torch.randint(0, 4096, (T,), generator=g).to(device)
+    cos_sin = ops.build_rope_cache(4096, D, theta=500000.0, device=device)
+    slots = torch.randperm(NB * BS, generator=g)[:T].to(device)
+    slots[::7] = -1
+    k_cache = torch.full((NB, BS, Hkv, D), 3.0, dtype=dtype, device=device)
+
+    def fused():
+        xo, ro = x.clone(), res.clone()
+        ns.fused_add_rms_norm(xo, ro, w, 1e-6)
+        return xo, ro
+
+    def rope():
+        qo, ko = q.clone(), k.clone()
+        ns.rotary_embedding(positions, qo, ko, cos_sin, True)
+        return qo, ko
+
+    def cache():
+        kc, vc = k_cache.clone(), k_cache.clone()
+        ns.reshape_and_cache(k, v, kc, vc, slots)
+        return kc, vc
+
+    return [
+        (f"rms_norm [{T}, {H}]", lambda: (ns.rms_norm(x, w, 1e-6),), lambda: (reference.rms_norm(x, w, 1e-6),)),
+        (f"fused_add_rms_norm [{T}, {H}]", fused, lambda: reference.fused_add_rms_norm(x, res, w, 1e-6)),
+        (f"silu_and_mul [{T}, {2 * F}]", lambda: (ns.silu_and_mul(act),), lambda: (reference.silu_and_mul(act),)),
+        (f"rotary_embedding T={T} Hq={Hq} Hkv={Hkv} D={D}", rope,
+         lambda: reference.rotary_embedding(positions, q, k, cos_sin, True)),
+        (f"reshape_and_cache T={T} NB={NB} BS={BS}", cache,
+         lambda: reference.reshape_and_cache(k, v, k_cache, k_cache, slots)),
+    ]
+
+
+def _time(fn, device: str, reps: int) -> float:
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / reps * 1e6
+
+
+def main() -> None:
+    backends = [("cpu", "cpu", torch.float32), ("cpu", "cpu", torch.bfloat16)]
+    if fastinfer.sim_available():
+        backends.append(("sim", "cpu", torch.bfloat16))
+    if fastinfer.cuda_available():
+        backends.append(("cuda", "cuda", torch.bfloat16))
+    print(f"fastinfer {fastinfer.__version__}, torch {torch.__version__}; "
+          f"GPU: {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none (cpu and sim timings are CPU timings)'}")
+    print(f"{'backend':<6} {'dtype':<9} {'op':<44} {'max abs err':>12} {'rel err':>9} {'time':>12}")
+    for backend, device, dtype in backends:
+        for name, run, ref in _sample(backend, dtype, device):
+            outs, refs = run(), ref()
+            err = max((o.double().cpu() - r.double().cpu()).abs().max().item() for o, r in zip(outs, refs))
+            rel = max(((o.double().cpu() - r.double().cpu()).norm() / r.double().cpu().norm()).item()
+                      for o, r in zip(outs, refs))
+            us = _time(run, device, 3 if backend == "sim" else 20)
+            unit = "GPU" if device == "cuda" else "CPU"
+            print(f"{backend:<6} {str(dtype).replace('torch.', ''):<9} {name:<44} {err:>12.3e} {rel:>9.2e} "
+                  f"{us:>8.0f} µs {unit}")
+
+
+if __name__ == "__main__":
+    main()
