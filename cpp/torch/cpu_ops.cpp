@@ -17,24 +17,25 @@ at::Tensor rms_norm_fp32(const at::Tensor& x, const at::Tensor& weight, double e
   return xf * inv_rms * weight.to(at::kFloat);
 }
 
-void check_rms_norm_inputs(const char* op, const at::Tensor& x, const at::Tensor& weight) {
+void check_rms_norm_inputs(const char* op, const at::Tensor& x, const at::Tensor& weight, const at::Tensor* other,
+                           const char* other_name) {
   check_on_cpu(x, op, "x");
   check_on_cpu(weight, op, "weight");
-  check_contiguous(x, op, "x");
+  if (other != nullptr) check_on_cpu(*other, op, other_name);
+  check_rms_norm_layout(op, x, weight, other, other_name);
 }
 
 void rms_norm_out_cpu(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
   validate_rms_norm("rms_norm_out", x, weight, eps, true);
   validate_same_shape("rms_norm_out", out, "out", x, "x");
   check_same_dtype(out, x, "rms_norm_out", "out", "x");
-  check_rms_norm_inputs("rms_norm_out", x, weight);
-  check_on_cpu(out, "rms_norm_out", "out");
+  check_rms_norm_inputs("rms_norm_out", x, weight, &out, "out");
   out.copy_(rms_norm_fp32(x, weight, eps));
 }
 
 at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps) {
   validate_rms_norm("rms_norm", x, weight, eps, true);
-  check_rms_norm_inputs("rms_norm", x, weight);
+  check_rms_norm_inputs("rms_norm", x, weight, nullptr, nullptr);
   return rms_norm_fp32(x, weight, eps).to(x.scalar_type());
 }
 
@@ -43,9 +44,7 @@ void fused_add_rms_norm_cpu(at::Tensor& x, at::Tensor& residual, const at::Tenso
   validate_rms_norm(op, x, weight, eps, true);
   validate_same_shape(op, residual, "residual", x, "x");
   check_same_dtype(residual, x, op, "residual", "x");
-  check_rms_norm_inputs(op, x, weight);
-  check_on_cpu(residual, op, "residual");
-  check_contiguous(residual, op, "residual");
+  check_rms_norm_inputs(op, x, weight, &residual, "residual");
   residual.copy_(x.to(at::kFloat) + residual.to(at::kFloat));  // rounded to the residual dtype
   x.copy_(rms_norm_fp32(residual, weight, eps));
 }
@@ -58,6 +57,7 @@ at::Tensor silu_and_mul_fp32(const at::Tensor& x) {
 at::Tensor silu_and_mul_cpu(const at::Tensor& x) {
   validate_silu_and_mul("silu_and_mul", x, true);
   check_on_cpu(x, "silu_and_mul", "x");
+  check_silu_and_mul_layout("silu_and_mul", x, nullptr);
   return silu_and_mul_fp32(x).to(x.scalar_type());
 }
 
@@ -69,6 +69,7 @@ void silu_and_mul_out_cpu(at::Tensor& out, const at::Tensor& x) {
   FI_CHECK(out.sym_sizes() == c10::SymIntArrayRef(silu_and_mul_out_shape(x)), op, "out must have shape ",
            c10::SymIntArrayRef(silu_and_mul_out_shape(x)), ", got ", out.sizes());
   check_same_dtype(out, x, op, "out", "x");
+  check_silu_and_mul_layout(op, x, &out);
   out.copy_(silu_and_mul_fp32(x));
 }
 
@@ -96,6 +97,7 @@ void rotary_embedding_cpu(const at::Tensor& positions, at::Tensor& q, at::Tensor
   validate_rotary_embedding(op, positions, q, k, cos_sin_cache, true);
   for (const auto& [t, name] : {std::pair{&positions, "positions"}, {&q, "q"}, {&k, "k"}, {&cos_sin_cache, "cos_sin_cache"}})
     check_on_cpu(*t, op, name);
+  check_rotary_embedding_layout(op, positions, q, k, cos_sin_cache);
   check_index_range(positions, 0, cos_sin_cache.size(0), op, "positions", "rows of cos_sin_cache");
   const int64_t rot = cos_sin_cache.size(1);
   const auto rows = cos_sin_cache.index_select(0, positions.to(at::kLong)).to(at::kFloat).unsqueeze(1);
@@ -112,8 +114,7 @@ void reshape_and_cache_cpu(const at::Tensor& k, const at::Tensor& v, at::Tensor&
   for (const auto& [t, name] : {std::pair{&k, "k"}, {&v, "v"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"},
                                 {&slot_mapping, "slot_mapping"}})
     check_on_cpu(*t, op, name);
-  check_contiguous(k_cache, op, "k_cache");
-  check_contiguous(v_cache, op, "v_cache");
+  check_reshape_and_cache_layout(op, k, v, k_cache, v_cache, slot_mapping);
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
   check_index_range(slot_mapping, -1, num_slots, op, "slot_mapping", "-1 or a slot < num_blocks * block_size");
   const auto slots = slot_mapping.to(at::kLong);

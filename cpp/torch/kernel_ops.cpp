@@ -73,9 +73,7 @@ void rms_norm_out_impl(const char* op, at::Tensor& out, const at::Tensor& x, con
   check_device(x, op, "x");
   check_same_device(weight, x, op, "weight", "x");
   check_same_device(out, x, op, "out", "x");
-  check_contiguous(x, op, "x");
-  check_contiguous(weight, op, "weight");
-  check_contiguous(out, op, "out");
+  check_rms_norm_layout(op, x, weight, &out, "out");
   KernelScope scope(op, x);
   RmsNormParams p;
   p.out = out.data_ptr();
@@ -113,9 +111,7 @@ void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& w
   check_device(x, op, "x");
   check_same_device(residual, x, op, "residual", "x");
   check_same_device(weight, x, op, "weight", "x");
-  check_contiguous(x, op, "x");
-  check_contiguous(residual, op, "residual");
-  check_contiguous(weight, op, "weight");
+  check_rms_norm_layout(op, x, weight, &residual, "residual");
   if (x.numel() == 0) return;
   KernelScope scope(op, x);
   FusedAddRmsNormParams p;
@@ -135,8 +131,7 @@ void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& w
 void silu_and_mul_impl(const char* op, at::Tensor& out, const at::Tensor& x) {
   check_device(x, op, "x");
   check_same_device(out, x, op, "out", "x");
-  check_contiguous(x, op, "x");
-  check_contiguous(out, op, "out");
+  check_silu_and_mul_layout(op, x, &out);
   if (out.numel() == 0) return;
   KernelScope scope(op, x);
   SiluAndMulParams p;
@@ -175,10 +170,7 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& q, at::Tensor& k,
   check_same_device(positions, q, op, "positions", "q");
   check_same_device(k, q, op, "k", "q");
   check_same_device(cos_sin_cache, q, op, "cos_sin_cache", "q");
-  check_contiguous(positions, op, "positions");
-  check_contiguous(cos_sin_cache, op, "cos_sin_cache");
-  check_packed_heads(q, op, "q");
-  check_packed_heads(k, op, "k");
+  check_rotary_embedding_layout(op, positions, q, k, cos_sin_cache);
   check_index_range(positions, 0, cos_sin_cache.size(0), op, "positions", "rows of cos_sin_cache");
   if (q.size(0) == 0) return;
   KernelScope scope(op, q);
@@ -215,11 +207,7 @@ void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_c
   check_same_device(slot_mapping, k, op, "slot_mapping", "k");
   if (k_scale) check_same_device(*k_scale, k, op, "k_scale", "k");
   if (v_scale) check_same_device(*v_scale, k, op, "v_scale", "k");
-  check_packed_heads(k, op, "k");
-  check_packed_heads(v, op, "v");
-  check_contiguous(k_cache, op, "k_cache");
-  check_contiguous(v_cache, op, "v_cache");
-  check_contiguous(slot_mapping, op, "slot_mapping");
+  check_reshape_and_cache_layout(op, k, v, k_cache, v_cache, slot_mapping);
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
   check_index_range(slot_mapping, -1, num_slots, op, "slot_mapping", "-1 or a slot < num_blocks * block_size");
   if (k.numel() == 0) return;

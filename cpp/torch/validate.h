@@ -105,4 +105,37 @@ inline void validate_reshape_and_cache(const char* op, const at::Tensor& k, cons
   }
 }
 
+// Layout rules (need real strides, so not part of the Meta checks): identical for the CPU and
+// CUDA impls, so code developed against one runs unchanged on the other.
+// `other`: out of rms_norm_out or residual of fused_add_rms_norm (named by other_name).
+inline void check_rms_norm_layout(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                                  const at::Tensor* other, const char* other_name) {
+  check_contiguous(x, op, "x");
+  check_contiguous(weight, op, "weight");
+  if (other != nullptr) check_contiguous(*other, op, other_name);
+}
+
+inline void check_silu_and_mul_layout(const char* op, const at::Tensor& x, const at::Tensor* out) {
+  check_contiguous(x, op, "x");
+  if (out != nullptr) check_contiguous(*out, op, "out");
+}
+
+inline void check_rotary_embedding_layout(const char* op, const at::Tensor& positions, const at::Tensor& q,
+                                          const at::Tensor& k, const at::Tensor& cos_sin_cache) {
+  check_contiguous(positions, op, "positions");
+  check_contiguous(cos_sin_cache, op, "cos_sin_cache");
+  check_packed_heads(q, op, "q");
+  check_packed_heads(k, op, "k");
+}
+
+inline void check_reshape_and_cache_layout(const char* op, const at::Tensor& k, const at::Tensor& v,
+                                           const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                           const at::Tensor& slot_mapping) {
+  check_packed_heads(k, op, "k");
+  check_packed_heads(v, op, "v");
+  check_contiguous(k_cache, op, "k_cache");
+  check_contiguous(v_cache, op, "v_cache");
+  check_contiguous(slot_mapping, op, "slot_mapping");
+}
+
 }  // namespace fastinfer::binding

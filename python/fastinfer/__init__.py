@@ -15,7 +15,12 @@ import os
 
 import torch  # noqa: F401  (the extension links against libtorch: load it first)
 
-from . import _C  # noqa: F401  (registers torch.ops.fastinfer.*)
+try:
+    from . import _C  # noqa: F401  (registers torch.ops.fastinfer.*)
+except ImportError as e:  # a source checkout that was never built
+    raise ImportError(
+        "fastinfer._C is not built: run `make install` (pip install --no-build-isolation .)"
+    ) from e
 
 __version__ = "0.1.0"
 
