@@ -1,0 +1,12 @@
+// Library-internal interface between the scheduler and the runtime API (not installed).
+#pragma once
+#include <fastinfer/simt/device.h>
+
+#pragma GCC visibility push(hidden)
+namespace fastinfer::simt::internal {
+// Error of the most recent failed launch, reported once by cudaDeviceSynchronize and friends.
+void record_async_error(cudaError_t e);
+// Detailed message if `e` is the error of this thread's most recent fault, else nullptr.
+const char* fault_message_for(cudaError_t e);
+}  // namespace fastinfer::simt::internal
+#pragma GCC visibility pop

@@ -1,0 +1,44 @@
+// The only place that launches kernels (`<<<>>>`). Under FASTINFER_SIMT the launch is a
+// synchronous emulation on the calling CPU thread; the result is returned as a cudaError_t.
+#pragma once
+
+#include "fastinfer/common/platform.cuh"
+
+#include <cstddef>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace fastinfer {
+
+template <typename... KArgs, typename... Args>
+inline cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t dynamic_smem,
+                                 cudaStream_t stream, Args&&... args) {
+  static_assert(sizeof...(KArgs) == sizeof...(Args), "launch_kernel: wrong number of kernel arguments");
+#if defined(FASTINFER_SIMT)
+  // Arguments are converted to the kernel's parameter types once (as CUDA copies them into the
+  // parameter buffer); every emulated thread then receives its own by-value copy.
+  using Params = std::tuple<std::decay_t<KArgs>...>;
+  Params params(std::forward<Args>(args)...);
+  struct Ctx {
+    void (*kernel)(KArgs...);
+    Params* params;
+  } ctx{kernel, &params};
+  auto thunk = [](void* p) {
+    Ctx* c = static_cast<Ctx*>(p);
+    std::apply(c->kernel, *c->params);
+  };
+  return ::fastinfer::simt::detail::launch(reinterpret_cast<const void*>(kernel), grid, block, dynamic_smem, stream,
+                                           +thunk, &ctx);
+#else
+  if (dynamic_smem > 48 * 1024) {
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(dynamic_smem));
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<grid, block, dynamic_smem, stream>>>(std::forward<Args>(args)...);
+  return cudaGetLastError();
+#endif
+}
+
+}  // namespace fastinfer

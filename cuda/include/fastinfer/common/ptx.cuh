@@ -1,0 +1,148 @@
+// The ONLY file with inline PTX. Every wrapper has an FASTINFER_SIMT twin implementing the PTX ISA
+// semantics on the host emulator (warp collectives with the documented fragment layouts).
+//
+// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 / m16n8k32"), with
+// g = lane >> 2 (groupID) and t = lane & 3 (threadID_in_group):
+//   m16n8k16 f16/bf16  A (row-major 16x16, 4 regs x 2 halves):
+//       a[0] = A[g][2t..2t+1]  a[1] = A[g+8][2t..2t+1]  a[2] = A[g][2t+8..+9]  a[3] = A[g+8][2t+8..+9]
+//     B (16x8, "col": element (k, n)), 2 regs x 2 halves:
+//       b[0] = B[2t..2t+1][g]  b[1] = B[2t+8..2t+9][g]
+//     C/D (16x8 f32): c[0..1] = C[g][2t..2t+1]  c[2..3] = C[g+8][2t..2t+1]
+//   m16n8k32 e4m3      A (16x32, 4 regs x 4 bytes):
+//       a[0] = A[g][4t..4t+3]  a[1] = A[g+8][4t..4t+3]  a[2] = A[g][4t+16..+19]  a[3] = A[g+8][4t+16..+19]
+//     B (32x8): b[0] = B[4t..4t+3][g]  b[1] = B[4t+16..4t+19][g];  C/D as above.
+//   ldmatrix m8n8 .b16: matrix i takes its 8 row addresses from lanes 8i..8i+7 (16 bytes per row);
+//     r[i] of lane l = M_i[l/4][2(l%4)..2(l%4)+1]; with .trans r[i] = (M_i[2(l%4)][l/4], M_i[2(l%4)+1][l/4]).
+//     (.x1 uses the addresses of lanes 0-7, .x2 of lanes 0-15; all 32 lanes must execute it.)
+//   Lower-indexed element in the low 16 (or 8) bits of each register.
+#pragma once
+
+#include "fastinfer/common/platform.cuh"
+
+#include <cstdint>
+
+#if defined(FASTINFER_SIMT)
+#include <fastinfer/simt/ptx.h>
+#endif
+
+namespace fastinfer::ptx {
+
+// ---- mma.sync (row.col, f32 accumulate) -------------------------------------------------------
+__device__ __forceinline__ void mma_m16n8k16_f16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                                 const float (&c)[4]) {
+#if defined(FASTINFER_SIMT)
+  ::fastinfer::simt::detail::mma(::fastinfer::simt::detail::kMmaF16, d, a, b, c);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%11,%12,%13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+        "f"(c[3]));
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                                  const float (&c)[4]) {
+#if defined(FASTINFER_SIMT)
+  ::fastinfer::simt::detail::mma(::fastinfer::simt::detail::kMmaBF16, d, a, b, c);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%11,%12,%13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+        "f"(c[3]));
+#else
+  __trap();
+#endif
+}
+
+// e4m3 x e4m3 -> f32, sm_89+ (traps when compiled for an older architecture).
+__device__ __forceinline__ void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                                  const float (&c)[4]) {
+#if defined(FASTINFER_SIMT)
+  ::fastinfer::simt::detail::mma(::fastinfer::simt::detail::kMmaE4M3, d, a, b, c);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%11,%12,%13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+        "f"(c[3]));
+#else
+  __trap();
+#endif
+}
+
+// ---- ldmatrix (shared -> registers, m8n8 b16) --------------------------------------------------
+#if defined(FASTINFER_SIMT)
+#define FASTINFER_PTX_LDMATRIX(NAME, N, TRANS, PTX)                           \
+  __device__ __forceinline__ void NAME(uint32_t* r, const void* smem) {       \
+    ::fastinfer::simt::detail::ldmatrix(r, smem, N, TRANS);                   \
+  }
+#else
+#define FASTINFER_PTX_LDMATRIX(NAME, N, TRANS, PTX) FASTINFER_PTX_LDMATRIX_##N(NAME, PTX)
+#define FASTINFER_PTX_LDMATRIX_1(NAME, PTX)                                                  \
+  __device__ __forceinline__ void NAME(uint32_t* r, const void* smem) {                      \
+    uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));                   \
+    asm volatile(PTX " {%0}, [%1];\n" : "=r"(r[0]) : "r"(addr));                             \
+  }
+#define FASTINFER_PTX_LDMATRIX_2(NAME, PTX)                                                  \
+  __device__ __forceinline__ void NAME(uint32_t* r, const void* smem) {                      \
+    uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));                   \
+    asm volatile(PTX " {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));              \
+  }
+#define FASTINFER_PTX_LDMATRIX_4(NAME, PTX)                                                  \
+  __device__ __forceinline__ void NAME(uint32_t* r, const void* smem) {                      \
+    uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));                   \
+    asm volatile(PTX " {%0,%1,%2,%3}, [%4];\n"                                               \
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])                            \
+                 : "r"(addr));                                                               \
+  }
+#endif
+FASTINFER_PTX_LDMATRIX(ldmatrix_x1, 1, false, "ldmatrix.sync.aligned.m8n8.x1.shared.b16")
+FASTINFER_PTX_LDMATRIX(ldmatrix_x2, 2, false, "ldmatrix.sync.aligned.m8n8.x2.shared.b16")
+FASTINFER_PTX_LDMATRIX(ldmatrix_x4, 4, false, "ldmatrix.sync.aligned.m8n8.x4.shared.b16")
+FASTINFER_PTX_LDMATRIX(ldmatrix_x1_trans, 1, true, "ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16")
+FASTINFER_PTX_LDMATRIX(ldmatrix_x2_trans, 2, true, "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16")
+FASTINFER_PTX_LDMATRIX(ldmatrix_x4_trans, 4, true, "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16")
+#undef FASTINFER_PTX_LDMATRIX
+#undef FASTINFER_PTX_LDMATRIX_1
+#undef FASTINFER_PTX_LDMATRIX_2
+#undef FASTINFER_PTX_LDMATRIX_4
+
+// ---- cp.async (global -> shared, 16 bytes, L2 only) --------------------------------------------
+// When !pred nothing is read from gmem and the 16 bytes are zero-filled (src-size operand = 0).
+__device__ __forceinline__ void cp_async_cg_16(void* smem, const void* gmem, bool pred = true) {
+#if defined(FASTINFER_SIMT)
+  ::fastinfer::simt::detail::cp_async(smem, gmem, 16, pred ? 16u : 0u);
+#else
+  uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  int src_size = pred ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem), "r"(src_size));
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(FASTINFER_SIMT)
+  ::fastinfer::simt::detail::cp_async_commit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+// Wait until at most N of this thread's committed groups are still pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  static_assert(N >= 0 && N <= 7, "cp.async.wait_group takes 0..7");
+#if defined(FASTINFER_SIMT)
+  ::fastinfer::simt::detail::cp_async_wait(N);
+#else
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+}  // namespace fastinfer::ptx

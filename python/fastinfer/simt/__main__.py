@@ -1,0 +1,5 @@
+import sys
+
+from fastinfer.simt import main
+
+sys.exit(main())
