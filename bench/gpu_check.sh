@@ -51,7 +51,7 @@ fi
 log "probe rc=$probe_rc (0: the emulator's fragment layouts match the GPU's)"
 
 log "benchmarks"
-timeout 150 $PY bench/ops.py --json "$OUT/ops.json" 2>&1 | tee "$OUT/bench.log" | tail -n 40
+timeout 150 $PY bench/ops.py --deadline 120 --json "$OUT/ops.json" 2>&1 | tee "$OUT/bench.log" | tail -n 40
 bench_rc=${PIPESTATUS[0]}
 
 $PY - "$OUT" "$build_rc" "$pytest_rc" "$probe_rc" "$bench_rc" <<'PYEOF'

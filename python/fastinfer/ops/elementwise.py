@@ -1,0 +1,165 @@
+"""Python wrappers for the fused elementwise ops and the paged KV-cache write.
+
+Each wrapper calls the registered custom op ``torch.ops.fastinfer.<op>`` (CPU and CUDA dispatch
+keys; fake impls make them traceable by ``torch.compile``). Validation happens in C++: bad input
+raises ``RuntimeError("fastinfer.<op>: <argument> must ..., got ...")``.
+
+Dtypes: float16 and bfloat16 on CUDA; the CPU implementations also accept float32. All math is
+fp32 inside with a single rounding to the output dtype. Empty inputs (T = 0) are no-ops.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+Tensor = torch.Tensor
+
+__all__ = [
+    "rms_norm",
+    "fused_add_rms_norm",
+    "silu_and_mul",
+    "rotary_embedding",
+    "reshape_and_cache",
+    "build_rope_cache",
+]
+
+
+def _ops():
+    return torch.ops.fastinfer
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, out: Optional[Tensor] = None) -> Tensor:
+    """RMSNorm over the last dim: ``x * rsqrt(mean(x**2, -1) + eps) * weight``.
+
+    Args:
+        x: ``[..., H]``, contiguous, rank >= 1; float16 / bfloat16 (float32 on CPU).
+        weight: ``[H]``, same dtype and device as ``x``.
+        eps: ``>= 0``.
+        out: optional preallocated ``[..., H]`` tensor (same shape/dtype/device as ``x``,
+            contiguous); written in place (``rms_norm_out``) and returned.
+
+    Returns:
+        A new tensor shaped like ``x`` (or ``out``). ``x`` is not modified.
+    """
+    if out is None:
+        return _ops().rms_norm(x, weight, float(eps))
+    _ops().rms_norm_out(out, x, weight, float(eps))
+    return out
+
+
+def fused_add_rms_norm(
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6
+) -> Tuple[Tensor, Tensor]:
+    """Residual add + RMSNorm, both **in place** (the residual stream of a Llama layer).
+
+    ``residual <- round(fp32(x) + fp32(residual))``; then
+    ``x <- rms_norm(residual, weight, eps)`` computed from the rounded residual.
+
+    Args:
+        x: ``[..., H]`` contiguous; overwritten with the normalised output.
+        residual: same shape/dtype/device as ``x``, contiguous; overwritten with the sum.
+        weight: ``[H]``, same dtype as ``x``.
+        eps: ``>= 0``.
+
+    Returns:
+        ``(x, residual)`` -- the same tensor objects, for chaining.
+    """
+    _ops().fused_add_rms_norm(x, residual, weight, float(eps))
+    return x, residual
+
+
+def silu_and_mul(x: Tensor, out: Optional[Tensor] = None) -> Tensor:
+    """SwiGLU gate: ``out = silu(x[..., :F]) * x[..., F:]``.
+
+    Args:
+        x: ``[..., 2F]`` contiguous (the fused gate/up projection output).
+        out: optional preallocated ``[..., F]`` tensor (same dtype/device, contiguous), written in
+            place (``silu_and_mul_out``) and returned.
+
+    Returns:
+        ``[..., F]``. ``x`` is not modified.
+    """
+    if out is None:
+        return _ops().silu_and_mul(x)
+    _ops().silu_and_mul_out(out, x)
+    return out
+
+
+def rotary_embedding(
+    positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Tensor, is_neox: bool = True
+) -> Tuple[Tensor, Tensor]:
+    """Apply RoPE to ``q`` and ``k`` **in place**.
+
+    Args:
+        positions: ``[T]`` int64 or int32, ``0 <= p < max_pos``.
+        q: ``[T, Hq, D]``; k: ``[T, Hkv, D]``; same dtype. The last two dims must be contiguous
+            (``stride(-1) == 1``, ``stride(-2) == D``); the token stride is free, so views into a
+            fused qkv projection output ``[T, (Hq + 2*Hkv) * D]`` work without copies.
+        cos_sin_cache: ``[max_pos, R]`` contiguous, float32 or ``q.dtype``; row ``p`` is
+            ``cat(cos, sin)`` (each ``R/2`` wide), see :func:`build_rope_cache`. ``R`` even,
+            ``R <= D``; only the first ``R`` dims of each head rotate (partial rotary).
+        is_neox: True rotates halves (HF Llama), False rotates interleaved pairs (GPT-J).
+
+    Returns:
+        ``(q, k)`` -- the same tensor objects.
+    """
+    _ops().rotary_embedding(positions, q, k, cos_sin_cache, bool(is_neox))
+    return q, k
+
+
+def reshape_and_cache(
+    k: Tensor,
+    v: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+    k_scale: Optional[Tensor] = None,
+    v_scale: Optional[Tensor] = None,
+) -> None:
+    """Write new tokens' K/V into the paged cache, **in place** on ``k_cache`` / ``v_cache``.
+
+    Token ``t`` goes to ``cache.view(NB*BS, Hkv, D)[slot_mapping[t]]``; slot ``-1`` is skipped
+    (padding). Slots outside ``[-1, NB*BS)`` are an error (always checked for CPU tensors; on CUDA
+    only with ``FASTINFER_CHECK_INDICES=1``).
+
+    Args:
+        k, v: ``[T, Hkv, D]`` float16/bfloat16 (float32 on CPU); last two dims contiguous, any
+            token stride.
+        k_cache, v_cache: ``[NB, BS, Hkv, D]`` contiguous, dtype ``k.dtype`` or
+            ``torch.float8_e4m3fn``.
+        slot_mapping: ``[T]`` int64 or int32.
+        k_scale, v_scale: float32 tensors with one element on the same device, required for an
+            fp8 cache (stored value ``e4m3(clamp(k / k_scale, -448, 448))``, round to nearest
+            even, saturating) and must be None otherwise.
+    """
+    _ops().reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+
+
+def build_rope_cache(
+    max_pos: int,
+    rotary_dim: int,
+    theta: float = 10000.0,
+    dtype: torch.dtype = torch.float32,
+    device=None,
+) -> Tensor:
+    """Build the ``cos_sin_cache`` for :func:`rotary_embedding`.
+
+    ``inv_freq[i] = theta ** (-2i / rotary_dim)`` for ``i < rotary_dim / 2``;
+    ``angle[p, i] = p * inv_freq[i]``; returns ``cat(cos(angle), sin(angle), -1)`` of shape
+    ``[max_pos, rotary_dim]`` computed in float64 and rounded once to ``dtype``.
+    (Frequency scaling schemes such as Llama-3.1's are applied by the caller to ``inv_freq``;
+    this helper implements the plain RoPE table.)
+    """
+    if rotary_dim <= 0 or rotary_dim % 2 != 0:
+        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    if max_pos <= 0:
+        raise ValueError(f"max_pos must be positive, got {max_pos}")
+    i = torch.arange(0, rotary_dim, 2, dtype=torch.float64)
+    inv_freq = 1.0 / (float(theta) ** (i / rotary_dim))
+    pos = torch.arange(max_pos, dtype=torch.float64)
+    ang = torch.outer(pos, inv_freq)
+    cache = torch.cat([torch.cos(ang), torch.sin(ang)], dim=-1)
+    return cache.to(dtype=dtype, device=device).contiguous()
+

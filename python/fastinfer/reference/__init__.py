@@ -1,0 +1,27 @@
+"""Pure-torch oracles: the executable specification of every fastinfer op.
+
+Functions compute in float64 and return new float64 tensors (never mutating their inputs), except
+where the contract prescribes an exact low-precision encoding (the fp8 KV cache), which is then
+reproduced bit for bit. Tests compare implementations against these with the error rule documented
+in ``tests/conftest.py``.
+"""
+
+from .elementwise import (  # noqa: F401
+    FP8_E4M3_MAX,
+    fp8_e4m3_quantize,
+    fused_add_rms_norm,
+    reshape_and_cache,
+    rms_norm,
+    rotary_embedding,
+    silu_and_mul,
+)
+
+__all__ = [
+    "FP8_E4M3_MAX",
+    "fp8_e4m3_quantize",
+    "fused_add_rms_norm",
+    "reshape_and_cache",
+    "rms_norm",
+    "rotary_embedding",
+    "silu_and_mul",
+]
