@@ -9,6 +9,8 @@ BUILD_DEPS := scikit-build-core==1.1.2 ninja==1.13.2 cmake==3.31.6
 DEPS_STAMP := $(VENV)/.deps-$(TORCH_VERSION)
 BUILD_STAMP := $(VENV)/.installed
 JOBS ?= $(shell nproc)
+# CUTLASS/CuTe headers unpacked from the pinned nvidia-cutlass wheel (third_party/cutlass_headers.py).
+CUTLASS_DIR := $(abspath $(VENV)/cutlass)
 
 .PHONY: venv install demo test bench gpu-check clean
 
@@ -17,12 +19,12 @@ venv: $(DEPS_STAMP)
 $(DEPS_STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q torch==$(TORCH_VERSION) $(BUILD_DEPS)
-	$(PIP) install -q --no-deps nvidia-cutlass==4.2.0
+	$(PY) third_party/cutlass_headers.py $(CUTLASS_DIR)
 	touch $@
 
 # Incremental: scikit-build-core keeps its CMake build in build/<wheel tag>.
 install: $(DEPS_STAMP)
-	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PIP) install --no-build-isolation -q ".[test]"
+	CUTLASS_DIR=$(CUTLASS_DIR) CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PIP) install --no-build-isolation -q ".[test]"
 	touch $(BUILD_STAMP)
 
 demo: install
