@@ -1,6 +1,11 @@
-// CPU implementations (ATen, fp32 inside) of the fastinfer ops: they make the runner usable on a
+// CPU implementations (C++ row loops and ATen, fp32 inside) of the fastinfer ops: they make the runner usable on a
 // CPU-only machine and accept float32 as well as float16/bfloat16.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include <cmath>
+#include <vector>
 
 #include "validate.h"
 
@@ -11,10 +16,48 @@ void check_on_cpu(const at::Tensor& t, const char* op, const char* name) {
   FI_CHECK(t.device().is_cpu(), op, name, " must be a CPU tensor for this implementation, got ", t.device());
 }
 
-at::Tensor rms_norm_fp32(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  const auto xf = x.to(at::kFloat);
-  const auto inv_rms = (xf.square().mean(-1, /*keepdim=*/true) + eps).rsqrt();
-  return xf * inv_rms * weight.to(at::kFloat);
+// Row kernels: one pass over each row, fp32 math (the sum of squares in 16 partial sums added in
+// fp64, so float32 inputs keep full accuracy), one rounding on store; rows are spread over ATen's
+// CPU thread pool.
+constexpr int64_t kGrainElems = 1 << 15;
+constexpr int kLanes = 16;
+
+std::vector<float> to_float_vector(const at::Tensor& t) {
+  const auto f = t.to(at::kFloat).contiguous();
+  return {f.data_ptr<float>(), f.data_ptr<float>() + f.numel()};
+}
+
+// out may alias x (each row is fully read before it is written).
+template <typename T>
+void rms_norm_rows(T* out, const T* x, const float* w, int64_t rows, int64_t h, float eps) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, kGrainElems / h), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + r * h;
+      float lanes[kLanes] = {};  // independent partial sums: vectorisable and accurate
+      int64_t i = 0;
+      for (; i + kLanes <= h; i += kLanes)
+        for (int j = 0; j < kLanes; ++j) {
+          const float v = static_cast<float>(xr[i + j]);
+          lanes[j] += v * v;
+        }
+      double sum_sq = 0;
+      for (; i < h; ++i) sum_sq += static_cast<double>(static_cast<float>(xr[i])) * static_cast<float>(xr[i]);
+      for (int j = 0; j < kLanes; ++j) sum_sq += lanes[j];
+      const float inv_rms = 1.0f / std::sqrt(static_cast<float>(sum_sq / h) + eps);
+      T* o = out + r * h;
+      for (int64_t i = 0; i < h; ++i) o[i] = static_cast<T>(static_cast<float>(xr[i]) * inv_rms * w[i]);
+    }
+  });
+}
+
+void rms_norm_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const int64_t h = x.size(-1);
+  if (x.numel() == 0 || h == 0) return;
+  const auto w = to_float_vector(weight);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rms_norm", [&] {
+    rms_norm_rows(out.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), w.data(), x.numel() / h, h,
+                  static_cast<float>(eps));
+  });
 }
 
 void check_rms_norm_inputs(const char* op, const at::Tensor& x, const at::Tensor& weight, const at::Tensor* other,
@@ -30,13 +73,15 @@ void rms_norm_out_cpu(at::Tensor& out, const at::Tensor& x, const at::Tensor& we
   validate_same_shape("rms_norm_out", out, "out", x, "x");
   check_same_dtype(out, x, "rms_norm_out", "out", "x");
   check_rms_norm_inputs("rms_norm_out", x, weight, &out, "out");
-  out.copy_(rms_norm_fp32(x, weight, eps));
+  rms_norm_into(out, x, weight, eps);
 }
 
 at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps) {
   validate_rms_norm("rms_norm", x, weight, eps, true);
   check_rms_norm_inputs("rms_norm", x, weight, nullptr, nullptr);
-  return rms_norm_fp32(x, weight, eps).to(x.scalar_type());
+  auto out = at::empty_like(x, at::MemoryFormat::Contiguous);
+  rms_norm_into(out, x, weight, eps);
+  return out;
 }
 
 void fused_add_rms_norm_cpu(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
@@ -45,20 +90,43 @@ void fused_add_rms_norm_cpu(at::Tensor& x, at::Tensor& residual, const at::Tenso
   validate_same_shape(op, residual, "residual", x, "x");
   check_same_dtype(residual, x, op, "residual", "x");
   check_rms_norm_inputs(op, x, weight, &residual, "residual");
-  residual.copy_(x.to(at::kFloat) + residual.to(at::kFloat));  // rounded to the residual dtype
-  x.copy_(rms_norm_fp32(residual, weight, eps));
+  const int64_t h = x.size(-1);
+  if (x.numel() == 0) return;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fused_add_rms_norm", [&] {
+    scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* rp = residual.data_ptr<scalar_t>();
+    at::parallel_for(0, x.numel() / h, std::max<int64_t>(1, kGrainElems / h), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)  // residual <- round(x + residual)
+        for (int64_t i = r * h; i < (r + 1) * h; ++i)
+          rp[i] = static_cast<scalar_t>(static_cast<float>(xp[i]) + static_cast<float>(rp[i]));
+    });
+  });
+  rms_norm_into(x, residual, weight, eps);  // normalise the rounded residual
 }
 
-at::Tensor silu_and_mul_fp32(const at::Tensor& x) {
+void silu_and_mul_into(at::Tensor& out, const at::Tensor& x) {
   const int64_t f = x.size(-1) / 2;
-  return at::silu(x.narrow(-1, 0, f).to(at::kFloat)) * x.narrow(-1, f, f).to(at::kFloat);
+  if (out.numel() == 0) return;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "silu_and_mul", [&] {
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, out.numel() / f, std::max<int64_t>(1, kGrainElems / f), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        for (int64_t i = 0; i < f; ++i) {
+          const float g = static_cast<float>(xp[r * 2 * f + i]), u = static_cast<float>(xp[r * 2 * f + f + i]);
+          op[r * f + i] = static_cast<scalar_t>(g / (1.0f + std::exp(-g)) * u);
+        }
+    });
+  });
 }
 
 at::Tensor silu_and_mul_cpu(const at::Tensor& x) {
   validate_silu_and_mul("silu_and_mul", x, true);
   check_on_cpu(x, "silu_and_mul", "x");
   check_silu_and_mul_layout("silu_and_mul", x, nullptr);
-  return silu_and_mul_fp32(x).to(x.scalar_type());
+  auto out = at::empty_symint(silu_and_mul_out_shape(x), x.options());
+  silu_and_mul_into(out, x);
+  return out;
 }
 
 void silu_and_mul_out_cpu(at::Tensor& out, const at::Tensor& x) {
@@ -70,7 +138,7 @@ void silu_and_mul_out_cpu(at::Tensor& out, const at::Tensor& x) {
            c10::SymIntArrayRef(silu_and_mul_out_shape(x)), ", got ", out.sizes());
   check_same_dtype(out, x, op, "out", "x");
   check_silu_and_mul_layout(op, x, &out);
-  out.copy_(silu_and_mul_fp32(x));
+  silu_and_mul_into(out, x);
 }
 
 void rotate_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rot, bool is_neox) {
