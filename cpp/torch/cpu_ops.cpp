@@ -70,8 +70,7 @@ void check_rms_norm_inputs(const char* op, const at::Tensor& x, const at::Tensor
 
 void rms_norm_out_cpu(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
   validate_rms_norm("rms_norm_out", x, weight, eps, true);
-  validate_same_shape("rms_norm_out", out, "out", x, "x");
-  check_same_dtype(out, x, "rms_norm_out", "out", "x");
+  validate_like("rms_norm_out", out, "out", x, "x");
   check_rms_norm_inputs("rms_norm_out", x, weight, &out, "out");
   rms_norm_into(out, x, weight, eps);
 }
@@ -87,8 +86,7 @@ at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double ep
 void fused_add_rms_norm_cpu(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
   const char* op = "fused_add_rms_norm";
   validate_rms_norm(op, x, weight, eps, true);
-  validate_same_shape(op, residual, "residual", x, "x");
-  check_same_dtype(residual, x, op, "residual", "x");
+  validate_like(op, residual, "residual", x, "x");
   check_rms_norm_inputs(op, x, weight, &residual, "residual");
   const int64_t h = x.size(-1);
   if (x.numel() == 0) return;
@@ -131,12 +129,9 @@ at::Tensor silu_and_mul_cpu(const at::Tensor& x) {
 
 void silu_and_mul_out_cpu(at::Tensor& out, const at::Tensor& x) {
   const char* op = "silu_and_mul_out";
-  validate_silu_and_mul(op, x, true);
+  validate_silu_and_mul_out(op, out, x, true);
   check_on_cpu(x, op, "x");
   check_on_cpu(out, op, "out");
-  FI_CHECK(out.sym_sizes() == c10::SymIntArrayRef(silu_and_mul_out_shape(x)), op, "out must have shape ",
-           c10::SymIntArrayRef(silu_and_mul_out_shape(x)), ", got ", out.sizes());
-  check_same_dtype(out, x, op, "out", "x");
   check_silu_and_mul_layout(op, x, &out);
   silu_and_mul_into(out, x);
 }

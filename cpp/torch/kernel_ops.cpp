@@ -71,8 +71,6 @@ void check_launch(cudaError_t err, const char* op) {
 // ---------------------------------------------------------------------------------------------
 void rms_norm_out_impl(const char* op, at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_device(x, op, "x");
-  check_same_device(weight, x, op, "weight", "x");
-  check_same_device(out, x, op, "out", "x");
   check_rms_norm_layout(op, x, weight, &out, "out");
   KernelScope scope(op, x);
   RmsNormParams p;
@@ -98,19 +96,15 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 void rms_norm_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
   validate_rms_norm("rms_norm_out", x, weight, eps, false);
-  validate_same_shape("rms_norm_out", out, "out", x, "x");
-  check_same_dtype(out, x, "rms_norm_out", "out", "x");
+  validate_like("rms_norm_out", out, "out", x, "x");
   rms_norm_out_impl("rms_norm_out", out, x, weight, eps);
 }
 
 void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
   const char* op = "fused_add_rms_norm";
   validate_rms_norm(op, x, weight, eps, false);
-  validate_same_shape(op, residual, "residual", x, "x");
-  check_same_dtype(residual, x, op, "residual", "x");
+  validate_like(op, residual, "residual", x, "x");
   check_device(x, op, "x");
-  check_same_device(residual, x, op, "residual", "x");
-  check_same_device(weight, x, op, "weight", "x");
   check_rms_norm_layout(op, x, weight, &residual, "residual");
   if (x.numel() == 0) return;
   KernelScope scope(op, x);
@@ -130,7 +124,6 @@ void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& w
 // ---------------------------------------------------------------------------------------------
 void silu_and_mul_impl(const char* op, at::Tensor& out, const at::Tensor& x) {
   check_device(x, op, "x");
-  check_same_device(out, x, op, "out", "x");
   check_silu_and_mul_layout(op, x, &out);
   if (out.numel() == 0) return;
   KernelScope scope(op, x);
@@ -154,10 +147,7 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
 
 void silu_and_mul_out(at::Tensor& out, const at::Tensor& x) {
   const char* op = "silu_and_mul_out";
-  validate_silu_and_mul(op, x, false);
-  FI_CHECK(out.sym_sizes() == c10::SymIntArrayRef(silu_and_mul_out_shape(x)), op, "out must have shape ",
-           c10::SymIntArrayRef(silu_and_mul_out_shape(x)), ", got ", out.sizes());
-  check_same_dtype(out, x, op, "out", "x");
+  validate_silu_and_mul_out(op, out, x, false);
   silu_and_mul_impl(op, out, x);
 }
 
@@ -167,9 +157,6 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& q, at::Tensor& k,
   const char* op = "rotary_embedding";
   validate_rotary_embedding(op, positions, q, k, cos_sin_cache, false);
   check_device(q, op, "q");
-  check_same_device(positions, q, op, "positions", "q");
-  check_same_device(k, q, op, "k", "q");
-  check_same_device(cos_sin_cache, q, op, "cos_sin_cache", "q");
   check_rotary_embedding_layout(op, positions, q, k, cos_sin_cache);
   check_index_range(positions, 0, cos_sin_cache.size(0), op, "positions", "rows of cos_sin_cache");
   if (q.size(0) == 0) return;
@@ -201,12 +188,6 @@ void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_c
   const char* op = "reshape_and_cache";
   validate_reshape_and_cache(op, k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, false);
   check_device(k, op, "k");
-  check_same_device(v, k, op, "v", "k");
-  check_same_device(k_cache, k, op, "k_cache", "k");
-  check_same_device(v_cache, k, op, "v_cache", "k");
-  check_same_device(slot_mapping, k, op, "slot_mapping", "k");
-  if (k_scale) check_same_device(*k_scale, k, op, "k_scale", "k");
-  if (v_scale) check_same_device(*v_scale, k, op, "v_scale", "k");
   check_reshape_and_cache_layout(op, k, v, k_cache, v_cache, slot_mapping);
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
   check_index_range(slot_mapping, -1, num_slots, op, "slot_mapping", "-1 or a slot < num_blocks * block_size");

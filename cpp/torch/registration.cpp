@@ -12,24 +12,17 @@ namespace {
 // Meta kernels: same shape/dtype rules as the real ones (symbolic sizes), outputs allocated empty.
 at::Tensor rms_norm_meta(const at::Tensor& x, const at::Tensor& weight, double eps) {
   validate_rms_norm("rms_norm", x, weight, eps, /*allow_fp32=*/true);
-  check_same_device(weight, x, "rms_norm", "weight", "x");
   return at::empty_like(x, at::MemoryFormat::Contiguous);
 }
 
 void rms_norm_out_meta(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
   validate_rms_norm("rms_norm_out", x, weight, eps, true);
-  validate_same_shape("rms_norm_out", out, "out", x, "x");
-  check_same_dtype(out, x, "rms_norm_out", "out", "x");
-  check_same_device(weight, x, "rms_norm_out", "weight", "x");
-  check_same_device(out, x, "rms_norm_out", "out", "x");
+  validate_like("rms_norm_out", out, "out", x, "x");
 }
 
 void fused_add_rms_norm_meta(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
   validate_rms_norm("fused_add_rms_norm", x, weight, eps, true);
-  validate_same_shape("fused_add_rms_norm", residual, "residual", x, "x");
-  check_same_dtype(residual, x, "fused_add_rms_norm", "residual", "x");
-  check_same_device(residual, x, "fused_add_rms_norm", "residual", "x");
-  check_same_device(weight, x, "fused_add_rms_norm", "weight", "x");
+  validate_like("fused_add_rms_norm", residual, "residual", x, "x");
 }
 
 at::Tensor silu_and_mul_meta(const at::Tensor& x) {
@@ -38,30 +31,18 @@ at::Tensor silu_and_mul_meta(const at::Tensor& x) {
 }
 
 void silu_and_mul_out_meta(at::Tensor& out, const at::Tensor& x) {
-  validate_silu_and_mul("silu_and_mul_out", x, true);
-  FI_CHECK(out.sym_sizes() == c10::SymIntArrayRef(silu_and_mul_out_shape(x)), "silu_and_mul_out",
-               "out must have shape [..., F] = ", c10::SymIntArrayRef(silu_and_mul_out_shape(x)), ", got ",
-               shape_str(out));
-  check_same_dtype(out, x, "silu_and_mul_out", "out", "x");
-  check_same_device(out, x, "silu_and_mul_out", "out", "x");
+  validate_silu_and_mul_out("silu_and_mul_out", out, x, true);
 }
 
 void rotary_embedding_meta(const at::Tensor& positions, at::Tensor& q, at::Tensor& k,
                            const at::Tensor& cos_sin_cache, bool is_neox) {
   validate_rotary_embedding("rotary_embedding", positions, q, k, cos_sin_cache, true);
-  for (const auto& [t, name] : {std::pair{&positions, "positions"}, {&k, "k"}, {&cos_sin_cache, "cos_sin_cache"}})
-    check_same_device(*t, q, "rotary_embedding", name, "q");
 }
 
 void reshape_and_cache_meta(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
                             const at::Tensor& slot_mapping, const std::optional<at::Tensor>& k_scale,
                             const std::optional<at::Tensor>& v_scale) {
   validate_reshape_and_cache("reshape_and_cache", k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, true);
-  for (const auto& [t, name] : {std::pair{&v, "v"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"},
-                                {&slot_mapping, "slot_mapping"}})
-    check_same_device(*t, k, "reshape_and_cache", name, "k");
-  if (k_scale) check_same_device(*k_scale, k, "reshape_and_cache", "k_scale", "k");
-  if (v_scale) check_same_device(*v_scale, k, "reshape_and_cache", "v_scale", "k");
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 #pragma once
-// Shape and dtype rules of each op, written with symbolic sizes so that the Meta (fake) kernels,
-// the CPU impls and the CUDA/sim impls all enforce exactly the same contract.
-// Device, contiguity and index-range checks need real tensors: see check_* in the impl files.
+// Shape, dtype and same-device rules of each op, written with symbolic sizes so that the Meta
+// (fake) kernels, the CPU impls and the CUDA/sim impls all enforce exactly the same contract.
+// Layout (strides) and index-range checks need real tensors: the check_*_layout functions below
+// and check_index_range are called by the CPU and CUDA impls only.
 #include <cmath>
 
 #include "common.h"
@@ -21,6 +22,7 @@ inline void validate_rms_norm(const char* op, const at::Tensor& x, const at::Ten
   check_activation_dtype(x, allow_fp32, op, "x");
   check_dim(weight, 1, op, "weight", "[hidden]");
   check_same_dtype(weight, x, op, "weight", "x");
+  check_same_device(weight, x, op, "weight", "x");
   FI_CHECK(weight.sym_size(0) == x.sym_size(-1), op, "weight must have shape [hidden] = [", x.sym_size(-1),
                "] (the last dim of x), got ", shape_str(weight));
   FI_CHECK(std::isfinite(eps) && eps >= 0, op, "eps must be a finite number >= 0, got ", eps);
@@ -30,6 +32,14 @@ inline void validate_same_shape(const char* op, const at::Tensor& t, const char*
                                 const char* ref_name) {
   FI_CHECK(t.sym_sizes() == ref.sym_sizes(), op, name, " must have the shape of ", ref_name, " ",
                shape_str(ref), ", got ", shape_str(t));
+}
+
+// Same shape, dtype and device as ref (an out= buffer, the residual stream).
+inline void validate_like(const char* op, const at::Tensor& t, const char* name, const at::Tensor& ref,
+                          const char* ref_name) {
+  validate_same_shape(op, t, name, ref, ref_name);
+  check_same_dtype(t, ref, op, name, ref_name);
+  check_same_device(t, ref, op, name, ref_name);
 }
 
 inline void validate_silu_and_mul(const char* op, const at::Tensor& x, bool allow_fp32) {
@@ -45,6 +55,15 @@ inline std::vector<c10::SymInt> silu_and_mul_out_shape(const at::Tensor& x) {
   return shape;
 }
 
+inline void validate_silu_and_mul_out(const char* op, const at::Tensor& out, const at::Tensor& x, bool allow_fp32) {
+  validate_silu_and_mul(op, x, allow_fp32);
+  const auto shape = silu_and_mul_out_shape(x);
+  FI_CHECK(out.sym_sizes() == c10::SymIntArrayRef(shape), op, "out must have shape [..., F] = ",
+           c10::SymIntArrayRef(shape), ", got ", shape_str(out));
+  check_same_dtype(out, x, op, "out", "x");
+  check_same_device(out, x, op, "out", "x");
+}
+
 inline void validate_rotary_embedding(const char* op, const at::Tensor& positions, const at::Tensor& q,
                                       const at::Tensor& k, const at::Tensor& cos_sin_cache, bool allow_fp32) {
   check_dim(positions, 1, op, "positions", "[num_tokens]");
@@ -53,6 +72,8 @@ inline void validate_rotary_embedding(const char* op, const at::Tensor& position
   check_dim(k, 3, op, "k", "[num_tokens, num_kv_heads, head_dim]");
   check_activation_dtype(q, allow_fp32, op, "q");
   check_same_dtype(k, q, op, "k", "q");
+  for (const auto& [t, name] : {std::pair{&positions, "positions"}, {&k, "k"}, {&cos_sin_cache, "cos_sin_cache"}})
+    check_same_device(*t, q, op, name, "q");
   FI_CHECK(q.sym_size(0) == positions.sym_size(0), op, "q must have num_tokens = positions.size(0) = ",
                positions.sym_size(0), " rows, got shape ", shape_str(q));
   FI_CHECK(k.sym_size(0) == positions.sym_size(0), op, "k must have num_tokens = positions.size(0) = ",
@@ -75,8 +96,9 @@ inline void validate_reshape_and_cache(const char* op, const at::Tensor& k, cons
                                        const std::optional<at::Tensor>& v_scale, bool allow_fp32) {
   check_dim(k, 3, op, "k", "[num_tokens, num_kv_heads, head_dim]");
   check_activation_dtype(k, allow_fp32, op, "k");
-  validate_same_shape(op, v, "v", k, "k");
-  check_same_dtype(v, k, op, "v", "k");
+  validate_like(op, v, "v", k, "k");
+  for (const auto& [t, name] : {std::pair{&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&slot_mapping, "slot_mapping"}})
+    check_same_device(*t, k, op, name, "k");
   check_dim(k_cache, 4, op, "k_cache", "[num_blocks, block_size, num_kv_heads, head_dim]");
   FI_CHECK(k_cache.sym_size(2) == k.sym_size(1) && k_cache.sym_size(3) == k.sym_size(2), op,
                "k_cache must have shape [num_blocks, block_size, ", k.sym_size(1), ", ", k.sym_size(2),
@@ -96,6 +118,7 @@ inline void validate_reshape_and_cache(const char* op, const at::Tensor& k, cons
     if (fp8) {
       FI_CHECK(scale->has_value(), op, name, " is required with a float8_e4m3fn cache (a float32 tensor with 1 element)");
       FI_CHECK((*scale)->scalar_type() == at::kFloat, op, name, " must be float32, got ", (*scale)->scalar_type());
+      check_same_device(**scale, k, op, name, "k");
       FI_CHECK((*scale)->sym_numel() == 1, op, name, " must have exactly 1 element (a per-layer scale), got shape ",
                    shape_str(**scale));
     } else {
