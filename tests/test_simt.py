@@ -86,3 +86,21 @@ def test_switch_speed():
     rates = [float(x) for x in re.findall(r"= ([0-9.]+) M switches/s", out)]
     assert len(rates) == 2 and min(rates) > 0.5, out
     print(out)
+
+
+def test_installed_cli_runs_a_program(tmp_path):
+    """`python -m fastinfer.simt run FILE.cu` of the installed package (headers and library from
+    the wheel) compiles, runs, and passes the program's exit code on."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("fastinfer._C")
+    env = dict(os.environ, FASTINFER_SIMT_SEED="3")
+    ok = subprocess.run([sys.executable, "-m", "fastinfer.simt", "run", str(TESTS / "warp_gemm.cu")],
+                        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.count(": OK") == 3, ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "fastinfer.simt", "run", str(TESTS / "barrier_divergence.cu")],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    assert bad.returncode != 0 and "barrier divergence" in bad.stdout + bad.stderr
