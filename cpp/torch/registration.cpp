@@ -4,7 +4,7 @@
 // Also the Meta kernels (fake impls), so torch.compile and opcheck trace through every op.
 #include <torch/library.h>
 
-#include "validate.h"
+#include "validate_attention.h"
 
 namespace fastinfer::binding {
 namespace {
@@ -45,6 +45,52 @@ void reshape_and_cache_meta(const at::Tensor& k, const at::Tensor& v, at::Tensor
   validate_reshape_and_cache("reshape_and_cache", k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, true);
 }
 
+// Attention: out like q; lse [rows, Hq] float32 when asked for, else an empty [0] tensor.
+std::tuple<at::Tensor, at::Tensor> attention_outputs_meta(const at::Tensor& q, bool return_lse) {
+  auto out = at::empty_like(q, at::MemoryFormat::Contiguous);
+  auto lse = return_lse ? at::empty_symint({q.sym_size(0), q.sym_size(1)}, q.options().dtype(at::kFloat))
+                        : at::empty({0}, q.options().dtype(at::kFloat));
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> prefill_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                          const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                                          int64_t max_seqlen_q, int64_t max_seqlen_k, double scale,
+                                                          bool causal, int64_t window_left, double softcap,
+                                                          bool return_lse) {
+  validate_prefill_attention("prefill_attention", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, true);
+  return attention_outputs_meta(q, return_lse);
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_prefill_attention_meta(
+    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
+    const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
+    int64_t window_left, double softcap, const std::optional<at::Tensor>& custom_mask, bool return_lse) {
+  validate_paged_prefill_attention("paged_prefill_attention", q, k_cache, v_cache, block_table, cu_seqlens_q,
+                                   seq_lens_k, max_seqlen_q, window_left, custom_mask, true);
+  return attention_outputs_meta(q, return_lse);
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_decode_attention_meta(
+    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
+    const at::Tensor& seq_lens, double scale, int64_t window_left, double softcap, int64_t num_splits,
+    bool return_lse, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
+  validate_paged_decode_attention("paged_decode_attention", q, k_cache, v_cache, block_table, seq_lens, num_splits,
+                                  k_scale, v_scale, true);
+  return attention_outputs_meta(q, return_lse);
+}
+
+std::tuple<at::Tensor, at::Tensor> merge_attention_states_meta(const at::Tensor& v_a, const at::Tensor& lse_a,
+                                                               const at::Tensor& v_b, const at::Tensor& lse_b) {
+  validate_merge_attention_states("merge_attention_states", v_a, lse_a, v_b, lse_b);
+  return {at::empty_like(v_a, at::MemoryFormat::Contiguous), at::empty_like(lse_a, at::MemoryFormat::Contiguous)};
+}
+
+void move_kv_slots_meta(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& src_slots,
+                        const at::Tensor& dst_slots) {
+  validate_move_kv_slots("move_kv_slots", k_cache, v_cache, src_slots, dst_slots);
+}
+
 }  // namespace
 }  // namespace fastinfer::binding
 
@@ -59,6 +105,18 @@ FASTINFER_LIBRARY(FASTINFER_NS, m) {
   // Attention-side cache maintenance.
   m.def("reshape_and_cache(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, "
         "Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
+  m.def("move_kv_slots(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor src_slots, Tensor dst_slots) -> ()");
+  // Attention (DESIGN.md "Attention"). lse is float32 [rows, Hq] when return_lse, else empty [0].
+  m.def("prefill_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+        "int max_seqlen_q, int max_seqlen_k, float scale, bool causal, int window_left=-1, float softcap=0.0, "
+        "bool return_lse=False) -> (Tensor out, Tensor lse)");
+  m.def("paged_prefill_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
+        "Tensor cu_seqlens_q, Tensor seq_lens_k, int max_seqlen_q, float scale, bool causal, int window_left=-1, "
+        "float softcap=0.0, Tensor? custom_mask=None, bool return_lse=False) -> (Tensor out, Tensor lse)");
+  m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
+        "float scale, int window_left=-1, float softcap=0.0, int num_splits=0, bool return_lse=False, "
+        "Tensor? k_scale=None, Tensor? v_scale=None) -> (Tensor out, Tensor lse)");
+  m.def("merge_attention_states(Tensor v_a, Tensor lse_a, Tensor v_b, Tensor lse_b) -> (Tensor v, Tensor lse)");
 }
 
 FASTINFER_LIBRARY_IMPL(FASTINFER_NS, Meta, m) {
@@ -70,4 +128,9 @@ FASTINFER_LIBRARY_IMPL(FASTINFER_NS, Meta, m) {
   m.impl("silu_and_mul_out", &silu_and_mul_out_meta);
   m.impl("rotary_embedding", &rotary_embedding_meta);
   m.impl("reshape_and_cache", &reshape_and_cache_meta);
+  m.impl("move_kv_slots", &move_kv_slots_meta);
+  m.impl("prefill_attention", &prefill_attention_meta);
+  m.impl("paged_prefill_attention", &paged_prefill_attention_meta);
+  m.impl("paged_decode_attention", &paged_decode_attention_meta);
+  m.impl("merge_attention_states", &merge_attention_states_meta);
 }

@@ -13,7 +13,20 @@ from .elementwise import (  # noqa: F401
     silu_and_mul,
 )
 
+from .attention import (  # noqa: F401
+    merge_attention_states,
+    move_kv_slots,
+    paged_decode_attention,
+    paged_prefill_attention,
+    prefill_attention,
+)
+
 __all__ = [
+    "merge_attention_states",
+    "move_kv_slots",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "prefill_attention",
     "build_rope_cache",
     "fused_add_rms_norm",
     "reshape_and_cache",

@@ -16,7 +16,26 @@ from .elementwise import (  # noqa: F401
     silu_and_mul,
 )
 
+from .attention import (  # noqa: F401
+    merge_attention_states,
+    move_kv_slots,
+    paged_decode_attention,
+    paged_prefill_attention,
+    prefill_attention,
+    random_tree_parents,
+    tree_mask,
+    visibility_mask,
+)
+
 __all__ = [
+    "merge_attention_states",
+    "move_kv_slots",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "prefill_attention",
+    "random_tree_parents",
+    "tree_mask",
+    "visibility_mask",
     "FP8_E4M3_MAX",
     "fp8_e4m3_quantize",
     "fused_add_rms_norm",

@@ -1,0 +1,205 @@
+// CPU implementations of the attention ops (ATen, fp32 inside): a loop over the sequences of the
+// batch, grouped-query matmuls (K/V are never repeated per query head), exact masking rules of
+// the contract. They serve the CPU runner and are checked against the fp64 reference.
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+
+#include "validate_attention.h"
+
+namespace fastinfer::binding {
+namespace {
+
+void check_on_cpu(const at::Tensor& t, const char* op, const char* name) {
+  FI_CHECK(t.device().is_cpu(), op, name, " must be a CPU tensor for this implementation, got ", t.device());
+}
+
+// Bool [q_len, k_len]: which keys each query sees (see attention.h for the rules).
+at::Tensor visibility(int64_t q_len, int64_t k_len, bool causal, int64_t window_left, const at::Tensor* custom) {
+  const auto i = at::arange(q_len, at::kLong).unsqueeze(1);
+  const auto j = at::arange(k_len, at::kLong).unsqueeze(0);
+  const auto pos = i + (k_len - q_len);
+  const int64_t prefix = k_len - q_len;
+  at::Tensor visible = at::ones({q_len, k_len}, at::kBool);
+  if (custom != nullptr) {
+    auto tail = at::zeros({q_len, k_len}, at::kBool);
+    tail.narrow(1, prefix, q_len).copy_(custom->reshape({q_len, q_len}));
+    visible = j.lt(prefix).logical_or(tail);
+  } else if (causal) {
+    visible = j.le(pos).expand({q_len, k_len});
+  }
+  if (window_left >= 0) visible = visible.logical_and(j.ge(pos - window_left));
+  return visible;
+}
+
+// q [q_len, Hq, D], k/v [k_len, Hkv, D] (float32) -> out [q_len, Hq, D], lse [q_len, Hq].
+std::pair<at::Tensor, at::Tensor> attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                                         double softcap, const at::Tensor& visible) {
+  const int64_t q_len = q.size(0), hq = q.size(1), d = q.size(2), hkv = k.size(1), group = hq / hkv;
+  // [Hkv, group * q_len, D] x [Hkv, D, k_len]: each KV head serves its group of query heads.
+  const auto qg = q.reshape({q_len, hkv, group, d}).permute({1, 2, 0, 3}).reshape({hkv, group * q_len, d});
+  auto s = at::bmm(qg, k.permute({1, 2, 0})).mul_(scale).view({hq, q_len, -1});
+  if (softcap > 0) s = s.div(softcap).tanh_().mul_(softcap);
+  s.masked_fill_(visible.logical_not().unsqueeze(0), -std::numeric_limits<float>::infinity());
+  const auto lse = at::logsumexp(s, -1);  // [Hq, q_len]; -inf where nothing is visible
+  const auto p = at::where(lse.isfinite().unsqueeze(-1), (s - lse.unsqueeze(-1)).exp(), at::zeros({}, s.options()));
+  const auto out = at::bmm(p.view({hkv, group * q_len, -1}), v.permute({1, 0, 2}));  // [Hkv, group * q_len, D]
+  return {out.view({hq, q_len, d}).transpose(0, 1), lse.transpose(0, 1)};
+}
+
+// The first `length` rows [length, Hkv, D] of sequence b from a paged cache, as float32.
+at::Tensor gather_paged(const at::Tensor& cache, const at::Tensor& table_row, int64_t length,
+                        const std::optional<at::Tensor>& scale) {
+  const int64_t bs = cache.size(1);
+  const auto j = at::arange(length, at::kLong);
+  const auto slots = table_row.to(at::kLong).index_select(0, j.div(bs, "floor")).mul(bs).add(j.remainder(bs));
+  auto rows = cache.view({-1, cache.size(2), cache.size(3)}).index_select(0, slots).to(at::kFloat);
+  if (scale.has_value()) rows.mul_(scale->to(at::kFloat).reshape({}));
+  return rows;
+}
+
+std::tuple<at::Tensor, at::Tensor> make_outputs(const at::Tensor& q, bool return_lse) {
+  auto out = at::zeros_like(q, at::MemoryFormat::Contiguous);
+  auto lse = return_lse ? at::full({q.size(0), q.size(1)}, -std::numeric_limits<float>::infinity(), q.options().dtype(at::kFloat))
+                        : at::empty({0}, q.options().dtype(at::kFloat));
+  return {out, lse};
+}
+
+void store(at::Tensor& out, at::Tensor& lse, int64_t row, const std::pair<at::Tensor, at::Tensor>& result) {
+  const int64_t n = result.first.size(0);
+  if (n == 0) return;
+  out.narrow(0, row, n).copy_(result.first);
+  if (lse.numel() > 0) lse.narrow(0, row, n).copy_(result.second);
+}
+
+std::tuple<at::Tensor, at::Tensor> prefill_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                         const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                                         int64_t max_seqlen_q, int64_t max_seqlen_k, double scale,
+                                                         bool causal, int64_t window_left, double softcap,
+                                                         bool return_lse) {
+  const char* op = "prefill_attention";
+  validate_prefill_attention(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, true);
+  for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check_on_cpu(*t, op, name);
+  check_packed_heads(q, op, "q");
+  check_packed_heads(k, op, "k");
+  check_packed_heads(v, op, "v");
+  check_cu_seqlens(op, cu_seqlens_q, "cu_seqlens_q", q.size(0), max_seqlen_q, "max_seqlen_q");
+  check_cu_seqlens(op, cu_seqlens_k, "cu_seqlens_k", k.size(0), max_seqlen_k, "max_seqlen_k");
+  auto [out, lse] = make_outputs(q, return_lse);
+  const auto cq = cu_seqlens_q.to(at::kLong), ck = cu_seqlens_k.to(at::kLong);
+  const auto qf = q.to(at::kFloat), kf = k.to(at::kFloat), vf = v.to(at::kFloat);
+  for (int64_t b = 0; b + 1 < cq.numel(); ++b) {
+    const int64_t qs = cq[b].item<int64_t>(), ql = cq[b + 1].item<int64_t>() - qs;
+    const int64_t ks = ck[b].item<int64_t>(), kl = ck[b + 1].item<int64_t>() - ks;
+    const auto vis = visibility(ql, kl, causal, window_left, nullptr);
+    store(out, lse, qs, attend(qf.narrow(0, qs, ql), kf.narrow(0, ks, kl), vf.narrow(0, ks, kl), scale, softcap, vis));
+  }
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_attention_cpu(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
+                                                       const at::Tensor& v_cache, const at::Tensor& block_table,
+                                                       const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k,
+                                                       bool causal, int64_t window_left, double softcap, double scale,
+                                                       const std::optional<at::Tensor>& custom_mask, bool return_lse,
+                                                       const std::optional<at::Tensor>& k_scale,
+                                                       const std::optional<at::Tensor>& v_scale) {
+  auto [out, lse] = make_outputs(q, return_lse);
+  const auto cq = cu_seqlens_q.to(at::kLong), lens = seq_lens_k.to(at::kLong);
+  const auto qf = q.to(at::kFloat);
+  int64_t mask_offset = 0;
+  for (int64_t b = 0; b < lens.numel(); ++b) {
+    const int64_t qs = cq[b].item<int64_t>(), ql = cq[b + 1].item<int64_t>() - qs, kl = lens[b].item<int64_t>();
+    at::Tensor mask;
+    if (custom_mask.has_value()) {
+      mask = custom_mask->narrow(0, mask_offset, ql * ql);
+      mask_offset += ql * ql;
+    }
+    const auto vis = visibility(ql, kl, causal, window_left, custom_mask.has_value() ? &mask : nullptr);
+    const auto kb = gather_paged(k_cache, block_table[b], kl, k_scale);
+    const auto vb = gather_paged(v_cache, block_table[b], kl, v_scale);
+    store(out, lse, qs, attend(qf.narrow(0, qs, ql), kb, vb, scale, softcap, vis));
+  }
+  return {out, lse};
+}
+
+void check_paged_inputs_on_cpu(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
+                               const at::Tensor& v_cache, const at::Tensor& block_table) {
+  for (const auto& [t, name] : {std::pair{&q, "q"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&block_table, "block_table"}})
+    check_on_cpu(*t, op, name);
+  check_packed_heads(q, op, "q");
+  check_contiguous(k_cache, op, "k_cache");
+  check_contiguous(v_cache, op, "v_cache");
+  check_contiguous(block_table, op, "block_table");
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_prefill_attention_cpu(
+    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
+    const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
+    int64_t window_left, double softcap, const std::optional<at::Tensor>& custom_mask, bool return_lse) {
+  const char* op = "paged_prefill_attention";
+  validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
+                                   window_left, custom_mask, true);
+  check_paged_inputs_on_cpu(op, q, k_cache, v_cache, block_table);
+  check_cu_seqlens(op, cu_seqlens_q, "cu_seqlens_q", q.size(0), max_seqlen_q, "max_seqlen_q");
+  check_paged_indices(op, block_table, seq_lens_k, "seq_lens_k", k_cache.size(0), k_cache.size(1), &cu_seqlens_q);
+  if (custom_mask.has_value()) check_custom_mask_size(op, *custom_mask, cu_seqlens_q);
+  return paged_attention_cpu(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, causal, window_left,
+                             softcap, scale, custom_mask, return_lse, std::nullopt, std::nullopt);
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_decode_attention_cpu(
+    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
+    const at::Tensor& seq_lens, double scale, int64_t window_left, double softcap, int64_t num_splits,
+    bool return_lse, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
+  const char* op = "paged_decode_attention";
+  validate_paged_decode_attention(op, q, k_cache, v_cache, block_table, seq_lens, num_splits, k_scale, v_scale, true);
+  check_paged_inputs_on_cpu(op, q, k_cache, v_cache, block_table);
+  check_paged_indices(op, block_table, seq_lens, "seq_lens", k_cache.size(0), k_cache.size(1), nullptr);
+  const auto cu = at::arange(q.size(0) + 1, at::kInt);  // one query per sequence
+  return paged_attention_cpu(op, q, k_cache, v_cache, block_table, cu, seq_lens, true, window_left, softcap, scale,
+                             std::nullopt, return_lse, k_scale, v_scale);
+}
+
+std::tuple<at::Tensor, at::Tensor> merge_attention_states_cpu(const at::Tensor& v_a, const at::Tensor& lse_a,
+                                                              const at::Tensor& v_b, const at::Tensor& lse_b) {
+  const char* op = "merge_attention_states";
+  validate_merge_attention_states(op, v_a, lse_a, v_b, lse_b);
+  check_on_cpu(v_a, op, "v_a");
+  const auto lse = at::logaddexp(lse_a, lse_b);
+  const auto finite = lse.isfinite();
+  const auto zero = at::zeros({}, lse.options());
+  const auto wa = at::where(finite, (lse_a - lse).exp(), zero).unsqueeze(-1);
+  const auto wb = at::where(finite, (lse_b - lse).exp(), zero).unsqueeze(-1);
+  return {(v_a.to(at::kFloat) * wa + v_b.to(at::kFloat) * wb).to(v_a.scalar_type()), lse};
+}
+
+void move_kv_slots_cpu(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& src_slots,
+                       const at::Tensor& dst_slots) {
+  const char* op = "move_kv_slots";
+  validate_move_kv_slots(op, k_cache, v_cache, src_slots, dst_slots);
+  check_on_cpu(k_cache, op, "k_cache");
+  check_contiguous(k_cache, op, "k_cache");
+  check_contiguous(v_cache, op, "v_cache");
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  check_index_range(src_slots, 0, num_slots, op, "src_slots", "slots < num_blocks * block_size");
+  check_index_range(dst_slots, 0, num_slots, op, "dst_slots", "slots < num_blocks * block_size");
+  const auto src = src_slots.to(at::kLong), dst = dst_slots.to(at::kLong);
+  for (at::Tensor* cache : {&k_cache, &v_cache}) {
+    auto flat = cache->view({num_slots, -1});
+    flat.index_copy_(0, dst, flat.index_select(0, src));  // index_select copies: sources read first
+  }
+}
+
+}  // namespace
+}  // namespace fastinfer::binding
+
+FASTINFER_LIBRARY_IMPL(FASTINFER_NS, CPU, m) {
+  using namespace fastinfer::binding;
+  m.impl("prefill_attention", &prefill_attention_cpu);
+  m.impl("paged_prefill_attention", &paged_prefill_attention_cpu);
+  m.impl("paged_decode_attention", &paged_decode_attention_cpu);
+  m.impl("merge_attention_states", &merge_attention_states_cpu);
+  m.impl("move_kv_slots", &move_kv_slots_cpu);
+}

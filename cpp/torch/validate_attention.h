@@ -1,0 +1,205 @@
+#pragma once
+// Shape/dtype/device rules of the attention ops (symbolic, shared by Meta, CPU and CUDA impls)
+// and the host-side value checks of their index tensors (cu_seqlens, seq_lens, block ids, mask
+// sizes), which run on CPU tensors always and on CUDA tensors when FASTINFER_CHECK_INDICES=1.
+#include "validate.h"
+
+namespace fastinfer::binding {
+
+inline bool is_pow2(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
+
+// q [T, Hq, D] and a [*, Hkv, D] K or V source (a ragged tensor or a paged cache).
+inline void validate_attention_q(const char* op, const at::Tensor& q, bool allow_fp32) {
+  check_dim(q, 3, op, "q", "[num_tokens, num_q_heads, head_dim]");
+  check_activation_dtype(q, allow_fp32, op, "q");
+  const auto d = q.sym_size(2);
+  FI_CHECK(d == 64 || d == 128 || d == 256, op, "q must have head_dim 64, 128 or 256, got shape ", shape_str(q));
+}
+
+inline void validate_kv_heads(const char* op, const at::Tensor& q, const c10::SymInt& num_kv_heads,
+                              const c10::SymInt& head_dim, const char* name, const at::Tensor& t) {
+  FI_CHECK(head_dim == q.sym_size(2), op, name, " must have head_dim ", q.sym_size(2), " (that of q), got shape ",
+           shape_str(t));
+  FI_CHECK(num_kv_heads > 0 && q.sym_size(1) % num_kv_heads == 0, op, "num_q_heads (", q.sym_size(1),
+           ") must be a multiple of num_kv_heads (", num_kv_heads, ") of ", name, ", got shape ", shape_str(t));
+}
+
+inline void validate_index_vector(const char* op, const at::Tensor& t, const char* name, const char* layout,
+                                  const at::Tensor& anchor) {
+  check_dim(t, 1, op, name, layout);
+  FI_CHECK(t.scalar_type() == at::kInt, op, name, " must be int32, got ", t.scalar_type());
+  check_same_device(t, anchor, op, name, "q");
+}
+
+inline void validate_prefill_attention(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                       int64_t max_seqlen_q, bool allow_fp32) {
+  validate_attention_q(op, q, allow_fp32);
+  check_dim(k, 3, op, "k", "[num_key_tokens, num_kv_heads, head_dim]");
+  validate_kv_heads(op, q, k.sym_size(1), k.sym_size(2), "k", k);
+  validate_like(op, v, "v", k, "k");
+  check_same_dtype(k, q, op, "k", "q");
+  check_same_device(k, q, op, "k", "q");
+  validate_index_vector(op, cu_seqlens_q, "cu_seqlens_q", "[batch + 1]", q);
+  validate_index_vector(op, cu_seqlens_k, "cu_seqlens_k", "[batch + 1]", q);
+  FI_CHECK(cu_seqlens_q.sym_size(0) == cu_seqlens_k.sym_size(0) && cu_seqlens_q.sym_size(0) >= 1, op,
+           "cu_seqlens_q and cu_seqlens_k must both have batch + 1 entries, got ", shape_str(cu_seqlens_q), " and ",
+           shape_str(cu_seqlens_k));
+  FI_CHECK(max_seqlen_q >= 0, op, "max_seqlen_q must be >= 0, got ", max_seqlen_q);
+}
+
+inline void validate_paged_kv(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
+                              const at::Tensor& v_cache, const at::Tensor& block_table, bool allow_fp8) {
+  check_dim(k_cache, 4, op, "k_cache", "[num_blocks, block_size, num_kv_heads, head_dim]");
+  validate_kv_heads(op, q, k_cache.sym_size(2), k_cache.sym_size(3), "k_cache", k_cache);
+  validate_like(op, v_cache, "v_cache", k_cache, "k_cache");
+  check_same_device(k_cache, q, op, "k_cache", "q");
+  const bool fp8 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
+  FI_CHECK(k_cache.scalar_type() == q.scalar_type() || (allow_fp8 && fp8), op, "k_cache must have the dtype of q (",
+           q.scalar_type(), ")", allow_fp8 ? " or float8_e4m3fn" : "", ", got ", k_cache.scalar_type());
+  const auto bs = k_cache.sym_size(1);
+  FI_CHECK(bs >= 8 && bs <= 256 && is_pow2(bs.guard_int(__FILE__, __LINE__)), op,
+           "k_cache must have a power-of-two block_size in [8, 256] (dim 1), got shape ", shape_str(k_cache));
+  check_dim(block_table, 2, op, "block_table", "[batch, max_blocks_per_seq]");
+  FI_CHECK(block_table.scalar_type() == at::kInt, op, "block_table must be int32, got ", block_table.scalar_type());
+  check_same_device(block_table, q, op, "block_table", "q");
+}
+
+inline void validate_fp8_scales(const char* op, const at::Tensor& k_cache, const at::Tensor& q,
+                                const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
+  const bool fp8 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
+  const std::pair<const std::optional<at::Tensor>*, const char*> scales[] = {{&k_scale, "k_scale"}, {&v_scale, "v_scale"}};
+  for (const auto& [scale, name] : scales) {
+    if (!fp8) {
+      FI_CHECK(!scale->has_value(), op, name, " must be None unless the cache is float8_e4m3fn");
+      continue;
+    }
+    FI_CHECK(scale->has_value(), op, name, " is required with a float8_e4m3fn cache (a float32 tensor with 1 element)");
+    FI_CHECK((*scale)->scalar_type() == at::kFloat && (*scale)->sym_numel() == 1, op, name,
+             " must be a float32 tensor with 1 element, got ", (*scale)->scalar_type(), " ", shape_str(**scale));
+    check_same_device(**scale, q, op, name, "q");
+  }
+}
+
+inline void validate_paged_prefill_attention(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
+                                             const at::Tensor& v_cache, const at::Tensor& block_table,
+                                             const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k,
+                                             int64_t max_seqlen_q, int64_t window_left,
+                                             const std::optional<at::Tensor>& custom_mask, bool allow_fp32) {
+  validate_attention_q(op, q, allow_fp32);
+  validate_paged_kv(op, q, k_cache, v_cache, block_table, /*allow_fp8=*/false);
+  validate_index_vector(op, cu_seqlens_q, "cu_seqlens_q", "[batch + 1]", q);
+  validate_index_vector(op, seq_lens_k, "seq_lens_k", "[batch]", q);
+  FI_CHECK(cu_seqlens_q.sym_size(0) == seq_lens_k.sym_size(0) + 1, op, "cu_seqlens_q must have batch + 1 = ",
+           seq_lens_k.sym_size(0) + 1, " entries (seq_lens_k has ", seq_lens_k.sym_size(0), "), got ",
+           shape_str(cu_seqlens_q));
+  FI_CHECK(block_table.sym_size(0) == seq_lens_k.sym_size(0), op, "block_table must have batch = ",
+           seq_lens_k.sym_size(0), " rows, got shape ", shape_str(block_table));
+  FI_CHECK(max_seqlen_q >= 0, op, "max_seqlen_q must be >= 0, got ", max_seqlen_q);
+  if (custom_mask.has_value()) {
+    check_dim(*custom_mask, 1, op, "custom_mask", "[sum of q_len^2] (per sequence a flattened [q_len, q_len] bool block)");
+    FI_CHECK(custom_mask->scalar_type() == at::kBool, op, "custom_mask must be bool, got ", custom_mask->scalar_type());
+    check_same_device(*custom_mask, q, op, "custom_mask", "q");
+    FI_CHECK(window_left < 0, op, "window_left must be -1 when custom_mask is given (tree attention has no window), got ",
+             window_left);
+  }
+}
+
+inline void validate_paged_decode_attention(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
+                                            const at::Tensor& v_cache, const at::Tensor& block_table,
+                                            const at::Tensor& seq_lens, int64_t num_splits,
+                                            const std::optional<at::Tensor>& k_scale,
+                                            const std::optional<at::Tensor>& v_scale, bool allow_fp32) {
+  validate_attention_q(op, q, allow_fp32);
+  validate_paged_kv(op, q, k_cache, v_cache, block_table, /*allow_fp8=*/true);
+  validate_index_vector(op, seq_lens, "seq_lens", "[batch]", q);
+  FI_CHECK(seq_lens.sym_size(0) == q.sym_size(0), op, "seq_lens must have batch = q.size(0) = ", q.sym_size(0),
+           " entries, got ", shape_str(seq_lens));
+  FI_CHECK(block_table.sym_size(0) == q.sym_size(0), op, "block_table must have batch = q.size(0) = ", q.sym_size(0),
+           " rows, got shape ", shape_str(block_table));
+  FI_CHECK(num_splits >= 0 && num_splits <= 256, op, "num_splits must be in [0, 256] (0 = automatic), got ", num_splits);
+  validate_fp8_scales(op, k_cache, q, k_scale, v_scale);
+}
+
+inline void validate_merge_attention_states(const char* op, const at::Tensor& v_a, const at::Tensor& lse_a,
+                                            const at::Tensor& v_b, const at::Tensor& lse_b) {
+  check_dim(v_a, 3, op, "v_a", "[num_tokens, num_heads, head_dim]");
+  check_dtype_in(v_a, {at::kHalf, at::kBFloat16, at::kFloat}, op, "v_a");
+  validate_like(op, v_b, "v_b", v_a, "v_a");
+  check_dim(lse_a, 2, op, "lse_a", "[num_tokens, num_heads]");
+  FI_CHECK(lse_a.scalar_type() == at::kFloat, op, "lse_a must be float32, got ", lse_a.scalar_type());
+  FI_CHECK(lse_a.sym_size(0) == v_a.sym_size(0) && lse_a.sym_size(1) == v_a.sym_size(1), op,
+           "lse_a must have shape [num_tokens, num_heads] = [", v_a.sym_size(0), ", ", v_a.sym_size(1), "], got ",
+           shape_str(lse_a));
+  check_same_device(lse_a, v_a, op, "lse_a", "v_a");
+  validate_like(op, lse_b, "lse_b", lse_a, "lse_a");
+}
+
+inline void validate_move_kv_slots(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                   const at::Tensor& src_slots, const at::Tensor& dst_slots) {
+  check_dim(k_cache, 4, op, "k_cache", "[num_blocks, block_size, num_kv_heads, head_dim]");
+  validate_like(op, v_cache, "v_cache", k_cache, "k_cache");
+  for (const auto& [t, name] : {std::pair{&src_slots, "src_slots"}, {&dst_slots, "dst_slots"}}) {
+    check_dim(*t, 1, op, name, "[num_moves]");
+    check_dtype_in(*t, {at::kInt, at::kLong}, op, name);
+    check_same_device(*t, k_cache, op, name, "k_cache");
+  }
+  FI_CHECK(src_slots.sym_size(0) == dst_slots.sym_size(0), op, "dst_slots must have as many entries as src_slots (",
+           src_slots.sym_size(0), "), got ", shape_str(dst_slots));
+  check_same_dtype(dst_slots, src_slots, op, "dst_slots", "src_slots");
+}
+
+// ---- host-side value checks (CPU tensors always; CUDA with FASTINFER_CHECK_INDICES=1) ---------
+inline void check_cu_seqlens(const char* op, const at::Tensor& cu, const char* name, int64_t total,
+                             int64_t max_len, const char* max_name) {
+  const auto c = cu.to(at::kCPU, at::kLong);
+  const int64_t* p = c.const_data_ptr<int64_t>();
+  const int64_t n = c.numel();
+  FI_CHECK(p[0] == 0 && p[n - 1] == total, op, name, " must start at 0 and end at the number of rows (", total,
+           "), got ", p[0], " .. ", p[n - 1]);
+  for (int64_t b = 0; b + 1 < n; ++b) {
+    FI_CHECK(p[b + 1] >= p[b], op, name, " must be non-decreasing, got ", p[b], " then ", p[b + 1], " at ", b);
+    if (max_name != nullptr)
+      FI_CHECK(p[b + 1] - p[b] <= max_len, op, max_name, " (", max_len, ") is smaller than sequence ", b, "'s length ",
+               p[b + 1] - p[b]);
+  }
+}
+
+// Paged: every sequence's keys fit in its block table row and use valid block ids; q_len <= k_len.
+inline void check_paged_indices(const char* op, const at::Tensor& block_table, const at::Tensor& seq_lens,
+                                const char* seq_lens_name, int64_t num_blocks, int64_t block_size,
+                                const at::Tensor* cu_seqlens_q) {
+  const auto lens = seq_lens.to(at::kCPU, at::kLong);
+  const auto table = block_table.to(at::kCPU, at::kLong);
+  const int64_t* l = lens.const_data_ptr<int64_t>();
+  const int64_t width = table.size(1);
+  at::Tensor cu;
+  if (cu_seqlens_q != nullptr) cu = cu_seqlens_q->to(at::kCPU, at::kLong);
+  for (int64_t b = 0; b < lens.numel(); ++b) {
+    FI_CHECK(l[b] >= 0 && l[b] <= width * block_size, op, seq_lens_name, "[", b, "] = ", l[b],
+             " needs more blocks than block_table has columns (", width, " x block_size ", block_size, " = ",
+             width * block_size, " tokens)");
+    if (cu_seqlens_q != nullptr) {
+      const int64_t q_len = cu.const_data_ptr<int64_t>()[b + 1] - cu.const_data_ptr<int64_t>()[b];
+      FI_CHECK(q_len <= l[b], op, "sequence ", b, " has ", q_len, " queries but only ", l[b], " keys in ",
+               seq_lens_name, " (the queries must be the last q_len tokens, already in the cache)");
+    }
+    const int64_t used = (l[b] + block_size - 1) / block_size;
+    if (used == 0) continue;
+    const auto row = table[b].narrow(0, 0, used);
+    const int64_t mn = row.min().item<int64_t>(), mx = row.max().item<int64_t>();
+    FI_CHECK(mn >= 0 && mx < num_blocks, op, "block_table[", b, "] must hold block ids in [0, ", num_blocks,
+             ") for its ", used, " used blocks, got min ", mn, " max ", mx);
+  }
+}
+
+inline void check_custom_mask_size(const char* op, const at::Tensor& custom_mask, const at::Tensor& cu_seqlens_q) {
+  const auto cu = cu_seqlens_q.to(at::kCPU, at::kLong);
+  const int64_t* p = cu.const_data_ptr<int64_t>();
+  int64_t expected = 0;
+  for (int64_t b = 0; b + 1 < cu.numel(); ++b) expected += (p[b + 1] - p[b]) * (p[b + 1] - p[b]);
+  FI_CHECK(custom_mask.numel() == expected, op, "custom_mask must have sum over sequences of q_len^2 = ", expected,
+           " entries, got ", custom_mask.numel());
+}
+
+}  // namespace fastinfer::binding

@@ -1,0 +1,141 @@
+#pragma once
+// Attention launchers (torch-free C++ API). Conventions shared by every kernel here:
+//  - q, k, v, out: [tokens, heads, head_dim] with the heads packed (stride head_dim) and a free
+//    token stride; GQA maps query head h to KV head h / (num_q_heads / num_kv_heads).
+//  - Paged KV cache per layer: [num_blocks, block_size, num_kv_heads, head_dim], contiguous;
+//    block_table [batch, block_table_stride] int32 maps logical block j of a sequence to a
+//    physical block; token i of a sequence lives in block block_table[b][i / BS], row i % BS.
+//  - Scores s = (q . k) * scale; with softcap > 0: s = softcap * tanh(s / softcap).
+//  - Causal masks are bottom-right aligned: query i of a sequence with q_len queries and k_len
+//    keys has absolute position p = k_len - q_len + i and sees keys j <= p; with window_left = W
+//    >= 0 it sees keys j in [p - W, p] (the window applies to non-causal attention too).
+//  - lse (optional, float32 [tokens, num_q_heads]): natural log of the sum of exp(s) over the
+//    visible keys. A query that sees no key gets out = 0 and lse = -inf (never NaN).
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fastinfer/common/types.h"
+
+namespace fastinfer {
+
+// Prefill over a ragged batch of B sequences; queries of sequence b are rows
+// cu_seqlens_q[b] .. cu_seqlens_q[b+1] of q. K/V come either from contiguous ragged tensors
+// (cu_seqlens_k != nullptr) or from the paged cache (block_table != nullptr), in which case the
+// q_len queries of a sequence are its LAST q_len tokens, already written to the cache.
+struct PrefillAttentionParams {
+  const void* q = nullptr;  // [T, Hq, D]
+  const void* k = nullptr;  // contiguous: [Tk, Hkv, D]; paged: k_cache [NB, BS, Hkv, D]
+  const void* v = nullptr;
+  void* out = nullptr;      // [T, Hq, D]
+  float* lse = nullptr;     // [T, Hq] or nullptr
+
+  const int32_t* cu_seqlens_q = nullptr;  // [B + 1], device
+  const int32_t* cu_seqlens_k = nullptr;  // [B + 1], device (contiguous K/V)
+  const int32_t* seq_lens_k = nullptr;    // [B], device (paged K/V): keys per sequence
+  const int32_t* block_table = nullptr;   // [B, block_table_stride], device (paged K/V)
+  int64_t block_table_stride = 0;
+  int32_t block_size = 0;                 // paged: power of two in [8, 256]
+
+  // Tree attention (paged path only): for sequence b with q_len queries, a bool [q_len, q_len]
+  // block starting at custom_mask[mask_offsets[b]]: row i says which of the trailing q_len keys
+  // query i sees (it replaces the causal rule among them; prefix keys stay visible).
+  const bool* custom_mask = nullptr;
+  const int64_t* mask_offsets = nullptr;  // [B + 1], device: prefix sums of q_len^2
+
+  int32_t batch_size = 0;
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;                   // 64 or 128 (256 desired)
+  int32_t max_seqlen_q = 0;               // upper bound of q_len over the batch (sizes the grid)
+  int64_t q_token_stride = 0;             // elements
+  int64_t k_token_stride = 0;             // contiguous K/V only
+  int64_t v_token_stride = 0;
+  int64_t out_token_stride = 0;
+
+  float scale = 1.0f;
+  bool causal = true;
+  int32_t window_left = -1;               // < 0: no window
+  float softcap = 0.0f;                   // <= 0: none
+  DType dtype = DType::kBFloat16;         // q, k, v, out: float16 or bfloat16
+};
+
+cudaError_t launch_prefill_attention(const PrefillAttentionParams& params, cudaStream_t stream);
+
+// Decode: one query per sequence against its paged KV (seq_lens[b] keys, the query being the
+// last token, absolute position seq_lens[b] - 1). Split-KV: num_splits CTAs per (sequence, KV
+// head) each reduce a slice of the keys into fp32 partials in `workspace`, merged by a second
+// kernel; num_splits == 1 writes out directly.
+struct DecodeAttentionParams {
+  const void* q = nullptr;        // [B, Hq, D]
+  const void* k_cache = nullptr;  // [NB, BS, Hkv, D], dtype or fp8 e4m3
+  const void* v_cache = nullptr;
+  void* out = nullptr;            // [B, Hq, D]
+  float* lse = nullptr;           // [B, Hq] or nullptr
+  const int32_t* block_table = nullptr;  // [B, block_table_stride]
+  int64_t block_table_stride = 0;
+  const int32_t* seq_lens = nullptr;     // [B]
+  const float* k_scale = nullptr;        // fp8 cache: per-layer dequantisation scales (device)
+  const float* v_scale = nullptr;
+
+  int32_t batch_size = 0;
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t block_size = 0;
+  int64_t q_token_stride = 0;
+  int64_t out_token_stride = 0;
+
+  int32_t num_splits = 1;          // >= 1 (resolve 0 with decode_attention_num_splits first)
+  void* workspace = nullptr;       // decode_attention_workspace_size(params) bytes, when num_splits > 1
+
+  float scale = 1.0f;
+  int32_t window_left = -1;
+  float softcap = 0.0f;
+  DType dtype = DType::kBFloat16;        // q and out
+  DType cache_dtype = DType::kBFloat16;  // dtype or kFloat8E4M3
+};
+
+// The split count chosen when the user asks for num_splits = 0: enough CTAs to fill num_sms
+// given B x Hkv, bounded by the keys a sequence can have (block_table_stride * block_size).
+int32_t decode_attention_num_splits(const DecodeAttentionParams& params, int32_t num_sms);
+size_t decode_attention_workspace_size(const DecodeAttentionParams& params);
+cudaError_t launch_decode_attention(const DecodeAttentionParams& params, cudaStream_t stream);
+
+// Merges two attention results over disjoint key sets (split-KV, shared prefix + suffix):
+// lse = log(exp(lse_a) + exp(lse_b)); v = v_a * exp(lse_a - lse) + v_b * exp(lse_b - lse).
+// -inf inputs are handled (both -inf: v = 0, lse = -inf). v_out may alias v_a or v_b.
+struct MergeAttentionStatesParams {
+  const void* v_a = nullptr;   // [T, H, D]
+  const float* lse_a = nullptr;  // [T, H]
+  const void* v_b = nullptr;
+  const float* lse_b = nullptr;
+  void* v_out = nullptr;
+  float* lse_out = nullptr;
+  int64_t num_tokens = 0;
+  int32_t num_heads = 0;
+  int32_t head_dim = 0;
+  DType dtype = DType::kBFloat16;  // of the v tensors: float16, bfloat16 or float32
+};
+
+cudaError_t launch_merge_attention_states(const MergeAttentionStatesParams& params, cudaStream_t stream);
+
+// KV compaction after speculative acceptance: cache[dst_slots[i]] = cache[src_slots[i]] for
+// every i, for both caches, with all sources read before any destination is written (so chains
+// such as 5 -> 4, 7 -> 5 are safe). Uses `workspace` of move_kv_slots_workspace_size bytes.
+struct MoveKvSlotsParams {
+  void* k_cache = nullptr;  // [num_slots, row_bytes] viewed as bytes
+  void* v_cache = nullptr;
+  const void* src_slots = nullptr;
+  const void* dst_slots = nullptr;
+  IndexType slot_type = IndexType::kInt64;
+  int64_t num_moves = 0;
+  int64_t row_bytes = 0;    // Hkv * D * element size
+  void* workspace = nullptr;
+};
+
+size_t move_kv_slots_workspace_size(const MoveKvSlotsParams& params);
+cudaError_t launch_move_kv_slots(const MoveKvSlotsParams& params, cudaStream_t stream);
+
+}  // namespace fastinfer

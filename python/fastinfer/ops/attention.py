@@ -1,0 +1,145 @@
+"""Python wrappers for the attention ops (``torch.ops.fastinfer.*``).
+
+Conventions (DESIGN.md "Attention"): scores ``s = (q . k) * scale``, then
+``s = softcap * tanh(s / softcap)`` when ``softcap > 0``. Query ``i`` of a sequence with ``q_len``
+queries and ``k_len`` keys sits at absolute position ``p = k_len - q_len + i``; causal masks are
+bottom-right aligned (it sees keys ``j <= p``); ``window_left = W >= 0`` restricts it to keys
+``j >= p - W``. GQA: query head ``h`` reads KV head ``h // (Hq // Hkv)``. ``lse`` is float32, the
+natural log of the sum of ``exp(s)`` over visible keys; a query that sees no key gets zeros and
+``lse = -inf``. Paged KV caches are ``[num_blocks, block_size, Hkv, D]`` with ``block_table
+[B, max_blocks] int32`` (token ``j`` of sequence ``b`` is row ``j % BS`` of block
+``block_table[b, j // BS]``). Index tensors (``cu_seqlens_*``, ``seq_lens*``) are int32.
+
+Dtypes: q/k/v float16 or bfloat16 (CPU also float32); D in {64, 128} (256 on CPU). Index values
+are validated on CPU tensors always and on CUDA tensors when ``FASTINFER_CHECK_INDICES=1`` (else
+out-of-range block ids or lengths are undefined behaviour, as in other attention libraries).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+
+Tensor = torch.Tensor
+_Result = Union[Tensor, Tuple[Tensor, Tensor]]
+
+__all__ = [
+    "prefill_attention",
+    "paged_prefill_attention",
+    "paged_decode_attention",
+    "merge_attention_states",
+    "move_kv_slots",
+]
+
+
+def _result(out_lse: Tuple[Tensor, Tensor], return_lse: bool) -> _Result:
+    return (out_lse[0], out_lse[1]) if return_lse else out_lse[0]
+
+
+def prefill_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    scale: Optional[float] = None,
+    causal: bool = True,
+    window_left: int = -1,
+    softcap: float = 0.0,
+    return_lse: bool = False,
+) -> _Result:
+    """Varlen (ragged batch) attention with contiguous K/V (FlashAttention-2 kernel on CUDA).
+
+    Args:
+        q: ``[T, Hq, D]``; k, v: ``[Tk, Hkv, D]`` (heads packed, any token stride).
+        cu_seqlens_q, cu_seqlens_k: ``[B + 1]`` int32 prefix sums of the per-sequence lengths.
+        max_seqlen_q, max_seqlen_k: upper bounds of the lengths (size the launch grid).
+        scale: defaults to ``1 / sqrt(D)``.
+
+    Returns:
+        ``out [T, Hq, D]`` (dtype of q), and ``lse [T, Hq]`` float32 when ``return_lse``.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    res = torch.ops.fastinfer.prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                                                int(max_seqlen_k), float(scale), bool(causal), int(window_left),
+                                                float(softcap), bool(return_lse))
+    return _result(res, return_lse)
+
+
+def paged_prefill_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_table: Tensor,
+    cu_seqlens_q: Tensor,
+    seq_lens_k: Tensor,
+    max_seqlen_q: int,
+    scale: Optional[float] = None,
+    causal: bool = True,
+    window_left: int = -1,
+    softcap: float = 0.0,
+    custom_mask: Optional[Tensor] = None,
+    return_lse: bool = False,
+) -> _Result:
+    """Attention of new queries against a paged KV cache: chunked prefill, prefix-cache hits and
+    speculative tree verification.
+
+    The ``q_len`` queries of sequence ``b`` are its LAST ``q_len`` tokens, already written to the
+    cache (``seq_lens_k[b]`` keys in all). ``custom_mask`` (bool, per sequence a flattened
+    ``[q_len, q_len]`` block, concatenated over the batch) replaces the causal rule among those
+    trailing keys (tree attention); prefix keys stay visible; ``window_left`` must be -1 then.
+
+    Returns:
+        ``out [T, Hq, D]``, and ``lse [T, Hq]`` float32 when ``return_lse``.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    res = torch.ops.fastinfer.paged_prefill_attention(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k,
+                                                      int(max_seqlen_q), float(scale), bool(causal),
+                                                      int(window_left), float(softcap), custom_mask,
+                                                      bool(return_lse))
+    return _result(res, return_lse)
+
+
+def paged_decode_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_table: Tensor,
+    seq_lens: Tensor,
+    scale: Optional[float] = None,
+    window_left: int = -1,
+    softcap: float = 0.0,
+    num_splits: int = 0,
+    return_lse: bool = False,
+    k_scale: Optional[Tensor] = None,
+    v_scale: Optional[Tensor] = None,
+) -> _Result:
+    """Decode: one query per sequence (its newest token, position ``seq_lens[b] - 1``) against its
+    paged KV. ``num_splits = 0`` picks split-KV automatically from the SM count and the table size.
+    An fp8 e4m3 cache needs ``k_scale``/``v_scale`` (float32, one element: stored = x / scale).
+
+    Returns:
+        ``out [B, Hq, D]``, and ``lse [B, Hq]`` float32 when ``return_lse``.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    res = torch.ops.fastinfer.paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, float(scale),
+                                                     int(window_left), float(softcap), int(num_splits),
+                                                     bool(return_lse), k_scale, v_scale)
+    return _result(res, return_lse)
+
+
+def merge_attention_states(v_a: Tensor, lse_a: Tensor, v_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+    """Combine attention over two disjoint key sets (split-KV, shared prefix + suffix):
+    ``lse = logaddexp(lse_a, lse_b)``, ``v = v_a * exp(lse_a - lse) + v_b * exp(lse_b - lse)``.
+    ``v_*``: ``[T, H, D]`` (fp16/bf16/fp32); ``lse_*``: ``[T, H]`` float32. Returns ``(v, lse)``."""
+    return torch.ops.fastinfer.merge_attention_states(v_a, lse_a, v_b, lse_b)
+
+
+def move_kv_slots(k_cache: Tensor, v_cache: Tensor, src_slots: Tensor, dst_slots: Tensor) -> None:
+    """**In place**: ``cache[dst_slots[i]] = cache[src_slots[i]]`` for both caches (slots index the
+    cache viewed as ``[NB * BS, Hkv, D]``), all sources read before any write, so compaction
+    chains such as ``5 -> 4, 7 -> 5`` are safe. Slots int32 or int64."""
+    torch.ops.fastinfer.move_kv_slots(k_cache, v_cache, src_slots, dst_slots)

@@ -1,0 +1,201 @@
+"""fp64 oracles of the attention ops (DESIGN.md "Attention"): the executable spec.
+
+Conventions (shared with the kernels, see cuda/include/fastinfer/attention/attention.h):
+scores s = (q . k) * scale, then s = softcap * tanh(s / softcap) when softcap > 0. Query i of a
+sequence with q_len queries and k_len keys has absolute position p = k_len - q_len + i; causal:
+it sees keys j <= p (bottom-right aligned); window_left W >= 0: keys j in [p - W, p] (also without
+causal: then j >= p - W). A custom (tree) mask [q_len, q_len] replaces the causal rule among the
+trailing q_len keys; prefix keys stay visible. GQA: query head h uses KV head h // (Hq // Hkv).
+lse = log(sum(exp(s))) over visible keys; a query that sees nothing gets out = 0, lse = -inf.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+Tensor = torch.Tensor
+
+
+def visibility_mask(
+    q_len: int,
+    k_len: int,
+    causal: bool,
+    window_left: int = -1,
+    custom_mask: Optional[Tensor] = None,
+    device=None,
+) -> Tensor:
+    """Bool [q_len, k_len]: which keys each query of one sequence sees."""
+    i = torch.arange(q_len, device=device).unsqueeze(1)
+    j = torch.arange(k_len, device=device).unsqueeze(0)
+    pos = k_len - q_len + i
+    visible = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    if custom_mask is not None:
+        prefix = k_len - q_len
+        tail = torch.zeros(q_len, k_len, dtype=torch.bool, device=device)
+        tail[:, prefix:] = custom_mask.to(torch.bool).reshape(q_len, q_len)
+        visible = (j < prefix) | tail
+    elif causal:
+        visible &= j <= pos
+    if window_left >= 0:
+        visible &= j >= pos - window_left
+    return visible
+
+
+def attention_one_sequence(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    visible: Tensor,
+    softcap: float = 0.0,
+) -> Tuple[Tensor, Tensor]:
+    """q [q_len, Hq, D], k/v [k_len, Hkv, D], visible [q_len, k_len] -> (out fp64 [q_len, Hq, D],
+    lse fp64 [q_len, Hq])."""
+    hq, hkv = q.shape[1], k.shape[1]
+    group = hq // hkv
+    q64 = q.to(torch.float64)
+    k64 = k.to(torch.float64).repeat_interleave(group, dim=1)
+    v64 = v.to(torch.float64).repeat_interleave(group, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q64, k64) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~visible.unsqueeze(0), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)  # [Hq, q_len]; -inf where nothing is visible
+    p = torch.where(torch.isfinite(lse).unsqueeze(-1), torch.exp(s - lse.unsqueeze(-1)), torch.zeros_like(s))
+    out = torch.einsum("hqk,khd->qhd", p, v64)
+    return out, lse.transpose(0, 1).contiguous()
+
+
+def _lens(cu: Tensor) -> list:
+    cu = cu.tolist()
+    return [(cu[b], cu[b + 1]) for b in range(len(cu) - 1)]
+
+
+def prefill_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    scale: float,
+    causal: bool,
+    window_left: int = -1,
+    softcap: float = 0.0,
+) -> Tuple[Tensor, Tensor]:
+    """Varlen attention over contiguous ragged K/V. Returns (out [T, Hq, D], lse [T, Hq]) fp64."""
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float64)
+    for (qs, qe), (ks, ke) in zip(_lens(cu_seqlens_q), _lens(cu_seqlens_k)):
+        vis = visibility_mask(qe - qs, ke - ks, causal, window_left)
+        out[qs:qe], lse[qs:qe] = attention_one_sequence(q[qs:qe], k[ks:ke], v[ks:ke], scale, vis, softcap)
+    return out, lse
+
+
+def gather_paged(cache: Tensor, block_table_row: Tensor, length: int, scale: Optional[Tensor] = None) -> Tensor:
+    """The first `length` token rows [length, Hkv, D] of one sequence from a paged cache
+    [NB, BS, Hkv, D], dequantised with `scale` for an fp8 cache."""
+    bs = cache.shape[1]
+    j = torch.arange(length)
+    slots = block_table_row.to(torch.int64)[j // bs] * bs + j % bs
+    rows = cache.reshape(-1, *cache.shape[2:])[slots]
+    rows = rows.to(torch.float64)
+    if scale is not None:
+        rows = rows * float(scale.reshape(()))
+    return rows
+
+
+def paged_prefill_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_table: Tensor,
+    cu_seqlens_q: Tensor,
+    seq_lens_k: Tensor,
+    scale: float,
+    causal: bool,
+    window_left: int = -1,
+    softcap: float = 0.0,
+    custom_mask: Optional[Tensor] = None,
+    k_scale: Optional[Tensor] = None,
+    v_scale: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Queries are the last q_len tokens of each sequence (already in the cache). custom_mask:
+    bool, per sequence a flattened [q_len, q_len] block, concatenated over the batch."""
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float64)
+    mask_offset = 0
+    for b, (qs, qe) in enumerate(_lens(cu_seqlens_q)):
+        q_len, k_len = qe - qs, int(seq_lens_k[b])
+        m = None
+        if custom_mask is not None:
+            m = custom_mask[mask_offset : mask_offset + q_len * q_len]
+            mask_offset += q_len * q_len
+        vis = visibility_mask(q_len, k_len, causal, window_left, m)
+        kb = gather_paged(k_cache, block_table[b], k_len, k_scale)
+        vb = gather_paged(v_cache, block_table[b], k_len, v_scale)
+        out[qs:qe], lse[qs:qe] = attention_one_sequence(q[qs:qe], kb, vb, scale, vis, softcap)
+    return out, lse
+
+
+def paged_decode_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_table: Tensor,
+    seq_lens: Tensor,
+    scale: float,
+    window_left: int = -1,
+    softcap: float = 0.0,
+    k_scale: Optional[Tensor] = None,
+    v_scale: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """One query per sequence (its last token) against its paged KV. q [B, Hq, D]."""
+    b = q.shape[0]
+    cu = torch.arange(b + 1, dtype=torch.int32)
+    return paged_prefill_attention(q, k_cache, v_cache, block_table, cu, seq_lens, scale, True,
+                                   window_left, softcap, None, k_scale, v_scale)
+
+
+def merge_attention_states(v_a: Tensor, lse_a: Tensor, v_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+    """Combine two results over disjoint key sets: lse = logaddexp(lse_a, lse_b),
+    v = v_a * exp(lse_a - lse) + v_b * exp(lse_b - lse); both -inf -> v = 0, lse = -inf."""
+    la, lb = lse_a.to(torch.float64), lse_b.to(torch.float64)
+    lse = torch.logaddexp(la, lb)
+    finite = torch.isfinite(lse)
+    wa = torch.where(finite, torch.exp(la - lse), torch.zeros_like(la)).unsqueeze(-1)
+    wb = torch.where(finite, torch.exp(lb - lse), torch.zeros_like(lb)).unsqueeze(-1)
+    return v_a.to(torch.float64) * wa + v_b.to(torch.float64) * wb, lse
+
+
+def move_kv_slots(k_cache: Tensor, v_cache: Tensor, src_slots: Tensor, dst_slots: Tensor) -> Tuple[Tensor, Tensor]:
+    """cache[dst] = cache[src] for both caches, all sources read before any write. Returns new
+    caches (same dtype: the move is exact)."""
+    outs = []
+    for cache in (k_cache, v_cache):
+        flat = cache.clone().reshape(-1, *cache.shape[2:])
+        rows = flat[src_slots.to(torch.int64)].clone()
+        flat[dst_slots.to(torch.int64)] = rows
+        outs.append(flat.reshape(cache.shape))
+    return outs[0], outs[1]
+
+
+def random_tree_parents(num_nodes: int, generator: Optional[torch.Generator] = None) -> Sequence[int]:
+    """A random tree on nodes 0..n-1 rooted at 0 with parents[i] < i (speculative-decoding trees)."""
+    parents = [-1]
+    for i in range(1, num_nodes):
+        parents.append(int(torch.randint(0, i, (1,), generator=generator)))
+    return parents
+
+
+def tree_mask(parents: Sequence[int]) -> Tensor:
+    """Bool [n, n]: node i sees node j iff j is i or an ancestor of i."""
+    n = len(parents)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = parents[j]
+    return mask
