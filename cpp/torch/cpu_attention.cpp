@@ -187,8 +187,8 @@ void move_kv_slots_cpu(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tenso
   check_index_range(dst_slots, 0, num_slots, op, "dst_slots", "slots < num_blocks * block_size");
   const auto src = src_slots.to(at::kLong), dst = dst_slots.to(at::kLong);
   for (at::Tensor* cache : {&k_cache, &v_cache}) {
-    auto flat = cache->view({num_slots, -1});
-    flat.index_copy_(0, dst, flat.index_select(0, src));  // index_select copies: sources read first
+    auto flat = cache->view(at::kByte).view({num_slots, -1});  // bytes: any cache dtype, fp8 included
+    flat.index_copy_(0, dst, flat.index_select(0, src));        // index_select copies: sources read first
   }
 }
 
