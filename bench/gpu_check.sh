@@ -38,7 +38,7 @@ export PYTHONPATH=/tmp/fi${PYTHONPATH:+:$PYTHONPATH}
 log "build rc=$build_rc"
 
 log "pytest -m cuda"
-timeout 300 $PY -m pytest -m cuda -q -ra -p no:cacheprovider tests --junitxml="$OUT/pytest-cuda.xml" 2>&1 | tee "$OUT/pytest-cuda.log" | tail -n 40
+timeout 200 $PY -m pytest -m cuda -q -ra -p no:cacheprovider tests --junitxml="$OUT/pytest-cuda.xml" 2>&1 | tee "$OUT/pytest-cuda.log" | tail -n 40
 pytest_rc=${PIPESTATUS[0]}
 
 log "fragment probes: GPU vs emulator"
@@ -51,8 +51,10 @@ fi
 log "probe rc=$probe_rc (0: the emulator's fragment layouts match the GPU's)"
 
 log "benchmarks"
-timeout 150 $PY bench/ops.py --deadline 120 --json "$OUT/ops.json" 2>&1 | tee "$OUT/bench.log" | tail -n 40
+timeout 100 $PY bench/ops.py --deadline 75 --json "$OUT/ops.json" 2>&1 | tee "$OUT/bench.log" | tail -n 40
 bench_rc=${PIPESTATUS[0]}
+timeout 120 $PY bench/attention.py --deadline 100 --json "$OUT/attention.json" 2>&1 | tee "$OUT/bench-attention.log" | tail -n 60
+[ "${PIPESTATUS[0]}" = 0 ] || bench_rc=1
 
 $PY - "$OUT" "$build_rc" "$pytest_rc" "$probe_rc" "$bench_rc" <<'PYEOF'
 import json, os, subprocess, sys, datetime
@@ -68,11 +70,12 @@ log = os.path.join(out, "pytest-cuda.log")
 if os.path.exists(log):
     lines = [l for l in open(log).read().splitlines() if l.strip()]
     summary["pytest_cuda_summary"] = lines[-1] if lines else ""
-bench = os.path.join(out, "ops.json")
-if os.path.exists(bench):
-    summary["bench"] = json.load(open(bench))
+for name in ("ops", "attention"):
+    bench = os.path.join(out, f"{name}.json")
+    if os.path.exists(bench):
+        summary[f"bench_{name}"] = json.load(open(bench))
 json.dump(summary, open(os.path.join(out, "gpu_check.json"), "w"), indent=1)
-print(json.dumps({k: v for k, v in summary.items() if k != "bench"}, indent=1))
+print(json.dumps({k: v for k, v in summary.items() if not k.startswith("bench_")}, indent=1))
 PYEOF
 log "done"
 [ "$build_rc" = 0 ] && [ "$pytest_rc" = 0 ]
