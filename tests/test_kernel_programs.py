@@ -39,5 +39,6 @@ def test_kernel_program_in_emulator(program):
         assert r.returncode == 0, f"seed {seed}: exit {r.returncode}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
         outputs.append(r.stdout)
     a, b = _checksums(outputs[0]), _checksums(outputs[1])
-    assert a, "the program must print a checksum of its outputs"
+    if not a:  # programs that check outputs bit-exactly print no checksum: their reports must match
+        a, b = outputs
     assert a == b, f"outputs differ between schedule seeds: {a} vs {b}"

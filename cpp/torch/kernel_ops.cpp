@@ -2,71 +2,10 @@
 // the returned error. Built twice from this one file:
 //   FASTINFER_KERNEL_BACKEND_CUDA: fastinfer._C, CUDA tensors, the current CUDA stream;
 //   FASTINFER_KERNEL_BACKEND_SIMT: fastinfer._sim, CPU tensors, the kernels run in cpp/simt.
-#include <torch/library.h>
-
-#include "fastinfer/fastinfer.h"
-#include "validate.h"
-
-#if defined(FASTINFER_KERNEL_BACKEND_CUDA)
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <nvtx3/nvToolsExt.h>
-#define FASTINFER_KERNEL_KEY CUDA
-#elif defined(FASTINFER_KERNEL_BACKEND_SIMT)
-#define FASTINFER_KERNEL_KEY CPU
-#else
-#error "define FASTINFER_KERNEL_BACKEND_CUDA or FASTINFER_KERNEL_BACKEND_SIMT"
-#endif
+#include "kernel_backend.h"
 
 namespace fastinfer::binding {
 namespace {
-
-#if defined(FASTINFER_KERNEL_BACKEND_CUDA)
-constexpr const char* kKernelDevice = "a CUDA tensor";
-bool on_kernel_device(const at::Tensor& t) { return t.is_cuda(); }
-
-// Device guard + current stream of the op's first tensor, and an NVTX range named after the op
-// when FASTINFER_NVTX=1 (one cached getenv otherwise: free when off).
-class KernelScope {
- public:
-  KernelScope(const char* op, const at::Tensor& anchor)
-      : guard_(anchor.device()), stream_(c10::cuda::getCurrentCUDAStream(anchor.device().index()).stream()) {
-    if (nvtx_enabled()) nvtxRangePushA(op);
-  }
-  ~KernelScope() {
-    if (nvtx_enabled()) nvtxRangePop();
-  }
-  cudaStream_t stream() const { return stream_; }
-
- private:
-  static bool nvtx_enabled() {
-    static const bool on = [] {
-      const char* v = std::getenv("FASTINFER_NVTX");
-      return v != nullptr && std::string(v) == "1";
-    }();
-    return on;
-  }
-  c10::cuda::CUDAGuard guard_;
-  cudaStream_t stream_;
-};
-#else
-constexpr const char* kKernelDevice = "a CPU tensor (the sim namespace runs the CUDA kernels on the CPU)";
-bool on_kernel_device(const at::Tensor& t) { return t.device().is_cpu(); }
-
-class KernelScope {
- public:
-  KernelScope(const char*, const at::Tensor&) {}
-  cudaStream_t stream() const { return nullptr; }
-};
-#endif
-
-void check_device(const at::Tensor& t, const char* op, const char* name) {
-  FI_CHECK(on_kernel_device(t), op, name, " must be ", kKernelDevice, ", got ", t.device());
-}
-
-void check_launch(cudaError_t err, const char* op) {
-  FI_CHECK(err == cudaSuccess, op, "kernel failed: ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
-}
 
 // ---------------------------------------------------------------------------------------------
 void rms_norm_out_impl(const char* op, at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {

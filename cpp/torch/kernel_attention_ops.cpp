@@ -1,0 +1,245 @@
+// CUDA implementations of the attention ops (also built for simt, see kernel_backend.h):
+// validate, allocate outputs and workspaces through the caching allocator (no host sync, so the
+// calls can be captured in CUDA graphs), fill the Params structs, launch.
+#include "kernel_backend.h"
+#include "validate_attention.h"
+
+namespace fastinfer::binding {
+namespace {
+
+// Head dims the kernels are instantiated for.
+void check_kernel_head_dim(const char* op, const at::Tensor& q) {
+  FI_CHECK(q.size(2) == 64 || q.size(2) == 128, op, "q must have head_dim 64 or 128 for the CUDA kernels, got ",
+           q.size(2), " (head_dim 256 runs on the CPU implementation only)");
+}
+
+// The kernels move rows with 16-byte loads: base 16-byte aligned, token stride a multiple of 8.
+void check_vector_aligned(const at::Tensor& t, const char* op, const char* name) {
+  FI_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(0) % 8 == 0, op, name,
+           " must start 16-byte aligned and have a token stride that is a multiple of 8 elements (the kernels use "
+           "16-byte loads), got stride(0) = ", t.stride(0), " (call .contiguous())");
+}
+
+std::tuple<at::Tensor, at::Tensor> allocate_outputs(const at::Tensor& q, bool return_lse) {
+  auto out = at::empty_like(q, at::MemoryFormat::Contiguous);
+  auto lse = return_lse ? at::empty({q.size(0), q.size(1)}, q.options().dtype(at::kFloat))
+                        : at::empty({0}, q.options().dtype(at::kFloat));
+  return {out, lse};
+}
+
+void fill_common(PrefillAttentionParams& p, const at::Tensor& q, at::Tensor& out, at::Tensor& lse, int64_t batch,
+                 int64_t max_seqlen_q, double scale, bool causal, int64_t window_left, double softcap) {
+  p.q = q.data_ptr();
+  p.out = out.data_ptr();
+  p.lse = lse.numel() > 0 ? lse.data_ptr<float>() : nullptr;
+  p.batch_size = static_cast<int32_t>(batch);
+  p.num_q_heads = static_cast<int32_t>(q.size(1));
+  p.head_dim = static_cast<int32_t>(q.size(2));
+  p.max_seqlen_q = static_cast<int32_t>(max_seqlen_q);
+  p.q_token_stride = q.stride(0);
+  p.out_token_stride = out.stride(0);
+  p.scale = static_cast<float>(scale);
+  p.causal = causal;
+  p.window_left = static_cast<int32_t>(window_left);
+  p.softcap = static_cast<float>(softcap);
+  p.dtype = to_dtype(q.scalar_type());
+}
+
+std::tuple<at::Tensor, at::Tensor> prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                     const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                                     int64_t max_seqlen_q, int64_t max_seqlen_k, double scale,
+                                                     bool causal, int64_t window_left, double softcap,
+                                                     bool return_lse) {
+  const char* op = "prefill_attention";
+  validate_prefill_attention(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, false);
+  check_device(q, op, "q");
+  check_kernel_head_dim(op, q);
+  check_packed_heads(q, op, "q");
+  check_packed_heads(k, op, "k");
+  check_packed_heads(v, op, "v");
+  for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check_vector_aligned(*t, op, name);
+  check_contiguous(cu_seqlens_q, op, "cu_seqlens_q");
+  check_contiguous(cu_seqlens_k, op, "cu_seqlens_k");
+  if (check_indices_enabled(q)) {
+    check_cu_seqlens(op, cu_seqlens_q, "cu_seqlens_q", q.size(0), max_seqlen_q, "max_seqlen_q");
+    check_cu_seqlens(op, cu_seqlens_k, "cu_seqlens_k", k.size(0), max_seqlen_k, "max_seqlen_k");
+  }
+  auto [out, lse] = allocate_outputs(q, return_lse);
+  if (q.numel() == 0) return {out, lse};
+  KernelScope scope(op, q);
+  PrefillAttentionParams p;
+  fill_common(p, q, out, lse, cu_seqlens_q.size(0) - 1, max_seqlen_q, scale, causal, window_left, softcap);
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
+  p.cu_seqlens_k = cu_seqlens_k.data_ptr<int32_t>();
+  p.num_kv_heads = static_cast<int32_t>(k.size(1));
+  p.k_token_stride = k.stride(0);
+  p.v_token_stride = v.stride(0);
+  check_launch(launch_prefill_attention(p, scope.stream()), op);
+  return {out, lse};
+}
+
+void check_paged_kernel_inputs(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
+                               const at::Tensor& v_cache, const at::Tensor& block_table, const at::Tensor& lens) {
+  check_device(q, op, "q");
+  check_kernel_head_dim(op, q);
+  check_packed_heads(q, op, "q");
+  check_vector_aligned(q, op, "q");
+  check_contiguous(k_cache, op, "k_cache");
+  check_contiguous(v_cache, op, "v_cache");
+  check_contiguous(lens, op, "seq_lens");
+  FI_CHECK(block_table.stride(1) == 1, op, "block_table must have contiguous rows (stride(1) == 1), got strides ",
+           block_table.strides());
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
+    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
+    const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
+    int64_t window_left, double softcap, const std::optional<at::Tensor>& custom_mask, bool return_lse) {
+  const char* op = "paged_prefill_attention";
+  validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
+                                   window_left, custom_mask, false);
+  check_paged_kernel_inputs(op, q, k_cache, v_cache, block_table, seq_lens_k);
+  check_contiguous(cu_seqlens_q, op, "cu_seqlens_q");
+  if (custom_mask.has_value()) check_contiguous(*custom_mask, op, "custom_mask");
+  if (check_indices_enabled(q)) {
+    check_cu_seqlens(op, cu_seqlens_q, "cu_seqlens_q", q.size(0), max_seqlen_q, "max_seqlen_q");
+    check_paged_indices(op, block_table, seq_lens_k, "seq_lens_k", k_cache.size(0), k_cache.size(1), &cu_seqlens_q);
+    if (custom_mask.has_value()) check_custom_mask_size(op, *custom_mask, cu_seqlens_q);
+  }
+  auto [out, lse] = allocate_outputs(q, return_lse);
+  if (q.numel() == 0) return {out, lse};
+  KernelScope scope(op, q);
+  at::Tensor mask_offsets;
+  if (custom_mask.has_value()) {  // prefix sums of q_len^2, computed on the device (no sync)
+    const auto q_lens = (cu_seqlens_q.narrow(0, 1, cu_seqlens_q.size(0) - 1) -
+                         cu_seqlens_q.narrow(0, 0, cu_seqlens_q.size(0) - 1)).to(at::kLong);
+    mask_offsets = at::cat({at::zeros({1}, q_lens.options()), (q_lens * q_lens).cumsum(0)});
+  }
+  PrefillAttentionParams p;
+  fill_common(p, q, out, lse, seq_lens_k.size(0), max_seqlen_q, scale, causal, window_left, softcap);
+  p.k = k_cache.data_ptr();
+  p.v = v_cache.data_ptr();
+  p.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
+  p.seq_lens_k = seq_lens_k.data_ptr<int32_t>();
+  p.block_table = block_table.data_ptr<int32_t>();
+  p.block_table_stride = block_table.stride(0);
+  p.block_size = static_cast<int32_t>(k_cache.size(1));
+  p.num_kv_heads = static_cast<int32_t>(k_cache.size(2));
+  if (custom_mask.has_value()) {
+    p.custom_mask = custom_mask->data_ptr<bool>();
+    p.mask_offsets = mask_offsets.data_ptr<int64_t>();
+  }
+  check_launch(launch_prefill_attention(p, scope.stream()), op);
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_decode_attention(
+    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
+    const at::Tensor& seq_lens, double scale, int64_t window_left, double softcap, int64_t num_splits,
+    bool return_lse, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
+  const char* op = "paged_decode_attention";
+  validate_paged_decode_attention(op, q, k_cache, v_cache, block_table, seq_lens, num_splits, k_scale, v_scale, false);
+  check_paged_kernel_inputs(op, q, k_cache, v_cache, block_table, seq_lens);
+  if (check_indices_enabled(q))
+    check_paged_indices(op, block_table, seq_lens, "seq_lens", k_cache.size(0), k_cache.size(1), nullptr);
+  auto [out, lse] = allocate_outputs(q, return_lse);
+  if (q.numel() == 0) return {out, lse};
+  KernelScope scope(op, q);
+  DecodeAttentionParams p;
+  p.q = q.data_ptr();
+  p.k_cache = k_cache.data_ptr();
+  p.v_cache = v_cache.data_ptr();
+  p.out = out.data_ptr();
+  p.lse = lse.numel() > 0 ? lse.data_ptr<float>() : nullptr;
+  p.block_table = block_table.data_ptr<int32_t>();
+  p.block_table_stride = block_table.stride(0);
+  p.seq_lens = seq_lens.data_ptr<int32_t>();
+  p.k_scale = k_scale ? k_scale->data_ptr<float>() : nullptr;
+  p.v_scale = v_scale ? v_scale->data_ptr<float>() : nullptr;
+  p.batch_size = static_cast<int32_t>(q.size(0));
+  p.num_q_heads = static_cast<int32_t>(q.size(1));
+  p.num_kv_heads = static_cast<int32_t>(k_cache.size(2));
+  p.head_dim = static_cast<int32_t>(q.size(2));
+  p.block_size = static_cast<int32_t>(k_cache.size(1));
+  p.q_token_stride = q.stride(0);
+  p.out_token_stride = out.stride(0);
+  p.scale = static_cast<float>(scale);
+  p.window_left = static_cast<int32_t>(window_left);
+  p.softcap = static_cast<float>(softcap);
+  p.dtype = to_dtype(q.scalar_type());
+  p.cache_dtype = to_dtype(k_cache.scalar_type());
+  p.num_splits = num_splits > 0 ? static_cast<int32_t>(num_splits) : decode_attention_num_splits(p, num_sms(q));
+  at::Tensor workspace;
+  if (p.num_splits > 1) {
+    workspace = at::empty({static_cast<int64_t>(decode_attention_workspace_size(p))}, q.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+  }
+  check_launch(launch_decode_attention(p, scope.stream()), op);
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> merge_attention_states(const at::Tensor& v_a, const at::Tensor& lse_a,
+                                                          const at::Tensor& v_b, const at::Tensor& lse_b) {
+  const char* op = "merge_attention_states";
+  validate_merge_attention_states(op, v_a, lse_a, v_b, lse_b);
+  check_device(v_a, op, "v_a");
+  for (const auto& [t, name] : {std::pair{&v_a, "v_a"}, {&lse_a, "lse_a"}, {&v_b, "v_b"}, {&lse_b, "lse_b"}})
+    check_contiguous(*t, op, name);
+  auto v = at::empty_like(v_a, at::MemoryFormat::Contiguous);
+  auto lse = at::empty_like(lse_a, at::MemoryFormat::Contiguous);
+  if (v_a.numel() == 0) return {v, lse};
+  KernelScope scope(op, v_a);
+  MergeAttentionStatesParams p;
+  p.v_a = v_a.data_ptr();
+  p.lse_a = lse_a.data_ptr<float>();
+  p.v_b = v_b.data_ptr();
+  p.lse_b = lse_b.data_ptr<float>();
+  p.v_out = v.data_ptr();
+  p.lse_out = lse.data_ptr<float>();
+  p.num_tokens = v_a.size(0);
+  p.num_heads = static_cast<int32_t>(v_a.size(1));
+  p.head_dim = static_cast<int32_t>(v_a.size(2));
+  p.dtype = to_dtype(v_a.scalar_type());
+  check_launch(launch_merge_attention_states(p, scope.stream()), op);
+  return {v, lse};
+}
+
+void move_kv_slots(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& src_slots, const at::Tensor& dst_slots) {
+  const char* op = "move_kv_slots";
+  validate_move_kv_slots(op, k_cache, v_cache, src_slots, dst_slots);
+  check_device(k_cache, op, "k_cache");
+  check_contiguous(k_cache, op, "k_cache");
+  check_contiguous(v_cache, op, "v_cache");
+  check_contiguous(src_slots, op, "src_slots");
+  check_contiguous(dst_slots, op, "dst_slots");
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  check_index_range(src_slots, 0, num_slots, op, "src_slots", "slots < num_blocks * block_size");
+  check_index_range(dst_slots, 0, num_slots, op, "dst_slots", "slots < num_blocks * block_size");
+  if (src_slots.numel() == 0) return;
+  KernelScope scope(op, k_cache);
+  MoveKvSlotsParams p;
+  p.k_cache = k_cache.data_ptr();
+  p.v_cache = v_cache.data_ptr();
+  p.src_slots = src_slots.data_ptr();
+  p.dst_slots = dst_slots.data_ptr();
+  p.slot_type = to_index_type(src_slots.scalar_type());
+  p.num_moves = src_slots.size(0);
+  p.row_bytes = k_cache.size(2) * k_cache.size(3) * k_cache.element_size();
+  auto workspace = at::empty({static_cast<int64_t>(move_kv_slots_workspace_size(p))}, k_cache.options().dtype(at::kByte));
+  p.workspace = workspace.data_ptr();
+  check_launch(launch_move_kv_slots(p, scope.stream()), op);
+}
+
+}  // namespace
+}  // namespace fastinfer::binding
+
+FASTINFER_LIBRARY_IMPL(FASTINFER_NS, FASTINFER_KERNEL_KEY, m) {
+  using namespace fastinfer::binding;
+  m.impl("prefill_attention", &prefill_attention);
+  m.impl("paged_prefill_attention", &paged_prefill_attention);
+  m.impl("paged_decode_attention", &paged_decode_attention);
+  m.impl("merge_attention_states", &merge_attention_states);
+  m.impl("move_kv_slots", &move_kv_slots);
+}

@@ -1,0 +1,84 @@
+#pragma once
+// The backend of the CUDA implementations, shared by kernel_ops.cpp and
+// kernel_attention_ops.cpp. Built twice:
+//   FASTINFER_KERNEL_BACKEND_CUDA: fastinfer._C, CUDA tensors, the current CUDA stream;
+//   FASTINFER_KERNEL_BACKEND_SIMT: fastinfer._sim, CPU tensors, the kernels run in cpp/simt.
+#include <torch/library.h>
+
+#include "fastinfer/fastinfer.h"
+#include "validate.h"
+
+#if defined(FASTINFER_KERNEL_BACKEND_CUDA)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <nvtx3/nvToolsExt.h>
+#define FASTINFER_KERNEL_KEY CUDA
+#elif defined(FASTINFER_KERNEL_BACKEND_SIMT)
+#define FASTINFER_KERNEL_KEY CPU
+#else
+#error "define FASTINFER_KERNEL_BACKEND_CUDA or FASTINFER_KERNEL_BACKEND_SIMT"
+#endif
+
+namespace fastinfer::binding {
+
+#if defined(FASTINFER_KERNEL_BACKEND_CUDA)
+inline constexpr const char* kKernelDevice = "a CUDA tensor";
+inline bool on_kernel_device(const at::Tensor& t) { return t.is_cuda(); }
+
+// Device guard + current stream of the op's first tensor, and an NVTX range named after the op
+// when FASTINFER_NVTX=1 (one cached getenv otherwise: free when off).
+class KernelScope {
+ public:
+  KernelScope(const char* op, const at::Tensor& anchor)
+      : guard_(anchor.device()), stream_(c10::cuda::getCurrentCUDAStream(anchor.device().index()).stream()) {
+    if (nvtx_enabled()) nvtxRangePushA(op);
+  }
+  ~KernelScope() {
+    if (nvtx_enabled()) nvtxRangePop();
+  }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  static bool nvtx_enabled() {
+    static const bool on = [] {
+      const char* v = std::getenv("FASTINFER_NVTX");
+      return v != nullptr && std::string(v) == "1";
+    }();
+    return on;
+  }
+  c10::cuda::CUDAGuard guard_;
+  cudaStream_t stream_;
+};
+#else
+inline constexpr const char* kKernelDevice = "a CPU tensor (the sim namespace runs the CUDA kernels on the CPU)";
+inline bool on_kernel_device(const at::Tensor& t) { return t.device().is_cpu(); }
+
+class KernelScope {
+ public:
+  KernelScope(const char*, const at::Tensor&) {}
+  cudaStream_t stream() const { return nullptr; }
+};
+#endif
+
+inline void check_device(const at::Tensor& t, const char* op, const char* name) {
+  FI_CHECK(on_kernel_device(t), op, name, " must be ", kKernelDevice, ", got ", t.device());
+}
+
+inline void check_launch(cudaError_t err, const char* op) {
+  FI_CHECK(err == cudaSuccess, op, "kernel failed: ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+}
+
+// Multiprocessor count of the tensor's device (132 under simt), cached per device.
+inline int32_t num_sms(const at::Tensor& anchor) {
+  static int32_t cached[64] = {};
+  const int dev = anchor.is_cuda() ? anchor.device().index() : 0;
+  if (dev < 0 || dev >= 64) return 1;
+  if (cached[dev] == 0) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 1;
+    cached[dev] = n;
+  }
+  return cached[dev];
+}
+
+}  // namespace fastinfer::binding

@@ -1,0 +1,402 @@
+"""Attention ops against the fp64 references: CPU impls, the CUDA kernels in the simt emulator
+(two schedule seeds, bit-identical), and the GPU (-m cuda). Odd lengths on purpose, batches mixing
+lengths, GQA 1/4/8, D 64/128, causal or not, windows, softcap, LSE, paged caches with shuffled
+block tables and block sizes 8/16/64, tree masks, fp8 caches, split-KV."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import BACKENDS, assert_fa_close, get_backend, make_gen, poison_, randn, raw_bits
+import fastinfer.reference.attention as R
+
+BACKEND_NAMES = ["cpu", "sim", "cuda"]
+MARKS = {"sim": [pytest.mark.sim], "cuda": [pytest.mark.cuda]}
+
+
+def params(cases, dtypes=None):
+    """(backend, dtype, case) params: CPU also runs float32; sim and cuda fp16/bf16."""
+    out = []
+    for b in BACKEND_NAMES:
+        for dt in dtypes or ((torch.float32, torch.bfloat16) if b == "cpu" else (torch.bfloat16, torch.float16)):
+            for i, c in enumerate(cases):
+                out.append(pytest.param(b, dt, c, marks=MARKS.get(b, []), id=f"{b}-{str(dt)[6:]}-{i}"))
+    return out
+
+
+def cu(lens):
+    return torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32)
+
+
+def naive_attention(q, k, v, visible, scale, softcap):
+    """The same computation in the input precision (the error-rule baseline). q [ql, Hq, D]."""
+    group = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(group, 1).to(q.dtype), v.repeat_interleave(group, 1).to(q.dtype)
+    s = torch.einsum("qhd,khd->hqk", q, kk) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~visible.unsqueeze(0), float("-inf"))
+    lse = torch.logsumexp(s.float(), -1).to(q.dtype)
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return torch.einsum("hqk,khd->qhd", p, vv), lse.transpose(0, 1)
+
+
+def check_out_lse(out, lse, ref_out, ref_lse, naive_out, naive_lse, name=""):
+    assert_fa_close(out, ref_out, naive_out, name=f"{name} out")
+    if lse is None:
+        return
+    assert lse.dtype == torch.float32
+    lse, ref_lse, naive_lse = lse.cpu().double(), ref_lse.double(), naive_lse.cpu().double()
+    empty = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse) & (lse < 0), empty), f"{name}: lse must be -inf exactly for rows that see no key"
+    assert (out.cpu()[empty].float() == 0).all(), f"{name}: rows that see no key must be zero"
+    if (~empty).any():
+        assert_fa_close(lse[~empty], ref_lse[~empty], naive_lse[~empty], rel_tol=1e-3, floor=1e-3, name=f"{name} lse")
+
+
+# ---------------------------------------------------------------------------------------------
+# prefill_attention (contiguous ragged K/V)
+# (q_lens, k_lens, Hq, Hkv, D, causal, window_left, softcap)
+PREFILL_CASES = [
+    ([1], [1], 4, 4, 64, True, -1, 0.0),
+    ([17, 2, 100], [17, 2, 100], 8, 2, 64, True, -1, 0.0),
+    ([15, 1], [40, 257], 8, 1, 128, True, -1, 0.0),
+    ([33, 17], [33, 70], 4, 1, 64, False, -1, 0.0),
+    ([100], [100], 4, 4, 128, True, 16, 0.0),
+    ([65, 9], [80, 9], 8, 2, 64, False, 7, 30.0),
+    ([20, 3], [12, 5], 4, 2, 64, True, -1, 0.0),  # q_len > k_len: leading queries see no key
+    ([70], [70], 4, 1, 64, True, 0, 0.0),  # window 0: each query sees only itself
+]
+
+
+@pytest.mark.parametrize("backend,dtype,case", params(PREFILL_CASES))
+def test_prefill_attention(backend, dtype, case):
+    be = get_backend(backend)
+    q_lens, k_lens, hq, hkv, d, causal, window, softcap = case
+    g = make_gen(sum(q_lens) + d)
+    q = randn((sum(q_lens), hq, d), dtype, gen=g)
+    k = randn((sum(k_lens), hkv, d), dtype, gen=g)
+    v = randn((sum(k_lens), hkv, d), dtype, gen=g)
+    cq, ck = cu(q_lens), cu(k_lens)
+    scale = 1.0 / math.sqrt(d)
+    dev = be.device
+
+    def run():
+        out, lse = be.ns.prefill_attention(q.to(dev), k.to(dev), v.to(dev), cq.to(dev), ck.to(dev), max(q_lens),
+                                           max(k_lens), scale, causal, window, softcap, True)
+        return out.cpu(), lse.cpu()
+
+    out, lse = be.run(run)
+    ref_out, ref_lse = R.prefill_attention(q, k, v, cq, ck, scale, causal, window, softcap)
+    naive_out, naive_lse = torch.zeros_like(q), torch.zeros(q.shape[:2], dtype=dtype)
+    for b in range(len(q_lens)):
+        qs, qe, ks, ke = int(cq[b]), int(cq[b + 1]), int(ck[b]), int(ck[b + 1])
+        vis = R.visibility_mask(qe - qs, ke - ks, causal, window)
+        naive_out[qs:qe], naive_lse[qs:qe] = naive_attention(q[qs:qe], k[ks:ke], v[ks:ke], vis, scale, softcap)
+    check_out_lse(out, lse, ref_out, ref_lse, naive_out, naive_lse, "prefill")
+
+
+# ---------------------------------------------------------------------------------------------
+# paged caches
+def make_paged(seq_lens, hkv, d, bs, dtype, g, spare_blocks=3):
+    """A shuffled paged cache holding `seq_lens` tokens per sequence; unused slots are poisoned."""
+    blocks = [math.ceil(n / bs) for n in seq_lens]
+    nb = sum(blocks) + spare_blocks
+    width = max(blocks + [1]) + 1  # a spare column: tables are usually wider than needed
+    perm = torch.randperm(nb, generator=g).to(torch.int32)
+    table = torch.full((len(seq_lens), width), -7, dtype=torch.int32)  # unused entries: garbage ids
+    k_cache = poison_(torch.empty((nb, bs, hkv, d), dtype=dtype))
+    v_cache = poison_(torch.empty((nb, bs, hkv, d), dtype=dtype))
+    used = 0
+    for b, n in enumerate(seq_lens):
+        table[b, : blocks[b]] = perm[used : used + blocks[b]]
+        used += blocks[b]
+        kv = randn((2, n, hkv, d), torch.float32, gen=g)
+        for j in range(n):
+            blk, off = int(table[b, j // bs]), j % bs
+            k_cache[blk, off] = kv[0, j].to(dtype)
+            v_cache[blk, off] = kv[1, j].to(dtype)
+    return k_cache, v_cache, table
+
+
+def naive_paged(q, k_cache, v_cache, table, cq, seq_lens, scale, causal, window, softcap, mask=None, ks=None, vs=None):
+    out, lse = torch.zeros_like(q), torch.zeros(q.shape[:2], dtype=q.dtype)
+    off = 0
+    for b in range(len(seq_lens)):
+        qs, qe, n = int(cq[b]), int(cq[b + 1]), int(seq_lens[b])
+        m = None
+        if mask is not None:
+            m = mask[off : off + (qe - qs) ** 2]
+            off += (qe - qs) ** 2
+        vis = R.visibility_mask(qe - qs, n, causal, window, m)
+        kb = R.gather_paged(k_cache, table[b], n, ks).to(q.dtype)
+        vb = R.gather_paged(v_cache, table[b], n, vs).to(q.dtype)
+        out[qs:qe], lse[qs:qe] = naive_attention(q[qs:qe], kb, vb, vis, scale, softcap)
+    return out, lse
+
+
+# (q_lens, seq_lens, Hq, Hkv, D, BS, causal, window, softcap, tree)
+PAGED_PREFILL_CASES = [
+    ([1, 17], [1, 40], 4, 4, 64, 16, True, -1, 0.0, False),
+    ([15, 2, 100], [15, 70, 257], 8, 2, 128, 8, True, -1, 0.0, False),
+    ([9, 33], [9, 33], 8, 1, 64, 64, False, -1, 0.0, False),
+    ([30], [95], 4, 1, 64, 16, True, 10, 20.0, False),
+    ([7, 1, 12], [20, 5, 12], 8, 2, 64, 16, True, -1, 0.0, True),  # tree attention (speculative verify)
+    ([16, 5], [48, 37], 4, 4, 128, 8, True, -1, 0.0, True),
+]
+
+
+@pytest.mark.parametrize("backend,dtype,case", params(PAGED_PREFILL_CASES))
+def test_paged_prefill_attention(backend, dtype, case):
+    be = get_backend(backend)
+    q_lens, seq_lens, hq, hkv, d, bs, causal, window, softcap, tree = case
+    g = make_gen(7 * sum(seq_lens) + bs)
+    k_cache, v_cache, table = make_paged(seq_lens, hkv, d, bs, dtype, g)
+    q = randn((sum(q_lens), hq, d), dtype, gen=g)
+    cq, lens = cu(q_lens), torch.tensor(seq_lens, dtype=torch.int32)
+    mask = None
+    if tree:
+        mask = torch.cat([R.tree_mask(R.random_tree_parents(n, g)).flatten() for n in q_lens])
+    scale = 1.0 / math.sqrt(d)
+    dev = be.device
+
+    def run():
+        out, lse = be.ns.paged_prefill_attention(
+            q.to(dev), k_cache.to(dev), v_cache.to(dev), table.to(dev), cq.to(dev), lens.to(dev), max(q_lens), scale,
+            causal, window, softcap, None if mask is None else mask.to(dev), True)
+        return out.cpu(), lse.cpu()
+
+    out, lse = be.run(run)
+    ref_out, ref_lse = R.paged_prefill_attention(q, k_cache, v_cache, table, cq, lens, scale, causal, window, softcap, mask)
+    naive_out, naive_lse = naive_paged(q, k_cache, v_cache, table, cq, lens, scale, causal, window, softcap, mask)
+    check_out_lse(out, lse, ref_out, ref_lse, naive_out, naive_lse, "paged prefill")
+
+
+# ---------------------------------------------------------------------------------------------
+# paged_decode_attention
+# (seq_lens, Hq, Hkv, D, BS, window, softcap, fp8)
+DECODE_CASES = [
+    ([1, 2, 15, 17, 100, 257], 8, 2, 128, 16, -1, 0.0, False),
+    ([33, 0, 64], 4, 4, 64, 8, -1, 0.0, False),  # an empty sequence: zeros and lse = -inf
+    ([200, 31], 8, 1, 64, 64, 50, 0.0, False),
+    ([129, 5], 8, 1, 128, 16, -1, 25.0, False),
+    ([77, 300, 8], 8, 2, 128, 16, -1, 0.0, True),  # fp8 e4m3 cache
+]
+
+
+@pytest.mark.parametrize("backend,dtype,case", params(DECODE_CASES))
+def test_paged_decode_attention(backend, dtype, case):
+    be = get_backend(backend)
+    seq_lens, hq, hkv, d, bs, window, softcap, fp8 = case
+    g = make_gen(3 * sum(seq_lens) + d)
+    k_cache, v_cache, table = make_paged(seq_lens, hkv, d, bs, dtype if not fp8 else torch.float32, g)
+    ks = vs = None
+    if fp8:
+        ks, vs = torch.tensor([0.02]), torch.tensor([0.03])
+        k_cache = (k_cache.float() / ks).clamp(-448, 448).to(torch.float8_e4m3fn)
+        v_cache = (v_cache.float() / vs).clamp(-448, 448).to(torch.float8_e4m3fn)
+    q = randn((len(seq_lens), hq, d), dtype, gen=g)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    scale = 1.0 / math.sqrt(d)
+    dev = be.device
+
+    def run():
+        out, lse = be.ns.paged_decode_attention(
+            q.to(dev), k_cache.to(dev), v_cache.to(dev), table.to(dev), lens.to(dev), scale, window, softcap, 0, True,
+            None if ks is None else ks.to(dev), None if vs is None else vs.to(dev))
+        return out.cpu(), lse.cpu()
+
+    out, lse = be.run(run)
+    ref_out, ref_lse = R.paged_decode_attention(q, k_cache, v_cache, table, lens, scale, window, softcap, ks, vs)
+    cq = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
+    naive_out, naive_lse = naive_paged(q, k_cache, v_cache, table, cq, lens, scale, True, window, softcap, None, ks, vs)
+    check_out_lse(out, lse, ref_out, ref_lse, naive_out, naive_lse, "decode")
+
+
+@pytest.mark.parametrize("backend", [pytest.param(b, marks=MARKS.get(b, [])) for b in ["sim", "cuda"]])
+def test_decode_split_counts_agree(backend):
+    """num_splits 1..8 (and automatic) give the same answer, within fp32 rounding of the merge."""
+    be = get_backend(backend)
+    g = make_gen(11)
+    seq_lens = [300, 1, 77]
+    k_cache, v_cache, table = make_paged(seq_lens, 2, 64, 16, torch.bfloat16, g)
+    q = randn((3, 8, 64), torch.bfloat16, gen=g)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    dev = be.device
+    results = []
+    for splits in [1, 2, 3, 5, 8, 0]:
+        out, lse = be.run(lambda: tuple(t.cpu() for t in be.ns.paged_decode_attention(
+            q.to(dev), k_cache.to(dev), v_cache.to(dev), table.to(dev), lens.to(dev), 0.125, -1, 0.0, splits, True)))
+        results.append((splits, out.float(), lse))
+    base_out, base_lse = results[0][1], results[0][2]
+    for splits, out, lse in results[1:]:
+        assert (out - base_out).abs().max().item() <= 1.6e-2, f"num_splits={splits} differs from 1"
+        assert (lse - base_lse).abs().max().item() <= 1e-4, f"num_splits={splits} lse differs from 1"
+
+
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend,dtype,case", params([(7, 4, 64), (1, 8, 128), (33, 2, 64)],
+                                                      dtypes=None))
+def test_merge_attention_states(backend, dtype, case):
+    be = get_backend(backend)
+    t, h, d = case
+    g = make_gen(t * h)
+    va, vb = randn((t, h, d), dtype, gen=g), randn((t, h, d), dtype, gen=g)
+    la, lb = randn((t, h), torch.float32, gen=g, scale=3), randn((t, h), torch.float32, gen=g, scale=3)
+    la[0, 0] = float("-inf")  # one side saw no key
+    lb[-1, -1] = float("-inf")
+    if t > 1:
+        la[1, 0] = lb[1, 0] = float("-inf")  # neither did
+    dev = be.device
+    v, lse = be.run(lambda: tuple(x.cpu() for x in be.ns.merge_attention_states(va.to(dev), la.to(dev), vb.to(dev), lb.to(dev))))
+    ref_v, ref_lse = R.merge_attention_states(va, la, vb, lb)
+    naive_v = (va * torch.exp(la - ref_lse.float()).nan_to_num(0).unsqueeze(-1).to(dtype)
+               + vb * torch.exp(lb - ref_lse.float()).nan_to_num(0).unsqueeze(-1).to(dtype))
+    assert_fa_close(v, ref_v, naive_v, name="merged v")
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+    fin = torch.isfinite(ref_lse)
+    assert (lse[fin].double() - ref_lse[fin]).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("backend,dtype", [pytest.param(b, dt, marks=MARKS.get(b, []), id=f"{b}-{str(dt)[6:]}")
+                                           for b in BACKEND_NAMES for dt in (torch.bfloat16, torch.float8_e4m3fn)])
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_move_kv_slots(backend, dtype, slot_dtype):
+    be = get_backend(backend)
+    g = make_gen(5)
+    k_cache = randn((6, 8, 2, 64), torch.float32, gen=g).to(dtype)
+    v_cache = randn((6, 8, 2, 64), torch.float32, gen=g).to(dtype)
+    src = torch.tensor([5, 7, 20, 47], dtype=slot_dtype)  # chain: 5 -> 4, 7 -> 5 (read before written)
+    dst = torch.tensor([4, 5, 6, 0], dtype=slot_dtype)
+    ref_k, ref_v = R.move_kv_slots(k_cache, v_cache, src, dst)
+    dev = be.device
+
+    def run():
+        kc, vc = k_cache.to(dev).clone(), v_cache.to(dev).clone()
+        be.ns.move_kv_slots(kc, vc, src.to(dev), dst.to(dev))
+        return kc.cpu(), vc.cpu()
+
+    kc, vc = be.run(run)
+    assert torch.equal(raw_bits(kc), raw_bits(ref_k)) and torch.equal(raw_bits(vc), raw_bits(ref_v))
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: a RuntimeError naming the argument, never a crash
+def _prefill_args(**over):
+    q = torch.randn(10, 8, 64, dtype=torch.bfloat16)
+    k = torch.randn(12, 2, 64, dtype=torch.bfloat16)
+    args = dict(q=q, k=k, v=k.clone(), cu_seqlens_q=cu([4, 6]), cu_seqlens_k=cu([5, 7]), max_seqlen_q=6,
+                max_seqlen_k=7, scale=0.125, causal=True, window_left=-1, softcap=0.0, return_lse=False)
+    args.update(over)
+    return list(args.values())
+
+
+def _paged_args(**over):
+    k_cache = torch.randn(4, 16, 2, 64, dtype=torch.bfloat16)
+    args = dict(q=torch.randn(5, 8, 64, dtype=torch.bfloat16), k_cache=k_cache, v_cache=k_cache.clone(),
+                block_table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), cu_seqlens_q=cu([2, 3]),
+                seq_lens_k=torch.tensor([20, 3], dtype=torch.int32), max_seqlen_q=3, scale=0.125, causal=True,
+                window_left=-1, softcap=0.0, custom_mask=None, return_lse=False)
+    args.update(over)
+    return list(args.values())
+
+
+def _decode_args(**over):
+    k_cache = torch.randn(4, 16, 2, 64, dtype=torch.bfloat16)
+    args = dict(q=torch.randn(2, 8, 64, dtype=torch.bfloat16), k_cache=k_cache, v_cache=k_cache.clone(),
+                block_table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32),
+                seq_lens=torch.tensor([20, 3], dtype=torch.int32), scale=0.125, window_left=-1, softcap=0.0,
+                num_splits=0, return_lse=False, k_scale=None, v_scale=None)
+    args.update(over)
+    return list(args.values())
+
+
+BAD = [
+    ("prefill_attention", "gqa", lambda: _prefill_args(k=torch.randn(12, 3, 64, dtype=torch.bfloat16),
+                                                       v=torch.randn(12, 3, 64, dtype=torch.bfloat16)), "num_kv_heads"),
+    ("prefill_attention", "head_dim", lambda: _prefill_args(q=torch.randn(10, 8, 80, dtype=torch.bfloat16)), "head_dim"),
+    ("prefill_attention", "cu_seqlens-size", lambda: _prefill_args(cu_seqlens_k=cu([5, 3, 4])), "cu_seqlens"),
+    ("prefill_attention", "cu_seqlens-total", lambda: _prefill_args(cu_seqlens_q=cu([4, 5])), "cu_seqlens_q"),
+    ("prefill_attention", "cu_seqlens-dtype", lambda: _prefill_args(cu_seqlens_q=cu([4, 6]).long()), "cu_seqlens_q"),
+    ("prefill_attention", "max_seqlen", lambda: _prefill_args(max_seqlen_q=5), "max_seqlen_q"),
+    ("prefill_attention", "q-noncontig", lambda: _prefill_args(q=torch.randn(10, 64, 8, dtype=torch.bfloat16).transpose(1, 2)), r"\bq\b"),
+    ("prefill_attention", "dtype", lambda: _prefill_args(k=torch.randn(12, 2, 64, dtype=torch.float16),
+                                                         v=torch.randn(12, 2, 64, dtype=torch.float16)), r"\bk\b"),
+    ("paged_prefill_attention", "table-dtype", lambda: _paged_args(block_table=torch.tensor([[0, 1], [2, 3]])), "block_table"),
+    ("paged_prefill_attention", "table-rows", lambda: _paged_args(block_table=torch.tensor([[0, 1]], dtype=torch.int32)), "block_table"),
+    ("paged_prefill_attention", "seq-too-long", lambda: _paged_args(seq_lens_k=torch.tensor([33, 3], dtype=torch.int32)), "seq_lens_k"),
+    ("paged_prefill_attention", "block-id", lambda: _paged_args(block_table=torch.tensor([[0, 9], [2, 3]], dtype=torch.int32)), "block_table"),
+    ("paged_prefill_attention", "q-longer-than-k", lambda: _paged_args(seq_lens_k=torch.tensor([1, 3], dtype=torch.int32)), "queries"),
+    ("paged_prefill_attention", "mask-size", lambda: _paged_args(custom_mask=torch.ones(5, dtype=torch.bool)), "custom_mask"),
+    ("paged_prefill_attention", "mask-window", lambda: _paged_args(custom_mask=torch.ones(13, dtype=torch.bool), window_left=4), "window_left"),
+    ("paged_prefill_attention", "block-size", lambda: _paged_args(k_cache=torch.randn(4, 12, 2, 64, dtype=torch.bfloat16),
+                                                                  v_cache=torch.randn(4, 12, 2, 64, dtype=torch.bfloat16)), "block_size"),
+    ("paged_decode_attention", "seq_lens-size", lambda: _decode_args(seq_lens=torch.tensor([3], dtype=torch.int32)), "seq_lens"),
+    ("paged_decode_attention", "seq-too-long", lambda: _decode_args(seq_lens=torch.tensor([3, 40], dtype=torch.int32)), "seq_lens"),
+    ("paged_decode_attention", "fp8-no-scale", lambda: _decode_args(k_cache=torch.zeros(4, 16, 2, 64, dtype=torch.float8_e4m3fn),
+                                                                    v_cache=torch.zeros(4, 16, 2, 64, dtype=torch.float8_e4m3fn)), "k_scale"),
+    ("paged_decode_attention", "splits", lambda: _decode_args(num_splits=-2), "num_splits"),
+    ("merge_attention_states", "lse-shape", lambda: [torch.randn(3, 4, 64), torch.randn(3, 5), torch.randn(3, 4, 64), torch.randn(3, 5)], "lse_a"),
+    ("merge_attention_states", "lse-dtype", lambda: [torch.randn(3, 4, 64), torch.randn(3, 4).double(), torch.randn(3, 4, 64), torch.randn(3, 4)], "lse_a"),
+    ("move_kv_slots", "count", lambda: [torch.randn(2, 8, 2, 64), torch.randn(2, 8, 2, 64), torch.tensor([1, 2]), torch.tensor([3])], "dst_slots"),
+    ("move_kv_slots", "range", lambda: [torch.randn(2, 8, 2, 64), torch.randn(2, 8, 2, 64), torch.tensor([1, 16]), torch.tensor([3, 4])], "src_slots"),
+]
+
+
+@pytest.mark.parametrize("ns", ["fastinfer", pytest.param("fastinfer_sim", marks=pytest.mark.sim)])
+@pytest.mark.parametrize("op,case,make_args,arg_re", BAD, ids=[f"{b[0]}-{b[1]}" for b in BAD])
+def test_attention_bad_input(ns, op, case, make_args, arg_re):
+    be = get_backend("sim" if ns == "fastinfer_sim" else "cpu")
+    args = make_args()
+    if ns == "fastinfer_sim":  # the kernels take fp16/bf16 only
+        args = [a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a for a in args]
+    with pytest.raises(RuntimeError, match=arg_re) as exc:
+        getattr(be.ns, op)(*args)
+    assert f"{ns}.{op}:" in str(exc.value)
+
+
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("ns", ["fastinfer", pytest.param("fastinfer_sim", marks=pytest.mark.sim)])
+def test_attention_opcheck(ns):
+    be = get_backend("sim" if ns == "fastinfer_sim" else "cpu")
+    g = make_gen(3)
+    bf = torch.bfloat16
+    q, k = randn((10, 4, 64), bf, gen=g), randn((12, 2, 64), bf, gen=g)
+    kc, vc, table = make_paged([20, 3], 2, 64, 16, bf, g)
+    kc, vc = kc.nan_to_num(0.5), vc.nan_to_num(0.5)
+    lens = torch.tensor([20, 3], dtype=torch.int32)
+    cases = [
+        ("prefill_attention", (q, k, k.clone(), cu([4, 6]), cu([5, 7]), 6, 7, 0.125, True, -1, 0.0, True)),
+        ("paged_prefill_attention", (q[:5], kc, vc, table, cu([2, 3]), lens, 3, 0.125, True, -1, 0.0,
+                                     torch.ones(13, dtype=torch.bool), True)),
+        ("paged_decode_attention", (q[:2], kc, vc, table, lens, 0.125, -1, 0.0, 2, True, None, None)),
+        ("merge_attention_states", (q, randn((10, 4), torch.float32, gen=g), q.clone(), randn((10, 4), torch.float32, gen=g))),
+        ("move_kv_slots", (kc.clone(), vc.clone(), torch.tensor([3, 4]), torch.tensor([4, 9]))),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(getattr(be.ns, op).default, args)
+
+
+@pytest.mark.cuda
+def test_decode_is_cuda_graph_capturable():
+    """No host sync and no allocation outside the caching allocator: capture, then replay."""
+    be = get_backend("cuda")
+    g = make_gen(9)
+    k_cache, v_cache, table = make_paged([700, 33], 8, 128, 16, torch.bfloat16, g)
+    k_cache, v_cache, table = k_cache.nan_to_num(0.0).cuda(), v_cache.nan_to_num(0.0).cuda(), table.clamp_min(0).cuda()
+    q = randn((2, 32, 128), torch.bfloat16, gen=g).cuda()
+    lens = torch.tensor([700, 33], dtype=torch.int32, device="cuda")
+    eager, _ = be.ns.paged_decode_attention(q, k_cache, v_cache, table, lens, 0.088, -1, 0.0, 0, False)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):  # warm up on the capture stream
+        be.ns.paged_decode_attention(q, k_cache, v_cache, table, lens, 0.088, -1, 0.0, 0, False)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, _ = be.ns.paged_decode_attention(q, k_cache, v_cache, table, lens, 0.088, -1, 0.0, 0, False)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
