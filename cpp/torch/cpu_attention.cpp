@@ -1,10 +1,15 @@
-// CPU implementations of the attention ops (ATen, fp32 inside): a loop over the sequences of the
-// batch, grouped-query matmuls (K/V are never repeated per query head), exact masking rules of
-// the contract. They serve the CPU runner and are checked against the fp64 reference.
+// CPU implementations of the attention ops (fp32 inside). Prefill: a loop over the sequences of
+// the batch with grouped-query matmuls (K/V are never repeated per query head). Decode: a direct
+// loop over (sequence, KV head) pairs on ATen's thread pool, reading each paged K/V row once for
+// the whole query-head group (no gather, no per-sequence op overhead: the CPU runner's hot path).
+// Exact masking rules of the contract; checked against the fp64 reference.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "validate_attention.h"
 
@@ -149,6 +154,49 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention_cpu(
                              softcap, scale, custom_mask, return_lse, std::nullopt, std::nullopt);
 }
 
+template <typename T>
+float load_f32(const T* p, int64_t i) {
+  return static_cast<float>(p[i]);
+}
+
+// One (sequence, KV head): online softmax over the visible keys for the `group` query heads.
+template <typename QT, typename CT>
+void decode_one(const QT* q, const CT* k_cache, const CT* v_cache, const int32_t* table_row, int64_t len,
+                int64_t block_size, int64_t row_stride, int64_t group, int64_t d, float scale, float softcap,
+                int64_t window_left, float k_scale, float v_scale, QT* out, float* lse, std::vector<float>& acc) {
+  acc.assign(group * d, 0.0f);
+  std::vector<float> qf(group * d), m(group, -std::numeric_limits<float>::infinity()), l(group, 0.0f);
+  for (int64_t i = 0; i < group * d; ++i) qf[i] = static_cast<float>(q[i]) * scale * k_scale;
+  const int64_t start = window_left >= 0 ? std::max<int64_t>(0, len - 1 - window_left) : 0;
+  for (int64_t j = start; j < len; ++j) {
+    const int64_t row = (static_cast<int64_t>(table_row[j / block_size]) * block_size + j % block_size) * row_stride;
+    const CT* k = k_cache + row;
+    const CT* v = v_cache + row;
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = qf.data() + g * d;
+      float s = 0.0f;
+      for (int64_t i = 0; i < d; ++i) s += qg[i] * load_f32(k, i);
+      if (softcap > 0) s = softcap * std::tanh(s / softcap);
+      float* a = acc.data() + g * d;
+      if (s > m[g]) {  // rescale what was accumulated under the old maximum
+        const float c = std::exp(m[g] - s);
+        l[g] *= c;
+        for (int64_t i = 0; i < d; ++i) a[i] *= c;
+        m[g] = s;
+      }
+      const float p = std::exp(s - m[g]);
+      l[g] += p;
+      const float pv = p * v_scale;
+      for (int64_t i = 0; i < d; ++i) a[i] += pv * load_f32(v, i);
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    const float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;  // no visible key: zeros, lse = -inf
+    for (int64_t i = 0; i < d; ++i) out[g * d + i] = static_cast<QT>(acc[g * d + i] * inv);
+    if (lse != nullptr) lse[g] = l[g] > 0 ? m[g] + std::log(l[g]) : -std::numeric_limits<float>::infinity();
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor> paged_decode_attention_cpu(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
     const at::Tensor& seq_lens, double scale, int64_t window_left, double softcap, int64_t num_splits,
@@ -157,9 +205,37 @@ std::tuple<at::Tensor, at::Tensor> paged_decode_attention_cpu(
   validate_paged_decode_attention(op, q, k_cache, v_cache, block_table, seq_lens, num_splits, k_scale, v_scale, true);
   check_paged_inputs_on_cpu(op, q, k_cache, v_cache, block_table);
   check_paged_indices(op, block_table, seq_lens, "seq_lens", k_cache.size(0), k_cache.size(1), nullptr);
-  const auto cu = at::arange(q.size(0) + 1, at::kInt);  // one query per sequence
-  return paged_attention_cpu(op, q, k_cache, v_cache, block_table, cu, seq_lens, true, window_left, softcap, scale,
-                             std::nullopt, return_lse, k_scale, v_scale);
+  auto [out, lse] = make_outputs(q, return_lse);
+  const int64_t batch = q.size(0), hq = q.size(1), d = q.size(2), hkv = k_cache.size(2), group = hq / hkv;
+  const auto qc = q.contiguous();
+  const auto lens = seq_lens.contiguous();
+  const auto table = block_table.contiguous();
+  const float ks = k_scale ? k_scale->item<float>() : 1.0f, vs = v_scale ? v_scale->item<float>() : 1.0f;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "paged_decode_attention", [&] {
+    using QT = scalar_t;
+    auto run = [&](auto cache_tag) {
+      using CT = decltype(cache_tag);
+      const CT* kp = reinterpret_cast<const CT*>(k_cache.const_data_ptr());
+      const CT* vp = reinterpret_cast<const CT*>(v_cache.const_data_ptr());
+      at::parallel_for(0, batch * hkv, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> acc;
+        for (int64_t w = begin; w < end; ++w) {
+          const int64_t b = w / hkv, h = w % hkv;
+          decode_one<QT, CT>(qc.const_data_ptr<QT>() + (b * hq + h * group) * d, kp + h * d, vp + h * d,
+                             table.const_data_ptr<int32_t>() + b * table.size(1), lens.const_data_ptr<int32_t>()[b],
+                             k_cache.size(1), hkv * d, group, d, static_cast<float>(scale),
+                             static_cast<float>(softcap), window_left, ks, vs,
+                             out.data_ptr<QT>() + (b * hq + h * group) * d,
+                             lse.numel() > 0 ? lse.data_ptr<float>() + b * hq + h * group : nullptr, acc);
+        }
+      });
+    };
+    if (k_cache.scalar_type() == at::kFloat8_e4m3fn)
+      run(c10::Float8_e4m3fn());
+    else
+      run(QT());
+  });
+  return {out, lse};
 }
 
 std::tuple<at::Tensor, at::Tensor> merge_attention_states_cpu(const at::Tensor& v_a, const at::Tensor& lse_a,
