@@ -1,0 +1,400 @@
+"""Model configuration: the subset of a Hugging Face ``config.json`` the runner needs.
+
+Supported architectures: ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``. A key
+missing from ``config.json`` takes the default of the corresponding ``transformers`` config class
+(so a checkpoint means the same thing here as in ``transformers``). Anything the runner cannot run
+faithfully (another architecture, an activation other than SiLU, a RoPE type outside
+``default/linear/dynamic/llama3/yarn``, partial rotary, per-layer RoPE) raises a ``ValueError``
+naming it, never a silent approximation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import torch
+
+__all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "SUPPORTED_ROPE_TYPES"]
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+
+# Defaults of the transformers (5.x) config classes for the keys we read.
+_COMMON_DEFAULTS: Dict[str, Any] = {
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "pad_token_id": None,
+    "head_dim": None,
+    "rope_theta": 10000.0,
+}
+_ARCH_DEFAULTS: Dict[str, Dict[str, Any]] = {
+    "LlamaForCausalLM": {
+        "model_type": "llama",
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": None,
+        "max_position_embeddings": 2048,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "attention_bias": False,
+        "mlp_bias": False,
+    },
+    "MistralForCausalLM": {
+        "model_type": "mistral",
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 4096 * 32,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "sliding_window": 4096,
+    },
+    "Qwen2ForCausalLM": {
+        "model_type": "qwen2",
+        "vocab_size": 151936,
+        "hidden_size": 4096,
+        "intermediate_size": 22016,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "max_position_embeddings": 32768,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "max_window_layers": 28,
+    },
+}
+SUPPORTED_ARCHITECTURES = tuple(_ARCH_DEFAULTS)
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+def _token_ids(value: Any, what: str) -> List[int]:
+    if value is None:
+        return []
+    if isinstance(value, bool):
+        raise ValueError(f"{what} must be an int or a list of ints, got {value!r}")
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return list(value)
+    raise ValueError(f"{what} must be an int or a list of ints, got {value!r}")
+
+
+@dataclass
+class ModelConfig:
+    """What the model and the engine need to know about a checkpoint (see :meth:`from_pretrained`).
+
+    Attention details: ``qkv_bias`` / ``o_bias`` / ``mlp_bias`` say which projections carry a bias
+    (Llama: ``attention_bias`` applies to q, k, v and o, ``mlp_bias`` to gate, up and down; Qwen2:
+    q, k, v always biased, o never). ``sliding_window`` is the transformers value ``W`` (a query at
+    position p sees keys ``j > p - W``, i.e. ``W`` keys including itself); ``layer_types[i]`` is
+    ``"sliding_attention"`` or ``"full_attention"``; the op-level window for layer ``i`` is
+    :meth:`window_left` (``W - 1``, or -1).
+
+    ``rope_scaling`` is None (plain RoPE) or a dict with ``rope_type`` in
+    ``linear/dynamic/llama3/yarn`` and that type's parameters, normalised (``original_max_position_
+    embeddings`` filled in as transformers does).
+    """
+
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: Optional[Dict[str, Any]]
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    sliding_window: Optional[int] = None
+    layer_types: List[str] = field(default_factory=list)
+    bos_token_id: Optional[int] = None
+    eos_token_ids: List[int] = field(default_factory=list)
+    pad_token_id: Optional[int] = None
+    torch_dtype: Optional[torch.dtype] = None  # the checkpoint's dtype ("dtype" / "torch_dtype")
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)  # the config.json dict as read
+
+    # ------------------------------------------------------------------------------------------
+    @property
+    def rope_type(self) -> str:
+        return "default" if self.rope_scaling is None else self.rope_scaling["rope_type"]
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.head_dim
+
+    def window_left(self, layer: int) -> int:
+        """Op-level ``window_left`` of layer ``layer``: ``sliding_window - 1`` on a sliding layer
+        (transformers' mask ``kv_idx > q_idx - sliding_window`` keeps ``sliding_window`` keys,
+        the query's own included; the op's window ``[p - W, p]`` is inclusive), else -1."""
+        if self.sliding_window is None or self.layer_types[layer] != "sliding_attention":
+            return -1
+        return int(self.sliding_window) - 1
+
+    @property
+    def max_model_len(self) -> int:
+        """Positions the RoPE table covers by default: ``max_position_embeddings``, times ``factor``
+        for ``linear`` and ``dynamic`` scaling (whose configs keep the original length there;
+        ``llama3`` and ``yarn`` configs already state the extended length)."""
+        n = int(self.max_position_embeddings)
+        if self.rope_type in ("linear", "dynamic"):
+            n = int(n * float(self.rope_scaling["factor"]))
+        return n
+
+    # ------------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path: str) -> "ModelConfig":
+        """Read ``<path>/config.json`` (``path`` may also be the json file itself).
+
+        When a ``generation_config.json`` sits next to it, its ``eos_token_id`` entries are
+        appended to :attr:`eos_token_ids` (transformers' ``generate`` stops on those; e.g.
+        Llama-3-Instruct lists ``<|eot_id|>`` only there).
+        """
+        cfg_file = path if os.path.isfile(path) else os.path.join(path, "config.json")
+        if not os.path.isfile(cfg_file):
+            raise ValueError(f"no config.json found at {path!r}")
+        with open(cfg_file, "r", encoding="utf-8") as f:
+            d = json.load(f)
+        gen_file = os.path.join(os.path.dirname(os.path.abspath(cfg_file)), "generation_config.json")
+        gen_eos: List[int] = []
+        if os.path.isfile(gen_file):
+            try:
+                with open(gen_file, "r", encoding="utf-8") as f:
+                    gen_eos = _token_ids(json.load(f).get("eos_token_id"), "generation_config eos_token_id")
+            except (OSError, json.JSONDecodeError):
+                gen_eos = []
+        conf = cls.from_dict(d)
+        for t in gen_eos:
+            if t not in conf.eos_token_ids:
+                conf.eos_token_ids.append(t)
+        return conf
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "ModelConfig":
+        """Build from a ``config.json`` dict (see the module docstring for defaults/errors)."""
+        archs = d.get("architectures") or []
+        if isinstance(archs, str):
+            archs = [archs]
+        if len(archs) != 1:
+            raise ValueError(f"config.json must name exactly one architecture, got architectures={archs!r}")
+        arch = archs[0]
+        if arch not in _ARCH_DEFAULTS:
+            raise ValueError(
+                f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
+        defaults = dict(_COMMON_DEFAULTS, **_ARCH_DEFAULTS[arch])
+
+        def get(key: str) -> Any:
+            v = d.get(key, defaults.get(key))
+            return defaults.get(key) if v is None and key in ("rms_norm_eps", "hidden_act") else v
+
+        def get_int(key: str, minimum: int = 1) -> int:
+            v = get(key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+                raise ValueError(f"config field {key!r} must be an int >= {minimum}, got {v!r}")
+            return v
+
+        hidden_act = get("hidden_act")
+        if hidden_act not in ("silu", "swish"):
+            raise ValueError(f"unsupported hidden_act {hidden_act!r} (only 'silu' is supported)")
+
+        hidden = get_int("hidden_size")
+        heads = get_int("num_attention_heads")
+        kv_heads = get("num_key_value_heads")
+        kv_heads = heads if kv_heads is None else kv_heads
+        if not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads != 0:
+            raise ValueError(
+                f"num_key_value_heads ({kv_heads!r}) must divide num_attention_heads ({heads})"
+            )
+        head_dim = get("head_dim")
+        if head_dim is None:
+            if hidden % heads != 0:
+                raise ValueError(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads})")
+            head_dim = hidden // heads
+        if not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
+            raise ValueError(f"head_dim must be an even int, got {head_dim!r}")
+
+        num_layers = get_int("num_hidden_layers")
+        max_pos = get_int("max_position_embeddings")
+
+        # --- biases ------------------------------------------------------------------------------
+        if arch == "Qwen2ForCausalLM":
+            qkv_bias, o_bias, mlp_bias = True, False, False
+        elif arch == "LlamaForCausalLM":
+            qkv_bias = o_bias = bool(get("attention_bias"))
+            mlp_bias = bool(get("mlp_bias"))
+        else:
+            qkv_bias = o_bias = mlp_bias = False
+
+        # --- sliding window ------------------------------------------------------------------------
+        sliding_window: Optional[int] = None
+        layer_types = ["full_attention"] * num_layers
+        if arch == "MistralForCausalLM":
+            sliding_window = get("sliding_window")
+            if sliding_window is not None:
+                layer_types = ["sliding_attention"] * num_layers
+        elif arch == "Qwen2ForCausalLM":
+            sliding_window = get("sliding_window") if get("use_sliding_window") else None
+            lt = d.get("layer_types")
+            if lt is not None:
+                if not isinstance(lt, list) or len(lt) != num_layers or any(
+                    t not in ("full_attention", "sliding_attention") for t in lt
+                ):
+                    raise ValueError(f"unsupported layer_types {lt!r}")
+                layer_types = list(lt)
+            elif sliding_window is not None:
+                mwl = get("max_window_layers")
+                layer_types = [
+                    "sliding_attention" if i >= mwl else "full_attention" for i in range(num_layers)
+                ]
+            if sliding_window is None:
+                # transformers builds no sliding mask then (sliding_window is None)
+                layer_types = ["full_attention"] * num_layers
+        if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window < 1):
+            raise ValueError(f"sliding_window must be a positive int or null, got {sliding_window!r}")
+
+        # --- rope ------------------------------------------------------------------------------------
+        rope_theta, rope_scaling = _parse_rope(d, max_pos, head_dim)
+
+        # --- tokens / dtype --------------------------------------------------------------------------
+        eos = _token_ids(get("eos_token_id"), "eos_token_id")
+        bos = get("bos_token_id")
+        if isinstance(bos, list):
+            bos = bos[0] if bos else None
+        dtype_name = d.get("dtype", d.get("torch_dtype"))
+        torch_dtype = None
+        if dtype_name is not None:
+            name = str(dtype_name).replace("torch.", "")
+            if name not in _DTYPES:
+                raise ValueError(f"unsupported dtype {dtype_name!r} in config.json")
+            torch_dtype = _DTYPES[name]
+
+        return cls(
+            architecture=arch,
+            model_type=d.get("model_type", defaults["model_type"]),
+            vocab_size=get_int("vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=get_int("intermediate_size"),
+            num_hidden_layers=num_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(get("rms_norm_eps")),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=max_pos,
+            tie_word_embeddings=bool(get("tie_word_embeddings")),
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
+            mlp_bias=mlp_bias,
+            sliding_window=sliding_window,
+            layer_types=layer_types,
+            bos_token_id=bos,
+            eos_token_ids=eos,
+            pad_token_id=get("pad_token_id"),
+            torch_dtype=torch_dtype,
+            raw=d,
+        )
+
+
+def _parse_rope(d: Dict[str, Any], max_pos: int, head_dim: int):
+    """Return ``(rope_theta, rope_scaling)`` from the transformers 4 form (``rope_theta`` +
+    ``rope_scaling``) or the transformers 5 form (``rope_parameters``)."""
+    params = d.get("rope_parameters")
+    if params is None:
+        params = d.get("rope_scaling")
+    params = dict(params) if params else {}
+    if not isinstance(params, dict):
+        raise ValueError(f"unsupported rope_parameters {params!r}")
+    if any(isinstance(v, dict) for v in params.values()):
+        raise ValueError(f"unsupported per-layer-type rope_parameters {sorted(params)!r}")
+    theta = params.get("rope_theta", d.get("rope_theta", _COMMON_DEFAULTS["rope_theta"]))
+    if theta is None:
+        theta = _COMMON_DEFAULTS["rope_theta"]
+    theta = float(theta)
+    if not theta > 1.0:
+        raise ValueError(f"rope_theta must be > 1, got {theta}")
+    prf = params.get("partial_rotary_factor", d.get("partial_rotary_factor"))
+    if prf is not None and float(prf) != 1.0:
+        raise ValueError(f"unsupported partial_rotary_factor {prf!r} (Llama-family models rotate the whole head)")
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"unsupported rope type {rope_type!r} (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+        )
+    if rope_type == "default":
+        return theta, None
+
+    s: Dict[str, Any] = {"rope_type": rope_type}
+
+    def num(key: str, default: Any = "required", minimum: Optional[float] = None) -> Any:
+        v = params.get(key)
+        if v is None:
+            if default == "required":
+                raise ValueError(f"rope type {rope_type!r} needs {key!r} in rope_parameters / rope_scaling")
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"rope_parameters {key!r} must be a number, got {v!r}")
+        if minimum is not None and v < minimum:
+            raise ValueError(f"rope_parameters {key!r} must be >= {minimum}, got {v!r}")
+        return float(v)
+
+    if rope_type in ("linear", "dynamic"):
+        s["factor"] = num("factor", minimum=1.0)
+    if rope_type in ("llama3", "yarn"):
+        # transformers: a top-level original_max_position_embeddings wins, else the dict's value,
+        # else max_position_embeddings
+        omp = d.get("original_max_position_embeddings", params.get("original_max_position_embeddings", max_pos))
+        if not isinstance(omp, int) or omp < 1:
+            raise ValueError(f"original_max_position_embeddings must be a positive int, got {omp!r}")
+        s["original_max_position_embeddings"] = omp
+    if rope_type == "llama3":
+        s["factor"] = num("factor", minimum=1.0)
+        s["low_freq_factor"] = num("low_freq_factor")
+        s["high_freq_factor"] = num("high_freq_factor")
+        if not s["high_freq_factor"] > s["low_freq_factor"]:
+            raise ValueError("rope llama3: high_freq_factor must be > low_freq_factor")
+    if rope_type == "yarn":
+        factor = num("factor", default=None)
+        if factor is None:
+            factor = max_pos / s["original_max_position_embeddings"]
+        s["factor"] = float(factor)
+        s["attention_factor"] = num("attention_factor", default=None)
+        s["mscale"] = num("mscale", default=None)
+        s["mscale_all_dim"] = num("mscale_all_dim", default=None)
+        s["beta_fast"] = num("beta_fast", default=None)
+        s["beta_slow"] = num("beta_slow", default=None)
+        s["truncate"] = bool(params.get("truncate", True))
+    return theta, s
