@@ -1,4 +1,5 @@
-"""fastinfer: CUDA kernels for LLM inference, as PyTorch custom ops (``torch.ops.fastinfer.*``).
+"""fastinfer: CUDA kernels for LLM inference, as PyTorch custom ops (``torch.ops.fastinfer.*``),
+and a thin runner for Llama-family checkpoints: ``fastinfer.LLM(path).generate(prompts, SamplingParams(...))``.
 
 Importing the package loads the compiled extension ``fastinfer._C``, which registers every op
 (CPU, CUDA and Meta kernels). ``import fastinfer._sim`` additionally registers
@@ -50,3 +51,4 @@ def sim_available() -> bool:
 
 
 from . import ops  # noqa: E402,F401
+from .engine import LLM, CompletionOutput, RequestOutput, SamplingParams  # noqa: E402,F401

@@ -1,0 +1,298 @@
+"""Command line: ``fastinfer generate`` and ``fastinfer bench`` (also ``python -m fastinfer``).
+
+    fastinfer generate --prompt "Once upon a time" --max-tokens 32            # the shipped tiny model
+    fastinfer generate --model PATH --chat --prompt "Hi!" --temperature 0.7 --stream
+    fastinfer bench --preset llama3-8b --random-weights --batch 32 --input-len 512 --output-len 128 --json
+    fastinfer bench --model PATH --batch 8 --compare-transformers
+
+``bench`` reports TTFT (time from submission to the first token, mean over requests), TPOT (time
+per output token after the first, mean), output tokens/s and total (prompt + output) tokens/s.
+All requests are submitted at once (offline throughput); greedy, EOS ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+import torch
+
+PRESETS: Dict[str, Dict[str, Any]] = {
+    # Meta-Llama-3-8B shapes
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
+                      rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001,
+                      tie_word_embeddings=False),
+    # Llama-3.2-1B shapes (no rope scaling)
+    "llama3-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                      num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=8192,
+                      rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001,
+                      tie_word_embeddings=True),
+    # practical on a CPU
+    "tiny": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=2048, max_position_embeddings=4096, rope_theta=10000.0,
+                 rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False),
+}
+
+
+def _preset_dict(name: str) -> Dict[str, Any]:
+    if name not in PRESETS:
+        raise SystemExit(f"unknown preset {name!r} (one of {', '.join(PRESETS)})")
+    return dict(PRESETS[name], architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu")
+
+
+def _dtype(name: Optional[str]):
+    from .engine.llm import _DTYPES
+
+    if name is None:
+        return None
+    if name not in _DTYPES:
+        raise SystemExit(f"unknown dtype {name!r}")
+    return _DTYPES[name]
+
+
+def _device(name: Optional[str]) -> torch.device:
+    from . import cuda_available
+
+    return torch.device(name if name else ("cuda" if cuda_available() else "cpu"))
+
+
+@torch.no_grad()
+def build_random_model(preset: str, dtype, device: torch.device, max_positions: int, seed: int = 0):
+    """A ``LlamaForCausalLM`` of a preset's shape with random weights (N(0, 0.02), norms = 1)."""
+    from .models import LlamaForCausalLM, ModelConfig
+
+    cfg = ModelConfig.from_dict(_preset_dict(preset))
+    model = LlamaForCausalLM(cfg, dtype=dtype, device=device, max_positions=max_positions)
+    g = torch.Generator(device=device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if "norm" in name:
+            p.fill_(1.0)
+        else:
+            p.normal_(0.0, 0.02, generator=g)
+    return model.eval()
+
+
+@torch.no_grad()
+def _hf_model(args, dtype, device: torch.device, ours=None):
+    """The transformers model for --compare-transformers (for a preset: ours' weights copied in)."""
+    import transformers
+
+    if args.model:
+        return transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device).eval()
+    d = _preset_dict(args.preset)
+    d.pop("architectures"), d.pop("model_type")
+    cfg = transformers.LlamaConfig(**d)
+    with torch.device(device):
+        hf = transformers.LlamaForCausalLM._from_config(cfg, dtype=dtype)
+    from .models.loader import _targets
+
+    targets = _targets(ours)
+    for name, t in hf.state_dict().items():
+        if name in targets:
+            dst, off, rows = targets[name]
+            t.copy_(dst.narrow(0, off, rows))
+    return hf.eval()
+
+
+# ------------------------------------------------------------------------------------------------
+def cmd_generate(args) -> int:
+    from .engine import LLM, SamplingParams
+
+    sp = SamplingParams(n=args.n, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                        min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed_request,
+                        max_tokens=args.max_tokens, stop=args.stop or None, ignore_eos=args.ignore_eos)
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+              seed=args.seed, load_progress=True)
+    prompts: List[Any] = list(args.prompt or [])
+    if not prompts:
+        prompts = [sys.stdin.read()]
+    if args.chat:
+        def conv(p):
+            msgs = [{"role": "system", "content": args.system}] if args.system else []
+            return msgs + [{"role": "user", "content": p}]
+        if llm.tokenizer is None:
+            raise SystemExit("--chat needs a tokenizer")
+        prompts = [{"prompt_token_ids": llm.tokenizer.apply_chat_template(conv(p), tokenize=True)} for p in prompts]
+    if args.stream:
+        for p in prompts:
+            printed = 0
+            for out in llm.stream(p, sp):
+                text = out.outputs[0].text
+                print(text[printed:], end="", flush=True)
+                printed = len(text)
+            print()
+        return 0
+    outs = llm.generate(prompts, sp, use_tqdm=len(prompts) > 1)
+    if args.json:
+        print(json.dumps([{"prompt": args.prompt[i] if args.prompt else None, "error": o.error,
+                           "outputs": [{"text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason}
+                                       for c in o.outputs]} for i, o in enumerate(outs)], indent=2))
+        return 0
+    for o in outs:
+        if o.error:
+            print(f"[error] {o.error}", file=sys.stderr)
+            continue
+        for c in o.outputs:
+            head = f"[{c.index}] " if len(o.outputs) > 1 else ""
+            print(f"{head}{c.text}" if llm.tokenizer is not None else f"{head}{c.token_ids}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .engine import LLM, SamplingParams
+
+    if bool(args.model) == bool(args.preset):
+        raise SystemExit("give exactly one of --model PATH or --preset NAME --random-weights")
+    if args.preset and not args.random_weights:
+        raise SystemExit("--preset needs --random-weights (presets have no weights to download)")
+    device = _device(args.device)
+    dtype = _dtype(args.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    max_len = args.max_model_len or (args.input_len + args.output_len + 16)
+    t0 = time.perf_counter()
+    if args.preset:
+        model = build_random_model(args.preset, dtype, device, max_len)
+        llm = LLM(model, device=device, max_model_len=max_len, max_num_seqs=max(args.batch, 1),
+                  max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
+                  gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False)
+    else:
+        llm = LLM(args.model, dtype=dtype, device=device, max_model_len=max_len, max_num_seqs=max(args.batch, 1),
+                  max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
+                  gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False,
+                  load_progress=True)
+    load_s = time.perf_counter() - t0
+    V = llm.vocab_size
+    g = torch.Generator().manual_seed(args.seed)
+    prompts = torch.randint(3, V, (args.batch, args.input_len), generator=g).tolist()
+    sp = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    llm.generate([prompts[0][:8]], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))  # warm-up
+    for _ in range(args.warmup):
+        llm.generate(prompts[: min(len(prompts), 4)], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+
+    from tqdm.auto import tqdm
+
+    start = time.perf_counter()
+    ids = [llm.add_request(p, sp) for p in prompts]
+    reqs = [llm._requests[i] for i in ids]
+    bar = tqdm(total=args.batch * args.output_len, desc="bench", unit="tok", disable=not sys.stderr.isatty())
+    done = 0
+    while llm.has_unfinished_requests():
+        llm.step()
+        n = sum(len(s.output_token_ids) for r in reqs for s in r.seqs)
+        bar.update(n - done)
+        done = n
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed = time.perf_counter() - start
+    bar.close()
+    outs = [llm._output(r) for r in reqs]
+    ttft = [r.first_token_time - start for r in reqs]
+    tpot = [(r.finished_time - r.first_token_time) / max(len(o.outputs[0].token_ids) - 1, 1)
+            for r, o in zip(reqs, outs) if len(o.outputs[0].token_ids) > 1]
+    out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    res: Dict[str, Any] = {
+        "model": args.model or f"{args.preset} (random weights)",
+        "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
+        "dtype": str(dtype).replace("torch.", ""),
+        "batch": args.batch, "input_len": args.input_len, "output_len": args.output_len,
+        "load_s": round(load_s, 3), "elapsed_s": round(elapsed, 4),
+        "ttft_ms_mean": round(1e3 * sum(ttft) / len(ttft), 3),
+        "ttft_ms_max": round(1e3 * max(ttft), 3),
+        "tpot_ms_mean": round(1e3 * sum(tpot) / len(tpot), 3) if tpot else None,
+        "output_tokens_per_s": round(out_tokens / elapsed, 2),
+        "total_tokens_per_s": round((out_tokens + args.batch * args.input_len) / elapsed, 2),
+        "num_preemptions": llm.stats()["num_preemptions"], "num_kv_blocks": llm.stats()["num_kv_blocks"],
+    }
+    if args.compare_transformers:
+        hf = _hf_model(args, dtype, device, ours=llm.model)
+        x = torch.tensor(prompts, device=device)
+        hf.generate(x[:1, :8], max_new_tokens=2, do_sample=False, pad_token_id=0)  # warm-up
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        y = hf.generate(x, max_new_tokens=args.output_len, min_new_tokens=args.output_len, do_sample=False,
+                        pad_token_id=0, eos_token_id=None)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        hf_s = time.perf_counter() - t
+        hf_tps = args.batch * args.output_len / hf_s
+        ref = y[:, args.input_len:].tolist()
+        agree = [sum(a == b for a, b in zip(o.outputs[0].token_ids, r)) / max(len(r), 1) for o, r in zip(outs, ref)]
+        first = [next((i for i, (a, b) in enumerate(zip(o.outputs[0].token_ids, r)) if a != b), len(r))
+                 for o, r in zip(outs, ref)]
+        res.update({"transformers_elapsed_s": round(hf_s, 4),
+                    "transformers_output_tokens_per_s": round(hf_tps, 2),
+                    "speedup_vs_transformers": round(res["output_tokens_per_s"] / hf_tps, 3),
+                    "greedy_token_agreement": round(sum(agree) / len(agree), 4),
+                    "greedy_first_divergence_mean": round(sum(first) / len(first), 2)})
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        for k, v in res.items():
+            print(f"{k:34s} {v}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fastinfer", description="fastinfer LLM runner")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    g = sub.add_parser("generate", help="generate text (no --model: the shipped tiny model)")
+    g.add_argument("--model", default=None)
+    g.add_argument("--prompt", action="append", help="repeatable; default: read stdin")
+    g.add_argument("--chat", action="store_true", help="wrap each prompt as a user message (chat template)")
+    g.add_argument("--system", default=None, help="system message for --chat")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--n", type=int, default=1)
+    g.add_argument("--stop", action="append")
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--seed", type=int, default=0, help="engine seed")
+    g.add_argument("--seed-request", type=int, default=None, help="per-request seed")
+    g.add_argument("--stream", action="store_true")
+    g.add_argument("--json", action="store_true")
+    g.add_argument("--device", default=None)
+    g.add_argument("--dtype", default=None)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="end-to-end throughput/latency (TTFT, TPOT, tokens/s)")
+    b.add_argument("--model", default=None)
+    b.add_argument("--preset", default=None, choices=sorted(PRESETS))
+    b.add_argument("--random-weights", action="store_true")
+    b.add_argument("--batch", type=int, default=8)
+    b.add_argument("--input-len", type=int, default=128)
+    b.add_argument("--output-len", type=int, default=64)
+    b.add_argument("--max-model-len", type=int, default=None)
+    b.add_argument("--max-num-batched-tokens", type=int, default=None)
+    b.add_argument("--num-kv-blocks", type=int, default=None)
+    b.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    b.add_argument("--warmup", type=int, default=1)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--device", default=None)
+    b.add_argument("--dtype", default=None)
+    b.add_argument("--compare-transformers", action="store_true",
+                   help="also time transformers generate() on the same model and prompts")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=cmd_bench)
+    return ap
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as e:
+        print(f"fastinfer: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

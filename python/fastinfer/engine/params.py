@@ -1,0 +1,134 @@
+"""Per-request sampling parameters and the output objects returned by :class:`fastinfer.LLM`.
+
+Names and meanings follow vLLM (``SamplingParams``, ``RequestOutput``, ``CompletionOutput``).
+
+Error policy: an invalid ``SamplingParams`` value raises ``ValueError`` when the object is built
+(``SamplingParams(temperature=-1)``), before anything is scheduled. Problems that depend on the
+model or the prompt (empty prompt, prompt longer than ``max_model_len``, token ids outside the
+vocabulary, a params object mutated into an invalid state) do not raise: that request finishes
+immediately with ``finish_reason == "error"`` and ``RequestOutput.error`` holds the message, while
+the other requests of the same ``generate`` call run normally.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Union
+
+
+@dataclass
+class SamplingParams:
+    """How to sample the completions of one prompt.
+
+    - ``n``: completions per prompt (they share the prompt's KV blocks).
+    - ``temperature``: 0 = greedy (argmax); otherwise logits / temperature.
+    - ``top_k``: keep the k most likely tokens (0 or -1: off).
+    - ``top_p``: keep the smallest set of most likely tokens whose probability reaches top_p (1: off).
+    - ``min_p``: drop tokens whose probability is below ``min_p * max probability`` (0: off).
+    - ``repetition_penalty``: Hugging Face semantics over prompt + generated tokens: a logit l of a
+      token already seen becomes l / p when l > 0, else l * p (1: off).
+    - ``seed``: per-request seed; the same seed gives the same completion whatever else runs in the
+      batch (completion i of n uses a generator seeded from (seed, i)).
+    - ``max_tokens``: generated tokens at most (finish_reason "length"); None = up to max_model_len.
+    - ``stop``: strings; generation stops when the detokenised text contains one, and the text is
+      truncated before it (kept when ``include_stop_str_in_output``).
+    - ``stop_token_ids``: token ids that stop generation (as EOS does; not in the text).
+    - ``ignore_eos``: do not stop at the model's EOS token(s).
+    - ``logprobs``: when not None, each generated token gets a dict {token_id: logprob} with the
+      sampled token and the ``logprobs`` most likely tokens (log-softmax of the raw model logits).
+    - ``skip_special_tokens``: drop special tokens from the text.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: Optional[int] = None
+    max_tokens: Optional[int] = 16
+    stop: Optional[Union[str, List[str]]] = None
+    stop_token_ids: Optional[List[int]] = None
+    ignore_eos: bool = False
+    logprobs: Optional[int] = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.verify()
+
+    def verify(self) -> None:
+        """Raise ``ValueError`` naming the first invalid field."""
+        def bad(msg: str) -> None:
+            raise ValueError(f"invalid SamplingParams: {msg}")
+
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            bad(f"n must be an int >= 1, got {self.n!r}")
+        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0.0 or self.temperature == float("inf"):
+            bad(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
+            bad(f"top_k must be an int >= -1 (0 or -1 = off), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            bad(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.min_p, (int, float)) or not 0.0 <= self.min_p <= 1.0:
+            bad(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not isinstance(self.repetition_penalty, (int, float)) or not 0.0 < self.repetition_penalty < float("inf"):
+            bad(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            bad(f"seed must be an int or None, got {self.seed!r}")
+        if self.max_tokens is not None and (
+            not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1
+        ):
+            bad(f"max_tokens must be an int >= 1 or None, got {self.max_tokens!r}")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            bad(f"stop must be a non-empty string or a list of non-empty strings, got {self.stop!r}")
+        if not isinstance(self.stop_token_ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
+        ):
+            bad(f"stop_token_ids must be a list of non-negative ints, got {self.stop_token_ids!r}")
+        if self.logprobs is not None and (
+            not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool) or self.logprobs < 0
+        ):
+            bad(f"logprobs must be an int >= 0 or None, got {self.logprobs!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+
+@dataclass
+class CompletionOutput:
+    """One completion of a prompt. ``finish_reason``: None while running, then "stop" (EOS, a stop
+    token or a stop string), "length" (max_tokens or max_model_len), "abort" or "error".
+    ``stop_reason``: the stop string or stop token id that ended it, when one did."""
+
+    index: int
+    text: str
+    token_ids: List[int]
+    finish_reason: Optional[str] = None
+    logprobs: Optional[List[Dict[int, float]]] = None
+    stop_reason: Optional[Union[int, str]] = None
+    cumulative_logprob: Optional[float] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """The state of one request: ``outputs`` has ``n`` completions. ``error`` is set (and every
+    completion has finish_reason "error") when the request was rejected."""
+
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: List[int]
+    outputs: List[CompletionOutput]
+    finished: bool
+    error: Optional[str] = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    metrics: Dict[str, float] = field(default_factory=dict)  # arrival/first_token/finished times (s)

@@ -1,0 +1,118 @@
+"""Token sampling from float32 logits, one row per sequence, each with its own SamplingParams.
+
+Order of the logits processors (as Hugging Face ``generate``): repetition penalty, temperature,
+top-k, top-p, min-p; then greedy argmax (temperature 0) or a draw from the softmax. Draws use the
+exponential-race form ``argmax(p / E)`` with ``E ~ Exp(1)`` drawn from the row's own
+``torch.Generator`` when the request has a seed, so a seeded completion does not depend on what else
+is in the batch. Log-probabilities reported to the user are the log-softmax of the raw logits.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence as Seq, Tuple
+
+import torch
+
+from .params import SamplingParams
+
+
+def apply_repetition_penalty(logits: torch.Tensor, token_ids: Seq[Seq[int]], penalties: Seq[float]) -> torch.Tensor:
+    """HF semantics, in place: for every token already seen (prompt + output), l -> l / p if l > 0
+    else l * p."""
+    for i, (ids, p) in enumerate(zip(token_ids, penalties)):
+        if p == 1.0 or not ids:
+            continue
+        idx = torch.tensor(sorted(set(ids)), dtype=torch.long, device=logits.device)
+        vals = logits[i].index_select(0, idx)
+        logits[i].index_copy_(0, idx, torch.where(vals > 0, vals / p, vals * p))
+    return logits
+
+
+def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                            min_p: torch.Tensor) -> torch.Tensor:
+    """Mask (with -inf) what top-k, then top-p, then min-p remove. ``top_k`` int64 [N] (<= 0: off),
+    ``top_p`` / ``min_p`` float [N]. The most likely token always survives."""
+    V = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(V, device=logits.device).expand_as(sorted_logits)
+    k = torch.where(top_k > 0, top_k.clamp(max=V), torch.full_like(top_k, V))
+    remove = rank >= k[:, None]
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    # top-p: drop a token when the tokens before it already reach top_p
+    cum_before = probs.cumsum(dim=-1) - probs
+    remove = cum_before >= top_p[:, None]
+    remove[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    # min-p relative to the most likely token (after top-k/top-p renormalisation it is the same ratio)
+    probs = sorted_logits.softmax(dim=-1)
+    remove = probs < (min_p[:, None] * probs[:, :1])
+    remove[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+class Sampler:
+    def __init__(self, generator: Optional[torch.Generator] = None):
+        self.generator = generator  # for rows without a seed
+
+    @torch.inference_mode()
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        params: Seq[SamplingParams],
+        token_ids: Seq[Seq[int]],
+        generators: Seq[Optional[torch.Generator]],
+    ) -> Tuple[List[int], List[Optional[Dict[int, float]]]]:
+        """``logits [N, V]`` float32; per row its params, its tokens so far (prompt + output, for
+        the repetition penalty) and its generator (None: the sampler's). Returns the sampled token
+        per row and, for rows that asked for logprobs, a dict {token: logprob}."""
+        N, V = logits.shape
+        dev = logits.device
+        logits = logits.float()
+        want_lp = [p.logprobs is not None for p in params]
+        raw_lp = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
+
+        logits = logits.clone()
+        if any(p.repetition_penalty != 1.0 for p in params):
+            apply_repetition_penalty(logits, token_ids, [p.repetition_penalty for p in params])
+
+        out = logits.argmax(dim=-1)
+        sample_rows = [i for i, p in enumerate(params) if not p.greedy]
+        if sample_rows:
+            rows = torch.tensor(sample_rows, device=dev)
+            sp = [params[i] for i in sample_rows]
+            x = logits.index_select(0, rows)
+            temp = torch.tensor([p.temperature for p in sp], device=dev, dtype=torch.float32)
+            x = x / temp[:, None]
+            if any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in sp):
+                x = apply_top_k_top_p_min_p(
+                    x,
+                    torch.tensor([p.top_k for p in sp], device=dev, dtype=torch.long),
+                    torch.tensor([p.top_p for p in sp], device=dev, dtype=torch.float32),
+                    torch.tensor([p.min_p for p in sp], device=dev, dtype=torch.float32),
+                )
+            probs = x.softmax(dim=-1)
+            noise = torch.empty_like(probs)
+            shared = [j for j, i in enumerate(sample_rows) if generators[i] is None]
+            if shared:
+                noise[shared] = torch.empty(len(shared), V, device=dev).exponential_(generator=self.generator)
+            for j, i in enumerate(sample_rows):
+                if generators[i] is not None:
+                    noise[j].exponential_(generator=generators[i])
+            drawn = (probs / noise).argmax(dim=-1)
+            out = out.index_copy(0, rows, drawn)
+        tokens = out.tolist()
+
+        lps: List[Optional[Dict[int, float]]] = [None] * N
+        if raw_lp is not None:
+            for i, p in enumerate(params):
+                if not want_lp[i]:
+                    continue
+                d: Dict[int, float] = {}
+                if p.logprobs > 0:
+                    vals, idx = raw_lp[i].topk(min(p.logprobs, V))
+                    d.update(zip(idx.tolist(), vals.tolist()))
+                d[tokens[i]] = float(raw_lp[i, tokens[i]])
+                lps[i] = d
+        return tokens, lps

@@ -1,0 +1,159 @@
+"""Iteration-level scheduler: continuous batching with chunked prefill and preemption by recompute.
+
+Every step gets a budget of ``max_num_batched_tokens`` new tokens:
+
+1. running sequences that decode (one new token each), in FCFS order;
+2. running sequences in the middle of a chunked prefill, FCFS;
+3. waiting sequences, FCFS, admitted while the budget, ``max_num_seqs`` and the free blocks allow
+   (their prefix-cache hits are taken first; a prompt longer than the remaining budget is chunked).
+
+When a running sequence needs a block and none is free, the running sequence that arrived last is
+preempted: its blocks are freed, it goes back to the waiting queue, and when readmitted it is
+recomputed from its prompt + the tokens generated so far (its full blocks often come back from the
+prefix cache). A sequence may preempt itself if it is the latest arrival.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Dict, List, Tuple
+
+from .block_manager import BlockManager
+from .sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerOutput:
+    # (sequence, number of new tokens computed this step), prefill chunks first then decodes
+    prefills: List[Tuple[Sequence, int]] = field(default_factory=list)
+    decodes: List[Sequence] = field(default_factory=list)
+    preempted: List[Sequence] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefills and not self.decodes
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.prefills) + len(self.decodes)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int):
+        self.bm = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: List[Sequence] = []  # sorted by arrival
+        self.running: List[Sequence] = []
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        keys = [s.sort_key for s in self.waiting]
+        self.waiting.insert(bisect.bisect_right(keys, seq.sort_key), seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """A forked sequence joins the running set directly (it already shares blocks)."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.FINISHED
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.bm.free(seq)
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput, scheduled: Dict[int, int]) -> None:
+        self.running.remove(seq)
+        n = scheduled.pop(seq.seq_id, None)
+        if n is not None:  # un-schedule it from this step
+            out.prefills = [(s, k) for s, k in out.prefills if s is not seq]
+            out.decodes = [s for s in out.decodes if s is not seq]
+        self.bm.free(seq)
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted.append(seq)
+        self.add(seq)
+
+    def _reserve(self, seq: Sequence, num_tokens: int, out: SchedulerOutput,
+                 scheduled: Dict[int, int]) -> bool:
+        """Make room for ``seq`` to hold ``num_tokens`` tokens, preempting the latest arrivals.
+        Returns False when ``seq`` itself had to be preempted."""
+        while not self.bm.can_allocate(seq, num_tokens):
+            victim = max(self.running, key=lambda s: s.sort_key)
+            self._preempt(victim, out, scheduled)
+            if victim is seq:
+                return False
+        self.bm.allocate(seq, num_tokens)
+        return True
+
+    # ------------------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        scheduled: Dict[int, int] = {}  # seq_id -> new tokens
+
+        # 1. decodes, 2. ongoing prefill chunks (both FCFS among running)
+        running = sorted(self.running, key=lambda s: s.sort_key)
+        decoding = [s for s in running if s.num_uncomputed_tokens == 1]
+        prefilling = [s for s in running if s.num_uncomputed_tokens > 1]
+        for seq in decoding + prefilling:
+            if budget <= 0:
+                break
+            if seq.status != SequenceStatus.RUNNING:  # preempted meanwhile
+                continue
+            n = min(seq.num_uncomputed_tokens, budget)
+            if not self._reserve(seq, seq.num_computed_tokens + n, out, scheduled):
+                continue
+            scheduled[seq.seq_id] = n
+            budget -= n
+            if n == 1 and seq.num_uncomputed_tokens == 1:
+                out.decodes.append(seq)
+            else:
+                out.prefills.append((seq, n))
+
+        # 3. admit waiting sequences (no preemption on their behalf)
+        if not out.preempted:
+            while self.waiting and budget > 0:
+                seq = self.waiting[0]
+                need_seqs = 1 + max(seq.pending_forks, 0)
+                if len(self.running) + need_seqs > self.max_num_seqs:
+                    break
+                hits = self.bm.match_prefix(seq) if not seq.block_table else []
+                computed = len(hits) * self.bm.block_size if hits else seq.num_computed_tokens
+                n = min(seq.num_tokens - computed, budget)
+                if not self.bm.can_allocate(seq, computed + n, hits):
+                    break
+                self.waiting.pop(0)
+                if hits or not seq.block_table:
+                    self.bm.allocate_prefix(seq, hits)
+                    if seq.num_preemptions == 0:
+                        seq.num_cached_tokens = seq.num_computed_tokens
+                self.bm.allocate(seq, seq.num_computed_tokens + n)
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
+                scheduled[seq.seq_id] = n
+                budget -= n
+                if n == 1 and seq.num_uncomputed_tokens == 1:
+                    out.decodes.append(seq)
+                else:
+                    out.prefills.append((seq, n))
+        return out
+
+    def postprocess(self, out: SchedulerOutput) -> None:
+        """After the forward pass: the scheduled tokens are now in the cache."""
+        for seq, n in out.prefills:
+            seq.num_computed_tokens += n
+            self.bm.register_full_blocks(seq)
+        for seq in out.decodes:
+            seq.num_computed_tokens += 1
+            self.bm.register_full_blocks(seq)

@@ -1,0 +1,116 @@
+"""A sequence: one completion being generated (a prompt with n > 1 completions has n sequences).
+
+A sequence owns its token ids (prompt + generated), its block table (physical KV block ids) and
+``num_computed_tokens``: how many leading tokens have their K/V in the cache. The scheduler moves it
+between WAITING -> RUNNING -> FINISHED (and RUNNING -> WAITING on preemption, which frees the blocks
+and resets ``num_computed_tokens``: the tokens are recomputed later, prompt and generated alike).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+import torch
+
+from .params import SamplingParams
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .tokenizer import IncrementalDetokenizer
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+_arrival_counter = itertools.count()
+
+
+class Sequence:
+    def __init__(
+        self,
+        seq_id: int,
+        request: "Request",
+        index: int,
+        prompt_token_ids: List[int],
+        params: SamplingParams,
+        generator: Optional[torch.Generator],
+    ):
+        self.seq_id = seq_id
+        self.request = request
+        self.index = index  # completion index within the request
+        self.params = params
+        self.generator = generator
+        self.token_ids: List[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.block_table: List[int] = []
+        self.block_hashes: List[int] = []  # hash chain of the leading full blocks (prefix cache)
+        self.status = SequenceStatus.WAITING
+        self.arrival = request.arrival  # FCFS key (ties broken by index)
+        self.finish_reason: Optional[str] = None
+        self.stop_reason = None
+        self.logprobs: Optional[List[Dict[int, float]]] = [] if params.logprobs is not None else None
+        self.cumulative_logprob = 0.0
+        self.detok: Optional["IncrementalDetokenizer"] = None
+        self.text = ""
+        self.num_cached_tokens = 0  # prompt tokens that came from the prefix cache (first admission)
+        self.num_preemptions = 0
+        # n > 1: the first completion prefills the prompt, then the others fork from it
+        self.pending_forks: int = 0
+
+    # ------------------------------------------------------------------------------------------
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> List[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    @property
+    def sort_key(self):
+        return (self.arrival, self.index)
+
+    def __repr__(self) -> str:  # pragma: no cover
+        return (f"Sequence(id={self.seq_id}, req={self.request.request_id}, idx={self.index}, "
+                f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
+                f"blocks={len(self.block_table)}, {self.status.value})")
+
+
+class Request:
+    """A prompt with its sampling params; holds its n sequences (created lazily for n > 1)."""
+
+    def __init__(self, request_id: str, prompt: Optional[str], prompt_token_ids: List[int],
+                 params: SamplingParams, arrival_time: float):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.arrival = next(_arrival_counter)
+        self.arrival_time = arrival_time
+        self.first_token_time: Optional[float] = None
+        self.finished_time: Optional[float] = None
+        self.seqs: List[Sequence] = []
+        self.error: Optional[str] = None
+
+    @property
+    def finished(self) -> bool:
+        if self.error is not None:
+            return True
+        return len(self.seqs) == self.params.n and all(s.is_finished for s in self.seqs)
