@@ -87,7 +87,8 @@ def generate_demo() -> None:
         return
     torch.set_num_threads(1)  # tiny matmuls: one thread beats two contending ones
     llm = fastinfer.LLM(path)
-    prompts = ["def fibonacci(n):\n", "import os\n\n\ndef list_python_files(root):\n"]
+    # no trailing whitespace: the tokenizer joins a newline to the next line's indentation
+    prompts = ["def fibonacci(n):", "import os\n\n\ndef read_file(path):"]
     start = time.perf_counter()
     outs = llm.generate(prompts, fastinfer.SamplingParams(temperature=0.0, max_tokens=48))
     secs = time.perf_counter() - start
