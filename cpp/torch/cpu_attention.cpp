@@ -154,40 +154,65 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention_cpu(
                              softcap, scale, custom_mask, return_lse, std::nullopt, std::nullopt);
 }
 
-template <typename T>
-float load_f32(const T* p, int64_t i) {
-  return static_cast<float>(p[i]);
+// Dot product with 8 independent partial sums: vectorisable without reassociation flags.
+template <typename CT>
+inline float dot(const float* q, const CT* k, int64_t d) {
+  float lanes[8] = {};
+  for (int64_t i = 0; i < d; i += 8)
+    for (int j = 0; j < 8; ++j) lanes[j] += q[i + j] * static_cast<float>(k[i + j]);
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
-// One (sequence, KV head): online softmax over the visible keys for the `group` query heads.
+// One (sequence, KV head): online softmax over the visible keys for the `group` query heads,
+// kKeys keys at a time (scores first, one rescale per chunk, then the V accumulation).
 template <typename QT, typename CT>
 void decode_one(const QT* q, const CT* k_cache, const CT* v_cache, const int32_t* table_row, int64_t len,
                 int64_t block_size, int64_t row_stride, int64_t group, int64_t d, float scale, float softcap,
-                int64_t window_left, float k_scale, float v_scale, QT* out, float* lse, std::vector<float>& acc) {
-  acc.assign(group * d, 0.0f);
-  std::vector<float> qf(group * d), m(group, -std::numeric_limits<float>::infinity()), l(group, 0.0f);
+                int64_t window_left, float k_scale, float v_scale, QT* out, float* lse, std::vector<float>& buf) {
+  constexpr int64_t kKeys = 32;
+  buf.assign(group * d * 2 + group * kKeys + 2 * group, 0.0f);
+  float* acc = buf.data();           // [group, d]
+  float* qf = acc + group * d;       // [group, d]
+  float* s = qf + group * d;         // [group, kKeys]
+  float* m = s + group * kKeys;      // [group]
+  float* l = m + group;              // [group]
+  for (int64_t g = 0; g < group; ++g) m[g] = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < group * d; ++i) qf[i] = static_cast<float>(q[i]) * scale * k_scale;
+  const CT* rows[kKeys];
   const int64_t start = window_left >= 0 ? std::max<int64_t>(0, len - 1 - window_left) : 0;
-  for (int64_t j = start; j < len; ++j) {
-    const int64_t row = (static_cast<int64_t>(table_row[j / block_size]) * block_size + j % block_size) * row_stride;
-    const CT* k = k_cache + row;
-    const CT* v = v_cache + row;
+  for (int64_t j0 = start; j0 < len; j0 += kKeys) {
+    const int64_t n = std::min<int64_t>(kKeys, len - j0);
+    for (int64_t jj = 0; jj < n; ++jj) {
+      const int64_t j = j0 + jj;
+      rows[jj] = k_cache + (static_cast<int64_t>(table_row[j / block_size]) * block_size + j % block_size) * row_stride;
+    }
     for (int64_t g = 0; g < group; ++g) {
-      const float* qg = qf.data() + g * d;
-      float s = 0.0f;
-      for (int64_t i = 0; i < d; ++i) s += qg[i] * load_f32(k, i);
-      if (softcap > 0) s = softcap * std::tanh(s / softcap);
-      float* a = acc.data() + g * d;
-      if (s > m[g]) {  // rescale what was accumulated under the old maximum
-        const float c = std::exp(m[g] - s);
-        l[g] *= c;
-        for (int64_t i = 0; i < d; ++i) a[i] *= c;
-        m[g] = s;
+      float* sg = s + g * kKeys;
+      float chunk_max = -std::numeric_limits<float>::infinity();
+      for (int64_t jj = 0; jj < n; ++jj) {
+        float x = dot(qf + g * d, rows[jj], d);
+        if (softcap > 0) x = softcap * std::tanh(x / softcap);
+        sg[jj] = x;
+        chunk_max = std::max(chunk_max, x);
       }
-      const float p = std::exp(s - m[g]);
-      l[g] += p;
-      const float pv = p * v_scale;
-      for (int64_t i = 0; i < d; ++i) a[i] += pv * load_f32(v, i);
+      if (chunk_max > m[g]) {  // rescale what was accumulated under the old maximum
+        const float c = std::exp(m[g] - chunk_max);
+        l[g] *= c;
+        for (int64_t i = 0; i < d; ++i) acc[g * d + i] *= c;
+        m[g] = chunk_max;
+      }
+      for (int64_t jj = 0; jj < n; ++jj) {
+        sg[jj] = std::exp(sg[jj] - m[g]);
+        l[g] += sg[jj];
+      }
+    }
+    for (int64_t jj = 0; jj < n; ++jj) {
+      const CT* v = v_cache + (rows[jj] - k_cache);
+      for (int64_t g = 0; g < group; ++g) {
+        const float pv = s[g * kKeys + jj] * v_scale;
+        float* a = acc + g * d;
+        for (int64_t i = 0; i < d; ++i) a[i] += pv * static_cast<float>(v[i]);
+      }
     }
   }
   for (int64_t g = 0; g < group; ++g) {

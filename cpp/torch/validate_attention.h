@@ -166,30 +166,33 @@ inline void check_cu_seqlens(const char* op, const at::Tensor& cu, const char* n
 }
 
 // Paged: every sequence's keys fit in its block table row and use valid block ids; q_len <= k_len.
+// Plain loops over host copies: this runs on every CPU decode step, so no per-sequence ATen ops.
 inline void check_paged_indices(const char* op, const at::Tensor& block_table, const at::Tensor& seq_lens,
                                 const char* seq_lens_name, int64_t num_blocks, int64_t block_size,
                                 const at::Tensor* cu_seqlens_q) {
-  const auto lens = seq_lens.to(at::kCPU, at::kLong);
-  const auto table = block_table.to(at::kCPU, at::kLong);
-  const int64_t* l = lens.const_data_ptr<int64_t>();
-  const int64_t width = table.size(1);
-  at::Tensor cu;
-  if (cu_seqlens_q != nullptr) cu = cu_seqlens_q->to(at::kCPU, at::kLong);
-  for (int64_t b = 0; b < lens.numel(); ++b) {
-    FI_CHECK(l[b] >= 0 && l[b] <= width * block_size, op, seq_lens_name, "[", b, "] = ", l[b],
+  const auto lens_t = seq_lens.to(at::kCPU, at::kInt).contiguous();
+  const auto table_t = block_table.to(at::kCPU, at::kInt).contiguous();
+  at::Tensor cu_t;
+  if (cu_seqlens_q != nullptr) cu_t = cu_seqlens_q->to(at::kCPU, at::kInt).contiguous();
+  const int32_t* lens = lens_t.const_data_ptr<int32_t>();
+  const int32_t* table = table_t.const_data_ptr<int32_t>();
+  const int64_t width = table_t.size(1);
+  for (int64_t b = 0; b < lens_t.numel(); ++b) {
+    const int64_t len = lens[b];
+    FI_CHECK(len >= 0 && len <= width * block_size, op, seq_lens_name, "[", b, "] = ", len,
              " needs more blocks than block_table has columns (", width, " x block_size ", block_size, " = ",
              width * block_size, " tokens)");
     if (cu_seqlens_q != nullptr) {
-      const int64_t q_len = cu.const_data_ptr<int64_t>()[b + 1] - cu.const_data_ptr<int64_t>()[b];
-      FI_CHECK(q_len <= l[b], op, "sequence ", b, " has ", q_len, " queries but only ", l[b], " keys in ",
+      const int32_t* cu = cu_t.const_data_ptr<int32_t>();
+      const int64_t q_len = cu[b + 1] - cu[b];
+      FI_CHECK(q_len <= len, op, "sequence ", b, " has ", q_len, " queries but only ", len, " keys in ",
                seq_lens_name, " (the queries must be the last q_len tokens, already in the cache)");
     }
-    const int64_t used = (l[b] + block_size - 1) / block_size;
-    if (used == 0) continue;
-    const auto row = table[b].narrow(0, 0, used);
-    const int64_t mn = row.min().item<int64_t>(), mx = row.max().item<int64_t>();
-    FI_CHECK(mn >= 0 && mx < num_blocks, op, "block_table[", b, "] must hold block ids in [0, ", num_blocks,
-             ") for its ", used, " used blocks, got min ", mn, " max ", mx);
+    const int32_t* row = table + b * width;
+    for (int64_t j = 0; j < (len + block_size - 1) / block_size; ++j)
+      FI_CHECK(row[j] >= 0 && row[j] < num_blocks, op, "block_table[", b, "][", j, "] = ", row[j],
+               " is not a block id in [0, ", num_blocks, ") (sequence ", b, " uses ", (len + block_size - 1) / block_size,
+               " blocks)");
   }
 }
 
