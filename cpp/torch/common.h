@@ -64,6 +64,10 @@ inline void check_same_device(const at::Tensor& t, const at::Tensor& ref, const 
            "), got ", t.device());
 }
 
+inline void check_on_cpu(const at::Tensor& t, const char* op, const char* name) {
+  FI_CHECK(t.device().is_cpu(), op, name, " must be a CPU tensor for this implementation, got ", t.device());
+}
+
 inline void check_contiguous(const at::Tensor& t, const char* op, const char* name) {
   FI_CHECK(t.is_contiguous(), op, name, " must be contiguous (call .contiguous() first), got strides ",
            t.strides(), " for shape ", t.sizes());

@@ -16,10 +16,6 @@
 namespace fastinfer::binding {
 namespace {
 
-void check_on_cpu(const at::Tensor& t, const char* op, const char* name) {
-  FI_CHECK(t.device().is_cpu(), op, name, " must be a CPU tensor for this implementation, got ", t.device());
-}
-
 // Bool [q_len, k_len]: which keys each query sees (see attention.h for the rules).
 at::Tensor visibility(int64_t q_len, int64_t k_len, bool causal, int64_t window_left, const at::Tensor* custom) {
   const auto i = at::arange(q_len, at::kLong).unsqueeze(1);
@@ -64,6 +60,12 @@ at::Tensor gather_paged(const at::Tensor& cache, const at::Tensor& table_row, in
   return rows;
 }
 
+// A small int index tensor as a host vector (read once, not with an .item() per sequence).
+std::vector<int64_t> host_indices(const at::Tensor& t) {
+  const auto c = t.to(at::kCPU, at::kLong).contiguous();
+  return {c.const_data_ptr<int64_t>(), c.const_data_ptr<int64_t>() + c.numel()};
+}
+
 std::tuple<at::Tensor, at::Tensor> make_outputs(const at::Tensor& q, bool return_lse) {
   auto out = at::zeros_like(q, at::MemoryFormat::Contiguous);
   auto lse = return_lse ? at::full({q.size(0), q.size(1)}, -std::numeric_limits<float>::infinity(), q.options().dtype(at::kFloat))
@@ -92,11 +94,11 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention_cpu(const at::Tensor& q, co
   check_cu_seqlens(op, cu_seqlens_q, "cu_seqlens_q", q.size(0), max_seqlen_q, "max_seqlen_q");
   check_cu_seqlens(op, cu_seqlens_k, "cu_seqlens_k", k.size(0), max_seqlen_k, "max_seqlen_k");
   auto [out, lse] = make_outputs(q, return_lse);
-  const auto cq = cu_seqlens_q.to(at::kLong), ck = cu_seqlens_k.to(at::kLong);
+  const auto cq = host_indices(cu_seqlens_q), ck = host_indices(cu_seqlens_k);
   const auto qf = q.to(at::kFloat), kf = k.to(at::kFloat), vf = v.to(at::kFloat);
-  for (int64_t b = 0; b + 1 < cq.numel(); ++b) {
-    const int64_t qs = cq[b].item<int64_t>(), ql = cq[b + 1].item<int64_t>() - qs;
-    const int64_t ks = ck[b].item<int64_t>(), kl = ck[b + 1].item<int64_t>() - ks;
+  for (size_t b = 0; b + 1 < cq.size(); ++b) {
+    const int64_t qs = cq[b], ql = cq[b + 1] - qs;
+    const int64_t ks = ck[b], kl = ck[b + 1] - ks;
     const auto vis = visibility(ql, kl, causal, window_left, nullptr);
     store(out, lse, qs, attend(qf.narrow(0, qs, ql), kf.narrow(0, ks, kl), vf.narrow(0, ks, kl), scale, softcap, vis));
   }
@@ -111,19 +113,19 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_cpu(const char* op, const at:
                                                        const std::optional<at::Tensor>& k_scale,
                                                        const std::optional<at::Tensor>& v_scale) {
   auto [out, lse] = make_outputs(q, return_lse);
-  const auto cq = cu_seqlens_q.to(at::kLong), lens = seq_lens_k.to(at::kLong);
+  const auto cq = host_indices(cu_seqlens_q), lens = host_indices(seq_lens_k);
   const auto qf = q.to(at::kFloat);
   int64_t mask_offset = 0;
-  for (int64_t b = 0; b < lens.numel(); ++b) {
-    const int64_t qs = cq[b].item<int64_t>(), ql = cq[b + 1].item<int64_t>() - qs, kl = lens[b].item<int64_t>();
+  for (size_t b = 0; b < lens.size(); ++b) {
+    const int64_t qs = cq[b], ql = cq[b + 1] - qs, kl = lens[b];
     at::Tensor mask;
     if (custom_mask.has_value()) {
       mask = custom_mask->narrow(0, mask_offset, ql * ql);
       mask_offset += ql * ql;
     }
     const auto vis = visibility(ql, kl, causal, window_left, custom_mask.has_value() ? &mask : nullptr);
-    const auto kb = gather_paged(k_cache, block_table[b], kl, k_scale);
-    const auto vb = gather_paged(v_cache, block_table[b], kl, v_scale);
+    const auto kb = gather_paged(k_cache, block_table[static_cast<int64_t>(b)], kl, k_scale);
+    const auto vb = gather_paged(v_cache, block_table[static_cast<int64_t>(b)], kl, v_scale);
     store(out, lse, qs, attend(qf.narrow(0, qs, ql), kb, vb, scale, softcap, vis));
   }
   return {out, lse};

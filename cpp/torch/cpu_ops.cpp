@@ -12,10 +12,6 @@
 namespace fastinfer::binding {
 namespace {
 
-void check_on_cpu(const at::Tensor& t, const char* op, const char* name) {
-  FI_CHECK(t.device().is_cpu(), op, name, " must be a CPU tensor for this implementation, got ", t.device());
-}
-
 // Row kernels: one pass over each row, fp32 math (the sum of squares in 16 partial sums added in
 // fp64, so float32 inputs keep full accuracy), one rounding on store; rows are spread over ATen's
 // CPU thread pool.
