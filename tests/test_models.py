@@ -287,6 +287,30 @@ def test_sim_kernels_end_to_end(ckpts, name, dtype, tol):
         assert torch.equal(raw_bits(results[0]), raw_bits(other)), "sim result depends on the schedule seed"
 
 
+@pytest.mark.parametrize("name", ["llama3", "qwen2"])
+def test_cpu_bf16_model_with_packed_linears(ckpts, name):
+    """The CPU bf16 path the runner uses (oneDNN-packed linears, flash prefill, vectorised decode):
+    chunked prefill with a prefix + decode against the fp32 CPU logits; packing changes nothing
+    beyond bf16 rounding order."""
+    _, path = ckpts(name)
+    ids = _prompt(50, seed=7)
+    ref = prefill_logits(load_model(path), ids)
+    blocks = [3, 0, 2, 1]
+    outs = []
+    for pack in (False, True):
+        model = load_model(path, dtype=torch.bfloat16)
+        if pack and not model.pack_linears_for_cpu():
+            pytest.skip("this torch build has no oneDNN linear packing")
+        caches = model.allocate_kv_cache(4, BS)
+        a = model(make_forward_batch(prefill=[(ids[:21], 0, blocks)], block_size=BS, all_logits=True), caches)
+        b = model(make_forward_batch(prefill=[(ids[21:49], 21, blocks)], block_size=BS, all_logits=True), caches)
+        c = model(make_forward_batch(decode=[(ids[49], 49, blocks)], block_size=BS), caches)
+        outs.append(torch.cat([a, b, c]))
+    assert _rel(outs[0], ref) < 2e-2
+    assert _rel(outs[1], ref) < 2e-2
+    assert _rel(outs[1], outs[0]) < 1e-2
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", ["llama3", "mistral", "qwen2"])
 @pytest.mark.parametrize("dtype, tol", [(torch.bfloat16, 2e-2), (torch.float16, 3e-3)])

@@ -7,10 +7,12 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "cpu_simd.h"
 #include "validate_attention.h"
 
 namespace fastinfer::binding {
@@ -49,15 +51,12 @@ std::pair<at::Tensor, at::Tensor> attend(const at::Tensor& q, const at::Tensor& 
   return {out.view({hq, q_len, d}).transpose(0, 1), lse.transpose(0, 1)};
 }
 
-// The first `length` rows [length, Hkv, D] of sequence b from a paged cache, as float32.
-at::Tensor gather_paged(const at::Tensor& cache, const at::Tensor& table_row, int64_t length,
-                        const std::optional<at::Tensor>& scale) {
+// The first `length` rows [length, Hkv, D] of sequence b from a paged cache, in the cache dtype.
+at::Tensor gather_paged(const at::Tensor& cache, const at::Tensor& table_row, int64_t length) {
   const int64_t bs = cache.size(1);
   const auto j = at::arange(length, at::kLong);
   const auto slots = table_row.to(at::kLong).index_select(0, j.div(bs, "floor")).mul(bs).add(j.remainder(bs));
-  auto rows = cache.view({-1, cache.size(2), cache.size(3)}).index_select(0, slots).to(at::kFloat);
-  if (scale.has_value()) rows.mul_(scale->to(at::kFloat).reshape({}));
-  return rows;
+  return cache.view({-1, cache.size(2), cache.size(3)}).index_select(0, slots);
 }
 
 // A small int index tensor as a host vector (read once, not with an .item() per sequence).
@@ -80,6 +79,32 @@ void store(at::Tensor& out, at::Tensor& lse, int64_t row, const std::pair<at::Te
   if (lse.numel() > 0) lse.narrow(0, row, n).copy_(result.second);
 }
 
+// ATen's CPU flash attention (blocked GEMMs in the input dtype, fp32 softmax, GQA without
+// repeating K/V) for one sequence; q [ql, Hq, D], k/v [kl, Hkv, D]. Only where every query sees
+// a key (kl >= ql) and there is no softcap or custom mask: attend() handles the rest.
+bool flash_applies(int64_t ql, int64_t kl, double softcap, bool custom_mask) {
+  return ql > 0 && kl >= ql && softcap <= 0 && !custom_mask;
+}
+
+void attend_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, bool causal,
+                  int64_t window_left, at::Tensor& out, at::Tensor& lse, int64_t row) {
+  const int64_t ql = q.size(0), kl = k.size(0);
+  std::optional<at::Tensor> mask;  // additive, in q's dtype (what the kernel takes)
+  bool is_causal = false;          // its own causal flag is top-left aligned: only when ql == kl
+  if (window_left >= 0 || (causal && kl != ql)) {
+    mask = at::zeros({ql, kl}, q.options())
+               .masked_fill_(visibility(ql, kl, causal, window_left, nullptr).logical_not(),
+                             -std::numeric_limits<double>::infinity());
+  } else {
+    is_causal = causal;
+  }
+  const auto [o, l] = at::_scaled_dot_product_flash_attention_for_cpu(
+      q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0), 0.0,
+      is_causal, mask, scale);
+  out.narrow(0, row, ql).copy_(o[0].transpose(0, 1));
+  if (lse.numel() > 0) lse.narrow(0, row, ql).copy_(l[0].transpose(0, 1));
+}
+
 std::tuple<at::Tensor, at::Tensor> prefill_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                          const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                                                          int64_t max_seqlen_q, int64_t max_seqlen_k, double scale,
@@ -95,10 +120,19 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention_cpu(const at::Tensor& q, co
   check_cu_seqlens(op, cu_seqlens_k, "cu_seqlens_k", k.size(0), max_seqlen_k, "max_seqlen_k");
   auto [out, lse] = make_outputs(q, return_lse);
   const auto cq = host_indices(cu_seqlens_q), ck = host_indices(cu_seqlens_k);
-  const auto qf = q.to(at::kFloat), kf = k.to(at::kFloat), vf = v.to(at::kFloat);
+  at::Tensor qf, kf, vf;  // float32 copies, made only if some sequence needs the general path
   for (size_t b = 0; b + 1 < cq.size(); ++b) {
     const int64_t qs = cq[b], ql = cq[b + 1] - qs;
     const int64_t ks = ck[b], kl = ck[b + 1] - ks;
+    if (flash_applies(ql, kl, softcap, false)) {
+      attend_flash(q.narrow(0, qs, ql), k.narrow(0, ks, kl), v.narrow(0, ks, kl), scale, causal, window_left, out, lse, qs);
+      continue;
+    }
+    if (!qf.defined()) {
+      qf = q.to(at::kFloat);
+      kf = k.to(at::kFloat);
+      vf = v.to(at::kFloat);
+    }
     const auto vis = visibility(ql, kl, causal, window_left, nullptr);
     store(out, lse, qs, attend(qf.narrow(0, qs, ql), kf.narrow(0, ks, kl), vf.narrow(0, ks, kl), scale, softcap, vis));
   }
@@ -109,24 +143,27 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_cpu(const char* op, const at:
                                                        const at::Tensor& v_cache, const at::Tensor& block_table,
                                                        const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k,
                                                        bool causal, int64_t window_left, double softcap, double scale,
-                                                       const std::optional<at::Tensor>& custom_mask, bool return_lse,
-                                                       const std::optional<at::Tensor>& k_scale,
-                                                       const std::optional<at::Tensor>& v_scale) {
+                                                       const std::optional<at::Tensor>& custom_mask, bool return_lse) {
   auto [out, lse] = make_outputs(q, return_lse);
   const auto cq = host_indices(cu_seqlens_q), lens = host_indices(seq_lens_k);
-  const auto qf = q.to(at::kFloat);
+  at::Tensor qf;
   int64_t mask_offset = 0;
   for (size_t b = 0; b < lens.size(); ++b) {
     const int64_t qs = cq[b], ql = cq[b + 1] - qs, kl = lens[b];
+    const auto kb = gather_paged(k_cache, block_table[static_cast<int64_t>(b)], kl);
+    const auto vb = gather_paged(v_cache, block_table[static_cast<int64_t>(b)], kl);
+    if (flash_applies(ql, kl, softcap, custom_mask.has_value())) {
+      attend_flash(q.narrow(0, qs, ql), kb, vb, scale, causal, window_left, out, lse, qs);
+      continue;
+    }
     at::Tensor mask;
     if (custom_mask.has_value()) {
       mask = custom_mask->narrow(0, mask_offset, ql * ql);
       mask_offset += ql * ql;
     }
+    if (!qf.defined()) qf = q.to(at::kFloat);
     const auto vis = visibility(ql, kl, causal, window_left, custom_mask.has_value() ? &mask : nullptr);
-    const auto kb = gather_paged(k_cache, block_table[static_cast<int64_t>(b)], kl, k_scale);
-    const auto vb = gather_paged(v_cache, block_table[static_cast<int64_t>(b)], kl, v_scale);
-    store(out, lse, qs, attend(qf.narrow(0, qs, ql), kb, vb, scale, softcap, vis));
+    store(out, lse, qs, attend(qf.narrow(0, qs, ql), kb.to(at::kFloat), vb.to(at::kFloat), scale, softcap, vis));
   }
   return {out, lse};
 }
@@ -153,76 +190,120 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention_cpu(
   check_paged_indices(op, block_table, seq_lens_k, "seq_lens_k", k_cache.size(0), k_cache.size(1), &cu_seqlens_q);
   if (custom_mask.has_value()) check_custom_mask_size(op, *custom_mask, cu_seqlens_q);
   return paged_attention_cpu(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, causal, window_left,
-                             softcap, scale, custom_mask, return_lse, std::nullopt, std::nullopt);
+                             softcap, scale, custom_mask, return_lse);
 }
 
-// Dot product with 8 independent partial sums: vectorisable without reassociation flags.
+// Dot product with 16 independent partial sums: vectorisable without reassociation flags.
 template <typename CT>
-inline float dot(const float* q, const CT* k, int64_t d) {
-  float lanes[8] = {};
-  for (int64_t i = 0; i < d; i += 8)
-    for (int j = 0; j < 8; ++j) lanes[j] += q[i + j] * static_cast<float>(k[i + j]);
-  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+FASTINFER_CPU_INLINE float dot(const float* q, const CT* k, int64_t d) {
+  float lanes[16] = {};
+  for (int64_t i = 0; i < d; i += 16)
+    for (int j = 0; j < 16; ++j) lanes[j] += q[i + j] * static_cast<float>(k[i + j]);
+  return cpu::tree_sum<16>(lanes);
 }
 
-// One (sequence, KV head): online softmax over the visible keys for the `group` query heads,
-// kKeys keys at a time (scores first, one rescale per chunk, then the V accumulation).
+struct DecodeArgs {
+  const void* q;        // [B, Hq, D] contiguous
+  const void* k_cache;  // [NB, BS, Hkv, D]
+  const void* v_cache;
+  void* out;            // [B, Hq, D]
+  float* lse;           // [B, Hq] or nullptr
+  const int32_t* block_table;
+  int64_t table_stride;
+  const int32_t* seq_lens;
+  int64_t num_q_heads, num_kv_heads, head_dim, block_size;
+  float scale, softcap, k_scale, v_scale;
+  int64_t window_left;
+};
+
+// Work items [begin, end) of (sequence, KV head): online softmax over the visible keys for the
+// `group` query heads of the KV head, kKeys keys at a time (scores first, one rescale per chunk,
+// then the V accumulation). D is a multiple of 16 (the op requires 64/128/256).
 template <typename QT, typename CT>
-void decode_one(const QT* q, const CT* k_cache, const CT* v_cache, const int32_t* table_row, int64_t len,
-                int64_t block_size, int64_t row_stride, int64_t group, int64_t d, float scale, float softcap,
-                int64_t window_left, float k_scale, float v_scale, QT* out, float* lse, std::vector<float>& buf) {
+FASTINFER_CPU_INLINE void decode_items(const DecodeArgs& a, int64_t begin, int64_t end) {
   constexpr int64_t kKeys = 32;
-  buf.assign(group * d * 2 + group * kKeys + 2 * group, 0.0f);
-  float* acc = buf.data();           // [group, d]
-  float* qf = acc + group * d;       // [group, d]
-  float* s = qf + group * d;         // [group, kKeys]
-  float* m = s + group * kKeys;      // [group]
-  float* l = m + group;              // [group]
-  for (int64_t g = 0; g < group; ++g) m[g] = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < group * d; ++i) qf[i] = static_cast<float>(q[i]) * scale * k_scale;
-  const CT* rows[kKeys];
-  const int64_t start = window_left >= 0 ? std::max<int64_t>(0, len - 1 - window_left) : 0;
-  for (int64_t j0 = start; j0 < len; j0 += kKeys) {
-    const int64_t n = std::min<int64_t>(kKeys, len - j0);
-    for (int64_t jj = 0; jj < n; ++jj) {
-      const int64_t j = j0 + jj;
-      rows[jj] = k_cache + (static_cast<int64_t>(table_row[j / block_size]) * block_size + j % block_size) * row_stride;
+  constexpr int64_t kMaxGroup = 16;
+  const int64_t d = a.head_dim, hkv = a.num_kv_heads, group = a.num_q_heads / hkv, bs = a.block_size;
+  const int64_t row_stride = hkv * d;
+  alignas(64) float acc[kMaxGroup * 256], qf[kMaxGroup * 256], s[kMaxGroup * kKeys], m[kMaxGroup], l[kMaxGroup];
+  for (int64_t w = begin; w < end; ++w) {
+    const int64_t b = w / hkv, h = w % hkv;
+    for (int64_t g0 = 0; g0 < group; g0 += kMaxGroup) {  // query heads of this KV head, 16 at a time
+      const int64_t ng = std::min(kMaxGroup, group - g0);
+      const int64_t head0 = h * group + g0;
+      const QT* q = static_cast<const QT*>(a.q) + (b * a.num_q_heads + head0) * d;
+      const CT* k_base = static_cast<const CT*>(a.k_cache) + h * d;
+      const CT* v_base = static_cast<const CT*>(a.v_cache) + h * d;
+      const int32_t* table = a.block_table + b * a.table_stride;
+      const int64_t len = a.seq_lens[b];
+      for (int64_t g = 0; g < ng; ++g) {
+        m[g] = -std::numeric_limits<float>::infinity();
+        l[g] = 0;
+      }
+      for (int64_t i = 0; i < ng * d; ++i) {
+        qf[i] = static_cast<float>(q[i]) * (a.scale * a.k_scale);
+        acc[i] = 0;
+      }
+      int64_t rows[kKeys];
+      const int64_t start = a.window_left >= 0 ? std::max<int64_t>(0, len - 1 - a.window_left) : 0;
+      for (int64_t j0 = start; j0 < len; j0 += kKeys) {
+        const int64_t n = std::min<int64_t>(kKeys, len - j0);
+        for (int64_t jj = 0, blk = j0 / bs, off = j0 % bs; jj < n; ++jj) {  // no division per key
+          rows[jj] = (static_cast<int64_t>(table[blk]) * bs + off) * row_stride;
+          if (++off == bs) {
+            off = 0;
+            ++blk;
+          }
+        }
+        for (int64_t g = 0; g < ng; ++g) {
+          float* sg = s + g * kKeys;
+          for (int64_t jj = 0; jj < n; ++jj) sg[jj] = dot(qf + g * d, k_base + rows[jj], d);
+          if (a.softcap > 0)
+            for (int64_t jj = 0; jj < n; ++jj) sg[jj] = a.softcap * std::tanh(sg[jj] / a.softcap);
+          for (int64_t jj = n; jj < kKeys; ++jj) sg[jj] = -std::numeric_limits<float>::infinity();
+          float lanes[kKeys];
+          for (int64_t jj = 0; jj < kKeys; ++jj) lanes[jj] = sg[jj];
+          const float chunk_max = cpu::tree_max<kKeys>(lanes);
+          if (chunk_max > m[g]) {  // rescale what was accumulated under the old maximum
+            const float c = cpu::fast_exp(m[g] - chunk_max);
+            l[g] *= c;
+            for (int64_t i = 0; i < d; ++i) acc[g * d + i] *= c;
+            m[g] = chunk_max;
+          }
+          for (int64_t jj = 0; jj < kKeys; ++jj) lanes[jj] = sg[jj] = cpu::fast_exp(sg[jj] - m[g]);  // padding -> 0
+          l[g] += cpu::tree_sum<kKeys>(lanes);
+        }
+        for (int64_t jj = 0; jj < n; ++jj) {
+          const CT* v = v_base + rows[jj];
+          for (int64_t g = 0; g < ng; ++g) {
+            const float pv = s[g * kKeys + jj] * a.v_scale;
+            float* acc_g = acc + g * d;
+            for (int64_t i = 0; i < d; ++i) acc_g[i] += pv * static_cast<float>(v[i]);
+          }
+        }
+      }
+      QT* out = static_cast<QT*>(a.out) + (b * a.num_q_heads + head0) * d;
+      for (int64_t g = 0; g < ng; ++g) {
+        const float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;  // no visible key: zeros, lse = -inf
+        for (int64_t i = 0; i < d; ++i) out[g * d + i] = static_cast<QT>(acc[g * d + i] * inv);
+        if (a.lse != nullptr)
+          a.lse[b * a.num_q_heads + head0 + g] =
+              l[g] > 0 ? m[g] + std::log(l[g]) : -std::numeric_limits<float>::infinity();
+      }
     }
-    for (int64_t g = 0; g < group; ++g) {
-      float* sg = s + g * kKeys;
-      float chunk_max = -std::numeric_limits<float>::infinity();
-      for (int64_t jj = 0; jj < n; ++jj) {
-        float x = dot(qf + g * d, rows[jj], d);
-        if (softcap > 0) x = softcap * std::tanh(x / softcap);
-        sg[jj] = x;
-        chunk_max = std::max(chunk_max, x);
-      }
-      if (chunk_max > m[g]) {  // rescale what was accumulated under the old maximum
-        const float c = std::exp(m[g] - chunk_max);
-        l[g] *= c;
-        for (int64_t i = 0; i < d; ++i) acc[g * d + i] *= c;
-        m[g] = chunk_max;
-      }
-      for (int64_t jj = 0; jj < n; ++jj) {
-        sg[jj] = std::exp(sg[jj] - m[g]);
-        l[g] += sg[jj];
-      }
-    }
-    for (int64_t jj = 0; jj < n; ++jj) {
-      const CT* v = v_cache + (rows[jj] - k_cache);
-      for (int64_t g = 0; g < group; ++g) {
-        const float pv = s[g * kKeys + jj] * v_scale;
-        float* a = acc + g * d;
-        for (int64_t i = 0; i < d; ++i) a[i] += pv * static_cast<float>(v[i]);
-      }
-    }
-  }
-  for (int64_t g = 0; g < group; ++g) {
-    const float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;  // no visible key: zeros, lse = -inf
-    for (int64_t i = 0; i < d; ++i) out[g * d + i] = static_cast<QT>(acc[g * d + i] * inv);
-    if (lse != nullptr) lse[g] = l[g] > 0 ? m[g] + std::log(l[g]) : -std::numeric_limits<float>::infinity();
   }
 }
+
+// One ISA-cloned entry per (query dtype, cache dtype): target_clones does not apply to templates.
+#define FASTINFER_DECODE_ENTRY(NAME, QT, CT) \
+  FASTINFER_CPU_CLONES void NAME(const DecodeArgs& a, int64_t begin, int64_t end) { decode_items<QT, CT>(a, begin, end); }
+FASTINFER_DECODE_ENTRY(decode_f32, float, float)
+FASTINFER_DECODE_ENTRY(decode_f16, c10::Half, c10::Half)
+FASTINFER_DECODE_ENTRY(decode_bf16, c10::BFloat16, c10::BFloat16)
+FASTINFER_DECODE_ENTRY(decode_f32_fp8, float, c10::Float8_e4m3fn)
+FASTINFER_DECODE_ENTRY(decode_f16_fp8, c10::Half, c10::Float8_e4m3fn)
+FASTINFER_DECODE_ENTRY(decode_bf16_fp8, c10::BFloat16, c10::Float8_e4m3fn)
+#undef FASTINFER_DECODE_ENTRY
 
 std::tuple<at::Tensor, at::Tensor> paged_decode_attention_cpu(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
@@ -232,36 +313,28 @@ std::tuple<at::Tensor, at::Tensor> paged_decode_attention_cpu(
   validate_paged_decode_attention(op, q, k_cache, v_cache, block_table, seq_lens, num_splits, k_scale, v_scale, true);
   check_paged_inputs_on_cpu(op, q, k_cache, v_cache, block_table);
   check_paged_indices(op, block_table, seq_lens, "seq_lens", k_cache.size(0), k_cache.size(1), nullptr);
-  auto [out, lse] = make_outputs(q, return_lse);
-  const int64_t batch = q.size(0), hq = q.size(1), d = q.size(2), hkv = k_cache.size(2), group = hq / hkv;
+  auto out = at::empty_like(q, at::MemoryFormat::Contiguous);
+  auto lse = return_lse ? at::empty({q.size(0), q.size(1)}, q.options().dtype(at::kFloat))
+                        : at::empty({0}, q.options().dtype(at::kFloat));
   const auto qc = q.contiguous();
-  const auto lens = seq_lens.contiguous();
+  const auto lens = seq_lens.to(at::kInt).contiguous();
   const auto table = block_table.contiguous();
-  const float ks = k_scale ? k_scale->item<float>() : 1.0f, vs = v_scale ? v_scale->item<float>() : 1.0f;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "paged_decode_attention", [&] {
-    using QT = scalar_t;
-    auto run = [&](auto cache_tag) {
-      using CT = decltype(cache_tag);
-      const CT* kp = reinterpret_cast<const CT*>(k_cache.const_data_ptr());
-      const CT* vp = reinterpret_cast<const CT*>(v_cache.const_data_ptr());
-      at::parallel_for(0, batch * hkv, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> acc;
-        for (int64_t w = begin; w < end; ++w) {
-          const int64_t b = w / hkv, h = w % hkv;
-          decode_one<QT, CT>(qc.const_data_ptr<QT>() + (b * hq + h * group) * d, kp + h * d, vp + h * d,
-                             table.const_data_ptr<int32_t>() + b * table.size(1), lens.const_data_ptr<int32_t>()[b],
-                             k_cache.size(1), hkv * d, group, d, static_cast<float>(scale),
-                             static_cast<float>(softcap), window_left, ks, vs,
-                             out.data_ptr<QT>() + (b * hq + h * group) * d,
-                             lse.numel() > 0 ? lse.data_ptr<float>() + b * hq + h * group : nullptr, acc);
-        }
-      });
-    };
-    if (k_cache.scalar_type() == at::kFloat8_e4m3fn)
-      run(c10::Float8_e4m3fn());
-    else
-      run(QT());
-  });
+  DecodeArgs a{qc.const_data_ptr(), k_cache.const_data_ptr(), v_cache.const_data_ptr(), out.data_ptr(),
+               return_lse ? lse.data_ptr<float>() : nullptr, table.const_data_ptr<int32_t>(), table.size(1),
+               lens.const_data_ptr<int32_t>(), q.size(1), k_cache.size(2), q.size(2), k_cache.size(1),
+               static_cast<float>(scale), static_cast<float>(softcap),
+               k_scale ? k_scale->item<float>() : 1.0f, v_scale ? v_scale->item<float>() : 1.0f, window_left};
+  const bool fp8 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
+  void (*entry)(const DecodeArgs&, int64_t, int64_t) = nullptr;
+  switch (q.scalar_type()) {
+    case at::kFloat: entry = fp8 ? decode_f32_fp8 : decode_f32; break;
+    case at::kHalf: entry = fp8 ? decode_f16_fp8 : decode_f16; break;
+    case at::kBFloat16: entry = fp8 ? decode_bf16_fp8 : decode_bf16; break;
+    default: FI_CHECK(false, op, "q must be float32, float16 or bfloat16, got ", q.scalar_type());
+  }
+  // A work item reads ~len * D * 2 cache elements; small batches stay on the calling thread.
+  const int64_t items = q.size(0) * k_cache.size(2);
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) { entry(a, begin, end); });
   return {out, lse};
 }
 

@@ -4,9 +4,12 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "cpu_simd.h"
 #include "validate.h"
 
 namespace fastinfer::binding {
@@ -25,34 +28,124 @@ std::vector<float> to_float_vector(const at::Tensor& t) {
 
 // out may alias x (each row is fully read before it is written).
 template <typename T>
-void rms_norm_rows(T* out, const T* x, const float* w, int64_t rows, int64_t h, float eps) {
-  at::parallel_for(0, rows, std::max<int64_t>(1, kGrainElems / h), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + r * h;
-      float lanes[kLanes] = {};  // independent partial sums: vectorisable and accurate
-      int64_t i = 0;
-      for (; i + kLanes <= h; i += kLanes)
-        for (int j = 0; j < kLanes; ++j) {
-          const float v = static_cast<float>(xr[i + j]);
-          lanes[j] += v * v;
-        }
-      double sum_sq = 0;
-      for (; i < h; ++i) sum_sq += static_cast<double>(static_cast<float>(xr[i])) * static_cast<float>(xr[i]);
-      for (int j = 0; j < kLanes; ++j) sum_sq += lanes[j];
-      const float inv_rms = 1.0f / std::sqrt(static_cast<float>(sum_sq / h) + eps);
-      T* o = out + r * h;
-      for (int64_t i = 0; i < h; ++i) o[i] = static_cast<T>(static_cast<float>(xr[i]) * inv_rms * w[i]);
-    }
-  });
+FASTINFER_CPU_INLINE void rms_norm_range(T* out, const T* x, const float* w, int64_t begin, int64_t end, int64_t h,
+                                         float eps) {
+  for (int64_t r = begin; r < end; ++r) {
+    const T* xr = x + r * h;
+    float lanes[kLanes] = {};  // independent partial sums: vectorisable and accurate
+    int64_t i = 0;
+    for (; i + kLanes <= h; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) {
+        const float v = static_cast<float>(xr[i + j]);
+        lanes[j] += v * v;
+      }
+    double sum_sq = 0;
+    for (; i < h; ++i) sum_sq += static_cast<double>(static_cast<float>(xr[i])) * static_cast<float>(xr[i]);
+    sum_sq += cpu::tree_sum<kLanes>(lanes);
+    const float inv_rms = 1.0f / std::sqrt(static_cast<float>(sum_sq / h) + eps);
+    T* o = out + r * h;
+    for (int64_t i = 0; i < h; ++i) o[i] = static_cast<T>(static_cast<float>(xr[i]) * inv_rms * w[i]);
+  }
 }
+
+// residual <- round(x + residual), then x <- rms_norm(residual) (of the rounded residual).
+template <typename T>
+FASTINFER_CPU_INLINE void add_rms_norm_range(T* x, T* residual, const float* w, int64_t begin, int64_t end, int64_t h,
+                                             float eps) {
+  for (int64_t i = begin * h; i < end * h; ++i)
+    residual[i] = static_cast<T>(static_cast<float>(x[i]) + static_cast<float>(residual[i]));
+  rms_norm_range(x, residual, w, begin, end, h, eps);
+}
+
+template <typename T>
+FASTINFER_CPU_INLINE void silu_and_mul_range(T* out, const T* x, int64_t begin, int64_t end, int64_t f) {
+  for (int64_t r = begin; r < end; ++r) {
+    const T* gate = x + r * 2 * f;
+    const T* up = gate + f;
+    T* o = out + r * f;
+    for (int64_t i = 0; i < f; ++i) {
+      const float g = static_cast<float>(gate[i]);
+      o[i] = static_cast<T>(g / (1.0f + cpu::fast_exp(-g)) * static_cast<float>(up[i]));
+    }
+  }
+}
+
+// Rotate the first `rot` dims of every head of rows [begin, end) of x [T, H, D] (token stride
+// `stride`); cache rows are float32 [cos(rot / 2), sin(rot / 2)].
+template <typename T>
+FASTINFER_CPU_INLINE void rotary_range(T* x, int64_t stride, int64_t heads, int64_t d, const int64_t* positions,
+                                       const float* cache, int64_t rot, bool is_neox, int64_t begin, int64_t end) {
+  const int64_t half = rot / 2;
+  for (int64_t t = begin; t < end; ++t) {
+    const float* cos = cache + positions[t] * rot;
+    const float* sin = cos + half;
+    for (int64_t h = 0; h < heads; ++h) {
+      T* xh = x + t * stride + h * d;
+      if (is_neox) {
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = static_cast<float>(xh[i]), b = static_cast<float>(xh[i + half]);
+          xh[i] = static_cast<T>(a * cos[i] - b * sin[i]);
+          xh[i + half] = static_cast<T>(b * cos[i] + a * sin[i]);
+        }
+      } else {
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = static_cast<float>(xh[2 * i]), b = static_cast<float>(xh[2 * i + 1]);
+          xh[2 * i] = static_cast<T>(a * cos[i] - b * sin[i]);
+          xh[2 * i + 1] = static_cast<T>(b * cos[i] + a * sin[i]);
+        }
+      }
+    }
+  }
+}
+
+// One ISA-cloned entry per dtype (target_clones does not apply to templates; see cpu_simd.h).
+#define FASTINFER_ROW_ENTRIES(SUFFIX, T)                                                                    \
+  FASTINFER_CPU_CLONES void rms_norm_##SUFFIX(T* out, const T* x, const float* w, int64_t b, int64_t e,     \
+                                              int64_t h, float eps) {                                        \
+    rms_norm_range(out, x, w, b, e, h, eps);                                                                 \
+  }                                                                                                          \
+  FASTINFER_CPU_CLONES void add_rms_norm_##SUFFIX(T* x, T* r, const float* w, int64_t b, int64_t e, int64_t h, \
+                                                  float eps) {                                               \
+    add_rms_norm_range(x, r, w, b, e, h, eps);                                                               \
+  }                                                                                                          \
+  FASTINFER_CPU_CLONES void silu_and_mul_##SUFFIX(T* out, const T* x, int64_t b, int64_t e, int64_t f) {     \
+    silu_and_mul_range(out, x, b, e, f);                                                                     \
+  }                                                                                                          \
+  FASTINFER_CPU_CLONES void rotary_##SUFFIX(T* x, int64_t stride, int64_t heads, int64_t d, const int64_t* pos, \
+                                            const float* cache, int64_t rot, bool neox, int64_t b, int64_t e) { \
+    rotary_range(x, stride, heads, d, pos, cache, rot, neox, b, e);                                          \
+  }
+FASTINFER_ROW_ENTRIES(f32, float)
+FASTINFER_ROW_ENTRIES(f16, c10::Half)
+FASTINFER_ROW_ENTRIES(bf16, c10::BFloat16)
+#undef FASTINFER_ROW_ENTRIES
+
+// The entries for dtype T, picked at compile time inside AT_DISPATCH.
+template <typename T> struct RowEntries;
+#define FASTINFER_ROW_TABLE(SUFFIX, T)                                   \
+  template <> struct RowEntries<T> {                                     \
+    static constexpr auto rms_norm = rms_norm_##SUFFIX;                  \
+    static constexpr auto add_rms_norm = add_rms_norm_##SUFFIX;          \
+    static constexpr auto silu_and_mul = silu_and_mul_##SUFFIX;          \
+    static constexpr auto rotary = rotary_##SUFFIX;                      \
+  };
+FASTINFER_ROW_TABLE(f32, float)
+FASTINFER_ROW_TABLE(f16, c10::Half)
+FASTINFER_ROW_TABLE(bf16, c10::BFloat16)
+#undef FASTINFER_ROW_TABLE
+
+int64_t grain_rows(int64_t row_elems) { return std::max<int64_t>(1, kGrainElems / std::max<int64_t>(row_elems, 1)); }
 
 void rms_norm_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
   const int64_t h = x.size(-1);
   if (x.numel() == 0 || h == 0) return;
   const auto w = to_float_vector(weight);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rms_norm", [&] {
-    rms_norm_rows(out.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), w.data(), x.numel() / h, h,
-                  static_cast<float>(eps));
+  FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), "rms_norm", [&] {
+    scalar_t* o = out.data_ptr<scalar_t>();
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    at::parallel_for(0, x.numel() / h, grain_rows(h), [&](int64_t b, int64_t e) {
+      RowEntries<scalar_t>::rms_norm(o, xp, w.data(), b, e, h, static_cast<float>(eps));
+    });
   });
 }
 
@@ -85,24 +178,27 @@ void fused_add_rms_norm_cpu(at::Tensor& x, at::Tensor& residual, const at::Tenso
   validate_like(op, residual, "residual", x, "x");
   check_rms_norm_inputs(op, x, weight, &residual, "residual");
   const int64_t h = x.size(-1);
-  if (x.numel() == 0) return;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fused_add_rms_norm", [&] {
+  if (x.numel() == 0 || h == 0) return;
+  const auto w = to_float_vector(weight);
+  FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), "fused_add_rms_norm", [&] {
     scalar_t* xp = x.data_ptr<scalar_t>();
     scalar_t* rp = residual.data_ptr<scalar_t>();
-    at::parallel_for(0, x.numel() / h, std::max<int64_t>(1, kGrainElems / h), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r)  // residual <- round(x + residual)
-        for (int64_t i = r * h; i < (r + 1) * h; ++i)
-          rp[i] = static_cast<scalar_t>(static_cast<float>(xp[i]) + static_cast<float>(rp[i]));
+    at::parallel_for(0, x.numel() / h, grain_rows(h), [&](int64_t b, int64_t e) {
+      RowEntries<scalar_t>::add_rms_norm(xp, rp, w.data(), b, e, h, static_cast<float>(eps));
     });
   });
-  rms_norm_into(x, residual, weight, eps);  // normalise the rounded residual
 }
 
-// ATen's vectorised silu beats a scalar row loop here (exp dominates).
 void silu_and_mul_into(at::Tensor& out, const at::Tensor& x) {
   const int64_t f = x.size(-1) / 2;
   if (out.numel() == 0) return;
-  out.copy_(at::silu(x.narrow(-1, 0, f).to(at::kFloat)) * x.narrow(-1, f, f).to(at::kFloat));
+  FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), "silu_and_mul", [&] {
+    scalar_t* o = out.data_ptr<scalar_t>();
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    at::parallel_for(0, out.numel() / f, grain_rows(2 * f), [&](int64_t b, int64_t e) {
+      RowEntries<scalar_t>::silu_and_mul(o, xp, b, e, f);
+    });
+  });
 }
 
 at::Tensor silu_and_mul_cpu(const at::Tensor& x) {
@@ -123,24 +219,6 @@ void silu_and_mul_out_cpu(at::Tensor& out, const at::Tensor& x) {
   silu_and_mul_into(out, x);
 }
 
-void rotate_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rot, bool is_neox) {
-  // x: [T, H, D]; cos, sin: [T, 1, rot / 2] float32.
-  const int64_t half = rot / 2;
-  auto xr = x.narrow(-1, 0, rot);
-  at::Tensor x1, x2;
-  if (is_neox) {
-    x1 = xr.narrow(-1, 0, half);
-    x2 = xr.narrow(-1, half, half);
-  } else {
-    x1 = xr.slice(-1, 0, rot, 2);
-    x2 = xr.slice(-1, 1, rot, 2);
-  }
-  // copies (not aliases, even for float32 x): x1 is overwritten before x2 is computed
-  const auto a = x1.to(at::kFloat, false, true), b = x2.to(at::kFloat, false, true);
-  x1.copy_(a * cos - b * sin);
-  x2.copy_(b * cos + a * sin);
-}
-
 void rotary_embedding_cpu(const at::Tensor& positions, at::Tensor& q, at::Tensor& k,
                           const at::Tensor& cos_sin_cache, bool is_neox) {
   const char* op = "rotary_embedding";
@@ -149,11 +227,18 @@ void rotary_embedding_cpu(const at::Tensor& positions, at::Tensor& q, at::Tensor
     check_on_cpu(*t, op, name);
   check_rotary_embedding_layout(op, positions, q, k, cos_sin_cache);
   check_index_range(positions, 0, cos_sin_cache.size(0), op, "positions", "rows of cos_sin_cache");
-  const int64_t rot = cos_sin_cache.size(1);
-  const auto rows = cos_sin_cache.index_select(0, positions.to(at::kLong)).to(at::kFloat).unsqueeze(1);
-  const auto cos = rows.narrow(-1, 0, rot / 2), sin = rows.narrow(-1, rot / 2, rot / 2);
-  rotate_(q, cos, sin, rot, is_neox);
-  rotate_(k, cos, sin, rot, is_neox);
+  const int64_t rot = cos_sin_cache.size(1), T = q.size(0);
+  if (T == 0) return;
+  const auto cache = cos_sin_cache.to(at::kFloat).contiguous();
+  const auto pos = positions.to(at::kLong).contiguous();
+  FASTINFER_DISPATCH_ACT_TYPES(q.scalar_type(), "rotary_embedding", [&] {
+    const int64_t d = q.size(2);
+    at::parallel_for(0, T, grain_rows((q.size(1) + k.size(1)) * d), [&](int64_t b, int64_t e) {
+      for (at::Tensor* x : {&q, &k})
+        RowEntries<scalar_t>::rotary(x->data_ptr<scalar_t>(), x->stride(0), x->size(1), d, pos.const_data_ptr<int64_t>(),
+                                     cache.const_data_ptr<float>(), rot, is_neox, b, e);
+    });
+  });
 }
 
 void reshape_and_cache_cpu(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
@@ -167,13 +252,35 @@ void reshape_and_cache_cpu(const at::Tensor& k, const at::Tensor& v, at::Tensor&
   check_reshape_and_cache_layout(op, k, v, k_cache, v_cache, slot_mapping);
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
   check_index_range(slot_mapping, -1, num_slots, op, "slot_mapping", "-1 or a slot < num_blocks * block_size");
-  const auto slots = slot_mapping.to(at::kLong);
-  const auto keep = slots.ge(0);
-  const auto dst = slots.masked_select(keep);
+  const int64_t T = k.size(0), row = k_cache.size(2) * k_cache.size(3);
+  if (T == 0) return;
+  const auto slots_t = slot_mapping.to(at::kLong).contiguous();
+  const int64_t* slots = slots_t.const_data_ptr<int64_t>();
   auto store = [&](const at::Tensor& src, at::Tensor& cache, const std::optional<at::Tensor>& scale) {
-    auto rows = src.index({keep});
-    if (scale.has_value()) rows = (rows.to(at::kFloat) / scale->to(at::kFloat)).clamp(-448.0, 448.0);
-    cache.view({num_slots, cache.size(2), cache.size(3)}).index_put_({dst}, rows.to(cache.scalar_type()));
+    const int64_t stride = src.stride(0), el = cache.element_size();
+    if (cache.scalar_type() == src.scalar_type()) {  // rows [Hkv * D] are contiguous: one memcpy each
+      const auto* s = static_cast<const char*>(src.const_data_ptr());
+      auto* c = static_cast<char*>(cache.data_ptr());
+      at::parallel_for(0, T, grain_rows(row), [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t)
+          if (slots[t] >= 0) std::memcpy(c + slots[t] * row * el, s + t * stride * el, row * el);
+      });
+      return;
+    }
+    // fp8 e4m3 cache: x / scale, saturated to the finite range, rounded to nearest.
+    const float inv = 1.0f / (scale.has_value() ? scale->item<float>() : 1.0f);
+    auto* c = static_cast<c10::Float8_e4m3fn*>(cache.data_ptr());
+    FASTINFER_DISPATCH_ACT_TYPES(src.scalar_type(), "reshape_and_cache", [&] {
+      const scalar_t* s = src.const_data_ptr<scalar_t>();
+      at::parallel_for(0, T, grain_rows(row), [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+          if (slots[t] < 0) continue;
+          for (int64_t i = 0; i < row; ++i)
+            c[slots[t] * row + i] = static_cast<c10::Float8_e4m3fn>(
+                std::clamp(static_cast<float>(s[t * stride + i]) * inv, -448.0f, 448.0f));
+        }
+      });
+    });
   };
   store(k, k_cache, k_scale);
   store(v, v_cache, v_scale);

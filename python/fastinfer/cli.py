@@ -180,7 +180,7 @@ def cmd_bench(args) -> int:
     bar = tqdm(total=args.batch * args.output_len, desc="bench", unit="tok", disable=not sys.stderr.isatty())
     done = 0
     while llm.has_unfinished_requests():
-        llm.step()
+        llm._step()
         n = sum(len(s.output_token_ids) for r in reqs for s in r.seqs)
         bar.update(n - done)
         done = n

@@ -116,6 +116,8 @@ class LLM:
             self.model = model
             self.device = torch.device(getattr(model, "device", self.device))
         self.config = self.model.config
+        if hasattr(self.model, "pack_linears_for_cpu"):
+            self.model.pack_linears_for_cpu()  # CPU bf16 only: oneDNN-blocked weights
         tok_path = tokenizer if tokenizer is not None else self.model_path
         self.tokenizer: Optional[Tokenizer] = None
         if tok_path is not None and os.path.isfile(os.path.join(tok_path, "tokenizer.json")):
@@ -301,6 +303,10 @@ class LLM:
 
     def step(self) -> List[RequestOutput]:
         """Schedule, run the model once, sample; returns the outputs of the requests touched."""
+        return [self._output(r) for r in self._step()]
+
+    def _step(self) -> List[Request]:
+        """:meth:`step` without building outputs (generate() builds them once, at the end)."""
         nv = self.runner.use_nvtx
         with nvtx_range("schedule", nv):
             out = self.scheduler.schedule()
@@ -311,7 +317,7 @@ class LLM:
                 self._finish(seq, "length" if seq.num_output_tokens else "error")
                 if seq.finish_reason == "error":
                     seq.request.error = "the KV cache is too small for this request"
-                return [self._output(seq.request)]
+                return [seq.request]
             return []
         self.num_steps += 1
         logits, sampled = self.runner.execute(out.prefills, out.decodes)
@@ -351,7 +357,7 @@ class LLM:
         for seq, tok, lp in zip(row_seqs, tokens, lps):
             self._append_token(seq, tok, lp)
             touched[seq.request.request_id] = seq.request
-        return [self._output(r) for r in touched.values()]
+        return list(touched.values())
 
     # ------------------------------------------------------------------------------------------
     # outputs
@@ -417,7 +423,7 @@ class LLM:
             bar.update(done)
         try:
             while not all(r.finished for r in reqs):
-                self.step()
+                self._step()
                 if bar is not None:
                     d = sum(r.finished for r in reqs)
                     bar.update(d - done)
@@ -442,8 +448,7 @@ class LLM:
                 yield self._output(req)
                 return
             while not req.finished:
-                touched = self.step()
-                if any(o.request_id == rid for o in touched):
+                if any(r is req for r in self._step()):
                     yield self._output(req, streaming=not req.finished)
         finally:
             if not req.finished:

@@ -52,8 +52,16 @@ class _Linear(nn.Module):
         super().__init__()
         self.weight = _param((out_features, in_features), dtype, device)
         self.bias = _param((out_features,), dtype, device) if bias else None
+        self.packed: Optional[Tensor] = None  # oneDNN-blocked copy of weight (CPU bf16), see pack_for_cpu
+
+    def pack_for_cpu(self, batch_hint: int = 16) -> None:
+        """Keep a oneDNN-blocked copy of the weight for CPU bf16 (AMX / AVX-512 BF16): it skips the
+        per-call weight reorder, ~1.5-2x faster at decode batch sizes (CPU). ``weight`` stays."""
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), batch_hint)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return torch.nn.functional.linear(x, self.weight, self.bias)
 
 
@@ -200,6 +208,18 @@ class LlamaForCausalLM(nn.Module):
             build_cos_sin_cache(c, self.max_positions, dtype=torch.float32, device=device),
             persistent=False,
         )
+
+    def pack_linears_for_cpu(self) -> bool:
+        """Pre-pack every linear's weight for oneDNN when running bf16 on a CPU with mkldnn;
+        returns whether it did (a no-op elsewhere). Costs one extra copy of the linear weights."""
+        if self.device.type != "cpu" or self.dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available():
+            return False
+        if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+            return False
+        for m in self.modules():
+            if isinstance(m, _Linear):
+                m.pack_for_cpu()
+        return True
 
     def set_op_namespace(self, namespace: str) -> None:
         """Route every op call to ``torch.ops.<namespace>`` (``fastinfer`` or ``fastinfer_sim``)."""

@@ -1,0 +1,70 @@
+#pragma once
+// Helpers for the CPU impls' hot loops. The extension is built for the baseline ISA (it must load
+// on any x86-64 or aarch64 machine); FASTINFER_CPU_CLONES compiles a function again for AVX-512
+// (x86-64-v4) and AVX2+FMA (x86-64-v3), picked once at load time by the dynamic linker (ifunc).
+// Everything a cloned function calls must be FASTINFER_CPU_INLINE so it is compiled into each
+// clone with that clone's ISA; a lambda body is a separate function and is not cloned.
+#include <ATen/Dispatch.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define FASTINFER_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define FASTINFER_CPU_CLONES
+#endif
+#define FASTINFER_CPU_INLINE inline __attribute__((always_inline))
+
+// AT_DISPATCH over the activation dtypes of the contract (float32, float16, bfloat16).
+#define FASTINFER_DISPATCH_ACT_TYPES(TYPE, NAME, ...)                                       \
+  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__)                   \
+                     AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__) AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
+
+namespace fastinfer::binding::cpu {
+
+// exp(x) for float, within 2 ulp on [-87, 88] and 0 below; branch-free so loops over it vectorise
+// (std::exp is a libm call per element). Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then a
+// degree-6 polynomial for e^r and 2^n put straight into the exponent bits.
+FASTINFER_CPU_INLINE float fast_exp(float x) {
+  const float lo = -87.0f, hi = 88.0f;
+  const float xc = x < lo ? lo : (x > hi ? hi : x);
+  const float kRound = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+  const float n = (xc * 1.44269504088896341f + kRound) - kRound;
+  float r = xc - n * 0.693359375f;  // ln2 split in a short high part (exact product) ...
+  r = r - n * -2.12194440e-4f;      // ... and the rest
+  float p = 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x < lo ? 0.0f : p * scale;
+}
+
+// Pairwise sum / max of N lanes (N a power of two): log2(N) vector steps with constant trip
+// counts instead of a serial chain of N dependent scalar ops (the compiler may not reassociate
+// float math itself). Folds lanes in place.
+template <int N>
+FASTINFER_CPU_INLINE float tree_sum(float* lanes) {
+  if constexpr (N > 1) {
+    for (int j = 0; j < N / 2; ++j) lanes[j] += lanes[j + N / 2];
+    return tree_sum<N / 2>(lanes);
+  }
+  return lanes[0];
+}
+
+template <int N>
+FASTINFER_CPU_INLINE float tree_max(float* lanes) {
+  if constexpr (N > 1) {
+    for (int j = 0; j < N / 2; ++j) lanes[j] = lanes[j] > lanes[j + N / 2] ? lanes[j] : lanes[j + N / 2];
+    return tree_max<N / 2>(lanes);
+  }
+  return lanes[0];
+}
+
+}  // namespace fastinfer::binding::cpu
