@@ -157,12 +157,13 @@ def cmd_bench(args) -> int:
         model = build_random_model(args.preset, dtype, device, max_len)
         llm = LLM(model, device=device, max_model_len=max_len, max_num_seqs=max(args.batch, 1),
                   max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
-                  gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False)
+                  gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False,
+                  enforce_eager=args.enforce_eager)
     else:
         llm = LLM(args.model, dtype=dtype, device=device, max_model_len=max_len, max_num_seqs=max(args.batch, 1),
                   max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
                   gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False,
-                  load_progress=True)
+                  load_progress=True, enforce_eager=args.enforce_eager)
     load_s = time.perf_counter() - t0
     V = llm.vocab_size
     g = torch.Generator().manual_seed(args.seed)
@@ -274,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-num-batched-tokens", type=int, default=None)
     b.add_argument("--num-kv-blocks", type=int, default=None)
     b.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    b.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
     b.add_argument("--warmup", type=int, default=1)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--device", default=None)

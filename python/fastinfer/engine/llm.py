@@ -62,6 +62,9 @@ class LLM:
         num_kv_blocks / kv_cache_bytes / gpu_memory_utilization: KV pool size (first given wins;
             see :func:`fastinfer.engine.model_runner.num_kv_blocks_for`).
         seed: seeds the generator of requests without their own seed.
+        enforce_eager: on CUDA, do not capture CUDA graphs for decode steps (by default one graph
+            per batch bucket 1, 2, 4, 8, 16, 32, ... up to min(max_num_seqs, 256) is captured at
+            start-up and replayed for decode-only steps).
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class LLM:
         gpu_memory_utilization: float = 0.9,
         seed: int = 0,
         load_progress: bool = False,
+        enforce_eager: bool = False,
     ):
         from .. import cuda_available
 
@@ -144,6 +148,8 @@ class LLM:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, self.max_num_batched_tokens,
                                    self.max_model_len)
         self.runner = ModelRunner(self.model, self.kv_caches, block_size, self.device)
+        if self.device.type == "cuda" and not enforce_eager:
+            self.runner.enable_decode_graphs(min(max_num_seqs, 256), -(-self.max_model_len // block_size), True)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(int(seed))
         self.sampler = Sampler(gen)

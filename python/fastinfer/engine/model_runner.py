@@ -14,6 +14,7 @@ from typing import List, Optional, Sequence as Seq, Tuple
 import torch
 
 from ..models.batch import ForwardBatch
+from .cuda_graphs import DecodeGraphs
 from .sequence import Sequence
 
 
@@ -32,6 +33,17 @@ class ModelRunner:
         self.device = device
         self.use_nvtx = device.type == "cuda"
         self.pin = device.type == "cuda"
+        # decode-only steps through static buffers / CUDA graphs (see cuda_graphs.py); None: eager
+        self.decode_graphs: Optional[DecodeGraphs] = None
+
+    def enable_decode_graphs(self, max_batch: int, max_blocks: int, use_graphs: bool) -> DecodeGraphs:
+        """Capture decode graphs for batch buckets up to ``max_batch`` (``use_graphs=False``: the
+        same static-buffer path run eagerly, for tests without a GPU)."""
+        graphs = DecodeGraphs(self.model, self.kv_caches, max_batch, max_blocks, self.device, use_graphs)
+        with nvtx_range("capture decode graphs", self.use_nvtx):
+            graphs.capture()
+        self.decode_graphs = graphs
+        return graphs
 
     def _to_dev(self, data, dtype) -> torch.Tensor:
         t = torch.tensor(data, dtype=dtype)
@@ -101,6 +113,15 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, prefills: Seq[Tuple[Sequence, int]], decodes: Seq[Sequence]) -> Tuple[torch.Tensor, List[Sequence]]:
         """Run one step; returns float32 logits ``[len(sampled), V]`` and the sampled sequences."""
+        g = self.decode_graphs
+        if not prefills and g is not None and g.fits(len(decodes), max(len(s.block_table) for s in decodes)):
+            bs = self.block_size
+            pos = [s.num_tokens - 1 for s in decodes]
+            with nvtx_range(f"decode graph B={len(decodes)}", self.use_nvtx):
+                logits = g.run([s.token_ids[p] for s, p in zip(decodes, pos)], pos,
+                               [s.block_table[p // bs] * bs + p % bs for s, p in zip(decodes, pos)],
+                               [p + 1 for p in pos], [s.block_table for s in decodes])
+            return logits, list(decodes)
         batch, sampled = self.prepare(prefills, decodes)
         name = "prefill" if prefills and not decodes else ("decode" if not prefills else "mixed")
         with nvtx_range(f"{name} T={batch.num_tokens}", self.use_nvtx):
