@@ -1,0 +1,105 @@
+"""Held-out perplexity of a model on the shipped models' evaluation text.
+
+The shipped tiny models (``python/fastinfer/assets``) were trained on the CPython standard library;
+every 50th file was held out, and ``assets/metadata.json`` lists those files. This module rebuilds
+that token stream from the local Python installation (``<bos> file <eos>`` per file, the
+training script's packing) and computes token-level perplexity over non-overlapping windows of
+``context`` predictions, the way ``tools/train_tiny_models.py`` reported it. It is how quantised
+variants are compared with the bf16 model::
+
+    python -m fastinfer.eval --dtype bfloat16
+
+Needs the same Python minor version's standard library as the one the metadata names (the held-out
+files must exist); :func:`heldout_files` says which file is missing otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sysconfig
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from .models.llama import make_forward_batch
+
+ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
+CONTEXT = 256
+
+
+def heldout_files(stdlib: Optional[str] = None, metadata: Optional[str] = None) -> List[Tuple[str, str]]:
+    """``(relative path, text)`` of the held-out files named in the shipped metadata."""
+    with open(metadata or os.path.join(ASSETS, "metadata.json")) as f:
+        meta = json.load(f)
+    stdlib = stdlib or sysconfig.get_paths()["stdlib"]
+    out = []
+    for rel in meta["corpus"]["heldout_files"]:
+        path = os.path.join(stdlib, rel)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"held-out file {rel} not found under {stdlib} (the shipped models were evaluated on "
+                f"Python {meta['corpus'].get('python_version')}'s standard library)")
+        with open(path, encoding="utf-8") as f:
+            out.append((rel, f.read()))
+    return out
+
+
+def token_stream(tokenizer, files: Sequence[Tuple[str, str]]) -> torch.Tensor:
+    """``<bos> tokens <eos>`` per file, concatenated (int64)."""
+    tok = getattr(tokenizer, "_tok", tokenizer)  # fastinfer's Tokenizer wraps a tokenizers.Tokenizer
+    bos, eos = tok.token_to_id("<|bos|>"), tok.token_to_id("<|eos|>")
+    ids: List[int] = []
+    for enc in tok.encode_batch([t for _, t in files], add_special_tokens=False):
+        ids.append(bos)
+        ids.extend(enc.ids)
+        ids.append(eos)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+@torch.inference_mode()
+def perplexity(model, stream: torch.Tensor, context: int = CONTEXT, max_tokens: Optional[int] = None,
+               windows_per_batch: int = 8, block_size: int = 16) -> Tuple[float, int]:
+    """Token-level perplexity of ``model`` (a :class:`~fastinfer.models.LlamaForCausalLM`) over
+    non-overlapping windows of ``context`` predictions; returns ``(ppl, predicted tokens)``."""
+    n = (len(stream) - 1) // context
+    if max_tokens:
+        n = min(n, max(1, max_tokens // context))
+    blocks_per_window = -(-context // block_size)
+    caches = model.allocate_kv_cache(windows_per_batch * blocks_per_window, block_size)
+    total, count = 0.0, 0
+    for w0 in range(0, n, windows_per_batch):
+        rows = [stream[i * context:i * context + context + 1] for i in range(w0, min(n, w0 + windows_per_batch))]
+        prefill = [(r[:-1].tolist(), 0, list(range(j * blocks_per_window, (j + 1) * blocks_per_window)))
+                   for j, r in enumerate(rows)]
+        batch = make_forward_batch(prefill=prefill, block_size=block_size, device=model.device, all_logits=True)
+        logits = model(batch, caches)
+        target = torch.cat([r[1:] for r in rows]).to(logits.device)
+        total += torch.nn.functional.cross_entropy(logits, target, reduction="sum").item()
+        count += target.numel()
+    return math.exp(total / count), count
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fastinfer.eval", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=os.path.join(ASSETS, "tiny-llama"))
+    ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the LLM default)")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--max-tokens", type=int, default=None, help="evaluate at most this many tokens")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    from .engine import LLM
+
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, num_kv_blocks=1)
+    stream = token_stream(llm.tokenizer, heldout_files())
+    ppl, n = perplexity(llm.model, stream, max_tokens=args.max_tokens)
+    res = {"model": args.model, "dtype": str(llm.model.dtype).replace("torch.", ""), "heldout_ppl": round(ppl, 4),
+           "tokens": n}
+    print(json.dumps(res) if args.json else "  ".join(f"{k}={v}" for k, v in res.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
