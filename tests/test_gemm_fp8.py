@@ -137,6 +137,20 @@ def test_fp8_quantize_roundtrip(bname):
         assert ((back - xf).abs() <= bound).all(), mode
 
 
+@pytest.mark.sim
+def test_fp8_quantize_tensor_grid_stride():
+    """Per-tensor amax over more vectors than the reduction pass has CTAs (512 x 256 threads x 8):
+    the grid-stride loop must see the outlier placed in the last stretch."""
+    be = get_backend("sim")
+    x = _x(520, 2048, BF, make_gen(4)) * 0.01
+    x[517, 1000] = 37.0
+    q, s = be.run(lambda: be.ns.fp8_quantize(x, "tensor", 128, None))
+    q_ref, s_ref = ref.fp8_quantize(x, "tensor")
+    assert s_ref.item() == pytest.approx(37.0 / 448)
+    assert_bits_equal(s, s_ref, "scale")
+    assert_bits_equal(q, q_ref, "x_fp8")
+
+
 def test_fp8_quantize_empty():
     be = get_backend("cpu")
     q, s = be.ns.fp8_quantize(torch.empty(0, 64, dtype=BF), "token", 128, None)
