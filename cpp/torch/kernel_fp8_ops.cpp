@@ -78,8 +78,8 @@ at::Tensor fp8_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Ten
   p.out_dtype = to_dtype(out_dtype);
   const cudaError_t err = launch_fp8_scaled_mm(p, scope.stream());
   FI_CHECK(err != cudaErrorNotSupported, op,
-           "requires sm_89+ (e4m3 tensor cores: Ada or Hopper); this GPU is older (use the CPU implementation "
-           "or dequantise and call torch.matmul)");
+           "requires sm_89+ (e4m3 tensor cores: Ada or Hopper) and a build with code for this GPU "
+           "(FASTINFER_CUDA_ARCHS); on an older GPU dequantise and call torch.matmul, or use the CPU implementation");
   check_launch(err, op);
   return out;
 }

@@ -24,8 +24,10 @@
 // prefetches k-tile kt + kStages - 1 into the stage read at iteration kt - 1 (every warp has passed
 // the barrier, so it is free), then computes on stage kt % kStages.
 //
-// The body is compiled only for sm_89+ (and the emulator); for older targets the kernel is an
-// empty stub and launch_fp8_scaled_mm refuses the launch (cudaErrorNotSupported).
+// The body is compiled only for sm_89+ (and the emulator); for older targets the kernel is a stub
+// that traps, and launch_fp8_scaled_mm refuses the launch (cudaErrorNotSupported) when the device is
+// older than sm_89 or when the code the driver picked for the kernel is such a stub (a newer GPU
+// JIT-compiling the sm_80 PTX).
 #include "fastinfer/common/platform.cuh"
 #include "fastinfer/common/ptx.cuh"
 #include "fastinfer/common/smem.cuh"
@@ -252,6 +254,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_scaled_mm_kernel(const F
       }
     }
   }
+#else
+  __trap();  // compiled for an architecture without e4m3 mma: never compute silently wrong output
 #endif  // FASTINFER_FP8_MMA_ENABLED
 }
 
