@@ -151,12 +151,24 @@ def test_fp8_quantize_tensor_grid_stride():
     assert_bits_equal(q, q_ref, "x_fp8")
 
 
-def test_fp8_quantize_empty():
-    be = get_backend("cpu")
+@pytest.mark.parametrize("bname", ["cpu", pytest.param("sim", marks=pytest.mark.sim)])
+def test_empty_inputs(bname):
+    """M = 0 and K = 0 are legal: empty outputs, amax-0 scales, and out = bias when K = 0."""
+    be = get_backend(bname)
     q, s = be.ns.fp8_quantize(torch.empty(0, 64, dtype=BF), "token", 128, None)
     assert q.shape == (0, 64) and s.shape == (0,)
     q, s = be.ns.fp8_quantize(torch.empty(0, 64, dtype=BF), "tensor", 128, None)
     assert s.shape == (1,) and s.item() == pytest.approx(1e-12 / 448)
+    for mode, shape in (("token", (3,)), ("group", (3, 0)), ("tensor", (1,))):
+        q, s = be.ns.fp8_quantize(torch.empty(3, 0, dtype=BF), mode, 128, None)
+        assert q.shape == (3, 0) and tuple(s.shape) == shape
+        assert_bits_equal(s, ref.fp8_quantize(torch.empty(3, 0, dtype=BF), mode)[1], f"scale ({mode}, K = 0)")
+    bias = torch.randn(32).to(BF)
+    out = be.ns.fp8_scaled_mm(torch.empty(3, 0, dtype=E4M3), torch.empty(32, 0, dtype=E4M3), torch.ones(1),
+                              torch.ones(1), BF, bias)
+    assert_bits_equal(out, bias.expand(3, 32), "K = 0: out = bias")
+    out = be.ns.fp8_scaled_mm(torch.empty(0, 64, dtype=E4M3), _e(32, 64), torch.ones(1), torch.ones(1), BF, None)
+    assert out.shape == (0, 32)
 
 
 # --------------------------------------------------------------------------------------------

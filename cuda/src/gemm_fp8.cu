@@ -145,7 +145,9 @@ cudaError_t launch_fp8_quantize(const Fp8QuantizeParams& p, cudaStream_t stream)
 cudaError_t launch_fp8_scaled_mm(const Fp8ScaledMmParams& p, cudaStream_t stream) {
   if (p.m < 0 || p.n < 0 || p.k < 0 || p.n % 16 != 0 || p.k % 16 != 0) return cudaErrorInvalidValue;
   if (p.m == 0 || p.n == 0) return cudaSuccess;
-  if (p.a == nullptr || p.b == nullptr || p.out == nullptr || p.scale_a == nullptr || p.scale_b == nullptr)
+  // K == 0 is legal (out = bias, or 0): a and b are then empty and may be null.
+  if ((p.k > 0 && (p.a == nullptr || p.b == nullptr)) || p.out == nullptr || p.scale_a == nullptr ||
+      (p.scale_b == nullptr))
     return cudaErrorInvalidValue;
   if (!is_aligned(p.a, 16) || !is_aligned(p.b, 16) || !is_aligned(p.out, 4) || (p.bias && !is_aligned(p.bias, 2)))
     return cudaErrorInvalidValue;
