@@ -63,8 +63,12 @@ cudaError_t launch_quantize(const Fp8QuantizeParams& p, cudaStream_t stream) {
 // THE dispatch point between fp8 GEMM kernel families. Today sm_89 and sm_90 run the mma.sync
 // kernel below. DISPATCH POINT (lead): the CUTLASS 3.x sm90a warp-specialised kernels (TMA + wgmma)
 // get an enum value here, are chosen in select_fp8_gemm_backend from the device's compute
-// capability (major == 9) and the problem (e.g. M > 64, K % 128 == 0), and a case in
-// launch_fp8_scaled_mm below calling their launch function with the same Fp8ScaledMmParams.
+// capability (major == 9) and the problem, and a case in launch_fp8_scaled_mm below calls their
+// launch function with the same Fp8ScaledMmParams.
+// Note for that choice: mma.sync.m16n8k32 e4m3 is native on Ada (sm_89) only; on Hopper ptxas
+// emulates it (conversion to f16 + f16 mma: NVIDIA/cutlass#1986, and our sm_90a builds use ~2x the
+// registers of sm_89), so on sm_90 the wgmma kernels should take every shape they support, and
+// this kernel is the fallback (and the sm_89 path).
 enum class Fp8GemmBackend { kMmaSyncSm89 /*, kCutlassSm90 */ };
 
 Fp8GemmBackend select_fp8_gemm_backend(const Fp8ScaledMmParams&, int /*cc_major*/, int /*cc_minor*/) {
