@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "validate_attention.h"
+#include "validate_fp8.h"
 
 namespace fastinfer::binding {
 namespace {
@@ -91,6 +92,21 @@ void move_kv_slots_meta(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tens
   validate_move_kv_slots("move_kv_slots", k_cache, v_cache, src_slots, dst_slots);
 }
 
+// ---- FP8 GEMM (DESIGN.md "GEMM") ----
+std::tuple<at::Tensor, at::Tensor> fp8_quantize_meta(const at::Tensor& x, c10::string_view mode, int64_t group_size,
+                                                     const std::optional<at::Tensor>& scale) {
+  const Fp8Mode m = validate_fp8_quantize("fp8_quantize", x, mode, group_size, scale, true);
+  return {at::empty_symint(x.sym_sizes(), x.options().dtype(at::kFloat8_e4m3fn)),
+          at::empty_symint(fp8_quantize_scale_shape(x, m, group_size), x.options().dtype(at::kFloat))};
+}
+
+at::Tensor fp8_scaled_mm_meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
+                              const at::Tensor& scale_b, at::ScalarType out_dtype, const std::optional<at::Tensor>& bias) {
+  validate_fp8_scaled_mm("fp8_scaled_mm", a, b, scale_a, scale_b, out_dtype, bias, true);
+  return at::empty_symint({a.sym_size(0), b.sym_size(0)}, a.options().dtype(out_dtype));
+}
+// ---- end FP8 GEMM ----
+
 }  // namespace
 }  // namespace fastinfer::binding
 
@@ -117,6 +133,9 @@ FASTINFER_LIBRARY(FASTINFER_NS, m) {
         "float scale, int window_left=-1, float softcap=0.0, int num_splits=0, bool return_lse=False, "
         "Tensor? k_scale=None, Tensor? v_scale=None) -> (Tensor out, Tensor lse)");
   m.def("merge_attention_states(Tensor v_a, Tensor lse_a, Tensor v_b, Tensor lse_b) -> (Tensor v, Tensor lse)");
+  // FP8 W8A8 (DESIGN.md "GEMM"): dynamic e4m3 quantisation and the scaled e4m3 matmul.
+  m.def("fp8_quantize(Tensor x, str mode='token', int group_size=128, Tensor? scale=None) -> (Tensor x_fp8, Tensor scale)");
+  m.def("fp8_scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, ScalarType out_dtype, Tensor? bias=None) -> Tensor");
 }
 
 FASTINFER_LIBRARY_IMPL(FASTINFER_NS, Meta, m) {
@@ -133,4 +152,6 @@ FASTINFER_LIBRARY_IMPL(FASTINFER_NS, Meta, m) {
   m.impl("paged_prefill_attention", &paged_prefill_attention_meta);
   m.impl("paged_decode_attention", &paged_decode_attention_meta);
   m.impl("merge_attention_states", &merge_attention_states_meta);
+  m.impl("fp8_quantize", &fp8_quantize_meta);
+  m.impl("fp8_scaled_mm", &fp8_scaled_mm_meta);
 }

@@ -21,6 +21,8 @@ from .attention import (  # noqa: F401
     prefill_attention,
 )
 
+from .gemm_fp8 import fp8_quantize, fp8_scaled_mm  # noqa: F401
+
 __all__ = [
     "merge_attention_states",
     "move_kv_slots",
@@ -33,4 +35,6 @@ __all__ = [
     "rms_norm",
     "rotary_embedding",
     "silu_and_mul",
+    "fp8_quantize",
+    "fp8_scaled_mm",
 ]

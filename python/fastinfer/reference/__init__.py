@@ -27,6 +27,8 @@ from .attention import (  # noqa: F401
     visibility_mask,
 )
 
+from .gemm_fp8 import fp8_dequantize, fp8_quantize, fp8_scaled_mm  # noqa: F401
+
 __all__ = [
     "merge_attention_states",
     "move_kv_slots",
@@ -43,4 +45,7 @@ __all__ = [
     "rms_norm",
     "rotary_embedding",
     "silu_and_mul",
+    "fp8_dequantize",
+    "fp8_quantize",
+    "fp8_scaled_mm",
 ]

@@ -1,0 +1,94 @@
+// CUDA implementations of fp8_quantize and fp8_scaled_mm (also built for simt, see kernel_backend.h):
+// validate, allocate outputs (and the per-tensor reduction workspace) through the caching allocator,
+// fill the Params, launch. No host synchronisation (CUDA-graph capturable).
+#include "kernel_backend.h"
+#include "validate_fp8.h"
+
+namespace fastinfer::binding {
+namespace {
+
+void check_aligned16(const at::Tensor& t, const char* op, const char* name) {
+  FI_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, name,
+           " must start 16-byte aligned (the kernels use 16-byte loads; call .contiguous() or .clone())");
+}
+
+std::tuple<at::Tensor, at::Tensor> fp8_quantize(const at::Tensor& x, c10::string_view mode_str, int64_t group_size,
+                                                const std::optional<at::Tensor>& scale) {
+  const char* op = "fp8_quantize";
+  const Fp8Mode mode = validate_fp8_quantize(op, x, mode_str, group_size, scale, /*allow_fp32=*/false);
+  check_device(x, op, "x");
+  check_contiguous(x, op, "x");
+  if (x.numel() > 0) check_aligned16(x, op, "x");
+  auto q = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
+  auto s = at::empty_symint(fp8_quantize_scale_shape(x, mode, group_size), x.options().dtype(at::kFloat));
+  if (mode != Fp8Mode::kTensor && x.numel() == 0) {
+    if (s.numel() > 0) s.fill_(1e-12f / 448.0f);  // K == 0: rows with no data get the amax-0 scale
+    return {q, s};
+  }
+  KernelScope scope(op, x);
+  Fp8QuantizeParams p;
+  p.x = x.data_ptr();
+  p.out = q.data_ptr();
+  p.scale = s.data_ptr<float>();
+  p.rows = x.size(0);
+  p.cols = x.size(1);
+  p.group_size = static_cast<int32_t>(group_size);
+  p.mode = mode == Fp8Mode::kTensor ? Fp8QuantMode::kTensor
+                                    : (mode == Fp8Mode::kToken ? Fp8QuantMode::kToken : Fp8QuantMode::kGroup);
+  p.dtype = to_dtype(x.scalar_type());
+  at::Tensor given;
+  if (scale.has_value()) {
+    given = scale->contiguous();
+    p.given_scale = given.data_ptr<float>();
+  }
+  at::Tensor workspace;
+  if (const size_t bytes = fp8_quantize_workspace_size(p); bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>(bytes)}, x.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+  }
+  check_launch(launch_fp8_quantize(p, scope.stream()), op);
+  return {q, s};
+}
+
+at::Tensor fp8_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
+                         at::ScalarType out_dtype, const std::optional<at::Tensor>& bias) {
+  const char* op = "fp8_scaled_mm";
+  const bool blockwise = validate_fp8_scaled_mm(op, a, b, scale_a, scale_b, out_dtype, bias, /*allow_fp32=*/false);
+  check_device(a, op, "a");
+  check_fp8_scaled_mm_layout(op, a, b, scale_a, scale_b, bias);
+  if (a.numel() > 0) check_aligned16(a, op, "a");
+  if (b.numel() > 0) check_aligned16(b, op, "b");
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
+  auto out = at::empty({M, N}, a.options().dtype(out_dtype));
+  if (out.numel() == 0) return out;
+  KernelScope scope(op, a);
+  Fp8ScaledMmParams p;
+  p.a = a.data_ptr();
+  p.b = b.data_ptr();
+  p.out = out.data_ptr();
+  p.scale_a = scale_a.data_ptr<float>();
+  p.scale_b = scale_b.data_ptr<float>();
+  p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  p.m = M;
+  p.n = N;
+  p.k = K;
+  p.scale_mode = blockwise ? Fp8ScaleMode::kBlockwise : Fp8ScaleMode::kTensorOrChannel;
+  p.scale_a_per_row = !blockwise && scale_a.size(0) == M && M > 1;
+  p.scale_b_per_col = !blockwise && scale_b.size(0) == N;
+  p.out_dtype = to_dtype(out_dtype);
+  const cudaError_t err = launch_fp8_scaled_mm(p, scope.stream());
+  FI_CHECK(err != cudaErrorNotSupported, op,
+           "requires sm_89+ (e4m3 tensor cores: Ada or Hopper) and a build with code for this GPU "
+           "(FASTINFER_CUDA_ARCHS); on an older GPU dequantise and call torch.matmul, or use the CPU implementation");
+  check_launch(err, op);
+  return out;
+}
+
+}  // namespace
+}  // namespace fastinfer::binding
+
+FASTINFER_LIBRARY_IMPL(FASTINFER_NS, FASTINFER_KERNEL_KEY, m) {
+  using namespace fastinfer::binding;
+  m.impl("fp8_quantize", &fp8_quantize);
+  m.impl("fp8_scaled_mm", &fp8_scaled_mm);
+}

@@ -1,0 +1,262 @@
+#pragma once
+// Scaled e4m3 GEMM on mma.sync.m16n8k32 (sm_89+): out[M,N] = (a * sa) @ (b * sb)^T (+ bias).
+//
+// One CTA computes a kBlockM x kBlockN tile of out with kWarpsM x kWarpsN warps; each warp owns a
+// (kBlockM / kWarpsM) x (kBlockN / kWarpsN) sub-tile = kMi x kNi mma tiles of 16 x 8 in fp32
+// registers for the whole K loop.
+//
+//   gmem --cp.async (16 B, zero-fill past M / N / K)--> smem ring of kStages k-tiles:
+//        A [kBlockM][128 bytes] | B [kBlockN][128 bytes]   (k-tile = 128 e4m3 = one scale block)
+//   smem --ldmatrix.x4 (b16 view of byte pairs)--> A fragments (rows g / g+8, k bytes 4t..4t+3 and
+//        4t+16..19 = the m16n8k32 A layout) and B fragments (b is [N, K] = the "col" operand:
+//        rows n, k bytes 4t..4t+3 / 4t+16..19), 4 k-steps of 32 per k-tile
+//   mma.sync.m16n8k32.e4m3 -> fp32
+//   kBlockwise: each k-tile accumulates into zeroed partials, then acc += part * sa[m][kt] * sb[n/128][kt]
+//               (DeepGEMM-style promotion: the scales are applied in fp32 per 128-wide K block)
+//   epilogue:   out = acc * sa(m) * sb(n) (+ bias[n]) (scales per tensor / per token / per channel;
+//               kBlockwise: acc already scaled), rounded once to out_dtype, packed 2-element stores.
+//
+// Shared memory rows are 128 bytes = 8 chunks of 16 bytes; chunk c of row r lives at chunk
+// c ^ (r & 7). An ldmatrix phase reads 8 consecutive rows at one logical chunk: 8 distinct chunk
+// positions = all 32 banks, no conflicts; the cp.async writes use the same swizzle.
+//
+// Pipeline: one __syncthreads per k-tile. At iteration kt, after waiting for k-tile kt, the CTA
+// prefetches k-tile kt + kStages - 1 into the stage read at iteration kt - 1 (every warp has passed
+// the barrier, so it is free), then computes on stage kt % kStages.
+//
+// The body is compiled only for sm_89+ (and the emulator); for older targets the kernel is a stub
+// that traps, and launch_fp8_scaled_mm refuses the launch (cudaErrorNotSupported) when the device is
+// older than sm_89 or when the code the driver picked for the kernel is such a stub (a newer GPU
+// JIT-compiling the sm_80 PTX).
+#include "fastinfer/common/platform.cuh"
+#include "fastinfer/common/ptx.cuh"
+#include "fastinfer/common/smem.cuh"
+#include "fastinfer/common/vec.cuh"
+#include "fastinfer/gemm/fp8.h"
+
+#include <cstdint>
+#include <type_traits>
+
+#if defined(FASTINFER_SIMT) || !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 890
+#define FASTINFER_FP8_MMA_ENABLED 1
+#else
+#define FASTINFER_FP8_MMA_ENABLED 0
+#endif
+
+namespace fastinfer::fp8 {
+
+constexpr int kBlockK = 128;   // k-tile in elements (= bytes); also the blockwise scale block
+constexpr int kScaleBlock = 128;
+
+template <int kBlockM_, int kBlockN_, int kWarpsM_, int kWarpsN_, int kStages_>
+struct GemmConfig {
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kWarpsM = kWarpsM_;
+  static constexpr int kWarpsN = kWarpsN_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kThreads = kWarpsM * kWarpsN * 32;
+  static constexpr int kWarpM = kBlockM / kWarpsM;  // rows per warp
+  static constexpr int kWarpN = kBlockN / kWarpsN;  // cols per warp
+  static constexpr int kMi = kWarpM / 16;
+  static constexpr int kNi = kWarpN / 8;
+  static constexpr int kChunksPerRow = kBlockK / 16;  // 8
+  static constexpr int kABytes = kBlockM * kBlockK;
+  static constexpr int kBBytes = kBlockN * kBlockK;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+  static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0, "warp tile: multiples of 16 (ldmatrix.x4 covers 2 n8 tiles)");
+  static_assert((kBlockM * kChunksPerRow) % kThreads == 0 && (kBlockN * kChunksPerRow) % kThreads == 0,
+                "tile / thread mismatch in the cp.async loads");
+  static_assert(kScaleBlock % kBlockN == 0, "blockwise: a CTA's columns must share one 128-row block of b");
+  static_assert(kStages >= 2, "pipeline depth");
+};
+
+// The configurations, picked by M bucket in the launcher (cuda/src/gemm_fp8.cu).
+using Fp8ConfigSmall = GemmConfig<16, 64, 1, 4, 4>;     // M <= 16 (decode): 4 warps of 16 x 16, 40 KiB smem
+using Fp8ConfigMedium = GemmConfig<64, 128, 2, 4, 3>;   // M <= 64: 8 warps of 32 x 32, 72 KiB
+using Fp8ConfigLarge = GemmConfig<128, 128, 2, 4, 3>;   // 8 warps of 64 x 32, 96 KiB (fits sm_89's 99 KiB);
+                                                        // not for blockwise (register spills on sm_90a)
+
+__device__ __forceinline__ int swizzle128(int row, int chunk) { return row * kBlockK + ((chunk ^ (row & 7)) << 4); }
+
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// grid (ceil(N / kBlockN), ceil(M / kBlockM)), block Cfg::kThreads, dynamic smem Cfg::kSmemBytes.
+template <typename Cfg, typename TOut, bool kBlockwise>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_scaled_mm_kernel(const Fp8ScaledMmParams p) {
+#if FASTINFER_FP8_MMA_ENABLED
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
+  constexpr int kMi = Cfg::kMi, kNi = Cfg::kNi, kCPR = Cfg::kChunksPerRow;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  const int warp_m = warp / Cfg::kWarpsN, warp_n = warp % Cfg::kWarpsN;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBlockM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBlockN;
+  const int64_t M = p.m, N = p.n, K = p.k;
+  const int num_k_tiles = static_cast<int>((K + kBlockK - 1) / kBlockK);
+
+  const uint8_t* __restrict__ a_ptr = static_cast<const uint8_t*>(p.a);
+  const uint8_t* __restrict__ b_ptr = static_cast<const uint8_t*>(p.b);
+  uint8_t* smem = dynamic_smem<uint8_t>();
+
+  auto load_tile = [&](int kt, int stage) {
+    uint8_t* sa = smem + stage * Cfg::kStageBytes;
+    uint8_t* sb = sa + Cfg::kABytes;
+    const int64_t k0 = static_cast<int64_t>(kt) * kBlockK;
+#pragma unroll
+    for (int i = 0; i < kBlockM * kCPR / Cfg::kThreads; ++i) {
+      const int idx = tid + i * Cfg::kThreads;
+      const int r = idx / kCPR, c = idx % kCPR;
+      const int64_t k = k0 + c * 16;
+      const bool pred = m0 + r < M && k < K;  // K % 16 == 0: a chunk is all in or all out
+      const uint8_t* src = pred ? a_ptr + (m0 + r) * K + k : a_ptr;
+      ptx::cp_async_cg_16(sa + swizzle128(r, c), src, pred);
+    }
+#pragma unroll
+    for (int i = 0; i < kBlockN * kCPR / Cfg::kThreads; ++i) {
+      const int idx = tid + i * Cfg::kThreads;
+      const int r = idx / kCPR, c = idx % kCPR;
+      const int64_t k = k0 + c * 16;
+      const bool pred = n0 + r < N && k < K;
+      const uint8_t* src = pred ? b_ptr + (n0 + r) * K + k : b_ptr;
+      ptx::cp_async_cg_16(sb + swizzle128(r, c), src, pred);
+    }
+  };
+
+  float acc[kMi][kNi][4];
+#pragma unroll
+  for (int i = 0; i < kMi; ++i)
+#pragma unroll
+    for (int j = 0; j < kNi; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+
+  // Blockwise scales: rows of this thread's fragments (m0 + warp rows + 16 i + g (+ 8)), the CTA's
+  // 128-row block of b, and the row strides of the two scale tensors.
+  const int64_t sk = (K + kScaleBlock - 1) / kScaleBlock;
+  const int64_t sb_row = n0 / kScaleBlock;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_k_tiles) load_tile(s, s);
+    ptx::cp_async_commit();
+  }
+
+  // ldmatrix lane roles: matrix mat = lane / 8 takes its row address from lane % 8.
+  const int mat = lane / 8, mrow = lane % 8;
+  const int a_row = warp_m * Cfg::kWarpM + mrow + 8 * (mat & 1);  // A: mats = (rows 0-7 | 8-15) x (k lo | hi)
+  const int a_chunk_hi = mat >> 1;
+  const int b_row = warp_n * Cfg::kWarpN + mrow + 8 * (mat >> 1);  // B: mats = (k lo | hi) x (n 0-7 | 8-15)
+  const int b_chunk_hi = mat & 1;
+
+  for (int kt = 0; kt < num_k_tiles; ++kt) {
+    ptx::cp_async_wait<kStages - 2>();
+    __syncthreads();
+    {
+      const int next = kt + kStages - 1;
+      if (next < num_k_tiles) load_tile(next, next % kStages);
+      ptx::cp_async_commit();
+    }
+    // Blockwise: this k-tile's scales, loaded before the mmas so the latency hides behind them.
+    float blk_scale[kMi][2];
+    if constexpr (kBlockwise) {
+      const float sbv = p.scale_b[sb_row * sk + kt];
+#pragma unroll
+      for (int i = 0; i < kMi; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t m = m0 + warp_m * Cfg::kWarpM + i * 16 + g + 8 * h;
+          blk_scale[i][h] = m < M ? p.scale_a[m * sk + kt] * sbv : 0.f;
+        }
+    }
+    float part[kBlockwise ? kMi : 1][kBlockwise ? kNi : 1][4];
+    if constexpr (kBlockwise) {
+#pragma unroll
+      for (int i = 0; i < kMi; ++i)
+#pragma unroll
+        for (int j = 0; j < kNi; ++j) part[i][j][0] = part[i][j][1] = part[i][j][2] = part[i][j][3] = 0.f;
+    }
+
+    const uint8_t* sa = smem + (kt % kStages) * Cfg::kStageBytes;
+    const uint8_t* sb = sa + Cfg::kABytes;
+#pragma unroll
+    for (int ks = 0; ks < kBlockK / 32; ++ks) {
+      uint32_t af[kMi][4];
+      uint32_t bf[kNi][2];
+#pragma unroll
+      for (int i = 0; i < kMi; ++i) ptx::ldmatrix_x4(af[i], sa + swizzle128(a_row + 16 * i, 2 * ks + a_chunk_hi));
+#pragma unroll
+      for (int j = 0; j < kNi / 2; ++j) {
+        uint32_t r[4];
+        ptx::ldmatrix_x4(r, sb + swizzle128(b_row + 16 * j, 2 * ks + b_chunk_hi));
+        bf[2 * j][0] = r[0];
+        bf[2 * j][1] = r[1];
+        bf[2 * j + 1][0] = r[2];
+        bf[2 * j + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int i = 0; i < kMi; ++i)
+#pragma unroll
+        for (int j = 0; j < kNi; ++j) {
+          if constexpr (kBlockwise)
+            ptx::mma_m16n8k32_e4m3(part[i][j], af[i], bf[j], part[i][j]);
+          else
+            ptx::mma_m16n8k32_e4m3(acc[i][j], af[i], bf[j], acc[i][j]);
+        }
+    }
+    if constexpr (kBlockwise) {
+#pragma unroll
+      for (int i = 0; i < kMi; ++i)
+#pragma unroll
+        for (int j = 0; j < kNi; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[i][j][e] = fmaf(part[i][j][e], blk_scale[i][e / 2], acc[i][j][e]);
+    }
+  }
+  ptx::cp_async_wait<0>();  // only empty groups can be pending; keeps the emulator's bookkeeping clean
+
+  // ---- epilogue ----
+  TOut* __restrict__ out = static_cast<TOut*>(p.out);
+  const TOut* __restrict__ bias = static_cast<const TOut*>(p.bias);
+  const float sa_tensor = kBlockwise ? 1.f : p.scale_a[0];
+  const float sb_tensor = kBlockwise ? 1.f : p.scale_b[0];
+#pragma unroll
+  for (int i = 0; i < kMi; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t m = m0 + warp_m * Cfg::kWarpM + i * 16 + g + 8 * h;
+      if (m >= M) continue;
+      const float sa_m = (!kBlockwise && p.scale_a_per_row) ? p.scale_a[m] : sa_tensor;
+#pragma unroll
+      for (int j = 0; j < kNi; ++j) {
+        const int64_t n = n0 + warp_n * Cfg::kWarpN + j * 8 + 2 * t;
+        if (n >= N) continue;  // N is even: the pair (n, n + 1) is all in or all out
+        float s0 = sb_tensor, s1 = sb_tensor;
+        if (!kBlockwise && p.scale_b_per_col) {
+          s0 = p.scale_b[n];
+          s1 = p.scale_b[n + 1];
+        }
+        float v0 = acc[i][j][2 * h] * (sa_m * s0);
+        float v1 = acc[i][j][2 * h + 1] * (sa_m * s1);
+        if (bias != nullptr) {
+          v0 += to_float(bias[n]);
+          v1 += to_float(bias[n + 1]);
+        }
+        *reinterpret_cast<uint32_t*>(out + m * N + n) = pack2<TOut>(v0, v1);
+      }
+    }
+  }
+#else
+  __trap();  // compiled for an architecture without e4m3 mma: never compute silently wrong output
+#endif  // FASTINFER_FP8_MMA_ENABLED
+}
+
+}  // namespace fastinfer::fp8

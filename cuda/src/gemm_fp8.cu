@@ -1,0 +1,172 @@
+// FP8 launchers: dynamic e4m3 quantisation (fp16/bf16 in: 2 x {group sizes 8..256, token, tensor
+// (reduction + quantise)}) and the scaled e4m3 mma.sync GEMM ({small, medium, large} configs x
+// {fp16, bf16} out x tensor/channel scales + {small, medium} x {fp16, bf16} blockwise = 10 kernels).
+#include "fastinfer/common/dispatch.cuh"
+#include "fastinfer/common/launch.cuh"
+#include "fastinfer/gemm/fp8.h"
+#include "fastinfer/gemm/fp8_gemm.cuh"
+#include "fastinfer/gemm/fp8_quantize.cuh"
+
+#include <atomic>
+
+namespace fastinfer {
+namespace fp8 {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+constexpr int kMaxDevices = 64;
+
+int num_amax_partials(const Fp8QuantizeParams& p) {
+  const int64_t blocks = ceil_div(p.rows * p.cols / 8, kQuantThreads);
+  return static_cast<int>(blocks < kMaxAmaxPartials ? (blocks > 0 ? blocks : 1) : kMaxAmaxPartials);
+}
+
+template <typename T>
+cudaError_t launch_quantize(const Fp8QuantizeParams& p, cudaStream_t stream) {
+  const int64_t flat_blocks = ceil_div(p.rows * p.cols / 8, kQuantThreads);
+  if (flat_blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  const dim3 block(kQuantThreads);
+  switch (p.mode) {
+    case Fp8QuantMode::kGroup: {
+      const dim3 grid(static_cast<unsigned>(flat_blocks));
+      switch (p.group_size) {
+        case 8: return launch_kernel(fp8_quantize_group_kernel<T, 1>, grid, block, 0, stream, p);
+        case 16: return launch_kernel(fp8_quantize_group_kernel<T, 2>, grid, block, 0, stream, p);
+        case 32: return launch_kernel(fp8_quantize_group_kernel<T, 4>, grid, block, 0, stream, p);
+        case 64: return launch_kernel(fp8_quantize_group_kernel<T, 8>, grid, block, 0, stream, p);
+        case 128: return launch_kernel(fp8_quantize_group_kernel<T, 16>, grid, block, 0, stream, p);
+        case 256: return launch_kernel(fp8_quantize_group_kernel<T, 32>, grid, block, 0, stream, p);
+        default: return cudaErrorInvalidValue;
+      }
+    }
+    case Fp8QuantMode::kToken:
+      if (p.rows > 0x7fffffff) return cudaErrorInvalidValue;
+      return launch_kernel(fp8_quantize_token_kernel<T>, dim3(static_cast<unsigned>(p.rows)), block, 0, stream, p);
+    case Fp8QuantMode::kTensor: {
+      int partials = 0;
+      if (p.given_scale == nullptr) {
+        if (p.workspace == nullptr) return cudaErrorInvalidValue;
+        partials = num_amax_partials(p);
+        cudaError_t err = launch_kernel(fp8_amax_partials_kernel<T>, dim3(partials), block, 0, stream, p);
+        if (err != cudaSuccess) return err;
+      }
+      // At least one CTA: an empty tensor still gets its scale written.
+      const unsigned blocks = flat_blocks > 0 ? static_cast<unsigned>(flat_blocks) : 1u;
+      return launch_kernel(fp8_quantize_tensor_kernel<T>, dim3(blocks), block, 0, stream, p, partials);
+    }
+  }
+  return cudaErrorInvalidValue;
+}
+
+// ---- GEMM dispatch ---------------------------------------------------------------------------
+// THE dispatch point between fp8 GEMM kernel families. Today sm_89 and sm_90 run the mma.sync
+// kernel below. DISPATCH POINT (lead): the CUTLASS 3.x sm90a warp-specialised kernels (TMA + wgmma)
+// get an enum value here, are chosen in select_fp8_gemm_backend from the device's compute
+// capability (major == 9) and the problem, and a case in launch_fp8_scaled_mm below calls their
+// launch function with the same Fp8ScaledMmParams.
+// Note for that choice: mma.sync.m16n8k32 e4m3 is native on Ada (sm_89) only; on Hopper ptxas
+// emulates it (conversion to f16 + f16 mma: NVIDIA/cutlass#1986, and our sm_90a builds use ~2x the
+// registers of sm_89), so on sm_90 the wgmma kernels should take every shape they support, and
+// this kernel is the fallback (and the sm_89 path).
+enum class Fp8GemmBackend { kMmaSyncSm89 /*, kCutlassSm90 */ };
+
+Fp8GemmBackend select_fp8_gemm_backend(const Fp8ScaledMmParams&, int /*cc_major*/, int /*cc_minor*/) {
+  return Fp8GemmBackend::kMmaSyncSm89;
+}
+
+template <typename Cfg, typename TOut, bool kBlockwise>
+cudaError_t launch_mma_sync_cfg(const Fp8ScaledMmParams& p, cudaStream_t stream) {
+  const int64_t gx = ceil_div(p.n, Cfg::kBlockN), gy = ceil_div(p.m, Cfg::kBlockM);
+  if (gx > 0x7fffffff || gy > 65535) return cudaErrorInvalidValue;
+#if !defined(FASTINFER_SIMT)
+  // The code the driver loaded for this device must come from an sm_89+ build, not the trapping
+  // stub of the sm_80 cubin / PTX (e.g. a GPU newer than the archs built JIT-compiles the sm_80
+  // PTX). Checked once per kernel and device (cudaFuncGetAttributes is a driver call).
+  static std::atomic<int8_t> usable[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no
+  int dev = 0;
+  if (cudaError_t err = cudaGetDevice(&dev); err != cudaSuccess) return err;
+  if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  if (usable[dev].load(std::memory_order_relaxed) == 0) {
+    cudaFuncAttributes attr{};
+    if (cudaError_t err = cudaFuncGetAttributes(&attr, fp8_scaled_mm_kernel<Cfg, TOut, kBlockwise>); err != cudaSuccess)
+      return err;
+    usable[dev].store(attr.ptxVersion >= 89 && attr.binaryVersion >= 89 ? 1 : -1, std::memory_order_relaxed);
+  }
+  if (usable[dev].load(std::memory_order_relaxed) < 0) return cudaErrorNotSupported;
+#endif
+  return launch_kernel(fp8_scaled_mm_kernel<Cfg, TOut, kBlockwise>, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)),
+                       dim3(Cfg::kThreads), static_cast<size_t>(Cfg::kSmemBytes), stream, p);
+}
+
+template <typename TOut, bool kBlockwise>
+cudaError_t launch_mma_sync(const Fp8ScaledMmParams& p, cudaStream_t stream) {
+  // M buckets: decode-sized M gets 16-row tiles (more CTAs along N); mid-sized M 64 x 128 tiles.
+  // Blockwise keeps a second set of fp32 partial accumulators: with 128 x 128 tiles that exceeds 255
+  // registers on sm_90a (spills), so blockwise uses the 64 x 128 tiles for every M > 16.
+  if (p.m <= 16) return launch_mma_sync_cfg<Fp8ConfigSmall, TOut, kBlockwise>(p, stream);
+  if constexpr (kBlockwise) {
+    return launch_mma_sync_cfg<Fp8ConfigMedium, TOut, kBlockwise>(p, stream);
+  } else {
+    if (p.m <= 64) return launch_mma_sync_cfg<Fp8ConfigMedium, TOut, kBlockwise>(p, stream);
+    return launch_mma_sync_cfg<Fp8ConfigLarge, TOut, kBlockwise>(p, stream);
+  }
+}
+
+// Compute capability of the current device (9.0 under the emulator).
+cudaError_t device_cc(int& major, int& minor) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return err;
+}
+
+}  // namespace
+}  // namespace fp8
+
+size_t fp8_quantize_workspace_size(const Fp8QuantizeParams& p) {
+  if (p.mode != Fp8QuantMode::kTensor || p.given_scale != nullptr) return 0;
+  return static_cast<size_t>(fp8::num_amax_partials(p)) * sizeof(float);
+}
+
+cudaError_t launch_fp8_quantize(const Fp8QuantizeParams& p, cudaStream_t stream) {
+  if (p.rows < 0 || p.cols < 0 || p.cols % 8 != 0) return cudaErrorInvalidValue;
+  if (p.mode == Fp8QuantMode::kGroup &&
+      (p.group_size < 8 || p.group_size > 256 || (p.group_size & (p.group_size - 1)) != 0 || p.cols % p.group_size != 0))
+    return cudaErrorInvalidValue;
+  if (p.given_scale != nullptr && p.mode != Fp8QuantMode::kTensor) return cudaErrorInvalidValue;
+  if (p.rows == 0 || p.cols == 0) {
+    // Nothing to read; per-tensor still defines its scale (the given one, or max(0, 1e-12) / 448).
+    if (p.mode != Fp8QuantMode::kTensor) return cudaSuccess;
+  }
+  if (p.x == nullptr && p.rows * p.cols > 0) return cudaErrorInvalidValue;
+  if (p.scale == nullptr || (p.out == nullptr && p.rows * p.cols > 0)) return cudaErrorInvalidValue;
+  if (!is_aligned(p.x, 16) || !is_aligned(p.out, 8)) return cudaErrorInvalidValue;
+  return FASTINFER_DISPATCH_HALF(p.dtype, T, [&] { return fp8::launch_quantize<T>(p, stream); });
+}
+
+cudaError_t launch_fp8_scaled_mm(const Fp8ScaledMmParams& p, cudaStream_t stream) {
+  if (p.m < 0 || p.n < 0 || p.k < 0 || p.n % 16 != 0 || p.k % 16 != 0) return cudaErrorInvalidValue;
+  if (p.m == 0 || p.n == 0) return cudaSuccess;
+  // K == 0 is legal (out = bias, or 0): a and b are then empty and may be null.
+  if ((p.k > 0 && (p.a == nullptr || p.b == nullptr)) || p.out == nullptr || p.scale_a == nullptr ||
+      (p.scale_b == nullptr))
+    return cudaErrorInvalidValue;
+  if (!is_aligned(p.a, 16) || !is_aligned(p.b, 16) || !is_aligned(p.out, 4) || (p.bias && !is_aligned(p.bias, 2)))
+    return cudaErrorInvalidValue;
+  int major = 0, minor = 0;
+  cudaError_t err = fp8::device_cc(major, minor);
+  if (err != cudaSuccess) return err;
+  if (major * 10 + minor < 89) return cudaErrorNotSupported;  // no e4m3 mma before Ada (sm_89)
+  switch (fp8::select_fp8_gemm_backend(p, major, minor)) {
+    case fp8::Fp8GemmBackend::kMmaSyncSm89:
+      return FASTINFER_DISPATCH_HALF(p.out_dtype, TOut, [&] {
+        return p.scale_mode == Fp8ScaleMode::kBlockwise ? fp8::launch_mma_sync<TOut, true>(p, stream)
+                                                        : fp8::launch_mma_sync<TOut, false>(p, stream);
+      });
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace fastinfer

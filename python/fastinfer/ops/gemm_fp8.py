@@ -1,0 +1,83 @@
+"""Python wrappers for the FP8 (W8A8) ops: dynamic e4m3 quantisation and the scaled e4m3 GEMM.
+
+Both call ``torch.ops.fastinfer.<op>`` (CPU, CUDA and Meta kernels; ``torch.ops.fastinfer_sim``
+has the same schemas and runs the CUDA kernels on CPU tensors). Bad input raises
+``RuntimeError("fastinfer.<op>: <argument> must ..., got ...")``. The fp64 oracles are in
+:mod:`fastinfer.reference.gemm_fp8`.
+
+e4m3 is ``torch.float8_e4m3fn`` (max finite 448, no infinities).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+Tensor = torch.Tensor
+
+__all__ = ["fp8_quantize", "fp8_scaled_mm"]
+
+
+def fp8_quantize(
+    x: Tensor, mode: str = "token", group_size: int = 128, scale: Optional[Tensor] = None
+) -> Tuple[Tensor, Tensor]:
+    """Quantise ``x`` to e4m3 with dynamic (or, per tensor, given) float32 scales.
+
+    ``q = e4m3_rne(clamp(x.float() / scale, -448, 448))`` (saturating), with
+    ``scale = max(amax, 1e-12) / 448`` over the quantisation unit:
+
+    * ``mode='token'``: one scale per row, ``scale [M]`` (activations; pairs with a per-channel
+      weight scale in :func:`fp8_scaled_mm`). One CTA per row, one read of x for K <= 8192.
+    * ``mode='group'``: one scale per ``group_size`` consecutive elements of a row,
+      ``scale [M, K / group_size]`` (``group_size=128`` gives the ``scale_a`` of the blockwise GEMM).
+      ``group_size`` is a power of two in [8, 256] dividing K. One read of x.
+    * ``mode='tensor'``: one scale ``[1]``. With ``scale`` given (float32, 1 element, e.g. a
+      static calibration scale) the data is quantised with it in one pass (the returned scale is a
+      copy); without, a reduction pass computes the amax first (two kernels, x read twice).
+
+    Args:
+        x: ``[M, K]`` contiguous float16 / bfloat16 (float32 too on CPU); K a multiple of 8.
+        mode: ``'token'`` (default), ``'group'`` or ``'tensor'``.
+        group_size: the group width for ``mode='group'``.
+        scale: optional given per-tensor scale (only with ``mode='tensor'``).
+
+    Returns:
+        ``(x_fp8 [M, K] float8_e4m3fn, scale float32)``; ``x ~= x_fp8.float() * scale``.
+    """
+    return torch.ops.fastinfer.fp8_quantize(x, mode, int(group_size), scale)
+
+
+def fp8_scaled_mm(
+    a: Tensor,
+    b: Tensor,
+    scale_a: Tensor,
+    scale_b: Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+    bias: Optional[Tensor] = None,
+) -> Tensor:
+    """``out = (a * scale_a) @ (b * scale_b)^T (+ bias)``, e4m3 inputs, fp32 accumulation.
+
+    Scale layouts (all float32, contiguous, on the device of ``a``):
+
+    * per tensor / per token x per channel: ``scale_a [1]`` or ``[M]``, ``scale_b [1]`` or ``[N]``
+      (any combination), applied in the epilogue;
+    * blockwise (DeepSeek-V3 / DeepGEMM): ``scale_a [M, ceil(K/128)]`` (1 x 128 blocks of a, what
+      ``fp8_quantize(x, 'group', 128)`` returns) and ``scale_b [ceil(N/128), ceil(K/128)]``
+      (128 x 128 blocks of b), applied per 128-wide K block to fp32 partial sums in the main loop.
+
+    The CUDA kernel is a hand-written mma.sync.m16n8k32 e4m3 kernel with a multi-stage cp.async
+    pipeline; it needs sm_89+ (Ada / Hopper) and raises "requires sm_89+" on older GPUs.
+
+    Args:
+        a: ``[M, K]`` float8_e4m3fn, contiguous (activations); K a multiple of 16.
+        b: ``[N, K]`` float8_e4m3fn, contiguous row-major (a weight in ``nn.Linear`` layout);
+            N a multiple of 16.
+        scale_a, scale_b: see above.
+        out_dtype: ``torch.bfloat16`` or ``torch.float16`` (``torch.float32`` too on CPU).
+        bias: optional ``[N]`` of ``out_dtype``, added after scaling (fp32), before the rounding.
+
+    Returns:
+        A new ``[M, N]`` tensor of ``out_dtype``.
+    """
+    return torch.ops.fastinfer.fp8_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias)
