@@ -56,6 +56,19 @@ using ElementCompute = float;
 using ElementScale = float;
 constexpr int kAlignmentAB = 128 / cutlass::sizeof_bits<ElementAB>::value;  // 16 elements = 16 bytes
 
+// cudaDeviceGetAttribute is cheap but not free; the SM count of each device is cached.
+int sm_count_of(int device) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices] = {};
+  if (device < 0 || device >= kMaxDevices) return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  int n = cache[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    n = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+    cache[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
 // One kernel: a tile configuration and an output dtype.
 template <class ElementOut, class TileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule>
 struct Fp8GemmSm90 {
@@ -106,7 +119,8 @@ struct Fp8GemmSm90 {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   using Arguments = typename Gemm::Arguments;
 
-  static Arguments make_arguments(const Fp8GemmSm90Args& p, int sm_count, int device) {
+  // hw_info (device, SM count) only matters to the launch; the checks below do not read it.
+  static Arguments make_arguments(const Fp8GemmSm90Args& p, const cutlass::KernelHardwareInfo& hw_info) {
     using StrideA = typename Kernel::StrideA;
     using StrideB = typename Kernel::StrideB;
     using StrideD = typename Kernel::StrideD;
@@ -127,9 +141,6 @@ struct Fp8GemmSm90 {
         {},                                                                    // multiply_add
     };
 
-    cutlass::KernelHardwareInfo hw_info;
-    hw_info.device_id = device;
-    hw_info.sm_count = sm_count;
     return Arguments{cutlass::gemm::GemmUniversalMode::kGemm,
                      {static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), 1},
                      {static_cast<const ElementAB*>(p.a), stride_a, static_cast<const ElementAB*>(p.b), stride_b},
@@ -137,14 +148,18 @@ struct Fp8GemmSm90 {
                      hw_info};
   }
 
-  static size_t workspace_bytes(const Fp8GemmSm90Args& p, int sm_count, int device) {
-    return Gemm::get_workspace_size(make_arguments(p, sm_count, device));
-  }
+  static size_t workspace_bytes(const Fp8GemmSm90Args& p) { return Gemm::get_workspace_size(make_arguments(p, {})); }
 
-  static cudaError_t run(const Fp8GemmSm90Args& p, int sm_count, int device, cudaStream_t stream) {
-    const Arguments args = make_arguments(p, sm_count, device);
+  // Host checks first (CUTLASS's can_implement, workspace size: no device needed), then the device.
+  static cudaError_t run(const Fp8GemmSm90Args& p, cudaStream_t stream) {
+    Arguments args = make_arguments(p, {});
     if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
     if (Gemm::get_workspace_size(args) > p.workspace_bytes) return cudaErrorInvalidValue;
+    int device = 0;
+    if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+    args.hw_info.device_id = device;
+    args.hw_info.sm_count = sm_count_of(device);
+    if (args.hw_info.sm_count <= 0) return cudaErrorInvalidDevice;
     Gemm gemm;
     cutlass::Status status = gemm.initialize(args, p.workspace, stream);
     if (status == cutlass::Status::kSuccess) status = gemm.run(stream);
@@ -200,31 +215,15 @@ cudaError_t check_shape(const Fp8GemmSm90Args& p) {
   return cudaSuccess;
 }
 
-// cudaDeviceGetAttribute is cheap but not free; the SM count of each device is cached.
-int sm_count_of(int device) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices] = {};
-  if (device < 0 || device >= kMaxDevices) return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
-  int n = cache[device].load(std::memory_order_relaxed);
-  if (n == 0) {
-    n = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
-    cache[device].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
 }  // namespace
 
 bool fp8_gemm_sm90_available() { return true; }
 
 size_t fp8_gemm_sm90_workspace_bytes(const Fp8GemmSm90Args& p) {
   if (check_shape(p) != cudaSuccess || p.m == 0 || p.n == 0) return 0;
-  int device = 0;
-  int sm_count = cudaGetDevice(&device) == cudaSuccess ? sm_count_of(device) : 0;
-  if (sm_count <= 0) sm_count = 132;  // no device: an H100 SXM / H200
   size_t bytes = 0;
   dispatch(p, [&]<class G>() {
-    bytes = G::workspace_bytes(p, sm_count, device);
+    bytes = G::workspace_bytes(p);
     return cudaSuccess;
   });
   return bytes;
@@ -235,11 +234,7 @@ cudaError_t launch_fp8_gemm_sm90(const Fp8GemmSm90Args& p, cudaStream_t stream) 
   if (p.m == 0 || p.n == 0) return cudaSuccess;
   if (!p.a || !p.b || !p.out || !p.scale_a || !p.scale_b) return cudaErrorInvalidValue;
   if (!aligned16(p.a) || !aligned16(p.b) || !aligned16(p.out)) return cudaErrorMisalignedAddress;
-  int device = 0;
-  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  const int sm_count = sm_count_of(device);
-  if (sm_count <= 0) return cudaErrorInvalidDevice;
-  return dispatch(p, [&]<class G>() { return G::run(p, sm_count, device, stream); });
+  return dispatch(p, [&]<class G>() { return G::run(p, stream); });
 }
 
 }  // namespace fastinfer
