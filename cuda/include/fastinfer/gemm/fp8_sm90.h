@@ -25,7 +25,8 @@
 namespace fastinfer {
 
 struct Fp8GemmSm90Args {
-  // Device pointers. a, b, out must be 16-byte aligned; rows are contiguous along K (a, b) or N (out).
+  // Device pointers. a, b, out must be 16-byte aligned (TMA); bias and the scales may have any
+  // alignment (read element by element). Rows are contiguous along K (a, b) or N (out).
   const void* a = nullptr;        // [m, k] fp8 e4m3, row stride lda (elements)
   const void* b = nullptr;        // [n, k] fp8 e4m3, row stride ldb (b is the weight as stored: out = a @ b^T)
   void* out = nullptr;            // [m, n] out_dtype, row stride ldd
@@ -33,7 +34,7 @@ struct Fp8GemmSm90Args {
   const float* scale_a = nullptr; // per_token_channel ? [m] : [1]   (device)
   const float* scale_b = nullptr; // per_token_channel ? [n] : [1]   (device)
   int64_t m = 0, n = 0, k = 0;    // each < 2^31; n and k multiples of 16 (TMA: 16-byte rows)
-  int64_t lda = 0, ldb = 0, ldd = 0;  // row strides in elements; 0 means contiguous (k, k, n); multiples of 16
+  int64_t lda = 0, ldb = 0, ldd = 0;  // row strides in elements; 0: contiguous (k, k, n); else multiples of 16, >= the row
   bool per_token_channel = false; // false: per-tensor scale_a[0], scale_b[0]; true: scale_a[m], scale_b[n]
   DType out_dtype = DType::kBFloat16;  // kBFloat16 or kFloat16 (bias has the same dtype)
   void* workspace = nullptr;      // device, >= fp8_gemm_sm90_workspace_bytes(args) bytes (may be null if that is 0)
@@ -68,14 +69,15 @@ inline const char* fp8_gemm_sm90_config_name(Fp8GemmSm90Config config) {
 bool fp8_gemm_sm90_available();
 
 // Device workspace the launch needs for these arguments (0 for the configurations above today;
-// callers should still allocate what this returns). Independent of the pointers.
+// callers should still allocate what this returns). Independent of the pointers; needs no device.
 size_t fp8_gemm_sm90_workspace_bytes(const Fp8GemmSm90Args& args);
 
 // Launches on `stream`. Returns
-//   cudaSuccess                  (also for m == 0 or n == 0: nothing to do),
-//   cudaErrorInvalidValue        null a/b/out/scale pointer, k <= 0, m/n/k >= 2^31, n or k or a
-//                                row stride not a multiple of 16, out_dtype not bf16/fp16,
-//                                workspace smaller than fp8_gemm_sm90_workspace_bytes,
+//   cudaSuccess                  (also for m == 0 or n == 0 with otherwise valid arguments: nothing to do),
+//   cudaErrorInvalidValue        null a/b/out/scale pointer, m < 0, k <= 0, m/n/k >= 2^31, n or k or a
+//                                row stride not a multiple of 16, a row stride shorter than its row,
+//                                out_dtype not bf16/fp16, workspace smaller than
+//                                fp8_gemm_sm90_workspace_bytes (all checked on the host, no device call),
 //   cudaErrorMisalignedAddress   a, b or out not 16-byte aligned,
 //   cudaErrorNotSupported        the library was built without sm_90a kernels,
 //   or the CUDA error of the launch itself (e.g. cudaErrorNoKernelImageForDevice on a non-sm_90 GPU).
