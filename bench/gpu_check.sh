@@ -38,7 +38,7 @@ export PYTHONPATH=/tmp/fi${PYTHONPATH:+:$PYTHONPATH}
 log "build rc=$build_rc"
 
 log "pytest -m cuda"
-timeout 200 $PY -m pytest -m cuda -q -ra -p no:cacheprovider tests --junitxml="$OUT/pytest-cuda.xml" 2>&1 | tee "$OUT/pytest-cuda.log" | tail -n 40
+timeout 230 $PY -m pytest -m cuda -q -ra -p no:cacheprovider tests --junitxml="$OUT/pytest-cuda.xml" 2>&1 | tee "$OUT/pytest-cuda.log" | tail -n 40
 pytest_rc=${PIPESTATUS[0]}
 
 log "fragment probes: GPU vs emulator"
@@ -51,10 +51,17 @@ fi
 log "probe rc=$probe_rc (0: the emulator's fragment layouts match the GPU's)"
 
 log "benchmarks"
-timeout 100 $PY bench/ops.py --deadline 75 --json "$OUT/ops.json" 2>&1 | tee "$OUT/bench.log" | tail -n 40
+timeout 60 $PY bench/ops.py --deadline 40 --json "$OUT/ops.json" 2>&1 | tee "$OUT/bench.log" | tail -n 40
 bench_rc=${PIPESTATUS[0]}
-timeout 120 $PY bench/attention.py --deadline 100 --json "$OUT/attention.json" 2>&1 | tee "$OUT/bench-attention.log" | tail -n 60
+timeout 80 $PY bench/attention.py --deadline 60 --json "$OUT/attention.json" 2>&1 | tee "$OUT/bench-attention.log" | tail -n 60
 [ "${PIPESTATUS[0]}" = 0 ] || bench_rc=1
+# GEMM and speculative-decoding benches (each stops starting new shapes at its deadline).
+for b in gemm_fp8:30 gemm_int4:30 tree_verify:20; do
+  name=${b%%:*}; secs=${b##*:}
+  [ -f "bench/$name.py" ] || continue
+  timeout $((secs + 20)) $PY "bench/$name.py" --deadline "$secs" --json "$OUT/$name.json" 2>&1 | tee "$OUT/bench-$name.log" | tail -n 30
+  [ "${PIPESTATUS[0]}" = 0 ] || bench_rc=1
+done
 
 $PY - "$OUT" "$build_rc" "$pytest_rc" "$probe_rc" "$bench_rc" <<'PYEOF'
 import json, os, subprocess, sys, datetime
@@ -70,7 +77,7 @@ log = os.path.join(out, "pytest-cuda.log")
 if os.path.exists(log):
     lines = [l for l in open(log).read().splitlines() if l.strip()]
     summary["pytest_cuda_summary"] = lines[-1] if lines else ""
-for name in ("ops", "attention"):
+for name in ("ops", "attention", "gemm_fp8", "gemm_int4", "tree_verify"):
     bench = os.path.join(out, f"{name}.json")
     if os.path.exists(bench):
         summary[f"bench_{name}"] = json.load(open(bench))
