@@ -16,7 +16,7 @@ seeds would name the case: check the margin before suspecting the kernel).
 
 from __future__ import annotations
 
-import math
+import os
 
 import pytest
 import torch
@@ -246,7 +246,7 @@ def check_exactness(out, args, p, V, name):
     assert pv > 1e-3, f"{name}: first emitted token does not follow softmax(root logits): p-value {pv:.2e}"
     # Given that node 1 (the first child of the root) was accepted, the next token follows p at node 1.
     on1 = (num >= 1) & (acc[:, 1] == 1)
-    assert on1.sum() > 5000, f"{name}: too few trials through node 1 ({int(on1.sum())})"
+    assert on1.sum() > tokens.shape[0] // 40, f"{name}: too few trials through node 1 ({int(on1.sum())})"
     second = emitted(tokens[on1], acc[on1], num[on1], nxt[on1], 1)
     pv2 = chi2_pvalue(torch.bincount(second, minlength=V), p[1])
     assert pv2 > 1e-3, f"{name}: second emitted token given node 1 does not follow p at node 1: p-value {pv2:.2e}"
@@ -273,13 +273,20 @@ def test_exactness_cpu(V, draft):
     check_exactness(out, args, p, V, f"cpu V={V} draft={draft}")
 
 
+# Trials through the emulator: 200k take ~85 s per case on the shared 2-core test machine (about
+# 30 warp collectives/barriers per sequence, each resuming 32 fibers), so the sim cases use 40k
+# (~15 s each); the 200k-trial runs are the CPU cases above. Set FASTINFER_SIM_EXACTNESS_TRIALS to
+# run more.
+SIM_TRIALS = int(os.environ.get("FASTINFER_SIM_EXACTNESS_TRIALS", "40000"))
+
+
 @pytest.mark.sim
 @pytest.mark.parametrize("V,draft", [(16, False), (16, True)], ids=["candidates", "draft"])
 def test_exactness_sim(V, draft):
-    """200k trials through the CUDA kernel in the emulator (one seed; determinism is checked by
-    the other sim tests on the same code paths)."""
+    """The CUDA kernel in the emulator (one schedule seed; determinism is checked by the other sim
+    tests on the same code paths)."""
     be = get_backend("sim")
-    args, p = exactness_inputs(200_000, V, draft, seed=V + 100 * draft + 7)
+    args, p = exactness_inputs(SIM_TRIALS, V, draft, seed=V + 100 * draft + 7)
     out = tuple(be.ns.tree_verify(*args, False))
     check_exactness(out, args, p, V, f"sim V={V} draft={draft}")
 

@@ -91,10 +91,21 @@ __device__ __forceinline__ void online_merge(float& m, float& s, float m2, float
   s = a + b;
 }
 
-__device__ __forceinline__ float warp_sum(float x) {
+// Two 32-bit values moved by one 64-bit shuffle (pairs are reduced together).
+__device__ __forceinline__ unsigned long long pack2(float a, uint32_t b) {
+  return static_cast<unsigned long long>(__float_as_uint(a)) | (static_cast<unsigned long long>(b) << 32);
+}
+__device__ __forceinline__ float unpack_lo(unsigned long long x) { return __uint_as_float(static_cast<uint32_t>(x)); }
+__device__ __forceinline__ uint32_t unpack_hi(unsigned long long x) { return static_cast<uint32_t>(x >> 32); }
+
+// Sums of (a, b) over the warp, in every lane.
+__device__ __forceinline__ void warp_sum2(float& a, float& b) {
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(kFullMask, x, off);
-  return x;
+  for (int off = 16; off > 0; off >>= 1) {
+    const unsigned long long o = __shfl_xor_sync(kFullMask, pack2(a, __float_as_uint(b)), off);
+    a += unpack_lo(o);
+    b += __uint_as_float(unpack_hi(o));
+  }
 }
 
 // (value, index) argmax with the lowest index on ties; index < 0 means "empty". Commutative.
@@ -143,9 +154,8 @@ struct Walker {
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
-      const float v2 = __shfl_xor_sync(kFullMask, bv, off);
-      const int i2 = __shfl_xor_sync(kFullMask, bi, off);
-      argmax_merge(bv, bi, v2, i2);
+      const unsigned long long o = __shfl_xor_sync(kFullMask, pack2(bv, static_cast<uint32_t>(bi)), off);
+      argmax_merge(bv, bi, unpack_lo(o), static_cast<int>(unpack_hi(o)));
     }
     if (lane == 0) {
       sh.red_a[warp] = bv;
@@ -171,9 +181,8 @@ struct Walker {
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
-      const float m2 = __shfl_xor_sync(kFullMask, m, off);
-      const float s2 = __shfl_xor_sync(kFullMask, s, off);
-      online_merge(m, s, m2, s2);
+      const unsigned long long o = __shfl_xor_sync(kFullMask, pack2(m, __float_as_uint(s)), off);
+      online_merge(m, s, unpack_lo(o), __uint_as_float(unpack_hi(o)));
     }
     if (lane == 0) {
       sh.red_a[warp] = m;
@@ -239,8 +248,7 @@ struct Walker {
       store_f32<VEC>(P + v, pv);
       store_f32<VEC>(Q + v, qv);
     }
-    sp = warp_sum(sp);
-    sq = warp_sum(sq);
+    warp_sum2(sp, sq);
     if (lane == 0) {
       sh.red_a[warp] = sp;
       sh.red_b[warp] = sq;
@@ -291,9 +299,8 @@ struct Walker {
       wsel = wlast;
       before = 0.f;
     }
-    if (threadIdx.x == 0) sh.token = 0;
-    __syncthreads();
-    if (wsel >= 0 && warp == wsel) {
+    if (wsel < 0) return 0;  // no mass anywhere (uniform decision: no barrier needed)
+    if (warp == wsel) {
       float running = before;
       int found = -1, last_pos = -1;
       const int end = seg_end(wsel);
@@ -348,9 +355,7 @@ struct Walker {
       if (lane == 0) sh.token = found;
     }
     __syncthreads();
-    const int token = sh.token;
-    __syncthreads();
-    return token;
+    return sh.token;  // the walk's last use of sh.token: no trailing barrier needed
   }
 };
 
