@@ -19,8 +19,8 @@
 //    * with draft_probs the first rejection at a node materialises the residual
 //      P = max(p - q, 0) and Q = q without x in the fp32 workspace ([2, B, V]) in one pass that
 //      also reduces their per-segment masses; later rejections update P and Q in place.
-//  - the final residual sample (inverse CDF) picks the segment from seg_mass serially, and only
-//    that segment's warp rescans its elements with a warp prefix sum: ~V / num_warps elements.
+//  - the final residual sample (inverse CDF) picks the segment from seg_mass serially, and the
+//    whole CTA rescans that segment with a block prefix sum: ~V / num_warps elements.
 // Traffic for a walk visiting d nodes: greedy d reads of a logits row; sampling without draft
 // d reads + one segment; with draft, each rejection adds a pass over the row (and P, Q).
 #include "fastinfer/common/platform.cuh"
@@ -41,7 +41,7 @@ struct TreeVerifyShared {
   float red_a[kMaxWarps];     // per-warp partials of the current reduction
   float red_b[kMaxWarps];
   int red_i[kMaxWarps];
-  int token;                  // broadcast of a sampled token
+  int cand[kMaxWarps];        // inverse CDF: each warp's candidate token
 };
 
 __device__ __forceinline__ int64_t load_index(const void* base, int64_t i, bool is64) {
@@ -278,9 +278,13 @@ struct Walker {
   }
 
   // ---- inverse CDF: smallest t with cumsum(r)[t] > u * total ------------------------------------
+  // The segment is picked serially from seg_mass; the whole CTA then scans it in tiles of
+  // blockDim * VEC elements (one tile for V <= 256k at 16-bit logits). Prefix sums are formed so
+  // that thread t's exclusive prefix is bit-identical to thread t-1's inclusive one (warp
+  // Hillis-Steele scan, warp bases accumulated serially in warp order): the first thread whose
+  // inclusive prefix exceeds the threshold holds mass and its walk lands on a token with r > 0.
   __device__ int sample_residual(const T* row, bool materialised, float mx, int num_rejected, float total, float u) {
     const float thr = u * total;
-    // Segment: serial over the per-segment masses (identical in every thread).
     int wsel = -1, wlast = -1;
     float before = 0.f, acc = 0.f;
     for (int w = 0; w < num_warps; ++w) {
@@ -295,31 +299,25 @@ struct Walker {
       }
     }
     const bool fallback = wsel < 0;  // rounding left no crossing: largest t with r[t] > 0
-    if (fallback) {
-      wsel = wlast;
-      before = 0.f;
-    }
+    if (fallback) wsel = wlast;
     if (wsel < 0) return 0;  // no mass anywhere (uniform decision: no barrier needed)
-    if (warp == wsel) {
-      float running = before;
-      int found = -1, last_pos = -1;
-      const int end = seg_end(wsel);
-      for (int tile = seg_begin(wsel); tile < end; tile += 32 * VEC) {
-        const int v = tile + lane * VEC;
+    const int sb = seg_begin(wsel), se = seg_end(wsel);
+    const int step = static_cast<int>(blockDim.x) * VEC;
+    float running = before;
+    if (!fallback) {
+      for (int tile = sb; tile < se; tile += step) {
+        const int v = tile + static_cast<int>(threadIdx.x) * VEC;
         float r[VEC];
         float local = 0.f;
-        if (v < end) {
+        if (v < se) {
           residual_values(row, materialised, mx, num_rejected, v, r);
 #pragma unroll
-          for (int i = 0; i < VEC; ++i) {
-            local += r[i];
-            if (r[i] > 0.f) last_pos = v + i;
-          }
+          for (int i = 0; i < VEC; ++i) local += r[i];
         } else {
 #pragma unroll
           for (int i = 0; i < VEC; ++i) r[i] = 0.f;
         }
-        float incl = local;  // inclusive warp prefix sum (Hillis-Steele, fixed order)
+        float incl = local;
 #pragma unroll
         for (int off = 1; off < 32; off <<= 1) {
           const float y = __shfl_up_sync(kFullMask, incl, off);
@@ -327,35 +325,52 @@ struct Walker {
         }
         float excl = __shfl_up_sync(kFullMask, incl, 1);
         if (lane == 0) excl = 0.f;
-        const float tile_total = __shfl_sync(kFullMask, incl, 31);
-        const unsigned crossing = __ballot_sync(kFullMask, !fallback && running + incl > thr);
-        if (crossing != 0u) {
-          const int first = __ffs(static_cast<int>(crossing)) - 1;
-          if (lane == first) {
-            float c = running + excl;
-            int t = -1, lane_last = -1;
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) {
-              if (r[i] > 0.f) lane_last = v + i;
-              c += r[i];
-              if (t < 0 && c > thr) t = v + i;
-            }
-            found = t >= 0 ? t : lane_last;  // lane_last >= 0: a crossing lane holds mass
-          }
-          found = __shfl_sync(kFullMask, found, first);
-          break;
+        if (lane == 31) sh.red_a[warp] = incl;
+        __syncthreads();
+        float base = running, my_base = 0.f;
+        for (int w = 0; w < num_warps; ++w) {
+          if (w == warp) my_base = base;
+          base += sh.red_a[w];
         }
-        running += tile_total;
-      }
-      if (found < 0) {
+        const bool cross = my_base + incl > thr;
+        const unsigned ballot = __ballot_sync(kFullMask, cross);
+        const int first = ballot != 0u ? __ffs(static_cast<int>(ballot)) - 1 : -1;
+        if (lane == 0) sh.red_i[warp] = first;
+        if (cross && lane == first) {
+          float c = my_base + excl;
+          int t = -1, last = -1;
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) last_pos = max(last_pos, __shfl_xor_sync(kFullMask, last_pos, off));
-        found = last_pos < 0 ? 0 : last_pos;
+          for (int i = 0; i < VEC; ++i) {
+            if (r[i] > 0.f) last = v + i;
+            c += r[i];
+            if (t < 0 && c > thr) t = v + i;
+          }
+          sh.cand[warp] = t >= 0 ? t : last;
+        }
+        __syncthreads();
+        int token = -1;
+        for (int w = 0; w < num_warps && token < 0; ++w)
+          if (sh.red_i[w] >= 0) token = sh.cand[w];  // the first crossing warp's (>= 0, see above)
+        __syncthreads();  // sh.red_a / red_i / cand are rewritten by the next tile
+        if (token >= 0) return token;
+        running = base;
       }
-      if (lane == 0) sh.token = found;
     }
+    // Fallback (rounding only): the largest token of the segment with r > 0.
+    int last_pos = -1;
+    for (int v = sb + static_cast<int>(threadIdx.x) * VEC; v < se; v += step) {
+      float r[VEC];
+      residual_values(row, materialised, mx, num_rejected, v, r);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i)
+        if (r[i] > 0.f) last_pos = v + i;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) last_pos = max(last_pos, __shfl_xor_sync(kFullMask, last_pos, off));
+    if (lane == 0) sh.red_i[warp] = last_pos;
     __syncthreads();
-    return sh.token;  // the walk's last use of sh.token: no trailing barrier needed
+    for (int w = 0; w < num_warps; ++w) last_pos = max(last_pos, sh.red_i[w]);
+    return last_pos < 0 ? 0 : last_pos;  // the walk's last use of sh: no trailing barrier needed
   }
 };
 
