@@ -6,6 +6,7 @@
 
 #include "validate_attention.h"
 #include "validate_fp8.h"
+#include "validate_spec.h"
 
 namespace fastinfer::binding {
 namespace {
@@ -107,6 +108,19 @@ at::Tensor fp8_scaled_mm_meta(const at::Tensor& a, const at::Tensor& b, const at
 }
 // ---- end FP8 GEMM ----
 
+// ---- speculative decoding (tree_verify): outputs have the index dtype of draft_tokens ----------
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_meta(const at::Tensor& draft_tokens,
+                                                                const at::Tensor& parents,
+                                                                const at::Tensor& target_logits,
+                                                                const std::optional<at::Tensor>& draft_probs,
+                                                                const at::Tensor& temperature,
+                                                                const at::Tensor& uniforms, bool greedy) {
+  validate_tree_verify("tree_verify", draft_tokens, parents, target_logits, draft_probs, temperature, uniforms);
+  const auto B = draft_tokens.sym_size(0);
+  return {at::empty_symint({B, draft_tokens.sym_size(1)}, draft_tokens.options()),
+          at::empty_symint({B}, draft_tokens.options()), at::empty_symint({B}, draft_tokens.options())};
+}
+
 }  // namespace
 }  // namespace fastinfer::binding
 
@@ -136,6 +150,10 @@ FASTINFER_LIBRARY(FASTINFER_NS, m) {
   // FP8 W8A8 (DESIGN.md "GEMM"): dynamic e4m3 quantisation and the scaled e4m3 matmul.
   m.def("fp8_quantize(Tensor x, str mode='token', int group_size=128, Tensor? scale=None) -> (Tensor x_fp8, Tensor scale)");
   m.def("fp8_scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, ScalarType out_dtype, Tensor? bias=None) -> Tensor");
+  // Speculative decoding (DESIGN.md "Speculative decoding").
+  m.def("tree_verify(Tensor draft_tokens, Tensor parents, Tensor target_logits, Tensor? draft_probs, "
+        "Tensor temperature, Tensor uniforms, bool greedy) -> (Tensor accepted_nodes, Tensor num_accepted, "
+        "Tensor next_token)");
 }
 
 FASTINFER_LIBRARY_IMPL(FASTINFER_NS, Meta, m) {
@@ -154,4 +172,5 @@ FASTINFER_LIBRARY_IMPL(FASTINFER_NS, Meta, m) {
   m.impl("merge_attention_states", &merge_attention_states_meta);
   m.impl("fp8_quantize", &fp8_quantize_meta);
   m.impl("fp8_scaled_mm", &fp8_scaled_mm_meta);
+  m.impl("tree_verify", &tree_verify_meta);
 }

@@ -9,3 +9,4 @@
 #include "fastinfer/gemm/fp8_sm90.h"
 #include "fastinfer/norm/rms_norm.h"
 #include "fastinfer/rope/rotary_embedding.h"
+#include "fastinfer/spec/spec.h"

@@ -28,8 +28,10 @@ from .attention import (  # noqa: F401
 )
 
 from .gemm_fp8 import fp8_dequantize, fp8_quantize, fp8_scaled_mm  # noqa: F401
+from .spec import tree_verify  # noqa: F401,E402
 
 __all__ = [
+    "tree_verify",
     "merge_attention_states",
     "move_kv_slots",
     "paged_decode_attention",
