@@ -5,5 +5,6 @@
 #include "fastinfer/attention/attention.h"
 #include "fastinfer/cache/reshape_and_cache.h"
 #include "fastinfer/common/types.h"
+#include "fastinfer/gemm/int4.h"
 #include "fastinfer/norm/rms_norm.h"
 #include "fastinfer/rope/rotary_embedding.h"
