@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "validate_attention.h"
+#include "validate_int4.h"
 
 namespace fastinfer::binding {
 namespace {
@@ -117,6 +118,14 @@ FASTINFER_LIBRARY(FASTINFER_NS, m) {
         "float scale, int window_left=-1, float softcap=0.0, int num_splits=0, bool return_lse=False, "
         "Tensor? k_scale=None, Tensor? v_scale=None) -> (Tensor out, Tensor lse)");
   m.def("merge_attention_states(Tensor v_a, Tensor lse_a, Tensor v_b, Tensor lse_b) -> (Tensor v, Tensor lse)");
+  // INT4 W4A16 GEMM (DESIGN.md "GEMM"; layout in cuda/include/fastinfer/gemm/int4.h). Extensions:
+  // int4_repack takes g_idx (GPTQ act-order) and also returns perm (int64 [K], empty without g_idx);
+  // int4_gemm takes perm and multiplies a[:, perm].
+  m.def("int4_pack(Tensor w_q) -> Tensor");
+  m.def("int4_repack(Tensor qweight, Tensor qzeros, str fmt, Tensor? g_idx=None) -> (Tensor packed, Tensor zeros, "
+        "Tensor perm)");
+  m.def("int4_gemm(Tensor a, Tensor packed, Tensor scales, Tensor? zeros, int group_size=128, Tensor? perm=None) "
+        "-> Tensor");
 }
 
 FASTINFER_LIBRARY_IMPL(FASTINFER_NS, Meta, m) {
@@ -133,4 +142,7 @@ FASTINFER_LIBRARY_IMPL(FASTINFER_NS, Meta, m) {
   m.impl("paged_prefill_attention", &paged_prefill_attention_meta);
   m.impl("paged_decode_attention", &paged_decode_attention_meta);
   m.impl("merge_attention_states", &merge_attention_states_meta);
+  m.impl("int4_pack", &int4_pack_meta);
+  m.impl("int4_repack", &int4_repack_meta);
+  m.impl("int4_gemm", &int4_gemm_meta);
 }
