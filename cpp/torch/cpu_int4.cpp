@@ -2,7 +2,8 @@
 // shared with the CUDA/sim bindings) and int4_gemm. int4_gemm dequantises with the kernels'
 // rounding (w = (q - z) * s rounded once to a's dtype) and accumulates in fp32:
 //  - M <= kFusedMaxM (decode): a loop over 16-column tiles on ATen's thread pool that decodes each
-//    64 x 16 unit of the packed weight once and applies it to every row of a (no weight copy);
+//    64 x 16 unit of the packed weight once (through per-group tables of the 16 possible values)
+//    and applies it to every row of a (no weight copy);
 //  - larger M: 256-column chunks of W dequantised to fp32 and multiplied with at::mm.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -34,35 +35,41 @@ inline float round_to(float x) {
     return static_cast<float>(static_cast<T>(x));
 }
 
-// Decodes unit (kt, nt) into w[16][64] (fp32 values already rounded to T).
+// Table of the 16 values a weight of each column of tile nt can take, per group row:
+// lut[(row * 16 + c) * 16 + q] = round_T((q - z[row][16 nt + c]) * s[row][16 nt + c]) (one rounding
+// per table entry instead of one per weight).
 template <typename T>
-void decode_unit(const int32_t* packed, const T* scales, const uint8_t* zeros, int64_t n, int64_t group_size,
-                 int64_t kt, int64_t nt, float (&w)[16][64]) {
-  const int32_t* words = packed + (kt * (n / 16) + nt) * 128;
-  // Scale / zero of each (column, half unit): k in [64 kt + 32 h, 64 kt + 32 h + 32) is one group.
-  float s[2][16];
-  int z[2][16];
-  for (int h = 0; h < 2; ++h) {
-    const int64_t row = (64 * kt + 32 * h) / group_size;
+void build_lut(const T* scales, const uint8_t* zeros, int64_t n, int64_t groups, int64_t nt, std::vector<float>& lut) {
+  lut.resize(static_cast<size_t>(groups) * 256);
+  for (int64_t row = 0; row < groups; ++row)
     for (int c = 0; c < 16; ++c) {
-      s[h][c] = static_cast<float>(scales[row * n + 16 * nt + c]);
-      z[h][c] = zeros != nullptr ? zeros[row * n + 16 * nt + c] : 8;
+      const float sc = static_cast<float>(scales[row * n + 16 * nt + c]);
+      const int z = zeros != nullptr ? zeros[row * n + 16 * nt + c] : 8;
+      for (int q = 0; q < 16; ++q) lut[(row * 16 + c) * 16 + q] = round_to<T>(static_cast<float>(q - z) * sc);
     }
-  }
+}
+
+// Decodes unit (kt, nt) into w[16][64] (fp32 values already rounded to T) through the tile's table.
+void decode_unit(const int32_t* packed, const std::vector<float>& lut, int64_t n, int64_t group_size, int64_t kt,
+                 int64_t nt, float (&w)[16][64]) {
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(packed) + (kt * (n / 16) + nt) * 128;
+  // k in [64 kt + 32 h, 64 kt + 32 h + 32) is one group (group_size is a multiple of 32).
+  const float* tab[2] = {lut.data() + (64 * kt) / group_size * 256, lut.data() + (64 * kt + 32) / group_size * 256};
   for (int lane = 0; lane < 32; ++lane) {
     const int g = lane >> 2, t = lane & 3;
     for (int j = 0; j < 4; ++j) {
-      const uint32_t word = static_cast<uint32_t>(words[4 * lane + j]);
-      const int h = j >> 1;
+      const uint32_t word = words[4 * lane + j];
+      const float* tb = tab[j >> 1];
       for (int i = 0; i < 8; ++i) {
-        const int c = g + kNibble[i].dn, kk = 16 * j + 2 * t + kNibble[i].dk;
-        const int q = static_cast<int>((word >> (4 * i)) & 15u);
-        w[c][kk] = round_to<T>(static_cast<float>(q - z[h][c]) * s[h][c]);
+        const int c = g + kNibble[i].dn;
+        w[c][16 * j + 2 * t + kNibble[i].dk] = tb[c * 16 + ((word >> (4 * i)) & 15u)];
       }
     }
   }
 }
 
+// Decode path: per 16-column tile (ATen's thread pool), each 64 x 16 unit is decoded once into a
+// small fp32 buffer and dotted with the 64 matching activations of every row (no weight copy).
 template <typename T>
 void int4_gemm_fused(const at::Tensor& a, const at::Tensor& packed, const at::Tensor& scales, const uint8_t* zp,
                      int64_t group_size, at::Tensor& out) {
@@ -74,11 +81,13 @@ void int4_gemm_fused(const at::Tensor& a, const at::Tensor& packed, const at::Te
   T* op = out.data_ptr<T>();
   at::parallel_for(0, n / 16, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> acc(static_cast<size_t>(m) * 16);
+    std::vector<float> lut;
     float w[16][64];
     for (int64_t nt = begin; nt < end; ++nt) {
+      build_lut<T>(sp, zp, n, k / group_size, nt, lut);
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t kt = 0; kt < k / 64; ++kt) {
-        decode_unit<T>(pp, sp, zp, n, group_size, kt, nt, w);
+        decode_unit(pp, lut, n, group_size, kt, nt, w);
         for (int64_t r = 0; r < m; ++r) {
           const float* arow = ap + r * k + 64 * kt;
           float* accr = acc.data() + r * 16;
@@ -104,12 +113,15 @@ at::Tensor dequantize_rows(const at::Tensor& packed, const at::Tensor& scales, c
   float* wp = w.data_ptr<float>();
   const int32_t* pp = packed.data_ptr<int32_t>();
   const T* sp = scales.data_ptr<T>();
-  at::parallel_for(0, (rows / 16) * (k / 64), 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows / 16, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> lut;
     float buf[16][64];
-    for (int64_t u = begin; u < end; ++u) {
-      const int64_t tile = u / (k / 64), kt = u % (k / 64);
-      decode_unit<T>(pp, sp, zeros, n, group_size, kt, n0 / 16 + tile, buf);
-      for (int c = 0; c < 16; ++c) std::memcpy(wp + (16 * tile + c) * k + 64 * kt, buf[c], sizeof(buf[c]));
+    for (int64_t tile = begin; tile < end; ++tile) {
+      build_lut<T>(sp, zeros, n, k / group_size, n0 / 16 + tile, lut);
+      for (int64_t kt = 0; kt < k / 64; ++kt) {
+        decode_unit(pp, lut, n, group_size, kt, n0 / 16 + tile, buf);
+        for (int c = 0; c < 16; ++c) std::memcpy(wp + (16 * tile + c) * k + 64 * kt, buf[c], sizeof(buf[c]));
+      }
     }
   });
   return w;
