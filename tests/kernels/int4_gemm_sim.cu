@@ -210,6 +210,30 @@ int main() {
   ok &= run_case<__half>(DType::kFloat16, 3, 128, 192, 32, true, 3, 2, cs);            // split-K, two groups per unit
   ok &= run_case<__nv_bfloat16>(DType::kBFloat16, 33, 32, 128, 64, true, 2, 3, cs);    // BM 64, partial rows
   ok &= run_case<__half>(DType::kFloat16, 20, 48, 320, 64, false, 4, 4, cs);          // BM 32, uneven split units
+  ok &= run_case<__nv_bfloat16>(DType::kBFloat16, 5, 272, 640, 32, true, 7, 5, cs);   // 7 requested -> 5 splits of 2 units
+  // Split heuristic on an H100-sized GPU (132 SMs): ~2 CTAs per SM at decode sizes (M=1 4096x4096:
+  // 9 requested, 8 after removing empty splits), never an empty split, none when the tiles alone
+  // fill the GPU; M=256 (4 row blocks of 64) still gets 3 (capped by K / (16 * 64) = 4).
+  auto splits_for = [](int64_t m, int n, int k) {
+    Int4GemmParams q;
+    q.m = m;
+    q.n = n;
+    q.k = k;
+    q.group_size = 128;
+    return fastinfer::int4_gemm_num_splits(q, 132);
+  };
+  KT_EXPECT(splits_for(1, 4096, 4096) == 8, "M=1 4096x4096: %d splits", splits_for(1, 4096, 4096));
+  KT_EXPECT(splits_for(64, 4096, 4096) == 4, "M=64 4096x4096: %d splits", splits_for(64, 4096, 4096));
+  KT_EXPECT(splits_for(1, 57344, 8192) == 1, "M=1 57344x8192: %d splits", splits_for(1, 57344, 8192));
+  KT_EXPECT(splits_for(256, 4096, 4096) == 3, "M=256: %d splits", splits_for(256, 4096, 4096));
+  for (int k : {64, 128, 192, 4096, 14336})
+    for (int64_t m : {1, 3, 16, 40, 64})
+      for (int n : {16, 4096}) {
+        const int s = splits_for(m, n, k), units = k / 64;
+        const int ups = (units + s - 1) / s;
+        KT_EXPECT(s >= 1 && s <= units && (s - 1) * ups < units, "splits %d for M=%lld N=%d K=%d", s,
+                  static_cast<long long>(m), n, k);
+      }
   // Invalid parameters are refused, not launched.
   Int4GemmParams bad;
   bad.m = 1;
