@@ -303,6 +303,8 @@ BAD_GEMM = [
     ("scales_noncontig", lambda d: dict(scales=d["scales"].t().contiguous().t()), r"scales must be contiguous"),
     ("perm_shape", lambda d: dict(perm=torch.arange(64)), r"perm must have K = 128"),
     ("perm_range", lambda d: dict(perm=torch.arange(128) + 1), r"perm values must be in \[0, 128\)"),
+    ("packed_device", lambda d: dict(packed=d["packed"].to("meta")), r"packed must be on the device of a"),
+    ("zeros_device", lambda d: dict(zeros=d["zeros"].to("meta")), r"zeros must be on the device of a"),
 ]
 
 

@@ -108,7 +108,8 @@ def int4_gemm(
         zeros: ``uint8 [K / group_size, N]`` in ``0..15``, or ``None`` (symmetric, ``z = 8``).
         group_size: multiple of 32 dividing K (32, 64, 128 (default), ..., K for per-channel).
         perm: optional int64/int32 ``[K]`` act-order permutation from :func:`int4_repack`;
-            the op then multiplies ``a[:, perm]``.
+            the op then multiplies ``a[:, perm]``. Index values (perm, zeros <= 15) are checked
+            on CPU tensors, on CUDA tensors only with ``FASTINFER_CHECK_INDICES=1``.
 
     Returns:
         ``[M, N]`` in the dtype of ``a``.
