@@ -113,17 +113,21 @@ def bench(args, device, copy_gbps, rows, deadline):
         shapes = shapes[:2]
         m_values = [m for m in m_values if m in (1, 16, 256)]
     threshold = dense_min_m()
-    for model, layer, n, k in shapes:
-        if time.perf_counter() > deadline:
-            print("deadline reached; skipping the remaining shapes")
-            break
-        weight_bytes = n * k // 2 + (k // GROUP) * n * 2
-        # enough copies that one rotation exceeds ~2x a 64 MB L2 (GPU); 1 on CPU
-        sets_n = 1 if device.type == "cpu" else max(1, min(8, math.ceil(128e6 / weight_bytes)))
-        weights = [make_weight(n, k, device, dtype) for _ in range(sets_n)]
-        for m in m_values:
+    # Decode sizes first across every shape, so that a --deadline cut keeps the cases that matter most.
+    priority = [m for m in (1, 16, 4, 64, 256, 4096) if m in m_values] + [m for m in m_values
+                                                                       if m not in (1, 16, 4, 64, 256, 4096)]
+    cache = {}
+    for m in priority:
+        for model, layer, n, k in shapes:
             if time.perf_counter() > deadline:
-                break
+                print("deadline reached; skipping the remaining cases")
+                return
+            weight_bytes = n * k // 2 + (k // GROUP) * n * 2
+            # enough copies that one rotation exceeds ~2x a 64 MB L2 (GPU); 1 on CPU
+            sets_n = 1 if device.type == "cpu" else max(1, min(8, math.ceil(128e6 / weight_bytes)))
+            if (n, k) not in cache:
+                cache[(n, k)] = [make_weight(n, k, device, dtype) for _ in range(sets_n)]
+            weights = cache[(n, k)]
             a = torch.randn(m, k, dtype=dtype, device=device)
             shape = f"{model} {layer} M={m} N={n} K={k}"
             row = dict(device=device_label(device), shape=shape, model=model, layer=layer, m=m, n=n, k=k,
@@ -145,7 +149,6 @@ def bench(args, device, copy_gbps, rows, deadline):
                 row["error"] = f"{type(e).__name__}: {e}"
             rows.append(row)
             print_row(row)
-        del weights
 
 
 def print_row(r):
