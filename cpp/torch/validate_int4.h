@@ -2,6 +2,7 @@
 // Shape/dtype/device rules of the int4 (W4A16) ops, shared by the Meta, CPU and CUDA/sim impls
 // (symbolic sizes), plus the packed-layout conversions written as ATen tensor ops (so the same
 // code packs on the CPU, on a GPU and for the sim namespace). Layout: cuda/include/fastinfer/gemm/int4.h.
+#include <algorithm>
 #include <string>
 
 #include "common.h"
@@ -135,15 +136,26 @@ inline at::Tensor int64_to_int32_bits(const at::Tensor& x) {
   return at::where(x >= (int64_t{1} << 31), x - (int64_t{1} << 32), x).to(at::kInt);
 }
 
+// Elements of the int64 temporaries of one conversion step (bounds the memory of a layout
+// conversion of a large layer to ~0.5 GB on top of its input and output).
+inline constexpr int64_t kInt4ConvertChunkElems = int64_t{64} << 20;
+
 // w_q [N, K] (0..15, any integer dtype) -> packed int32 [K / 64, 8 N] (gemm/int4.h): nibble
 // i = 4 e + 2 h + kh of word (kt, nt, lane = 4 g + t, j) holds W[16 nt + 8 h + g][64 kt + 16 j + 8 kh + 2 t + e].
+// Converted in chunks of K.
 inline at::Tensor int4_pack_impl(const at::Tensor& w_q) {
   const int64_t n = w_q.size(0), k = w_q.size(1);
-  auto x = w_q.to(at::kLong).bitwise_and(15).view({n / 16, 2, 8, k / 64, 4, 2, 4, 2});
-  //                                           nt   h  g  kt    j  kh t  e
-  x = x.permute({3, 0, 2, 6, 4, 7, 1, 5}).reshape({k / 64, 8 * n, 8});  // kt, nt, g, t, j | e, h, kh
-  auto shifts = at::arange(0, 32, 4, x.options());
-  return int64_to_int32_bits(x.bitwise_left_shift(shifts).sum(-1)).contiguous();
+  auto packed = at::empty({k / 64, 8 * n}, w_q.options().dtype(at::kInt));
+  const int64_t chunk = std::max<int64_t>(64, kInt4ConvertChunkElems / std::max<int64_t>(n, 1) / 64 * 64);
+  const auto shifts = at::arange(0, 32, 4, w_q.options().dtype(at::kLong));
+  for (int64_t k0 = 0; k0 < k; k0 += chunk) {
+    const int64_t kc = std::min(chunk, k - k0);
+    auto x = w_q.narrow(1, k0, kc).to(at::kLong).bitwise_and(15).reshape({n / 16, 2, 8, kc / 64, 4, 2, 4, 2});
+    //                                                                  nt   h  g  kt     j  kh t  e
+    x = x.permute({3, 0, 2, 6, 4, 7, 1, 5}).reshape({kc / 64, 8 * n, 8});  // kt, nt, g, t, j | e, h, kh
+    packed.narrow(0, k0 / 64, kc / 64).copy_(int64_to_int32_bits(x.bitwise_left_shift(shifts).sum(-1)));
+  }
+  return packed;
 }
 
 // Nibble i of each int32 word, as int64 [..., 8].
@@ -160,17 +172,23 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_repack_impl(const cha
   const int64_t n = awq ? qweight.size(1) * 8 : qweight.size(1);
   const int64_t k = awq ? qweight.size(0) : qweight.size(0) * 8;
   const int64_t groups = qzeros.size(0);
-  at::Tensor q_kn, z;  // [K, N], [K / G, N]
-  if (awq) {
-    // nibble i of word j holds column 8 j + order[i], order = 0 4 1 5 2 6 3 7: column c <- nibble inv[c].
-    const auto inv = at::tensor(std::vector<int64_t>{0, 2, 4, 6, 1, 3, 5, 7}, qweight.options().dtype(at::kLong));
-    q_kn = unpack_nibbles(qweight).index_select(-1, inv).reshape({k, n});
-    z = unpack_nibbles(qzeros).index_select(-1, inv).reshape({groups, n});
-  } else {
-    // nibble i of word (j, n) holds row 8 j + i; zeros plain order along N, stored as zero - 1.
-    q_kn = unpack_nibbles(qweight).permute({0, 2, 1}).reshape({k, n});
-    z = unpack_nibbles(qzeros).reshape({groups, n}).add(1).bitwise_and(15);
+  // nibble i of an AWQ word holds column 8 j + order[i], order = 0 4 1 5 2 6 3 7: column c <- nibble inv[c].
+  const auto inv = at::tensor(std::vector<int64_t>{0, 2, 4, 6, 1, 3, 5, 7}, qweight.options().dtype(at::kLong));
+  // q_kn uint8 [K, N], unpacked in chunks of qweight rows.
+  auto q_kn = at::empty({k, n}, qweight.options().dtype(at::kByte));
+  const int64_t rows = qweight.size(0);
+  const int64_t chunk = std::max<int64_t>(1, kInt4ConvertChunkElems / std::max<int64_t>(8 * qweight.size(1), 1));
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t rc = std::min(chunk, rows - r0);
+    const auto nib = unpack_nibbles(qweight.narrow(0, r0, rc));  // [rc, cols, 8]
+    if (awq)  // rows are k; nibbles (permuted by inv) are 8 consecutive columns
+      q_kn.narrow(0, r0, rc).copy_(nib.index_select(-1, inv).reshape({rc, n}));
+    else  // nibble i of word (j, n) holds row 8 j + i
+      q_kn.narrow(0, 8 * r0, 8 * rc).copy_(nib.permute({0, 2, 1}).reshape({8 * rc, n}));
   }
+  // Zero points: AWQ as stored (interleaved order); GPTQ v1 plain order, stored as zero - 1.
+  const auto z = awq ? unpack_nibbles(qzeros).index_select(-1, inv).reshape({groups, n})
+                     : unpack_nibbles(qzeros).reshape({groups, n}).add(1).bitwise_and(15);
   at::Tensor perm = at::empty({0}, qweight.options().dtype(at::kLong));
   if (g_idx.has_value()) {
     const int64_t group_size = k / groups;
