@@ -7,6 +7,7 @@
 #include "validate_attention.h"
 #include "validate_fp8.h"
 #include "validate_spec.h"
+#include "validate_int4.h"
 
 namespace fastinfer::binding {
 namespace {
@@ -154,6 +155,14 @@ FASTINFER_LIBRARY(FASTINFER_NS, m) {
   m.def("tree_verify(Tensor draft_tokens, Tensor parents, Tensor target_logits, Tensor? draft_probs, "
         "Tensor temperature, Tensor uniforms, bool greedy) -> (Tensor accepted_nodes, Tensor num_accepted, "
         "Tensor next_token)");
+  // INT4 W4A16 GEMM (DESIGN.md "GEMM"; layout in cuda/include/fastinfer/gemm/int4.h). Extensions:
+  // int4_repack takes g_idx (GPTQ act-order) and also returns perm (int64 [K], empty without g_idx);
+  // int4_gemm takes perm and multiplies a[:, perm].
+  m.def("int4_pack(Tensor w_q) -> Tensor");
+  m.def("int4_repack(Tensor qweight, Tensor qzeros, str fmt, Tensor? g_idx=None) -> (Tensor packed, Tensor zeros, "
+        "Tensor perm)");
+  m.def("int4_gemm(Tensor a, Tensor packed, Tensor scales, Tensor? zeros, int group_size=128, Tensor? perm=None) "
+        "-> Tensor");
 }
 
 FASTINFER_LIBRARY_IMPL(FASTINFER_NS, Meta, m) {
@@ -173,4 +182,7 @@ FASTINFER_LIBRARY_IMPL(FASTINFER_NS, Meta, m) {
   m.impl("fp8_quantize", &fp8_quantize_meta);
   m.impl("fp8_scaled_mm", &fp8_scaled_mm_meta);
   m.impl("tree_verify", &tree_verify_meta);
+  m.impl("int4_pack", &int4_pack_meta);
+  m.impl("int4_repack", &int4_repack_meta);
+  m.impl("int4_gemm", &int4_gemm_meta);
 }
