@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "validate_attention.h"
+#include "validate_spec.h"
 
 namespace fastinfer::binding {
 namespace {
@@ -91,6 +92,19 @@ void move_kv_slots_meta(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tens
   validate_move_kv_slots("move_kv_slots", k_cache, v_cache, src_slots, dst_slots);
 }
 
+// ---- speculative decoding (tree_verify): outputs have the index dtype of draft_tokens ----------
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_meta(const at::Tensor& draft_tokens,
+                                                                const at::Tensor& parents,
+                                                                const at::Tensor& target_logits,
+                                                                const std::optional<at::Tensor>& draft_probs,
+                                                                const at::Tensor& temperature,
+                                                                const at::Tensor& uniforms, bool greedy) {
+  validate_tree_verify("tree_verify", draft_tokens, parents, target_logits, draft_probs, temperature, uniforms);
+  const auto B = draft_tokens.sym_size(0);
+  return {at::empty_symint({B, draft_tokens.sym_size(1)}, draft_tokens.options()),
+          at::empty_symint({B}, draft_tokens.options()), at::empty_symint({B}, draft_tokens.options())};
+}
+
 }  // namespace
 }  // namespace fastinfer::binding
 
@@ -117,6 +131,10 @@ FASTINFER_LIBRARY(FASTINFER_NS, m) {
         "float scale, int window_left=-1, float softcap=0.0, int num_splits=0, bool return_lse=False, "
         "Tensor? k_scale=None, Tensor? v_scale=None) -> (Tensor out, Tensor lse)");
   m.def("merge_attention_states(Tensor v_a, Tensor lse_a, Tensor v_b, Tensor lse_b) -> (Tensor v, Tensor lse)");
+  // Speculative decoding (DESIGN.md "Speculative decoding").
+  m.def("tree_verify(Tensor draft_tokens, Tensor parents, Tensor target_logits, Tensor? draft_probs, "
+        "Tensor temperature, Tensor uniforms, bool greedy) -> (Tensor accepted_nodes, Tensor num_accepted, "
+        "Tensor next_token)");
 }
 
 FASTINFER_LIBRARY_IMPL(FASTINFER_NS, Meta, m) {
@@ -133,4 +151,5 @@ FASTINFER_LIBRARY_IMPL(FASTINFER_NS, Meta, m) {
   m.impl("paged_prefill_attention", &paged_prefill_attention_meta);
   m.impl("paged_decode_attention", &paged_decode_attention_meta);
   m.impl("merge_attention_states", &merge_attention_states_meta);
+  m.impl("tree_verify", &tree_verify_meta);
 }

@@ -7,3 +7,4 @@
 #include "fastinfer/common/types.h"
 #include "fastinfer/norm/rms_norm.h"
 #include "fastinfer/rope/rotary_embedding.h"
+#include "fastinfer/spec/spec.h"

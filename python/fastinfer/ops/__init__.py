@@ -21,7 +21,10 @@ from .attention import (  # noqa: F401
     prefill_attention,
 )
 
+from .spec import tree_verify  # noqa: F401,E402
+
 __all__ = [
+    "tree_verify",
     "merge_attention_states",
     "move_kv_slots",
     "paged_decode_attention",

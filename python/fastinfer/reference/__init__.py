@@ -27,7 +27,10 @@ from .attention import (  # noqa: F401
     visibility_mask,
 )
 
+from .spec import tree_verify  # noqa: F401,E402
+
 __all__ = [
+    "tree_verify",
     "merge_attention_states",
     "move_kv_slots",
     "paged_decode_attention",

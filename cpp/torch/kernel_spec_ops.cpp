@@ -1,0 +1,58 @@
+// CUDA implementation of tree_verify (also built for simt, see kernel_backend.h): validate,
+// allocate outputs and the fp32 residual workspace through the caching allocator (no host sync
+// unless FASTINFER_CHECK_INDICES=1 asks for the value checks), fill the Params, launch.
+#include "kernel_backend.h"
+#include "validate_spec.h"
+
+namespace fastinfer::binding {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents,
+                                                           const at::Tensor& target_logits,
+                                                           const std::optional<at::Tensor>& draft_probs,
+                                                           const at::Tensor& temperature, const at::Tensor& uniforms,
+                                                           bool greedy) {
+  const char* op = "tree_verify";
+  validate_tree_verify(op, draft_tokens, parents, target_logits, draft_probs, temperature, uniforms);
+  check_device(draft_tokens, op, "draft_tokens");
+  check_tree_verify_layout(op, draft_tokens, parents, target_logits, draft_probs, temperature, uniforms);
+  const int64_t B = draft_tokens.size(0), N = draft_tokens.size(1), V = target_logits.size(2);
+  check_tree_verify_values(op, draft_tokens, parents, V, temperature, uniforms, greedy);
+  FI_CHECK(B <= 0x7fffffff, op, "draft_tokens must have batch < 2^31, got ", B);
+  auto accepted = at::empty({B, N}, draft_tokens.options());
+  auto num = at::empty({B}, draft_tokens.options());
+  auto next = at::empty({B}, draft_tokens.options());
+  if (B == 0) return {accepted, num, next};
+  KernelScope scope(op, draft_tokens);
+  TreeVerifyParams p;
+  p.draft_tokens = draft_tokens.data_ptr();
+  p.parents = parents.data_ptr();
+  p.target_logits = target_logits.data_ptr();
+  p.draft_probs = draft_probs.has_value() ? draft_probs->data_ptr<float>() : nullptr;
+  p.temperature = temperature.data_ptr<float>();
+  p.uniforms = uniforms.data_ptr<float>();
+  p.accepted_nodes = accepted.data_ptr();
+  p.num_accepted = num.data_ptr();
+  p.next_token = next.data_ptr();
+  p.batch_size = static_cast<int32_t>(B);
+  p.num_nodes = static_cast<int32_t>(N);
+  p.vocab_size = static_cast<int32_t>(V);
+  p.greedy = greedy;
+  p.logits_dtype = to_dtype(target_logits.scalar_type());
+  p.index_type = to_index_type(draft_tokens.scalar_type());
+  at::Tensor workspace;
+  const size_t ws = tree_verify_workspace_size(p);
+  if (ws > 0) {
+    workspace = at::empty({static_cast<int64_t>(ws / sizeof(float))}, target_logits.options().dtype(at::kFloat));
+    p.workspace = workspace.data_ptr<float>();
+  }
+  check_launch(launch_tree_verify(p, scope.stream()), op);
+  return {accepted, num, next};
+}
+
+}  // namespace
+}  // namespace fastinfer::binding
+
+FASTINFER_LIBRARY_IMPL(FASTINFER_NS, FASTINFER_KERNEL_KEY, m) {
+  m.impl("tree_verify", &fastinfer::binding::tree_verify);
+}
