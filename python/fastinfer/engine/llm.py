@@ -154,6 +154,7 @@ class LLM:
         if not 0.0 < gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         num_spec_tokens = _check_spec_args(spec_mode, num_spec_tokens, spec_tree_topk, spec_tree_depth)
+        self._spec_mode = spec_mode
 
         # --- model -------------------------------------------------------------------------------
         if model is None:
@@ -254,6 +255,11 @@ class LLM:
             if int(getattr(draft, "max_positions", max_positions)) < self.max_model_len:
                 raise ValueError(f"draft_model accepts {draft.max_positions} positions, fewer than "
                                  f"max_model_len={self.max_model_len}")
+        if self._spec_mode == "tree":
+            for name, cfg in (("target", self.config), ("draft", draft.config)):
+                if any(cfg.window_left(i) >= 0 for i in range(cfg.num_hidden_layers)):
+                    raise ValueError(f"spec_mode='tree' needs full attention, but the {name} model has sliding-window "
+                                     "layers (tree attention takes no window): use spec_mode='chain'")
         if hasattr(draft, "pack_linears_for_cpu"):
             draft.pack_linears_for_cpu()
         return draft
