@@ -160,7 +160,7 @@ def _add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-spec-tokens", type=int, default=None,
                    help="chain length / tree node budget (default 4 chain, 8 tree)")
     p.add_argument("--spec-tree-topk", type=int, default=2, help="tree mode: children per expanded node")
-    p.add_argument("--spec-tree-depth", type=int, default=None, help="tree mode: depth (default min(N, N // topk + 1))")
+    p.add_argument("--spec-tree-depth", type=int, default=None, help="tree mode: depth (default min(N, max(2, N // (2 * topk) + 1)))")
 
 
 def _timed_run(llm, prompts, sp, speculative: Optional[bool] = None):
@@ -277,6 +277,25 @@ def cmd_bench(args) -> int:
                 "speedup_vs_no_spec": round(base_s / elapsed, 3),
                 "greedy_outputs_identical": f"{same}/{len(outs)}",
             })
+            if args.compare_repeats > 1:
+                # alternate spec / no-spec runs (a shared machine's load drifts): median and spread
+                ratios, spec_s, base_ss = [base_s / elapsed], [elapsed], [base_s]
+                for _ in range(args.compare_repeats - 1):
+                    e1 = _timed_run(llm, prompts, sp)[0]
+                    e0 = _timed_run(llm, prompts, sp, speculative=False)[0]
+                    spec_s.append(e1)
+                    base_ss.append(e0)
+                    ratios.append(e0 / e1)
+                r = sorted(ratios)
+                res.update({
+                    "spec_elapsed_s_runs": [round(x, 4) for x in spec_s],
+                    "no_spec_elapsed_s_runs": [round(x, 4) for x in base_ss],
+                    "speedup_vs_no_spec_median": round(r[len(r) // 2] if len(r) % 2 else
+                                                       (r[len(r) // 2 - 1] + r[len(r) // 2]) / 2, 3),
+                    "speedup_vs_no_spec_min_max": [round(r[0], 3), round(r[-1], 3)],
+                    # fastest run of each (the least disturbed by other load)
+                    "speedup_vs_no_spec_best_of": round(min(base_ss) / min(spec_s), 3),
+                })
     if args.compare_transformers:
         hf = _hf_model(args, dtype, device, ours=llm.model)
         x = torch.tensor(prompts, device=device)
@@ -357,6 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_args(b)
     b.add_argument("--compare-no-spec", action="store_true",
                    help="with --draft-model: run the same prompts again without speculation, report the speedup")
+    b.add_argument("--compare-repeats", type=int, default=1,
+                   help="with --compare-no-spec: alternate spec / no-spec runs this many times (median, min, max)")
     b.set_defaults(func=cmd_bench)
     return ap
 

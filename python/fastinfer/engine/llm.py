@@ -110,7 +110,8 @@ class LLM:
             ``SamplingParams(speculative=False)``. The draft's KV pool uses the target's block ids.
         spec_mode: "chain" (``num_spec_tokens`` draft tokens in a row) or "tree" (EAGLE-2-style
             tree of ``num_spec_tokens`` nodes, ``spec_tree_topk`` children per expanded node,
-            ``spec_tree_depth`` levels; default depth ``min(N, N // topk + 1)``).
+            ``spec_tree_depth`` levels; default depth ``min(N, max(2, N // (2 * topk) + 1))``: one
+            draft forward per level).
         num_spec_tokens: chain length k / tree node budget N (without the root); default 4 (chain)
             or 8 (tree).
     """

@@ -36,6 +36,11 @@ prefix caching need no second allocator. ``BlockManager.draft_valid`` flags full
 K/V is complete, so a prefix-cache hit also spares the draft's recomputation. Fed draft nodes live
 at positions ``n + fed_index`` (inside the slots the scheduler reserved, ``spec_span``).
 
+Seeded requests are reproducible: the draft's draws (chain sampling) and the verification uniforms
+come from the request's generator. A step in which a sequence cannot speculate (token budget or free
+blocks short, see ``Scheduler.spec_span``) samples it the ordinary way, which consumes its generator
+differently: under such pressure a seeded completion may depend on the load (it stays exact).
+
 Not speculated (they decode normally, in the same step): requests with ``SamplingParams.speculative
 = False``, requests using top-k / top-p / min-p / repetition penalty (the verifier reproduces the
 plain temperature distribution only), requests with fewer than 2 tokens left to generate, and
@@ -96,7 +101,8 @@ class SpecDecoder:
         self.k = int(num_spec_tokens)
         self.topk = int(tree_topk)
         if tree_depth is None:
-            tree_depth = min(self.k, max(1, self.k // self.topk) + 1)
+            # one draft forward per level; deeper levels rarely survive the best-N cut
+            tree_depth = min(self.k, max(2, self.k // (2 * self.topk) + 1))
         self.depth = int(tree_depth)
         self.max_model_len = max_model_len
         self.max_chunk = max(1, int(max_num_batched_tokens))
@@ -457,6 +463,10 @@ class SpecDecoder:
         return ts, td, ds, dd
 
     def stats(self) -> Dict[str, object]:
+        """Lifetime counters. ``spec_mean_accepted_length``: accepted draft tokens per verification
+        (each verification also emits one more token: ``spec_mean_tokens_per_verify``);
+        ``spec_acceptance_rate_per_depth[d - 1]``: among verifications whose tree had a node at
+        depth d, the fraction whose accepted path reached depth d."""
         nv = max(self.num_verify, 1)
         return {
             "spec_num_verify": self.num_verify,
