@@ -12,8 +12,8 @@ features disable speculation, bad arguments, the CLI.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 import os
 import random
 import shutil
@@ -109,12 +109,17 @@ def test_greedy_identical_mixed_batch_preemption(pair, mode, k, topk, depth):
         kw = dict(GREEDY)
         if i % 4 == 1:
             kw["speculative"] = False  # opts out: decodes normally in the same steps
-        if i % 5 == 2:
-            kw = dict(temperature=0.0, stop_token_ids=[prompts[-1][0]])  # eos (id 1) and a stop token
         if i % 7 == 3:
             kw["n"] = 2
         params.append(SamplingParams(max_tokens=rng.randint(2, 30), **kw))
-    ref = LLM(tgt, num_kv_blocks=256, seed=0).generate(prompts, params)
+    base = LLM(tgt, num_kv_blocks=256, seed=0)
+    # every 5th request stops on a token its greedy completion emits mid-way (and on eos, id 1)
+    free_run = base.generate(prompts, params)
+    for i in range(2, len(prompts), 5):
+        toks = free_run[i].outputs[0].token_ids
+        if len(toks) >= 4:
+            params[i] = dataclasses.replace(params[i], ignore_eos=False, stop_token_ids=[toks[len(toks) // 2]])
+    ref = base.generate(prompts, params)
     llm = LLM(tgt, draft_model=dft, spec_mode=mode, num_spec_tokens=k, spec_tree_topk=topk, spec_tree_depth=depth,
               num_kv_blocks=24, max_num_seqs=16, max_num_batched_tokens=96, seed=0)
     outs = llm.generate(prompts, params)
@@ -127,6 +132,22 @@ def test_greedy_identical_mixed_batch_preemption(pair, mode, k, topk, depth):
     for o, p in zip(outs, params):
         if p.speculative is False:
             assert o.metrics["spec_num_verify"] == 0
+    # some completions stop on a stop token in the middle of an accepted draft
+    assert any(c.finish_reason == "stop" for o in outs for c in o.outputs)
+    _assert_no_leak(llm)
+
+
+def test_stream_and_abort_with_speculation(pair):
+    tgt, dft = pair
+    llm = LLM(tgt, draft_model=dft, spec_mode="tree", num_spec_tokens=4, num_kv_blocks=32, seed=0)
+    sp = SamplingParams(max_tokens=20, **GREEDY)
+    ref = LLM(tgt, seed=0).generate([9, 8, 7], sp)[0].outputs[0].token_ids
+    parts = list(llm.stream([9, 8, 7], sp))
+    assert parts[-1].finished and parts[-1].outputs[0].token_ids == ref
+    assert len(parts) < len(ref)  # several tokens per step
+    it = llm.stream([9, 8, 7, 6], SamplingParams(max_tokens=50, **GREEDY))
+    next(it), next(it), next(it)
+    it.close()  # aborts mid-generation: blocks of both pools' ids come back
     _assert_no_leak(llm)
 
 

@@ -50,7 +50,7 @@ sequences whose tree would not fit ``max_model_len``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence as Seq, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
