@@ -4,10 +4,15 @@
     fastinfer generate --model PATH --chat --prompt "Hi!" --temperature 0.7 --stream
     fastinfer bench --preset llama3-8b --random-weights --batch 32 --input-len 512 --output-len 128 --json
     fastinfer bench --model PATH --batch 8 --compare-transformers
+    fastinfer generate --draft-model python/fastinfer/assets/tiny-llama-draft --spec-mode tree --prompt "def"
+    fastinfer bench --model M --draft-model D --spec-mode chain --num-spec-tokens 4 --batch 1 --compare-no-spec
 
 ``bench`` reports TTFT (time from submission to the first token, mean over requests), TPOT (time
 per output token after the first, mean), output tokens/s and total (prompt + output) tokens/s.
-All requests are submitted at once (offline throughput); greedy, EOS ignored.
+All requests are submitted at once (offline throughput); greedy, EOS ignored. With ``--draft-model``
+(speculative decoding) it also reports the mean accepted length, the acceptance rate per depth and
+target forwards per generated token; ``--compare-no-spec`` runs the same prompts again with
+speculation off (same engine) and reports the speedup.
 """
 
 from __future__ import annotations
@@ -106,7 +111,7 @@ def cmd_generate(args) -> int:
                         min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed_request,
                         max_tokens=args.max_tokens, stop=args.stop or None, ignore_eos=args.ignore_eos)
     llm = LLM(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-              seed=args.seed, load_progress=True)
+              seed=args.seed, load_progress=True, **_spec_kwargs(args))
     prompts: List[Any] = list(args.prompt or [])
     if not prompts:
         prompts = [sys.stdin.read()]
@@ -142,6 +147,50 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _spec_kwargs(args) -> Dict[str, Any]:
+    if not args.draft_model:
+        return {}
+    return dict(draft_model=args.draft_model, spec_mode=args.spec_mode, num_spec_tokens=args.num_spec_tokens,
+                spec_tree_topk=args.spec_tree_topk, spec_tree_depth=args.spec_tree_depth)
+
+
+def _add_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft-model", default=None, help="speculative decoding with this draft model (same tokenizer)")
+    p.add_argument("--spec-mode", default="chain", choices=["chain", "tree"])
+    p.add_argument("--num-spec-tokens", type=int, default=None,
+                   help="chain length / tree node budget (default 4 chain, 8 tree)")
+    p.add_argument("--spec-tree-topk", type=int, default=2, help="tree mode: children per expanded node")
+    p.add_argument("--spec-tree-depth", type=int, default=None, help="tree mode: depth (default min(N, max(2, N // (2 * topk) + 1)))")
+
+
+def _timed_run(llm, prompts, sp, speculative: Optional[bool] = None):
+    """Submit all prompts, step to completion; returns (elapsed_s, requests, outputs)."""
+    import dataclasses
+
+    from tqdm.auto import tqdm
+
+    if speculative is not None:
+        sp = dataclasses.replace(sp, speculative=speculative)
+    start = time.perf_counter()
+    ids = [llm.add_request(p, sp) for p in prompts]
+    reqs = [llm._requests[i] for i in ids]
+    bar = tqdm(total=len(prompts) * sp.max_tokens, desc="bench", unit="tok", disable=not sys.stderr.isatty())
+    done = 0
+    while llm.has_unfinished_requests():
+        llm._step()
+        n = sum(len(s.output_token_ids) for r in reqs for s in r.seqs)
+        bar.update(n - done)
+        done = n
+    if llm.device.type == "cuda":
+        torch.cuda.synchronize(llm.device)
+    elapsed = time.perf_counter() - start
+    bar.close()
+    outs = [llm._output(r) for r in reqs]
+    for i in ids:
+        llm._requests.pop(i, None)
+    return elapsed, start, reqs, outs
+
+
 def cmd_bench(args) -> int:
     from .engine import LLM, SamplingParams
 
@@ -149,6 +198,8 @@ def cmd_bench(args) -> int:
         raise SystemExit("give exactly one of --model PATH or --preset NAME --random-weights")
     if args.preset and not args.random_weights:
         raise SystemExit("--preset needs --random-weights (presets have no weights to download)")
+    if args.compare_no_spec and not args.draft_model:
+        raise SystemExit("--compare-no-spec needs --draft-model")
     device = _device(args.device)
     dtype = _dtype(args.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     max_len = args.max_model_len or (args.input_len + args.output_len + 16)
@@ -158,12 +209,12 @@ def cmd_bench(args) -> int:
         llm = LLM(model, device=device, max_model_len=max_len, max_num_seqs=max(args.batch, 1),
                   max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
                   gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False,
-                  enforce_eager=args.enforce_eager)
+                  enforce_eager=args.enforce_eager, **_spec_kwargs(args))
     else:
         llm = LLM(args.model, dtype=dtype, device=device, max_model_len=max_len, max_num_seqs=max(args.batch, 1),
                   max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
                   gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False,
-                  load_progress=True, enforce_eager=args.enforce_eager)
+                  load_progress=True, enforce_eager=args.enforce_eager, **_spec_kwargs(args))
     load_s = time.perf_counter() - t0
     V = llm.vocab_size
     g = torch.Generator().manual_seed(args.seed)
@@ -173,23 +224,10 @@ def cmd_bench(args) -> int:
     for _ in range(args.warmup):
         llm.generate(prompts[: min(len(prompts), 4)], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
 
-    from tqdm.auto import tqdm
-
-    start = time.perf_counter()
-    ids = [llm.add_request(p, sp) for p in prompts]
-    reqs = [llm._requests[i] for i in ids]
-    bar = tqdm(total=args.batch * args.output_len, desc="bench", unit="tok", disable=not sys.stderr.isatty())
-    done = 0
-    while llm.has_unfinished_requests():
-        llm._step()
-        n = sum(len(s.output_token_ids) for r in reqs for s in r.seqs)
-        bar.update(n - done)
-        done = n
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - start
-    bar.close()
-    outs = [llm._output(r) for r in reqs]
+    st0 = llm.stats()
+    d0 = (list(llm.spec.depth_reached), list(llm.spec.depth_offered)) if llm.spec is not None else None
+    elapsed, start, reqs, outs = _timed_run(llm, prompts, sp)
+    st1 = llm.stats()
     ttft = [r.first_token_time - start for r in reqs]
     tpot = [(r.finished_time - r.first_token_time) / max(len(o.outputs[0].token_ids) - 1, 1)
             for r, o in zip(reqs, outs) if len(o.outputs[0].token_ids) > 1]
@@ -207,6 +245,57 @@ def cmd_bench(args) -> int:
         "total_tokens_per_s": round((out_tokens + args.batch * args.input_len) / elapsed, 2),
         "num_preemptions": llm.stats()["num_preemptions"], "num_kv_blocks": llm.stats()["num_kv_blocks"],
     }
+    if llm.spec is not None:
+        nv = st1["spec_num_verify"] - st0["spec_num_verify"]
+        acc = st1["spec_num_accepted_tokens"] - st0["spec_num_accepted_tokens"]
+        drafted = st1["spec_num_draft_tokens"] - st0["spec_num_draft_tokens"]
+        reached = [a - (d0[0][i] if i < len(d0[0]) else 0) for i, a in enumerate(llm.spec.depth_reached)]
+        offered = [a - (d0[1][i] if i < len(d0[1]) else 0) for i, a in enumerate(llm.spec.depth_offered)]
+        rates = [r / o if o else 0.0 for r, o in zip(reached, offered)]
+        res.update({
+            "draft_model": args.draft_model, "spec_mode": args.spec_mode, "num_spec_tokens": llm.spec.k,
+            "spec_tree_topk": llm.spec.topk if args.spec_mode == "tree" else None,
+            "spec_tree_depth": llm.spec.depth if args.spec_mode == "tree" else None,
+            "spec_verifications": nv,
+            "mean_accepted_length": round(acc / nv, 4) if nv else 0.0,
+            "mean_tokens_per_verification": round((acc + nv) / nv, 4) if nv else 0.0,
+            "draft_acceptance_rate": round(acc / drafted, 4) if drafted else 0.0,
+            "acceptance_rate_per_depth": [round(r, 4) for r in rates],
+            # per request: target forward passes that computed its tokens / its generated tokens
+            "target_forwards_per_generated_token": round(
+                sum(o.metrics["target_forwards_per_token"] for o in outs) / len(outs), 4),
+        })
+        if args.compare_no_spec:
+            base_s, _, _, base_outs = _timed_run(llm, prompts, sp, speculative=False)
+            base_tokens = sum(len(o.outputs[0].token_ids) for o in base_outs)
+            same = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(outs, base_outs))
+            res.update({
+                "no_spec_elapsed_s": round(base_s, 4),
+                "no_spec_output_tokens_per_s": round(base_tokens / base_s, 2),
+                "no_spec_target_forwards_per_generated_token": round(
+                    sum(o.metrics["target_forwards_per_token"] for o in base_outs) / len(base_outs), 4),
+                "speedup_vs_no_spec": round(base_s / elapsed, 3),
+                "greedy_outputs_identical": f"{same}/{len(outs)}",
+            })
+            if args.compare_repeats > 1:
+                # alternate spec / no-spec runs (a shared machine's load drifts): median and spread
+                ratios, spec_s, base_ss = [base_s / elapsed], [elapsed], [base_s]
+                for _ in range(args.compare_repeats - 1):
+                    e1 = _timed_run(llm, prompts, sp)[0]
+                    e0 = _timed_run(llm, prompts, sp, speculative=False)[0]
+                    spec_s.append(e1)
+                    base_ss.append(e0)
+                    ratios.append(e0 / e1)
+                r = sorted(ratios)
+                res.update({
+                    "spec_elapsed_s_runs": [round(x, 4) for x in spec_s],
+                    "no_spec_elapsed_s_runs": [round(x, 4) for x in base_ss],
+                    "speedup_vs_no_spec_median": round(r[len(r) // 2] if len(r) % 2 else
+                                                       (r[len(r) // 2 - 1] + r[len(r) // 2]) / 2, 3),
+                    "speedup_vs_no_spec_min_max": [round(r[0], 3), round(r[-1], 3)],
+                    # fastest run of each (the least disturbed by other load)
+                    "speedup_vs_no_spec_best_of": round(min(base_ss) / min(spec_s), 3),
+                })
     if args.compare_transformers:
         hf = _hf_model(args, dtype, device, ours=llm.model)
         x = torch.tensor(prompts, device=device)
@@ -262,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default=None)
     g.add_argument("--dtype", default=None)
     g.add_argument("--max-model-len", type=int, default=None)
+    _add_spec_args(g)
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="end-to-end throughput/latency (TTFT, TPOT, tokens/s)")
@@ -283,6 +373,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--compare-transformers", action="store_true",
                    help="also time transformers generate() on the same model and prompts")
     b.add_argument("--json", action="store_true")
+    _add_spec_args(b)
+    b.add_argument("--compare-no-spec", action="store_true",
+                   help="with --draft-model: run the same prompts again without speculation, report the speedup")
+    b.add_argument("--compare-repeats", type=int, default=1,
+                   help="with --compare-no-spec: alternate spec / no-spec runs this many times (median, min, max)")
     b.set_defaults(func=cmd_bench)
     return ap
 

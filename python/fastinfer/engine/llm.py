@@ -25,6 +25,7 @@ from .params import CompletionOutput, RequestOutput, SamplingParams
 from .sampler import Sampler
 from .scheduler import Scheduler
 from .sequence import Request, Sequence, SequenceStatus
+from .spec_decode import SPEC_MODES, SpecChunk, SpecDecoder, move_slots
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 PromptType = Union[str, List[int], Dict[str, Any]]
@@ -37,6 +38,44 @@ _DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float
 def default_model_path() -> str:
     """The tiny model shipped with the package (``fastinfer/assets/tiny-llama``)."""
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "tiny-llama")
+
+
+def _check_spec_args(mode: Any, k: Any, topk: Any, depth: Any) -> int:
+    if mode not in SPEC_MODES:
+        raise ValueError(f"spec_mode must be one of {SPEC_MODES}, got {mode!r}")
+    if k is None:
+        k = 4 if mode == "chain" else 8
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 1024:
+        raise ValueError(f"num_spec_tokens must be an int in [1, 1024], got {k!r}")
+    if not isinstance(topk, int) or isinstance(topk, bool) or topk < 1:
+        raise ValueError(f"spec_tree_topk must be an int >= 1, got {topk!r}")
+    if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 1):
+        raise ValueError(f"spec_tree_depth must be an int >= 1 or None, got {depth!r}")
+    return k
+
+
+def _check_draft_vocab(draft_vocab: int, target_vocab: int) -> None:
+    if draft_vocab != target_vocab:
+        raise ValueError(f"draft_model has vocab_size {draft_vocab}, the target {target_vocab}: speculative "
+                         "decoding needs a draft with the target's tokenizer and vocabulary")
+
+
+def _check_draft_tokenizer(draft_tok: Tokenizer, target_tok: Tokenizer) -> None:
+    dv = draft_tok._tok.get_vocab(with_added_tokens=True)
+    tv = target_tok._tok.get_vocab(with_added_tokens=True)
+    if dv != tv:
+        diff = next((t for t in sorted(set(dv) | set(tv)) if dv.get(t) != tv.get(t)), None)
+        raise ValueError(f"draft_model's tokenizer.json differs from the target's (token {diff!r}: draft id "
+                         f"{dv.get(diff)}, target id {tv.get(diff)}): speculative decoding needs the same tokenizer")
+
+
+def _logprob_dict(row_lp: torch.Tensor, tok: int, n: int) -> Dict[int, float]:
+    d: Dict[int, float] = {}
+    if n > 0:
+        vals, idx = row_lp.topk(min(n, row_lp.shape[-1]))
+        d.update(zip(idx.tolist(), vals.tolist()))
+    d[tok] = float(row_lp[tok])
+    return d
 
 
 def _seed_for(seed: int, index: int) -> int:
@@ -65,6 +104,16 @@ class LLM:
         enforce_eager: on CUDA, do not capture CUDA graphs for decode steps (by default one graph
             per batch bucket 1, 2, 4, 8, 16, 32, ... up to min(max_num_seqs, 256) is captured at
             start-up and replayed for decode-only steps).
+        draft_model: speculative decoding with this draft model (a checkpoint directory or a model
+            object; same vocabulary, and the same tokenizer when both directories have one). See
+            :mod:`fastinfer.engine.spec_decode`; requests opt out with
+            ``SamplingParams(speculative=False)``. The draft's KV pool uses the target's block ids.
+        spec_mode: "chain" (``num_spec_tokens`` draft tokens in a row) or "tree" (EAGLE-2-style
+            tree of ``num_spec_tokens`` nodes, ``spec_tree_topk`` children per expanded node,
+            ``spec_tree_depth`` levels; default depth ``min(N, max(2, N // (2 * topk) + 1))``: one
+            draft forward per level).
+        num_spec_tokens: chain length k / tree node budget N (without the root); default 4 (chain)
+            or 8 (tree).
     """
 
     def __init__(
@@ -84,6 +133,11 @@ class LLM:
         seed: int = 0,
         load_progress: bool = False,
         enforce_eager: bool = False,
+        draft_model: Any = None,
+        spec_mode: str = "chain",
+        num_spec_tokens: Optional[int] = None,
+        spec_tree_topk: int = 2,
+        spec_tree_depth: Optional[int] = None,
     ):
         from .. import cuda_available
 
@@ -100,6 +154,8 @@ class LLM:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if not 0.0 < gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        num_spec_tokens = _check_spec_args(spec_mode, num_spec_tokens, spec_tree_topk, spec_tree_depth)
+        self._spec_mode = spec_mode
 
         # --- model -------------------------------------------------------------------------------
         if model is None:
@@ -132,6 +188,9 @@ class LLM:
         # --- limits and KV pool --------------------------------------------------------------------
         model_max = int(getattr(self.model, "max_positions", self.config.max_model_len))
         self.max_model_len = min(model_max, int(max_model_len)) if max_model_len else model_max
+        draft = None
+        if draft_model is not None:
+            draft = self._load_draft(draft_model, model_max)
         if max_num_batched_tokens is None:
             max_num_batched_tokens = 8192 if self.device.type == "cuda" else 2048
         self.max_num_batched_tokens = int(max_num_batched_tokens)
@@ -142,6 +201,10 @@ class LLM:
             self.model, block_size, self.device, num_kv_blocks=num_kv_blocks, kv_cache_bytes=kv_cache_bytes,
             gpu_memory_utilization=gpu_memory_utilization, max_model_len=self.max_model_len,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens)
+        if draft is not None and num_kv_blocks is None and (kv_cache_bytes is not None or self.device.type == "cuda"):
+            # the byte budget holds both pools (same block ids)
+            t_pb = self.model.kv_cache_bytes_per_block(block_size)
+            num_blocks = max(1, num_blocks * t_pb // (t_pb + draft.kv_cache_bytes_per_block(block_size)))
         self.max_model_len = min(self.max_model_len, num_blocks * block_size)
         self.kv_caches = self.model.allocate_kv_cache(num_blocks, block_size)
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
@@ -158,10 +221,49 @@ class LLM:
             self.eos_token_ids = {self.tokenizer.eos_token_id}
         self.vocab_size = int(self.config.vocab_size)
         self.max_num_seqs = max_num_seqs
+        self.spec: Optional[SpecDecoder] = None
+        if draft is not None:
+            self.draft_model = draft
+            self.spec = SpecDecoder(draft, draft.allocate_kv_cache(num_blocks, block_size), block_size, self.device,
+                                    spec_mode, num_spec_tokens, spec_tree_topk, spec_tree_depth,
+                                    self.max_model_len, self.max_num_batched_tokens)
+            self.scheduler.spec_span = lambda seq: self.spec.plan(seq)[1]
+        self.num_generated_tokens = 0
         self._requests: Dict[str, Request] = {}
         self._next_id = 0
         self._next_seq_id = 0
         self.num_steps = 0
+
+    def _load_draft(self, draft_model: Any, max_positions: int):
+        """Load / check the draft model: same vocabulary, compatible tokenizer, target's dtype."""
+        if isinstance(draft_model, str):
+            from ..models import ModelConfig, load_model
+
+            if not os.path.isdir(draft_model):
+                raise ValueError(f"draft_model directory not found: {draft_model!r}")
+            dcfg = ModelConfig.from_pretrained(draft_model)
+            _check_draft_vocab(int(dcfg.vocab_size), int(self.config.vocab_size))
+            tok_file = os.path.join(draft_model, "tokenizer.json")
+            if self.tokenizer is not None and os.path.isfile(tok_file):
+                _check_draft_tokenizer(Tokenizer(draft_model), self.tokenizer)
+            draft = load_model(draft_model, dtype=self.model.dtype, device=self.device,
+                               max_positions=max_positions, config=dcfg)
+        else:
+            draft = draft_model
+            _check_draft_vocab(int(draft.config.vocab_size), int(self.config.vocab_size))
+            if torch.device(getattr(draft, "device", self.device)) != self.device:
+                raise ValueError(f"draft_model is on {draft.device}, the target on {self.device}")
+            if int(getattr(draft, "max_positions", max_positions)) < self.max_model_len:
+                raise ValueError(f"draft_model accepts {draft.max_positions} positions, fewer than "
+                                 f"max_model_len={self.max_model_len}")
+        if self._spec_mode == "tree":
+            for name, cfg in (("target", self.config), ("draft", draft.config)):
+                if any(cfg.window_left(i) >= 0 for i in range(cfg.num_hidden_layers)):
+                    raise ValueError(f"spec_mode='tree' needs full attention, but the {name} model has sliding-window "
+                                     "layers (tree attention takes no window): use spec_mode='chain'")
+        if hasattr(draft, "pack_linears_for_cpu"):
+            draft.pack_linears_for_cpu()
+        return draft
 
     # ------------------------------------------------------------------------------------------
     # requests
@@ -278,6 +380,7 @@ class LLM:
         if req.first_token_time is None:
             req.first_token_time = time.perf_counter()
         seq.token_ids.append(tok)
+        self.num_generated_tokens += 1
         if lp is not None:
             seq.logprobs.append(lp)
             seq.cumulative_logprob += lp[tok]
@@ -326,8 +429,27 @@ class LLM:
                 return [seq.request]
             return []
         self.num_steps += 1
-        logits, sampled = self.runner.execute(out.prefills, out.decodes)
+        chunks: List[SpecChunk] = []
+        if out.spec:
+            with nvtx_range("draft", nv):
+                chunks = self.spec.propose([(s, self.spec.plan(s)[0]) for s, _ in out.spec],
+                                           [self._gen(s) for s, _ in out.spec])
+        logits, sampled = self.runner.execute(out.prefills, out.decodes, chunks)
+        for seq, _ in out.prefills:
+            seq.num_target_forwards += 1
+        for seq in out.decodes:
+            seq.num_target_forwards += 1
+        spec_logits = None
+        if chunks:
+            spec_logits = logits[len(sampled):]
+            logits = logits[: len(sampled)]
         self.scheduler.postprocess(out)
+        touched: Dict[str, Request] = {}
+        if chunks:
+            with nvtx_range("verify", nv):
+                self._spec_commit(chunks, spec_logits, touched)
+        if not sampled:
+            return list(touched.values())
 
         # sampling rows: one per sampled sequence, plus its forks (n > 1) on the same logits row
         rows: List[int] = []
@@ -359,11 +481,47 @@ class LLM:
                 self.block_manager.share(parent, seq, n_full)
                 seq.num_cached_tokens = parent.num_cached_tokens
                 self.scheduler.add_running(seq)
-        touched: Dict[str, Request] = {}
         for seq, tok, lp in zip(row_seqs, tokens, lps):
             self._append_token(seq, tok, lp)
             touched[seq.request.request_id] = seq.request
         return list(touched.values())
+
+    def _gen(self, seq: Sequence) -> torch.Generator:
+        return seq.generator if seq.generator is not None else self.sampler.generator
+
+    def _spec_commit(self, chunks: List[SpecChunk], logits: torch.Tensor, touched: Dict[str, Request]) -> None:
+        """Verify the drafts (tree_verify), compact the accepted K/V, free rejected slots, append."""
+        spec = self.spec
+        spec.verify(chunks, logits, [self._gen(ch.seq) for ch in chunks])
+        ts, td, ds, dd = spec.commit_moves(chunks)
+        move_slots(self.kv_caches, ts, td, self.device)
+        move_slots(spec.kv_caches, ds, dd, self.device)
+        bm = self.block_manager
+        off = 0
+        for ch in chunks:
+            seq = ch.seq
+            seq.num_target_forwards += 1
+            spec.record(ch)
+            acc = [ch.tokens[a] for a in ch.path[1:]]
+            new = acc + [ch.next_token]
+            n = seq.num_tokens
+            seq.num_computed_tokens = n + len(acc)  # the root and the accepted nodes
+            bm.trim(seq, n + len(new))
+            bm.mark_draft_blocks(seq)
+            seq.token_ids.extend(acc)  # register the now complete blocks (prefix cache) ...
+            bm.register_full_blocks(seq)
+            del seq.token_ids[n:]  # ... then append one token at a time (stop conditions)
+            lps: List[Optional[Dict[int, float]]] = [None] * len(new)
+            if seq.params.logprobs is not None:
+                rows = logits[off: off + ch.num_nodes].index_select(
+                    0, torch.tensor(ch.path, device=logits.device)).float().log_softmax(dim=-1)
+                lps = [_logprob_dict(rows[j], t, seq.params.logprobs) for j, t in enumerate(new)]
+            off += ch.num_nodes
+            for tok, lp in zip(new, lps):
+                self._append_token(seq, tok, lp)
+                if seq.is_finished:
+                    break
+            touched[seq.request.request_id] = seq.request
 
     # ------------------------------------------------------------------------------------------
     # outputs
@@ -390,6 +548,18 @@ class LLM:
             metrics["first_token_time"] = req.first_token_time
         if req.finished_time is not None:
             metrics["finished_time"] = req.finished_time
+        if self.spec is not None and req.seqs:
+            nv = sum(s.spec_num_verify for s in req.seqs)
+            gen_toks = sum(s.num_output_tokens for s in req.seqs)
+            fw = sum(s.num_target_forwards for s in req.seqs)
+            metrics.update({
+                "spec_num_verify": nv,
+                "spec_num_draft_tokens": sum(s.spec_num_draft for s in req.seqs),
+                "spec_num_accepted_tokens": sum(s.spec_num_accepted for s in req.seqs),
+                "spec_mean_accepted_length": sum(s.spec_num_accepted for s in req.seqs) / nv if nv else 0.0,
+                "target_forwards": fw,
+                "target_forwards_per_token": fw / gen_toks if gen_toks else 0.0,
+            })
         cached = req.seqs[0].num_cached_tokens if req.seqs else 0
         return RequestOutput(req.request_id, req.prompt, list(req.prompt_token_ids), outs, req.finished,
                              error=req.error, num_cached_tokens=cached, metrics=metrics)
@@ -475,9 +645,12 @@ class LLM:
             o.prompt = self.tokenizer.apply_chat_template(c, add_generation_prompt)
         return outs
 
-    def stats(self) -> Dict[str, int]:
+    def stats(self) -> Dict[str, Any]:
+        """Engine counters; with a draft model also the speculative ones (``spec_*``: mean accepted
+        draft tokens per verification, acceptance rate per depth, ...) and
+        ``target_forwards_per_generated_token`` (engine steps / generated tokens)."""
         bm = self.block_manager
-        return {
+        st = {
             "num_kv_blocks": bm.num_blocks,
             "num_free_blocks": bm.num_free_blocks,
             "block_size": bm.block_size,
@@ -485,7 +658,12 @@ class LLM:
             "prefix_cache_queries": bm.prefix_cache_queries,
             "prefix_cache_hits": bm.prefix_cache_hits,
             "num_steps": self.num_steps,
+            "num_generated_tokens": self.num_generated_tokens,
+            "target_forwards_per_generated_token": self.num_steps / max(self.num_generated_tokens, 1),
         }
+        if self.spec is not None:
+            st.update(self.spec.stats())
+        return st
 
     def reset_prefix_cache(self) -> None:
         self.block_manager.reset_prefix_cache()

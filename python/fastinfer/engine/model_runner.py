@@ -4,6 +4,12 @@
 Row layout (the contract of ``ForwardBatch``): prefill-chunk rows first, sequence by sequence, then
 one row per decoding sequence. ``logits_indices`` selects the last row of every prefill chunk that
 completes its sequence's uncomputed tokens (only those sample) and every decode row.
+
+Speculative verification chunks (:class:`~fastinfer.engine.spec_decode.SpecChunk`, one per
+speculating sequence: its last committed token + draft nodes) are prefill chunks placed after the
+ordinary ones, with depth-based positions and, for trees, a ``custom_mask`` (then every prefill
+chunk of the step gets a mask block: causal for ordinary chunks). Every node row has logits; they
+follow the ordinary sampled rows in the returned logits.
 """
 
 from __future__ import annotations
@@ -57,8 +63,10 @@ class ModelRunner:
         width = max(1, max((len(r) for r in rows), default=1))
         return self._to_dev([r + [0] * (width - len(r)) for r in rows], torch.int32)
 
-    def prepare(self, prefills: Seq[Tuple[Sequence, int]], decodes: Seq[Sequence]) -> Tuple[ForwardBatch, List[Sequence]]:
-        """Build the batch; returns it and the sequences whose logits it yields (in row order)."""
+    def prepare(self, prefills: Seq[Tuple[Sequence, int]], decodes: Seq[Sequence],
+                spec: Seq = ()) -> Tuple[ForwardBatch, List[Sequence]]:
+        """Build the batch; returns it and the sequences whose logits it yields (in row order; the
+        rows of the ``spec`` chunks follow, every node of every chunk, chunk by chunk)."""
         bs = self.block_size
         input_ids: List[int] = []
         positions: List[int] = []
@@ -83,6 +91,29 @@ class ModelRunner:
             if end == seq.num_tokens:  # chunk completes the sequence: sample
                 logits_idx.append(len(input_ids) - 1)
                 sampled.append(seq)
+        spec_idx: List[int] = []
+        masks: List[Optional[torch.Tensor]] = [None] * len(prefills)
+        for ch in spec:  # speculative verification: nodes at slots start .. start + N - 1
+            seq = ch.seq
+            start = seq.num_computed_tokens
+            n = len(ch.tokens)
+            spec_idx.extend(range(len(input_ids), len(input_ids) + n))
+            input_ids.extend(ch.tokens)
+            positions.extend(start + d for d in ch.depths)
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            cu_q.append(cu_q[-1] + n)
+            seq_lens_k.append(start + n)
+            p_tables.append(table)
+            max_q = max(max_q, n)
+            masks.append(ch.mask)
+        custom_mask = None
+        if any(m is not None for m in masks):
+            lens = [cu_q[i + 1] - cu_q[i] for i in range(len(masks))]
+            custom_mask = torch.cat([
+                (m.to(torch.bool) if m is not None else torch.ones(q, q, dtype=torch.bool).tril_()).reshape(-1)
+                for m, q in zip(masks, lens)]).to(self.device)
+        prefills = list(prefills) + [(ch.seq, len(ch.tokens)) for ch in spec]
         num_prefill = len(input_ids)
         d_lens: List[int] = []
         d_tables: List[List[int]] = []
@@ -106,15 +137,18 @@ class ModelRunner:
             prefill_max_seqlen_q=max_q,
             decode_seq_lens=self._to_dev(d_lens, torch.int32) if decodes else None,
             decode_block_table=self._table(d_tables) if decodes else None,
-            logits_indices=self._to_dev(logits_idx, torch.int64),
+            logits_indices=self._to_dev(logits_idx + spec_idx, torch.int64),
+            custom_mask=custom_mask,
         )
         return batch, sampled
 
     @torch.inference_mode()
-    def execute(self, prefills: Seq[Tuple[Sequence, int]], decodes: Seq[Sequence]) -> Tuple[torch.Tensor, List[Sequence]]:
-        """Run one step; returns float32 logits ``[len(sampled), V]`` and the sampled sequences."""
+    def execute(self, prefills: Seq[Tuple[Sequence, int]], decodes: Seq[Sequence],
+                spec: Seq = ()) -> Tuple[torch.Tensor, List[Sequence]]:
+        """Run one step; returns float32 logits ``[len(sampled) + spec nodes, V]`` and the sampled
+        sequences (see :meth:`prepare` for the rows of ``spec`` chunks)."""
         g = self.decode_graphs
-        if not prefills and g is not None and g.fits(len(decodes), max(len(s.block_table) for s in decodes)):
+        if not prefills and not spec and g is not None and g.fits(len(decodes), max(len(s.block_table) for s in decodes)):
             bs = self.block_size
             pos = [s.num_tokens - 1 for s in decodes]
             with nvtx_range(f"decode graph B={len(decodes)}", self.use_nvtx):
@@ -122,8 +156,11 @@ class ModelRunner:
                                [s.block_table[p // bs] * bs + p % bs for s, p in zip(decodes, pos)],
                                [p + 1 for p in pos], [s.block_table for s in decodes])
             return logits, list(decodes)
-        batch, sampled = self.prepare(prefills, decodes)
+        batch, sampled = self.prepare(prefills, decodes, spec)
         name = "prefill" if prefills and not decodes else ("decode" if not prefills else "mixed")
+        if spec:
+            name = "verify" if not prefills and not decodes else "mixed+verify"
+
         with nvtx_range(f"{name} T={batch.num_tokens}", self.use_nvtx):
             logits = self.model(batch, self.kv_caches)
         return logits, sampled

@@ -37,6 +37,10 @@ class SamplingParams:
     - ``logprobs``: when not None, each generated token gets a dict {token_id: logprob} with the
       sampled token and the ``logprobs`` most likely tokens (log-softmax of the raw model logits).
     - ``skip_special_tokens``: drop special tokens from the text.
+    - ``speculative``: speculative decoding for this request when the engine has a draft model
+      (``LLM(draft_model=...)``): None/True = use it, False = decode normally (in the same steps as
+      the speculating requests). Requests using top_k / top_p / min_p / repetition_penalty always
+      decode without speculation (the verifier reproduces the plain temperature distribution).
     """
 
     n: int = 1
@@ -53,6 +57,7 @@ class SamplingParams:
     logprobs: Optional[int] = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    speculative: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -90,6 +95,8 @@ class SamplingParams:
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
         ):
             bad(f"stop_token_ids must be a list of non-negative ints, got {self.stop_token_ids!r}")
+        if self.speculative is not None and not isinstance(self.speculative, bool):
+            bad(f"speculative must be None, True or False, got {self.speculative!r}")
         if self.logprobs is not None and (
             not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool) or self.logprobs < 0
         ):

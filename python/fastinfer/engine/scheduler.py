@@ -11,13 +11,20 @@ When a running sequence needs a block and none is free, the running sequence tha
 preempted: its blocks are freed, it goes back to the waiting queue, and when readmitted it is
 recomputed from its prompt + the tokens generated so far (its full blocks often come back from the
 prefix cache). A sequence may preempt itself if it is the latest arrival.
+
+Speculative decoding: with a ``spec_span`` callback (set by the engine when it has a draft model), a
+decoding sequence for which ``spec_span(seq) = S > 1`` is scheduled as a speculative step instead of a
+plain decode: it reserves KV slots for ``S`` tokens past its computed ones (the draft tree's nodes and
+the draft model's scratch nodes) and costs ``S`` tokens of the budget. If the budget left is smaller
+than ``S``, or the free blocks do not cover the extra slots, it decodes normally this step (a
+speculative step never preempts anything).
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from .block_manager import BlockManager
 from .sequence import Sequence, SequenceStatus
@@ -29,14 +36,16 @@ class SchedulerOutput:
     prefills: List[Tuple[Sequence, int]] = field(default_factory=list)
     decodes: List[Sequence] = field(default_factory=list)
     preempted: List[Sequence] = field(default_factory=list)
+    # speculative steps: (sequence, reserved slots past its computed tokens)
+    spec: List[Tuple[Sequence, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
-        return not self.prefills and not self.decodes
+        return not self.prefills and not self.decodes and not self.spec
 
     @property
     def num_tokens(self) -> int:
-        return sum(n for _, n in self.prefills) + len(self.decodes)
+        return sum(n for _, n in self.prefills) + len(self.decodes) + sum(n for _, n in self.spec)
 
 
 class Scheduler:
@@ -49,6 +58,7 @@ class Scheduler:
         self.waiting: List[Sequence] = []  # sorted by arrival
         self.running: List[Sequence] = []
         self.num_preemptions = 0
+        self.spec_span: Optional[Callable[[Sequence], int]] = None  # see the module docstring
 
     # ------------------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -78,6 +88,7 @@ class Scheduler:
         if n is not None:  # un-schedule it from this step
             out.prefills = [(s, k) for s, k in out.prefills if s is not seq]
             out.decodes = [s for s in out.decodes if s is not seq]
+            out.spec = [(s, k) for s, k in out.spec if s is not seq]
         self.bm.free(seq)
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -110,6 +121,14 @@ class Scheduler:
             if budget <= 0:
                 break
             if seq.status != SequenceStatus.RUNNING:  # preempted meanwhile
+                continue
+            span = self.spec_span(seq) if self.spec_span is not None and seq.num_uncomputed_tokens == 1 else 0
+            # speculate only with room to spare: never preempt another sequence for draft slots
+            if span > 1 and span <= budget and self.bm.can_allocate(seq, seq.num_computed_tokens + span):
+                self.bm.allocate(seq, seq.num_computed_tokens + span)
+                scheduled[seq.seq_id] = span
+                budget -= span
+                out.spec.append((seq, span))
                 continue
             n = min(seq.num_uncomputed_tokens, budget)
             if not self._reserve(seq, seq.num_computed_tokens + n, out, scheduled):

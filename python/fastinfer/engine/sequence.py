@@ -61,6 +61,13 @@ class Sequence:
         self.num_preemptions = 0
         # n > 1: the first completion prefills the prompt, then the others fork from it
         self.pending_forks: int = 0
+        # speculative decoding (see spec_decode.py): leading tokens whose K/V the DRAFT model has in
+        # its own pool (same block ids as the target's block table), and per-sequence counters
+        self.draft_num_computed = 0
+        self.num_target_forwards = 0  # target forward passes that computed tokens of this sequence
+        self.spec_num_verify = 0  # speculative steps (draft + one target verification forward)
+        self.spec_num_draft = 0  # draft tokens proposed (tree nodes without the root)
+        self.spec_num_accepted = 0  # draft tokens accepted
 
     # ------------------------------------------------------------------------------------------
     @property
