@@ -6,6 +6,7 @@
 
 #include "validate_attention.h"
 #include "validate_fp8.h"
+#include "validate_int4.h"
 
 namespace fastinfer::binding {
 namespace {
@@ -136,6 +137,14 @@ FASTINFER_LIBRARY(FASTINFER_NS, m) {
   // FP8 W8A8 (DESIGN.md "GEMM"): dynamic e4m3 quantisation and the scaled e4m3 matmul.
   m.def("fp8_quantize(Tensor x, str mode='token', int group_size=128, Tensor? scale=None) -> (Tensor x_fp8, Tensor scale)");
   m.def("fp8_scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, ScalarType out_dtype, Tensor? bias=None) -> Tensor");
+  // INT4 W4A16 GEMM (DESIGN.md "GEMM"; layout in cuda/include/fastinfer/gemm/int4.h). Extensions:
+  // int4_repack takes g_idx (GPTQ act-order) and also returns perm (int64 [K], empty without g_idx);
+  // int4_gemm takes perm and multiplies a[:, perm].
+  m.def("int4_pack(Tensor w_q) -> Tensor");
+  m.def("int4_repack(Tensor qweight, Tensor qzeros, str fmt, Tensor? g_idx=None) -> (Tensor packed, Tensor zeros, "
+        "Tensor perm)");
+  m.def("int4_gemm(Tensor a, Tensor packed, Tensor scales, Tensor? zeros, int group_size=128, Tensor? perm=None) "
+        "-> Tensor");
 }
 
 FASTINFER_LIBRARY_IMPL(FASTINFER_NS, Meta, m) {
@@ -154,4 +163,7 @@ FASTINFER_LIBRARY_IMPL(FASTINFER_NS, Meta, m) {
   m.impl("merge_attention_states", &merge_attention_states_meta);
   m.impl("fp8_quantize", &fp8_quantize_meta);
   m.impl("fp8_scaled_mm", &fp8_scaled_mm_meta);
+  m.impl("int4_pack", &int4_pack_meta);
+  m.impl("int4_repack", &int4_repack_meta);
+  m.impl("int4_gemm", &int4_gemm_meta);
 }

@@ -38,3 +38,7 @@ __all__ = [
     "fp8_quantize",
     "fp8_scaled_mm",
 ]
+
+from .gemm_int4 import Int4Weight, int4_gemm, int4_pack, int4_repack, quantize_int4  # noqa: F401,E402
+
+__all__ += ["Int4Weight", "int4_gemm", "int4_pack", "int4_repack", "quantize_int4"]

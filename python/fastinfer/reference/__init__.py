@@ -49,3 +49,27 @@ __all__ = [
     "fp8_quantize",
     "fp8_scaled_mm",
 ]
+
+from .gemm import (  # noqa: F401,E402
+    awq_pack,
+    awq_unpack,
+    gptq_pack,
+    gptq_unpack,
+    int4_dequantize,
+    int4_gemm,
+    int4_pack,
+    int4_unpack,
+    quantize_int4,
+)
+
+__all__ += [
+    "awq_pack",
+    "awq_unpack",
+    "gptq_pack",
+    "gptq_unpack",
+    "int4_dequantize",
+    "int4_gemm",
+    "int4_pack",
+    "int4_unpack",
+    "quantize_int4",
+]

@@ -145,4 +145,47 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// ---- lop3 / prmt (integer bit manipulation, used by the int4 dequantisation) -------------------
+// lop3.b32 d, a, b, c, LUT: bit i of d = LUT[(a_i << 2) | (b_i << 1) | c_i], i.e. any 3-input
+// boolean function given by its truth table on the canonical operands a = 0xF0, b = 0xCC, c = 0xAA
+// (for example (a & b) | c is LUT 0xEA, a ^ b ^ c is 0x96).
+template <int LUT>
+__device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
+  static_assert(LUT >= 0 && LUT <= 255, "lop3 takes an 8-bit truth table");
+#if defined(FASTINFER_SIMT)
+  uint32_t d = 0;
+  for (int i = 0; i < 32; ++i) {
+    const uint32_t idx = (((a >> i) & 1u) << 2) | (((b >> i) & 1u) << 1) | ((c >> i) & 1u);
+    d |= ((static_cast<uint32_t>(LUT) >> idx) & 1u) << i;
+  }
+  return d;
+#else
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c), "n"(LUT));
+  return d;
+#endif
+}
+
+// prmt.b32 d, a, b, sel (default mode): the 8 bytes {b, a} are numbered 0..7 (a's bytes 0-3, b's
+// bytes 4-7); byte i of d is chosen by nibble i of sel: its low 3 bits select a byte and when its
+// bit 3 is set the byte is replaced by the sign (bit 7) of the selected byte replicated to 8 bits.
+// Only the low 16 bits of sel are used.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+#if defined(FASTINFER_SIMT)
+  const uint64_t v = (static_cast<uint64_t>(b) << 32) | a;
+  uint32_t d = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t s = (sel >> (4 * i)) & 0xFu;
+    uint32_t byte = static_cast<uint32_t>(v >> (8 * (s & 7u))) & 0xFFu;
+    if (s & 8u) byte = (byte & 0x80u) ? 0xFFu : 0x00u;
+    d |= byte << (8 * i);
+  }
+  return d;
+#else
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+#endif
+}
+
 }  // namespace fastinfer::ptx

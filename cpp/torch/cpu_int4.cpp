@@ -1,0 +1,190 @@
+// CPU implementations of the int4 (W4A16) ops: int4_pack / int4_repack (ATen layout conversions,
+// shared with the CUDA/sim bindings) and int4_gemm. int4_gemm dequantises with the kernels'
+// rounding (w = (q - z) * s rounded once to a's dtype) and accumulates in fp32:
+//  - M <= kFusedMaxM (decode): a loop over 16-column tiles on ATen's thread pool that decodes each
+//    64 x 16 unit of the packed weight once (through per-group tables of the 16 possible values)
+//    and applies it to every row of a (no weight copy);
+//  - larger M: 256-column chunks of W dequantised to fp32 and multiplied with at::mm.
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#include <cstring>
+#include <vector>
+
+#include "validate_int4.h"
+
+namespace fastinfer::binding {
+namespace {
+
+constexpr int64_t kFusedMaxM = 16;
+constexpr int64_t kChunkN = 256;
+
+// The 8 (n, k) positions of nibble i in a unit, relative to (n0 = 0, k0 = 16 j): see gemm/int4.h.
+struct NibblePos {
+  int dn, dk;
+};
+constexpr NibblePos kNibble[8] = {{0, 0}, {0, 8}, {8, 0}, {8, 8}, {0, 1}, {0, 9}, {8, 1}, {8, 9}};
+
+template <typename T>
+inline float round_to(float x) {
+  if constexpr (std::is_same_v<T, float>)
+    return x;
+  else
+    return static_cast<float>(static_cast<T>(x));
+}
+
+// Table of the 16 values a weight of each column of tile nt can take, per group row:
+// lut[(row * 16 + c) * 16 + q] = round_T((q - z[row][16 nt + c]) * s[row][16 nt + c]) (one rounding
+// per table entry instead of one per weight).
+template <typename T>
+void build_lut(const T* scales, const uint8_t* zeros, int64_t n, int64_t groups, int64_t nt, std::vector<float>& lut) {
+  lut.resize(static_cast<size_t>(groups) * 256);
+  for (int64_t row = 0; row < groups; ++row)
+    for (int c = 0; c < 16; ++c) {
+      const float sc = static_cast<float>(scales[row * n + 16 * nt + c]);
+      const int z = zeros != nullptr ? zeros[row * n + 16 * nt + c] : 8;
+      for (int q = 0; q < 16; ++q) lut[(row * 16 + c) * 16 + q] = round_to<T>(static_cast<float>(q - z) * sc);
+    }
+}
+
+// Decodes unit (kt, nt) into w[16][64] (fp32 values already rounded to T) through the tile's table.
+void decode_unit(const int32_t* packed, const std::vector<float>& lut, int64_t n, int64_t group_size, int64_t kt,
+                 int64_t nt, float (&w)[16][64]) {
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(packed) + (kt * (n / 16) + nt) * 128;
+  // k in [64 kt + 32 h, 64 kt + 32 h + 32) is one group (group_size is a multiple of 32).
+  const float* tab[2] = {lut.data() + (64 * kt) / group_size * 256, lut.data() + (64 * kt + 32) / group_size * 256};
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane >> 2, t = lane & 3;
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t word = words[4 * lane + j];
+      const float* tb = tab[j >> 1];
+      for (int i = 0; i < 8; ++i) {
+        const int c = g + kNibble[i].dn;
+        w[c][16 * j + 2 * t + kNibble[i].dk] = tb[c * 16 + ((word >> (4 * i)) & 15u)];
+      }
+    }
+  }
+}
+
+// Decode path: per 16-column tile (ATen's thread pool), each 64 x 16 unit is decoded once into a
+// small fp32 buffer and dotted with the 64 matching activations of every row (no weight copy).
+template <typename T>
+void int4_gemm_fused(const at::Tensor& a, const at::Tensor& packed, const at::Tensor& scales, const uint8_t* zp,
+                     int64_t group_size, at::Tensor& out) {
+  const int64_t m = a.size(0), k = a.size(1), n = out.size(1);
+  const auto af = a.to(at::kFloat).contiguous();
+  const float* ap = af.data_ptr<float>();
+  const int32_t* pp = packed.data_ptr<int32_t>();
+  const T* sp = scales.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, n / 16, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(static_cast<size_t>(m) * 16);
+    std::vector<float> lut;
+    float w[16][64];
+    for (int64_t nt = begin; nt < end; ++nt) {
+      build_lut<T>(sp, zp, n, k / group_size, nt, lut);
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t kt = 0; kt < k / 64; ++kt) {
+        decode_unit(pp, lut, n, group_size, kt, nt, w);
+        for (int64_t r = 0; r < m; ++r) {
+          const float* arow = ap + r * k + 64 * kt;
+          float* accr = acc.data() + r * 16;
+          for (int c = 0; c < 16; ++c) {
+            float part[8] = {};  // 8 independent partial sums (vectorisable without reassociation)
+            for (int kk = 0; kk < 64; kk += 8)
+              for (int l = 0; l < 8; ++l) part[l] += arow[kk + l] * w[c][kk + l];
+            accr[c] += ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+          }
+        }
+      }
+      for (int64_t r = 0; r < m; ++r)
+        for (int c = 0; c < 16; ++c) op[r * n + 16 * nt + c] = static_cast<T>(acc[r * 16 + c]);
+    }
+  });
+}
+
+// w[n0 : n0 + rows, :] as fp32 (values rounded to T), rows a multiple of 16.
+template <typename T>
+at::Tensor dequantize_rows(const at::Tensor& packed, const at::Tensor& scales, const uint8_t* zeros, int64_t n,
+                           int64_t k, int64_t group_size, int64_t n0, int64_t rows) {
+  auto w = at::empty({rows, k}, scales.options().dtype(at::kFloat));
+  float* wp = w.data_ptr<float>();
+  const int32_t* pp = packed.data_ptr<int32_t>();
+  const T* sp = scales.data_ptr<T>();
+  at::parallel_for(0, rows / 16, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> lut;
+    float buf[16][64];
+    for (int64_t tile = begin; tile < end; ++tile) {
+      build_lut<T>(sp, zeros, n, k / group_size, n0 / 16 + tile, lut);
+      for (int64_t kt = 0; kt < k / 64; ++kt) {
+        decode_unit(pp, lut, n, group_size, kt, n0 / 16 + tile, buf);
+        for (int c = 0; c < 16; ++c) std::memcpy(wp + (16 * tile + c) * k + 64 * kt, buf[c], sizeof(buf[c]));
+      }
+    }
+  });
+  return w;
+}
+
+template <typename T>
+void int4_gemm_chunked(const at::Tensor& a, const at::Tensor& packed, const at::Tensor& scales, const uint8_t* zeros,
+                       int64_t group_size, at::Tensor& out) {
+  const int64_t k = a.size(1), n = out.size(1);
+  const auto af = a.to(at::kFloat);
+  for (int64_t n0 = 0; n0 < n; n0 += kChunkN) {
+    const int64_t rows = std::min(kChunkN, n - n0);
+    const auto w = dequantize_rows<T>(packed, scales, zeros, n, k, group_size, n0, rows);
+    out.narrow(1, n0, rows).copy_(at::mm(af, w.t()));
+  }
+}
+
+at::Tensor int4_pack_cpu(const at::Tensor& w_q) {
+  const char* op = "int4_pack";
+  validate_int4_pack(op, w_q);
+  check_on_cpu(w_q, op, "w_q");
+  check_index_range(w_q, 0, 16, op, "w_q", "4-bit values 0..15");
+  return int4_pack_impl(w_q);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_repack_cpu(const at::Tensor& qweight, const at::Tensor& qzeros,
+                                                               c10::string_view fmt,
+                                                               const std::optional<at::Tensor>& g_idx) {
+  const char* op = "int4_repack";
+  validate_int4_repack(op, qweight, qzeros, fmt, g_idx);
+  check_on_cpu(qweight, op, "qweight");
+  if (g_idx.has_value()) check_index_range(*g_idx, 0, qzeros.size(0), op, "g_idx", "group indices < K / group_size");
+  return int4_repack_impl(op, qweight, qzeros, fmt, g_idx);
+}
+
+at::Tensor int4_gemm_cpu(const at::Tensor& a_in, const at::Tensor& packed, const at::Tensor& scales,
+                         const std::optional<at::Tensor>& zeros, int64_t group_size,
+                         const std::optional<at::Tensor>& perm) {
+  const char* op = "int4_gemm";
+  validate_int4_gemm(op, a_in, packed, scales, zeros, group_size, perm, /*allow_fp32=*/true);
+  check_on_cpu(a_in, op, "a");
+  check_int4_gemm_layout(op, a_in, packed, scales, zeros, perm);
+  check_int4_gemm_values(op, a_in, zeros, perm);
+  const auto a = perm.has_value() ? a_in.index_select(1, *perm) : a_in;
+  const int64_t m = a.size(0), n = packed.size(1) / 8;
+  auto out = at::empty({m, n}, a.options());
+  if (m == 0) return out;
+  const uint8_t* zp = zeros.has_value() ? zeros->data_ptr<uint8_t>() : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "int4_gemm_cpu", [&] {
+    if (m <= kFusedMaxM)
+      int4_gemm_fused<scalar_t>(a, packed, scales, zp, group_size, out);
+    else
+      int4_gemm_chunked<scalar_t>(a, packed, scales, zp, group_size, out);
+  });
+  return out;
+}
+
+}  // namespace
+}  // namespace fastinfer::binding
+
+FASTINFER_LIBRARY_IMPL(FASTINFER_NS, CPU, m) {
+  using namespace fastinfer::binding;
+  m.impl("int4_pack", &int4_pack_cpu);
+  m.impl("int4_repack", &int4_repack_cpu);
+  m.impl("int4_gemm", &int4_gemm_cpu);
+}

@@ -1,0 +1,118 @@
+// CUDA implementations of the int4 (W4A16) ops (also built for simt, see kernel_backend.h).
+// int4_pack / int4_repack are layout conversions done with ATen ops on the tensors' device;
+// int4_gemm launches the W4A16 kernel (split-K with workspace and zeroed tile counters from the
+// caching allocator; no host sync), or for M >= the dense threshold dequantises W to the
+// activation dtype and calls at::matmul (cuBLAS on a GPU).
+#include <cstdlib>
+#include <string>
+
+#include "kernel_backend.h"
+#include "validate_int4.h"
+
+namespace fastinfer::binding {
+namespace {
+
+// M from which int4_gemm takes the dequantise + dense matmul path. 512 is a guess, NOT measured
+// on a GPU; override with FASTINFER_INT4_DENSE_MIN_M (e.g. for benchmarking both paths).
+int64_t dense_min_m() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("FASTINFER_INT4_DENSE_MIN_M");
+    if (e != nullptr && *e != '\0') {
+      const long long x = std::atoll(e);
+      if (x > 0) return static_cast<int64_t>(x);
+    }
+    return int64_t{512};
+  }();
+  return v;
+}
+
+void check_aligned16(const at::Tensor& t, const char* op, const char* name) {
+  FI_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, name,
+           " must start 16-byte aligned (the int4 kernel uses 16-byte cp.async), call .clone()");
+}
+
+at::Tensor int4_pack_kernel(const at::Tensor& w_q) {
+  const char* op = "int4_pack";
+  validate_int4_pack(op, w_q);
+  check_device(w_q, op, "w_q");
+  check_index_range(w_q, 0, 16, op, "w_q", "4-bit values 0..15");
+  return int4_pack_impl(w_q);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_repack_kernel(const at::Tensor& qweight, const at::Tensor& qzeros,
+                                                                  c10::string_view fmt,
+                                                                  const std::optional<at::Tensor>& g_idx) {
+  const char* op = "int4_repack";
+  validate_int4_repack(op, qweight, qzeros, fmt, g_idx);
+  check_device(qweight, op, "qweight");
+  if (g_idx.has_value()) check_index_range(*g_idx, 0, qzeros.size(0), op, "g_idx", "group indices < K / group_size");
+  return int4_repack_impl(op, qweight, qzeros, fmt, g_idx);
+}
+
+at::Tensor int4_gemm_kernel(const at::Tensor& a_in, const at::Tensor& packed, const at::Tensor& scales,
+                            const std::optional<at::Tensor>& zeros, int64_t group_size,
+                            const std::optional<at::Tensor>& perm) {
+  const char* op = "int4_gemm";
+  validate_int4_gemm(op, a_in, packed, scales, zeros, group_size, perm, /*allow_fp32=*/false);
+  check_device(a_in, op, "a");
+  check_int4_gemm_layout(op, a_in, packed, scales, zeros, perm);
+  check_int4_gemm_values(op, a_in, zeros, perm);
+  check_aligned16(packed, op, "packed");
+  check_aligned16(scales, op, "scales");
+  if (zeros.has_value()) check_aligned16(*zeros, op, "zeros");
+  KernelScope scope(op, a_in);
+  const auto a = perm.has_value() ? a_in.index_select(1, *perm) : a_in;
+  check_aligned16(a, op, "a");
+  const int64_t m = a.size(0), k = a.size(1), n = packed.size(1) / 8;
+  const DType dtype = to_dtype(a.scalar_type());
+  const uint8_t* zp = zeros.has_value() ? zeros->data_ptr<uint8_t>() : nullptr;
+  if (m >= dense_min_m()) {
+    auto w = at::empty({n, k}, a.options());
+    Int4DequantizeParams d;
+    d.packed = reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>());
+    d.scales = scales.data_ptr();
+    d.zeros = zp;
+    d.w = w.data_ptr();
+    d.n = static_cast<int32_t>(n);
+    d.k = static_cast<int32_t>(k);
+    d.group_size = static_cast<int32_t>(group_size);
+    d.dtype = dtype;
+    check_launch(launch_int4_dequantize(d, scope.stream()), op);
+    return at::matmul(a, w.t());
+  }
+  auto out = at::empty({m, n}, a.options());
+  if (m == 0) return out;
+  Int4GemmParams p;
+  p.a = a.data_ptr();
+  p.packed = reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>());
+  p.scales = scales.data_ptr();
+  p.zeros = zp;
+  p.out = out.data_ptr();
+  p.m = m;
+  p.n = static_cast<int32_t>(n);
+  p.k = static_cast<int32_t>(k);
+  p.group_size = static_cast<int32_t>(group_size);
+  p.a_row_stride = a.stride(0);
+  p.out_row_stride = out.stride(0);
+  p.dtype = dtype;
+  p.num_splits = int4_gemm_num_splits(p, num_sms(a));
+  at::Tensor workspace, counters;
+  if (p.num_splits > 1) {
+    workspace = at::empty({static_cast<int64_t>(int4_gemm_workspace_size(p))}, a.options().dtype(at::kByte));
+    counters = at::zeros({static_cast<int64_t>(int4_gemm_num_counters(p))}, a.options().dtype(at::kInt));
+    p.workspace = workspace.data_ptr();
+    p.counters = counters.data_ptr<int32_t>();
+  }
+  check_launch(launch_int4_gemm(p, scope.stream()), op);
+  return out;
+}
+
+}  // namespace
+}  // namespace fastinfer::binding
+
+FASTINFER_LIBRARY_IMPL(FASTINFER_NS, FASTINFER_KERNEL_KEY, m) {
+  using namespace fastinfer::binding;
+  m.impl("int4_pack", &int4_pack_kernel);
+  m.impl("int4_repack", &int4_repack_kernel);
+  m.impl("int4_gemm", &int4_gemm_kernel);
+}

@@ -1,0 +1,449 @@
+"""INT4 (W4A16) ops: int4_pack, int4_repack (AutoAWQ / AutoGPTQ v1, act-order), int4_gemm.
+
+Backends cpu / sim / cuda (see conftest). The GEMM is compared with the fp64 oracle
+(fastinfer.reference.int4_gemm) under the FlashAttention error rule, where the naive
+implementation accumulates in the input precision (64-wide K chunks added in the input dtype).
+Exactness: the dequantised weight is checked bit for bit by multiplying with rows of the identity
+(out[m, n] = W[n, m] with a single nonzero product), and repacked checkpoints are compared with
+the original 4-bit values, zero points and dequantised weights exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import assert_bits_equal, assert_fa_close, backend_params, get_backend, make_gen, randn
+
+import fastinfer.reference as ref
+
+TOL_REL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
+
+
+def make_weights(n, k, group, symmetric, dtype, gen):
+    w_q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    # scales of both signs, magnitudes 0.005..0.05 (never zero)
+    mag = torch.rand((k // group, n), generator=gen) * 0.045 + 0.005
+    sign = torch.where(torch.rand((k // group, n), generator=gen) < 0.2, -1.0, 1.0)
+    scales = (mag * sign).to(dtype)
+    zeros = None if symmetric else torch.randint(0, 16, (k // group, n), generator=gen, dtype=torch.uint8)
+    return w_q, scales, zeros
+
+
+def naive_gemm(a, w_q, scales, zeros, group):
+    """Input-precision implementation: W rounded to a's dtype, 64-wide partial products and the
+    running sum rounded to a's dtype."""
+    return naive_from_w(a, ref.int4_dequantize(w_q, scales, zeros, group, dtype=a.dtype).to(a.dtype))
+
+
+def naive_from_w(a, w):
+    acc = torch.zeros(a.shape[0], w.shape[0], dtype=a.dtype)
+    for k0 in range(0, a.shape[1], 64):
+        part = (a[:, k0:k0 + 64].float() @ w[:, k0:k0 + 64].float().t()).to(a.dtype)
+        acc = (acc.float() + part.float()).to(a.dtype)
+    return acc
+
+
+def _to(dev, *ts):
+    return [None if t is None else t.to(dev) for t in ts]
+
+
+# (M, N, K, group, symmetric). N multiple of 16, K of 64 (the minimum tile); odd M on purpose.
+SIM_CASES = [
+    (1, 48, 256, 128, True),
+    (1, 144, 128, 32, False),   # partial 128-column CTA tile, two groups per 64-wide unit
+    (3, 32, 192, 64, False),
+    (17, 64, 128, 32, True),
+    (64, 16, 256, 128, False),
+    (100, 32, 128, 64, True),   # BM 64, two row blocks, partial
+    (520, 16, 64, 64, False),   # M >= 512: dequantise + dense path
+]
+CPU_CASES = SIM_CASES + [(1, 256, 1024, 128, False), (33, 80, 512, 64, True), (4, 4096 // 8, 512, 128, True)]
+
+
+@pytest.mark.parametrize(
+    "backend,dtype,m,n,k,group,symmetric",
+    backend_params({"cpu": CPU_CASES, "sim": SIM_CASES, "cuda": CPU_CASES}),
+)
+def test_int4_gemm_vs_reference(backend, dtype, m, n, k, group, symmetric):
+    be = get_backend(backend)
+    gen = make_gen(1000 + m + n + k + group)
+    w_q, scales, zeros = make_weights(n, k, group, symmetric, dtype, gen)
+    a = randn((m, k), dtype, gen=gen)
+    out = be.run(lambda: be.ns.int4_gemm(*_to(be.device, a, be.ns.int4_pack(w_q.to(be.device)), scales, zeros),
+                                         group, None))
+    assert out.dtype == dtype and out.shape == (m, n)
+    expect = ref.int4_gemm(a, w_q, scales, zeros, group)
+    assert_fa_close(out, expect, naive_gemm(a, w_q, scales, zeros, group), rel_tol=TOL_REL[dtype], floor=1e-5)
+
+
+@pytest.mark.parametrize(
+    "backend,dtype,m,k,group,symmetric",
+    backend_params({"cpu": [(16, 128, 32, False), (128, 128, 64, True)],
+                    "sim": [(16, 128, 32, False), (128, 128, 64, True), (512, 512, 128, False)],
+                    "cuda": [(16, 128, 32, False), (128, 128, 64, True), (512, 512, 128, False)]}),
+)
+def test_int4_gemm_dequantised_weight_is_exact(backend, dtype, m, k, group, symmetric):
+    """a = the first m rows of the identity: out[r, n] = W[n, r] with one nonzero product, so the
+    kernels' in-register dequantisation must equal the oracle's rounded weight bit for bit
+    (m = 512 exercises the dequantise + dense path)."""
+    be = get_backend(backend)
+    n = 48
+    gen = make_gen(7 + m + group)
+    w_q, scales, zeros = make_weights(n, k, group, symmetric, dtype, gen)
+    a = torch.eye(k, dtype=dtype)[:m].contiguous()
+    out = be.run(lambda: be.ns.int4_gemm(*_to(be.device, a, be.ns.int4_pack(w_q.to(be.device)), scales, zeros),
+                                         group, None))
+    w = ref.int4_dequantize(w_q, scales, zeros, group, dtype=dtype).to(dtype)
+    expect = w[:, :m].t().contiguous()
+    # equal values (a weight of -0.0, from q == z with a negative scale, sums to +0.0)
+    bad = (out.cpu() != expect) | out.cpu().isnan()
+    assert not bad.any(), f"{int(bad.sum())} weights differ; first at {tuple(bad.nonzero()[0].tolist())}"
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("sim", marks=pytest.mark.sim),
+                                     pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_int4_pack_layout(backend):
+    be = get_backend(backend)
+    gen = make_gen(5)
+    w_q = torch.randint(0, 16, (48, 192), generator=gen, dtype=torch.uint8)
+    packed = be.ns.int4_pack(w_q.to(be.device)).cpu()
+    assert packed.dtype == torch.int32 and packed.shape == (192 // 64, 8 * 48)
+    assert torch.equal(packed, ref.int4_pack(w_q)), "int4_pack differs from the layout's definition"
+    assert torch.equal(ref.int4_unpack(packed), w_q)
+    # One nibble by hand: nibble 6 (e=1, h=1, kh=0) of word 4*lane+j, lane = 4g+t, of unit (kt=1, nt=2)
+    # is q[16*2 + 8 + g, 64 + 16 j + 2 t + 1].
+    g, t, j = 3, 2, 1
+    single = torch.zeros(48, 192, dtype=torch.uint8)
+    single[16 * 2 + 8 + g, 64 + 16 * j + 2 * t + 1] = 11
+    p = be.ns.int4_pack(single.to(be.device)).cpu().view(-1)
+    word_index = (1 * 3 + 2) * 128 + 4 * (4 * g + t) + j
+    assert p[word_index].item() == 11 << 24 and int((p != 0).sum()) == 1
+
+
+# ---- repack -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("sim", marks=pytest.mark.sim),
+                                     pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("fmt", ["awq", "gptq"])
+def test_int4_repack_exact(backend, fmt):
+    be = get_backend(backend)
+    gen = make_gen(11)
+    n, k, group = 64, 256, 64
+    w_q, scales, zeros = make_weights(n, k, group, False, torch.float16, gen)
+    pack = ref.awq_pack if fmt == "awq" else ref.gptq_pack
+    unpack = ref.awq_unpack if fmt == "awq" else ref.gptq_unpack
+    qweight, qzeros = pack(w_q, zeros)
+    assert qweight.dtype == torch.int32 and qzeros.shape == (k // group, n // 8)
+    uq, uz = unpack(qweight, qzeros)
+    assert torch.equal(uq, w_q) and torch.equal(uz, zeros), "python packer/unpacker round trip"
+    packed, z_out, perm = be.ns.int4_repack(qweight.to(be.device), qzeros.to(be.device), fmt, None)
+    assert perm.numel() == 0
+    assert torch.equal(ref.int4_unpack(packed.cpu()), w_q)
+    assert torch.equal(z_out.cpu(), zeros) and z_out.dtype == torch.uint8
+    w_ckpt = ref.int4_dequantize(w_q, scales, zeros, group)
+    w_ours = ref.int4_dequantize(ref.int4_unpack(packed.cpu()), scales, z_out.cpu(), group)
+    assert torch.equal(w_ckpt, w_ours)
+
+
+def test_checkpoint_conventions_by_hand():
+    """Single nibbles placed by hand, decoded by the op (independent of the python packers)."""
+    n, k = 16, 64
+    # AWQ: nibble 1 of word [k=5, j=1] holds column 8 * 1 + order[1] = 12.
+    qweight = torch.zeros(k, n // 8, dtype=torch.int32)
+    qweight[5, 1] = 7 << 4
+    qzeros = torch.zeros(1, n // 8, dtype=torch.int32)
+    qzeros[0, 0] = 9 << 8  # nibble 2 -> column order[2] = 1
+    packed, zeros, _ = torch.ops.fastinfer.int4_repack(qweight, qzeros, "awq", None)
+    q = ref.int4_unpack(packed)
+    assert q[12, 5].item() == 7 and int(q.count_nonzero()) == 1
+    assert zeros[0, 1].item() == 9 and int(zeros.count_nonzero()) == 1
+    # GPTQ: nibble 3 of word [j=1, n=2] holds row 8 * 1 + 3 = 11; zeros stored minus one, plain order.
+    qweight = torch.zeros(k // 8, n, dtype=torch.int32)
+    qweight[1, 2] = 9 << 12
+    qzeros = torch.full((1, n // 8), 0x77777777, dtype=torch.int32)  # every zero point 8 (stored 7)
+    qzeros[0, 1] = 0x77777777 - (7 << 8) + (4 << 8)  # nibble 2 of word 1 -> column 10: zero point 5
+    packed, zeros, _ = torch.ops.fastinfer.int4_repack(qweight, qzeros, "gptq", None)
+    q = ref.int4_unpack(packed)
+    assert q[2, 11].item() == 9 and int(q.count_nonzero()) == 1
+    expect = torch.full((1, n), 8, dtype=torch.uint8)
+    expect[0, 10] = 5
+    assert torch.equal(zeros, expect)
+    # stored 15 is the v1 packer's encoding of a zero point of 0
+    packed, zeros, _ = torch.ops.fastinfer.int4_repack(qweight, torch.full((1, 2), -1, dtype=torch.int32), "gptq", None)
+    assert int(zeros.count_nonzero()) == 0
+
+
+def make_act_order(k, group, gen):
+    order = torch.randperm(k, generator=gen)
+    g_idx = torch.empty(k, dtype=torch.int32)
+    g_idx[order] = (torch.arange(k) // group).to(torch.int32)
+    return g_idx
+
+
+@pytest.mark.parametrize(
+    "backend,dtype,m", backend_params({"cpu": [1, 5], "sim": [1, 5], "cuda": [1, 5]}, dtypes={"cpu": (torch.float16,)}),
+)
+def test_gptq_act_order_end_to_end(backend, dtype, m):
+    be = get_backend(backend)
+    gen = make_gen(21 + m)
+    n, k, group = 32, 256, 64
+    g_idx = make_act_order(k, group, gen)
+    w_q, scales, zeros = make_weights(n, k, group, False, dtype, gen)
+    qweight, qzeros = ref.gptq_pack(w_q, zeros)
+    # The checkpoint's weight: input feature k uses group g_idx[k].
+    s_full = scales.to(torch.float64)[g_idx.long()].t()  # [N, K]
+    z_full = zeros.to(torch.float64)[g_idx.long()].t()
+    w = ((w_q.to(torch.float64) - z_full) * s_full).to(dtype).to(torch.float64)
+    a = randn((m, k), dtype, gen=gen)
+    expect = a.to(torch.float64) @ w.t()
+    packed, z_out, perm = be.ns.int4_repack(qweight.to(be.device), qzeros.to(be.device), "gptq", g_idx.to(be.device))
+    assert perm.shape == (k,) and perm.dtype == torch.int64
+    assert torch.equal(g_idx[perm.cpu()], (torch.arange(k) // group).to(torch.int32))
+    dev = be.device
+    out = be.run(lambda: be.ns.int4_gemm(a.to(dev), packed, scales.to(dev), z_out, group, perm))
+    naive = naive_from_w(a[:, perm.cpu()], w.to(dtype)[:, perm.cpu()])
+    assert_fa_close(out, expect, naive, rel_tol=TOL_REL[dtype], floor=1e-5)
+    # Gathering the activations by hand is the same computation.
+    out2 = be.run(lambda: be.ns.int4_gemm(*_to(be.device, a[:, perm.cpu()].contiguous(), packed, scales, z_out),
+                                          group, None))
+    assert_bits_equal(out.cpu(), out2.cpu(), "perm argument vs a[:, perm]")
+
+
+def test_gptq_act_order_rejects_unequal_groups():
+    k, n, group = 128, 16, 64
+    qweight = torch.zeros(k // 8, n, dtype=torch.int32)
+    qzeros = torch.zeros(k // group, n // 8, dtype=torch.int32)
+    g_idx = torch.zeros(k, dtype=torch.int32)
+    g_idx[:10] = 1  # 118 features in group 0, 10 in group 1
+    with pytest.raises(RuntimeError, match="g_idx must assign exactly group_size"):
+        torch.ops.fastinfer.int4_repack(qweight, qzeros, "gptq", g_idx)
+
+
+# ---- quantiser -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_quantize_int4_round_trip(symmetric):
+    gen = make_gen(3)
+    w = randn((32, 256), torch.bfloat16, gen=gen)
+    w_q, scales, zeros = ref.quantize_int4(w, 64, symmetric)
+    assert w_q.dtype == torch.uint8 and int(w_q.max()) <= 15 and scales.shape == (4, 32)
+    assert (zeros is None) == symmetric
+    back = ref.int4_dequantize(w_q, scales, zeros, 64)
+    step = scales.to(torch.float64).abs().repeat_interleave(64, 0).t()
+    assert ((back - w.to(torch.float64)).abs() <= 0.5 * step * 1.1 + 1e-6).all()
+    # and the GEMM on the quantised weight runs
+    packed = torch.ops.fastinfer.int4_pack(w_q)
+    a = randn((2, 256), torch.bfloat16, gen=gen)
+    out = torch.ops.fastinfer.int4_gemm(a, packed, scales, zeros, 64, None)
+    assert_fa_close(out, ref.int4_gemm(a, w_q, scales, zeros, 64), naive_gemm(a, w_q, scales, zeros, 64),
+                    rel_tol=TOL_REL[torch.bfloat16], floor=1e-5)
+
+
+# ---- opcheck -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ns", ["fastinfer", pytest.param("fastinfer_sim", marks=pytest.mark.sim)])
+def test_int4_opcheck(ns):
+    be = get_backend("sim" if ns == "fastinfer_sim" else "cpu")
+    gen = make_gen(4)
+    n, k, group = 32, 128, 64
+    w_q, scales, zeros = make_weights(n, k, group, False, torch.bfloat16, gen)
+    a = randn((3, k), torch.bfloat16, gen=gen)
+    packed = be.ns.int4_pack(w_q)
+    qweight, qzeros = ref.gptq_pack(w_q, zeros)
+    g_idx = make_act_order(k, group, gen)
+    perm = torch.randperm(k, generator=gen)
+    cases = [
+        ("int4_pack", (w_q,)),
+        ("int4_repack", (qweight, qzeros, "gptq", None)),
+        ("int4_repack", (qweight, qzeros, "gptq", g_idx)),
+        ("int4_repack", (*ref.awq_pack(w_q, zeros), "awq", None)),
+        ("int4_gemm", (a, packed, scales, zeros, group, None)),
+        ("int4_gemm", (a, packed, scales, None, group, perm)),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(getattr(be.ns, op).default, args)
+
+
+# ---- bad inputs ------------------------------------------------------------------------------------
+
+
+def _gemm_args(dtype=torch.bfloat16, m=2, n=32, k=128, group=64):
+    gen = make_gen(9)
+    w_q, scales, zeros = make_weights(n, k, group, False, dtype, gen)
+    return dict(a=randn((m, k), dtype, gen=gen), packed=torch.ops.fastinfer.int4_pack(w_q), scales=scales,
+                zeros=zeros, group_size=group, perm=None)
+
+
+def _call_gemm(ns, **over):
+    args = _gemm_args()
+    args.update(over)
+    return ns.int4_gemm(args["a"], args["packed"], args["scales"], args["zeros"], args["group_size"], args["perm"])
+
+
+BAD_GEMM = [
+    ("a_dtype", lambda d: dict(a=d["a"].to(torch.int32)), r"a must have dtype in"),
+    ("a_fp64", lambda d: dict(a=d["a"].double(), scales=d["scales"].double()), r"a must have dtype in"),
+    ("a_3d", lambda d: dict(a=d["a"].unsqueeze(0)), r"a must be 2-D"),
+    ("k_mismatch", lambda d: dict(a=d["a"][:, :64].contiguous()), r"packed must have shape \[K / 64"),
+    ("k_not_tile", lambda d: dict(a=torch.ones(2, 96, dtype=torch.bfloat16)), r"multiple of 64 .*minimum tile"),
+    ("packed_n_not_tile", lambda d: dict(packed=d["packed"][:, :8 * 24].contiguous()), r"N a multiple of 16.*minimum tile"),
+    ("packed_dtype", lambda d: dict(packed=d["packed"].to(torch.int64)), r"packed must have dtype in"),
+    ("group_not_32", lambda d: dict(group_size=48), r"group_size must be a positive multiple of 32"),
+    ("k_not_group_multiple", lambda d: dict(group_size=96), r"must be a multiple of group_size"),
+    ("scales_shape", lambda d: dict(scales=d["scales"][:1].contiguous()), r"scales must have shape \[K / group_size, N\]"),
+    ("scales_dtype", lambda d: dict(scales=d["scales"].half()), r"scales must have the dtype of a"),
+    ("zeros_dtype", lambda d: dict(zeros=d["zeros"].to(torch.int32)), r"zeros must have dtype in"),
+    ("zeros_shape", lambda d: dict(zeros=d["zeros"].t().contiguous()), r"zeros must have shape"),
+    ("zeros_range", lambda d: dict(zeros=d["zeros"] + 16), r"zeros values must be in \[0, 16\)"),
+    ("a_noncontig", lambda d: dict(a=torch.cat([d["a"], d["a"]], 1)[:, ::2]), r"a must be contiguous"),
+    ("scales_noncontig", lambda d: dict(scales=d["scales"].t().contiguous().t()), r"scales must be contiguous"),
+    ("perm_shape", lambda d: dict(perm=torch.arange(64)), r"perm must have K = 128"),
+    ("perm_range", lambda d: dict(perm=torch.arange(128) + 1), r"perm values must be in \[0, 128\)"),
+    ("packed_device", lambda d: dict(packed=d["packed"].to("meta")), r"packed must be on the device of a"),
+    ("zeros_device", lambda d: dict(zeros=d["zeros"].to("meta")), r"zeros must be on the device of a"),
+]
+
+
+@pytest.mark.parametrize("ns", ["fastinfer", pytest.param("fastinfer_sim", marks=pytest.mark.sim)])
+@pytest.mark.parametrize("case,override,arg_re", BAD_GEMM, ids=[c[0] for c in BAD_GEMM])
+def test_int4_gemm_bad_input(ns, case, override, arg_re):
+    be = get_backend("sim" if ns == "fastinfer_sim" else "cpu")
+    with pytest.raises(RuntimeError, match=arg_re) as exc:
+        _call_gemm(be.ns, **override(_gemm_args()))
+    assert f"{ns}.int4_gemm" in str(exc.value)
+
+
+def test_int4_gemm_sim_rejects_fp32_and_meta_checks():
+    get_backend("sim")
+    d = _gemm_args(torch.float32)
+    with pytest.raises(RuntimeError, match=r"a must have dtype in \{Half, BFloat16\}"):
+        _call_gemm(torch.ops.fastinfer_sim, a=d["a"], scales=d["scales"])
+    with pytest.raises(RuntimeError, match=r"group_size must be a positive multiple of 32"):
+        _call_gemm(torch.ops.fastinfer, **{k: (v.to("meta") if isinstance(v, torch.Tensor) else v)
+                                           for k, v in dict(_gemm_args(), group_size=16).items()})
+
+
+BAD_PACK = [
+    (lambda: torch.zeros(32, 128, dtype=torch.int32), r"w_q must have dtype in"),
+    (lambda: torch.zeros(24, 128, dtype=torch.uint8), r"N \(output features\) must be a positive multiple of 16"),
+    (lambda: torch.zeros(32, 100, dtype=torch.uint8), r"K \(input features\) must be a positive multiple of 64"),
+    (lambda: torch.zeros(32, dtype=torch.uint8), r"w_q must be 2-D"),
+    (lambda: torch.full((32, 128), 16, dtype=torch.uint8), r"w_q values must be in \[0, 16\)"),
+]
+
+
+@pytest.mark.parametrize("ns", ["fastinfer", pytest.param("fastinfer_sim", marks=pytest.mark.sim)])
+@pytest.mark.parametrize("i", range(len(BAD_PACK)))
+def test_int4_pack_bad_input(ns, i):
+    be = get_backend("sim" if ns == "fastinfer_sim" else "cpu")
+    make, arg_re = BAD_PACK[i]
+    with pytest.raises(RuntimeError, match=arg_re):
+        be.ns.int4_pack(make())
+
+
+BAD_REPACK = [
+    (lambda: (torch.zeros(128, 4), torch.zeros(2, 4, dtype=torch.int32), "awq", None), r"qweight must have dtype in"),
+    (lambda: (torch.zeros(128, 4, dtype=torch.int32), torch.zeros(2, 4, dtype=torch.int32), "exl2", None),
+     r"fmt must be 'awq' or 'gptq'"),
+    (lambda: (torch.zeros(128, 4, dtype=torch.int32), torch.zeros(2, 3, dtype=torch.int32), "awq", None),
+     r"qzeros must have shape \[K / group_size, N / 8\]"),
+    (lambda: (torch.zeros(128, 4, dtype=torch.int32), torch.zeros(3, 4, dtype=torch.int32), "awq", None),
+     r"qzeros.size\(0\) must be K / group_size"),
+    (lambda: (torch.zeros(128, 3, dtype=torch.int32), torch.zeros(2, 3, dtype=torch.int32), "awq", None),
+     r"N \(output features\) must be a positive multiple of 16"),
+    (lambda: (torch.zeros(128, 4, dtype=torch.int32), torch.zeros(2, 4, dtype=torch.int32), "awq",
+              torch.zeros(128, dtype=torch.int32)), r"g_idx \(act-order\) is only defined for fmt='gptq'"),
+    (lambda: (torch.zeros(16, 32, dtype=torch.int32), torch.zeros(2, 4, dtype=torch.int32), "gptq",
+              torch.full((128,), 2, dtype=torch.int32)), r"g_idx values must be in \[0, 2\)"),
+]
+
+
+@pytest.mark.parametrize("ns", ["fastinfer", pytest.param("fastinfer_sim", marks=pytest.mark.sim)])
+@pytest.mark.parametrize("i", range(len(BAD_REPACK)))
+def test_int4_repack_bad_input(ns, i):
+    be = get_backend("sim" if ns == "fastinfer_sim" else "cpu")
+    make, arg_re = BAD_REPACK[i]
+    with pytest.raises(RuntimeError, match=arg_re):
+        be.ns.int4_repack(*make())
+
+
+# ---- python wrappers -----------------------------------------------------------------------------
+
+
+def test_python_wrappers():
+    import fastinfer.ops as ops
+
+    gen = make_gen(2)
+    n, k, group = 32, 128, 64
+    w_q, scales, zeros = make_weights(n, k, group, False, torch.float32, gen)
+    qweight, qzeros = ref.gptq_pack(w_q, zeros)
+    g_idx = make_act_order(k, group, gen)
+    r = ops.int4_repack(qweight, qzeros, "gptq", g_idx=g_idx)
+    assert r.perm is not None and r.perm.shape == (k,)
+    assert ops.int4_repack(qweight, qzeros, "gptq").perm is None
+    a = randn((3, k), torch.float32, gen=gen)
+    out = ops.int4_gemm(a, r.packed, scales, r.zeros, group, perm=r.perm)
+    s_full = scales.to(torch.float64)[g_idx.long()].t()
+    z_full = zeros.to(torch.float64)[g_idx.long()].t()
+    expect = a.double() @ ((w_q.double() - z_full) * s_full).float().double().t()
+    assert torch.allclose(out.double(), expect, rtol=1e-5, atol=1e-5)
+    assert torch.equal(ops.int4_pack(w_q), ref.int4_pack(w_q))
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("sim", marks=pytest.mark.sim),
+                                     pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_int4_gemm_empty_batch(backend):
+    be = get_backend(backend)
+    dtype = torch.bfloat16
+    w_q, scales, zeros = make_weights(32, 128, 64, False, dtype, make_gen(6))
+    a = torch.empty(0, 128, dtype=dtype)
+    out = be.ns.int4_gemm(*_to(be.device, a, be.ns.int4_pack(w_q.to(be.device)), scales, zeros), 64, None)
+    assert out.shape == (0, 32) and out.dtype == dtype
+
+
+@pytest.mark.cuda
+def test_int4_gemm_is_cuda_graph_capturable():
+    """Split-K workspace and counters come from the caching allocator (no host sync): capture, replay."""
+    be = get_backend("cuda")
+    gen = make_gen(12)
+    n, k, group = 4096, 4096, 128
+    w_q, scales, zeros = make_weights(n, k, group, False, torch.bfloat16, gen)
+    packed = be.ns.int4_pack(w_q.cuda())
+    scales, zeros = scales.cuda(), zeros.cuda()
+    a = randn((1, k), torch.bfloat16, gen=gen).cuda()
+    eager = be.ns.int4_gemm(a, packed, scales, zeros, group, None)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = be.ns.int4_gemm(a, packed, scales, zeros, group, None)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(eager, captured), "split-K reduction must be deterministic across runs"
+
+
+@pytest.mark.compile
+def test_int4_mlp_compiles_fullgraph_dynamic():
+    """An int4 MLP (gate_up -> silu*mul -> down) under torch.compile(fullgraph, dynamic M): the fake
+    impls trace with symbolic sizes and the compiled result equals eager bit for bit."""
+    import fastinfer.ops as ops
+
+    get_backend("cpu")
+    torch._dynamo.reset()
+    gen = make_gen(31)
+    hidden, inter, group = 128, 192, 64
+    gu_q, gu_s, gu_z = make_weights(2 * inter, hidden, group, False, torch.float32, gen)
+    d_q, d_s, _ = make_weights(hidden, inter, group, True, torch.float32, gen)
+    gu_p, d_p = ops.int4_pack(gu_q), ops.int4_pack(d_q)
+
+    def mlp(x):
+        h = ops.int4_gemm(x, gu_p, gu_s, gu_z, group)
+        h = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
+        return ops.int4_gemm(h.contiguous(), d_p, d_s, None, group)
+
+    compiled = torch.compile(mlp, fullgraph=True, dynamic=True, backend="aot_eager")
+    for m in (3, 5):
+        x = randn((m, hidden), torch.float32, gen=gen)
+        assert_bits_equal(compiled(x), mlp(x), f"compiled int4 mlp, M={m}")
