@@ -282,11 +282,12 @@ def _act_order(k: int, group: int, gen: torch.Generator) -> torch.Tensor:
     return g_idx
 
 
-def _int4_checkpoint(float_ckpt: str, dst: str, fmt: str, act_order: bool):
+def _int4_checkpoint(float_ckpt: str, dst: str, fmt: str, act_order: bool, float_modules=()):
     """(AWQ or GPTQ checkpoint, float checkpoint of its dequantised weights) built from ``float_ckpt``.
 
     Act-order: q, k, v (and down) get different random g_idx, gate and up share one (so the runner
     can fuse those two). GPTQ checkpoints also carry the all-zero biases AutoGPTQ writes.
+    ``float_modules``: projections left in float (AWQ ``modules_to_not_convert``).
     """
     src = _safetensors(float_ckpt)
     with open(os.path.join(float_ckpt, "config.json")) as f:
@@ -302,6 +303,8 @@ def _int4_checkpoint(float_ckpt: str, dst: str, fmt: str, act_order: bool):
             p = f"model.layers.{i}.{lin}"
             w = src[p + ".weight"]
             n, k = w.shape
+            if p in float_modules:
+                continue
             del qt[p + ".weight"]
             g_idx = None
             if act_order and lin != "self_attn.o_proj":
@@ -327,7 +330,7 @@ def _int4_checkpoint(float_ckpt: str, dst: str, fmt: str, act_order: bool):
     qcfg = dict(cfg)
     if fmt == "awq":
         qcfg["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True,
-                                       "version": "gemm"}
+                                       "version": "gemm", "modules_to_not_convert": list(float_modules) or None}
     else:
         qcfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": GROUP,
                                        "desc_act": act_order, "sym": False, "checkpoint_format": "gptq"}
@@ -338,8 +341,11 @@ def _int4_checkpoint(float_ckpt: str, dst: str, fmt: str, act_order: bool):
 
 @pytest.mark.parametrize("fmt,act_order", [("awq", False), ("gptq", False), ("gptq", True)])
 def test_awq_gptq_checkpoints_equal_dequantised_float(float_ckpt, tmp_path, fmt, act_order):
-    qpath, deqpath = _int4_checkpoint(float_ckpt, str(tmp_path / fmt), fmt, act_order)
+    float_modules = ("model.layers.1.self_attn.o_proj",) if fmt == "awq" else ()
+    qpath, deqpath = _int4_checkpoint(float_ckpt, str(tmp_path / fmt), fmt, act_order, float_modules)
     llm = LLM(qpath, num_kv_blocks=8)
+    if float_modules:  # a module the checkpoint leaves in float loads as a float linear
+        assert type(llm.model.layers[1].o_proj) is _Linear
     layer = llm.model.layers[0]
     for slot in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
         assert isinstance(getattr(layer, slot), Int4Linear)
@@ -479,3 +485,23 @@ def test_bad_checkpoints(float_ckpt, quant_ckpts, tmp_path, capsys):
     _save(broken, t, cfg)
     with pytest.raises(ValueError, match=r"down_proj\.weight_scale' has shape \[1, 64\], expected \[4, 64\]"):
         LLM(broken, num_kv_blocks=8)
+
+
+# ------------------------------------------------------------------------------------------------
+# command line
+# ------------------------------------------------------------------------------------------------
+
+
+def test_cli_generate_and_bench_with_quantization(float_ckpt, quant_ckpts, capsys):
+    for args in (["--model", quant_ckpts["int4"]], ["--model", float_ckpt, "--quantization", "fp8"],
+                 ["--model", float_ckpt, "--quantization", "int4", "--group-size", "64", "--symmetric"]):
+        assert cli_main(["generate", *args, "--prompt", "def f(x):", "--max-tokens", "4", "--ignore-eos",
+                         "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out[0]["error"] is None and len(out[0]["outputs"][0]["token_ids"]) == 4
+    # bench quantises an already built random-weight model in place (fastinfer.quant.loader.quantize_model)
+    for q in ("fp8", "int4"):
+        assert cli_main(["bench", "--preset", "tiny", "--random-weights", "--batch", "2", "--input-len", "8",
+                         "--output-len", "3", "--warmup", "0", "--quantization", q, "--json"]) == 0
+        res = json.loads(capsys.readouterr().out)
+        assert res["quantization"] == q and res["output_tokens_per_s"] > 0
