@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import sysconfig
 from typing import List, Optional, Sequence, Tuple
 
@@ -110,7 +111,11 @@ def main(argv=None) -> int:
     from .cli import _quant_kwargs
     from .engine import LLM
 
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, num_kv_blocks=1, **_quant_kwargs(args))
+    try:
+        llm = LLM(args.model, dtype=args.dtype, device=args.device, num_kv_blocks=1, **_quant_kwargs(args))
+    except ValueError as e:  # bad model / quantisation arguments: one line, no traceback
+        print(f"python -m fastinfer.eval: error: {e}", file=sys.stderr)
+        return 2
     stream = token_stream(llm.tokenizer, heldout_files())
     ppl, n = perplexity(llm.model, stream, max_tokens=args.max_tokens)
     res = {"model": args.model, "dtype": str(llm.model.dtype).replace("torch.", ""),
