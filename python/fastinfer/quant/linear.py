@@ -23,6 +23,9 @@ class QuantizedLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: Optional[Tensor]):
         super().__init__()
+        # "fastinfer" or "fastinfer_sim" (the CUDA kernel sources on the simt emulator); the model's
+        # set_op_namespace() sets it
+        self.op_namespace = "fastinfer"
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.bias = bias if bias is None or isinstance(bias, nn.Parameter) else nn.Parameter(bias, requires_grad=False)
@@ -49,7 +52,7 @@ class Fp8Linear(QuantizedLinear):
         _buffer(self, "weight_scale", weight_scale.contiguous())
 
     def forward(self, x: Tensor) -> Tensor:
-        ops = torch.ops.fastinfer
+        ops = getattr(torch.ops, self.op_namespace)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).contiguous()
         xq, xs = ops.fp8_quantize(x2, "token", 128, None)
@@ -110,7 +113,7 @@ class Int4Linear(QuantizedLinear):
                         getattr(self, f"perm{i}"), self.group_sizes[i])
 
     def forward(self, x: Tensor) -> Tensor:
-        ops = torch.ops.fastinfer
+        ops = getattr(torch.ops, self.op_namespace)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if self.kq != self.in_features:

@@ -304,6 +304,7 @@ def load_quantized_weights(model, path: str, opts: Optional[QuantOptions] = None
                 ip = [Int4Part(*(t.to(device) if isinstance(t, Tensor) else t for t in p)) for p in ip]
                 new = Int4Linear(ip, k, old.bias)
             assert isinstance(old, _Linear)
+            new.op_namespace = model.op_namespace
             setattr(layer, slot, new)
     unused = [n for n in r.where if n not in r.used and n.rpartition(".")[0] in linear_prefixes
               and not n.endswith(".bias")]
@@ -335,5 +336,6 @@ def quantize_model(model, opts: QuantOptions):
                 part = Int4Part(torch.ops.fastinfer.int4_pack(q).to(model.device), s.to(model.device, model.dtype),
                                 None if z is None else z.to(model.device), None, opts.group_size)
                 new = Int4Linear([part], w.shape[1], old.bias)
+            new.op_namespace = model.op_namespace
             setattr(layer, slot, new)
     return model
