@@ -550,3 +550,33 @@ def test_sim_quantized_model(float_ckpt, quant_ckpts, tmp_path, kind):
     assert 0 < err_naive < 0.1 and err <= 2 * err_naive, (err, err_naive)
     for other in results[1:]:
         assert torch.equal(raw_bits(results[0]), raw_bits(other)), "sim result depends on the schedule seed"
+
+
+def test_quantized_load_allocates_no_float_linears(float_ckpt, quant_ckpts):
+    """Loading builds a shell on the meta device: the only float parameters are the embedding,
+    the norms and lm_head (the RoPE table is rebuilt, tied weights stay tied)."""
+    c = LLM(quant_ckpts["int4"], num_kv_blocks=4).model
+    params = {n: p for n, p in c.named_parameters()}
+    assert all(p.device.type == "cpu" for p in params.values())
+    assert all(not n.startswith("layers.") or "norm" in n for n in params), sorted(params)
+    cfg = c.config
+    assert sum(p.numel() for p in params.values()) == (
+        2 * cfg.vocab_size * cfg.hidden_size + (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size)
+    from fastinfer.models import load_model
+
+    assert torch.equal(c.cos_sin_cache, load_model(float_ckpt).cos_sin_cache)
+
+
+@pytest.mark.parametrize("qc,msg", [
+    ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "gptq_v2"}, "only checkpoint_format 'gptq'"),
+    ({"quant_method": "gptq", "bits": 8}, "only 4-bit checkpoints"),
+    ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "only version 'gemm'"),
+    ({"quant_method": "awq", "bits": 4, "zero_point": False}, "zero_point=false"),
+    ({"quant_method": "fastinfer", "format_version": 2, "method": "fp8"}, "format_version 2"),
+    ({"quant_method": "fastinfer", "format_version": 1, "method": "nf4"}, "method 'nf4'"),
+])
+def test_unsupported_quantization_configs(qc, msg):
+    from fastinfer.quant.loader import stored_quantization
+
+    with pytest.raises(ValueError, match=msg):
+        stored_quantization({"quantization_config": qc})

@@ -185,15 +185,17 @@ def load_model(
             dtype = config.torch_dtype
         else:
             dtype = torch.bfloat16
-    model = LlamaForCausalLM(config, dtype=dtype, device=device, max_positions=max_positions)
     from ..quant.quantize import QuantOptions
 
     opts = QuantOptions.from_any(quantization, quantization_config)
     if opts is not None or config.raw.get("quantization_config"):
-        from ..quant.loader import load_quantized_weights
+        from ..quant.loader import build_model_shell, load_quantized_weights
 
+        # no float copy of the decoder linears is ever allocated
+        model = build_model_shell(config, dtype=dtype, device=device, max_positions=max_positions)
         load_quantized_weights(model, path, opts, progress=progress)
     else:
+        model = LlamaForCausalLM(config, dtype=dtype, device=device, max_positions=max_positions)
         load_weights(model, path, progress=progress)
     model.eval()
     return model

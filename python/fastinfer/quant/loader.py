@@ -207,6 +207,35 @@ def _fuse_int4(parts: List[Int4Part]) -> List[Int4Part]:
                      zeros, p0.perm, p0.group_size)]
 
 
+_SLOTS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+def build_model_shell(config, dtype: torch.dtype, device, max_positions: Optional[int] = None):
+    """A :class:`LlamaForCausalLM` whose decoder linears have EMPTY (0-row) float weights: built on
+    the meta device and materialised without them, so loading a quantised model never allocates
+    the float linears (a 70B model in int4 fits where its bf16 weights would not).
+    :func:`load_quantized_weights` replaces those linears (or allocates them, for projections a
+    checkpoint keeps in float)."""
+    from torch import nn
+
+    from ..models.llama import LlamaForCausalLM
+    from ..models.rope import build_cos_sin_cache
+
+    device = torch.device("cpu" if device is None else device)
+    model = LlamaForCausalLM(config, dtype=dtype, device="meta", max_positions=max_positions)
+    for layer in model.layers:
+        for slot in _SLOTS:
+            lin = getattr(layer, slot)
+            lin.weight = nn.Parameter(torch.empty((0, lin.weight.shape[1]), dtype=dtype, device="meta"),
+                                      requires_grad=False)
+    model.to_empty(device=device)
+    model.device = device
+    if config.tie_word_embeddings:  # to_empty gives every parameter its own storage
+        model.lm_head.weight = model.embed_tokens.weight
+    model.cos_sin_cache = build_cos_sin_cache(config, model.max_positions, dtype=torch.float32, device=device)
+    return model
+
+
 @torch.no_grad()
 def load_quantized_weights(model, path: str, opts: Optional[QuantOptions] = None, progress: bool = False):
     """Fill ``model`` from checkpoint ``path``, replacing its decoder linears with quantised ones.
@@ -289,6 +318,10 @@ def load_quantized_weights(model, path: str, opts: Optional[QuantOptions] = None
                                  f"({', '.join(p.kind for p in parts)}); they must all be float or all quantised alike")
             kind = kinds.pop()
             if kind == "float":
+                if old.weight.shape[0] == 0:  # a shell from build_model_shell
+                    rows = sum(p.data[0].shape[0] for p in parts)
+                    old.weight = torch.nn.Parameter(torch.empty((rows, k), dtype=dtype, device=device),
+                                                    requires_grad=False)
                 off = 0
                 for part in parts:
                     w = part.data[0]
