@@ -6,6 +6,8 @@
     fastinfer bench --model PATH --batch 8 --compare-transformers
     fastinfer generate --draft-model python/fastinfer/assets/tiny-llama-draft --spec-mode tree --prompt "def"
     fastinfer bench --model M --draft-model D --spec-mode chain --num-spec-tokens 4 --batch 1 --compare-no-spec
+    fastinfer quantize --method int4 --group-size 128 [--symmetric] IN_DIR OUT_DIR   # see fastinfer.quant
+    fastinfer generate --model PATH --quantization fp8 --prompt "..."           # quantise on load
 
 ``bench`` reports TTFT (time from submission to the first token, mean over requests), TPOT (time
 per output token after the first, mean), output tokens/s and total (prompt + output) tokens/s.
@@ -103,6 +105,46 @@ def _hf_model(args, dtype, device: torch.device, ours=None):
     return hf.eval()
 
 
+def _quant_kwargs(args) -> Dict[str, Any]:
+    """``quantization`` / ``quantization_config`` for LLM(...) from --quantization and its options."""
+    if args.quantization is None:
+        if args.group_size is not None or args.symmetric or args.pad_groups:
+            raise ValueError("--group-size / --symmetric / --pad-groups need --quantization int4")
+        return {}
+    qc: Dict[str, Any] = {}
+    if args.group_size is not None:
+        qc["group_size"] = args.group_size
+    if args.symmetric:
+        qc["symmetric"] = True
+    if args.pad_groups:
+        qc["pad_groups"] = True
+    return {"quantization": args.quantization, "quantization_config": qc or None}
+
+
+def _add_quant_args(p: argparse.ArgumentParser, on_load: bool) -> None:
+    if on_load:
+        p.add_argument("--quantization", default=None,
+                       help="fp8 | int4: quantise a float checkpoint on load (default: as stored)")
+    p.add_argument("--group-size", type=int, default=None, help="int4 group size (default 128)")
+    p.add_argument("--symmetric", action="store_true", help="int4 without zero points (z = 8)")
+    p.add_argument("--pad-groups", action="store_true",
+                   help="int4: zero-pad layers whose input size the group size does not divide")
+
+
+def cmd_quantize(args) -> int:
+    from .quant import QuantOptions, quantize_checkpoint
+
+    opts = QuantOptions(args.method, group_size=128 if args.group_size is None else args.group_size,
+                        symmetric=args.symmetric, pad_groups=args.pad_groups)
+    if args.method != "int4" and (args.group_size is not None or args.symmetric or args.pad_groups):
+        raise ValueError("--group-size / --symmetric / --pad-groups apply to --method int4 only")
+    res = quantize_checkpoint(args.in_dir, args.out_dir, opts, progress=not args.quiet)
+    if not args.quiet:
+        print(f"wrote {args.out_dir}: {res['quantized_linears']} {args.method} linears, "
+              f"{', '.join(res['weights'])}; copied {', '.join(res['copied']) or 'nothing'}")
+    return 0
+
+
 # ------------------------------------------------------------------------------------------------
 def cmd_generate(args) -> int:
     from .engine import LLM, SamplingParams
@@ -111,7 +153,7 @@ def cmd_generate(args) -> int:
                         min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed_request,
                         max_tokens=args.max_tokens, stop=args.stop or None, ignore_eos=args.ignore_eos)
     llm = LLM(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-              seed=args.seed, load_progress=True, **_spec_kwargs(args))
+              seed=args.seed, load_progress=True, **_spec_kwargs(args), **_quant_kwargs(args))
     prompts: List[Any] = list(args.prompt or [])
     if not prompts:
         prompts = [sys.stdin.read()]
@@ -209,12 +251,12 @@ def cmd_bench(args) -> int:
         llm = LLM(model, device=device, max_model_len=max_len, max_num_seqs=max(args.batch, 1),
                   max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
                   gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False,
-                  enforce_eager=args.enforce_eager, **_spec_kwargs(args))
+                  enforce_eager=args.enforce_eager, **_spec_kwargs(args), **_quant_kwargs(args))
     else:
         llm = LLM(args.model, dtype=dtype, device=device, max_model_len=max_len, max_num_seqs=max(args.batch, 1),
                   max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
                   gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False,
-                  load_progress=True, enforce_eager=args.enforce_eager, **_spec_kwargs(args))
+                  load_progress=True, enforce_eager=args.enforce_eager, **_spec_kwargs(args), **_quant_kwargs(args))
     load_s = time.perf_counter() - t0
     V = llm.vocab_size
     g = torch.Generator().manual_seed(args.seed)
@@ -236,6 +278,7 @@ def cmd_bench(args) -> int:
         "model": args.model or f"{args.preset} (random weights)",
         "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
         "dtype": str(dtype).replace("torch.", ""),
+        "quantization": args.quantization,
         "batch": args.batch, "input_len": args.input_len, "output_len": args.output_len,
         "load_s": round(load_s, 3), "elapsed_s": round(elapsed, 4),
         "ttft_ms_mean": round(1e3 * sum(ttft) / len(ttft), 3),
@@ -352,6 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default=None)
     g.add_argument("--max-model-len", type=int, default=None)
     _add_spec_args(g)
+    _add_quant_args(g, on_load=True)
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="end-to-end throughput/latency (TTFT, TPOT, tokens/s)")
@@ -378,7 +422,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --draft-model: run the same prompts again without speculation, report the speedup")
     b.add_argument("--compare-repeats", type=int, default=1,
                    help="with --compare-no-spec: alternate spec / no-spec runs this many times (median, min, max)")
+    _add_quant_args(b, on_load=True)
     b.set_defaults(func=cmd_bench)
+
+    q = sub.add_parser("quantize", help="write a quantised checkpoint (fp8 W8A8 or int4 W4A16; see fastinfer.quant)")
+    q.add_argument("--method", required=True, help="fp8 | int4")
+    _add_quant_args(q, on_load=False)
+    q.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    q.add_argument("in_dir", metavar="IN_DIR", help="float safetensors checkpoint")
+    q.add_argument("out_dir", metavar="OUT_DIR", help="output directory (created; must hold no weights)")
+    q.set_defaults(func=cmd_quantize)
     return ap
 
 

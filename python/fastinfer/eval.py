@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import sysconfig
 from typing import List, Optional, Sequence, Tuple
 
@@ -82,21 +83,43 @@ def perplexity(model, stream: torch.Tensor, context: int = CONTEXT, max_tokens: 
     return math.exp(total / count), count
 
 
+def _describe_quantization(model) -> str:
+    """"none", or the quantised linears' method(s) and int4 group sizes."""
+    from .quant.linear import QuantizedLinear
+
+    kinds = set()
+    for m in model.modules():
+        if isinstance(m, QuantizedLinear):
+            kinds.add(m.method + (f"-g{'/'.join(map(str, sorted(set(m.group_sizes))))}"
+                                  f"{'-sym' if all(m.part(i).zeros is None for i in range(m.num_parts)) else ''}"
+                                  if m.method == "int4" else ""))
+    return ",".join(sorted(kinds)) or "none"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fastinfer.eval", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=os.path.join(ASSETS, "tiny-llama"))
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the LLM default)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--max-tokens", type=int, default=None, help="evaluate at most this many tokens")
+    ap.add_argument("--quantization", default=None, help="fp8 | int4: quantise on load (default: as stored)")
+    ap.add_argument("--group-size", type=int, default=None, help="int4 group size (default 128)")
+    ap.add_argument("--symmetric", action="store_true", help="int4 without zero points")
+    ap.add_argument("--pad-groups", action="store_true", help="int4: pad layers whose K the group size does not divide")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    from .cli import _quant_kwargs
     from .engine import LLM
 
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, num_kv_blocks=1)
+    try:
+        llm = LLM(args.model, dtype=args.dtype, device=args.device, num_kv_blocks=1, **_quant_kwargs(args))
+    except ValueError as e:  # bad model / quantisation arguments: one line, no traceback
+        print(f"python -m fastinfer.eval: error: {e}", file=sys.stderr)
+        return 2
     stream = token_stream(llm.tokenizer, heldout_files())
     ppl, n = perplexity(llm.model, stream, max_tokens=args.max_tokens)
-    res = {"model": args.model, "dtype": str(llm.model.dtype).replace("torch.", ""), "heldout_ppl": round(ppl, 4),
-           "tokens": n}
+    res = {"model": args.model, "dtype": str(llm.model.dtype).replace("torch.", ""),
+           "quantization": _describe_quantization(llm.model), "heldout_ppl": round(ppl, 4), "tokens": n}
     print(json.dumps(res) if args.json else "  ".join(f"{k}={v}" for k, v in res.items()))
     return 0
 

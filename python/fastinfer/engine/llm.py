@@ -114,6 +114,12 @@ class LLM:
             draft forward per level).
         num_spec_tokens: chain length k / tree node budget N (without the root); default 4 (chain)
             or 8 (tree).
+        quantization: "fp8" (W8A8: e4m3 weights per channel, dynamic per-token e4m3 activations)
+            or "int4" (W4A16, group-wise) quantises a float checkpoint's decoder linears on load;
+            None runs the checkpoint as stored (a quantised one, fastinfer / AutoAWQ / AutoGPTQ,
+            is detected from its config.json). ``lm_head`` stays unquantised. See :mod:`fastinfer.quant`.
+        quantization_config: int4 options for on-the-fly quantisation: ``group_size`` (128),
+            ``symmetric`` (False), ``pad_groups`` (False).
     """
 
     def __init__(
@@ -138,6 +144,8 @@ class LLM:
         num_spec_tokens: Optional[int] = None,
         spec_tree_topk: int = 2,
         spec_tree_depth: Optional[int] = None,
+        quantization: Optional[str] = None,
+        quantization_config: Optional[Dict[str, Any]] = None,
     ):
         from .. import cuda_available
 
@@ -171,9 +179,15 @@ class LLM:
             config = ModelConfig.from_pretrained(model)
             max_pos = config.max_model_len if max_model_len is None else max(int(max_model_len), 1)
             self.model = load_model(model, dtype=dtype, device=self.device, progress=load_progress,
-                                    max_positions=max_pos, config=config)
+                                    max_positions=max_pos, config=config, quantization=quantization,
+                                    quantization_config=quantization_config)
         else:
             self.model = model
+            if quantization is not None:  # an already built float model: quantise it in place
+                from ..quant.loader import quantize_model
+                from ..quant.quantize import QuantOptions
+
+                quantize_model(self.model, QuantOptions.from_any(quantization, quantization_config))
             self.device = torch.device(getattr(model, "device", self.device))
         self.config = self.model.config
         if hasattr(self.model, "pack_linears_for_cpu"):

@@ -226,8 +226,9 @@ class LlamaForCausalLM(nn.Module):
         if namespace not in ("fastinfer", "fastinfer_sim"):
             raise ValueError(f"unknown op namespace {namespace!r}")
         self.op_namespace = namespace
-        for layer in self.layers:
-            layer.op_namespace = namespace
+        for m in self.modules():  # the layers, and quantised linears (fastinfer.quant)
+            if m is not self and hasattr(m, "op_namespace"):
+                m.op_namespace = namespace
 
     # ------------------------------------------------------------------------------------------
     # KV cache

@@ -146,7 +146,7 @@ def load_weights(model: LlamaForCausalLM, path: str, progress: bool = False) -> 
                     raise ValueError(f"tensor {name!r} has shape {list(shape)}, expected {list(want)}")
                 t = f.get_tensor(name)
                 if not t.is_floating_point():
-                    raise ValueError(f"tensor {name!r} has non-float dtype {t.dtype} (quantized checkpoints are not supported)")
+                    raise ValueError(f"tensor {name!r} has non-float dtype {t.dtype} (a quantised checkpoint needs a quantization_config in config.json, see fastinfer.quant)")
                 dst.narrow(0, off, rows).copy_(t.to(device=dst.device, dtype=dst.dtype))
                 seen[name] = fname
     missing = [n for n in targets if n not in seen]
@@ -163,11 +163,18 @@ def load_model(
     progress: bool = False,
     max_positions: Optional[int] = None,
     config: Optional[ModelConfig] = None,
+    quantization: Optional[str] = None,
+    quantization_config: Optional[dict] = None,
 ) -> LlamaForCausalLM:
     """Build the model of checkpoint directory ``path`` and load its weights.
 
     Defaults: ``device`` "cpu"; ``dtype`` float32 on CPU, else the checkpoint's dtype when it is
     float16/bfloat16, else bfloat16.
+
+    Quantisation (:mod:`fastinfer.quant`): ``quantization`` "fp8" / "int4" quantises a float
+    checkpoint's decoder linears on load (``quantization_config``: optional ``group_size``,
+    ``symmetric``, ``pad_groups`` for int4); a checkpoint whose config.json has a
+    ``quantization_config`` (fastinfer, AutoAWQ, AutoGPTQ) is loaded as stored.
     """
     config = ModelConfig.from_pretrained(path) if config is None else config
     device = torch.device("cpu" if device is None else device)
@@ -178,7 +185,17 @@ def load_model(
             dtype = config.torch_dtype
         else:
             dtype = torch.bfloat16
-    model = LlamaForCausalLM(config, dtype=dtype, device=device, max_positions=max_positions)
-    load_weights(model, path, progress=progress)
+    from ..quant.quantize import QuantOptions
+
+    opts = QuantOptions.from_any(quantization, quantization_config)
+    if opts is not None or config.raw.get("quantization_config"):
+        from ..quant.loader import build_model_shell, load_quantized_weights
+
+        # no float copy of the decoder linears is ever allocated
+        model = build_model_shell(config, dtype=dtype, device=device, max_positions=max_positions)
+        load_quantized_weights(model, path, opts, progress=progress)
+    else:
+        model = LlamaForCausalLM(config, dtype=dtype, device=device, max_positions=max_positions)
+        load_weights(model, path, progress=progress)
     model.eval()
     return model

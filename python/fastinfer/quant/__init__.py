@@ -1,0 +1,107 @@
+"""Weight quantisation for the runner: FP8 W8A8 and INT4 W4A16, and the fastinfer checkpoint format.
+
+Three ways to run a quantised model::
+
+    fastinfer quantize --method fp8 IN_DIR OUT_DIR                  # write a quantised checkpoint
+    fastinfer quantize --method int4 --group-size 128 [--symmetric] IN_DIR OUT_DIR
+    LLM(OUT_DIR)                                                    # loads it (detected from config.json)
+    LLM(IN_DIR, quantization="fp8" | "int4")                        # quantise a float checkpoint on load
+    LLM(AWQ_OR_GPTQ_DIR)                                            # AutoAWQ / AutoGPTQ 4-bit checkpoints
+
+Which layers
+------------
+Every linear layer of every decoder layer (q, k, v, o, gate, up, down) is quantised; the embedding,
+the norms, the biases and ``lm_head`` stay in floating point (``lm_head`` is tied to the embedding
+in many small models and dominates the logits' accuracy; it is listed in
+``modules_not_quantized``). The runner fuses q/k/v and gate/up after quantisation, exactly as it
+fuses the float weights (rows of the fused weight are q, k, v resp. gate, up).
+
+Methods (round to nearest, no calibration data)
+-----------------------------------------------
+* **fp8** (W8A8): weights e4m3 with one float32 scale per output channel,
+  ``scale[n] = max(amax(W[n, :]), 1e-12) / 448``, ``q = e4m3_rne(clamp(W / scale, -448, 448))``
+  (:func:`fastinfer.reference.fp8_quantize` with ``mode='token'`` applied to ``W``, computed from
+  the weight as stored, in float32). Activations are quantised dynamically per token at run time
+  (``fp8_quantize(x, 'token')``) and multiplied by ``fp8_scaled_mm`` with the per-channel weight
+  scales; the output has the activation dtype (float32 when the runner runs in float32 on CPU).
+* **int4** (W4A16): group-wise along the input features, ``group_size`` G (default 128) a
+  multiple of 32; asymmetric by default (``s = (max - min) / 15``, ``z = clamp(round(-min / s),
+  0, 15)``; ``min <= 0 <= max`` is enforced), ``--symmetric`` gives ``s = amax / 7`` and ``z = 8``
+  (:func:`fastinfer.reference.quantize_int4`). Scales are rounded to the weight's stored dtype
+  before the codes are computed, so the stored (q, s, z) reproduce the dequantised weight
+  ``W = (q - z) * s`` exactly. The runner multiplies with ``int4_gemm``.
+  G must divide every quantised layer's input size K; with ``pad_groups`` (``--pad-groups``) a layer
+  whose K it does not divide is zero-padded to the next multiple of G instead (e.g. the shipped
+  tiny model's MLP width 704 with G = 128): the padded columns get the code ``z``, so they
+  dequantise to exactly 0, and the runner zero-pads the activations of that layer.
+
+On-disk format (``quantization_config.quant_method == "fastinfer"``, ``format_version`` 1)
+-----------------------------------------------------------------------------------------------
+A Hugging Face checkpoint directory: ``config.json`` (the source's, plus ``quantization_config``),
+safetensors weights (``model.safetensors``, or shards + ``model.safetensors.index.json``), the
+source's tokenizer files and ``generation_config.json``. Never pickle. Tensor names are the source's
+(unfused) names. Non-linear tensors (embedding, norms, biases, ``lm_head``) are copied unchanged.
+For each quantised linear ``P`` (e.g. ``model.layers.0.self_attn.q_proj``) with ``W [N, K]``:
+
+``method = "fp8"``::
+
+    P.weight         float8_e4m3fn [N, K]     codes
+    P.weight_scale   float32       [N]        per output channel;  W ~= weight * weight_scale[:, None]
+
+``method = "int4"`` (``Kq`` = K, or K rounded up to a multiple of G with ``pad_groups``)::
+
+    P.weight_packed      uint8   [N, Kq / 2]  codes 0..15, two per byte: byte j of row n holds
+                                              q[n, 2j] in bits 0-3 and q[n, 2j + 1] in bits 4-7
+    P.weight_scale       <dtype> [Kq / G, N]  the source weight's dtype (bf16 / fp16 / fp32)
+    P.weight_zero_point  uint8   [Kq / G, N]  0..15; absent when symmetric (z = 8)
+
+    W[n, k] = (q[n, k] - z[k // G, n]) * s[k // G, n]     for k < K (columns >= K are padding)
+
+``quantization_config`` (all keys written; readers check ``quant_method``, ``method``,
+``format_version``)::
+
+    {"quant_method": "fastinfer", "format_version": 1, "method": "fp8" | "int4",
+     "weight": "e4m3, per output channel" | "int4, group-wise",
+     "activation": "e4m3, dynamic per token" | "unquantised",       # informational
+     "group_size": G, "symmetric": bool, "pad_groups": bool,         # int4 only
+     "modules_not_quantized": ["lm_head"]}
+
+AutoAWQ / AutoGPTQ checkpoints
+------------------------------
+``quantization_config.quant_method`` ``"awq"`` (``version`` "gemm", ``bits`` 4, ``zero_point``) or
+``"gptq"`` (``bits`` 4, v1 ``checkpoint_format`` "gptq", optional ``desc_act`` with per-layer
+``g_idx``); per linear ``qweight``, ``qzeros``, ``scales`` (and ``g_idx``) as documented in
+:func:`fastinfer.ops.int4_repack`, which converts them to the kernel layout at load. The group size
+is read from each layer's ``qzeros`` (``group_size`` -1, per channel, works too). Fusion: q/k/v
+(and gate/up) are repacked one by one and concatenated along N (the packed layout is a row of
+64 x 16 tiles per 64 input features, so a concatenation of packed weights along N is the packed
+weight of the concatenation, given each N is a multiple of 16); their scales and zero points are
+concatenated along N. With act-order (``g_idx`` not the trivial ``k // G``) each projection has its
+own input permutation: projections whose permutations are equal are fused, otherwise the fused
+layer runs one ``int4_gemm`` per projection and concatenates the outputs (documented cost: 2-3
+GEMM launches instead of one). An all-zero ``bias`` tensor on a projection of a model without
+biases (AutoGPTQ writes them) is ignored; a non-zero one is an error. Modules that such a
+checkpoint leaves in float (e.g. AWQ ``modules_to_not_convert``) load as float linears.
+"""
+
+from .linear import Fp8Linear, Int4Linear, QuantizedLinear  # noqa: F401
+from .quantize import (  # noqa: F401
+    FORMAT_VERSION,
+    METHODS,
+    QuantOptions,
+    quantize_checkpoint,
+    quantize_fp8_weight,
+    quantize_int4_weight,
+)
+
+__all__ = [
+    "FORMAT_VERSION",
+    "METHODS",
+    "QuantOptions",
+    "Fp8Linear",
+    "Int4Linear",
+    "QuantizedLinear",
+    "quantize_checkpoint",
+    "quantize_fp8_weight",
+    "quantize_int4_weight",
+]
