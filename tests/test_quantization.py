@@ -254,10 +254,9 @@ def test_bf16_runner_and_sharded_output(float_ckpt, tmp_path):
 
 
 def test_pad_groups(float_ckpt, tmp_path):
-    """G = 128 does not divide K = 64: an error by default, zero-padded groups with pad_groups."""
+    """G = 128 does not divide K = 64: zero-padded groups by default (an error with --no-pad-groups)."""
     out = str(tmp_path / "padded")
-    assert cli_main(["quantize", "--quiet", "--method", "int4", "--group-size", "128", "--pad-groups",
-                     float_ckpt, out]) == 0
+    assert cli_main(["quantize", "--quiet", "--method", "int4", "--group-size", "128", float_ckpt, out]) == 0
     t = _safetensors(out)
     assert t["model.layers.0.self_attn.q_proj.weight_packed"].shape == (128, 64)  # Kq = 128
     q = unpack_nibbles(t["model.layers.0.self_attn.q_proj.weight_packed"])
@@ -442,12 +441,13 @@ def test_unknown_method(float_ckpt, tmp_path, capsys):
 
 def test_group_size_not_dividing_k(float_ckpt, tmp_path, capsys):
     out = str(tmp_path / "bad")
-    assert cli_main(["quantize", "--quiet", "--method", "int4", "--group-size", "128", float_ckpt, out]) == 2
+    assert cli_main(["quantize", "--quiet", "--method", "int4", "--group-size", "128", "--no-pad-groups",
+                     float_ckpt, out]) == 2
     err = capsys.readouterr().err
-    assert "group_size 128 does not divide the input size K=64" in err and "--pad-groups" in err
+    assert "group_size 128 does not divide the input size K=64" in err and "--no-pad-groups" in err
     assert not os.path.exists(os.path.join(out, "model.safetensors"))
     with pytest.raises(ValueError, match=r"self_attn\.q_proj\.weight: group_size 128 does not divide the input size K=64"):
-        LLM(float_ckpt, num_kv_blocks=8, quantization="int4")
+        LLM(float_ckpt, num_kv_blocks=8, quantization="int4", quantization_config={"pad_groups": False})
 
 
 def test_quantization_of_another_method_on_quantized_checkpoint(float_ckpt, quant_ckpts, tmp_path, capsys):

@@ -108,16 +108,16 @@ def _hf_model(args, dtype, device: torch.device, ours=None):
 def _quant_kwargs(args) -> Dict[str, Any]:
     """``quantization`` / ``quantization_config`` for LLM(...) from --quantization and its options."""
     if args.quantization is None:
-        if args.group_size is not None or args.symmetric or args.pad_groups:
-            raise ValueError("--group-size / --symmetric / --pad-groups need --quantization int4")
+        if args.group_size is not None or args.symmetric or not args.pad_groups:
+            raise ValueError("--group-size / --symmetric / --no-pad-groups need --quantization int4")
         return {}
     qc: Dict[str, Any] = {}
     if args.group_size is not None:
         qc["group_size"] = args.group_size
     if args.symmetric:
         qc["symmetric"] = True
-    if args.pad_groups:
-        qc["pad_groups"] = True
+    if not args.pad_groups:
+        qc["pad_groups"] = False
     return {"quantization": args.quantization, "quantization_config": qc or None}
 
 
@@ -127,8 +127,8 @@ def _add_quant_args(p: argparse.ArgumentParser, on_load: bool) -> None:
                        help="fp8 | int4: quantise a float checkpoint on load (default: as stored)")
     p.add_argument("--group-size", type=int, default=None, help="int4 group size (default 128)")
     p.add_argument("--symmetric", action="store_true", help="int4 without zero points (z = 8)")
-    p.add_argument("--pad-groups", action="store_true",
-                   help="int4: zero-pad layers whose input size the group size does not divide")
+    p.add_argument("--no-pad-groups", dest="pad_groups", action="store_false",
+                   help="int4: refuse layers whose input size the group size does not divide (default: zero-pad)")
 
 
 def cmd_quantize(args) -> int:
@@ -136,8 +136,8 @@ def cmd_quantize(args) -> int:
 
     opts = QuantOptions(args.method, group_size=128 if args.group_size is None else args.group_size,
                         symmetric=args.symmetric, pad_groups=args.pad_groups)
-    if args.method != "int4" and (args.group_size is not None or args.symmetric or args.pad_groups):
-        raise ValueError("--group-size / --symmetric / --pad-groups apply to --method int4 only")
+    if args.method != "int4" and (args.group_size is not None or args.symmetric or not args.pad_groups):
+        raise ValueError("--group-size / --symmetric / --no-pad-groups apply to --method int4 only")
     res = quantize_checkpoint(args.in_dir, args.out_dir, opts, progress=not args.quiet)
     if not args.quiet:
         print(f"wrote {args.out_dir}: {res['quantized_linears']} {args.method} linears, "

@@ -105,7 +105,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quantization", default=None, help="fp8 | int4: quantise on load (default: as stored)")
     ap.add_argument("--group-size", type=int, default=None, help="int4 group size (default 128)")
     ap.add_argument("--symmetric", action="store_true", help="int4 without zero points")
-    ap.add_argument("--pad-groups", action="store_true", help="int4: pad layers whose K the group size does not divide")
+    ap.add_argument("--no-pad-groups", dest="pad_groups", action="store_false",
+                    help="int4: refuse layers whose K the group size does not divide (default: zero-pad)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     from .cli import _quant_kwargs

@@ -119,7 +119,8 @@ class LLM:
             None runs the checkpoint as stored (a quantised one, fastinfer / AutoAWQ / AutoGPTQ,
             is detected from its config.json). ``lm_head`` stays unquantised. See :mod:`fastinfer.quant`.
         quantization_config: int4 options for on-the-fly quantisation: ``group_size`` (128),
-            ``symmetric`` (False), ``pad_groups`` (False).
+            ``symmetric`` (False), ``pad_groups`` (True: zero-pad a layer whose input size the
+            group size does not divide).
     """
 
     def __init__(

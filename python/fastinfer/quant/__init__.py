@@ -30,8 +30,8 @@ Methods (round to nearest, no calibration data)
   (:func:`fastinfer.reference.quantize_int4`). Scales are rounded to the weight's stored dtype
   before the codes are computed, so the stored (q, s, z) reproduce the dequantised weight
   ``W = (q - z) * s`` exactly. The runner multiplies with ``int4_gemm``.
-  G must divide every quantised layer's input size K; with ``pad_groups`` (``--pad-groups``) a layer
-  whose K it does not divide is zero-padded to the next multiple of G instead (e.g. the shipped
+  A layer whose input size K the group size G does not divide is zero-padded to the next multiple
+  of G (``pad_groups``, on by default; ``--no-pad-groups`` makes it an error instead; e.g. the shipped
   tiny model's MLP width 704 with G = 128): the padded columns get the code ``z``, so they
   dequantise to exactly 0, and the runner zero-pads the activations of that layer.
 

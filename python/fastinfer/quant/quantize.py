@@ -42,7 +42,7 @@ class QuantOptions:
     method: str
     group_size: int = 128
     symmetric: bool = False
-    pad_groups: bool = False
+    pad_groups: bool = True
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -99,8 +99,8 @@ def int4_padded_k(k: int, opts: QuantOptions, name: str = "weight") -> int:
             div = math.gcd(k, g)
             hint = f"a group size dividing it (e.g. {div})" if div % 32 == 0 else "another group size"
             raise ValueError(
-                f"{name}: group_size {g} does not divide the input size K={k}; use {hint} or pad the "
-                f"last group (pad_groups=True / --pad-groups)")
+                f"{name}: group_size {g} does not divide the input size K={k}; use {hint} or let the "
+                f"last group be zero-padded (pad_groups=True, the default; --no-pad-groups turned it off)")
         k = -(-k // g) * g
     if k % 64:
         raise ValueError(f"{name}: the int4 kernel needs K (padded: {k}) to be a multiple of 64")
