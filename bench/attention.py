@@ -22,27 +22,17 @@ there and says nothing about GPU performance.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
-import sys
 import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if sys.path and os.path.abspath(sys.path[0]) == HERE:  # bench/profile.py would shadow the stdlib
-    sys.path.pop(0)
+import fastinfer  # noqa: F401
+from fastinfer import ops
 
-import fastinfer  # noqa: E402
-from fastinfer import ops  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location("fastinfer_bench_ops", os.path.join(HERE, "ops.py"))
-_bench = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = _bench  # dataclasses look their module up
-_spec.loader.exec_module(_bench)
-time_fn, device_label, git_commit = _bench.time_fn, _bench.device_label, _bench.git_commit
+from timing import copy_bandwidth, device_label, git_commit, time_fn
 
 
 def _peer(name):
@@ -51,14 +41,6 @@ def _peer(name):
     except Exception:
         return None
 
-
-def copy_bandwidth(device) -> float:
-    """Bytes read + written per second of a large device-to-device copy (GB/s)."""
-    n = (1 << 30) if device.type == "cuda" else (1 << 26)
-    src = torch.empty(n, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    us = time_fn(lambda _: dst.copy_(src), [None], device, budget_s=0.5, reps=5, warmup=2)
-    return 2 * n / (us * 1e-6) / 1e9
 
 
 def make_decode_case(b, ctx, hq, hkv, d, bs, device, dtype=torch.bfloat16):

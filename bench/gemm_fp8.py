@@ -20,26 +20,16 @@ nothing about GPU performance.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import sys
 import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if sys.path and os.path.abspath(sys.path[0]) == HERE:  # bench/profile.py would shadow the stdlib
-    sys.path.pop(0)
+import fastinfer  # noqa: F401
+from fastinfer import ops
 
-import fastinfer  # noqa: E402
-from fastinfer import ops  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location("fastinfer_bench_ops", os.path.join(HERE, "ops.py"))
-_bench = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = _bench  # dataclasses look their module up
-_spec.loader.exec_module(_bench)
-time_fn, device_label, git_commit = _bench.time_fn, _bench.device_label, _bench.git_commit
+from timing import device_label, git_commit, time_fn
 
 # (model, layer, N, K): hidden 4096 / 8192, intermediate 14336 / 28672, 32 / 64 query heads, 8 KV
 # heads, head dim 128.

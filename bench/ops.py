@@ -32,21 +32,15 @@ import argparse
 import json
 import math
 import os
-import platform
-import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
-# Run as a script, this file's folder is sys.path[0]; it also holds profile.py, which would shadow
-# the standard library's ``profile`` (imported by cProfile, which torch.compile uses).
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+from timing import device_label, git_commit, time_fn
 
 ALL_OPS = ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding", "reshape_and_cache"]
 
@@ -243,44 +237,6 @@ def make_case(op: str, t: int, dtype, device) -> Case:
 # --------------------------------------------------------------------------------------------
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_fn(fn, sets, device, budget_s: float, reps: int, warmup: int) -> float:
-    """Median per-call time in microseconds; call i uses input set i % len(sets)."""
-    n = len(sets)
-    for i in range(max(warmup, 1)):
-        fn(sets[i % n])
-    _sync(device)
-    t0 = time.perf_counter()
-    fn(sets[0])
-    _sync(device)
-    est = max(time.perf_counter() - t0, 1e-7)
-    per_batch = int(max(1, min(1000, budget_s / reps / est)))
-    samples = []
-    k = 0
-    for _ in range(reps):
-        if device.type == "cuda":
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(per_batch):
-                fn(sets[k % n])
-                k += 1
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3 / per_batch)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(per_batch):
-                fn(sets[k % n])
-                k += 1
-            samples.append((time.perf_counter() - t0) * 1e6 / per_batch)
-    return statistics.median(samples)
-
-
 def _import_peer(name):
     try:
         if name == "vllm":
@@ -340,21 +296,6 @@ def run_case(case: Case, device, args, peers: dict) -> List[dict]:
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return rows
-
-
-def device_label(device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-
-
-def git_commit() -> Optional[str]:
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=here, stderr=subprocess.DEVNULL,
-                                       text=True).strip()
-    except Exception:
-        return None
 
 
 def print_table(rows):

@@ -19,26 +19,16 @@ labelled CPU and says nothing about GPU performance.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import sys
 import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if sys.path and os.path.abspath(sys.path[0]) == HERE:  # bench/profile.py would shadow the stdlib
-    sys.path.pop(0)
+import fastinfer  # noqa: F401
+from fastinfer.reference.attention import random_tree_parents
 
-import fastinfer  # noqa: E402,F401
-from fastinfer.reference.attention import random_tree_parents  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location("fastinfer_bench_ops", os.path.join(HERE, "ops.py"))
-_bench = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = _bench
-_spec.loader.exec_module(_bench)
-time_fn, device_label, git_commit = _bench.time_fn, _bench.device_label, _bench.git_commit
+from timing import device_label, git_commit, time_fn
 
 
 def make_case(B, N, V, mode, device, seed=0):

@@ -9,14 +9,14 @@ with ``torch.cuda.synchronize()``; the mean time per iteration is printed.
 Usage::
 
     # timeline: kernels + NVTX ranges
-    nsys profile -t cuda,nvtx -o rms_norm python bench/profile.py rms_norm --tokens 4096
+    nsys profile -t cuda,nvtx -o rms_norm python bench/profile_op.py rms_norm --tokens 4096
     # all metrics of 3 launches of the kernel(s) whose name matches
-    ncu --set full -k regex:rms_norm -o rms_norm python bench/profile.py rms_norm --iters 3 --warmup 0
+    ncu --set full -k regex:rms_norm -o rms_norm python bench/profile_op.py rms_norm --iters 3 --warmup 0
     # only the timed phase of an nsys capture
     nsys profile -t cuda,nvtx --capture-range=nvtx --nvtx-capture=timed \\
-        python bench/profile.py silu_and_mul --tokens 512 --iters 200
+        python bench/profile_op.py silu_and_mul --tokens 512 --iters 200
     # the torch eager implementation instead (to profile the peer)
-    python bench/profile.py rotary_embedding --impl torch
+    python bench/profile_op.py rotary_embedding --impl torch
 
 OP is one of: rms_norm, fused_add_rms_norm, silu_and_mul, rotary_embedding, reshape_and_cache.
 Runs on CPU too (``--device cpu``), which is only useful to check the script itself.
@@ -26,22 +26,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
-import os
-import sys
 import time
 
-# This file is named like the standard library's ``profile`` (imported by cProfile): take its
-# folder off sys.path so that nothing imports it by accident, and load bench/ops.py by path.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+import torch
 
-import torch  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location("fastinfer_bench_ops", os.path.join(_HERE, "ops.py"))
-bench_ops = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = bench_ops
-_spec.loader.exec_module(bench_ops)
+import ops as bench_ops
 
 
 def main(argv=None):
