@@ -139,6 +139,154 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention_cpu(const at::Tensor& q, co
   return {out, lse};
 }
 
+// Dot product with 16 independent partial sums: vectorisable without reassociation flags.
+template <typename CT>
+FASTINFER_CPU_INLINE float dot(const float* q, const CT* k, int64_t d) {
+  float lanes[16] = {};
+  for (int64_t i = 0; i < d; i += 16)
+    for (int j = 0; j < 16; ++j) lanes[j] += q[i + j] * static_cast<float>(k[i + j]);
+  return cpu::tree_sum<16>(lanes);
+}
+
+struct DecodeArgs {
+  const void* q;        // [rows, Hq, D], heads packed, row stride q_row_stride
+  const void* k_cache;  // [NB, BS, Hkv, D]
+  const void* v_cache;
+  void* out;            // [rows, Hq, D] contiguous
+  float* lse;           // [rows, Hq] or nullptr
+  const int32_t* block_table;
+  int64_t table_stride;
+  int64_t q_row_stride;
+  int64_t num_q_heads, num_kv_heads, head_dim, block_size;
+  float scale, softcap, k_scale, v_scale;
+};
+
+// One query row against the keys [start, end) of sequence b (the caller applies the causal and
+// window rules); with `mask`, key j >= mask_key0 is visible only where mask[j - mask_key0] (a tree
+// mask row over the trailing keys).
+struct QueryItem {
+  int64_t b, row, start, end;
+  const bool* mask = nullptr;
+  int64_t mask_key0 = 0;
+};
+
+// Work items [begin, end) of (query item, KV head): online softmax over the visible keys for the
+// `group` query heads of the KV head, kKeys keys at a time (scores first, one rescale per chunk,
+// then the V accumulation). D is a multiple of 16 (the ops require 64/128/256).
+template <typename QT, typename CT>
+FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* items, int64_t begin, int64_t end) {
+  constexpr int64_t kKeys = 32;
+  constexpr int64_t kMaxGroup = 16;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int64_t d = a.head_dim, hkv = a.num_kv_heads, group = a.num_q_heads / hkv, bs = a.block_size;
+  const int64_t row_stride = hkv * d;
+  alignas(64) float acc[kMaxGroup * 256], qf[kMaxGroup * 256], s[kMaxGroup * kKeys], m[kMaxGroup], l[kMaxGroup];
+  for (int64_t w = begin; w < end; ++w) {
+    const QueryItem& it = items[w / hkv];
+    const int64_t h = w % hkv;
+    for (int64_t g0 = 0; g0 < group; g0 += kMaxGroup) {  // query heads of this KV head, 16 at a time
+      const int64_t ng = std::min(kMaxGroup, group - g0);
+      const int64_t head0 = h * group + g0;
+      const QT* q = static_cast<const QT*>(a.q) + it.row * a.q_row_stride + head0 * d;
+      const CT* k_base = static_cast<const CT*>(a.k_cache) + h * d;
+      const CT* v_base = static_cast<const CT*>(a.v_cache) + h * d;
+      const int32_t* table = a.block_table + it.b * a.table_stride;
+      for (int64_t g = 0; g < ng; ++g) {
+        m[g] = kNegInf;
+        l[g] = 0;
+      }
+      for (int64_t i = 0; i < ng * d; ++i) {
+        qf[i] = static_cast<float>(q[i]) * (a.scale * a.k_scale);
+        acc[i] = 0;
+      }
+      int64_t rows[kKeys];
+      for (int64_t j0 = it.start; j0 < it.end; j0 += kKeys) {
+        const int64_t n = std::min<int64_t>(kKeys, it.end - j0);
+        for (int64_t jj = 0, blk = j0 / bs, off = j0 % bs; jj < n; ++jj) {  // no division per key
+          rows[jj] = (static_cast<int64_t>(table[blk]) * bs + off) * row_stride;
+          if (++off == bs) {
+            off = 0;
+            ++blk;
+          }
+        }
+        for (int64_t g = 0; g < ng; ++g) {
+          float* sg = s + g * kKeys;
+          for (int64_t jj = 0; jj < n; ++jj) sg[jj] = dot(qf + g * d, k_base + rows[jj], d);
+          if (a.softcap > 0)
+            for (int64_t jj = 0; jj < n; ++jj) sg[jj] = a.softcap * std::tanh(sg[jj] / a.softcap);
+          if (it.mask != nullptr)
+            for (int64_t jj = 0; jj < n; ++jj)
+              if (j0 + jj >= it.mask_key0 && !it.mask[j0 + jj - it.mask_key0]) sg[jj] = kNegInf;
+          for (int64_t jj = n; jj < kKeys; ++jj) sg[jj] = kNegInf;
+          float lanes[kKeys];
+          for (int64_t jj = 0; jj < kKeys; ++jj) lanes[jj] = sg[jj];
+          const float chunk_max = cpu::tree_max<kKeys>(lanes);
+          if (chunk_max == kNegInf) {  // every key of the chunk masked: nothing to add
+            for (int64_t jj = 0; jj < kKeys; ++jj) sg[jj] = 0;
+            continue;
+          }
+          if (chunk_max > m[g]) {  // rescale what was accumulated under the old maximum
+            const float c = cpu::fast_exp(m[g] - chunk_max);
+            l[g] *= c;
+            for (int64_t i = 0; i < d; ++i) acc[g * d + i] *= c;
+            m[g] = chunk_max;
+          }
+          for (int64_t jj = 0; jj < kKeys; ++jj) lanes[jj] = sg[jj] = cpu::fast_exp(sg[jj] - m[g]);  // masked -> 0
+          l[g] += cpu::tree_sum<kKeys>(lanes);
+        }
+        for (int64_t jj = 0; jj < n; ++jj) {
+          const CT* v = v_base + rows[jj];
+          for (int64_t g = 0; g < ng; ++g) {
+            const float pv = s[g * kKeys + jj] * a.v_scale;
+            float* acc_g = acc + g * d;
+            for (int64_t i = 0; i < d; ++i) acc_g[i] += pv * static_cast<float>(v[i]);
+          }
+        }
+      }
+      QT* out = static_cast<QT*>(a.out) + (it.row * a.num_q_heads + head0) * d;
+      for (int64_t g = 0; g < ng; ++g) {
+        const float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;  // no visible key: zeros, lse = -inf
+        for (int64_t i = 0; i < d; ++i) out[g * d + i] = static_cast<QT>(acc[g * d + i] * inv);
+        if (a.lse != nullptr) a.lse[it.row * a.num_q_heads + head0 + g] = l[g] > 0 ? m[g] + std::log(l[g]) : kNegInf;
+      }
+    }
+  }
+}
+
+// One ISA-cloned entry per (query dtype, cache dtype): target_clones does not apply to templates.
+using AttendEntry = void (*)(const DecodeArgs&, const QueryItem*, int64_t, int64_t);
+#define FASTINFER_ATTEND_ENTRY(NAME, QT, CT)                                                 \
+  FASTINFER_CPU_CLONES void NAME(const DecodeArgs& a, const QueryItem* items, int64_t begin, \
+                                 int64_t end) {                                              \
+    attend_items<QT, CT>(a, items, begin, end);                                              \
+  }
+FASTINFER_ATTEND_ENTRY(attend_f32, float, float)
+FASTINFER_ATTEND_ENTRY(attend_f16, c10::Half, c10::Half)
+FASTINFER_ATTEND_ENTRY(attend_bf16, c10::BFloat16, c10::BFloat16)
+FASTINFER_ATTEND_ENTRY(attend_f32_fp8, float, c10::Float8_e4m3fn)
+FASTINFER_ATTEND_ENTRY(attend_f16_fp8, c10::Half, c10::Float8_e4m3fn)
+FASTINFER_ATTEND_ENTRY(attend_bf16_fp8, c10::BFloat16, c10::Float8_e4m3fn)
+#undef FASTINFER_ATTEND_ENTRY
+
+AttendEntry attend_entry(const char* op, at::ScalarType q_dtype, at::ScalarType cache_dtype) {
+  const bool fp8 = cache_dtype == at::kFloat8_e4m3fn;
+  switch (q_dtype) {
+    case at::kFloat: return fp8 ? attend_f32_fp8 : attend_f32;
+    case at::kHalf: return fp8 ? attend_f16_fp8 : attend_f16;
+    case at::kBFloat16: return fp8 ? attend_bf16_fp8 : attend_bf16;
+    default: FI_CHECK(false, op, "q must be float32, float16 or bfloat16, got ", q_dtype);
+  }
+  return nullptr;
+}
+
+// Runs the items over ATen's thread pool (an item reads ~len * D * 2 cache elements per KV head).
+void run_items(const char* op, const at::Tensor& q, const at::Tensor& k_cache, const DecodeArgs& a,
+               const std::vector<QueryItem>& items) {
+  const AttendEntry entry = attend_entry(op, q.scalar_type(), k_cache.scalar_type());
+  at::parallel_for(0, static_cast<int64_t>(items.size()) * a.num_kv_heads, 1,
+                   [&](int64_t begin, int64_t end) { entry(a, items.data(), begin, end); });
+}
+
 std::tuple<at::Tensor, at::Tensor> paged_attention_cpu(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
                                                        const at::Tensor& v_cache, const at::Tensor& block_table,
                                                        const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k,
@@ -146,10 +294,32 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_cpu(const char* op, const at:
                                                        const std::optional<at::Tensor>& custom_mask, bool return_lse) {
   auto [out, lse] = make_outputs(q, return_lse);
   const auto cq = host_indices(cu_seqlens_q), lens = host_indices(seq_lens_k);
+  // Short chunks (speculative verification, small prefill chunks): one decode-style pass per query
+  // straight from the paged cache, no gather. Longer ones: ATen's flash kernel or the general path.
+  constexpr int64_t kShortChunk = 16;
+  std::vector<QueryItem> items;
+  at::Tensor mask_c;
+  if (custom_mask.has_value()) mask_c = custom_mask->contiguous();
+  const int64_t table_w = block_table.size(1);
   at::Tensor qf;
   int64_t mask_offset = 0;
   for (size_t b = 0; b < lens.size(); ++b) {
     const int64_t qs = cq[b], ql = cq[b + 1] - qs, kl = lens[b];
+    const int64_t mask_at = mask_offset;
+    if (custom_mask.has_value()) mask_offset += ql * ql;
+    if (ql <= kShortChunk) {
+      for (int64_t i = 0; i < ql; ++i) {
+        const int64_t p = kl - ql + i;  // the query's position
+        QueryItem it{static_cast<int64_t>(b), qs + i, window_left >= 0 ? std::max<int64_t>(0, p - window_left) : 0,
+                     causal && !custom_mask.has_value() ? p + 1 : kl};
+        if (custom_mask.has_value()) {
+          it.mask = mask_c.const_data_ptr<bool>() + mask_at + i * ql;
+          it.mask_key0 = kl - ql;
+        }
+        items.push_back(it);
+      }
+      continue;
+    }
     const auto kb = gather_paged(k_cache, block_table[static_cast<int64_t>(b)], kl);
     const auto vb = gather_paged(v_cache, block_table[static_cast<int64_t>(b)], kl);
     if (flash_applies(ql, kl, softcap, custom_mask.has_value())) {
@@ -157,13 +327,17 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_cpu(const char* op, const at:
       continue;
     }
     at::Tensor mask;
-    if (custom_mask.has_value()) {
-      mask = custom_mask->narrow(0, mask_offset, ql * ql);
-      mask_offset += ql * ql;
-    }
+    if (custom_mask.has_value()) mask = custom_mask->narrow(0, mask_at, ql * ql);
     if (!qf.defined()) qf = q.to(at::kFloat);
     const auto vis = visibility(ql, kl, causal, window_left, custom_mask.has_value() ? &mask : nullptr);
     store(out, lse, qs, attend(qf.narrow(0, qs, ql), kb.to(at::kFloat), vb.to(at::kFloat), scale, softcap, vis));
+  }
+  if (!items.empty()) {
+    const DecodeArgs a{q.const_data_ptr(), k_cache.const_data_ptr(), v_cache.const_data_ptr(), out.data_ptr(),
+                       return_lse ? lse.data_ptr<float>() : nullptr, block_table.const_data_ptr<int32_t>(), table_w,
+                       q.stride(0), q.size(1), k_cache.size(2), q.size(2), k_cache.size(1),
+                       static_cast<float>(scale), static_cast<float>(softcap), 1.0f, 1.0f};
+    run_items(op, q, k_cache, a, items);
   }
   return {out, lse};
 }
@@ -193,118 +367,6 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention_cpu(
                              softcap, scale, custom_mask, return_lse);
 }
 
-// Dot product with 16 independent partial sums: vectorisable without reassociation flags.
-template <typename CT>
-FASTINFER_CPU_INLINE float dot(const float* q, const CT* k, int64_t d) {
-  float lanes[16] = {};
-  for (int64_t i = 0; i < d; i += 16)
-    for (int j = 0; j < 16; ++j) lanes[j] += q[i + j] * static_cast<float>(k[i + j]);
-  return cpu::tree_sum<16>(lanes);
-}
-
-struct DecodeArgs {
-  const void* q;        // [B, Hq, D] contiguous
-  const void* k_cache;  // [NB, BS, Hkv, D]
-  const void* v_cache;
-  void* out;            // [B, Hq, D]
-  float* lse;           // [B, Hq] or nullptr
-  const int32_t* block_table;
-  int64_t table_stride;
-  const int32_t* seq_lens;
-  int64_t num_q_heads, num_kv_heads, head_dim, block_size;
-  float scale, softcap, k_scale, v_scale;
-  int64_t window_left;
-};
-
-// Work items [begin, end) of (sequence, KV head): online softmax over the visible keys for the
-// `group` query heads of the KV head, kKeys keys at a time (scores first, one rescale per chunk,
-// then the V accumulation). D is a multiple of 16 (the op requires 64/128/256).
-template <typename QT, typename CT>
-FASTINFER_CPU_INLINE void decode_items(const DecodeArgs& a, int64_t begin, int64_t end) {
-  constexpr int64_t kKeys = 32;
-  constexpr int64_t kMaxGroup = 16;
-  const int64_t d = a.head_dim, hkv = a.num_kv_heads, group = a.num_q_heads / hkv, bs = a.block_size;
-  const int64_t row_stride = hkv * d;
-  alignas(64) float acc[kMaxGroup * 256], qf[kMaxGroup * 256], s[kMaxGroup * kKeys], m[kMaxGroup], l[kMaxGroup];
-  for (int64_t w = begin; w < end; ++w) {
-    const int64_t b = w / hkv, h = w % hkv;
-    for (int64_t g0 = 0; g0 < group; g0 += kMaxGroup) {  // query heads of this KV head, 16 at a time
-      const int64_t ng = std::min(kMaxGroup, group - g0);
-      const int64_t head0 = h * group + g0;
-      const QT* q = static_cast<const QT*>(a.q) + (b * a.num_q_heads + head0) * d;
-      const CT* k_base = static_cast<const CT*>(a.k_cache) + h * d;
-      const CT* v_base = static_cast<const CT*>(a.v_cache) + h * d;
-      const int32_t* table = a.block_table + b * a.table_stride;
-      const int64_t len = a.seq_lens[b];
-      for (int64_t g = 0; g < ng; ++g) {
-        m[g] = -std::numeric_limits<float>::infinity();
-        l[g] = 0;
-      }
-      for (int64_t i = 0; i < ng * d; ++i) {
-        qf[i] = static_cast<float>(q[i]) * (a.scale * a.k_scale);
-        acc[i] = 0;
-      }
-      int64_t rows[kKeys];
-      const int64_t start = a.window_left >= 0 ? std::max<int64_t>(0, len - 1 - a.window_left) : 0;
-      for (int64_t j0 = start; j0 < len; j0 += kKeys) {
-        const int64_t n = std::min<int64_t>(kKeys, len - j0);
-        for (int64_t jj = 0, blk = j0 / bs, off = j0 % bs; jj < n; ++jj) {  // no division per key
-          rows[jj] = (static_cast<int64_t>(table[blk]) * bs + off) * row_stride;
-          if (++off == bs) {
-            off = 0;
-            ++blk;
-          }
-        }
-        for (int64_t g = 0; g < ng; ++g) {
-          float* sg = s + g * kKeys;
-          for (int64_t jj = 0; jj < n; ++jj) sg[jj] = dot(qf + g * d, k_base + rows[jj], d);
-          if (a.softcap > 0)
-            for (int64_t jj = 0; jj < n; ++jj) sg[jj] = a.softcap * std::tanh(sg[jj] / a.softcap);
-          for (int64_t jj = n; jj < kKeys; ++jj) sg[jj] = -std::numeric_limits<float>::infinity();
-          float lanes[kKeys];
-          for (int64_t jj = 0; jj < kKeys; ++jj) lanes[jj] = sg[jj];
-          const float chunk_max = cpu::tree_max<kKeys>(lanes);
-          if (chunk_max > m[g]) {  // rescale what was accumulated under the old maximum
-            const float c = cpu::fast_exp(m[g] - chunk_max);
-            l[g] *= c;
-            for (int64_t i = 0; i < d; ++i) acc[g * d + i] *= c;
-            m[g] = chunk_max;
-          }
-          for (int64_t jj = 0; jj < kKeys; ++jj) lanes[jj] = sg[jj] = cpu::fast_exp(sg[jj] - m[g]);  // padding -> 0
-          l[g] += cpu::tree_sum<kKeys>(lanes);
-        }
-        for (int64_t jj = 0; jj < n; ++jj) {
-          const CT* v = v_base + rows[jj];
-          for (int64_t g = 0; g < ng; ++g) {
-            const float pv = s[g * kKeys + jj] * a.v_scale;
-            float* acc_g = acc + g * d;
-            for (int64_t i = 0; i < d; ++i) acc_g[i] += pv * static_cast<float>(v[i]);
-          }
-        }
-      }
-      QT* out = static_cast<QT*>(a.out) + (b * a.num_q_heads + head0) * d;
-      for (int64_t g = 0; g < ng; ++g) {
-        const float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;  // no visible key: zeros, lse = -inf
-        for (int64_t i = 0; i < d; ++i) out[g * d + i] = static_cast<QT>(acc[g * d + i] * inv);
-        if (a.lse != nullptr)
-          a.lse[b * a.num_q_heads + head0 + g] =
-              l[g] > 0 ? m[g] + std::log(l[g]) : -std::numeric_limits<float>::infinity();
-      }
-    }
-  }
-}
-
-// One ISA-cloned entry per (query dtype, cache dtype): target_clones does not apply to templates.
-#define FASTINFER_DECODE_ENTRY(NAME, QT, CT) \
-  FASTINFER_CPU_CLONES void NAME(const DecodeArgs& a, int64_t begin, int64_t end) { decode_items<QT, CT>(a, begin, end); }
-FASTINFER_DECODE_ENTRY(decode_f32, float, float)
-FASTINFER_DECODE_ENTRY(decode_f16, c10::Half, c10::Half)
-FASTINFER_DECODE_ENTRY(decode_bf16, c10::BFloat16, c10::BFloat16)
-FASTINFER_DECODE_ENTRY(decode_f32_fp8, float, c10::Float8_e4m3fn)
-FASTINFER_DECODE_ENTRY(decode_f16_fp8, c10::Half, c10::Float8_e4m3fn)
-FASTINFER_DECODE_ENTRY(decode_bf16_fp8, c10::BFloat16, c10::Float8_e4m3fn)
-#undef FASTINFER_DECODE_ENTRY
-
 std::tuple<at::Tensor, at::Tensor> paged_decode_attention_cpu(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
     const at::Tensor& seq_lens, double scale, int64_t window_left, double softcap, int64_t num_splits,
@@ -316,25 +378,18 @@ std::tuple<at::Tensor, at::Tensor> paged_decode_attention_cpu(
   auto out = at::empty_like(q, at::MemoryFormat::Contiguous);
   auto lse = return_lse ? at::empty({q.size(0), q.size(1)}, q.options().dtype(at::kFloat))
                         : at::empty({0}, q.options().dtype(at::kFloat));
-  const auto qc = q.contiguous();
-  const auto lens = seq_lens.to(at::kInt).contiguous();
+  const auto lens = seq_lens.to(at::kLong).contiguous();
   const auto table = block_table.contiguous();
-  DecodeArgs a{qc.const_data_ptr(), k_cache.const_data_ptr(), v_cache.const_data_ptr(), out.data_ptr(),
+  DecodeArgs a{q.const_data_ptr(), k_cache.const_data_ptr(), v_cache.const_data_ptr(), out.data_ptr(),
                return_lse ? lse.data_ptr<float>() : nullptr, table.const_data_ptr<int32_t>(), table.size(1),
-               lens.const_data_ptr<int32_t>(), q.size(1), k_cache.size(2), q.size(2), k_cache.size(1),
+               q.stride(0), q.size(1), k_cache.size(2), q.size(2), k_cache.size(1),
                static_cast<float>(scale), static_cast<float>(softcap),
-               k_scale ? k_scale->item<float>() : 1.0f, v_scale ? v_scale->item<float>() : 1.0f, window_left};
-  const bool fp8 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
-  void (*entry)(const DecodeArgs&, int64_t, int64_t) = nullptr;
-  switch (q.scalar_type()) {
-    case at::kFloat: entry = fp8 ? decode_f32_fp8 : decode_f32; break;
-    case at::kHalf: entry = fp8 ? decode_f16_fp8 : decode_f16; break;
-    case at::kBFloat16: entry = fp8 ? decode_bf16_fp8 : decode_bf16; break;
-    default: FI_CHECK(false, op, "q must be float32, float16 or bfloat16, got ", q.scalar_type());
-  }
-  // A work item reads ~len * D * 2 cache elements; small batches stay on the calling thread.
-  const int64_t items = q.size(0) * k_cache.size(2);
-  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) { entry(a, begin, end); });
+               k_scale ? k_scale->item<float>() : 1.0f, v_scale ? v_scale->item<float>() : 1.0f};
+  std::vector<QueryItem> items(q.size(0));
+  const int64_t* len = lens.const_data_ptr<int64_t>();
+  for (int64_t b = 0; b < q.size(0); ++b)  // the query is the last token (position len - 1)
+    items[b] = {b, b, window_left >= 0 ? std::max<int64_t>(0, len[b] - 1 - window_left) : 0, len[b]};
+  run_items(op, q, k_cache, a, items);
   return {out, lse};
 }
 
