@@ -400,3 +400,48 @@ def test_decode_is_cuda_graph_capturable():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_paged_prefill_short_chunks_random(dtype):
+    """The CPU impl's short-chunk path (<= 16 queries per sequence: speculative verification, small
+    prefill chunks) mixed with longer chunks in one batch: random shapes, causal or not, windows,
+    softcap, tree masks, empty chunks; out and lse against the fp64 reference."""
+    import random
+
+    g = make_gen(11)
+    rnd = random.Random(11 + (dtype == torch.bfloat16))
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for trial in range(40):
+        B, hkv = rnd.randint(1, 4), rnd.choice([1, 2])
+        hq, d, bs = hkv * rnd.choice([1, 2, 4]), rnd.choice([64, 128]), rnd.choice([8, 16])
+        qls = [rnd.choice([0, 1, 3, 5, 16, 17, 40]) for _ in range(B)]
+        kls = [max(ql + rnd.randint(0, 70), 1) for ql in qls]
+        nbl = [(k + bs - 1) // bs for k in kls]
+        nb = sum(nbl) + 2
+        perm = torch.randperm(nb, generator=g)[: sum(nbl)].to(torch.int32)
+        table = torch.zeros(B, max(nbl), dtype=torch.int32)
+        for b, o in enumerate([sum(nbl[:i]) for i in range(B)]):
+            table[b, : nbl[b]] = perm[o:o + nbl[b]]
+        kc, vc = randn((nb, bs, hkv, d), dtype, gen=g), randn((nb, bs, hkv, d), dtype, gen=g)
+        q = randn((sum(qls), hq, d), dtype, gen=g)
+        cu = torch.tensor([0] + [sum(qls[: i + 1]) for i in range(B)], dtype=torch.int32)
+        lens = torch.tensor(kls, dtype=torch.int32)
+        causal, softcap = rnd.random() < 0.7, rnd.choice([0.0, 0.0, 5.0])
+        window = rnd.choice([-1, -1, 3, 17])
+        mask = None
+        if window < 0 and rnd.random() < 0.4:
+            mask = torch.cat([R.tree_mask(R.random_tree_parents(ql, g)).reshape(-1) if ql else
+                              torch.zeros(0, dtype=torch.bool) for ql in qls])
+        out, lse = torch.ops.fastinfer.paged_prefill_attention(q, kc, vc, table, cu, lens, max(qls + [1]), 0.125,
+                                                               causal, window, softcap, mask, True)
+        ref_out, ref_lse = R.paged_prefill_attention(q.double(), kc.double(), vc.double(), table, cu, lens, 0.125,
+                                                     causal, window, softcap, mask)[:2]
+        what = f"trial {trial}: q_lens {qls} k_lens {kls} causal {causal} window {window} softcap {softcap}"
+        if ref_out.numel():
+            assert (out.double() - ref_out).norm() / ref_out.norm().clamp_min(1e-12) < tol, what
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(lse), finite), what
+        if finite.any():
+            lse_err = (lse.double()[finite] - ref_lse[finite]).abs().max().item()
+            assert lse_err < (1e-4 if dtype == torch.float32 else 2e-2), what
