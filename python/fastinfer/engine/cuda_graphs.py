@@ -85,11 +85,12 @@ class DecodeGraphs:
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
 
-    def _reset_inputs(self, start: int) -> None:
-        self.input_ids[start:].zero_()
-        self.positions[start:].zero_()
-        self.slots[start:].fill_(-1)
-        self.seq_lens[start:].zero_()
+    def _reset_inputs(self, start: int, end: Optional[int] = None) -> None:
+        """Rows [start, end) become padding (the bucket-``end`` graph reads no row past it)."""
+        self.input_ids[start:end].zero_()
+        self.positions[start:end].zero_()
+        self.slots[start:end].fill_(-1)
+        self.seq_lens[start:end].zero_()
 
     def fits(self, num_seqs: int, width: int) -> bool:
         return 0 < num_seqs <= self.max_batch and width <= self.max_blocks
@@ -101,14 +102,8 @@ class DecodeGraphs:
         n = len(input_ids)
         bs = next(b for b in self.buckets if b >= n)
         w = self.max_blocks
-        host = torch.zeros((4, n), dtype=torch.int64)
-        host[0] = torch.tensor(input_ids, dtype=torch.int64)
-        host[1] = torch.tensor(positions, dtype=torch.int64)
-        host[2] = torch.tensor(slots, dtype=torch.int64)
-        host[3] = torch.tensor(seq_lens, dtype=torch.int64)
-        table = torch.zeros((n, w), dtype=torch.int32)
-        for i, row in enumerate(tables):
-            table[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+        host = torch.tensor([list(input_ids), list(positions), list(slots), list(seq_lens)], dtype=torch.int64)
+        table = torch.tensor([list(r) + [0] * (w - len(r)) for r in tables], dtype=torch.int32)
         if self.device.type == "cuda":
             host, table = host.pin_memory(), table.pin_memory()
         host = host.to(self.device, non_blocking=True)
@@ -117,7 +112,7 @@ class DecodeGraphs:
         self.slots[:n].copy_(host[2])
         self.seq_lens[:n].copy_(host[3])
         self.block_table[:n].copy_(table.to(self.device, non_blocking=True))
-        self._reset_inputs(n)  # padding rows: slot -1, length 0
+        self._reset_inputs(n, bs)  # padding rows of this bucket: slot -1, length 0
         if self.use_graphs:
             self._graphs[bs].replay()
             return self._outputs[bs][:n]

@@ -31,6 +31,20 @@ def nvtx_range(name: str, enabled: bool):
     return contextlib.nullcontext()
 
 
+def host_to_device(data, dtype, device: torch.device) -> torch.Tensor:
+    """A host list as a tensor on ``device`` (through pinned memory, asynchronously, on CUDA)."""
+    t = torch.tensor(data, dtype=dtype)
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def block_table_tensor(rows: List[List[int]], device: torch.device) -> torch.Tensor:
+    """Block tables of several sequences as one int32 [len(rows), max width] tensor, 0-padded."""
+    width = max(1, max((len(r) for r in rows), default=1))
+    return host_to_device([r + [0] * (width - len(r)) for r in rows], torch.int32, device)
+
+
 class ModelRunner:
     def __init__(self, model, kv_caches, block_size: int, device: torch.device):
         self.model = model
@@ -38,7 +52,6 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.use_nvtx = device.type == "cuda"
-        self.pin = device.type == "cuda"
         # decode-only steps through static buffers / CUDA graphs (see cuda_graphs.py); None: eager
         self.decode_graphs: Optional[DecodeGraphs] = None
 
@@ -52,16 +65,10 @@ class ModelRunner:
         return graphs
 
     def _to_dev(self, data, dtype) -> torch.Tensor:
-        t = torch.tensor(data, dtype=dtype)
-        if self.device.type == "cpu":
-            return t
-        if self.pin:
-            t = t.pin_memory()
-        return t.to(self.device, non_blocking=True)
+        return host_to_device(data, dtype, self.device)
 
     def _table(self, rows: List[List[int]]) -> torch.Tensor:
-        width = max(1, max((len(r) for r in rows), default=1))
-        return self._to_dev([r + [0] * (width - len(r)) for r in rows], torch.int32)
+        return block_table_tensor(rows, self.device)
 
     def prepare(self, prefills: Seq[Tuple[Sequence, int]], decodes: Seq[Sequence],
                 spec: Seq = ()) -> Tuple[ForwardBatch, List[Sequence]]:

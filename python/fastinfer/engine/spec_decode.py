@@ -55,6 +55,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ..models.batch import ForwardBatch
+from .model_runner import block_table_tensor, host_to_device
 from .sequence import Sequence
 
 Tensor = torch.Tensor
@@ -183,26 +184,18 @@ class SpecDecoder:
             d_lens.append(p + 1)
             d_tables.append(t)
         dev = self.device
-
-        def i32(x):
-            return torch.tensor(x, dtype=torch.int32).to(dev)
-
-        def table(rows):
-            w = max(1, max(len(r) for r in rows))
-            return i32([r + [0] * (w - len(r)) for r in rows])
-
         batch = ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.int64).to(dev),
-            positions=torch.tensor(pos, dtype=torch.int64).to(dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev),
+            input_ids=host_to_device(ids, torch.int64, dev),
+            positions=host_to_device(pos, torch.int64, dev),
+            slot_mapping=host_to_device(slots, torch.int64, dev),
             num_prefill_tokens=num_prefill,
-            prefill_cu_seqlens_q=i32(cu) if chunks else None,
-            prefill_seq_lens_k=i32(lens_k) if chunks else None,
-            prefill_block_table=table(tables) if chunks else None,
+            prefill_cu_seqlens_q=host_to_device(cu, torch.int32, dev) if chunks else None,
+            prefill_seq_lens_k=host_to_device(lens_k, torch.int32, dev) if chunks else None,
+            prefill_block_table=block_table_tensor(tables, dev) if chunks else None,
             prefill_max_seqlen_q=max_q,
-            decode_seq_lens=i32(d_lens) if decodes else None,
-            decode_block_table=table(d_tables) if decodes else None,
-            logits_indices=torch.tensor(want, dtype=torch.int64).to(dev),
+            decode_seq_lens=host_to_device(d_lens, torch.int32, dev) if decodes else None,
+            decode_block_table=block_table_tensor(d_tables, dev) if decodes else None,
+            logits_indices=host_to_device(want, torch.int64, dev),
             custom_mask=torch.cat([m.reshape(-1) for m in masks]).to(dev) if any_mask else None,
         )
         self.num_draft_forwards += 1
