@@ -2,7 +2,20 @@
 
 See the docstring of each function for shapes, dtypes, semantics and which arguments are modified
 in place. The fp64 oracles live in :mod:`fastinfer.reference`.
+
+Every wrapper takes a keyword-only ``lib``: the op library it calls (``torch.ops.fastinfer`` when
+None). :func:`backend` binds it once: ``backend("fastinfer_sim").rms_norm(x, w, 1e-6)`` runs the
+CUDA kernel sources on the simt emulator with the same arguments. The runner's layers hold one
+:class:`Backend` and call the ops through it with keyword arguments.
 """
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Dict
+
+import torch
 
 from .elementwise import (  # noqa: F401
     build_rope_cache,
@@ -22,25 +35,57 @@ from .attention import (  # noqa: F401
 )
 
 from .gemm_fp8 import fp8_quantize, fp8_scaled_mm  # noqa: F401
-from .spec import tree_verify  # noqa: F401,E402
+from .gemm_int4 import Int4Weight, int4_gemm, int4_pack, int4_repack  # noqa: F401
+from .spec import tree_verify  # noqa: F401
 
-__all__ = [
-    "tree_verify",
-    "merge_attention_states",
-    "move_kv_slots",
-    "paged_decode_attention",
-    "paged_prefill_attention",
-    "prefill_attention",
-    "build_rope_cache",
-    "fused_add_rms_norm",
-    "reshape_and_cache",
-    "rms_norm",
-    "rotary_embedding",
-    "silu_and_mul",
-    "fp8_quantize",
-    "fp8_scaled_mm",
-]
+_OPS = {
+    f.__name__: f
+    for f in (rms_norm, fused_add_rms_norm, silu_and_mul, rotary_embedding, reshape_and_cache,
+              prefill_attention, paged_prefill_attention, paged_decode_attention, merge_attention_states,
+              move_kv_slots, fp8_quantize, fp8_scaled_mm, int4_pack, int4_repack, int4_gemm, tree_verify)
+}
 
-from .gemm_int4 import Int4Weight, int4_gemm, int4_pack, int4_repack, quantize_int4  # noqa: F401,E402
+NAMESPACES = ("fastinfer", "fastinfer_sim")
 
-__all__ += ["Int4Weight", "int4_gemm", "int4_pack", "int4_repack", "quantize_int4"]
+
+class Backend:
+    """The op wrappers of this module bound to one op library (``torch.ops.<namespace>``).
+
+    ``fastinfer``: the compiled CPU / CUDA kernels. ``fastinfer_sim``: the CUDA kernel sources run
+    by the simt emulator on CPU tensors (tests; fp16/bf16; slow by design). Attribute access
+    returns the wrapper with ``lib`` bound (``Backend.rms_norm(x, weight, eps)``).
+    """
+
+    def __init__(self, namespace: str):
+        if namespace not in NAMESPACES:
+            raise ValueError(f"unknown op namespace {namespace!r} (one of {', '.join(NAMESPACES)})")
+        if namespace == "fastinfer_sim":
+            importlib.import_module("fastinfer._sim")  # registers torch.ops.fastinfer_sim
+        self.namespace = namespace
+        self.lib = getattr(torch.ops, namespace)
+
+    def __getattr__(self, name: str):
+        fn = _OPS.get(name)
+        if fn is None:
+            raise AttributeError(f"fastinfer.ops has no op {name!r}")
+        bound = functools.partial(fn, lib=self.lib)
+        functools.update_wrapper(bound, fn)
+        setattr(self, name, bound)  # resolved once per backend
+        return bound
+
+    def __repr__(self) -> str:
+        return f"Backend({self.namespace!r})"
+
+
+_BACKENDS: Dict[str, Backend] = {}
+
+
+def backend(namespace: str = "fastinfer") -> Backend:
+    """The (cached) :class:`Backend` of ``namespace`` ("fastinfer" or "fastinfer_sim")."""
+    b = _BACKENDS.get(namespace)
+    if b is None:
+        b = _BACKENDS[namespace] = Backend(namespace)
+    return b
+
+
+__all__ = sorted(_OPS) + ["Int4Weight", "build_rope_cache", "Backend", "backend", "NAMESPACES"]

@@ -50,6 +50,8 @@ def prefill_attention(
     window_left: int = -1,
     softcap: float = 0.0,
     return_lse: bool = False,
+    *,
+    lib=None,
 ) -> _Result:
     """Varlen (ragged batch) attention with contiguous K/V (FlashAttention-2 kernel on CUDA).
 
@@ -63,7 +65,7 @@ def prefill_attention(
         ``out [T, Hq, D]`` (dtype of q), and ``lse [T, Hq]`` float32 when ``return_lse``.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    res = torch.ops.fastinfer.prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+    res = (lib or torch.ops.fastinfer).prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
                                                 int(max_seqlen_k), float(scale), bool(causal), int(window_left),
                                                 float(softcap), bool(return_lse))
     return _result(res, return_lse)
@@ -83,6 +85,8 @@ def paged_prefill_attention(
     softcap: float = 0.0,
     custom_mask: Optional[Tensor] = None,
     return_lse: bool = False,
+    *,
+    lib=None,
 ) -> _Result:
     """Attention of new queries against a paged KV cache: chunked prefill, prefix-cache hits and
     speculative tree verification.
@@ -96,7 +100,7 @@ def paged_prefill_attention(
         ``out [T, Hq, D]``, and ``lse [T, Hq]`` float32 when ``return_lse``.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    res = torch.ops.fastinfer.paged_prefill_attention(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k,
+    res = (lib or torch.ops.fastinfer).paged_prefill_attention(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k,
                                                       int(max_seqlen_q), float(scale), bool(causal),
                                                       int(window_left), float(softcap), custom_mask,
                                                       bool(return_lse))
@@ -116,6 +120,8 @@ def paged_decode_attention(
     return_lse: bool = False,
     k_scale: Optional[Tensor] = None,
     v_scale: Optional[Tensor] = None,
+    *,
+    lib=None,
 ) -> _Result:
     """Decode: one query per sequence (its newest token, position ``seq_lens[b] - 1``) against its
     paged KV. ``num_splits = 0`` picks split-KV automatically from the SM count and the table size.
@@ -125,21 +131,21 @@ def paged_decode_attention(
         ``out [B, Hq, D]``, and ``lse [B, Hq]`` float32 when ``return_lse``.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    res = torch.ops.fastinfer.paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, float(scale),
+    res = (lib or torch.ops.fastinfer).paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, float(scale),
                                                      int(window_left), float(softcap), int(num_splits),
                                                      bool(return_lse), k_scale, v_scale)
     return _result(res, return_lse)
 
 
-def merge_attention_states(v_a: Tensor, lse_a: Tensor, v_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+def merge_attention_states(v_a: Tensor, lse_a: Tensor, v_b: Tensor, lse_b: Tensor, *, lib=None) -> Tuple[Tensor, Tensor]:
     """Combine attention over two disjoint key sets (split-KV, shared prefix + suffix):
     ``lse = logaddexp(lse_a, lse_b)``, ``v = v_a * exp(lse_a - lse) + v_b * exp(lse_b - lse)``.
     ``v_*``: ``[T, H, D]`` (fp16/bf16/fp32); ``lse_*``: ``[T, H]`` float32. Returns ``(v, lse)``."""
-    return torch.ops.fastinfer.merge_attention_states(v_a, lse_a, v_b, lse_b)
+    return (lib or torch.ops.fastinfer).merge_attention_states(v_a, lse_a, v_b, lse_b)
 
 
-def move_kv_slots(k_cache: Tensor, v_cache: Tensor, src_slots: Tensor, dst_slots: Tensor) -> None:
+def move_kv_slots(k_cache: Tensor, v_cache: Tensor, src_slots: Tensor, dst_slots: Tensor, *, lib=None) -> None:
     """**In place**: ``cache[dst_slots[i]] = cache[src_slots[i]]`` for both caches (slots index the
     cache viewed as ``[NB * BS, Hkv, D]``), all sources read before any write, so compaction
     chains such as ``5 -> 4, 7 -> 5`` are safe. Slots int32 or int64."""
-    torch.ops.fastinfer.move_kv_slots(k_cache, v_cache, src_slots, dst_slots)
+    (lib or torch.ops.fastinfer).move_kv_slots(k_cache, v_cache, src_slots, dst_slots)

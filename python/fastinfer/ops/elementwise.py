@@ -26,11 +26,7 @@ __all__ = [
 ]
 
 
-def _ops():
-    return torch.ops.fastinfer
-
-
-def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, out: Optional[Tensor] = None) -> Tensor:
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, out: Optional[Tensor] = None, *, lib=None) -> Tensor:
     """RMSNorm over the last dim: ``x * rsqrt(mean(x**2, -1) + eps) * weight``.
 
     Args:
@@ -44,13 +40,13 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, out: Optional[Tensor]
         A new tensor shaped like ``x`` (or ``out``). ``x`` is not modified.
     """
     if out is None:
-        return _ops().rms_norm(x, weight, float(eps))
-    _ops().rms_norm_out(out, x, weight, float(eps))
+        return (lib or torch.ops.fastinfer).rms_norm(x, weight, float(eps))
+    (lib or torch.ops.fastinfer).rms_norm_out(out, x, weight, float(eps))
     return out
 
 
 def fused_add_rms_norm(
-    x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, *, lib=None
 ) -> Tuple[Tensor, Tensor]:
     """Residual add + RMSNorm, both **in place** (the residual stream of a Llama layer).
 
@@ -66,11 +62,11 @@ def fused_add_rms_norm(
     Returns:
         ``(x, residual)`` -- the same tensor objects, for chaining.
     """
-    _ops().fused_add_rms_norm(x, residual, weight, float(eps))
+    (lib or torch.ops.fastinfer).fused_add_rms_norm(x, residual, weight, float(eps))
     return x, residual
 
 
-def silu_and_mul(x: Tensor, out: Optional[Tensor] = None) -> Tensor:
+def silu_and_mul(x: Tensor, out: Optional[Tensor] = None, *, lib=None) -> Tensor:
     """SwiGLU gate: ``out = silu(x[..., :F]) * x[..., F:]``.
 
     Args:
@@ -82,13 +78,13 @@ def silu_and_mul(x: Tensor, out: Optional[Tensor] = None) -> Tensor:
         ``[..., F]``. ``x`` is not modified.
     """
     if out is None:
-        return _ops().silu_and_mul(x)
-    _ops().silu_and_mul_out(out, x)
+        return (lib or torch.ops.fastinfer).silu_and_mul(x)
+    (lib or torch.ops.fastinfer).silu_and_mul_out(out, x)
     return out
 
 
 def rotary_embedding(
-    positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Tensor, is_neox: bool = True
+    positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Tensor, is_neox: bool = True, *, lib=None
 ) -> Tuple[Tensor, Tensor]:
     """Apply RoPE to ``q`` and ``k`` **in place**.
 
@@ -105,7 +101,7 @@ def rotary_embedding(
     Returns:
         ``(q, k)`` -- the same tensor objects.
     """
-    _ops().rotary_embedding(positions, q, k, cos_sin_cache, bool(is_neox))
+    (lib or torch.ops.fastinfer).rotary_embedding(positions, q, k, cos_sin_cache, bool(is_neox))
     return q, k
 
 
@@ -117,6 +113,8 @@ def reshape_and_cache(
     slot_mapping: Tensor,
     k_scale: Optional[Tensor] = None,
     v_scale: Optional[Tensor] = None,
+    *,
+    lib=None,
 ) -> None:
     """Write new tokens' K/V into the paged cache, **in place** on ``k_cache`` / ``v_cache``.
 
@@ -134,7 +132,7 @@ def reshape_and_cache(
             fp8 cache (stored value ``e4m3(clamp(k / k_scale, -448, 448))``, round to nearest
             even, saturating) and must be None otherwise.
     """
-    _ops().reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    (lib or torch.ops.fastinfer).reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
 def build_rope_cache(

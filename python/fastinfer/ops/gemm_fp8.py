@@ -20,7 +20,7 @@ __all__ = ["fp8_quantize", "fp8_scaled_mm"]
 
 
 def fp8_quantize(
-    x: Tensor, mode: str = "token", group_size: int = 128, scale: Optional[Tensor] = None
+    x: Tensor, mode: str = "token", group_size: int = 128, scale: Optional[Tensor] = None, *, lib=None
 ) -> Tuple[Tensor, Tensor]:
     """Quantise ``x`` to e4m3 with dynamic (or, per tensor, given) float32 scales.
 
@@ -45,7 +45,7 @@ def fp8_quantize(
     Returns:
         ``(x_fp8 [M, K] float8_e4m3fn, scale float32)``; ``x ~= x_fp8.float() * scale``.
     """
-    return torch.ops.fastinfer.fp8_quantize(x, mode, int(group_size), scale)
+    return (lib or torch.ops.fastinfer).fp8_quantize(x, mode, int(group_size), scale)
 
 
 def fp8_scaled_mm(
@@ -55,6 +55,8 @@ def fp8_scaled_mm(
     scale_b: Tensor,
     out_dtype: torch.dtype = torch.bfloat16,
     bias: Optional[Tensor] = None,
+    *,
+    lib=None,
 ) -> Tensor:
     """``out = (a * scale_a) @ (b * scale_b)^T (+ bias)``, e4m3 inputs, fp32 accumulation.
 
@@ -80,4 +82,4 @@ def fp8_scaled_mm(
     Returns:
         A new ``[M, N]`` tensor of ``out_dtype``.
     """
-    return torch.ops.fastinfer.fp8_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias)
+    return (lib or torch.ops.fastinfer).fp8_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias)

@@ -40,11 +40,8 @@ import torch
 
 Tensor = torch.Tensor
 
-__all__ = ["Int4Weight", "int4_pack", "int4_repack", "int4_gemm", "quantize_int4"]
+__all__ = ["Int4Weight", "int4_pack", "int4_repack", "int4_gemm"]
 
-
-def _ops():
-    return torch.ops.fastinfer
 
 
 class Int4Weight(NamedTuple):
@@ -56,7 +53,7 @@ class Int4Weight(NamedTuple):
     perm: Optional[Tensor]
 
 
-def int4_pack(w_q: Tensor) -> Tensor:
+def int4_pack(w_q: Tensor, *, lib=None) -> Tensor:
     """Pack 4-bit weights into the kernel layout.
 
     Args:
@@ -66,10 +63,10 @@ def int4_pack(w_q: Tensor) -> Tensor:
     Returns:
         ``int32 [K / 64, 8 * N]`` in the layout described in this module's docstring.
     """
-    return _ops().int4_pack(w_q)
+    return (lib or torch.ops.fastinfer).int4_pack(w_q)
 
 
-def int4_repack(qweight: Tensor, qzeros: Tensor, fmt: str = "awq", g_idx: Optional[Tensor] = None) -> Int4Weight:
+def int4_repack(qweight: Tensor, qzeros: Tensor, fmt: str = "awq", g_idx: Optional[Tensor] = None, *, lib=None) -> Int4Weight:
     """Convert an AutoAWQ or AutoGPTQ (v1) checkpoint tensor to the kernel layout.
 
     Formats (4 bits, ``G = K / qzeros.shape[0]`` must be a multiple of 32):
@@ -87,7 +84,7 @@ def int4_repack(qweight: Tensor, qzeros: Tensor, fmt: str = "awq", g_idx: Option
     Returns:
         :class:`Int4Weight` ``(packed int32 [K / 64, 8 N], zeros uint8 [K / G, N], perm int64 [K] or None)``.
     """
-    packed, zeros, perm = _ops().int4_repack(qweight, qzeros, fmt, g_idx)
+    packed, zeros, perm = (lib or torch.ops.fastinfer).int4_repack(qweight, qzeros, fmt, g_idx)
     return Int4Weight(packed, zeros, perm if g_idx is not None else None)
 
 
@@ -98,6 +95,8 @@ def int4_gemm(
     zeros: Optional[Tensor] = None,
     group_size: int = 128,
     perm: Optional[Tensor] = None,
+    *,
+    lib=None,
 ) -> Tensor:
     """W4A16 GEMM: ``out = a @ W.T`` with ``W = (q - z) * s`` dequantised from ``packed``.
 
@@ -118,11 +117,5 @@ def int4_gemm(
     dequantises W and calls a dense matmul (threshold not measured; ``FASTINFER_INT4_DENSE_MIN_M``
     overrides it). On CPU, M <= 16 runs a fused decode loop, larger M dense chunks of W.
     """
-    return _ops().int4_gemm(a, packed, scales, zeros, int(group_size), perm)
+    return (lib or torch.ops.fastinfer).int4_gemm(a, packed, scales, zeros, int(group_size), perm)
 
-
-def quantize_int4(w: Tensor, group_size: int = 128, symmetric: bool = True):
-    """Round-to-nearest quantiser (see :func:`fastinfer.reference.quantize_int4`)."""
-    from ..reference.gemm import quantize_int4 as _q
-
-    return _q(w, group_size, symmetric)

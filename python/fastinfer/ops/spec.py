@@ -20,6 +20,8 @@ def tree_verify(
     uniforms: Optional[Tensor] = None,
     greedy: bool = False,
     generator: Optional[torch.Generator] = None,
+    *,
+    lib=None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Verify a tree of draft tokens against the target model: how many to accept, and the next token.
 
@@ -75,5 +77,5 @@ def tree_verify(
     if uniforms is None:
         uniforms = torch.rand((B, N + 1), generator=generator, dtype=torch.float32,
                               device="cpu" if generator is not None else dev).to(dev)
-    return tuple(torch.ops.fastinfer.tree_verify(draft_tokens, parents, target_logits, draft_probs, temperature,
+    return tuple((lib or torch.ops.fastinfer).tree_verify(draft_tokens, parents, target_logits, draft_probs, temperature,
                                                  uniforms, bool(greedy)))
