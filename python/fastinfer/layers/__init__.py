@@ -1,0 +1,41 @@
+"""Model building blocks on the fastinfer ops: linear layers with pluggable linear methods (float
+here; fp8 / int4 in :mod:`fastinfer.quant`), RMSNorm, embedding / LM head, paged attention, the
+forward batch and its builder, and the checkpoint readers layers load their own weights from.
+
+Every layer takes the op backend it calls (``ops=fastinfer.ops.backend(...)``) and, for weights, the
+checkpoint names it loads (``prefix``). Tensor-parallel ready (:class:`ParallelInfo`; world size 1
+today).
+"""
+
+from .attention import KVCache, PagedAttention  # noqa: F401
+from .batch import BatchBuilder, ForwardBatch, host_to_device, slot_of  # noqa: F401
+from .embedding import LMHead, VocabEmbedding  # noqa: F401
+from .linear import (  # noqa: F401
+    ColumnParallelLinear,
+    Linear,
+    LinearMethod,
+    ParallelInfo,
+    QuantizationConfig,
+    ReplicatedLinear,
+    RowParallelLinear,
+    UnquantizedLinearMethod,
+    WeightPart,
+    param,
+)
+from .norm import RMSNorm  # noqa: F401
+from .weights import (  # noqa: F401
+    CheckpointModule,
+    SafetensorsReader,
+    TensorDictReader,
+    WeightReader,
+    check_tensor,
+    checkpoint_files,
+)
+
+__all__ = [
+    "BatchBuilder", "ForwardBatch", "host_to_device", "slot_of",
+    "CheckpointModule", "WeightReader", "SafetensorsReader", "TensorDictReader", "checkpoint_files", "check_tensor",
+    "Linear", "LinearMethod", "UnquantizedLinearMethod", "QuantizationConfig", "WeightPart", "ParallelInfo",
+    "ReplicatedLinear", "ColumnParallelLinear", "RowParallelLinear", "param",
+    "RMSNorm", "VocabEmbedding", "LMHead", "PagedAttention", "KVCache",
+]
