@@ -24,15 +24,15 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 
 import fastinfer  # noqa: E402,F401
 from conftest import SIM_SEEDS, raw_bits, require_sim, sim_seed  # noqa: E402
+from fastinfer.layers import BatchBuilder  # noqa: E402
 from fastinfer.models import (  # noqa: E402
     ForwardBatch,
     ModelConfig,
     build_cos_sin_cache,
     compute_inv_freq,
     load_model,
-    make_forward_batch,
-    prefill_logits,
 )
+from model_helpers import make_forward_batch, prefill_logits  # noqa: E402
 
 VOCAB = 300
 PROMPT_LEN = 100
@@ -254,9 +254,9 @@ def test_custom_mask_chain_equals_causal(ckpts):
     full = prefill_logits(model, ids, block_size=BS)
     caches = model.allocate_kv_cache(3, BS)
     model(make_forward_batch(prefill=[(ids[:30], 0, [0, 1, 2])], block_size=BS), caches)
-    mask = torch.tril(torch.ones(10, 10, dtype=torch.bool)).flatten()
-    got = model(make_forward_batch(prefill=[(ids[30:], 30, [0, 1, 2])], block_size=BS, all_logits=True,
-                                   custom_mask=mask), caches)
+    b = BatchBuilder(BS)
+    b.prefill(ids[30:], 30, [0, 1, 2], mask=torch.tril(torch.ones(10, 10, dtype=torch.bool)), logits="all")
+    got = model(b.build(), caches)
     assert _rel(got, full[30:]) < 1e-5
 
 
@@ -300,7 +300,7 @@ def test_cpu_bf16_model_with_packed_linears(ckpts, name):
     for pack in (False, True):
         model = load_model(path, dtype=torch.bfloat16)
         if pack and not model.pack_linears_for_cpu():
-            pytest.skip("this torch build has no oneDNN linear packing")
+            pytest.skip("no oneDNN bf16 linear packing here (needs mkldnn and AVX-512 BW/VL/DQ or AVX-NE-CONVERT)")
         caches = model.allocate_kv_cache(4, BS)
         a = model(make_forward_batch(prefill=[(ids[:21], 0, blocks)], block_size=BS, all_logits=True), caches)
         b = model(make_forward_batch(prefill=[(ids[21:49], 21, blocks)], block_size=BS, all_logits=True), caches)
@@ -570,11 +570,27 @@ def test_loader_dtype_and_kv_cache_helpers(ckpts):
     assert m(make_forward_batch(), caches).shape == (0, VOCAB)  # empty step
 
 
-def test_forward_batch_helper_layout():
-    b = make_forward_batch(prefill=[([1, 2, 3], 0, [4]), ([5], 17, [0, 2])], decode=[(9, 8, [3])], block_size=16)
+def test_forward_batch_builder_layout():
+    b = BatchBuilder(16)
+    assert b.decode(9, 8, [3]) == 0  # logits rows come in call order; token rows: prefill part first
+    assert b.prefill([1, 2, 3], 0, [4]) == [1]
+    assert b.prefill([5], 17, [0, 2], logits="all") == [2]
+    b = b.build()
     assert isinstance(b, ForwardBatch)
+    assert b.input_ids.tolist() == [1, 2, 3, 5, 9]
     assert b.positions.tolist() == [0, 1, 2, 17, 8]
     assert b.slot_mapping.tolist() == [64, 65, 66, 2 * 16 + 1, 3 * 16 + 8]
     assert b.prefill_cu_seqlens_q.tolist() == [0, 3, 4] and b.prefill_seq_lens_k.tolist() == [3, 18]
-    assert b.decode_seq_lens.tolist() == [9] and b.logits_indices.tolist() == [2, 3, 4]
+    assert b.decode_seq_lens.tolist() == [9] and b.logits_indices.tolist() == [4, 2, 3]
     assert b.num_prefill_tokens == 4 and b.num_decode_tokens == 1 and b.prefill_max_seqlen_q == 3
+    assert b.custom_mask is None
+    # tree rows: rotary positions by depth, a mask block per chunk (causal for the plain one)
+    t = BatchBuilder(16)
+    t.prefill([7, 8], 0, [0])
+    t.prefill([1, 2, 3], 5, [1], positions=[5, 6, 6], mask=torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]]).bool(),
+              logits="all")
+    t = t.build()
+    assert t.positions.tolist() == [0, 1, 5, 6, 6] and t.slot_mapping.tolist() == [0, 1, 21, 22, 23]
+    assert t.custom_mask.tolist() == [True, False, True, True] + [True, False, False, True, True, False, True, False, True]
+    with pytest.raises(ValueError, match="outside the 1 blocks"):
+        BatchBuilder(16).prefill([1] * 3, 15, [0])

@@ -1,27 +1,28 @@
-"""Model side of the runner: config parsing, RoPE tables, the safetensors loader and the
-Llama-family decoder (Llama, Mistral, Qwen2) running on ``torch.ops.fastinfer.*``.
+"""Model side of the runner: config parsing, RoPE tables, the Llama-family decoder (Llama, Mistral,
+Qwen2) built from :mod:`fastinfer.layers`, and loading a checkpoint into it.
 
-The engine talks to a model through :class:`ForwardBatch` (``batch.py``) and
-``model(batch, kv_caches) -> float32 logits [len(batch.logits_indices), vocab]``.
+The engine talks to a model through :class:`~fastinfer.layers.ForwardBatch` (built with
+:class:`~fastinfer.layers.BatchBuilder`) and ``model(batch, kv_caches) -> float32 logits
+[len(batch.logits_indices), vocab]`` (``hidden_states`` / ``compute_logits`` for the two halves).
 """
 
-from .batch import ForwardBatch  # noqa: F401
+from ..layers import BatchBuilder, ForwardBatch  # noqa: F401  (the model's input, re-exported)
 from .config import SUPPORTED_ARCHITECTURES, SUPPORTED_ROPE_TYPES, ModelConfig  # noqa: F401
-from .llama import LlamaForCausalLM, make_forward_batch, prefill_logits  # noqa: F401
-from .loader import checkpoint_files, load_model, load_weights  # noqa: F401
+from .llama import PACKED_MODULES, LlamaForCausalLM  # noqa: F401
+from .loader import default_dtype, load_model, random_weights  # noqa: F401
 from .rope import build_cos_sin_cache, compute_inv_freq  # noqa: F401
 
 __all__ = [
+    "BatchBuilder",
     "ForwardBatch",
     "ModelConfig",
     "SUPPORTED_ARCHITECTURES",
     "SUPPORTED_ROPE_TYPES",
     "LlamaForCausalLM",
-    "make_forward_batch",
-    "prefill_logits",
+    "PACKED_MODULES",
     "load_model",
-    "load_weights",
-    "checkpoint_files",
+    "default_dtype",
+    "random_weights",
     "build_cos_sin_cache",
     "compute_inv_freq",
 ]

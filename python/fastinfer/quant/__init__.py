@@ -20,14 +20,14 @@ Methods (round to nearest, no calibration data)
 -----------------------------------------------
 * **fp8** (W8A8): weights e4m3 with one float32 scale per output channel,
   ``scale[n] = max(amax(W[n, :]), 1e-12) / 448``, ``q = e4m3_rne(clamp(W / scale, -448, 448))``
-  (:func:`fastinfer.reference.fp8_quantize` with ``mode='token'`` applied to ``W``, computed from
-  the weight as stored, in float32). Activations are quantised dynamically per token at run time
+  (the ``fp8_quantize`` op with ``mode='token'`` applied to ``W``, computed from the weight as
+  stored, in float32). Activations are quantised dynamically per token at run time
   (``fp8_quantize(x, 'token')``) and multiplied by ``fp8_scaled_mm`` with the per-channel weight
   scales; the output has the activation dtype (float32 when the runner runs in float32 on CPU).
 * **int4** (W4A16): group-wise along the input features, ``group_size`` G (default 128) a
   multiple of 32; asymmetric by default (``s = (max - min) / 15``, ``z = clamp(round(-min / s),
   0, 15)``; ``min <= 0 <= max`` is enforced), ``--symmetric`` gives ``s = amax / 7`` and ``z = 8``
-  (:func:`fastinfer.reference.quantize_int4`). Scales are rounded to the weight's stored dtype
+  (:func:`fastinfer.quant.quantize_int4_weight`). Scales are rounded to the weight's stored dtype
   before the codes are computed, so the stored (q, s, z) reproduce the dequantised weight
   ``W = (q - z) * s`` exactly. The runner multiplies with ``int4_gemm``.
   A layer whose input size K the group size G does not divide is zero-padded to the next multiple
@@ -84,24 +84,28 @@ biases (AutoGPTQ writes them) is ignored; a non-zero one is an error. Modules th
 checkpoint leaves in float (e.g. AWQ ``modules_to_not_convert``) load as float linears.
 """
 
-from .linear import Fp8Linear, Int4Linear, QuantizedLinear  # noqa: F401
-from .quantize import (  # noqa: F401
-    FORMAT_VERSION,
-    METHODS,
-    QuantOptions,
-    quantize_checkpoint,
-    quantize_fp8_weight,
-    quantize_int4_weight,
-)
+from .checkpoint import quantize_checkpoint  # noqa: F401
+from .config import FORMAT_VERSION, METHODS, QuantOptions, StoredQuantization, stored_quantization  # noqa: F401
+from .resolve import CheckpointQuantization, OnLoadQuantization, resolve_quantization  # noqa: F401
+from .math import pack_nibbles, quantize_fp8_weight, quantize_int4_weight, unpack_nibbles  # noqa: F401
+from .methods import Fp8LinearMethod, Int4LinearMethod, Int4Part, describe_quantization  # noqa: F401
 
 __all__ = [
     "FORMAT_VERSION",
     "METHODS",
     "QuantOptions",
-    "Fp8Linear",
-    "Int4Linear",
-    "QuantizedLinear",
+    "StoredQuantization",
+    "stored_quantization",
+    "resolve_quantization",
+    "OnLoadQuantization",
+    "CheckpointQuantization",
+    "Fp8LinearMethod",
+    "Int4LinearMethod",
+    "Int4Part",
+    "describe_quantization",
     "quantize_checkpoint",
     "quantize_fp8_weight",
     "quantize_int4_weight",
+    "pack_nibbles",
+    "unpack_nibbles",
 ]

@@ -1,0 +1,105 @@
+"""What quantisation was asked for: options for quantising on load (:class:`QuantOptions`) and
+the ``quantization_config`` of a stored checkpoint (:func:`stored_quantization`).
+:mod:`fastinfer.quant.resolve` turns them into each layer's linear method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+__all__ = ["FORMAT_VERSION", "METHODS", "NOT_QUANTIZED", "QuantOptions", "StoredQuantization",
+           "stored_quantization"]
+
+FORMAT_VERSION = 1
+METHODS = ("fp8", "int4")
+# layers never quantised: the LM head (tied to the embedding in many small models; it dominates the
+# logits' accuracy)
+NOT_QUANTIZED = ("lm_head",)
+
+
+@dataclass(frozen=True)
+class QuantOptions:
+    """What to quantise a float checkpoint to. ``group_size`` / ``symmetric`` / ``pad_groups``: int4 only."""
+
+    method: str
+    group_size: int = 128
+    symmetric: bool = False
+    pad_groups: bool = True
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"unknown quantization method {self.method!r} (one of {', '.join(METHODS)})")
+        g = self.group_size
+        if self.method == "int4" and (not isinstance(g, int) or isinstance(g, bool) or g < 32 or g % 32):
+            raise ValueError(f"group_size must be a positive multiple of 32 (the int4 kernel's unit), got {g!r}")
+
+    @classmethod
+    def from_any(cls, method: Optional[str], config: Optional[dict] = None) -> Optional["QuantOptions"]:
+        """``method`` plus an optional dict of ``group_size`` / ``symmetric`` / ``pad_groups``."""
+        if method is None:
+            if config:
+                raise ValueError("quantization_config given without quantization='fp8' or 'int4'")
+            return None
+        config = dict(config or {})
+        unknown = set(config) - {"group_size", "symmetric", "pad_groups"}
+        if unknown:
+            raise ValueError(f"unknown quantization_config keys {sorted(unknown)} (group_size, symmetric, pad_groups)")
+        return cls(str(method), **config)
+
+    def config_entry(self) -> dict:
+        """The ``quantization_config`` entry of a checkpoint written with these options."""
+        d = {"quant_method": "fastinfer", "format_version": FORMAT_VERSION, "method": self.method,
+             "modules_not_quantized": list(NOT_QUANTIZED)}
+        if self.method == "fp8":
+            d.update(weight="e4m3, per output channel", activation="e4m3, dynamic per token")
+        else:
+            d.update(weight="int4, group-wise", activation="unquantised", group_size=self.group_size,
+                     symmetric=bool(self.symmetric), pad_groups=bool(self.pad_groups))
+        return d
+
+
+class StoredQuantization(NamedTuple):
+    """How a checkpoint is quantised: ``kind`` "fastinfer" / "awq" / "gptq", ``method`` "fp8" / "int4"."""
+
+    kind: str
+    method: str
+    config: dict
+
+    def describe(self) -> str:
+        return self.kind if self.kind != "fastinfer" else f"fastinfer {self.method}"
+
+
+def stored_quantization(config) -> Optional[StoredQuantization]:
+    """Parse ``config.json``'s ``quantization_config`` (``config``: a ModelConfig or the raw dict);
+    None for a float checkpoint. Unsupported variants raise ``ValueError`` naming the field."""
+    raw = getattr(config, "raw", config) or {}
+    qc = raw.get("quantization_config")
+    if not qc:
+        return None
+    if not isinstance(qc, dict):
+        raise ValueError(f"quantization_config must be a dict, got {qc!r}")
+    qm = str(qc.get("quant_method", "")).lower()
+    if qm == "fastinfer":
+        if qc.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"unsupported fastinfer quantization format_version {qc.get('format_version')!r} "
+                             f"({FORMAT_VERSION})")
+        if qc.get("method") not in METHODS:
+            raise ValueError(f"unsupported fastinfer quantization method {qc.get('method')!r}")
+        return StoredQuantization("fastinfer", qc["method"], qc)
+    if qm in ("awq", "gptq"):
+        if qc.get("bits", 4) != 4:
+            raise ValueError(f"{qm}: only 4-bit checkpoints are supported, got bits={qc.get('bits')!r}")
+        if qm == "awq":
+            version = str(qc.get("version", "gemm")).lower()
+            if version != "gemm":
+                raise ValueError(f"awq: only version 'gemm' checkpoints are supported, got {version!r}")
+            if qc.get("zero_point", True) is False:
+                raise ValueError("awq: zero_point=false checkpoints are not supported")
+        else:
+            fmt = str(qc.get("checkpoint_format", "gptq")).lower()
+            if fmt != "gptq":
+                raise ValueError(f"gptq: only checkpoint_format 'gptq' (v1) is supported, got {fmt!r}")
+        return StoredQuantization(qm, "int4", qc)
+    raise ValueError(f"unsupported quantization_config quant_method {qc.get('quant_method')!r} "
+                     "(fastinfer, awq, gptq)")

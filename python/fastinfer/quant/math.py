@@ -1,0 +1,88 @@
+"""The quantisers' arithmetic: round-to-nearest fp8 (per output channel) and int4 (group-wise),
+and the nibble packing of the fastinfer int4 format. Formulas: :mod:`fastinfer.quant`.
+
+This is production code; the tests check it against the independent fp64 oracles of
+:mod:`fastinfer.reference` (which production code never imports).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from ..ops import fp8_quantize
+
+Tensor = torch.Tensor
+
+__all__ = ["quantize_fp8_weight", "quantize_int4_weight", "int4_padded_k", "pack_nibbles", "unpack_nibbles"]
+
+
+def quantize_fp8_weight(w: Tensor) -> Tuple[Tensor, Tensor]:
+    """Per-output-channel e4m3: ``(codes float8_e4m3fn [N, K], scale float32 [N])``, computed by the
+    ``fp8_quantize`` op in ``'token'`` mode on the CPU (rows of W are the "tokens")."""
+    if w.dim() != 2 or not w.is_floating_point():
+        raise ValueError(f"fp8 quantisation needs a 2-D float weight, got {tuple(w.shape)} {w.dtype}")
+    q, s = fp8_quantize(w.detach().to("cpu", torch.float32).contiguous(), "token")
+    return q.contiguous(), s.contiguous()
+
+
+def int4_padded_k(k: int, group_size: int, pad_groups: bool, name: str = "weight") -> int:
+    """The stored input size ``Kq`` of a layer with input size ``k`` (see :mod:`fastinfer.quant`)."""
+    g = group_size
+    if k % g:
+        if not pad_groups:
+            div = math.gcd(k, g)
+            hint = f"a group size dividing it (e.g. {div})" if div % 32 == 0 else "another group size"
+            raise ValueError(
+                f"{name}: group_size {g} does not divide the input size K={k}; use {hint} or let the "
+                f"last group be zero-padded (pad_groups=True, the default; --no-pad-groups turned it off)")
+        k = -(-k // g) * g
+    if k % 64:
+        raise ValueError(f"{name}: the int4 kernel needs K (padded: {k}) to be a multiple of 64")
+    return k
+
+
+def quantize_int4_weight(w: Tensor, group_size: int, symmetric: bool, pad_groups: bool = True,
+                         name: str = "weight") -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """Group-wise RTN int4 of ``w [N, K]``: ``(codes uint8 [N, Kq], scales [Kq / G, N] (w's dtype),
+    zeros uint8 [Kq / G, N] or None)``; zero columns pad K to ``Kq`` (:func:`int4_padded_k`).
+
+    Symmetric: ``s = amax / 7``, ``q = clamp(round(w / s) + 8, 0, 15)``. Asymmetric: ``s = (max -
+    min) / 15`` over a group whose range is widened to include 0, ``z = clamp(round(-min / s), 0,
+    15)``, ``q = clamp(round(w / s) + z, 0, 15)``. Scales are computed in fp32 and rounded to w's
+    dtype BEFORE the codes, so ``(q - z) * s`` with the stored scales is the dequantised weight.
+    """
+    if w.dim() != 2 or not w.is_floating_point():
+        raise ValueError(f"{name}: int4 quantisation needs a 2-D float weight, got {tuple(w.shape)} {w.dtype}")
+    n, k = w.shape
+    if n % 16:
+        raise ValueError(f"{name}: the int4 kernel needs the output size N={n} to be a multiple of 16")
+    kq = int4_padded_k(k, group_size, pad_groups, name)
+    if kq != k:
+        w = torch.nn.functional.pad(w, (0, kq - k))
+    groups = w.detach().to(torch.float32).reshape(n, kq // group_size, group_size)
+    if symmetric:
+        lo = None
+        step = groups.abs().amax(dim=-1) / 7.0
+    else:
+        lo = groups.amin(dim=-1).clamp_max(0.0)
+        step = (groups.amax(dim=-1).clamp_min(0.0) - lo) / 15.0
+    stored = step.clamp_min(1e-8).to(w.dtype)  # what the checkpoint keeps
+    s = stored.to(torch.float32).clamp_min(torch.finfo(torch.float32).tiny)
+    z = torch.full_like(s, 8.0) if lo is None else torch.round(-lo / s).clamp(0, 15)
+    codes = (torch.round(groups / s[..., None]) + z[..., None]).clamp(0, 15)
+    zeros = None if lo is None else z.to(torch.uint8).t().contiguous()
+    return codes.reshape(n, kq).to(torch.uint8), stored.t().contiguous(), zeros
+
+
+def pack_nibbles(q: Tensor) -> Tensor:
+    """uint8 ``[N, K]`` (0..15, K even) -> uint8 ``[N, K / 2]``: low nibble = even column."""
+    q = q.to(torch.uint8)
+    return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
+
+
+def unpack_nibbles(p: Tensor) -> Tensor:
+    """Inverse of :func:`pack_nibbles`."""
+    return torch.stack([p & 15, p >> 4], dim=-1).reshape(p.shape[0], -1).contiguous()
