@@ -28,7 +28,7 @@ install: $(DEPS_STAMP)
 	touch $(BUILD_STAMP)
 
 demo: install
-	$(PY) -m fastinfer.demo
+	$(PY) -m fastinfer.entrypoints.demo
 
 # Everything, the C++ embedding example (tests/test_cpp_package.py) and the build checks included.
 test: install

@@ -114,8 +114,8 @@ def test_batch_invariance_preemption_prefix_cache(ckpt, llm):
     assert st["num_preemptions"] > 0, st
     assert st["prefix_cache_hits"] > 0, st
     assert st["num_free_blocks"] == st["num_kv_blocks"], st  # nothing leaked
-    small.block_manager.check_invariants()
-    assert all(b.ref_count == 0 for b in small.block_manager.blocks)
+    small.engine_core.block_manager.check_invariants()
+    assert all(b.ref_count == 0 for b in small.engine_core.block_manager.blocks)
     assert not small.has_unfinished_requests()
 
 
@@ -161,7 +161,7 @@ def test_n_completions_share_prompt(ckpt):
     one = eng.generate(p, SamplingParams(n=3, max_tokens=1, **GREEDY))[0]  # parent finishes at once
     assert all(c.token_ids == g[:1] and c.finish_reason == "length" for c in one.outputs)
     assert eng.stats()["num_free_blocks"] == 64
-    eng.block_manager.check_invariants()
+    eng.engine_core.block_manager.check_invariants()
 
 
 def test_max_tokens_and_stop_token_ids(llm):
@@ -178,7 +178,7 @@ def test_max_tokens_and_stop_token_ids(llm):
 def test_eos_stops_unless_ignored(ckpt):
     eng = LLM(ckpt, num_kv_blocks=32)
     base = eng.generate([1, 2], SamplingParams(max_tokens=6, **GREEDY))[0].outputs[0]
-    eng.eos_token_ids = {base.token_ids[2]}
+    eng.engine_core.eos_token_ids = {base.token_ids[2]}
     o = eng.generate([1, 2], SamplingParams(max_tokens=6, temperature=0.0))[0].outputs[0]
     assert o.finish_reason == "stop" and o.token_ids[-1] == base.token_ids[2]
     assert len(o.token_ids) == base.token_ids.index(base.token_ids[2]) + 1
@@ -251,7 +251,7 @@ def test_stream_close_aborts_and_frees(ckpt):
 
 
 def test_cli(ckpt, capsys):
-    from fastinfer.cli import main
+    from fastinfer.entrypoints.cli import main
 
     assert main(["generate", "--model", ckpt, "--prompt", "Hello", "--max-tokens", "4", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -324,7 +324,7 @@ def test_block_manager_prefix_lru():
     sp = SamplingParams()
 
     def seq(ids):
-        return Sequence(0, Request("r", None, ids, sp, 0.0), 0, ids, sp, None)
+        return Sequence(0, Request("r", ids, sp), 0, ids, sp)
 
     a = seq(list(range(9)))  # 2 full blocks + 1
     bm.allocate_prefix(a, bm.match_prefix(a))
@@ -418,7 +418,7 @@ def test_decode_graph_buffers_match_eager(ckpt):
     eager = LLM(ckpt, num_kv_blocks=128, max_num_seqs=11)
     want = [o.outputs[0].token_ids for o in eager.generate(prompts, sp)]
     graphed = LLM(ckpt, num_kv_blocks=128, max_num_seqs=11)
-    graphs = graphed.runner.enable_decode_graphs(11, 8, use_graphs=False)
+    graphs = graphed.executor.enable_decode_graphs(11, 8, use_graphs=False)
     assert graphs.buckets == [1, 2, 4, 8, 11]
     calls = []
     run = graphs.run
@@ -440,6 +440,107 @@ def test_cuda_graph_decode_matches_eager(ckpt):
     outs = []
     for eager in (True, False):
         eng = LLM(ckpt, device="cuda", dtype="bfloat16", num_kv_blocks=128, max_num_seqs=19, enforce_eager=eager)
-        assert (eng.runner.decode_graphs is None) == eager
+        assert (eng.executor.decode_graphs is None) == eager
         outs.append([o.outputs[0].token_ids for o in eng.generate(prompts, sp)])
     assert outs[0] == outs[1]
+
+
+# ------------------------------------------------------------------------------------------------
+# engine structure: request lifetime, interleaved streams, the executor's hidden-state hook
+# ------------------------------------------------------------------------------------------------
+def test_long_running_loop_keeps_a_bounded_registry(ckpt):
+    """A server-style loop (add_request / step) over 1,000 requests in sequence: every request's
+    final output comes exactly once, finished requests leave the core and the output processor
+    (their ids can be reused), and the KV pool is whole again at the end."""
+    eng = LLM(ckpt, num_kv_blocks=32, max_num_seqs=8)
+    rng = random.Random(7)
+    pending, num_final, peak = set(), 0, 0
+
+    def step():
+        nonlocal num_final
+        for o in eng.step():
+            if o.finished:
+                pending.remove(o.request_id)  # KeyError: a second final output
+                num_final += 1
+
+    for i in range(1000):
+        rid = f"r{i % 50}"
+        assert rid not in pending
+        eng.add_request([rng.randrange(1, VOCAB) for _ in range(rng.randint(1, 6))],
+                        SamplingParams(max_tokens=rng.randint(1, 3), **GREEDY), request_id=rid)
+        pending.add(rid)
+        step()
+        peak = max(peak, len(eng.output_processor), len(eng.engine_core.requests))
+        if i % 4 == 3:  # let a few requests overlap, then drain
+            while eng.has_unfinished_requests():
+                step()
+    assert num_final == 1000 and not pending
+    assert 1 < peak <= 4 and len(eng.output_processor) == 0 and len(eng.engine_core.requests) == 0
+    st = eng.stats()
+    assert st["num_free_blocks"] == st["num_kv_blocks"] and st["num_registered_requests"] == 0
+    eng.add_request([1, 2], SamplingParams(max_tokens=50), request_id="x")
+    with pytest.raises(ValueError, match="duplicate request id"):
+        eng.add_request([1, 2], SamplingParams(max_tokens=50), request_id="x")
+    eng.abort_request("x")
+    assert len(eng.output_processor) == 0 and not eng.has_unfinished_requests()
+
+
+def test_errored_request_output_comes_with_next_step(llm):
+    rid = llm.add_request([], SamplingParams(max_tokens=3))
+    outs = llm.step()
+    assert [o.request_id for o in outs] == [rid] and outs[0].finished and "empty" in outs[0].error
+    assert llm.step() == [] and len(llm.output_processor) == 0
+
+
+def test_interleaved_streams_each_end_with_their_own_output(ckpt, llm):
+    """Two stream() iterators advanced alternately: each sees only its own request and ends with
+    its own finished=True output, equal to generate()."""
+    prompts = [[3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8]]
+    sps = [SamplingParams(max_tokens=5, **GREEDY), SamplingParams(max_tokens=9, **GREEDY)]
+    want = [o.outputs[0].token_ids for o in llm.generate(prompts, sps)]
+    eng = LLM(ckpt, num_kv_blocks=32)
+    its = [eng.stream(p, sp) for p, sp in zip(prompts, sps)]
+    got = [[], []]
+    live = [0, 1]
+    while live:
+        for k in list(live):
+            try:
+                got[k].append(next(its[k]))
+            except StopIteration:
+                live.remove(k)
+    for k in (0, 1):
+        assert got[k] and all(o.request_id == got[k][0].request_id for o in got[k])
+        assert got[k][-1].finished and not any(o.finished for o in got[k][:-1])
+        assert got[k][-1].outputs[0].token_ids == want[k]
+    assert got[0][0].request_id != got[1][0].request_id
+    assert not eng.has_unfinished_requests() and len(eng.output_processor) == 0
+
+
+def test_executor_hands_hidden_states_to_a_drafter_that_asks(ckpt):
+    """The executor computes the target's final hidden states for a drafter that wants them (draft
+    heads): one row per logits row, and lm_head of those rows is the step's logits."""
+    from fastinfer.engine.speculative import Drafter
+
+    eng = LLM(ckpt, num_kv_blocks=32)
+    seen = []
+
+    class Recorder(Drafter):
+        wants_hidden_states = True
+
+        def observe_hidden_states(self, seqs, hidden):
+            seen.append((len(seqs), hidden.clone()))
+
+    ex = eng.executor
+    ex.drafter = Recorder()
+    real = ex.model.compute_logits
+    logits = []
+    ex.model.compute_logits = lambda h: logits.append(real(h)) or logits[-1]
+    prompts, sp = [[5, 6, 7], [8, 9]], SamplingParams(max_tokens=3, **GREEDY)
+    out = eng.generate(prompts, sp)
+    ex.model.compute_logits = real
+    want = LLM(ckpt, num_kv_blocks=32).generate(prompts, sp)
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in want]
+    assert [n for n, _ in seen] == [2, 2, 2]
+    for (n, h), lg in zip(seen, logits):
+        assert h.shape == (n, ex.model.config.hidden_size)
+        torch.testing.assert_close(real(h), lg)

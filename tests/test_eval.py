@@ -1,4 +1,4 @@
-"""Held-out perplexity (fastinfer.eval): the shipped model's number, checked against transformers."""
+"""Held-out perplexity (fastinfer.entrypoints.eval): the shipped model's number, checked against transformers."""
 import math
 import os
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fastinfer  # noqa: F401
-from fastinfer.eval import ASSETS, CONTEXT, heldout_files, perplexity, token_stream
+from fastinfer.entrypoints.eval import ASSETS, CONTEXT, heldout_files, perplexity, token_stream
 
 TARGET = os.path.join(ASSETS, "tiny-llama")
 

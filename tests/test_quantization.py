@@ -25,11 +25,11 @@ import torch
 
 import fastinfer  # noqa: F401  (loads the ops)
 from fastinfer import reference as ref
-from fastinfer.cli import main as cli_main
+from fastinfer.entrypoints.cli import main as cli_main
 from fastinfer.engine import LLM, SamplingParams
-from fastinfer.models.llama import _Linear, prefill_logits
-from fastinfer.quant import Fp8Linear, Int4Linear
-from fastinfer.quant.quantize import unpack_nibbles
+from fastinfer.layers import UnquantizedLinearMethod
+from fastinfer.quant import Fp8LinearMethod, Int4LinearMethod, unpack_nibbles
+from model_helpers import make_forward_batch, prefill_logits
 
 ASSETS = os.path.join(os.path.dirname(fastinfer.__file__), "assets", "tiny-llama")
 LINEARS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -124,6 +124,10 @@ class _FakeQuantFp8(torch.nn.Module):
         return torch.nn.functional.linear(xd, self.lin.weight, self.lin.bias).reshape(*x.shape[:-1], -1)
 
 
+def _part(layer, i: int = 0):
+    return layer.method.part(layer, i)
+
+
 def _dequantised_ckpt(float_ckpt: str, quant_ckpt: str, dst: str) -> str:
     """A float checkpoint whose linears are the dequantised weights of ``quant_ckpt``."""
     with open(os.path.join(quant_ckpt, "config.json")) as f:
@@ -202,11 +206,11 @@ def test_quantize_cli_format_matches_doc(float_ckpt, quant_ckpts, variant):
 def test_quantized_model_close_to_float_and_generates(float_ckpt, float_logits, quant_ckpts, variant, tmp_path):
     _, method, _ = VARIANTS[variant]
     llm = LLM(quant_ckpts[variant], num_kv_blocks=16)
-    cls = Fp8Linear if method == "fp8" else Int4Linear
+    cls = Fp8LinearMethod if method == "fp8" else Int4LinearMethod
     for layer in llm.model.layers:
         for slot in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
-            assert isinstance(getattr(layer, slot), cls), slot
-    assert type(llm.model.lm_head) is _Linear  # lm_head stays unquantised
+            assert isinstance(getattr(layer, slot).method, cls), slot
+    assert type(llm.model.lm_head.method) is UnquantizedLinearMethod  # lm_head stays unquantised
     out = logits_of(llm)
     assert torch.isfinite(out).all()
     # exact: a float model with the dequantised weights (fp8: and fake-quantised activations)
@@ -344,16 +348,16 @@ def test_awq_gptq_checkpoints_equal_dequantised_float(float_ckpt, tmp_path, fmt,
     qpath, deqpath = _int4_checkpoint(float_ckpt, str(tmp_path / fmt), fmt, act_order, float_modules)
     llm = LLM(qpath, num_kv_blocks=8)
     if float_modules:  # a module the checkpoint leaves in float loads as a float linear
-        assert type(llm.model.layers[1].o_proj) is _Linear
+        assert type(llm.model.layers[1].o_proj.method) is UnquantizedLinearMethod
     layer = llm.model.layers[0]
     for slot in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
-        assert isinstance(getattr(layer, slot), Int4Linear)
+        assert isinstance(getattr(layer, slot).method, Int4LinearMethod)
     if act_order:  # q/k/v have different permutations: three GEMMs; gate/up share one: fused
-        assert layer.qkv_proj.num_parts == 3 and layer.qkv_proj.part(0).perm is not None
-        assert layer.gate_up_proj.num_parts == 1 and layer.gate_up_proj.part(0).perm is not None
-        assert layer.o_proj.part(0).perm is None  # trivial g_idx: no permutation
+        assert layer.qkv_proj.num_parts == 3 and _part(layer.qkv_proj).perm is not None
+        assert layer.gate_up_proj.num_parts == 1 and _part(layer.gate_up_proj).perm is not None
+        assert _part(layer.o_proj).perm is None  # trivial g_idx: no permutation
     else:
-        assert layer.qkv_proj.num_parts == 1 and layer.qkv_proj.part(0).perm is None
+        assert layer.qkv_proj.num_parts == 1 and _part(layer.qkv_proj).perm is None
     out = logits_of(llm)
     expect = logits_of(deqpath)
     err = rel_norm(out, expect)
@@ -386,7 +390,7 @@ PPL_TOKENS = 4096  # 16 windows of 256 predictions
 @pytest.fixture(scope="module")
 def heldout_stream():
     from fastinfer.engine.tokenizer import Tokenizer
-    from fastinfer.eval import heldout_files, token_stream
+    from fastinfer.entrypoints.eval import heldout_files, token_stream
 
     try:
         files = heldout_files()
@@ -396,7 +400,7 @@ def heldout_stream():
 
 
 def _ppl(stream, **kw) -> float:
-    from fastinfer.eval import perplexity
+    from fastinfer.entrypoints.eval import perplexity
 
     llm = LLM(ASSETS, num_kv_blocks=1, dtype="bfloat16", **kw)
     ppl, n = perplexity(llm.model, stream, max_tokens=PPL_TOKENS)
@@ -500,7 +504,7 @@ def test_cli_generate_and_bench_with_quantization(float_ckpt, quant_ckpts, capsy
                          "--json"]) == 0
         out = json.loads(capsys.readouterr().out)
         assert out[0]["error"] is None and len(out[0]["outputs"][0]["token_ids"]) == 4
-    # bench quantises an already built random-weight model in place (fastinfer.quant.loader.quantize_model)
+    # bench quantises an already built random-weight model (LLM(model, quantization=...) rebuilds it)
     for q in ("fp8", "int4"):
         assert cli_main(["bench", "--preset", "tiny", "--random-weights", "--batch", "2", "--input-len", "8",
                          "--output-len", "3", "--warmup", "0", "--quantization", q, "--json"]) == 0
@@ -524,7 +528,6 @@ def test_sim_quantized_model(float_ckpt, quant_ckpts, tmp_path, kind):
     fp8 activation code, a 2^-4 relative change, which the network carries on; both sit ~5% from
     the fp32 result for fp8, and first rows agree bit for bit.)"""
     from conftest import SIM_SEEDS, raw_bits, require_sim, sim_seed
-    from fastinfer.models.llama import make_forward_batch
 
     require_sim()
     path = quant_ckpts["fp8"] if kind == "fp8" else _int4_checkpoint(float_ckpt, str(tmp_path / "g"), "gptq", True)[0]
@@ -536,7 +539,7 @@ def test_sim_quantized_model(float_ckpt, quant_ckpts, tmp_path, kind):
     b = model(make_forward_batch(decode=[(ids[-1], len(ids) - 1, [1, 0])]), caches)
     naive = torch.cat([a, b])  # the CPU ops in bf16
     model.set_op_namespace("fastinfer_sim")
-    assert model.layers[0].qkv_proj.op_namespace == "fastinfer_sim"
+    assert model.layers[0].qkv_proj.ops.namespace == "fastinfer_sim"
     results = []
     for seed in SIM_SEEDS:
         with sim_seed(seed):
@@ -553,8 +556,8 @@ def test_sim_quantized_model(float_ckpt, quant_ckpts, tmp_path, kind):
 
 
 def test_quantized_load_allocates_no_float_linears(float_ckpt, quant_ckpts):
-    """Loading builds a shell on the meta device: the only float parameters are the embedding,
-    the norms and lm_head (the RoPE table is rebuilt, tied weights stay tied)."""
+    """Quantised linears never allocate float weights: the only float parameters are the
+    embedding, the norms and lm_head."""
     c = LLM(quant_ckpts["int4"], num_kv_blocks=4).model
     params = {n: p for n, p in c.named_parameters()}
     assert all(p.device.type == "cpu" for p in params.values())
@@ -576,7 +579,7 @@ def test_quantized_load_allocates_no_float_linears(float_ckpt, quant_ckpts):
     ({"quant_method": "fastinfer", "format_version": 1, "method": "nf4"}, "method 'nf4'"),
 ])
 def test_unsupported_quantization_configs(qc, msg):
-    from fastinfer.quant.loader import stored_quantization
+    from fastinfer.quant import stored_quantization
 
     with pytest.raises(ValueError, match=msg):
         stored_quantization({"quantization_config": qc})

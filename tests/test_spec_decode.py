@@ -23,7 +23,7 @@ import torch
 
 import fastinfer  # noqa: F401  (loads the ops)
 from fastinfer.engine import LLM, SamplingParams, default_model_path
-from fastinfer.models import make_forward_batch
+from model_helpers import make_forward_batch
 
 VOCAB = 300
 DRAFT_PATH = os.path.join(os.path.dirname(default_model_path()), "tiny-llama-draft")
@@ -71,8 +71,8 @@ def pair(tmp_path_factory):
 def _assert_no_leak(llm):
     st = llm.stats()
     assert st["num_free_blocks"] == st["num_kv_blocks"], st
-    llm.block_manager.check_invariants()
-    assert all(b.ref_count == 0 for b in llm.block_manager.blocks)
+    llm.engine_core.block_manager.check_invariants()
+    assert all(b.ref_count == 0 for b in llm.engine_core.block_manager.blocks)
     assert not llm.has_unfinished_requests()
 
 
@@ -175,29 +175,29 @@ def test_kv_integrity(pair, mode):
     llm = LLM(tgt, draft_model=dft, spec_mode=mode, num_spec_tokens=6, spec_tree_topk=2, spec_tree_depth=4,
               num_kv_blocks=64, seed=0)
     rid = llm.add_request(prompt, sp)
-    seq = llm._requests[rid].seqs[0]
+    seq = llm.engine_core.requests[rid].seqs[0]
     while seq.num_output_tokens < 60:
         llm.step()
     st = llm.stats()
     assert st["spec_num_verify"] >= 10 and 0 < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"], st
     bs = llm.block_size
     c = seq.num_computed_tokens
-    got = _gather(llm.kv_caches, seq.block_table, c, bs)
+    got = _gather(llm.executor.kv_caches, seq.block_table, c, bs)
     # the same tokens, decoded without speculation
     base = LLM(tgt, num_kv_blocks=64, seed=0)
     brid = base.add_request(prompt, sp)
-    bseq = base._requests[brid].seqs[0]
+    bseq = base.engine_core.requests[brid].seqs[0]
     while bseq.num_computed_tokens < c:
         base.step()
     assert bseq.token_ids[:c] == seq.token_ids[:c]
-    ref = _gather(base.kv_caches, bseq.block_table, c, bs)
+    ref = _gather(base.executor.kv_caches, bseq.block_table, c, bs)
     for (gk, gv), (rk, rv) in zip(got, ref):
         torch.testing.assert_close(gk, rk, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(gv, rv, rtol=1e-4, atol=1e-5)
     # the draft's pool holds its K/V of every token it claims (compacted tree nodes included)
-    dc = seq.draft_num_computed
+    dc = llm.engine_core.proposer.draft_computed(seq)
     assert c - 1 <= dc <= c
-    dgot = _gather(llm.spec.kv_caches, seq.block_table, dc, bs)
+    dgot = _gather(llm.executor.drafter.kv_caches, seq.block_table, dc, bs)
     dref = _fresh_prefill_kv(llm.draft_model, seq.token_ids[:dc], bs)
     for (gk, gv), (rk, rv) in zip(dgot, dref):
         torch.testing.assert_close(gk, rk, rtol=1e-4, atol=1e-5)
@@ -208,13 +208,14 @@ def test_kv_integrity(pair, mode):
     # a second request hits the first one's cached blocks: the draft reuses its K/V of those blocks
     prompt2 = seq.token_ids[:2 * bs + 5] + [7, 8, 9]
     rid2 = llm.add_request(prompt2, SamplingParams(max_tokens=30, **GREEDY))
-    seq2 = llm._requests[rid2].seqs[0]
+    seq2 = llm.engine_core.requests[rid2].seqs[0]
     llm.step()
-    assert seq2.num_cached_tokens == 2 * bs and seq2.draft_num_computed == 2 * bs
+    assert seq2.num_cached_tokens == 2 * bs and llm.engine_core.proposer.draft_computed(seq2) == 2 * bs
     while seq2.num_output_tokens < 12:
         llm.step()
-    for model, caches, n in ((llm.model, llm.kv_caches, seq2.num_computed_tokens),
-                             (llm.draft_model, llm.spec.kv_caches, seq2.draft_num_computed)):
+    for model, caches, n in ((llm.model, llm.executor.kv_caches, seq2.num_computed_tokens),
+                             (llm.draft_model, llm.executor.drafter.kv_caches,
+                              llm.engine_core.proposer.draft_computed(seq2))):
         for (gk, gv), (rk, rv) in zip(_gather(caches, seq2.block_table, n, bs),
                                       _fresh_prefill_kv(model, seq2.token_ids[:n], bs)):
             torch.testing.assert_close(gk, rk, rtol=1e-4, atol=1e-5)
@@ -409,7 +410,7 @@ def test_draft_with_other_tokenizer_rejected(tmp_path):
 # CLI
 # ------------------------------------------------------------------------------------------------
 def test_cli_generate_and_bench(capsys):
-    from fastinfer.cli import main
+    from fastinfer.entrypoints.cli import main
 
     assert main(["generate", "--draft-model", DRAFT_PATH, "--prompt", "def main(", "--max-tokens", "12",
                  "--json"]) == 0

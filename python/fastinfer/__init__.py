@@ -51,4 +51,19 @@ def sim_available() -> bool:
 
 
 from . import ops  # noqa: E402,F401
-from .engine import LLM, CompletionOutput, RequestOutput, SamplingParams  # noqa: E402,F401
+
+# The runner loads on first use (``fastinfer.LLM``): ``import fastinfer`` stays light for users of
+# the ops alone.
+_ENGINE_NAMES = ("LLM", "SamplingParams", "RequestOutput", "CompletionOutput")
+
+
+def __getattr__(name: str):
+    if name in _ENGINE_NAMES:
+        from . import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'fastinfer' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_ENGINE_NAMES))

@@ -1,7 +1,7 @@
-"""``python -m fastinfer ...``: the command line (see :mod:`fastinfer.cli`)."""
+"""``python -m fastinfer ...``: the command line (see :mod:`fastinfer.entrypoints.cli`)."""
 
 import sys
 
-from .cli import main
+from .entrypoints.cli import main
 
 sys.exit(main())

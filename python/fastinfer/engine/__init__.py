@@ -1,15 +1,25 @@
-"""The fastinfer inference engine: sequence -> block manager -> scheduler -> model runner -> sampler.
+"""The fastinfer inference engine.
+
+Request path: :class:`LLM` (``llm.py``, the offline driver) -> :class:`EngineCore` (``core.py``:
+scheduler -> block manager, speculative proposer; token ids only) -> :class:`Executor`
+(``executor.py``: models, KV pools, CUDA graphs, sampler, drafter; the only owner of tensors) ->
+:class:`OutputProcessor` (``output_processor.py``: detokenisation, stop strings, outputs).
 
 Public API: :class:`LLM`, :class:`SamplingParams`, :class:`RequestOutput`, :class:`CompletionOutput`,
-:class:`Tokenizer`.
+:class:`Tokenizer`, :class:`EngineConfig`.
 """
 
 from .params import CompletionOutput, RequestOutput, SamplingParams  # noqa: F401
 from .tokenizer import IncrementalDetokenizer, Tokenizer  # noqa: F401
+from .config import EngineConfig, SpeculativeConfig, default_model_path  # noqa: F401
 from .block_manager import BlockManager  # noqa: F401
 from .scheduler import Scheduler  # noqa: F401
 from .sampler import Sampler  # noqa: F401
-from .llm import LLM, default_model_path  # noqa: F401
+from .executor import Executor  # noqa: F401
+from .core import EngineCore  # noqa: F401
+from .output_processor import OutputProcessor  # noqa: F401
+from .llm import LLM  # noqa: F401
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Tokenizer",
-           "IncrementalDetokenizer", "BlockManager", "Scheduler", "Sampler", "default_model_path"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Tokenizer", "IncrementalDetokenizer",
+           "EngineConfig", "SpeculativeConfig", "BlockManager", "Scheduler", "Sampler", "Executor", "EngineCore",
+           "OutputProcessor", "default_model_path"]

@@ -42,11 +42,7 @@ class BlockManager:
         self.free_uncached: deque = deque(range(num_blocks))
         self.free_cached: "OrderedDict[int, None]" = OrderedDict()  # LRU: oldest first
         self.hash_to_block: Dict[int, int] = {}
-        # speculative decoding: the draft model's KV pool uses the same block ids; draft_valid[b]
-        # says block b of the DRAFT pool holds the draft's K/V of all its block_size tokens (set by
-        # mark_draft_blocks, cleared when the block is reused for other tokens), so a prefix-cache
-        # hit also tells how much of the prefix the draft does not have to recompute
-        self.draft_valid: List[bool] = [False] * num_blocks
+        self.version: List[int] = [0] * num_blocks  # see the module docstring
         # counters (tokens)
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
@@ -72,7 +68,7 @@ class BlockManager:
         blk = self.blocks[bid]
         assert blk.ref_count == 0
         blk.ref_count = 1
-        self.draft_valid[bid] = False  # new contents
+        self.version[bid] += 1  # new contents
         return bid
 
     def _ref(self, bid: int) -> None:
@@ -130,10 +126,6 @@ class BlockManager:
             parent = self.blocks[bid].hash
             seq.block_hashes.append(parent)
         seq.num_computed_tokens = len(cached_blocks) * bs
-        n_draft = 0
-        while n_draft < len(cached_blocks) and self.draft_valid[cached_blocks[n_draft]]:
-            n_draft += 1
-        seq.draft_num_computed = n_draft * bs
         if self.enable_prefix_caching:
             self.prefix_cache_queries += seq.num_tokens
             self.prefix_cache_hits += seq.num_computed_tokens
@@ -152,7 +144,6 @@ class BlockManager:
             dst.block_table.append(bid)
         dst.block_hashes = list(src.block_hashes[:num_blocks])
         dst.num_computed_tokens = num_blocks * self.block_size
-        dst.draft_num_computed = min(src.draft_num_computed, dst.num_computed_tokens)
 
     def free(self, seq: Sequence) -> None:
         """Drop the references of ``seq`` (tail first, so tail blocks are evicted first)."""
@@ -161,7 +152,6 @@ class BlockManager:
         seq.block_table = []
         seq.block_hashes = []
         seq.num_computed_tokens = 0
-        seq.draft_num_computed = 0
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
         """Give back the tail blocks of ``seq`` beyond what ``num_tokens`` tokens need (speculative
@@ -170,12 +160,6 @@ class BlockManager:
         while len(seq.block_table) > keep:
             self._unref(seq.block_table.pop())
         del seq.block_hashes[keep:]
-
-    def mark_draft_blocks(self, seq: Sequence) -> None:
-        """The draft model now holds K/V for the first ``seq.draft_num_computed`` tokens of ``seq``:
-        flag its full blocks (see ``draft_valid``)."""
-        for i in range(min(seq.draft_num_computed // self.block_size, len(seq.block_table))):
-            self.draft_valid[seq.block_table[i]] = True
 
     def register_full_blocks(self, seq: Sequence) -> None:
         """Hash the full, computed blocks of ``seq`` not hashed yet and publish them."""

@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from ..models.batch import ForwardBatch
+from ..layers import ForwardBatch
 
 
 def decode_buckets(max_batch: int) -> List[int]:
@@ -53,13 +53,8 @@ class DecodeGraphs:
         return int(self.block_table.shape[1])
 
     def _batch(self, bs: int) -> ForwardBatch:
-        return ForwardBatch(
-            input_ids=self.input_ids[:bs], positions=self.positions[:bs], slot_mapping=self.slots[:bs],
-            num_prefill_tokens=0, prefill_cu_seqlens_q=None, prefill_seq_lens_k=None,
-            prefill_block_table=None, prefill_max_seqlen_q=0,
-            decode_seq_lens=self.seq_lens[:bs], decode_block_table=self.block_table[:bs],
-            logits_indices=self.logits_indices[:bs],
-        )
+        return ForwardBatch.decode_only(self.input_ids[:bs], self.positions[:bs], self.slots[:bs],
+                                        self.seq_lens[:bs], self.block_table[:bs], self.logits_indices[:bs])
 
     @torch.inference_mode()
     def capture(self, progress: Optional[Callable[[int], None]] = None) -> None:
@@ -98,7 +93,8 @@ class DecodeGraphs:
     @torch.inference_mode()
     def run(self, input_ids: Sequence[int], positions: Sequence[int], slots: Sequence[int],
             seq_lens: Sequence[int], tables: Sequence[Sequence[int]]) -> torch.Tensor:
-        """One decode step for ``n = len(input_ids)`` sequences; float32 logits ``[n, V]``."""
+        """One decode step for ``n = len(input_ids)`` sequences (the decode rows of a
+        :class:`~fastinfer.layers.BatchBuilder`); float32 logits ``[n, V]``."""
         n = len(input_ids)
         bs = next(b for b in self.buckets if b >= n)
         w = self.max_blocks

@@ -107,12 +107,16 @@ class Sampler:
         lps: List[Optional[Dict[int, float]]] = [None] * N
         if raw_lp is not None:
             for i, p in enumerate(params):
-                if not want_lp[i]:
-                    continue
-                d: Dict[int, float] = {}
-                if p.logprobs > 0:
-                    vals, idx = raw_lp[i].topk(min(p.logprobs, V))
-                    d.update(zip(idx.tolist(), vals.tolist()))
-                d[tokens[i]] = float(raw_lp[i, tokens[i]])
-                lps[i] = d
+                if want_lp[i]:
+                    lps[i] = logprob_dict(raw_lp[i], tokens[i], p.logprobs)
         return tokens, lps
+
+
+def logprob_dict(row_logprobs: torch.Tensor, token: int, top: int) -> Dict[int, float]:
+    """``{token_id: logprob}``: the ``top`` most likely tokens of one row and the chosen ``token``."""
+    d: Dict[int, float] = {}
+    if top > 0:
+        vals, idx = row_logprobs.topk(min(top, row_logprobs.shape[-1]))
+        d.update(zip(idx.tolist(), vals.tolist()))
+    d[token] = float(row_logprobs[token])
+    return d

@@ -12,12 +12,13 @@ preempted: its blocks are freed, it goes back to the waiting queue, and when rea
 recomputed from its prompt + the tokens generated so far (its full blocks often come back from the
 prefix cache). A sequence may preempt itself if it is the latest arrival.
 
-Speculative decoding: with a ``spec_span`` callback (set by the engine when it has a draft model), a
-decoding sequence for which ``spec_span(seq) = S > 1`` is scheduled as a speculative step instead of a
-plain decode: it reserves KV slots for ``S`` tokens past its computed ones (the draft tree's nodes and
-the draft model's scratch nodes) and costs ``S`` tokens of the budget. If the budget left is smaller
-than ``S``, or the free blocks do not cover the extra slots, it decodes normally this step (a
-speculative step never preempts anything).
+Speculative decoding: with a ``lookahead`` rule (given at construction by the engine when it has a
+proposer), a decoding sequence for which ``lookahead(seq)`` returns a plan with ``span`` S > 1 is
+scheduled as a speculative step instead of a plain decode: it reserves KV slots for ``S`` tokens
+past its computed ones (the draft tree's nodes and the draft model's scratch nodes) and costs ``S``
+tokens of the budget. If the budget left is smaller than ``S``, or the free blocks do not cover the
+extra slots, it decodes normally this step (a speculative step never preempts anything). The plan
+travels in the output (``spec``), so it is made once per step.
 """
 
 from __future__ import annotations
@@ -30,14 +31,25 @@ from .block_manager import BlockManager
 from .sequence import Sequence, SequenceStatus
 
 
+@dataclass(frozen=True)
+class SpecPlan:
+    """One speculative step of a sequence: ``size`` (chain length, or tree depth) and ``span`` (KV
+    slots reserved past its computed tokens)."""
+
+    size: int
+    span: int
+
+
 @dataclass
 class SchedulerOutput:
     # (sequence, number of new tokens computed this step), prefill chunks first then decodes
     prefills: List[Tuple[Sequence, int]] = field(default_factory=list)
     decodes: List[Sequence] = field(default_factory=list)
     preempted: List[Sequence] = field(default_factory=list)
-    # speculative steps: (sequence, reserved slots past its computed tokens)
-    spec: List[Tuple[Sequence, int]] = field(default_factory=list)
+    # speculative steps and their plans
+    spec: List[Tuple[Sequence, SpecPlan]] = field(default_factory=list)
+    # waiting -> running this step (their prefix-cache hits are their computed tokens)
+    admitted: List[Sequence] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -45,12 +57,12 @@ class SchedulerOutput:
 
     @property
     def num_tokens(self) -> int:
-        return sum(n for _, n in self.prefills) + len(self.decodes) + sum(n for _, n in self.spec)
+        return sum(n for _, n in self.prefills) + len(self.decodes) + sum(p.span for _, p in self.spec)
 
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int):
+                 max_model_len: int, lookahead: Optional[Callable[[Sequence], Optional[SpecPlan]]] = None):
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -58,7 +70,7 @@ class Scheduler:
         self.waiting: List[Sequence] = []  # sorted by arrival
         self.running: List[Sequence] = []
         self.num_preemptions = 0
-        self.spec_span: Optional[Callable[[Sequence], int]] = None  # see the module docstring
+        self.lookahead = lookahead  # see the module docstring
 
     # ------------------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -88,7 +100,8 @@ class Scheduler:
         if n is not None:  # un-schedule it from this step
             out.prefills = [(s, k) for s, k in out.prefills if s is not seq]
             out.decodes = [s for s in out.decodes if s is not seq]
-            out.spec = [(s, k) for s, k in out.spec if s is not seq]
+            out.spec = [(s, p) for s, p in out.spec if s is not seq]
+            out.admitted = [s for s in out.admitted if s is not seq]
         self.bm.free(seq)
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -122,13 +135,14 @@ class Scheduler:
                 break
             if seq.status != SequenceStatus.RUNNING:  # preempted meanwhile
                 continue
-            span = self.spec_span(seq) if self.spec_span is not None and seq.num_uncomputed_tokens == 1 else 0
+            plan = self.lookahead(seq) if self.lookahead is not None and seq.num_uncomputed_tokens == 1 else None
             # speculate only with room to spare: never preempt another sequence for draft slots
-            if span > 1 and span <= budget and self.bm.can_allocate(seq, seq.num_computed_tokens + span):
-                self.bm.allocate(seq, seq.num_computed_tokens + span)
-                scheduled[seq.seq_id] = span
-                budget -= span
-                out.spec.append((seq, span))
+            if (plan is not None and 1 < plan.span <= budget
+                    and self.bm.can_allocate(seq, seq.num_computed_tokens + plan.span)):
+                self.bm.allocate(seq, seq.num_computed_tokens + plan.span)
+                scheduled[seq.seq_id] = plan.span
+                budget -= plan.span
+                out.spec.append((seq, plan))
                 continue
             n = min(seq.num_uncomputed_tokens, budget)
             if not self._reserve(seq, seq.num_computed_tokens + n, out, scheduled):
@@ -160,6 +174,7 @@ class Scheduler:
                 self.bm.allocate(seq, seq.num_computed_tokens + n)
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
+                out.admitted.append(seq)
                 scheduled[seq.seq_id] = n
                 budget -= n
                 if n == 1 and seq.num_uncomputed_tokens == 1:

@@ -4,20 +4,18 @@ A sequence owns its token ids (prompt + generated), its block table (physical KV
 ``num_computed_tokens``: how many leading tokens have their K/V in the cache. The scheduler moves it
 between WAITING -> RUNNING -> FINISHED (and RUNNING -> WAITING on preemption, which frees the blocks
 and resets ``num_computed_tokens``: the tokens are recomputed later, prompt and generated alike).
+
+These are the engine core's records: token ids only. Text, logprobs and timings live in the output
+processor; sampling generators in the executor; draft-model state in the proposer.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
-from typing import TYPE_CHECKING, Dict, List, Optional
-
-import torch
+from typing import List, Optional
 
 from .params import SamplingParams
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .tokenizer import IncrementalDetokenizer
 
 
 class SequenceStatus(enum.Enum):
@@ -37,13 +35,11 @@ class Sequence:
         index: int,
         prompt_token_ids: List[int],
         params: SamplingParams,
-        generator: Optional[torch.Generator],
     ):
         self.seq_id = seq_id
         self.request = request
         self.index = index  # completion index within the request
         self.params = params
-        self.generator = generator
         self.token_ids: List[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0
@@ -53,21 +49,10 @@ class Sequence:
         self.arrival = request.arrival  # FCFS key (ties broken by index)
         self.finish_reason: Optional[str] = None
         self.stop_reason = None
-        self.logprobs: Optional[List[Dict[int, float]]] = [] if params.logprobs is not None else None
-        self.cumulative_logprob = 0.0
-        self.detok: Optional["IncrementalDetokenizer"] = None
-        self.text = ""
         self.num_cached_tokens = 0  # prompt tokens that came from the prefix cache (first admission)
         self.num_preemptions = 0
         # n > 1: the first completion prefills the prompt, then the others fork from it
         self.pending_forks: int = 0
-        # speculative decoding (see spec_decode.py): leading tokens whose K/V the DRAFT model has in
-        # its own pool (same block ids as the target's block table), and per-sequence counters
-        self.draft_num_computed = 0
-        self.num_target_forwards = 0  # target forward passes that computed tokens of this sequence
-        self.spec_num_verify = 0  # speculative steps (draft + one target verification forward)
-        self.spec_num_draft = 0  # draft tokens proposed (tree nodes without the root)
-        self.spec_num_accepted = 0  # draft tokens accepted
 
     # ------------------------------------------------------------------------------------------
     @property
@@ -101,23 +86,16 @@ class Sequence:
 
 
 class Request:
-    """A prompt with its sampling params; holds its n sequences (created lazily for n > 1)."""
+    """A prompt (token ids) with its sampling params; holds its n sequences (the forks of n > 1
+    are created when the first one has prefilled the prompt)."""
 
-    def __init__(self, request_id: str, prompt: Optional[str], prompt_token_ids: List[int],
-                 params: SamplingParams, arrival_time: float):
+    def __init__(self, request_id: str, prompt_token_ids: List[int], params: SamplingParams):
         self.request_id = request_id
-        self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
         self.arrival = next(_arrival_counter)
-        self.arrival_time = arrival_time
-        self.first_token_time: Optional[float] = None
-        self.finished_time: Optional[float] = None
         self.seqs: List[Sequence] = []
-        self.error: Optional[str] = None
 
     @property
     def finished(self) -> bool:
-        if self.error is not None:
-            return True
         return len(self.seqs) == self.params.n and all(s.is_finished for s in self.seqs)

@@ -53,6 +53,16 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    def get_vocab(self) -> Dict[str, int]:
+        """Token string -> id, added tokens included."""
+        return self._tok.get_vocab(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> Optional[int]:
+        return self._tok.token_to_id(token)
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> List[List[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
+
     def encode(self, text: str, add_special_tokens: bool = True) -> List[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 

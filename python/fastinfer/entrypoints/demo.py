@@ -79,7 +79,7 @@ def _time(fn, device: str, reps: int) -> float:
 
 
 def generate_demo() -> None:
-    from fastinfer.engine.llm import default_model_path
+    from fastinfer.engine import default_model_path
 
     path = default_model_path()
     if not os.path.exists(os.path.join(path, "model.safetensors")):

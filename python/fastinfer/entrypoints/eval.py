@@ -7,7 +7,7 @@ training script's packing) and computes token-level perplexity over non-overlapp
 ``context`` predictions, the way ``tools/train_tiny_models.py`` reported it. It is how quantised
 variants are compared with the bf16 model::
 
-    python -m fastinfer.eval --dtype bfloat16
+    fastinfer eval --dtype bfloat16          # or python -m fastinfer.entrypoints.eval
 
 Needs the same Python minor version's standard library as the one the metadata names (the held-out
 files must exist); :func:`heldout_files` says which file is missing otherwise.
@@ -25,9 +25,12 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .models.llama import make_forward_batch
+from ..engine import LLM
+from ..layers import BatchBuilder
+from ..quant import describe_quantization
+from .args import add_quant_args, quant_kwargs
 
-ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
+ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 CONTEXT = 256
 
 
@@ -50,12 +53,11 @@ def heldout_files(stdlib: Optional[str] = None, metadata: Optional[str] = None) 
 
 def token_stream(tokenizer, files: Sequence[Tuple[str, str]]) -> torch.Tensor:
     """``<bos> tokens <eos>`` per file, concatenated (int64)."""
-    tok = getattr(tokenizer, "_tok", tokenizer)  # fastinfer's Tokenizer wraps a tokenizers.Tokenizer
-    bos, eos = tok.token_to_id("<|bos|>"), tok.token_to_id("<|eos|>")
+    bos, eos = tokenizer.token_to_id("<|bos|>"), tokenizer.token_to_id("<|eos|>")
     ids: List[int] = []
-    for enc in tok.encode_batch([t for _, t in files], add_special_tokens=False):
+    for enc in tokenizer.encode_batch([t for _, t in files], add_special_tokens=False):
         ids.append(bos)
-        ids.extend(enc.ids)
+        ids.extend(enc)
         ids.append(eos)
     return torch.tensor(ids, dtype=torch.long)
 
@@ -73,56 +75,46 @@ def perplexity(model, stream: torch.Tensor, context: int = CONTEXT, max_tokens: 
     total, count = 0.0, 0
     for w0 in range(0, n, windows_per_batch):
         rows = [stream[i * context:i * context + context + 1] for i in range(w0, min(n, w0 + windows_per_batch))]
-        prefill = [(r[:-1].tolist(), 0, list(range(j * blocks_per_window, (j + 1) * blocks_per_window)))
-                   for j, r in enumerate(rows)]
-        batch = make_forward_batch(prefill=prefill, block_size=block_size, device=model.device, all_logits=True)
-        logits = model(batch, caches)
+        b = BatchBuilder(block_size, model.device)
+        for j, r in enumerate(rows):
+            b.prefill(r[:-1].tolist(), 0, list(range(j * blocks_per_window, (j + 1) * blocks_per_window)), logits="all")
+        logits = model(b.build(), caches)
         target = torch.cat([r[1:] for r in rows]).to(logits.device)
         total += torch.nn.functional.cross_entropy(logits, target, reduction="sum").item()
         count += target.numel()
     return math.exp(total / count), count
 
 
-def _describe_quantization(model) -> str:
-    """"none", or the quantised linears' method(s) and int4 group sizes."""
-    from .quant.linear import QuantizedLinear
-
-    kinds = set()
-    for m in model.modules():
-        if isinstance(m, QuantizedLinear):
-            kinds.add(m.method + (f"-g{'/'.join(map(str, sorted(set(m.group_sizes))))}"
-                                  f"{'-sym' if all(m.part(i).zeros is None for i in range(m.num_parts)) else ''}"
-                                  if m.method == "int4" else ""))
-    return ",".join(sorted(kinds)) or "none"
+def add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", default=os.path.join(ASSETS, "tiny-llama"),
+                    help="checkpoint directory (default: the shipped tiny model)")
+    ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: float32 on CPU)")
+    ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="evaluate at most this many predicted tokens (default: all 72,704)")
+    add_quant_args(ap, on_load=True)
+    ap.add_argument("--json", action="store_true", help="print the result as one JSON line")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fastinfer.eval", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=os.path.join(ASSETS, "tiny-llama"))
-    ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the LLM default)")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--max-tokens", type=int, default=None, help="evaluate at most this many tokens")
-    ap.add_argument("--quantization", default=None, help="fp8 | int4: quantise on load (default: as stored)")
-    ap.add_argument("--group-size", type=int, default=None, help="int4 group size (default 128)")
-    ap.add_argument("--symmetric", action="store_true", help="int4 without zero points")
-    ap.add_argument("--no-pad-groups", dest="pad_groups", action="store_false",
-                    help="int4: refuse layers whose K the group size does not divide (default: zero-pad)")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    from .cli import _quant_kwargs
-    from .engine import LLM
-
-    try:
-        llm = LLM(args.model, dtype=args.dtype, device=args.device, num_kv_blocks=1, **_quant_kwargs(args))
-    except ValueError as e:  # bad model / quantisation arguments: one line, no traceback
-        print(f"python -m fastinfer.eval: error: {e}", file=sys.stderr)
-        return 2
+def run(args) -> int:
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, num_kv_blocks=1, **quant_kwargs(args))
     stream = token_stream(llm.tokenizer, heldout_files())
     ppl, n = perplexity(llm.model, stream, max_tokens=args.max_tokens)
     res = {"model": args.model, "dtype": str(llm.model.dtype).replace("torch.", ""),
-           "quantization": _describe_quantization(llm.model), "heldout_ppl": round(ppl, 4), "tokens": n}
+           "quantization": describe_quantization(llm.model), "heldout_ppl": round(ppl, 4), "tokens": n}
     print(json.dumps(res) if args.json else "  ".join(f"{k}={v}" for k, v in res.items()))
     return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fastinfer.entrypoints.eval", description=__doc__.split("\n\n")[0])
+    add_args(ap)
+    args = ap.parse_args(argv)
+    try:
+        return run(args)
+    except ValueError as e:  # bad model / quantisation arguments: one line, no traceback
+        print(f"{ap.prog}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

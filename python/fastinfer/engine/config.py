@@ -1,0 +1,144 @@
+"""Engine configuration: everything :class:`~fastinfer.LLM` accepts, validated in one place.
+
+:class:`EngineConfig` holds what the user asked for; what the executor derives from the model and
+the device (KV blocks, the final ``max_model_len``) is reported by the executor. Sub-configs:
+:class:`SpeculativeConfig` (draft model) and :class:`~fastinfer.quant.QuantOptions` (quantise on
+load).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from ..quant import QuantOptions
+
+__all__ = ["EngineConfig", "SpeculativeConfig", "SPEC_MODES", "DTYPES", "parse_dtype", "default_model_path"]
+
+DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
+          "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "auto": None}
+
+SPEC_MODES = ("chain", "tree")
+
+
+def parse_dtype(dtype: Any) -> Optional[torch.dtype]:
+    """A torch dtype, its name (``DTYPES``) or None / "auto" (the loader's default)."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r} (one of {sorted(DTYPES)})")
+    return DTYPES[dtype]
+
+
+def default_model_path() -> str:
+    """The tiny model shipped with the package (``fastinfer/assets/tiny-llama``)."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "tiny-llama")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative decoding with a draft model (see :mod:`fastinfer.engine.speculative`).
+
+    ``mode`` "chain": ``num_tokens`` draft tokens in a row (default 4); "tree": an EAGLE-2-style
+    tree of ``num_tokens`` nodes (default 8), ``tree_topk`` children per expanded node,
+    ``tree_depth`` levels (default ``min(N, max(2, N // (2 * topk) + 1))``: one draft forward per
+    level).
+    """
+
+    draft_model: Any
+    mode: str = "chain"
+    num_tokens: Optional[int] = None
+    tree_topk: int = 2
+    tree_depth: Optional[int] = None
+
+    def __post_init__(self):
+        if self.mode not in SPEC_MODES:
+            raise ValueError(f"spec_mode must be one of {SPEC_MODES}, got {self.mode!r}")
+        if self.num_tokens is None:
+            self.num_tokens = 4 if self.mode == "chain" else 8
+        k, topk, depth = self.num_tokens, self.tree_topk, self.tree_depth
+        if not _is_int(k) or not 1 <= k <= 1024:
+            raise ValueError(f"num_spec_tokens must be an int in [1, 1024], got {k!r}")
+        if not _is_int(topk) or topk < 1:
+            raise ValueError(f"spec_tree_topk must be an int >= 1, got {topk!r}")
+        if depth is not None and (not _is_int(depth) or depth < 1):
+            raise ValueError(f"spec_tree_depth must be an int >= 1 or None, got {depth!r}")
+        if self.tree_depth is None:
+            # one draft forward per level; deeper levels rarely survive the best-N cut
+            self.tree_depth = min(k, max(2, k // (2 * topk) + 1))
+        if isinstance(self.draft_model, str) and not os.path.isdir(self.draft_model):
+            raise ValueError(f"draft_model directory not found: {self.draft_model!r}")
+
+
+@dataclass
+class EngineConfig:
+    """See :class:`fastinfer.LLM` for the meaning of each field."""
+
+    model: Any = None
+    tokenizer: Optional[str] = None
+    dtype: Optional[torch.dtype] = None
+    device: Optional[torch.device] = None
+    max_model_len: Optional[int] = None
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: Optional[int] = None
+    enable_prefix_caching: bool = True
+    num_kv_blocks: Optional[int] = None
+    kv_cache_bytes: Optional[int] = None
+    gpu_memory_utilization: float = 0.9
+    seed: int = 0
+    load_progress: bool = False
+    enforce_eager: bool = False
+    speculative: Optional[SpeculativeConfig] = None
+    quantization: Optional[QuantOptions] = None
+
+    def __post_init__(self):
+        from .. import cuda_available
+
+        self.dtype = parse_dtype(self.dtype)
+        self.device = torch.device(self.device if self.device is not None else
+                                   ("cuda" if cuda_available() else "cpu"))
+        if self.model is None:
+            self.model = default_model_path()
+            if not os.path.isdir(self.model):
+                raise ValueError(f"no model given and the shipped model is missing ({self.model})")
+        if isinstance(self.model, str) and not os.path.isdir(self.model):
+            raise ValueError(f"model directory not found: {self.model!r}")
+        bs = self.block_size
+        if not _is_int(bs) or bs < 8 or bs > 256 or bs & (bs - 1):
+            raise ValueError(f"block_size must be a power of two in 8..256, got {bs}")
+        if not _is_int(self.max_num_seqs) or self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = 8192 if self.device.type == "cuda" else 2048
+        self.max_num_batched_tokens = int(self.max_num_batched_tokens)
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.max_model_len is not None:
+            self.max_model_len = max(int(self.max_model_len), 1)
+
+    @property
+    def model_path(self) -> Optional[str]:
+        return self.model if isinstance(self.model, str) else None
+
+    @classmethod
+    def from_llm_args(cls, *, draft_model=None, spec_mode: str = "chain", num_spec_tokens=None,
+                      spec_tree_topk: int = 2, spec_tree_depth=None, quantization=None,
+                      quantization_config=None, **kw) -> "EngineConfig":
+        """The config of ``LLM(**kw)`` (its flat keyword arguments)."""
+        spec = None
+        if draft_model is not None:
+            spec = SpeculativeConfig(draft_model, spec_mode, num_spec_tokens, spec_tree_topk, spec_tree_depth)
+        else:  # still validate the speculative arguments
+            SpeculativeConfig(None, spec_mode, num_spec_tokens, spec_tree_topk, spec_tree_depth)
+        return cls(speculative=spec, quantization=QuantOptions.from_any(quantization, quantization_config), **kw)

@@ -1,0 +1,70 @@
+"""Command-line options shared by the entry points, and their translation to :class:`~fastinfer.LLM`
+keyword arguments. Every option says what it does, its unit and its default."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Dict
+
+__all__ = ["add_model_args", "add_spec_args", "add_quant_args", "spec_kwargs", "quant_kwargs"]
+
+
+def add_model_args(p: argparse.ArgumentParser, model_help: str) -> None:
+    p.add_argument("--model", default=None, help=model_help)
+    p.add_argument("--device", default=None,
+                   help="cpu | cuda (default: cuda when a GPU and fastinfer's CUDA kernels are present, else cpu)")
+    p.add_argument("--dtype", default=None,
+                   help="float32 | bfloat16 | float16 (default: float32 on CPU; the checkpoint's fp16/bf16, "
+                        "else bf16, on CUDA)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest prompt + completion, in tokens (default: the model's, capped by the KV pool)")
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft-model", default=None,
+                   help="speculative decoding with this draft model directory (same tokenizer; default: off)")
+    p.add_argument("--spec-mode", default="chain", choices=["chain", "tree"],
+                   help="chain: draft tokens in a row; tree: EAGLE-2-style tree of draft tokens (default: chain)")
+    p.add_argument("--num-spec-tokens", type=int, default=None,
+                   help="draft tokens per step: chain length / tree node budget (default: 4 chain, 8 tree)")
+    p.add_argument("--spec-tree-topk", type=int, default=2,
+                   help="tree mode: children per expanded node (default: 2)")
+    p.add_argument("--spec-tree-depth", type=int, default=None,
+                   help="tree mode: levels, one draft forward each (default: min(N, max(2, N // (2 * topk) + 1)))")
+
+
+def add_quant_args(p: argparse.ArgumentParser, on_load: bool) -> None:
+    if on_load:
+        p.add_argument("--quantization", default=None,
+                       help="fp8 | int4: quantise a float checkpoint's linear layers on load (default: run the "
+                            "checkpoint as stored; quantised checkpoints are detected from config.json)")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="int4: input features per scale / zero point, a multiple of 32 (default: 128)")
+    p.add_argument("--symmetric", action="store_true",
+                   help="int4: no zero points (z = 8, scale = amax / 7) (default: asymmetric, with zero points)")
+    p.add_argument("--no-pad-groups", dest="pad_groups", action="store_false",
+                   help="int4: refuse a layer whose input size the group size does not divide (default: "
+                        "zero-pad its last group, which is exact)")
+
+
+def spec_kwargs(args) -> Dict[str, Any]:
+    if not args.draft_model:
+        return {}
+    return dict(draft_model=args.draft_model, spec_mode=args.spec_mode, num_spec_tokens=args.num_spec_tokens,
+                spec_tree_topk=args.spec_tree_topk, spec_tree_depth=args.spec_tree_depth)
+
+
+def quant_kwargs(args) -> Dict[str, Any]:
+    """``quantization`` / ``quantization_config`` for LLM(...) from --quantization and its options."""
+    if args.quantization is None:
+        if args.group_size is not None or args.symmetric or not args.pad_groups:
+            raise ValueError("--group-size / --symmetric / --no-pad-groups need --quantization int4")
+        return {}
+    qc: Dict[str, Any] = {}
+    if args.group_size is not None:
+        qc["group_size"] = args.group_size
+    if args.symmetric:
+        qc["symmetric"] = True
+    if not args.pad_groups:
+        qc["pad_groups"] = False
+    return {"quantization": args.quantization, "quantization_config": qc or None}

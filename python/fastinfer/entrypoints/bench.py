@@ -1,0 +1,269 @@
+"""``fastinfer bench``: end-to-end throughput and latency of the runner.
+
+    fastinfer bench --preset llama3-8b --random-weights --batch 32 --input-len 512 --output-len 128 --json
+    fastinfer bench --model PATH --batch 8 --compare-transformers
+    fastinfer bench --model M --draft-model D --spec-mode chain --num-spec-tokens 4 --batch 1 --compare-no-spec
+
+Reports TTFT (time from submission to the first token, mean over requests), TPOT (time per output
+token after the first, mean), output tokens/s and total (prompt + output) tokens/s. All requests are
+submitted at once (offline throughput); greedy, EOS ignored. With ``--draft-model`` (speculative
+decoding) it also reports the mean accepted length, the acceptance rate per depth and target
+forwards per generated token; ``--compare-no-spec`` runs the same prompts again with speculation
+off (same engine) and reports the speedup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from .. import cuda_available
+from ..engine import LLM, SamplingParams
+from ..engine.config import parse_dtype
+from ..layers import TensorDictReader
+from ..models import ModelConfig, load_model, random_weights
+from .args import add_quant_args, add_spec_args, quant_kwargs, spec_kwargs
+
+__all__ = ["PRESETS", "add_bench_parser", "build_random_model"]
+
+PRESETS: Dict[str, Dict[str, Any]] = {
+    # Meta-Llama-3-8B shapes
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
+                      rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001,
+                      tie_word_embeddings=False),
+    # Llama-3.2-1B shapes (no rope scaling)
+    "llama3-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                      num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=8192,
+                      rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001,
+                      tie_word_embeddings=True),
+    # practical on a CPU
+    "tiny": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=2048, max_position_embeddings=4096, rope_theta=10000.0,
+                 rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False),
+}
+
+
+def _preset_dict(name: str) -> Dict[str, Any]:
+    if name not in PRESETS:
+        raise SystemExit(f"unknown preset {name!r} (one of {', '.join(PRESETS)})")
+    return dict(PRESETS[name], architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu")
+
+
+@torch.no_grad()
+def build_random_model(preset: str, dtype, device: torch.device, max_positions: int, seed: int = 0):
+    """``(model, tensors)``: a ``LlamaForCausalLM`` of a preset's shape with random weights
+    (N(0, 0.02), norms = 1) and those weights by checkpoint name."""
+    cfg = ModelConfig.from_dict(_preset_dict(preset))
+    tensors = random_weights(cfg, dtype, device, seed)
+    return load_model(TensorDictReader(tensors, f"random {preset}"), config=cfg, dtype=dtype, device=device,
+                      max_positions=max_positions), tensors
+
+
+@torch.no_grad()
+def _hf_model(args, dtype, device: torch.device, tensors: Optional[Dict[str, torch.Tensor]]):
+    """The transformers model for --compare-transformers (for a preset: the same random weights)."""
+    import transformers
+
+    if args.model:
+        return transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device).eval()
+    d = _preset_dict(args.preset)
+    d.pop("architectures"), d.pop("model_type")
+    with torch.device(device):
+        hf = transformers.LlamaForCausalLM._from_config(transformers.LlamaConfig(**d), dtype=dtype)
+    hf.load_state_dict(tensors, strict=not d["tie_word_embeddings"])
+    return hf.eval()
+
+
+def _timed_run(llm, prompts, sp, speculative: Optional[bool] = None):
+    """Submit all prompts at once and run them to completion; returns (elapsed_s, start, outputs)."""
+    if speculative is not None:
+        sp = dataclasses.replace(sp, speculative=speculative)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, sp)
+    if llm.device.type == "cuda":
+        torch.cuda.synchronize(llm.device)
+    return time.perf_counter() - start, start, outs
+
+
+def cmd_bench(args) -> int:
+    if bool(args.model) == bool(args.preset):
+        raise SystemExit("give exactly one of --model PATH or --preset NAME --random-weights")
+    if args.preset and not args.random_weights:
+        raise SystemExit("--preset needs --random-weights (presets have no weights to download)")
+    if args.compare_no_spec and not args.draft_model:
+        raise SystemExit("--compare-no-spec needs --draft-model")
+    device = torch.device(args.device if args.device else ("cuda" if cuda_available() else "cpu"))
+    dtype = parse_dtype(args.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    max_len = args.max_model_len or (args.input_len + args.output_len + 16)
+    t0 = time.perf_counter()
+    tensors = None
+    if args.preset:
+        model, tensors = build_random_model(args.preset, dtype, device, max_len)
+        if not args.compare_transformers:
+            tensors = None
+        llm = LLM(model, device=device, max_model_len=max_len, max_num_seqs=max(args.batch, 1),
+                  max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
+                  gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False,
+                  enforce_eager=args.enforce_eager, **spec_kwargs(args), **quant_kwargs(args))
+        del model  # quantisation rebuilds it: do not keep the float copy alive
+    else:
+        llm = LLM(args.model, dtype=dtype, device=device, max_model_len=max_len, max_num_seqs=max(args.batch, 1),
+                  max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
+                  gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False,
+                  load_progress=True, enforce_eager=args.enforce_eager, **spec_kwargs(args), **quant_kwargs(args))
+    load_s = time.perf_counter() - t0
+    V = llm.vocab_size
+    g = torch.Generator().manual_seed(args.seed)
+    prompts = torch.randint(3, V, (args.batch, args.input_len), generator=g).tolist()
+    sp = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    llm.generate([prompts[0][:8]], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))  # warm-up
+    for _ in range(args.warmup):
+        llm.generate(prompts[: min(len(prompts), 4)], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+
+    spec = llm.config.speculative
+    st0 = llm.stats()
+    elapsed, start, outs = _timed_run(llm, prompts, sp)
+    st1 = llm.stats()
+    ttft = [o.metrics["first_token_time"] - start for o in outs]
+    tpot = [(o.metrics["finished_time"] - o.metrics["first_token_time"]) / max(len(o.outputs[0].token_ids) - 1, 1)
+            for o in outs if len(o.outputs[0].token_ids) > 1]
+    out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    res: Dict[str, Any] = {
+        "model": args.model or f"{args.preset} (random weights)",
+        "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
+        "dtype": str(dtype).replace("torch.", ""),
+        "quantization": args.quantization,
+        "batch": args.batch, "input_len": args.input_len, "output_len": args.output_len,
+        "load_s": round(load_s, 3), "elapsed_s": round(elapsed, 4),
+        "ttft_ms_mean": round(1e3 * sum(ttft) / len(ttft), 3),
+        "ttft_ms_max": round(1e3 * max(ttft), 3),
+        "tpot_ms_mean": round(1e3 * sum(tpot) / len(tpot), 3) if tpot else None,
+        "output_tokens_per_s": round(out_tokens / elapsed, 2),
+        "total_tokens_per_s": round((out_tokens + args.batch * args.input_len) / elapsed, 2),
+        "num_preemptions": llm.stats()["num_preemptions"], "num_kv_blocks": llm.stats()["num_kv_blocks"],
+    }
+    if spec is not None:
+        nv = st1["spec_num_verify"] - st0["spec_num_verify"]
+        acc = st1["spec_num_accepted_tokens"] - st0["spec_num_accepted_tokens"]
+        drafted = st1["spec_num_draft_tokens"] - st0["spec_num_draft_tokens"]
+
+        def since(key: str) -> List[int]:
+            before = st0[key]
+            return [a - (before[i] if i < len(before) else 0) for i, a in enumerate(st1[key])]
+
+        reached, offered = since("spec_depth_reached"), since("spec_depth_offered")
+        rates = [r / o if o else 0.0 for r, o in zip(reached, offered)]
+        res.update({
+            "draft_model": args.draft_model, "spec_mode": spec.mode, "num_spec_tokens": spec.num_tokens,
+            "spec_tree_topk": spec.tree_topk if spec.mode == "tree" else None,
+            "spec_tree_depth": spec.tree_depth if spec.mode == "tree" else None,
+            "spec_verifications": nv,
+            "mean_accepted_length": round(acc / nv, 4) if nv else 0.0,
+            "mean_tokens_per_verification": round((acc + nv) / nv, 4) if nv else 0.0,
+            "draft_acceptance_rate": round(acc / drafted, 4) if drafted else 0.0,
+            "acceptance_rate_per_depth": [round(r, 4) for r in rates],
+            # per request: target forward passes that computed its tokens / its generated tokens
+            "target_forwards_per_generated_token": round(
+                sum(o.metrics["target_forwards_per_token"] for o in outs) / len(outs), 4),
+        })
+        if args.compare_no_spec:
+            base_s, _, base_outs = _timed_run(llm, prompts, sp, speculative=False)
+            base_tokens = sum(len(o.outputs[0].token_ids) for o in base_outs)
+            same = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(outs, base_outs))
+            res.update({
+                "no_spec_elapsed_s": round(base_s, 4),
+                "no_spec_output_tokens_per_s": round(base_tokens / base_s, 2),
+                "no_spec_target_forwards_per_generated_token": round(
+                    sum(o.metrics["target_forwards_per_token"] for o in base_outs) / len(base_outs), 4),
+                "speedup_vs_no_spec": round(base_s / elapsed, 3),
+                "greedy_outputs_identical": f"{same}/{len(outs)}",
+            })
+            if args.compare_repeats > 1:
+                # alternate spec / no-spec runs (a shared machine's load drifts): median and spread
+                ratios, spec_s, base_ss = [base_s / elapsed], [elapsed], [base_s]
+                for _ in range(args.compare_repeats - 1):
+                    e1 = _timed_run(llm, prompts, sp)[0]
+                    e0 = _timed_run(llm, prompts, sp, speculative=False)[0]
+                    spec_s.append(e1)
+                    base_ss.append(e0)
+                    ratios.append(e0 / e1)
+                r = sorted(ratios)
+                res.update({
+                    "spec_elapsed_s_runs": [round(x, 4) for x in spec_s],
+                    "no_spec_elapsed_s_runs": [round(x, 4) for x in base_ss],
+                    "speedup_vs_no_spec_median": round(r[len(r) // 2] if len(r) % 2 else
+                                                       (r[len(r) // 2 - 1] + r[len(r) // 2]) / 2, 3),
+                    "speedup_vs_no_spec_min_max": [round(r[0], 3), round(r[-1], 3)],
+                    # fastest run of each (the least disturbed by other load)
+                    "speedup_vs_no_spec_best_of": round(min(base_ss) / min(spec_s), 3),
+                })
+    if args.compare_transformers:
+        hf = _hf_model(args, dtype, device, tensors)
+        x = torch.tensor(prompts, device=device)
+        hf.generate(x[:1, :8], max_new_tokens=2, do_sample=False, pad_token_id=0)  # warm-up
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        y = hf.generate(x, max_new_tokens=args.output_len, min_new_tokens=args.output_len, do_sample=False,
+                        pad_token_id=0, eos_token_id=None)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        hf_s = time.perf_counter() - t
+        hf_tps = args.batch * args.output_len / hf_s
+        ref = y[:, args.input_len:].tolist()
+        agree = [sum(a == b for a, b in zip(o.outputs[0].token_ids, r)) / max(len(r), 1) for o, r in zip(outs, ref)]
+        first = [next((i for i, (a, b) in enumerate(zip(o.outputs[0].token_ids, r)) if a != b), len(r))
+                 for o, r in zip(outs, ref)]
+        res.update({"transformers_elapsed_s": round(hf_s, 4),
+                    "transformers_output_tokens_per_s": round(hf_tps, 2),
+                    "speedup_vs_transformers": round(res["output_tokens_per_s"] / hf_tps, 3),
+                    "greedy_token_agreement": round(sum(agree) / len(agree), 4),
+                    "greedy_first_divergence_mean": round(sum(first) / len(first), 2)})
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        for k, v in res.items():
+            print(f"{k:34s} {v}")
+    return 0
+
+
+def add_bench_parser(sub) -> None:
+    b = sub.add_parser("bench", help="end-to-end throughput / latency (TTFT, TPOT, tokens/s)",
+                       description=__doc__.split("\n\n")[0])
+    b.add_argument("--model", default=None, help="checkpoint directory (or --preset with --random-weights)")
+    b.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                   help="a model shape instead of a checkpoint (needs --random-weights)")
+    b.add_argument("--random-weights", action="store_true", help="fill the --preset model with random weights")
+    b.add_argument("--batch", type=int, default=8, help="requests submitted at once (default: 8)")
+    b.add_argument("--input-len", type=int, default=128, help="prompt length, tokens (random ids; default: 128)")
+    b.add_argument("--output-len", type=int, default=64, help="generated tokens per request (default: 64)")
+    b.add_argument("--max-model-len", type=int, default=None,
+                   help="longest prompt + completion, tokens (default: input + output + 16)")
+    b.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="new tokens per engine step (chunked prefill; default: 2048 CPU / 8192 CUDA)")
+    b.add_argument("--num-kv-blocks", type=int, default=None,
+                   help="KV pool size in blocks of 16 tokens (default: sized from memory)")
+    b.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of GPU memory the engine may use, weights + KV pool (default: 0.9)")
+    b.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (default: graphs)")
+    b.add_argument("--warmup", type=int, default=1, help="warm-up generate() calls before timing (default: 1)")
+    b.add_argument("--seed", type=int, default=0, help="seed of the random prompts and weights (default: 0)")
+    b.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    b.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: float32 CPU, bfloat16 CUDA)")
+    b.add_argument("--compare-transformers", action="store_true",
+                   help="also time transformers generate() on the same model and prompts (default: off)")
+    b.add_argument("--json", action="store_true", help="print the results as JSON (default: a table)")
+    add_spec_args(b)
+    b.add_argument("--compare-no-spec", action="store_true",
+                   help="with --draft-model: run the same prompts again without speculation, report the speedup")
+    b.add_argument("--compare-repeats", type=int, default=1,
+                   help="with --compare-no-spec: alternate spec / no-spec runs this many times (median, min, "
+                        "max; default: 1)")
+    add_quant_args(b, on_load=True)
+    b.set_defaults(func=cmd_bench)
+
