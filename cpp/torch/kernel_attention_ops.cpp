@@ -127,9 +127,14 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
   p.block_table_stride = block_table.stride(0);
   p.block_size = static_cast<int32_t>(k_cache.size(1));
   p.num_kv_heads = static_cast<int32_t>(k_cache.size(2));
+  at::Tensor tree_depth;  // tree attention with a window: one int32 per query row, filled by the launcher
   if (custom_mask.has_value()) {
     p.custom_mask = custom_mask->data_ptr<bool>();
     p.mask_offsets = mask_offsets.data_ptr<int64_t>();
+    if (window_left >= 0) {
+      tree_depth = at::empty({q.size(0)}, q.options().dtype(at::kInt));
+      p.tree_depth = tree_depth.data_ptr<int32_t>();
+    }
   }
   check_launch(launch_prefill_attention(p, scope.stream()), op);
   return {out, lse};
