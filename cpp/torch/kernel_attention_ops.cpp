@@ -99,7 +99,7 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
     int64_t window_left, double softcap, const std::optional<at::Tensor>& custom_mask, bool return_lse) {
   const char* op = "paged_prefill_attention";
   validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
-                                   window_left, custom_mask, false);
+                                   custom_mask, false);
   check_paged_kernel_inputs(op, q, k_cache, v_cache, block_table, seq_lens_k);
   check_contiguous(cu_seqlens_q, op, "cu_seqlens_q");
   if (custom_mask.has_value()) check_contiguous(*custom_mask, op, "custom_mask");
