@@ -176,6 +176,169 @@ def test_paged_prefill_attention(backend, dtype, case):
 
 
 # ---------------------------------------------------------------------------------------------
+# tree attention with a sliding window: the window applies on top of the mask by absolute
+# position, node i being at (k_len - q_len) + depth(i) (DESIGN.md; R.tree_positions).
+def test_reference_tree_window_by_hand():
+    """The oracle's rule on a small tree, written out by hand. Prefix of 3 keys (positions 0..2),
+    tree parents [-1, 0, 0, 1, 3]: depths 0, 1, 1, 2, 3, so nodes 0..4 (keys 3..7) are at
+    positions 3, 4, 4, 5, 6. Window W = 1: node i sees the keys its mask shows at positions
+    >= p_i - 1."""
+    parents = [-1, 0, 0, 1, 3]
+    mask = R.tree_mask(parents)
+    assert R.tree_positions(mask, 5, 8).tolist() == [3, 4, 4, 5, 6]
+    vis = R.visibility_mask(5, 8, True, 1, mask.reshape(-1))
+    expect = torch.tensor([
+        # keys: 0  1  2 | n0 n1 n2 n3 n4
+        [0, 0, 1, 1, 0, 0, 0, 0],  # node 0, p 3: prefix key 2 (pos 2) and itself
+        [0, 0, 0, 1, 1, 0, 0, 0],  # node 1, p 4: node 0 (pos 3), itself
+        [0, 0, 0, 1, 0, 1, 0, 0],  # node 2, p 4: node 0 (pos 3), itself (by index it would be at 5)
+        [0, 0, 0, 0, 1, 0, 1, 0],  # node 3, p 5: node 1 (pos 4), itself; node 0 (pos 3) is out
+        [0, 0, 0, 0, 0, 0, 1, 1],  # node 4, p 6: node 3 (pos 5), itself
+    ], dtype=torch.bool)
+    assert torch.equal(vis, expect), vis.int()
+    # without the window: the whole prefix and every ancestor
+    assert torch.equal(R.visibility_mask(5, 8, True, -1, mask.reshape(-1))[:, 3:], mask)
+
+
+def deep_tree_parents(n, g):
+    """Random speculation-like trees where depth and index part ways: a first level of
+    max(2, n // 4) children of the root, then a chain hanging from the last of them (a node of
+    depth 1 at a high index): the first half of the remaining nodes (at least 2) extend it, the
+    others extend it with probability 3/4 or hang from a random earlier node. Windows shorter than the depth
+    then drop ancestors, and which ones depends on depth, not index."""
+    width = min(n - 1, max(2, n // 4))
+    parents = [-1] + [0] * width
+    tail, sure = width, max(2, (n - width - 1) // 2)
+    for i in range(width + 1, n):
+        if i <= width + sure or bool(torch.rand((), generator=g) < 0.75):
+            parents.append(tail)
+            tail = i
+        else:
+            parents.append(int(torch.randint(0, i, (1,), generator=g)))
+    return parents
+
+
+def wrong_rule_visibility(rule, q_len, k_len, window, mask):
+    """Visibility under a WRONG rule, which the tests require the ops not to match: "no window";
+    "by index" (query i and trailing key m at k_len - q_len + i / + m, as for a causal chain);
+    "keys by index" (queries at their tree positions, trailing keys at their index)."""
+    vis = R.visibility_mask(q_len, k_len, True, -1, mask)
+    if rule == "no window":
+        return vis
+    prefix = k_len - q_len
+    tree_pos = R.tree_positions(mask, q_len, k_len)
+    q_pos = tree_pos if rule == "keys by index" else prefix + torch.arange(q_len)
+    j = torch.arange(k_len).unsqueeze(0)
+    return vis & (j >= q_pos.unsqueeze(1) - window)
+
+
+WRONG_RULES = ("no window", "by index", "keys by index")
+
+
+# (q_lens, seq_lens, Hq, Hkv, D, BS, window, softcap); windows shorter than the prefix and than
+# the trees' depth; q_len <= 16 runs the CPU impl's short path, 17 and 70 its long path.
+TREE_WINDOW_CASES = [
+    ([1, 5, 17], [40, 23, 61], 4, 1, 64, 16, 1, 0.0),
+    ([16, 17], [37, 90], 4, 4, 128, 8, 3, 20.0),
+    ([17, 1, 5], [17, 9, 5], 1, 1, 64, 16, 1, 0.0),   # no prefix (k_len == q_len) in two sequences
+    ([70], [135], 4, 1, 64, 16, 8, 30.0),             # two query CTAs in the kernel
+]
+
+
+def _tree_window_inputs(case, dtype, seed):
+    q_lens, seq_lens, hq, hkv, d, bs, window, softcap = case
+    g = make_gen(seed)
+    k_cache, v_cache, table = make_paged(seq_lens, hkv, d, bs, dtype, g)
+    q = randn((sum(q_lens), hq, d), dtype, gen=g)
+    mask = torch.cat([R.tree_mask(deep_tree_parents(n, g)).flatten() for n in q_lens])
+    return q, k_cache, v_cache, table, cu(q_lens), torch.tensor(seq_lens, dtype=torch.int32), mask
+
+
+@pytest.mark.parametrize("backend,dtype,case", [
+    pytest.param(b, dt, c, marks=MARKS.get(b, []), id=f"{b}-{str(dt)[6:]}-{i}")
+    for b, dts in (("cpu", (torch.float32, torch.bfloat16)), ("sim", (torch.bfloat16,)),
+                   ("cuda", (torch.bfloat16, torch.float16)))
+    for dt in dts for i, c in enumerate(TREE_WINDOW_CASES)])
+def test_paged_prefill_tree_mask_with_window(backend, dtype, case):
+    be = get_backend(backend)
+    q_lens, seq_lens, hq, hkv, d, bs, window, softcap = case
+    q, k_cache, v_cache, table, cq, lens, mask = _tree_window_inputs(case, dtype, 5 * sum(seq_lens) + window)
+    scale = 1.0 / math.sqrt(d)
+    dev = be.device
+
+    def run():
+        out, lse = be.ns.paged_prefill_attention(
+            q.to(dev), k_cache.to(dev), v_cache.to(dev), table.to(dev), cq.to(dev), lens.to(dev), max(q_lens), scale,
+            True, window, softcap, mask.to(dev), True)
+        return out.cpu(), lse.cpu()
+
+    out, lse = be.run(run)
+    ref_out, ref_lse = R.paged_prefill_attention(q, k_cache, v_cache, table, cq, lens, scale, True, window, softcap, mask)
+    naive_out, naive_lse = naive_paged(q, k_cache, v_cache, table, cq, lens, scale, True, window, softcap, mask)
+    check_out_lse(out, lse, ref_out, ref_lse, naive_out, naive_lse, "tree + window")
+
+    # The ops must not match a wrong rule on any sequence where that rule's answer differs (and
+    # every case has sequences, short ones included, where each wrong rule differs: the test
+    # cannot pass with the window ignored or with positions taken by index).
+    off = 0
+    seen = {rule: [] for rule in WRONG_RULES}
+    for b, n in enumerate(q_lens):
+        qs, k_len = int(cq[b]), seq_lens[b]
+        m = mask[off:off + n * n]
+        off += n * n
+        kb, vb = R.gather_paged(k_cache, table[b], k_len), R.gather_paged(v_cache, table[b], k_len)
+        ref_b = ref_out[qs:qs + n]
+        for rule in WRONG_RULES:
+            vis = wrong_rule_visibility(rule, n, k_len, window, m)
+            wrong = R.attention_one_sequence(q[qs:qs + n], kb, vb, scale, vis, softcap)[0]
+            dist = ((wrong - ref_b).norm() / ref_b.norm()).item()
+            if dist > 0.05:
+                seen[rule].append(n)
+                got = ((out[qs:qs + n].double() - wrong).norm() / ref_b.norm()).item()
+                assert got > dist / 2, f"sequence {b} (q_len {n}): the op follows the wrong rule '{rule}'"
+    for rule, lens_seen in seen.items():
+        assert lens_seen, f"test case does not distinguish the rule from '{rule}'"
+        if any(5 <= n <= 16 for n in q_lens):
+            assert any(n <= 16 for n in lens_seen), f"no short sequence distinguishes '{rule}'"
+
+
+@pytest.mark.parametrize("backend,dtype", [
+    pytest.param(b, dt, marks=MARKS.get(b, []), id=f"{b}-{str(dt)[6:]}")
+    for b, dt in (("cpu", torch.float32), ("cpu", torch.bfloat16), ("sim", torch.bfloat16), ("cuda", torch.bfloat16))])
+def test_paged_prefill_tree_window_row_that_sees_nothing(backend, dtype):
+    """A (non-tree) mask row with no trailing key, no prefix (k_len == q_len) and a window: the
+    query sees no key -> zeros and lse = -inf, never NaN; the other rows are unaffected. q_len 5
+    (CPU short path) and 20 (long path)."""
+    be = get_backend(backend)
+    g = make_gen(17)
+    q_lens = [5, 20]
+    k_cache, v_cache, table = make_paged(q_lens, 2, 64, 8, dtype, g)
+    q = randn((sum(q_lens), 4, 64), dtype, gen=g)
+    masks = []
+    for n in q_lens:
+        m = R.tree_mask(deep_tree_parents(n, g))
+        m[n // 2] = False  # row n // 2 sees no trailing key: position k_len - q_len - 1 = -1
+        masks.append(m.flatten())
+    mask = torch.cat(masks)
+    cq, lens = cu(q_lens), torch.tensor(q_lens, dtype=torch.int32)
+    dev = be.device
+
+    def run():
+        out, lse = be.ns.paged_prefill_attention(
+            q.to(dev), k_cache.to(dev), v_cache.to(dev), table.to(dev), cq.to(dev), lens.to(dev), max(q_lens), 0.125,
+            True, 3, 0.0, mask.to(dev), True)
+        return out.cpu(), lse.cpu()
+
+    out, lse = be.run(run)
+    ref_out, ref_lse = R.paged_prefill_attention(q, k_cache, v_cache, table, cq, lens, 0.125, True, 3, 0.0, mask)
+    naive_out, naive_lse = naive_paged(q, k_cache, v_cache, table, cq, lens, 0.125, True, 3, 0.0, mask)
+    empty_rows = [2, 5 + 10]
+    assert torch.isinf(ref_lse[empty_rows]).all()
+    assert not out.isnan().any() and not lse.isnan().any()
+    check_out_lse(out, lse, ref_out, ref_lse, naive_out, naive_lse, "row without keys")
+
+
+# ---------------------------------------------------------------------------------------------
 # paged_decode_attention
 # (seq_lens, Hq, Hkv, D, BS, window, softcap, fp8)
 DECODE_CASES = [
@@ -331,7 +494,6 @@ BAD = [
     ("paged_prefill_attention", "block-id", lambda: _paged_args(block_table=torch.tensor([[0, 9], [2, 3]], dtype=torch.int32)), "block_table"),
     ("paged_prefill_attention", "q-longer-than-k", lambda: _paged_args(seq_lens_k=torch.tensor([1, 3], dtype=torch.int32)), "queries"),
     ("paged_prefill_attention", "mask-size", lambda: _paged_args(custom_mask=torch.ones(5, dtype=torch.bool)), "custom_mask"),
-    ("paged_prefill_attention", "mask-window", lambda: _paged_args(custom_mask=torch.ones(13, dtype=torch.bool), window_left=4), "window_left"),
     ("paged_prefill_attention", "block-size", lambda: _paged_args(k_cache=torch.randn(4, 12, 2, 64, dtype=torch.bfloat16),
                                                                   v_cache=torch.randn(4, 12, 2, 64, dtype=torch.bfloat16)), "block_size"),
     ("paged_decode_attention", "seq_lens-size", lambda: _decode_args(seq_lens=torch.tensor([3], dtype=torch.int32)), "seq_lens"),
@@ -372,6 +534,8 @@ def test_attention_opcheck(ns):
         ("prefill_attention", (q, k, k.clone(), cu([4, 6]), cu([5, 7]), 6, 7, 0.125, True, -1, 0.0, True)),
         ("paged_prefill_attention", (q[:5], kc, vc, table, cu([2, 3]), lens, 3, 0.125, True, -1, 0.0,
                                      torch.ones(13, dtype=torch.bool), True)),
+        ("paged_prefill_attention", (q[:5], kc, vc, table, cu([2, 3]), lens, 3, 0.125, True, 4, 0.0,
+                                     torch.arange(13) % 3 != 1, True)),  # a mask with a window
         ("paged_decode_attention", (q[:2], kc, vc, table, lens, 0.125, -1, 0.0, 2, True, None, None)),
         ("merge_attention_states", (q, randn((10, 4), torch.float32, gen=g), q.clone(), randn((10, 4), torch.float32, gen=g))),
         ("move_kv_slots", (kc.clone(), vc.clone(), torch.tensor([3, 4]), torch.tensor([4, 9]))),
@@ -430,7 +594,7 @@ def test_cpu_paged_prefill_short_chunks_random(dtype):
         causal, softcap = rnd.random() < 0.7, rnd.choice([0.0, 0.0, 5.0])
         window = rnd.choice([-1, -1, 3, 17])
         mask = None
-        if window < 0 and rnd.random() < 0.4:
+        if rnd.random() < 0.4:  # tree masks, with windows too
             mask = torch.cat([R.tree_mask(R.random_tree_parents(ql, g)).reshape(-1) if ql else
                               torch.zeros(0, dtype=torch.bool) for ql in qls])
         out, lse = torch.ops.fastinfer.paged_prefill_attention(q, kc, vc, table, cu, lens, max(qls + [1]), 0.125,

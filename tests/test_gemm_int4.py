@@ -147,32 +147,198 @@ def test_int4_repack_exact(backend, fmt):
     assert torch.equal(w_ckpt, w_ours)
 
 
-def test_checkpoint_conventions_by_hand():
-    """Single nibbles placed by hand, decoded by the op (independent of the python packers)."""
+# ---- checkpoint conventions, written by hand from the upstream packers ---------------------------
+#
+# AutoAWQ (github casper-hansen/AutoAWQ), awq/modules/linear/gemm.py, WQLinear_GEMM.from_linear:
+#     order_map = [0, 2, 4, 6, 1, 3, 5, 7]
+#     for i in range(pack_num):                     # pack_num = 8 nibbles per int32
+#         qweight_col = intweight[:, col * pack_num + order_map[i]]
+#         qweight[:, col] |= qweight_col << (i * awq_linear.w_bit)
+# (intweight is W^T, [K, N]; qzeros [K / G, N / 8] is packed by the same loop from the zero points
+# as they are.) Its unpacker, awq/utils/packing_utils.py, reorders with the inverse
+# AWQ_REVERSE_ORDER = [0, 4, 1, 5, 2, 6, 3, 7] (reverse_awq_order, used by dequantize_gemm).
+#
+# One qweight word by hand: row k, columns 8 j + 0 .. 8 j + 7 hold 1, 2, 3, 4, 5, 6, 7, 8.
+#   nibble 0, bits  0..3 : column order_map[0] = 0 -> 1 -> 0x00000001
+#   nibble 1, bits  4..7 : column order_map[1] = 2 -> 3 -> 0x00000030
+#   nibble 2, bits  8..11: column order_map[2] = 4 -> 5 -> 0x00000500
+#   nibble 3, bits 12..15: column order_map[3] = 6 -> 7 -> 0x00007000
+#   nibble 4, bits 16..19: column order_map[4] = 1 -> 2 -> 0x00020000
+#   nibble 5, bits 20..23: column order_map[5] = 3 -> 4 -> 0x00400000
+#   nibble 6, bits 24..27: column order_map[6] = 5 -> 6 -> 0x06000000
+#   nibble 7, bits 28..31: column order_map[7] = 7 -> 8 -> 0x80000000
+#   word = 0x86427531 = 2252502321 unsigned = 2252502321 - 2**32 = -2042464975 as int32.
+AWQ_W_COLUMNS = (1, 2, 3, 4, 5, 6, 7, 8)
+AWQ_W_WORD = -2042464975
+# One qzeros word by hand: zero points of columns 8 j + 0 .. 7 are 9, 10, 11, 12, 13, 14, 15, 0.
+#   nibble 0: column 0 -> 9  -> 0x00000009      nibble 4: column 1 -> 10 -> 0x000A0000
+#   nibble 1: column 2 -> 11 -> 0x000000B0      nibble 5: column 3 -> 12 -> 0x00C00000
+#   nibble 2: column 4 -> 13 -> 0x00000D00      nibble 6: column 5 -> 14 -> 0x0E000000
+#   nibble 3: column 6 -> 15 -> 0x0000F000      nibble 7: column 7 -> 0  -> 0x00000000
+#   word = 0x0ECAFDB9 = 248184249.
+AWQ_Z_COLUMNS = (9, 10, 11, 12, 13, 14, 15, 0)
+AWQ_Z_WORD = 248184249
+#
+# AutoGPTQ v1 (github AutoGPTQ/AutoGPTQ), auto_gptq/nn_modules/qlinear/qlinear_cuda_old.py,
+# QuantLinear.pack (bits 4): qweight [K / 8, N] along K in plain order,
+#     for j in range(i, i + 8): qweight[row] |= intweight[j] << (4 * (j - i))
+# and, after `zeros -= 1`, qzeros [K / G, N / 8] along N in plain order,
+#     for j in range(i, i + 8): qzeros[:, col] |= zeros[:, j] << (4 * (j - i))
+#
+# One qweight word by hand: column n, rows 8 j + 0 .. 7 hold 15, 0, 7, 8, 1, 14, 3, 12.
+#   nibble 0: 15 -> 0x0000000F    nibble 4: 1  -> 0x00010000
+#   nibble 1: 0  -> 0x00000000    nibble 5: 14 -> 0x00E00000
+#   nibble 2: 7  -> 0x00000700    nibble 6: 3  -> 0x03000000
+#   nibble 3: 8  -> 0x00008000    nibble 7: 12 -> 0xC0000000
+#   word = 0xC3E1870F = 3286337295 unsigned = 3286337295 - 2**32 = -1008630001 as int32.
+GPTQ_W_ROWS = (15, 0, 7, 8, 1, 14, 3, 12)
+GPTQ_W_WORD = -1008630001
+# One qzeros word by hand: zero points of columns 8 j + 0 .. 7 are 1, 2, ..., 8, stored minus one
+# as 0, 1, ..., 7 in nibbles 0..7: word = 0x76543210 = 1985229328.
+GPTQ_Z_COLUMNS = (1, 2, 3, 4, 5, 6, 7, 8)
+GPTQ_Z_WORD = 1985229328
+
+
+def _hex32(x):
+    return f"0x{x & 0xFFFFFFFF:08X}"
+
+
+def test_hand_words_match_the_python_packers():
+    """The reference packers (used to build test checkpoints) write the hand-computed words."""
+    n, k, group = 16, 64, 64
+    w_q = torch.zeros(n, k, dtype=torch.uint8)
+    w_q[8:16, 5] = torch.tensor(AWQ_W_COLUMNS, dtype=torch.uint8)  # row k = 5, word j = 1 (columns 8..15)
+    zeros = torch.zeros(k // group, n, dtype=torch.uint8)
+    zeros[0, 8:16] = torch.tensor(AWQ_Z_COLUMNS, dtype=torch.uint8)
+    qweight, qzeros = ref.awq_pack(w_q, zeros)
+    assert qweight[5, 1].item() == AWQ_W_WORD, _hex32(qweight[5, 1].item())
+    assert int(qweight.count_nonzero()) == 1
+    assert qzeros[0, 1].item() == AWQ_Z_WORD, _hex32(qzeros[0, 1].item())
+    assert qzeros[0, 0].item() == 0
+    w_q = torch.zeros(n, k, dtype=torch.uint8)
+    w_q[3, 16:24] = torch.tensor(GPTQ_W_ROWS, dtype=torch.uint8)  # column n = 3, word row j = 2
+    zeros = torch.full((k // group, n), 1, dtype=torch.uint8)  # stored 0
+    zeros[0, 8:16] = torch.tensor(GPTQ_Z_COLUMNS, dtype=torch.uint8)
+    qweight, qzeros = ref.gptq_pack(w_q, zeros)
+    assert qweight[2, 3].item() == GPTQ_W_WORD, _hex32(qweight[2, 3].item())
+    assert int(qweight.count_nonzero()) == 1
+    assert qzeros[0, 1].item() == GPTQ_Z_WORD and qzeros[0, 0].item() == 0, _hex32(qzeros[0, 1].item())
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("sim", marks=pytest.mark.sim),
+                                     pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_awq_hand_words_decoded_by_the_op(backend):
+    """int4_repack(fmt="awq") decodes the hand-packed words (independent of every python packer)."""
+    be = get_backend(backend)
     n, k = 16, 64
-    # AWQ: nibble 1 of word [k=5, j=1] holds column 8 * 1 + order[1] = 12.
     qweight = torch.zeros(k, n // 8, dtype=torch.int32)
-    qweight[5, 1] = 7 << 4
+    qweight[5, 1] = AWQ_W_WORD  # row k = 5, columns 8..15
     qzeros = torch.zeros(1, n // 8, dtype=torch.int32)
-    qzeros[0, 0] = 9 << 8  # nibble 2 -> column order[2] = 1
-    packed, zeros, _ = torch.ops.fastinfer.int4_repack(qweight, qzeros, "awq", None)
-    q = ref.int4_unpack(packed)
-    assert q[12, 5].item() == 7 and int(q.count_nonzero()) == 1
-    assert zeros[0, 1].item() == 9 and int(zeros.count_nonzero()) == 1
-    # GPTQ: nibble 3 of word [j=1, n=2] holds row 8 * 1 + 3 = 11; zeros stored minus one, plain order.
+    qzeros[0, 1] = AWQ_Z_WORD  # columns 8..15
+    packed, zeros, _ = be.ns.int4_repack(qweight.to(be.device), qzeros.to(be.device), "awq", None)
+    q = ref.int4_unpack(packed.cpu())  # [N, K]
+    expect_q = torch.zeros(n, k, dtype=torch.uint8)
+    expect_q[8:16, 5] = torch.tensor(AWQ_W_COLUMNS, dtype=torch.uint8)
+    assert torch.equal(q, expect_q), f"column values of row 5: {q[8:16, 5].tolist()}, expected {list(AWQ_W_COLUMNS)}"
+    expect_z = torch.zeros(1, n, dtype=torch.uint8)
+    expect_z[0, 8:16] = torch.tensor(AWQ_Z_COLUMNS, dtype=torch.uint8)
+    assert torch.equal(zeros.cpu(), expect_z), f"zero points {zeros[0, 8:16].tolist()}, expected {list(AWQ_Z_COLUMNS)}"
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("sim", marks=pytest.mark.sim),
+                                     pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_gptq_hand_words_decoded_by_the_op(backend):
+    """int4_repack(fmt="gptq") decodes the hand-packed words: sequential nibbles along K, zero points
+    stored minus one in plain order along N; a stored 15 (the v1 packer's encoding of a zero point
+    of 0) decodes to 0."""
+    be = get_backend(backend)
+    n, k = 16, 64
     qweight = torch.zeros(k // 8, n, dtype=torch.int32)
-    qweight[1, 2] = 9 << 12
-    qzeros = torch.full((1, n // 8), 0x77777777, dtype=torch.int32)  # every zero point 8 (stored 7)
-    qzeros[0, 1] = 0x77777777 - (7 << 8) + (4 << 8)  # nibble 2 of word 1 -> column 10: zero point 5
-    packed, zeros, _ = torch.ops.fastinfer.int4_repack(qweight, qzeros, "gptq", None)
-    q = ref.int4_unpack(packed)
-    assert q[2, 11].item() == 9 and int(q.count_nonzero()) == 1
-    expect = torch.full((1, n), 8, dtype=torch.uint8)
-    expect[0, 10] = 5
-    assert torch.equal(zeros, expect)
-    # stored 15 is the v1 packer's encoding of a zero point of 0
-    packed, zeros, _ = torch.ops.fastinfer.int4_repack(qweight, torch.full((1, 2), -1, dtype=torch.int32), "gptq", None)
+    qweight[2, 3] = GPTQ_W_WORD  # column n = 3, rows 16..23
+    qzeros = torch.zeros(1, n // 8, dtype=torch.int32)  # columns 0..7: stored 0, zero point 1
+    qzeros[0, 1] = GPTQ_Z_WORD  # columns 8..15
+    packed, zeros, _ = be.ns.int4_repack(qweight.to(be.device), qzeros.to(be.device), "gptq", None)
+    q = ref.int4_unpack(packed.cpu())
+    expect_q = torch.zeros(n, k, dtype=torch.uint8)
+    expect_q[3, 16:24] = torch.tensor(GPTQ_W_ROWS, dtype=torch.uint8)
+    assert torch.equal(q, expect_q), f"rows of column 3: {q[3, 16:24].tolist()}, expected {list(GPTQ_W_ROWS)}"
+    expect_z = torch.ones(1, n, dtype=torch.uint8)
+    expect_z[0, 8:16] = torch.tensor(GPTQ_Z_COLUMNS, dtype=torch.uint8)
+    assert torch.equal(zeros.cpu(), expect_z), f"zero points {zeros[0].tolist()}"
+    minus_one = torch.full((1, n // 8), -1, dtype=torch.int32)  # every nibble stored 15
+    _, zeros, _ = be.ns.int4_repack(qweight.to(be.device), minus_one.to(be.device), "gptq", None)
     assert int(zeros.count_nonzero()) == 0
+
+
+# Independent few-line re-implementations of the upstream packers (from the source cited above),
+# on W^T = intweight [K, N] int32 and zero points [K / G, N] int32.
+def autoawq_pack(intweight, zeros):
+    order_map = [0, 2, 4, 6, 1, 3, 5, 7]
+    qweight = torch.zeros(intweight.shape[0], intweight.shape[1] // 8, dtype=torch.int32)
+    qzeros = torch.zeros(zeros.shape[0], zeros.shape[1] // 8, dtype=torch.int32)
+    for col in range(intweight.shape[1] // 8):
+        for i in range(8):
+            qweight[:, col] |= intweight[:, col * 8 + order_map[i]] << (i * 4)
+            qzeros[:, col] |= zeros[:, col * 8 + order_map[i]] << (i * 4)
+    return qweight, qzeros
+
+
+def autogptq_v1_pack(intweight, zeros):
+    qweight = torch.zeros(intweight.shape[0] // 8, intweight.shape[1], dtype=torch.int32)
+    for row in range(qweight.shape[0]):
+        for j in range(8):
+            qweight[row] |= intweight[8 * row + j] << (4 * j)
+    stored = zeros - 1  # zero points >= 1 here: upstream's uint32 -1 for a zero point of 0 would also
+    #                     set the word's higher nibbles (a known v1 defect), see the hand-word test
+    qzeros = torch.zeros(zeros.shape[0], zeros.shape[1] // 8, dtype=torch.int32)
+    for col in range(qzeros.shape[1]):
+        for j in range(8):
+            qzeros[:, col] |= stored[:, 8 * col + j] << (4 * j)
+    return qweight, qzeros
+
+
+def test_independent_packers_write_the_hand_words():
+    k, n = 64, 16
+    iw = torch.zeros(k, n, dtype=torch.int32)
+    iw[5, 8:16] = torch.tensor(AWQ_W_COLUMNS)
+    z = torch.zeros(1, n, dtype=torch.int32)
+    z[0, 8:16] = torch.tensor(AWQ_Z_COLUMNS)
+    qweight, qzeros = autoawq_pack(iw, z)
+    assert qweight[5, 1].item() == AWQ_W_WORD and qzeros[0, 1].item() == AWQ_Z_WORD
+    iw = torch.zeros(k, n, dtype=torch.int32)
+    iw[16:24, 3] = torch.tensor(GPTQ_W_ROWS)
+    z = torch.ones(1, n, dtype=torch.int32)
+    z[0, 8:16] = torch.tensor(GPTQ_Z_COLUMNS)
+    qweight, qzeros = autogptq_v1_pack(iw, z)
+    assert qweight[2, 3].item() == GPTQ_W_WORD and qzeros[0, 1].item() == GPTQ_Z_WORD
+
+
+@pytest.mark.parametrize(
+    "backend,dtype,fmt,m",
+    backend_params({"cpu": [("awq", 1), ("awq", 5), ("gptq", 3)], "sim": [("awq", 1), ("awq", 5), ("gptq", 3)],
+                    "cuda": [("awq", 1), ("awq", 5), ("gptq", 3)]}),
+)
+def test_checkpoint_end_to_end_from_independent_packer(backend, dtype, fmt, m):
+    """A weight packed by the re-implemented upstream packer, int4_repack, int4_gemm == the float
+    matmul with the checkpoint's dequantised weight (the upstream dequantisation: W^T[k, n] =
+    (q - z) * s, AutoAWQ's dequantize_gemm), rounded to the activation dtype."""
+    be = get_backend(backend)
+    gen = make_gen(77 + m + (fmt == "gptq"))
+    k, n, group = 192, 48, 64
+    intweight = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.int32)
+    zeros = torch.randint(0 if fmt == "awq" else 1, 16, (k // group, n), generator=gen, dtype=torch.int32)
+    scales = make_weights(n, k, group, True, dtype, gen)[1]  # [K / G, N], both signs, never zero
+    qweight, qzeros = (autoawq_pack if fmt == "awq" else autogptq_v1_pack)(intweight, zeros)
+    w_kn = ((intweight.double() - zeros.double().repeat_interleave(group, 0))
+            * scales.double().repeat_interleave(group, 0)).to(dtype)  # [K, N]
+    a = randn((m, k), dtype, gen=gen)
+    expect = a.double() @ w_kn.double()
+    naive = naive_from_w(a, w_kn.t().contiguous())
+    dev = be.device
+    packed, z_out, _ = be.ns.int4_repack(qweight.to(dev), qzeros.to(dev), fmt, None)
+    assert torch.equal(z_out.cpu(), zeros.to(torch.uint8))
+    out = be.run(lambda: be.ns.int4_gemm(a.to(dev), packed, scales.to(dev), z_out, group, None))
+    assert_fa_close(out, expect, naive, rel_tol=TOL_REL[dtype], floor=1e-5)
 
 
 def make_act_order(k, group, gen):

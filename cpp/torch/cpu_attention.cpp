@@ -18,21 +18,30 @@
 namespace fastinfer::binding {
 namespace {
 
-// Bool [q_len, k_len]: which keys each query sees (see attention.h for the rules).
+// Bool [q_len, k_len]: which keys each query sees (see attention.h for the rules). With a custom
+// mask and a window, query i and trailing key prefix + m are at the tree positions of nodes i and
+// m: prefix + (number of trailing keys the node's mask row sees) - 1 (its depth in a tree).
 at::Tensor visibility(int64_t q_len, int64_t k_len, bool causal, int64_t window_left, const at::Tensor* custom) {
   const auto i = at::arange(q_len, at::kLong).unsqueeze(1);
   const auto j = at::arange(k_len, at::kLong).unsqueeze(0);
-  const auto pos = i + (k_len - q_len);
+  auto pos = i + (k_len - q_len);
+  auto key_pos = j;
   const int64_t prefix = k_len - q_len;
   at::Tensor visible = at::ones({q_len, k_len}, at::kBool);
   if (custom != nullptr) {
+    const auto rows = custom->reshape({q_len, q_len});
     auto tail = at::zeros({q_len, k_len}, at::kBool);
-    tail.narrow(1, prefix, q_len).copy_(custom->reshape({q_len, q_len}));
+    tail.narrow(1, prefix, q_len).copy_(rows);
     visible = j.lt(prefix).logical_or(tail);
+    if (window_left >= 0) {
+      const auto node_pos = rows.to(at::kLong).sum(1).add(prefix - 1);  // [q_len]
+      pos = node_pos.unsqueeze(1);
+      key_pos = at::cat({at::arange(prefix, at::kLong), node_pos}).unsqueeze(0);
+    }
   } else if (causal) {
     visible = j.le(pos).expand({q_len, k_len});
   }
-  if (window_left >= 0) visible = visible.logical_and(j.ge(pos - window_left));
+  if (window_left >= 0) visible = visible.logical_and(key_pos.ge(pos - window_left));
   return visible;
 }
 
@@ -163,11 +172,14 @@ struct DecodeArgs {
 
 // One query row against the keys [start, end) of sequence b (the caller applies the causal and
 // window rules); with `mask`, key j >= mask_key0 is visible only where mask[j - mask_key0] (a tree
-// mask row over the trailing keys).
+// mask row over the trailing keys) and, with `mask_pos` (tree attention with a window), only where
+// mask_pos[j - mask_key0] >= pos_lo (the trailing keys' tree positions against the window edge).
 struct QueryItem {
   int64_t b, row, start, end;
   const bool* mask = nullptr;
   int64_t mask_key0 = 0;
+  const int64_t* mask_pos = nullptr;
+  int64_t pos_lo = 0;
 };
 
 // Work items [begin, end) of (query item, KV head): online softmax over the visible keys for the
@@ -215,8 +227,10 @@ FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* ite
           if (a.softcap > 0)
             for (int64_t jj = 0; jj < n; ++jj) sg[jj] = a.softcap * std::tanh(sg[jj] / a.softcap);
           if (it.mask != nullptr)
-            for (int64_t jj = 0; jj < n; ++jj)
-              if (j0 + jj >= it.mask_key0 && !it.mask[j0 + jj - it.mask_key0]) sg[jj] = kNegInf;
+            for (int64_t jj = 0; jj < n; ++jj) {
+              const int64_t m = j0 + jj - it.mask_key0;
+              if (m >= 0 && (!it.mask[m] || (it.mask_pos != nullptr && it.mask_pos[m] < it.pos_lo))) sg[jj] = kNegInf;
+            }
           for (int64_t jj = n; jj < kKeys; ++jj) sg[jj] = kNegInf;
           float lanes[kKeys];
           for (int64_t jj = 0; jj < kKeys; ++jj) lanes[jj] = sg[jj];
@@ -300,6 +314,9 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_cpu(const char* op, const at:
   std::vector<QueryItem> items;
   at::Tensor mask_c;
   if (custom_mask.has_value()) mask_c = custom_mask->contiguous();
+  // Tree attention with a window, short chunks: tree positions of every query row (by token row).
+  std::vector<int64_t> tree_pos;
+  if (custom_mask.has_value() && window_left >= 0) tree_pos.resize(static_cast<size_t>(q.size(0)));
   const int64_t table_w = block_table.size(1);
   at::Tensor qf;
   int64_t mask_offset = 0;
@@ -308,13 +325,25 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_cpu(const char* op, const at:
     const int64_t mask_at = mask_offset;
     if (custom_mask.has_value()) mask_offset += ql * ql;
     if (ql <= kShortChunk) {
+      const bool* rows = custom_mask.has_value() ? mask_c.const_data_ptr<bool>() + mask_at : nullptr;
+      const bool tree_window = rows != nullptr && window_left >= 0;
+      if (tree_window)  // node i: prefix + depth, depth = (trailing keys its row sees) - 1
+        for (int64_t i = 0; i < ql; ++i)
+          tree_pos[qs + i] = (kl - ql - 1) + std::count(rows + i * ql, rows + (i + 1) * ql, true);
       for (int64_t i = 0; i < ql; ++i) {
-        const int64_t p = kl - ql + i;  // the query's position
-        QueryItem it{static_cast<int64_t>(b), qs + i, window_left >= 0 ? std::max<int64_t>(0, p - window_left) : 0,
-                     causal && !custom_mask.has_value() ? p + 1 : kl};
-        if (custom_mask.has_value()) {
-          it.mask = mask_c.const_data_ptr<bool>() + mask_at + i * ql;
+        const int64_t p = tree_window ? tree_pos[qs + i] : kl - ql + i;  // the query's position
+        // A window cuts prefix keys by index; every trailing key is scanned (the tree-window test
+        // is by position, per key, below).
+        const int64_t lo = tree_window ? std::min(kl - ql, p - window_left) : p - window_left;
+        QueryItem it{static_cast<int64_t>(b), qs + i, window_left >= 0 ? std::max<int64_t>(0, lo) : 0,
+                     causal && rows == nullptr ? p + 1 : kl};
+        if (rows != nullptr) {
+          it.mask = rows + i * ql;
           it.mask_key0 = kl - ql;
+        }
+        if (tree_window) {
+          it.mask_pos = tree_pos.data() + qs;
+          it.pos_lo = p - window_left;
         }
         items.push_back(it);
       }
@@ -358,7 +387,7 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention_cpu(
     int64_t window_left, double softcap, const std::optional<at::Tensor>& custom_mask, bool return_lse) {
   const char* op = "paged_prefill_attention";
   validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
-                                   window_left, custom_mask, true);
+                                   custom_mask, true);
   check_paged_inputs_on_cpu(op, q, k_cache, v_cache, block_table);
   check_cu_seqlens(op, cu_seqlens_q, "cu_seqlens_q", q.size(0), max_seqlen_q, "max_seqlen_q");
   check_paged_indices(op, block_table, seq_lens_k, "seq_lens_k", k_cache.size(0), k_cache.size(1), &cu_seqlens_q);

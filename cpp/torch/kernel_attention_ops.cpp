@@ -99,7 +99,7 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
     int64_t window_left, double softcap, const std::optional<at::Tensor>& custom_mask, bool return_lse) {
   const char* op = "paged_prefill_attention";
   validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
-                                   window_left, custom_mask, false);
+                                   custom_mask, false);
   check_paged_kernel_inputs(op, q, k_cache, v_cache, block_table, seq_lens_k);
   check_contiguous(cu_seqlens_q, op, "cu_seqlens_q");
   if (custom_mask.has_value()) check_contiguous(*custom_mask, op, "custom_mask");
@@ -127,9 +127,14 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
   p.block_table_stride = block_table.stride(0);
   p.block_size = static_cast<int32_t>(k_cache.size(1));
   p.num_kv_heads = static_cast<int32_t>(k_cache.size(2));
+  at::Tensor tree_depth;  // tree attention with a window: one int32 per query row, filled by the launcher
   if (custom_mask.has_value()) {
     p.custom_mask = custom_mask->data_ptr<bool>();
     p.mask_offsets = mask_offsets.data_ptr<int64_t>();
+    if (window_left >= 0) {
+      tree_depth = at::empty({q.size(0)}, q.options().dtype(at::kInt));
+      p.tree_depth = tree_depth.data_ptr<int32_t>();
+    }
   }
   check_launch(launch_prefill_attention(p, scope.stream()), op);
   return {out, lse};

@@ -70,7 +70,7 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention_meta(
     const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
     int64_t window_left, double softcap, const std::optional<at::Tensor>& custom_mask, bool return_lse) {
   validate_paged_prefill_attention("paged_prefill_attention", q, k_cache, v_cache, block_table, cu_seqlens_q,
-                                   seq_lens_k, max_seqlen_q, window_left, custom_mask, true);
+                                   seq_lens_k, max_seqlen_q, custom_mask, true);
   return attention_outputs_meta(q, return_lse);
 }
 

@@ -84,8 +84,8 @@ inline void validate_fp8_scales(const char* op, const at::Tensor& k_cache, const
 inline void validate_paged_prefill_attention(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
                                              const at::Tensor& v_cache, const at::Tensor& block_table,
                                              const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k,
-                                             int64_t max_seqlen_q, int64_t window_left,
-                                             const std::optional<at::Tensor>& custom_mask, bool allow_fp32) {
+                                             int64_t max_seqlen_q, const std::optional<at::Tensor>& custom_mask,
+                                             bool allow_fp32) {
   validate_attention_q(op, q, allow_fp32);
   validate_paged_kv(op, q, k_cache, v_cache, block_table, /*allow_fp8=*/false);
   validate_index_vector(op, cu_seqlens_q, "cu_seqlens_q", "[batch + 1]", q);
@@ -100,8 +100,6 @@ inline void validate_paged_prefill_attention(const char* op, const at::Tensor& q
     check_dim(*custom_mask, 1, op, "custom_mask", "[sum of q_len^2] (per sequence a flattened [q_len, q_len] bool block)");
     FI_CHECK(custom_mask->scalar_type() == at::kBool, op, "custom_mask must be bool, got ", custom_mask->scalar_type());
     check_same_device(*custom_mask, q, op, "custom_mask", "q");
-    FI_CHECK(window_left < 0, op, "window_left must be -1 when custom_mask is given (tree attention has no window), got ",
-             window_left);
   }
 }
 

@@ -172,8 +172,11 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_repack_impl(const cha
   const int64_t n = awq ? qweight.size(1) * 8 : qweight.size(1);
   const int64_t k = awq ? qweight.size(0) : qweight.size(0) * 8;
   const int64_t groups = qzeros.size(0);
-  // nibble i of an AWQ word holds column 8 j + order[i], order = 0 4 1 5 2 6 3 7: column c <- nibble inv[c].
-  const auto inv = at::tensor(std::vector<int64_t>{0, 2, 4, 6, 1, 3, 5, 7}, qweight.options().dtype(at::kLong));
+  // AutoAWQ GEMM packs nibble i of word [k, j] with column 8 j + pack[i], pack = 0 2 4 6 1 3 5 7
+  // (awq/modules/linear/gemm.py, WQLinear_GEMM.from_linear: order_map), so column c is nibble
+  // unpack[c], unpack = 0 4 1 5 2 6 3 7 (awq/utils/packing_utils.py: AWQ_REVERSE_ORDER, used by
+  // reverse_awq_order / dequantize_gemm). The same for qzeros.
+  const auto unpack = at::tensor(std::vector<int64_t>{0, 4, 1, 5, 2, 6, 3, 7}, qweight.options().dtype(at::kLong));
   // q_kn uint8 [K, N], unpacked in chunks of qweight rows.
   auto q_kn = at::empty({k, n}, qweight.options().dtype(at::kByte));
   const int64_t rows = qweight.size(0);
@@ -181,13 +184,13 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_repack_impl(const cha
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t rc = std::min(chunk, rows - r0);
     const auto nib = unpack_nibbles(qweight.narrow(0, r0, rc));  // [rc, cols, 8]
-    if (awq)  // rows are k; nibbles (permuted by inv) are 8 consecutive columns
-      q_kn.narrow(0, r0, rc).copy_(nib.index_select(-1, inv).reshape({rc, n}));
-    else  // nibble i of word (j, n) holds row 8 j + i
+    if (awq)  // rows are k; nibbles (permuted by unpack) are 8 consecutive columns
+      q_kn.narrow(0, r0, rc).copy_(nib.index_select(-1, unpack).reshape({rc, n}));
+    else  // nibble i of word (j, n) holds row 8 j + i (auto_gptq/nn_modules/qlinear/qlinear_cuda_old.py: pack)
       q_kn.narrow(0, 8 * r0, 8 * rc).copy_(nib.permute({0, 2, 1}).reshape({8 * rc, n}));
   }
-  // Zero points: AWQ as stored (interleaved order); GPTQ v1 plain order, stored as zero - 1.
-  const auto z = awq ? unpack_nibbles(qzeros).index_select(-1, inv).reshape({groups, n})
+  // Zero points: AWQ as stored (interleaved like qweight); GPTQ v1 plain order, stored as zero - 1.
+  const auto z = awq ? unpack_nibbles(qzeros).index_select(-1, unpack).reshape({groups, n})
                      : unpack_nibbles(qzeros).reshape({groups, n}).add(1).bitwise_and(15);
   at::Tensor perm = at::empty({0}, qweight.options().dtype(at::kLong));
   if (g_idx.has_value()) {

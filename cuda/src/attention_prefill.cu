@@ -1,5 +1,6 @@
 // Prefill attention launcher and its instantiations: {fp16, bf16} x head dim {64, 128} x
-// {contiguous ragged K/V, paged K/V} = 8 kernels.
+// {contiguous ragged K/V, paged K/V} = 8 kernels, plus the tree-depth kernel that tree attention
+// with a window runs first.
 #include "fastinfer/attention/attention.h"
 #include "fastinfer/attention/prefill.cuh"
 #include "fastinfer/common/dispatch.cuh"
@@ -35,8 +36,23 @@ cudaError_t launch_head_dim(const PrefillAttentionParams& p, cudaStream_t stream
   return cudaErrorInvalidValue;
 }
 
+// Tree attention with a window: the nodes' depths first (same stream, so the attention kernel
+// sees them).
+cudaError_t launch_tree_depth(const PrefillAttentionParams& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((p.max_seqlen_q + kTreeDepthWarps - 1) / kTreeDepthWarps),
+                  static_cast<unsigned>(p.batch_size));
+  return launch_kernel(tree_depth_kernel, grid, dim3(kTreeDepthWarps * 32), 0, stream, p);
+}
+
+bool needs_tree_depth(const PrefillAttentionParams& p) { return p.custom_mask != nullptr && p.window_left >= 0; }
+
 }  // namespace
 }  // namespace attention
+
+size_t prefill_attention_workspace_size(const PrefillAttentionParams& p) {
+  if (!attention::needs_tree_depth(p) || p.batch_size <= 0 || p.max_seqlen_q <= 0) return 0;
+  return static_cast<size_t>(p.batch_size) * static_cast<size_t>(p.max_seqlen_q) * sizeof(int32_t);
+}
 
 cudaError_t launch_prefill_attention(const PrefillAttentionParams& p, cudaStream_t stream) {
   if (p.batch_size == 0 || p.max_seqlen_q == 0) return cudaSuccess;
@@ -57,10 +73,15 @@ cudaError_t launch_prefill_attention(const PrefillAttentionParams& p, cudaStream
         (p.block_size & (p.block_size - 1)) != 0)
       return cudaErrorInvalidValue;
     if (p.custom_mask != nullptr && p.mask_offsets == nullptr) return cudaErrorInvalidValue;
+    if (attention::needs_tree_depth(p) && p.tree_depth == nullptr) return cudaErrorInvalidValue;
   } else {
     if (p.cu_seqlens_k == nullptr || p.custom_mask != nullptr || p.k_token_stride % 8 != 0 ||
         p.v_token_stride % 8 != 0 || p.k_token_stride < 0 || p.v_token_stride < 0)
       return cudaErrorInvalidValue;
+  }
+  if (paged && attention::needs_tree_depth(p)) {
+    const cudaError_t err = attention::launch_tree_depth(p, stream);
+    if (err != cudaSuccess) return err;
   }
   return FASTINFER_DISPATCH_HALF(p.dtype, T, [&] {
     return p.head_dim == 64 ? attention::launch_head_dim<T, 64>(p, stream)

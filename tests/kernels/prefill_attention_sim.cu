@@ -373,6 +373,9 @@ static int check_validation() {
   { auto q = p; q.block_table = cu; q.seq_lens_k = cu; q.block_table_stride = 1; q.block_size = 24;
     expect_invalid(q, "block size 24"); }
   { auto q = p; q.custom_mask = reinterpret_cast<const bool*>(d); expect_invalid(q, "custom mask, contiguous"); }
+  { auto q = p; q.block_table = cu; q.seq_lens_k = cu; q.block_table_stride = 1; q.block_size = 16;
+    q.custom_mask = reinterpret_cast<const bool*>(d); q.mask_offsets = reinterpret_cast<const int64_t*>(d);
+    q.window_left = 3; expect_invalid(q, "custom mask + window without tree_depth scratch"); }
   { auto q = p; q.max_seqlen_q = 0; if (launch_prefill_attention(q, nullptr) != cudaSuccess) ++fails; }
   cudaFree(d);
   cudaFree(cu);

@@ -94,7 +94,18 @@ def paged_prefill_attention(
     The ``q_len`` queries of sequence ``b`` are its LAST ``q_len`` tokens, already written to the
     cache (``seq_lens_k[b]`` keys in all). ``custom_mask`` (bool, per sequence a flattened
     ``[q_len, q_len]`` block, concatenated over the batch) replaces the causal rule among those
-    trailing keys (tree attention); prefix keys stay visible; ``window_left`` must be -1 then.
+    trailing keys (tree attention); prefix keys stay visible.
+
+    A window (``window_left = W >= 0``) applies on top of the mask, by absolute position (sliding-
+    window models with tree speculation): tree node ``i`` (query ``i`` and trailing key
+    ``k_len - q_len + i``) sits at ``p_i = (k_len - q_len) + depth(i)``, where ``depth(i)`` is the
+    number of trailing keys mask row ``i`` sees minus one (the node's depth when the row sees
+    exactly its ancestors and itself; the op derives it from the mask, no extra input), and
+    prefix key ``j`` at ``j``. Query ``i`` sees the prefix keys and the mask-allowed trailing keys
+    whose position is ``>= p_i - W`` (:func:`fastinfer.reference.tree_positions`). So prefix keys
+    older than ``p_i - W`` and, when ``W`` is smaller than the depth, the shallowest ancestors drop
+    out; a tree node always sees itself. CPU, CUDA and sim implement it (on CUDA a small kernel
+    derives the depths first, into a scratch buffer from the caching allocator).
 
     Returns:
         ``out [T, Hq, D]``, and ``lse [T, Hq]`` float32 when ``return_lse``.

@@ -72,10 +72,15 @@ def int4_repack(qweight: Tensor, qzeros: Tensor, fmt: str = "awq", g_idx: Option
     Formats (4 bits, ``G = K / qzeros.shape[0]`` must be a multiple of 32):
 
     * ``"awq"`` (AutoAWQ GEMM): ``qweight int32 [K, N / 8]`` packed along N in the interleaved
-      order ``0, 4, 1, 5, 2, 6, 3, 7``: nibble ``i`` of word ``[k, j]`` is column ``8 j + order[i]``;
-      ``qzeros int32 [K / G, N / 8]`` packed the same way (zero points stored as is).
-    * ``"gptq"`` (AutoGPTQ v1): ``qweight int32 [K / 8, N]`` packed along K: nibble ``i`` of word
-      ``[j, n]`` is row ``8 j + i``; ``qzeros int32 [K / G, N / 8]`` packed along N in plain order and
+      order ``order = 0, 2, 4, 6, 1, 3, 5, 7``: nibble ``i`` (bits ``4i..4i+3``) of word ``[k, j]`` is
+      column ``8 j + order[i]`` (AutoAWQ's packer, ``WQLinear_GEMM.from_linear`` in
+      ``awq/modules/linear/gemm.py``; its unpacker undoes it with the inverse ``0, 4, 1, 5, 2, 6, 3, 7``,
+      ``AWQ_REVERSE_ORDER`` in ``awq/utils/packing_utils.py``). Example: columns ``0..7`` holding
+      ``1..8`` pack to ``0x86427531``. ``qzeros int32 [K / G, N / 8]`` is packed the same way (zero
+      points stored as they are, no minus one).
+    * ``"gptq"`` (AutoGPTQ v1, ``QuantLinear.pack`` in
+      ``auto_gptq/nn_modules/qlinear/qlinear_cuda_old.py``): ``qweight int32 [K / 8, N]`` packed
+      along K: nibble ``i`` of word ``[j, n]`` is row ``8 j + i``; ``qzeros int32 [K / G, N / 8]`` packed along N in plain order and
       stored as ``zero - 1`` (so ``z = (stored + 1) & 15``; a stored 15, which the v1 packer writes for
       a zero point of 0, decodes to 0). Optional ``g_idx [K]`` (act-order): see module docstring.
 

@@ -24,6 +24,7 @@ from .attention import (  # noqa: F401
     prefill_attention,
     random_tree_parents,
     tree_mask,
+    tree_positions,
     visibility_mask,
 )
 
@@ -39,6 +40,7 @@ __all__ = [
     "prefill_attention",
     "random_tree_parents",
     "tree_mask",
+    "tree_positions",
     "visibility_mask",
     "FP8_E4M3_MAX",
     "fp8_e4m3_quantize",

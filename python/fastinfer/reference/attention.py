@@ -5,7 +5,9 @@ scores s = (q . k) * scale, then s = softcap * tanh(s / softcap) when softcap > 
 sequence with q_len queries and k_len keys has absolute position p = k_len - q_len + i; causal:
 it sees keys j <= p (bottom-right aligned); window_left W >= 0: keys j in [p - W, p] (also without
 causal: then j >= p - W). A custom (tree) mask [q_len, q_len] replaces the causal rule among the
-trailing q_len keys; prefix keys stay visible. GQA: query head h uses KV head h // (Hq // Hkv).
+trailing q_len keys; prefix keys stay visible. A window applies on top of the mask by absolute
+position, a tree node's being the committed length plus its depth: see :func:`tree_positions`.
+GQA: query head h uses KV head h // (Hq // Hkv).
 lse = log(sum(exp(s))) over visible keys; a query that sees nothing gets out = 0, lse = -inf.
 """
 
@@ -18,6 +20,16 @@ import torch
 Tensor = torch.Tensor
 
 
+def tree_positions(custom_mask: Tensor, q_len: int, k_len: int) -> Tensor:
+    """int64 [q_len]: the absolute position of each tree node (query i and trailing key i) of one
+    sequence, ``(k_len - q_len) + depth(i)`` with ``depth(i)`` = (number of trailing keys row i of
+    the mask sees) - 1. For a tree mask (row i sees its ancestors and itself) that is the node's
+    depth; the same formula is used for any mask (a row that sees no trailing key gets
+    ``k_len - q_len - 1``)."""
+    depth = custom_mask.to(torch.bool).reshape(q_len, q_len).sum(1) - 1
+    return (k_len - q_len) + depth.to(torch.int64)
+
+
 def visibility_mask(
     q_len: int,
     k_len: int,
@@ -26,20 +38,31 @@ def visibility_mask(
     custom_mask: Optional[Tensor] = None,
     device=None,
 ) -> Tensor:
-    """Bool [q_len, k_len]: which keys each query of one sequence sees."""
+    """Bool [q_len, k_len]: which keys each query of one sequence sees.
+
+    Without a custom mask query i has position ``p = k_len - q_len + i`` and key j position j.
+    With one, query i and trailing key ``k_len - q_len + m`` take the tree positions of nodes i
+    and m (:func:`tree_positions`), prefix keys keep theirs, and the window keeps the keys whose
+    position is ``>= p - window_left`` (the mask already decides which trailing keys are seen).
+    """
     i = torch.arange(q_len, device=device).unsqueeze(1)
     j = torch.arange(k_len, device=device).unsqueeze(0)
-    pos = k_len - q_len + i
+    pos = k_len - q_len + i  # [q_len, 1]
+    key_pos = j  # [1, k_len]
     visible = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
     if custom_mask is not None:
         prefix = k_len - q_len
         tail = torch.zeros(q_len, k_len, dtype=torch.bool, device=device)
         tail[:, prefix:] = custom_mask.to(torch.bool).reshape(q_len, q_len)
         visible = (j < prefix) | tail
+        if window_left >= 0:
+            node_pos = tree_positions(custom_mask.to(device), q_len, k_len)
+            pos = node_pos.unsqueeze(1)
+            key_pos = torch.cat([torch.arange(prefix, device=device), node_pos]).unsqueeze(0)
     elif causal:
         visible &= j <= pos
     if window_left >= 0:
-        visible &= j >= pos - window_left
+        visible &= key_pos >= pos - window_left
     return visible
 
 

@@ -2,8 +2,9 @@
 
 INT4 (W4A16) section: the executable spec of ``int4_pack`` / ``int4_repack`` / ``int4_gemm``
 (layout and conventions in :mod:`fastinfer.ops.gemm_int4`), pure-python packers/unpackers of the
-AutoAWQ and AutoGPTQ v1 checkpoint formats (written from the documented conventions, used by the
-tests to build checkpoints), and a round-to-nearest quantiser.
+AutoAWQ and AutoGPTQ v1 checkpoint formats (written from the upstream packers, cited at
+:data:`AWQ_ORDER` and :func:`gptq_pack`; used by the tests to build checkpoints), and a
+round-to-nearest quantiser.
 """
 
 from __future__ import annotations
@@ -14,10 +15,17 @@ import torch
 
 Tensor = torch.Tensor
 
-AWQ_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # nibble i of an AWQ word holds column 8 j + AWQ_ORDER[i]
+# AutoAWQ GEMM packing (awq/modules/linear/gemm.py, ``WQLinear_GEMM.from_linear``: ``order_map``):
+# nibble i (bits 4i..4i+3) of ``qweight[k, j]`` / ``qzeros[g, j]`` holds column ``8 j + AWQ_ORDER[i]``.
+# Its unpacker reorders with the inverse, AWQ_REVERSE_ORDER (awq/utils/packing_utils.py:
+# ``AWQ_REVERSE_ORDER``, used by ``reverse_awq_order``): column c is nibble AWQ_REVERSE_ORDER[c].
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
+assert all(AWQ_ORDER[AWQ_REVERSE_ORDER[c]] == c for c in range(8))
 
 __all__ = [
     "AWQ_ORDER",
+    "AWQ_REVERSE_ORDER",
     "int4_dequantize",
     "int4_gemm",
     "int4_pack",
@@ -153,7 +161,9 @@ def quantize_int4(w: Tensor, group_size: int = 128, symmetric: bool = True) -> T
 
 def awq_pack(w_q: Tensor, zeros: Tensor) -> Tuple[Tensor, Tensor]:
     """AutoAWQ GEMM format from ``w_q [N, K]`` and ``zeros [K / G, N]`` (0..15):
-    ``qweight int32 [K, N / 8]``, ``qzeros int32 [K / G, N / 8]``, nibble i = column 8 j + AWQ_ORDER[i]."""
+    ``qweight int32 [K, N / 8]``, ``qzeros int32 [K / G, N / 8]`` (zero points stored as they are),
+    nibble i of word ``[., j]`` = column ``8 j + AWQ_ORDER[i]`` (AWQ_ORDER = 0 2 4 6 1 3 5 7, the
+    packer's ``order_map``)."""
     order = torch.tensor(AWQ_ORDER)
     q_kn = w_q.t().to(torch.int64)  # [K, N]
     k, n = q_kn.shape
@@ -164,7 +174,7 @@ def awq_pack(w_q: Tensor, zeros: Tensor) -> Tuple[Tensor, Tensor]:
 
 def awq_unpack(qweight: Tensor, qzeros: Tensor) -> Tuple[Tensor, Tensor]:
     """Inverse of :func:`awq_pack`: ``(w_q [N, K] uint8, zeros [K / G, N] uint8)``."""
-    inv = torch.tensor([AWQ_ORDER.index(c) for c in range(8)])
+    inv = torch.tensor(AWQ_REVERSE_ORDER)  # column c <- nibble AWQ_REVERSE_ORDER[c]
     k = qweight.shape[0]
     q_kn = _nibbles(qweight)[..., inv].reshape(k, -1)
     z = _nibbles(qzeros)[..., inv].reshape(qzeros.shape[0], -1)
@@ -172,8 +182,9 @@ def awq_unpack(qweight: Tensor, qzeros: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 def gptq_pack(w_q: Tensor, zeros: Tensor) -> Tuple[Tensor, Tensor]:
-    """AutoGPTQ v1 format: ``qweight int32 [K / 8, N]`` (nibble i of word [j, n] = row 8 j + i of
-    ``W^T``), ``qzeros int32 [K / G, N / 8]`` (plain order along N) storing ``(zero - 1) & 15``."""
+    """AutoGPTQ v1 format (auto_gptq/nn_modules/qlinear/qlinear_cuda_old.py, ``QuantLinear.pack``):
+    ``qweight int32 [K / 8, N]`` (nibble i of word [j, n] = row 8 j + i of ``W^T``),
+    ``qzeros int32 [K / G, N / 8]`` (plain order along N) storing ``(zero - 1) & 15``."""
     q_kn = w_q.t().to(torch.int64)  # [K, N]
     k, n = q_kn.shape
     qweight = _words(q_kn.reshape(k // 8, 8, n).permute(0, 2, 1))

@@ -9,6 +9,12 @@
 //  - Causal masks are bottom-right aligned: query i of a sequence with q_len queries and k_len
 //    keys has absolute position p = k_len - q_len + i and sees keys j <= p; with window_left = W
 //    >= 0 it sees keys j in [p - W, p] (the window applies to non-causal attention too).
+//  - Tree attention (custom mask) with a window: the window applies on top of the mask, by
+//    absolute position. Tree node i (query i, and trailing key k_len - q_len + i) is at
+//    p_i = k_len - q_len + depth(i), depth(i) = (number of trailing keys mask row i sees) - 1 (its
+//    depth when row i sees exactly its ancestors and itself); prefix key j is at j. Query i sees
+//    the keys the mask lets it see (prefix keys, mask-allowed trailing keys) whose position is
+//    >= p_i - W.
 //  - lse (optional, float32 [tokens, num_q_heads]): natural log of the sum of exp(s) over the
 //    visible keys. A query that sees no key gets out = 0 and lse = -inf (never NaN).
 #include <cuda_runtime_api.h>
@@ -43,6 +49,12 @@ struct PrefillAttentionParams {
   // query i sees (it replaces the causal rule among them; prefix keys stay visible).
   const bool* custom_mask = nullptr;
   const int64_t* mask_offsets = nullptr;  // [B + 1], device: prefix sums of q_len^2
+  // Tree attention with a window (custom_mask and window_left >= 0) needs the nodes' depths:
+  // device scratch of one int32 per query token row (at least cu_seqlens_q[B] entries;
+  // prefill_attention_workspace_size says how many bytes always suffice). launch_prefill_attention
+  // fills it (depth of query row t = popcount of its mask row - 1) in a first small kernel on the
+  // same stream, then the attention kernel reads it. Not used (may be nullptr) otherwise.
+  int32_t* tree_depth = nullptr;
 
   int32_t batch_size = 0;
   int32_t num_q_heads = 0;
@@ -61,6 +73,9 @@ struct PrefillAttentionParams {
   DType dtype = DType::kBFloat16;         // q, k, v, out: float16 or bfloat16
 };
 
+// Bytes of params.tree_depth scratch launch_prefill_attention needs (batch_size * max_seqlen_q
+// int32 when custom_mask != nullptr and window_left >= 0, else 0).
+size_t prefill_attention_workspace_size(const PrefillAttentionParams& params);
 cudaError_t launch_prefill_attention(const PrefillAttentionParams& params, cudaStream_t stream);
 
 // Decode: one query per sequence against its paged KV (seq_lens[b] keys, the query being the

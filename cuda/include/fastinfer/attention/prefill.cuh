@@ -22,9 +22,15 @@
 // j < k_len, and j <= p when causal, and j >= p - window_left when window_left >= 0 (with or
 // without causal: non-causal attention gets only the lower bound), and, when custom_mask is given
 // (paged path), mask[i][j - (k_len - q_len)] for the trailing q_len keys instead of the causal
-// rule (the `causal` flag is then ignored; prefix keys stay visible). Tiles entirely outside the
-// CTA's visible key range are never loaded; element masks run only on tiles that cross a
-// boundary (sequence end, causal diagonal, window edge, custom-mask region). Rows that see no
+// rule (the `causal` flag is then ignored; prefix keys stay visible). With a custom mask AND a
+// window, the window test uses tree positions (attention.h): query i is at k_len - q_len +
+// depth(i) and trailing key k_len - q_len + m at k_len - q_len + depth(m), the depths read from
+// p.tree_depth (written by tree_depth_kernel just before); the CTA's key range then starts at
+// the lowest position any node can have (k_len - q_len - 1) minus the window (conservative: a
+// CTA whose nodes are all deep loads about (their least depth + 1) / 64 extra tiles, fully
+// masked; trees are shallow). Tiles entirely outside the CTA's
+// visible key range are never loaded; element masks run only on tiles that cross a boundary
+// (sequence end, causal diagonal, window edge, custom-mask region). Rows that see no
 // key produce out = 0 and lse = -inf (safe max of 0 while the running max is -inf).
 //
 // Requirements checked by the launcher: q/k/v/out 16-byte aligned, token strides multiples of 8
@@ -100,6 +106,28 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// ---- tree depths (tree attention with a window) ---------------------------------------------
+// One warp per query row of a sequence: tree_depth[q_start + i] = (number of true entries of mask
+// row i) - 1, the node's depth when the row sees exactly its ancestors and itself. The lanes read
+// the row coalesced and sum with a butterfly (fixed order: the result is an exact integer anyway).
+constexpr int kTreeDepthWarps = 4;
+
+// grid (ceil(max_seqlen_q / kTreeDepthWarps), batch), block kTreeDepthWarps * 32, no smem.
+__global__ void __launch_bounds__(kTreeDepthWarps * 32) tree_depth_kernel(const PrefillAttentionParams p) {
+  const int b = blockIdx.y;
+  const int q_start = p.cu_seqlens_q[b];
+  const int q_len = p.cu_seqlens_q[b + 1] - q_start;
+  const int row = blockIdx.x * kTreeDepthWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= q_len) return;  // uniform over the warp: the shuffles below see all 32 lanes
+  const bool* mask_row = p.custom_mask + p.mask_offsets[b] + static_cast<int64_t>(row) * q_len;
+  int count = 0;
+  for (int c = lane; c < q_len; c += 32) count += mask_row[c] ? 1 : 0;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) count += __shfl_xor_sync(0xffffffffu, count, off);
+  if (lane == 0) p.tree_depth[q_start + row] = count - 1;
+}
+
 // ---- kernel ----------------------------------------------------------------------------------
 // grid (ceil(max_seqlen_q / kBlockM), num_q_heads, batch), block kThreads, dynamic smem kSmemBytes.
 template <typename Traits, bool kPaged>
@@ -152,11 +180,17 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const bool causal = p.causal && !use_custom;  // the custom mask replaces the causal rule
   const int window = p.window_left;             // < 0: none
   const bool use_window = window >= 0;
+  // Tree attention with a window: positions are tree positions (depths of this sequence's nodes).
+  const bool tree_window = use_custom && use_window;
+  const int32_t* tree_depth = tree_window ? p.tree_depth + q_start : nullptr;
 
-  // Keys any row of this CTA can see: [n_lo, n_hi).
+  // Keys any row of this CTA can see: [n_lo, n_hi). A tree node's position is >= pos_offset - 1
+  // (depth >= -1) and every trailing key stays in range (its tree position is tested per key).
   int n_lo = 0, n_hi = k_len;
   if (causal) n_hi = min(n_hi, pos_last + 1);
-  if (use_window) n_lo = max(0, pos_first - window);
+  if (use_window) n_lo = max(0, (tree_window ? pos_offset - 1 : pos_first) - window);
+  // Highest position of a row here (tree positions are <= pos_offset + q_len - 1 = k_len - 1).
+  const int pos_hi = tree_window ? k_len - 1 : pos_last;
   const int tile_lo = n_lo / kBlockN;
   const int num_tiles = n_hi > n_lo ? (n_hi + kBlockN - 1) / kBlockN - tile_lo : 0;
 
@@ -246,6 +280,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
     // Sequence-local query indices of this thread's two fragment rows, and their positions.
     const int qi[2] = {m0 + warp * 16 + g, m0 + warp * 16 + g + 8};
+    int row_pos[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      row_pos[h] = pos_offset + (tree_window && qi[h] < q_len ? tree_depth[qi[h]] : qi[h]);
 
     for (int it = 0; it < num_tiles; ++it) {
       // Tile `it` is complete for this thread; the barrier makes it complete for all threads and
@@ -300,20 +338,24 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
       // Element masks only on tiles that need them (uniform over the CTA).
       const bool need_mask = n0 + kBlockN > k_len || (causal && n0 + kBlockN - 1 > pos_first) ||
-                             (use_window && n0 < pos_last - window) || (use_custom && n0 + kBlockN > pos_offset);
+                             (use_window && n0 < pos_hi - window) || (use_custom && n0 + kBlockN > pos_offset);
       if (need_mask) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int pos = pos_offset + qi[h];
+          const int pos = row_pos[h];
           const bool row_valid = qi[h] < q_len;
 #pragma unroll
           for (int nt = 0; nt < kBlockN / 8; ++nt) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int j = n0 + nt * 8 + 2 * t + e;
-              bool masked = j >= k_len || (causal && j > pos) || (use_window && j < pos - window);
+              bool masked = j >= k_len || (causal && j > pos);
               if (use_custom && !masked && j >= pos_offset)
                 masked = !row_valid || !custom_mask[static_cast<int64_t>(qi[h]) * q_len + (j - pos_offset)];
+              if (use_window && !masked) {  // a key the mask shows (j < k_len): its (tree) position
+                const int key_pos = tree_window && j >= pos_offset ? pos_offset + tree_depth[j - pos_offset] : j;
+                masked = key_pos < pos - window;
+              }
               if (masked) s[nt][2 * h + e] = kNegInf;
             }
           }
