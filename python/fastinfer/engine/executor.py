@@ -155,11 +155,6 @@ class Executor:
             if int(getattr(draft, "max_positions", max_positions)) < self.max_model_len:
                 raise ValueError(f"draft_model accepts {draft.max_positions} positions, fewer than "
                                  f"max_model_len={self.max_model_len}")
-        if spec.mode == "tree":
-            for name, cfg in (("target", target.config), ("draft", draft.config)):
-                if any(cfg.window_left(i) >= 0 for i in range(cfg.num_hidden_layers)):
-                    raise ValueError(f"spec_mode='tree' needs full attention, but the {name} model has sliding-window "
-                                     "layers (tree attention takes no window): use spec_mode='chain'")
         draft.pack_linears_for_cpu()
         return draft
 

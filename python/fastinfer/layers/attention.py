@@ -2,7 +2,8 @@
 
 Writes the new tokens' K/V to the layer's paged cache (``reshape_and_cache``), then attends:
 ``paged_prefill_attention`` for the prefill rows (chunks, prefix-cache continuations, speculative
-trees with their ``custom_mask``) and ``paged_decode_attention`` for the decode rows.
+trees with their ``custom_mask``; a sliding window applies on top of a tree mask by tree position)
+and ``paged_decode_attention`` for the decode rows.
 """
 
 from __future__ import annotations
@@ -42,19 +43,10 @@ class PagedAttention(nn.Module):
         T, P = q.shape[0], batch.num_prefill_tokens
         parts = []
         if P > 0:
-            window = self.window_left
-            if batch.custom_mask is not None and window >= 0:
-                # The op takes no window with a tree mask; that is exact as long as no sequence is
-                # longer than the window (host sync, only on this rare path).
-                if int(batch.prefill_seq_lens_k.max().item()) > window + 1:
-                    raise ValueError(
-                        f"layer {self.layer_idx}: custom_mask (tree attention) with a sliding window "
-                        f"({window + 1}) shorter than the sequence is not supported")
-                window = -1
             parts.append(ops.paged_prefill_attention(
                 q[:P], k_cache, v_cache, batch.prefill_block_table, batch.prefill_cu_seqlens_q,
                 batch.prefill_seq_lens_k, int(batch.prefill_max_seqlen_q), scale=self.scale, causal=True,
-                window_left=window, custom_mask=batch.custom_mask))
+                window_left=self.window_left, custom_mask=batch.custom_mask))
         if T > P:
             parts.append(ops.paged_decode_attention(
                 q[P:], k_cache, v_cache, batch.decode_block_table, batch.decode_seq_lens, scale=self.scale,

@@ -71,7 +71,9 @@ AutoAWQ / AutoGPTQ checkpoints
 ``quantization_config.quant_method`` ``"awq"`` (``version`` "gemm", ``bits`` 4, ``zero_point``) or
 ``"gptq"`` (``bits`` 4, v1 ``checkpoint_format`` "gptq", optional ``desc_act`` with per-layer
 ``g_idx``); per linear ``qweight``, ``qzeros``, ``scales`` (and ``g_idx``) as documented in
-:func:`fastinfer.ops.int4_repack`, which converts them to the kernel layout at load. The group size
+:func:`fastinfer.ops.int4_repack`, which converts them to the kernel layout at load (AutoAWQ's
+packer writes column ``8 j + [0, 2, 4, 6, 1, 3, 5, 7][i]`` into nibble ``i``; its unpacker's
+``[0, 4, 1, 5, 2, 6, 3, 7]`` is the inverse). The group size
 is read from each layer's ``qzeros`` (``group_size`` -1, per channel, works too). Fusion: q/k/v
 (and gate/up) are repacked one by one and concatenated along N (the packed layout is a row of
 64 x 16 tiles per 64 input features, so a concatenation of packed weights along N is the packed
@@ -82,6 +84,12 @@ layer runs one ``int4_gemm`` per projection and concatenates the outputs (docume
 GEMM launches instead of one). An all-zero ``bias`` tensor on a projection of a model without
 biases (AutoGPTQ writes them) is ignored; a non-zero one is an error. Modules that such a
 checkpoint leaves in float (e.g. AWQ ``modules_to_not_convert``) load as float linears.
+
+Code map
+--------
+``config.py`` (QuantOptions, the stored ``quantization_config``), ``resolve.py`` (which linear method
+each layer gets), ``methods.py`` (the fp8 / int4 linear methods and the formats they read),
+``math.py`` (the quantisers' arithmetic), ``checkpoint.py`` (``fastinfer quantize``).
 """
 
 from .checkpoint import quantize_checkpoint  # noqa: F401
