@@ -12,7 +12,7 @@ JOBS ?= $(shell nproc)
 # CUTLASS/CuTe headers unpacked from the pinned nvidia-cutlass wheel (third_party/cutlass_headers.py).
 CUTLASS_DIR := $(abspath $(VENV)/cutlass)
 
-.PHONY: venv install demo test bench gpu-check clean
+.PHONY: venv install demo test preflight bench gpu-check clean
 
 venv: $(DEPS_STAMP)
 
@@ -33,6 +33,21 @@ demo: install
 # Everything, the C++ embedding example (tests/test_cpp_package.py) and the build checks included.
 test: install
 	$(PY) -m pytest -q -ra tests
+
+# The lent GPU machine has torch $(GPU_TORCH_VERSION): compile the torch bindings against its headers too
+# (tools/preflight_torch_headers.py), so an API newer than it can never break the one GPU build.
+GPU_TORCH_VERSION := 2.11.0
+PREFLIGHT_DIR := $(VENV)/preflight
+PREFLIGHT_WHEEL := $(PREFLIGHT_DIR)/.wheel-$(GPU_TORCH_VERSION)
+
+$(PREFLIGHT_WHEEL):
+	mkdir -p $(PREFLIGHT_DIR)
+	$(PIP) download -q --no-deps --only-binary=:all: -d $(PREFLIGHT_DIR) torch==$(GPU_TORCH_VERSION)
+	touch $@
+
+preflight: install $(PREFLIGHT_WHEEL)
+	$(PY) tools/preflight_torch_headers.py --wheel "$(PREFLIGHT_DIR)/torch-$(GPU_TORCH_VERSION)-*.whl" \
+		--build-dir build -j $(JOBS)
 
 bench: install
 	$(PY) bench/ops.py --json bench/results/ops-$$(hostname).json
