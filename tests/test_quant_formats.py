@@ -508,6 +508,21 @@ def test_compressed_tensors_targets_ignore_and_mixed_schemes(tmp_path):
         LLM(ct_path, num_kv_blocks=8, quantization="int4")
 
 
+def test_compressed_tensors_quantised_lm_head(tmp_path):
+    """An empty ignore list: compressed-tensors quantises lm_head too (it is a Linear), and so does the
+    runner (an untied head); ``quantization="int4"`` runs it as stored."""
+    groups = {"group_0": preset_name_to_scheme("W4A16", ["Linear"])}
+    ct_path, deq_path, schemes = ct_checkpoint("llama", groups, [], str(tmp_path / "head"))
+    assert "lm_head" in schemes
+    llm = LLM(ct_path, num_kv_blocks=8, quantization="int4")
+    assert type(llm.model.lm_head.method) is Int4LinearMethod
+    out = runner_logits(llm)
+    assert out.dtype == torch.float32
+    err = rel_norm(out, reference_logits(deq_path, {}, torch.float64))
+    print(f"int4 lm_head: rel err vs dequantised float {err:.2e}")
+    assert err < 1e-5, err
+
+
 # ------------------------------------------------------------------------------------------------
 # Hugging Face fine-grained FP8
 # ------------------------------------------------------------------------------------------------
