@@ -104,7 +104,7 @@ checkpoint did). The projections fused into one layer must share a scheme. Suppo
       P.weight_packed      int32 [N, K / 8]   nibble i (bits 4i..4i+3) of word j = q[n, 8 j + i] + 8
       P.weight_scale       float [N, K / G]   (channel: [N, 1])
       P.weight_zero_point  int32 [N / 8, K / G]  asymmetric only: zero point + 8, packed along N the
-                                              same way (older releases: int8 [N, K / G], signed)
+                                              same way (also read unpacked: int8 [N, K / G], signed)
       P.weight_shape       int   [2]          (N, K)
       P.weight_g_idx       int32 [K]          actorder "group" only: the group of input feature k
 

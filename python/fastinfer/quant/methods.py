@@ -146,9 +146,9 @@ def _read_ct_int4(r: WeightReader, prefix: str, scheme: CtScheme, n: int, k: int
     if not scheme.symmetric:
         name = prefix + ".weight_zero_point"
         zshape = tuple(r.shape(name)) if r.has(name) else None
-        if zshape == (_cdiv(n, 8), groups):  # packed along N (compressed-tensors >= 0.10)
+        if zshape == (_cdiv(n, 8), groups):  # packed along N (what compressed-tensors writes today)
             zeros = unpack_int4_words(r.get(name, None, (torch.int32,)).t().contiguous())[:, :n]
-        elif zshape == (n, groups):  # older releases: one signed int8 per output row and group
+        elif zshape == (n, groups):  # unpacked: one signed int8 per output row and group
             zeros = (r.get(name, None, (torch.int8,)).to(torch.int16) + 8).t().to(torch.uint8)
         else:
             r.get(name, (_cdiv(n, 8), groups))  # missing or misshapen: the reader's error names it
