@@ -79,6 +79,12 @@ CASES = {
     # qkv bias; sliding window only on layer 1 (max_window_layers=1)
     "qwen2": ("qwen2", dict(use_sliding_window=True, sliding_window=40, max_window_layers=1,
                             tie_word_embeddings=False, rope_theta=1e6)),
+    # Qwen3: per-head q/k RMSNorm before RoPE, explicit head_dim (64 != hidden / heads = 32), GQA 4/2,
+    # untied lm_head
+    "qwen3": ("qwen3", dict(tie_word_embeddings=False, rope_theta=1e6)),
+    # Qwen3, tied embeddings, GQA 4/1, attention_bias (q, k, v and o), sliding window on layer 1 only
+    "qwen3_tied": ("qwen3", dict(num_key_value_heads=1, tie_word_embeddings=True, attention_bias=True,
+                                 use_sliding_window=True, sliding_window=40, max_window_layers=1)),
     "yarn": ("llama", dict(max_position_embeddings=128, rope_scaling={
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32})),
     "linear": ("llama", dict(rope_scaling={"rope_type": "linear", "factor": 2.5})),
@@ -91,6 +97,7 @@ def _hf_classes(kind):
         "llama": (t.LlamaConfig, t.LlamaForCausalLM),
         "mistral": (t.MistralConfig, t.MistralForCausalLM),
         "qwen2": (t.Qwen2Config, t.Qwen2ForCausalLM),
+        "qwen3": (t.Qwen3Config, t.Qwen3ForCausalLM),
     }[kind]
 
 
@@ -185,7 +192,8 @@ def _fi_greedy(model, ids, n):
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["llama3", "llama_tied", "mistral", "qwen2", "yarn", "linear"])
+@pytest.mark.parametrize("name", ["llama3", "llama_tied", "mistral", "qwen2", "qwen3", "qwen3_tied", "yarn",
+                                  "linear"])
 def test_prefill_logits_match_transformers(ckpts, name):
     hf, path = ckpts(name)
     model = load_model(path)
@@ -199,7 +207,7 @@ def test_prefill_logits_match_transformers(ckpts, name):
     assert per_pos.max().item() < 10 * REL_TOL
 
 
-@pytest.mark.parametrize("name", ["llama3", "llama_tied", "mistral", "qwen2"])
+@pytest.mark.parametrize("name", ["llama3", "llama_tied", "mistral", "qwen2", "qwen3", "qwen3_tied"])
 def test_greedy_decode_matches_transformers(ckpts, name):
     hf, path = ckpts(name)
     model = load_model(path)
@@ -261,7 +269,7 @@ def test_custom_mask_chain_equals_causal(ckpts):
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("name", ["mistral", "qwen2"])
+@pytest.mark.parametrize("name", ["mistral", "qwen2", "qwen3_tied"])
 @pytest.mark.parametrize("dtype, tol", [(torch.bfloat16, 2e-2), (torch.float16, 3e-3)])
 def test_sim_kernels_end_to_end(ckpts, name, dtype, tol):
     """The whole model on the CUDA kernel sources (simt emulator, ``torch.ops.fastinfer_sim``) in
@@ -287,7 +295,7 @@ def test_sim_kernels_end_to_end(ckpts, name, dtype, tol):
         assert torch.equal(raw_bits(results[0]), raw_bits(other)), "sim result depends on the schedule seed"
 
 
-@pytest.mark.parametrize("name", ["llama3", "qwen2"])
+@pytest.mark.parametrize("name", ["llama3", "qwen2", "qwen3"])
 def test_cpu_bf16_model_with_packed_linears(ckpts, name):
     """The CPU bf16 path the runner uses (oneDNN-packed linears, flash prefill, vectorised decode):
     chunked prefill with a prefix + decode against the fp32 CPU logits; packing changes nothing
@@ -312,7 +320,7 @@ def test_cpu_bf16_model_with_packed_linears(ckpts, name):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["llama3", "mistral", "qwen2"])
+@pytest.mark.parametrize("name", ["llama3", "mistral", "qwen2", "qwen3", "qwen3_tied"])
 @pytest.mark.parametrize("dtype, tol", [(torch.bfloat16, 2e-2), (torch.float16, 3e-3)])
 def test_cuda_model_matches_cpu_fp32(ckpts, name, dtype, tol):
     """On a GPU: the CUDA kernels end to end (prefill chunk + decode) against fp32 CPU logits."""
@@ -453,7 +461,16 @@ def test_config_fields_and_defaults():
                                "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 2})
     assert q.qkv_bias and not q.o_bias and [q.window_left(i) for i in range(4)] == [-1, -1, 7, 7]
     q = ModelConfig.from_dict({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 8})
-    assert q.window_left(31) == -1
+    assert q.window_left(31) == -1 and not q.qk_norm
+    # Qwen3: q/k norm, transformers' defaults (head_dim 128 whatever hidden / heads is), attention_bias
+    # on q, k, v and o, Qwen2's sliding-window rule
+    q = ModelConfig.from_dict({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 256,
+                               "num_attention_heads": 4, "num_key_value_heads": 2})
+    assert q.qk_norm and q.head_dim == 128 and q.q_size == 512 and q.vocab_size == 151936
+    assert not (q.qkv_bias or q.o_bias or q.mlp_bias) and q.window_left(31) == -1 and not q.tie_word_embeddings
+    q = ModelConfig.from_dict({"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 3, "attention_bias": True,
+                               "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1})
+    assert q.qkv_bias and q.o_bias and not q.mlp_bias and [q.window_left(i) for i in range(3)] == [-1, 7, 7]
 
 
 @pytest.mark.parametrize("bad, what", [
@@ -526,6 +543,10 @@ def test_loader_errors(ckpts, tmp_path):
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="FalconForCausalLM"):
         load_model(str(bad))
+    # a Qwen3 checkpoint without its q/k norms (e.g. a Qwen2 one relabelled) names the missing tensor
+    _, q3 = ckpts("qwen3")
+    with pytest.raises(ValueError, match=r"missing tensor 'model.layers.0.self_attn.q_norm.weight'"):
+        load_model(_copy_ckpt(q3, tmp_path / "g", lambda sd: {k: v for k, v in sd.items() if "_norm" not in k}))
 
     pick = tmp_path / "f"
     pick.mkdir()

@@ -1,5 +1,5 @@
 """Model side of the runner: config parsing, RoPE tables, the Llama-family decoder (Llama, Mistral,
-Qwen2) built from :mod:`fastinfer.layers`, and loading a checkpoint into it.
+Qwen2, Qwen3) built from :mod:`fastinfer.layers`, and loading a checkpoint into it.
 
 The engine talks to a model through :class:`~fastinfer.layers.ForwardBatch` (built with
 :class:`~fastinfer.layers.BatchBuilder`) and ``model(batch, kv_caches) -> float32 logits

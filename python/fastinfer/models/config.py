@@ -1,6 +1,7 @@
 """Model configuration: the subset of a Hugging Face ``config.json`` the runner needs.
 
-Supported architectures: ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``. A key
+Supported architectures: ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``,
+``Qwen3ForCausalLM``. A key
 missing from ``config.json`` takes the default of the corresponding ``transformers`` config class
 (so a checkpoint means the same thing here as in ``transformers``). Anything the runner cannot run
 faithfully (another architecture, an activation other than SiLU, a RoPE type outside
@@ -73,7 +74,26 @@ _ARCH_DEFAULTS: Dict[str, Dict[str, Any]] = {
         "sliding_window": 4096,
         "max_window_layers": 28,
     },
+    "Qwen3ForCausalLM": {
+        "model_type": "qwen3",
+        "vocab_size": 151936,
+        "hidden_size": 4096,
+        "intermediate_size": 22016,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "head_dim": 128,
+        "max_position_embeddings": 32768,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "max_window_layers": 28,
+    },
 }
+# architectures whose attention RMS-normalises every q and k head (weights [head_dim]) before RoPE
+_QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM",)
 SUPPORTED_ARCHITECTURES = tuple(_ARCH_DEFAULTS)
 
 _DTYPES = {
@@ -103,7 +123,9 @@ class ModelConfig:
 
     Attention details: ``qkv_bias`` / ``o_bias`` / ``mlp_bias`` say which projections carry a bias
     (Llama: ``attention_bias`` applies to q, k, v and o, ``mlp_bias`` to gate, up and down; Qwen2:
-    q, k, v always biased, o never). ``sliding_window`` is the transformers value ``W`` (a query at
+    q, k, v always biased, o never; Qwen3: ``attention_bias`` on q, k, v and o). ``qk_norm``: every
+    query and key head is RMS-normalised over ``head_dim`` (``self_attn.q_norm`` / ``k_norm``
+    weights) before RoPE (Qwen3). ``sliding_window`` is the transformers value ``W`` (a query at
     position p sees keys ``j > p - W``, i.e. ``W`` keys including itself); ``layer_types[i]`` is
     ``"sliding_attention"`` or ``"full_attention"``; the op-level window for layer ``i`` is
     :meth:`window_left` (``W - 1``, or -1).
@@ -130,6 +152,7 @@ class ModelConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
+    qk_norm: bool = False
     sliding_window: Optional[int] = None
     layer_types: List[str] = field(default_factory=list)
     bos_token_id: Optional[int] = None
@@ -255,6 +278,9 @@ class ModelConfig:
         elif arch == "LlamaForCausalLM":
             qkv_bias = o_bias = bool(get("attention_bias"))
             mlp_bias = bool(get("mlp_bias"))
+        elif arch == "Qwen3ForCausalLM":
+            qkv_bias = o_bias = bool(get("attention_bias"))
+            mlp_bias = False
         else:
             qkv_bias = o_bias = mlp_bias = False
 
@@ -265,7 +291,7 @@ class ModelConfig:
             sliding_window = get("sliding_window")
             if sliding_window is not None:
                 layer_types = ["sliding_attention"] * num_layers
-        elif arch == "Qwen2ForCausalLM":
+        elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
             sliding_window = get("sliding_window") if get("use_sliding_window") else None
             lt = d.get("layer_types")
             if lt is not None:
@@ -319,6 +345,7 @@ class ModelConfig:
             qkv_bias=qkv_bias,
             o_bias=o_bias,
             mlp_bias=mlp_bias,
+            qk_norm=arch in _QK_NORM_ARCHITECTURES,
             sliding_window=sliding_window,
             layer_types=layer_types,
             bos_token_id=bos,

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2) built from :mod:`fastinfer.layers`.
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) built from :mod:`fastinfer.layers`.
 
 One forward runs a flattened ragged :class:`~fastinfer.layers.ForwardBatch` (prefill chunks first,
 then one row per decoding sequence) against per-layer paged KV caches and returns float32 logits
@@ -6,6 +6,7 @@ for the rows in ``batch.logits_indices``. Per layer::
 
     x = rms_norm(h)  (layer 0)  |  fused_add_rms_norm(x, residual)  (later layers)
     qkv = x @ W_qkv^T (+ b)                  # one GEMM, [T, (Hq + 2 Hkv) * D]
+    q, k = rms_norm(q [T, Hq, D]), rms_norm(k [T, Hkv, D])   # Qwen3 only (q_norm / k_norm, weight [D])
     rotary_embedding(positions, q, k)        # in place on token-strided views of qkv
     attn = PagedAttention(q, k, v)           # reshape_and_cache, then paged prefill / decode
     x = attn @ W_o^T (+ b);  fused_add_rms_norm(x, residual)
@@ -81,6 +82,10 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, f"{prefix}.input_layernorm", **kw)
         self.qkv_proj = ColumnParallelLinear(c.hidden_size, parts("qkv_proj", (c.q_size, c.kv_size, c.kv_size)),
                                              c.qkv_bias, quant_config=quant_config, **kw)
+        self.q_norm = self.k_norm = None
+        if c.qk_norm:  # per-head RMSNorm over head_dim before RoPE (Qwen3)
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, f"{prefix}.self_attn.q_norm", **kw)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, f"{prefix}.self_attn.k_norm", **kw)
         self.attn = PagedAttention(c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                                    float(c.head_dim) ** -0.5, c.window_left(layer_idx), layer_idx, ops=ops)
         self.o_proj = RowParallelLinear(c.q_size, parts("o_proj", (c.hidden_size,)), c.o_bias,
@@ -106,6 +111,9 @@ class LlamaDecoderLayer(nn.Module):
         q = qkv[:, : self.q_size].view(T, self.num_heads, self.head_dim)
         k = qkv[:, self.q_size: self.q_size + self.kv_size].view(T, self.num_kv_heads, self.head_dim)
         v = qkv[:, self.q_size + self.kv_size:].view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:  # rms_norm wants contiguous rows: q, k become [T, H, D] copies
+            q = self.q_norm(q.contiguous())
+            k = self.k_norm(k.contiguous())
         self.ops.rotary_embedding(batch.positions, q, k, cos_sin_cache, True)
         x = self.o_proj(self.attn(q, k, v, kv_cache, batch))
         x, residual = self.post_attention_layernorm.add_norm(x, residual)
@@ -114,7 +122,7 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama / Mistral / Qwen2 causal LM (weights uninitialised until :meth:`load_weights`, see
+    """Llama / Mistral / Qwen2 / Qwen3 causal LM (weights uninitialised until :meth:`load_weights`, see
     :func:`fastinfer.models.load_model`).
 
     Args:

@@ -1,12 +1,15 @@
-"""Weight quantisation for the runner: FP8 W8A8 and INT4 W4A16, and the fastinfer checkpoint format.
+"""Weight quantisation for the runner: FP8 W8A8 and INT4 W4A16, the fastinfer checkpoint format, and
+the formats of other producers (AutoAWQ, AutoGPTQ, compressed-tensors, Hugging Face fine-grained FP8).
 
-Three ways to run a quantised model::
+Ways to run a quantised model::
 
     fastinfer quantize --method fp8 IN_DIR OUT_DIR                  # write a quantised checkpoint
     fastinfer quantize --method int4 --group-size 128 [--symmetric] IN_DIR OUT_DIR
     LLM(OUT_DIR)                                                    # loads it (detected from config.json)
     LLM(IN_DIR, quantization="fp8" | "int4")                        # quantise a float checkpoint on load
     LLM(AWQ_OR_GPTQ_DIR)                                            # AutoAWQ / AutoGPTQ 4-bit checkpoints
+    LLM(LLM_COMPRESSOR_DIR)                                         # compressed-tensors (llm-compressor)
+    LLM(FP8_DIR)                                                    # fine-grained FP8 (Qwen3 / DeepSeek FP8)
 
 Which layers
 ------------
@@ -85,18 +88,75 @@ GEMM launches instead of one). An all-zero ``bias`` tensor on a projection of a 
 biases (AutoGPTQ writes them) is ignored; a non-zero one is an error. Modules that such a
 checkpoint leaves in float (e.g. AWQ ``modules_to_not_convert``) load as float linears.
 
+compressed-tensors checkpoints (llm-compressor, vLLM)
+-----------------------------------------------------
+``quantization_config.quant_method == "compressed-tensors"``: ``config_groups`` of schemes with
+``targets``, an ``ignore`` list, a ``format`` per group or for all (parsed by
+:class:`CompressedTensorsConfig`: a module's scheme is the first group whose targets name it (exact,
+or ``re:`` regex with ``re.match``), else the first that names its class ``Linear``; ``ignore``
+entries match the same way and leave the module in float; ``lm_head`` is quantised only if the
+checkpoint did). The projections fused into one layer must share a scheme. Supported:
+
+* ``pack-quantized`` int4, no activation quantisation (W4A16 / W4A16_ASYM presets), ``strategy``
+  ``group`` (``group_size`` a multiple of 32 dividing K) or ``channel``; per linear ``P`` with
+  ``W [N, K]``::
+
+      P.weight_packed      int32 [N, K / 8]   nibble i (bits 4i..4i+3) of word j = q[n, 8 j + i] + 8
+      P.weight_scale       float [N, K / G]   (channel: [N, 1])
+      P.weight_zero_point  int32 [N / 8, K / G]  asymmetric only: zero point + 8, packed along N the
+                                              same way (also read unpacked: int8 [N, K / G], signed)
+      P.weight_shape       int   [2]          (N, K)
+      P.weight_g_idx       int32 [K]          actorder "group" only: the group of input feature k
+
+      W[n, k] = (q[n, k] - zp[n, g]) * s[n, g],  g = g_idx[k] (default k // G); q, zp signed -8..7
+
+  The codes plus 8 are fastinfer's 0..15 codes and the zero points plus 8 its ``zeros`` (8 when
+  symmetric), so the reader unpacks the words, packs them with ``int4_pack`` and transposes the
+  scales; ``actorder "group"`` sorts the input features by group (stable, ``int4_repack``'s rule) and
+  multiplies with ``perm``. ``actorder "weight"`` changes only the calibration, not the format.
+* ``float-quantized`` FP8 (``P.weight`` float8_e4m3fn ``[N, K]``, symmetric):
+  FP8_DYNAMIC (``weight_scale [N, 1]`` per channel, activations dynamic per token) and the FP8 preset
+  (``weight_scale [1]`` per tensor, static ``input_scale [1]``), also per-tensor weights with dynamic
+  per-token or per-tensor activations and per-channel weights with a static scale. Per-tensor weight
+  scales are repeated over the projection's rows (exactly the same product), so fused projections
+  keep their own scales; the fused layer's static input scale is the largest of its projections'
+  (vLLM's rule; equal after calibration, as the projections see the same input). Activations:
+  ``fp8_quantize(x, 'token' | 'tensor', scale=input_scale)``, then ``fp8_scaled_mm``.
+* FP8_BLOCK: ``weight_scale [ceil(N / 128), ceil(K / 128)]`` per 128 x 128 block, activations
+  dynamic per 1 x 128 group: ``fp8_quantize(x, 'group', 128)`` and the blockwise ``fp8_scaled_mm``
+  (:class:`Fp8BlockLinearMethod`).
+
+Any other scheme (int8 W8A8 / W8A16, W4A8, NVFP4 / MXFP4, FP8 weight-only, output activations, other
+block shapes, 2:4 sparsity) raises one ``ValueError`` line naming the scheme and the first module
+that has it, e.g. ``model.layers.0.self_attn.q_proj: compressed-tensors scheme W8A8 int8 (weights
+int8 channel, input activations int8 token dynamic, format 'int-quantized') of config group
+'group_0' is not supported (supported: ...)``; a ``kv_cache_scheme`` or ``transform_config`` is
+refused when the config is read.
+
+Hugging Face fine-grained FP8 (transformers' ``FineGrainedFP8Config``)
+---------------------------------------------------------------------
+``quantization_config.quant_method == "fp8"`` with ``weight_block_size [128, 128]``,
+``activation_scheme "dynamic"`` (the official Qwen3 / DeepSeek-V3 FP8 releases): per quantised
+linear ``P.weight`` float8_e4m3fn ``[N, K]`` and ``P.weight_scale_inv`` float32
+``[ceil(N / 128), ceil(K / 128)]``, which despite its name multiplies:
+``W = weight * weight_scale_inv`` per block (``weight_scale_inv = amax(block) / 448``). Run like
+FP8_BLOCK. A linear stored in float (``modules_to_not_convert``, ``lm_head``) loads in float. Other
+block sizes, static activations, ue8m0 scales and fp8 embeddings are refused, naming the field.
+
 Code map
 --------
-``config.py`` (QuantOptions, the stored ``quantization_config``), ``resolve.py`` (which linear method
-each layer gets), ``methods.py`` (the fp8 / int4 linear methods and the formats they read),
+``config.py`` (QuantOptions, the stored ``quantization_config``), ``compressed_tensors.py`` (the
+compressed-tensors config: schemes, targets, ignore), ``resolve.py`` (which linear method each layer
+gets), ``methods.py`` (the fp8 / fp8-block / int4 linear methods and the formats they read),
 ``math.py`` (the quantisers' arithmetic), ``checkpoint.py`` (``fastinfer quantize``).
 """
 
 from .checkpoint import quantize_checkpoint  # noqa: F401
 from .config import FORMAT_VERSION, METHODS, QuantOptions, StoredQuantization, stored_quantization  # noqa: F401
-from .resolve import CheckpointQuantization, OnLoadQuantization, resolve_quantization  # noqa: F401
+from .resolve import CheckpointQuantization, CompressedTensorsQuantization, OnLoadQuantization, resolve_quantization  # noqa: F401
 from .math import pack_nibbles, quantize_fp8_weight, quantize_int4_weight, unpack_nibbles  # noqa: F401
-from .methods import Fp8LinearMethod, Int4LinearMethod, Int4Part, describe_quantization  # noqa: F401
+from .compressed_tensors import CompressedTensorsConfig, CtScheme  # noqa: F401
+from .methods import Fp8BlockLinearMethod, Fp8LinearMethod, Int4LinearMethod, Int4Part, describe_quantization  # noqa: F401
 
 __all__ = [
     "FORMAT_VERSION",
@@ -107,7 +167,11 @@ __all__ = [
     "resolve_quantization",
     "OnLoadQuantization",
     "CheckpointQuantization",
+    "CompressedTensorsQuantization",
+    "CompressedTensorsConfig",
+    "CtScheme",
     "Fp8LinearMethod",
+    "Fp8BlockLinearMethod",
     "Int4LinearMethod",
     "Int4Part",
     "describe_quantization",

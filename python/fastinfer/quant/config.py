@@ -6,7 +6,9 @@ the ``quantization_config`` of a stored checkpoint (:func:`stored_quantization`)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
+
+from .compressed_tensors import FP8_BLOCK, CompressedTensorsConfig
 
 __all__ = ["FORMAT_VERSION", "METHODS", "NOT_QUANTIZED", "QuantOptions", "StoredQuantization",
            "stored_quantization"]
@@ -60,14 +62,21 @@ class QuantOptions:
 
 
 class StoredQuantization(NamedTuple):
-    """How a checkpoint is quantised: ``kind`` "fastinfer" / "awq" / "gptq", ``method`` "fp8" / "int4"."""
+    """How a checkpoint is quantised: ``kind`` "fastinfer" / "awq" / "gptq" / "compressed-tensors" /
+    "fp8" (Hugging Face fine-grained FP8), ``method`` "fp8" / "int4" ("mixed" for a compressed-tensors
+    checkpoint with both); ``schemes``: the parsed compressed-tensors config."""
 
     kind: str
     method: str
     config: dict
+    schemes: Optional[Any] = None  # CompressedTensorsConfig for kind "compressed-tensors"
 
     def describe(self) -> str:
-        return self.kind if self.kind != "fastinfer" else f"fastinfer {self.method}"
+        if self.kind == "fastinfer":
+            return f"fastinfer {self.method}"
+        if self.kind == "fp8":
+            return "fine-grained fp8"
+        return self.kind
 
 
 def stored_quantization(config) -> Optional[StoredQuantization]:
@@ -101,5 +110,26 @@ def stored_quantization(config) -> Optional[StoredQuantization]:
             if fmt != "gptq":
                 raise ValueError(f"gptq: only checkpoint_format 'gptq' (v1) is supported, got {fmt!r}")
         return StoredQuantization(qm, "int4", qc)
+    if qm == "compressed-tensors":
+        ct = CompressedTensorsConfig(qc)
+        kinds = ct.kinds - {"unsupported"}
+        method = "int4" if kinds == {"int4"} else "mixed" if "int4" in kinds and len(kinds) > 1 else "fp8"
+        return StoredQuantization(qm, method, qc, ct)
+    if qm == "fp8":  # transformers' FineGrainedFP8Config (Qwen3 / DeepSeek FP8 releases)
+        block = qc.get("weight_block_size", [FP8_BLOCK, FP8_BLOCK])  # transformers' default
+        if block is None or list(block) != [FP8_BLOCK, FP8_BLOCK]:
+            raise ValueError(f"fp8: only weight_block_size [128, 128] checkpoints are supported, got {block!r}")
+        act = str(qc.get("activation_scheme", "dynamic")).lower()
+        if act != "dynamic":
+            raise ValueError(f"fp8: only activation_scheme 'dynamic' is supported, got {act!r}")
+        fmt = str(qc.get("fmt", "e4m3")).lower()
+        if fmt != "e4m3":
+            raise ValueError(f"fp8: only fmt 'e4m3' is supported, got {fmt!r}")
+        scale_fmt = qc.get("scale_fmt")
+        if scale_fmt not in (None, "float"):
+            raise ValueError(f"fp8: only float32 block scales (scale_fmt 'float') are supported, got {scale_fmt!r}")
+        if qc.get("modules_to_convert"):
+            raise ValueError(f"fp8: modules_to_convert {qc['modules_to_convert']!r} (fp8 embeddings) is not supported")
+        return StoredQuantization("fp8", "fp8", qc)
     raise ValueError(f"unsupported quantization_config quant_method {qc.get('quant_method')!r} "
-                     "(fastinfer, awq, gptq)")
+                     "(fastinfer, awq, gptq, compressed-tensors, fp8)")

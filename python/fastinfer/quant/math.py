@@ -16,7 +16,8 @@ from ..ops import fp8_quantize
 
 Tensor = torch.Tensor
 
-__all__ = ["quantize_fp8_weight", "quantize_int4_weight", "int4_padded_k", "pack_nibbles", "unpack_nibbles"]
+__all__ = ["quantize_fp8_weight", "quantize_int4_weight", "int4_padded_k", "pack_nibbles", "unpack_nibbles",
+           "unpack_int4_words"]
 
 
 def quantize_fp8_weight(w: Tensor) -> Tuple[Tensor, Tensor]:
@@ -86,3 +87,12 @@ def pack_nibbles(q: Tensor) -> Tensor:
 def unpack_nibbles(p: Tensor) -> Tensor:
     """Inverse of :func:`pack_nibbles`."""
     return torch.stack([p & 15, p >> 4], dim=-1).reshape(p.shape[0], -1).contiguous()
+
+
+def unpack_int4_words(words: Tensor) -> Tensor:
+    """int32 ``[R, W]`` -> uint8 ``[R, 8 W]``: nibble ``i`` (bits ``4i..4i+3``) of word ``j`` is
+    column ``8 j + i`` (compressed-tensors' ``pack_to_int32`` with 4 bits; the same bytes as
+    :func:`pack_nibbles` on a little-endian machine). Independent of the host's byte order."""
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64, device=words.device)
+    return ((w[..., None] >> shifts) & 15).reshape(words.shape[0], -1).to(torch.uint8)

@@ -1,9 +1,10 @@
-"""Quantised linear methods (:class:`~fastinfer.layers.LinearMethod`): fp8 W8A8 and int4 W4A16.
+"""Quantised linear methods (:class:`~fastinfer.layers.LinearMethod`): fp8 W8A8 (per channel / per
+tensor, and 128 x 128 blocks) and int4 W4A16.
 
 A method reads every part (checkpoint projection) of its layer from wherever it is stored —
-quantised in fastinfer's format, AutoAWQ, AutoGPTQ, or float (then quantised on load) — fuses the
-parts, and multiplies with ``fp8_scaled_mm`` / ``int4_gemm``. A layer whose parts a quantised
-checkpoint left in float becomes a float linear.
+quantised in fastinfer's format, AutoAWQ, AutoGPTQ, compressed-tensors, Hugging Face fine-grained
+FP8, or float (then quantised on load) — fuses the parts, and multiplies with ``fp8_scaled_mm`` /
+``int4_gemm``. A layer whose parts a quantised checkpoint left in float becomes a float linear.
 """
 
 from __future__ import annotations
@@ -14,14 +15,22 @@ import torch
 
 from ..layers import Linear, LinearMethod, UnquantizedLinearMethod, WeightPart, WeightReader, check_tensor
 from ..ops import int4_pack, int4_repack
+from .compressed_tensors import FP8_BLOCK, CtScheme
 from .config import QuantOptions
-from .math import quantize_fp8_weight, quantize_int4_weight, unpack_nibbles
+from .math import quantize_fp8_weight, quantize_int4_weight, unpack_int4_words, unpack_nibbles
 
 Tensor = torch.Tensor
 
-__all__ = ["Fp8LinearMethod", "Int4LinearMethod", "Int4Part"]
+__all__ = ["Fp8LinearMethod", "Fp8BlockLinearMethod", "Int4LinearMethod", "Int4Part"]
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_FP8 = (torch.float8_e4m3fn,)
+_INTS = (torch.int32, torch.int64)
+_ONE = [(1,), (), (1, 1)]  # shapes a per-tensor scale is stored with
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 class Int4Part(NamedTuple):
@@ -44,8 +53,30 @@ class Int4Part(NamedTuple):
 
 
 class _Stored(NamedTuple):
-    kind: str  # "float" | "fp8" | "int4"
-    data: tuple  # float: (w,); fp8: (codes, scale); int4: (Int4Part,)
+    kind: str  # "float" | "fp8" | "fp8-block" | "int4"
+    # float: (w,); fp8: (codes, scale float32 [n], input_scale float32 [1] or None);
+    # fp8-block: (codes, scale float32 [ceil(n/128), ceil(k/128)]); int4: (Int4Part,)
+    data: tuple
+
+
+def _get_scale(r: WeightReader, name: str, shapes, dtypes=_FLOATS) -> Tensor:
+    """Tensor ``name`` stored with one of ``shapes`` and ``dtypes``, as float32."""
+    if r.has(name):
+        shape = tuple(r.shape(name))
+        if shape not in [tuple(x) for x in shapes]:
+            raise ValueError(f"tensor {name!r} has shape {list(shape)}, expected "
+                             f"{' or '.join(str(list(x)) for x in shapes)}")
+    return r.get(name, None, dtypes).to(torch.float32)
+
+
+def _int4_part(prefix: str, codes: Tensor, scales: Tensor, zeros: Optional[Tensor], perm: Optional[Tensor],
+               group_size: int) -> Int4Part:
+    """An :class:`Int4Part` from codes ``uint8 [n, Kq]`` in 0..15 (the kernel layout by ``int4_pack``)."""
+    try:
+        packed = int4_pack(codes.contiguous())
+    except RuntimeError as e:
+        raise ValueError(f"{prefix}: cannot pack the int4 codes: {e}") from None
+    return Int4Part(packed, scales, zeros, perm, group_size)
 
 
 def _trivial_g_idx(g_idx: Tensor, k: int, groups: int) -> bool:
@@ -91,36 +122,117 @@ def _read_fastinfer_int4(r: WeightReader, prefix: str, config: dict, n: int, k: 
         z = r.get(prefix + ".weight_zero_point", (kq // g, n), (torch.uint8,))
     elif not config.get("symmetric", False):
         raise ValueError(f"missing tensor {prefix + '.weight_zero_point'!r} (asymmetric checkpoint)")
-    try:
-        packed = int4_pack(unpack_nibbles(pk))
-    except RuntimeError as e:
-        raise ValueError(f"{prefix}: cannot pack the int4 codes: {e}") from None
-    return _Stored("int4", (Int4Part(packed, s.to(dtype), z, None, g),))
+    return _Stored("int4", (_int4_part(prefix, unpack_nibbles(pk), s.to(dtype), z, None, g),))
 
 
-def _read_part(r: WeightReader, part: WeightPart, k: int, source: str, config: dict,
-               opts: Optional[QuantOptions], dtype) -> _Stored:
-    """Part ``part`` (``W [rows, k]``) as stored; float weights are quantised to ``opts`` if given."""
+def _read_ct_int4(r: WeightReader, prefix: str, scheme: CtScheme, n: int, k: int, dtype) -> _Stored:
+    """compressed-tensors ``pack-quantized`` int4 (see :mod:`fastinfer.quant`, "compressed-tensors")."""
+    if scheme.kind != "int4":
+        raise ValueError(f"tensor {prefix}.weight_packed found, but the module's compressed-tensors scheme is "
+                         f"{scheme.description}")
+    if r.has(prefix + ".weight_shape"):
+        shape = r.get(prefix + ".weight_shape", (2,), _INTS)
+        if shape.tolist() != [n, k]:
+            raise ValueError(f"tensor {prefix}.weight_shape is {shape.tolist()}, the layer's weight is [{n}, {k}]")
+    g = scheme.group_size or k  # channel-wise: one group spanning K
+    if g % 32 or k % g:  # (compressed-tensors cannot write a partial last group either)
+        raise ValueError(f"{prefix}: group_size {g} is not supported by the int4 kernel for K={k} (a multiple "
+                         "of 32 dividing K)")
+    groups = k // g
+    pk = r.get(prefix + ".weight_packed", (n, _cdiv(k, 8)), (torch.int32,))
+    codes = unpack_int4_words(pk)[:, :k]  # uint8 [n, k]: the stored signed value + 8
+    s = _get_scale(r, prefix + ".weight_scale", [(n, groups)]).t()
+    zeros = None
+    if not scheme.symmetric:
+        name = prefix + ".weight_zero_point"
+        zshape = tuple(r.shape(name)) if r.has(name) else None
+        if zshape == (_cdiv(n, 8), groups):  # packed along N (what compressed-tensors writes today)
+            zeros = unpack_int4_words(r.get(name, None, (torch.int32,)).t().contiguous())[:, :n]
+        elif zshape == (n, groups):  # unpacked: one signed int8 per output row and group
+            zeros = (r.get(name, None, (torch.int8,)).to(torch.int16) + 8).t().to(torch.uint8)
+        else:
+            r.get(name, (_cdiv(n, 8), groups))  # missing or misshapen: the reader's error names it
+        if int(zeros.max()) > 15:
+            raise ValueError(f"tensor {name!r} holds zero points outside the int4 range")
+    perm = None
+    if r.has(prefix + ".weight_g_idx"):
+        g_idx = r.get(prefix + ".weight_g_idx", (k,), _INTS).to(torch.int64)
+        if not torch.equal(g_idx, torch.arange(k) // g):  # act-order: groups are not runs of columns
+            if int(g_idx.min()) < 0 or int(g_idx.max()) >= groups or \
+                    bool((torch.bincount(g_idx, minlength=groups) != g).any()):
+                raise ValueError(f"tensor {prefix}.weight_g_idx: every group must hold exactly {g} input "
+                                 f"features (group ids 0..{groups - 1})")
+            perm = torch.argsort(g_idx, stable=True)  # int4_repack's act-order rule: sort by group, stable
+            codes = codes[:, perm]
+    elif scheme.actorder == "group":
+        r.get(prefix + ".weight_g_idx")  # the reader's "missing tensor" error
+    return _Stored("int4", (_int4_part(prefix, codes, s.to(dtype).contiguous(), zeros, perm, g),))
+
+
+def _no_zero_points(r: WeightReader, prefix: str) -> None:
+    """fp8 schemes are symmetric: zero points, if a release wrote them, must be zero."""
+    for name in (prefix + ".weight_zero_point", prefix + ".input_zero_point"):
+        if r.has(name) and bool(torch.count_nonzero(r.get(name).float())):
+            raise ValueError(f"tensor {name!r} holds non-zero zero points (asymmetric fp8 is not supported)")
+
+
+def _read_ct_fp8(r: WeightReader, prefix: str, scheme: CtScheme, n: int, k: int) -> _Stored:
+    """compressed-tensors ``float-quantized`` fp8 (see :mod:`fastinfer.quant`, "compressed-tensors")."""
+    if scheme.kind not in ("fp8", "fp8-block"):
+        raise ValueError(f"tensor {prefix}.weight is float8, but the module's compressed-tensors scheme is "
+                         f"{scheme.description}")
+    w = r.get(prefix + ".weight", (n, k), _FP8)
+    name = prefix + ".weight_scale"
+    _no_zero_points(r, prefix)
+    if scheme.weight_strategy == "block":
+        return _Stored("fp8-block", (w, _get_scale(r, name, [(_cdiv(n, FP8_BLOCK), _cdiv(k, FP8_BLOCK))])))
+    if scheme.weight_strategy == "channel":
+        s = _get_scale(r, name, [(n, 1), (n,)]).reshape(n)
+    else:  # one scale for the projection: the same for each of its output channels
+        s = _get_scale(r, name, _ONE).reshape(1).expand(n)
+    xs = _get_scale(r, prefix + ".input_scale", _ONE).reshape(1) if scheme.activation == "static" else None
+    return _Stored("fp8", (w, s.contiguous(), xs))
+
+
+def _read_hf_fp8(r: WeightReader, prefix: str, n: int, k: int) -> _Stored:
+    """Hugging Face fine-grained fp8: ``weight`` e4m3 and ``weight_scale_inv`` per 128 x 128 block
+    (despite its name the dequantisation multiplier: ``W = weight * weight_scale_inv``)."""
+    w = r.get(prefix + ".weight", (n, k), _FP8)
+    s = _get_scale(r, prefix + ".weight_scale_inv", [(_cdiv(n, FP8_BLOCK), _cdiv(k, FP8_BLOCK))])
+    return _Stored("fp8-block", (w, s))
+
+
+def _read_part(r: WeightReader, part: WeightPart, k: int, m: "_QuantizedMethod", dtype) -> _Stored:
+    """Part ``part`` (``W [rows, k]``) as stored; float weights are quantised to ``m.opts`` if given."""
     prefix, n = part.prefix, part.rows
+    source, config, opts = m.source, m.config, m.opts
     if r.has(prefix + ".qweight"):
         if source not in ("awq", "gptq"):
             raise ValueError(f"tensor {prefix}.qweight found but config.json's quantization_config is not awq/gptq")
         return _read_awq_gptq(r, prefix, source, n, k, dtype)
     if r.has(prefix + ".weight_packed"):
+        if source == "compressed-tensors":
+            return _read_ct_int4(r, prefix, m.scheme, n, k, dtype)
         if source != "fastinfer" or config.get("method") != "int4":
-            raise ValueError(f"tensor {prefix}.weight_packed found but the checkpoint is not a fastinfer int4 one")
+            raise ValueError(f"tensor {prefix}.weight_packed found but the checkpoint is not a fastinfer int4 "
+                             "or compressed-tensors one")
         return _read_fastinfer_int4(r, prefix, config, n, k, dtype)
     w = r.get(prefix + ".weight")
     if w.dtype == torch.float8_e4m3fn:
+        if source == "compressed-tensors":
+            return _read_ct_fp8(r, prefix, m.scheme, n, k)
+        if source == "fp8":
+            return _read_hf_fp8(r, prefix, n, k)
         if source != "fastinfer" or config.get("method") != "fp8":
-            raise ValueError(f"tensor {prefix}.weight is float8 but the checkpoint is not a fastinfer fp8 one")
+            raise ValueError(f"tensor {prefix}.weight is float8 but config.json's quantization_config is not a "
+                             "fastinfer fp8, compressed-tensors or fine-grained fp8 one")
         check_tensor(prefix + ".weight", w, (n, k))
-        return _Stored("fp8", (w, r.get(prefix + ".weight_scale", (n,), (torch.float32,))))
+        return _Stored("fp8", (w, r.get(prefix + ".weight_scale", (n,), (torch.float32,)), None))
     check_tensor(prefix + ".weight", w, (n, k), _FLOATS)
     if opts is None:
         return _Stored("float", (w,))
     if opts.method == "fp8":
-        return _Stored("fp8", quantize_fp8_weight(w))
+        return _Stored("fp8", (*quantize_fp8_weight(w), None))
     q, s, z = quantize_int4_weight(w, opts.group_size, opts.symmetric, opts.pad_groups, prefix + ".weight")
     return _Stored("int4", (Int4Part(int4_pack(q), s.to(dtype), z, None, opts.group_size),))
 
@@ -130,18 +242,22 @@ class _QuantizedMethod(LinearMethod):
 
     kind = "none"
 
-    def __init__(self, source: str, opts: Optional[QuantOptions] = None, stored_config: Optional[dict] = None):
+    def __init__(self, source: str, opts: Optional[QuantOptions] = None, stored_config: Optional[dict] = None,
+                 scheme: Optional[CtScheme] = None):
         if (source == "float") != (opts is not None):
             raise ValueError("quantising on load (source='float') needs QuantOptions, and only it takes them")
-        self.source = source  # "float" (quantise on load) | "fastinfer" | "awq" | "gptq"
+        if (source == "compressed-tensors") != (scheme is not None):
+            raise ValueError("a compressed-tensors layer needs its scheme, and only it takes one")
+        # "float" (quantise on load) | "fastinfer" | "awq" | "gptq" | "compressed-tensors" | "fp8" (fine-grained)
+        self.source = source
         self.opts = opts
         self.config = stored_config or {}
+        self.scheme = scheme
 
     def _read_parts(self, layer: Linear, reader: WeightReader) -> Optional[List[_Stored]]:
         if layer.tp.world_size != 1:
             raise ValueError(f"{layer.prefix}: quantised layers do not support tensor parallelism yet")
-        parts = [_read_part(reader, p, layer.in_features, self.source, self.config, self.opts, layer.dtype)
-                 for p in layer.parts]
+        parts = [_read_part(reader, p, layer.in_features, self, layer.dtype) for p in layer.parts]
         kinds = {p.kind for p in parts}
         if len(kinds) != 1:
             raise ValueError(f"{layer.prefix}: the projections fused into this layer are stored differently "
@@ -157,10 +273,22 @@ class _QuantizedMethod(LinearMethod):
 
 
 class Fp8LinearMethod(_QuantizedMethod):
-    """W8A8: ``fp8_scaled_mm(fp8_quantize(x, 'token'), W_e4m3, s_x, s_w)`` (+ bias), out dtype = x's.
-    Buffers: ``weight`` float8_e4m3fn ``[N, K]``, ``weight_scale`` float32 ``[N]`` (per output channel)."""
+    """W8A8: ``fp8_scaled_mm(x_e4m3, W_e4m3, s_x, s_w)`` (+ bias), out dtype = x's.
+
+    Buffers: ``weight`` float8_e4m3fn ``[N, K]``, ``weight_scale`` float32 ``[N]`` (per output
+    channel; a checkpoint's per-tensor scale is repeated over its projection's rows, which is the same
+    product), and for static activations ``input_scale`` float32 ``[1]``. The activations
+    (``activation``, from a compressed-tensors scheme; "token" otherwise) are quantised by
+    ``fp8_quantize`` dynamically per token (``s_x [M]``), dynamically per tensor, or with the
+    checkpoint's static ``input_scale``: the largest of the fused projections' (vLLM's rule; the
+    projections see the same input, so a calibrated checkpoint stores equal ones).
+    """
 
     name = kind = "fp8"
+
+    @property
+    def activation(self) -> str:
+        return self.scheme.activation if self.scheme is not None else "token"
 
     def load_weights(self, layer: Linear, reader: WeightReader) -> None:
         parts = self._read_parts(layer, reader)
@@ -170,14 +298,82 @@ class Fp8LinearMethod(_QuantizedMethod):
         s = torch.cat([p.data[1] for p in parts], dim=0).to(layer.device).contiguous()
         layer.register_buffer("weight", w, persistent=False)
         layer.register_buffer("weight_scale", s, persistent=False)
+        if self.activation == "static":
+            xs = torch.stack([p.data[2].reshape(()) for p in parts]).amax().reshape(1)
+            layer.register_buffer("input_scale", xs.to(layer.device).contiguous(), persistent=False)
 
     def apply(self, layer: Linear, x: Tensor, bias: Optional[Tensor]) -> Tensor:
         lead = x.shape[:-1]
-        xq, xs = layer.ops.fp8_quantize(x.reshape(-1, layer.in_features).contiguous(), "token")
+        x2 = x.reshape(-1, layer.in_features).contiguous()
+        if self.activation == "static":
+            xq, xs = layer.ops.fp8_quantize(x2, "tensor", scale=layer.input_scale)
+        else:
+            xq, xs = layer.ops.fp8_quantize(x2, self.activation)
         if bias is not None and bias.dtype != x.dtype:
             bias = bias.to(x.dtype)
         out = layer.ops.fp8_scaled_mm(xq, layer.weight, xs, layer.weight_scale, x.dtype, bias)
         return out.reshape(*lead, layer.out_features)
+
+    def describe(self, layer: Linear) -> str:
+        return "fp8" if self.activation == "token" else f"fp8-{self.activation}"
+
+
+class Fp8BlockLinearMethod(_QuantizedMethod):
+    """W8A8 in DeepSeek-V3 blocks: ``weight`` e4m3 ``[N, K]`` with float32 scales per 128 x 128 block
+    (``[ceil(N/128), ceil(K/128)]``), activations quantised per 1 x 128 group at run time
+    (``fp8_quantize(x, 'group', 128)``: ``[M, ceil(K/128)]``), multiplied by the blockwise path of
+    ``fp8_scaled_mm``.
+
+    Fused projections share a scale row only when a block row covers one projection: parts are
+    concatenated along N while each one but the last of a run has a multiple of 128 rows; a run ends
+    after a part that does not (e.g. a 64-row k_proj), so such a layer runs one GEMM per run on the
+    same quantised activations. K not a multiple of 128: the activations are zero-padded to one for
+    the group quantisation (zeros change no group's amax) and the codes cut back to K.
+    """
+
+    name = kind = "fp8-block"
+
+    def load_weights(self, layer: Linear, reader: WeightReader) -> None:
+        parts = self._read_parts(layer, reader)
+        if parts is None:
+            return
+        runs, cur = [], []
+        for p in parts:
+            cur.append(p)
+            if p.data[0].shape[0] % FP8_BLOCK:
+                runs.append(cur)
+                cur = []
+        if cur:
+            runs.append(cur)
+        layer.num_parts = len(runs)
+        for i, run in enumerate(runs):
+            w = torch.cat([p.data[0] for p in run], dim=0).to(layer.device).contiguous()
+            s = torch.cat([p.data[1] for p in run], dim=0).to(layer.device).contiguous()
+            layer.register_buffer(f"weight{i}", w, persistent=False)
+            layer.register_buffer(f"weight_scale{i}", s, persistent=False)
+
+    def apply(self, layer: Linear, x: Tensor, bias: Optional[Tensor]) -> Tensor:
+        lead = x.shape[:-1]
+        k = layer.in_features
+        x2 = x.reshape(-1, k)
+        kp = _cdiv(k, FP8_BLOCK) * FP8_BLOCK
+        if kp != k:
+            x2 = torch.nn.functional.pad(x2, (0, kp - k))
+        xq, xs = layer.ops.fp8_quantize(x2.contiguous(), "group", FP8_BLOCK)
+        if kp != k:
+            xq = xq[:, :k].contiguous()
+        if bias is not None and bias.dtype != x.dtype:
+            bias = bias.to(x.dtype)
+        one = layer.num_parts == 1
+        outs = [layer.ops.fp8_scaled_mm(xq, getattr(layer, f"weight{i}"), xs, getattr(layer, f"weight_scale{i}"),
+                                        x.dtype, bias if one else None) for i in range(layer.num_parts)]
+        out = outs[0] if one else torch.cat(outs, dim=1)
+        if bias is not None and not one:
+            out = out + bias
+        return out.reshape(*lead, layer.out_features)
+
+    def describe(self, layer: Linear) -> str:
+        return "fp8-block128"
 
 
 def _same_perm(a: Optional[Tensor], b: Optional[Tensor]) -> bool:
