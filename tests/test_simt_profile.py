@@ -252,3 +252,19 @@ def test_python_profile_launch_only_records_grids_without_running():
     rep = simt.profile(lambda: torch.ops.fastinfer_sim.rms_norm(x, w, 1e-6), launch_only=True)
     (rec,) = rep.kernel("rms_norm_kernel")["records"]
     assert rec["grid"] == [3000, 1, 1] and rec["block"] == [512, 1, 1] and rec["executed"] is False
+
+
+@needs_simprof
+def test_python_profile_sampling_runs_every_kth_cta():
+    import torch
+
+    import fastinfer.simt as simt
+
+    T, H = 64, 1024
+    x = torch.randn(T, H).to(torch.bfloat16)
+    w = torch.randn(H).to(torch.bfloat16)
+    rep = simt.profile(lambda: torch.ops.fastinfer_sim.rms_norm(x, w, 1e-6), sample=4)
+    (rec,) = rep.kernel("rms_norm_kernel")["records"]
+    assert rec["grid"] == [T, 1, 1] and rec["blocks_run"] == T // 4  # rows 0, 4, 8, ...
+    assert rec["dram_read_bytes"] == (T // 4) * H * 2 + H * 2
+    assert rec["dram_write_bytes"] == (T // 4) * H * 2

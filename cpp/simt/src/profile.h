@@ -18,13 +18,12 @@ extern bool g_launch_on;
 bool launch_begin(const void* kernel, dim3 grid, dim3 block, size_t dynamic_smem, const unsigned char* smem);
 // CTA sampling of the running launch: 1 runs every CTA.
 extern int g_sample;
-// Whether CTA (x, y, *) runs under sampling (a fixed hash of x and y).
+// Whether CTA (x, y, *) runs under sampling: a lattice, every g_sample-th blockIdx.x with an
+// offset that rotates with blockIdx.y (evenly spaced, so work that varies along x, such as causal
+// attention's q-blocks, is sampled without bias; all blockIdx.z, so split partitions stay whole).
 inline bool sample_keeps(unsigned x, unsigned y) {
-  uint64_t h = (static_cast<uint64_t>(x) << 32 | y) * 0x9E3779B97F4A7C15ull;
-  h ^= h >> 31;
-  h *= 0xBF58476D1CE4E5B9ull;
-  h ^= h >> 29;
-  return h % static_cast<uint64_t>(g_sample) == 0;
+  const uint64_t k = static_cast<uint64_t>(g_sample);
+  return (x + 7919ull * y) % k == 0;
 }
 // A __syncthreads completed, or a block ended: the pending accesses form their warp requests.
 void epoch_end();

@@ -50,9 +50,14 @@ def _is_helper(path: str) -> bool:
 
 
 def _short_path(path: str) -> str:
-    """Path relative to the source tree (or the installed package's include dir) when inside it."""
+    """cuda/include/... for the kernel headers wherever they were compiled from; else the path
+    relative to the source tree or the current directory when inside them."""
+    for marker in ("/cuda/include/", "/cpp/simt/", "/tests/kernels/", "/cuda/src/"):
+        i = path.rfind(marker)
+        if i >= 0:
+            return path[i + 1:]
     p = Path(path)
-    for root in (_REPO_DIR, Path(__file__).resolve().parents[1]):
+    for root in (_REPO_DIR, Path.cwd()):
         try:
             return str(p.resolve().relative_to(root.resolve()))
         except (ValueError, OSError):
@@ -260,8 +265,8 @@ def profile(fn: Callable, *args, launch_only: bool = False, sample: int = 1, **k
     callable): during the call ``torch.ops.fastinfer_sim`` is the profiled namespace. With
     ``launch_only`` the kernels do not run (outputs stay uninitialised): only the launch
     configurations (grids, blocks, dynamic smem, the kernel sequence) are recorded, which is
-    cheap at any shape. With ``sample`` = k > 1 only about one CTA in k runs (a fixed hash of
-    (blockIdx.x, blockIdx.y) picks them; every blockIdx.z of a picked pair): outputs are incomplete,
+    cheap at any shape. With ``sample`` = k > 1 only one CTA in k runs (those with
+    (blockIdx.x + 7919 blockIdx.y) % k == 0, every blockIdx.z of them): outputs are incomplete,
     the counters are those of the CTAs that ran, and each launch record gives ``blocks_run`` next
     to its grid so that the counters can be scaled (bench/model.py).
     """
