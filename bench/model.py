@@ -43,6 +43,7 @@ shuffles, ldmatrix/mma issue), launch overhead, clocks, and the sm_90a CUTLASS f
 emulator runs the mma.sync path, which H200 uses for blockwise scales and as the fallback).
 
     python bench/model.py [--quick] [--only FAMILY,...] [--json PATH] [--label before|after]
+    python bench/model.py --compare bench/results/model-before.json bench/results/model-after.json
 """
 from __future__ import annotations
 
@@ -502,13 +503,48 @@ HEADER = (f"{'family':<22} {'case':<44} {'sec/req':>11} {'ways':>5} {'DRAM/':>6}
           f"{'':<22} {'':<44} {'(ideal)':>11} {'':>5} {'ideal':>6}")
 
 
+def compare(path_a, path_b, all_rows=False):
+    """Model before / after table of two result files (cases whose model figures changed)."""
+    a = {(r["family"], r["case"]): r for r in json.load(open(path_a))["rows"] if "error" not in r}
+    b = {(r["family"], r["case"]): r for r in json.load(open(path_b))["rows"] if "error" not in r}
+
+    def sec(r):
+        g = r.get("global")
+        return f"{g['sectors_per_request']:.2f}/{g['ideal_sectors_per_request']:.2f}" if g else "-"
+
+    def ways(r):
+        return f"{r['shared']['conflict_ways']:.2f}" if r.get("shared") else "-"
+
+    def ctas(r):
+        return "+".join(str(x["ctas"]) for x in r["launches"])
+
+    print(f"{LABEL}\n{'family':<22} {'case':<46} {'sec/req (ideal)':>23} {'ways':>11} {'CTAs':>13} "
+          f"{'model us':>17} {'fraction':>13}")
+    for key in a:
+        if key not in b:
+            continue
+        x, y = a[key], b[key]
+        changed = (sec(x), ways(x), ctas(x), round(x["model_time_us"], 2)) != (sec(y), ways(y), ctas(y),
+                                                                                round(y["model_time_us"], 2))
+        if not (changed or all_rows):
+            continue
+        print(f"{key[0][:22]:<22} {key[1][:46]:<46} {sec(x):>11}>{sec(y):<11} {ways(x):>5}>{ways(y):<5} "
+              f"{ctas(x)[:6]:>6}>{ctas(y)[:6]:<6} {x['model_time_us']:>8.2f}>{y['model_time_us']:<8.2f} "
+              f"{x['model_fraction_of_roofline']:>6.3f}>{y['model_fraction_of_roofline']:<6.3f}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), default=None,
+                   help="print the model figures that changed between two result files and exit")
     p.add_argument("--quick", action="store_true", help="a few cases per family")
     p.add_argument("--only", default=None, help="comma-separated families (prefix match)")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--label", default=None, help="free text stored in the JSON (e.g. before / after)")
     args = p.parse_args(argv)
+    if args.compare:
+        compare(*args.compare)
+        return
     torch.set_num_threads(1)
     ptxas, ptxas_path = load_ptxas()
     if not ptxas:
