@@ -11,15 +11,37 @@
 
 #define FASTINFER_STR2(x) #x
 #define FASTINFER_STR(x) FASTINFER_STR2(x)
+#if defined(FASTINFER_RUNTIME_NS)
+// One compile of the sim bindings (registration.cpp + kernel_*.cpp) is linked into two modules:
+// fastinfer._sim (namespace fastinfer_sim) and fastinfer._simprof (fastinfer_simprof, the profile
+// build of the kernels). The namespace is the module's: library_namespace() is defined by the
+// module.cpp it is linked with. Same registration as TORCH_LIBRARY / TORCH_LIBRARY_IMPL.
+#include <torch/library.h>
+namespace fastinfer::binding {
+const char* library_namespace();
+}
+#define FASTINFER_NS_STR ::fastinfer::binding::library_namespace()
+#define FASTINFER_RT_LIBRARY_(kind, key, m, uid)                                                              \
+  static void C10_CONCATENATE(fastinfer_library_init_, uid)(torch::Library&);                               \
+  static const torch::detail::TorchLibraryInit C10_CONCATENATE(fastinfer_library_static_init_, uid)(          \
+      kind, &C10_CONCATENATE(fastinfer_library_init_, uid), ::fastinfer::binding::library_namespace(), key,     \
+      __FILE__, __LINE__);                                                                                   \
+  void C10_CONCATENATE(fastinfer_library_init_, uid)(torch::Library & m)
+#define FASTINFER_LIBRARY(ns, m) FASTINFER_RT_LIBRARY_(torch::Library::DEF, std::nullopt, m, C10_UID)
+#define FASTINFER_LIBRARY_IMPL(ns, key, m) \
+  FASTINFER_RT_LIBRARY_(torch::Library::IMPL, std::make_optional(c10::DispatchKey::key), m, C10_UID)
+#else
+#define FASTINFER_NS_STR FASTINFER_STR(FASTINFER_NS)
 // TORCH_LIBRARY pastes its namespace argument: expand our macro first.
 #define FASTINFER_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
 #define FASTINFER_LIBRARY_IMPL(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
+#endif
 
 namespace fastinfer::binding {
 
 // "fastinfer.rms_norm: " (or "fastinfer_sim.rms_norm: ") prefixed to every message.
 #define FI_CHECK(cond, op, ...) \
-  TORCH_CHECK((cond), FASTINFER_STR(FASTINFER_NS), ".", op, ": ", __VA_ARGS__)
+  TORCH_CHECK((cond), FASTINFER_NS_STR, ".", op, ": ", __VA_ARGS__)
 
 inline bool is_half_dtype(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 

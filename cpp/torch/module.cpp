@@ -7,6 +7,12 @@
 #define FASTINFER_CAT2(a, b) a##b
 #define FASTINFER_CAT(a, b) FASTINFER_CAT2(a, b)
 
+// The op namespace of this module (the sim bindings, compiled once for fastinfer._sim and
+// fastinfer._simprof, register under it: common.h, FASTINFER_RUNTIME_NS).
+namespace fastinfer::binding {
+const char* library_namespace() { return FASTINFER_STR(FASTINFER_NS); }
+}  // namespace fastinfer::binding
+
 extern "C" PyMODINIT_FUNC FASTINFER_CAT(PyInit_, FASTINFER_MODULE_NAME)(void) {
   static PyModuleDef module = {
       PyModuleDef_HEAD_INIT,

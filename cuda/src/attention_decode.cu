@@ -7,7 +7,7 @@
 namespace fastinfer {
 namespace {
 
-constexpr int32_t kMaxAutoSplits = 32;  // cap of the heuristic (explicit num_splits may exceed it)
+constexpr int32_t kMaxAutoSplits = 64;  // cap of the heuristic (explicit num_splits may exceed it)
 constexpr int32_t kMaxSplits = 65535;   // grid.z limit
 
 int head_chunks_for(const DecodeAttentionParams& p) {
@@ -65,9 +65,17 @@ bool shape_ok(const DecodeAttentionParams& p) {
 // resident per SM (from its registers: 4 for group chunks 1-2, 3 for 4, 2 for 8). With plenty of
 // CTAs (>= 4 full waves) no split. Otherwise the lower bound s_lo = ceil(2 * num_sms / base) (two
 // waves of num_sms CTAs) and, among s in [s_lo, max(2 * s_lo, 4)], the s whose last wave is the
-// fullest (fraction of the slots busy over ceil(base * s / slots) waves; ties to the smaller s):
+// fullest (fraction of the slots busy over ceil(base * s / slots) waves; ties to the smaller s).
+// A split is a whole number of granules, so s splits of the longest sequence (max keys) are only
+// e(s) = ceil(max keys / per(s)) non-empty ones: candidates are judged, and returned, by e(s)
+// (12 requested splits of 4096 keys were 11 real ones plus an empty CTA per (sequence, head)).
 // B = 64, Hkv = 8, group 4 on 132 SMs gives 3 splits (1536 CTAs in 3.9 waves of 396 instead of
-// 512 CTAs in 1.3 waves). Always within [1, min(32, ceil(max keys / split granule))].
+// 512 CTAs in 1.3 waves); B = 1 at 32k keys 47 (376 CTAs, 0.95 of a wave; the former cap of 32
+// left 256 CTAs, 0.65 of a wave, simt profile / bench/model.py). Always within
+// [1, min(64, ceil(max keys / split granule))]. Short contexts stay below a wave on purpose: at
+// B = 1 and 512 keys the 64-key granule allows 8 splits (64 CTAs on 132 SMs); finer splits would
+// write and re-read more fp32 partials than the 256 KB of K/V per head they split (an explicit
+// num_splits can still go finer).
 int32_t decode_attention_num_splits(const DecodeAttentionParams& p, int32_t num_sms) {
   if (!shape_ok(p) || p.batch_size <= 0 || num_sms <= 0) return 1;
   const int g = attention::decode::group_chunk_for(p.num_q_heads / p.num_kv_heads);
@@ -83,15 +91,18 @@ int32_t decode_attention_num_splits(const DecodeAttentionParams& p, int32_t num_
   if (lo < 1) lo = 1;
   int64_t hi = 2 * lo > 4 ? 2 * lo : 4;
   if (hi > cap) hi = cap;
-  int64_t best = lo;
+  int64_t best = 1;
   double best_eff = -1.0;
   for (int64_t s = lo; s <= hi; ++s) {
-    const int64_t total = base * s;
+    int64_t per = (max_keys + s - 1) / s;
+    per = (per + granule - 1) / granule * granule;
+    const int64_t e = (max_keys + per - 1) / per;  // non-empty splits of the longest sequence
+    const int64_t total = base * e;
     const int64_t waves = (total + slots - 1) / slots;
     const double eff = static_cast<double>(total) / static_cast<double>(waves * slots);
     if (eff > best_eff + 0.02) {
       best_eff = eff;
-      best = s;
+      best = e;
     }
   }
   return static_cast<int32_t>(best);

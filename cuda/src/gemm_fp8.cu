@@ -139,7 +139,7 @@ cudaError_t launch_mma_sync_cfg(const Fp8ScaledMmParams& p, cudaStream_t stream)
 
 template <typename TOut, bool kBlockwise>
 cudaError_t launch_mma_sync(const Fp8ScaledMmParams& p, cudaStream_t stream) {
-  // M buckets: decode-sized M gets 16-row tiles (more CTAs along N); mid-sized M 64 x 128 tiles.
+  // M buckets: decode-sized M gets 16 x 32 tiles (more CTAs along N); mid-sized M 64 x 128 tiles.
   // Blockwise keeps a second set of fp32 partial accumulators: with 128 x 128 tiles that exceeds 255
   // registers on sm_90a (spills), so blockwise uses the 64 x 128 tiles for every M > 16.
   if (p.m <= 16) return launch_mma_sync_cfg<Fp8ConfigSmall, TOut, kBlockwise>(p, stream);

@@ -49,9 +49,13 @@ size_t int4_gemm_num_counters(const Int4GemmParams& p) {
 }
 
 // Splits so that about two CTAs per SM are resident (the 16/32-row kernels fit two per SM),
-// capped by: at least one 64-wide unit of K per split; the fp32 partials (written and read once,
-// mostly in L2) no larger than ~1/8 of the weight bytes per row block (splits <= K / (16 * rows));
-// and 64. Unmeasured: the constants are a first guess to be tuned on a GPU.
+// capped by: at least one 64-wide unit of K per split; the fp32 partials no larger than half of the
+// weight bytes per row block (splits * rows * N * 4 <= N * K / 2, i.e. splits <= K / (16 * rows));
+// and 64. The partials are written and read once, expected to stay in the 50 MB L2 of a Hopper
+// GPU; if they did not, M = 16 on a 4096 x 4096 layer (8 splits: 2 MB of partials written and
+// read against 8 MB of weights) would move 1.47x the ideal bytes (bench/model.py counts them as
+// DRAM traffic: it cannot see L2 hits). Unmeasured: the constants are a first guess to be tuned
+// on a GPU.
 int32_t int4_gemm_num_splits(const Int4GemmParams& p, int32_t num_sms) {
   if (!shape_ok(p.m, p.n, p.k, p.group_size) || p.m <= 0 || num_sms <= 0) return 1;
   const int64_t tiles = static_cast<int64_t>(int4_gemm_num_counters(p));

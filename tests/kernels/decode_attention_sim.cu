@@ -293,7 +293,11 @@ void check_validation() {
   h.block_table_stride = 4096 / 16;
   h.batch_size = 4;
   const int s4 = fastinfer::decode_attention_num_splits(h, 132);
-  KT_EXPECT(s4 == 12, "B=4: %d splits", s4);
+  KT_EXPECT(s4 == 11, "B=4: %d splits", s4);  // 11 non-empty splits of 384 keys (12 would leave one empty)
+  h.batch_size = 1;
+  h.block_table_stride = 32768 / 16;
+  const int s1_long = fastinfer::decode_attention_num_splits(h, 132);
+  KT_EXPECT(s1_long == 47, "B=1, 32k keys: %d splits", s1_long);  // 376 CTAs: 0.95 of a wave of 396
   std::printf("validation + split heuristic (GQA 32/8, 4k keys, 132 SMs): B=1 -> %d, B=4 -> %d, B=64 -> %d splits\n",
               s1, s4, s64);
 }

@@ -1,6 +1,8 @@
 // fastinfer simt: mma.sync and ldmatrix semantics with the PTX ISA fragment layouts.
 #include <fastinfer/simt/ptx.h>
 
+#include "profile.h"
+
 namespace fastinfer::simt::detail {
 namespace {
 
@@ -70,9 +72,18 @@ void mma_impl(LaneIO* const* lanes, Cvt cvt) {
 
 }  // namespace
 
-void coll_mma_f16(LaneIO* const* lanes, unsigned) { mma_impl<16>(lanes, f16_to_float); }
-void coll_mma_bf16(LaneIO* const* lanes, unsigned) { mma_impl<16>(lanes, bf16_to_float); }
-void coll_mma_e4m3(LaneIO* const* lanes, unsigned) { mma_impl<32>(lanes, e4m3_to_float); }
+void coll_mma_f16(LaneIO* const* lanes, unsigned) {
+  prof::count_mma(0);
+  mma_impl<16>(lanes, f16_to_float);
+}
+void coll_mma_bf16(LaneIO* const* lanes, unsigned) {
+  prof::count_mma(1);
+  mma_impl<16>(lanes, bf16_to_float);
+}
+void coll_mma_e4m3(LaneIO* const* lanes, unsigned) {
+  prof::count_mma(2);
+  mma_impl<32>(lanes, e4m3_to_float);
+}
 
 void coll_ldmatrix(LaneIO* const* lanes, unsigned) {
   int num = lanes[0]->a;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "internal.h"
+#include "profile.h"
 
 #if defined(__x86_64__) || defined(__aarch64__)
 #define FI_SIMT_ASM_SWITCH 1
@@ -401,6 +402,7 @@ int barrier(int kind, int pred, const char* file, unsigned line, unsigned column
   f->st = St::BarWait;
   if (++L.bar_count == L.nthreads) {
     if (!check_smem_guard(L, f)) fiber_fault(L, f, L.fault_kind, "");
+    if (prof::g_launch_on) prof::epoch_end();  // the warps reconverge: close their pending requests
     int result = kind == 1 ? L.bar_sum : kind == 2 ? L.bar_and : L.bar_or;
     for (unsigned i = 0; i < L.nthreads; ++i) {
       L.fibers[i]->bresult = result;
@@ -410,6 +412,10 @@ int barrier(int kind, int pred, const char* file, unsigned line, unsigned column
   }
   block_me(L, f);
   return f->bresult;
+}
+
+int barrier_at(int kind, int pred, const std::source_location& loc) {
+  return barrier(kind, pred, loc.file_name(), loc.line(), loc.column());
 }
 
 void warp_collective(const char* name, CollFn fn, unsigned mask, LaneIO* io) {
@@ -557,6 +563,7 @@ void run_block(Launch& L, uint3 bidx) {
   tls_cur = nullptr;
   L.switches += sw;
   if (!L.faulted) check_smem_guard(L, nullptr);
+  if (prof::g_launch_on) prof::epoch_end();
 }
 
 }  // namespace
@@ -590,6 +597,8 @@ cudaError_t launch(const void* kernel, dim3 grid, dim3 block, size_t dynamic_sme
   while (g_fibers.size() < nthreads) {
     Fiber* f = new Fiber();
     f->stack = alloc_stack();
+    f->stack_lo = reinterpret_cast<uintptr_t>(f->stack);
+    f->stack_hi = f->stack_lo + kStackSize;
     g_fibers.push_back(f);
   }
   Launch L;
@@ -620,16 +629,29 @@ cudaError_t launch(const void* kernel, dim3 grid, dim3 block, size_t dynamic_sme
     for (uint32_t i = 0; i < nblocks; ++i) order[i] = i;
     for (uint32_t i = (uint32_t)nblocks; i > 1; --i) std::swap(order[i - 1], order[rand_below(L.rng, i)]);
   }
+  if (prof::launch_begin(kernel, grid, block, dynamic_smem, L.smem)) {  // profiler: launch configuration only
+    free(smem_raw);
+    return cudaSuccess;
+  }
+  // Profiler CTA sampling: only the CTAs whose (x, y) the hash keeps (at least those of (0, 0)).
+  const bool sampled = prof::g_launch_on && prof::g_sample > 1;
+  bool any_kept = false;
+  if (sampled) {
+    for (unsigned y = 0; y < grid.y && !any_kept; ++y)
+      for (unsigned x = 0; x < grid.x && !any_kept; ++x) any_kept = prof::sample_keeps(x, y);
+  }
   tls_launch = &L;
   unsigned long long done = 0;
   for (unsigned long long b = 0; b < nblocks && !L.faulted; ++b) {
     unsigned long long id = shuffled ? order[b] : b;
     uint3 bidx{(unsigned)(id % grid.x), (unsigned)((id / grid.x) % grid.y), (unsigned)(id / ((unsigned long long)grid.x * grid.y))};
+    if (sampled && !(any_kept ? prof::sample_keeps(bidx.x, bidx.y) : (bidx.x == 0 && bidx.y == 0))) continue;
     run_block(L, bidx);
     ++done;
   }
   tls_launch = nullptr;
   tls_cur = nullptr;
+  prof::launch_end(L.faulted, done);
   free(smem_raw);
   g_blocks.fetch_add(done, std::memory_order_relaxed);
   g_switches.fetch_add(L.switches, std::memory_order_relaxed);

@@ -1,6 +1,12 @@
 """fastinfer.simt: compile and run complete CUDA programs on the CPU with the simt emulator.
 
     python -m fastinfer.simt run FILE.cu [-v] [--seed N] [-- program args]
+    python -m fastinfer.simt profile FILE.cu [--json OUT] [-- program args]
+
+``profile`` runs the profile build of the program (every load and store instrumented) and reports,
+per kernel and source line, warp requests, 32-byte sectors, shared-memory wavefronts and bytes
+(cpp/simt/README.md, "Profiling"); :func:`profile` does the same for a Python callable that uses
+``torch.ops.fastinfer_sim``.
 
 The program is compiled with g++ (``-std=c++20 -O1 -DFASTINFER_SIMT -include
 fastinfer/simt/device.h -x c++``) against ``libfastinfer_simt.a`` and run; the exit code is the
@@ -37,6 +43,8 @@ __all__ = [
     "compile_command",
     "compile_program",
     "run",
+    "profile",
+    "profile_program",
 ]
 
 _PKG_DIR = Path(__file__).resolve().parent.parent  # .../fastinfer
@@ -51,6 +59,15 @@ CXX_FLAGS = [
     "-Wno-unknown-pragmas",
     "-pthread",
 ]
+# Profile builds (`profile`): the same program with every load and store instrumented by GCC's
+# ThreadSanitizer code generation, whose callbacks the simt library implements (no libtsan is
+# linked), and with the ptx:: wrappers and atomics reporting themselves (FASTINFER_SIMT_PROFILE).
+# -O2 (after CXX_FLAGS' -O1) keeps values in registers as nvcc would; -g1 gives the line tables and
+# inline chains the report maps call sites back to source lines with.
+# -fno-tree-sra keeps a load or store of a vector type (uint4, float4, float2, ...) one access of its
+# width, as nvcc's LDG.128 / LDS.64 are, instead of scalar accesses of the fields that are used.
+PROFILE_FLAGS = ["-O2", "-g1", "-fno-tree-sra", "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0",
+                 "-DFASTINFER_SIMT_PROFILE=1"]
 LIB_FLAGS = ["-std=c++20", "-O2", "-fPIC", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
              "-DFASTINFER_SIMT=1", "-fno-strict-aliasing", "-pthread"]
 
@@ -172,11 +189,23 @@ def library_path(verbose: bool = False) -> Path:
     return out
 
 
-def compile_command(source: Path, output: Path, extra_flags: Sequence[str] = (), verbose: bool = False) -> list[str]:
+def compile_command(source: Path, output: Path, extra_flags: Sequence[str] = (), verbose: bool = False,
+                    profile: bool = False) -> list[str]:
+    """The compile (and link) command of a program. With ``profile`` it is the compile step only,
+    to an object file (``output``); :func:`link_command` links it without the sanitizer runtime."""
     incs = [f"-I{d}" for d in include_dirs()]
+    if profile:
+        return ([_cxx()] + CXX_FLAGS + PROFILE_FLAGS + list(extra_flags) + incs +
+                ["-include", "fastinfer/simt/device.h", "-x", "c++", str(source), "-c", "-o", str(output)])
     return ([_cxx()] + CXX_FLAGS + list(extra_flags) + incs +
             ["-include", "fastinfer/simt/device.h", "-x", "c++", str(source), "-x", "none",
              str(library_path(verbose)), "-ldl", "-rdynamic", "-o", str(output)])
+
+
+def link_command(obj: Path, output: Path, verbose: bool = False) -> list[str]:
+    """Links a profile-built object with libfastinfer_simt.a (which provides the instrumentation's
+    callbacks); no -fsanitize here, so libtsan is not linked."""
+    return [_cxx(), "-pthread", str(obj), str(library_path(verbose)), "-ldl", "-rdynamic", "-o", str(output)]
 
 
 def _deps(source: Path, extra_flags: Sequence[str]) -> list[Path]:
@@ -192,36 +221,46 @@ def _deps(source: Path, extra_flags: Sequence[str]) -> list[Path]:
     return [Path(d) for d in deps.split()]
 
 
-def compile_program(source, extra_flags: Sequence[str] = (), verbose: bool = False) -> Path:
-    """Compile a complete CUDA program for the emulator; returns the cached executable."""
+def compile_program(source, extra_flags: Sequence[str] = (), verbose: bool = False, profile: bool = False) -> Path:
+    """Compile a complete CUDA program for the emulator; returns the cached executable. With
+    ``profile`` the program is the profile build (instrumented loads and stores, see PROFILE_FLAGS),
+    cached separately from the plain one."""
     source = Path(source).resolve()
     if not source.is_file():
         raise SimtError(f"{source}: no such file")
     lib = library_path(verbose)
-    probe_cmd = compile_command(source, Path("OUT"), extra_flags)
+    probe_cmd = compile_command(source, Path("OUT"), extra_flags, profile=profile)
     h = hashlib.sha256()
     h.update("\0".join(probe_cmd).encode())
+    if profile:
+        h.update("\0".join(link_command(Path("OBJ"), Path("OUT"))).encode())
     _hash_files(h, _deps(source, extra_flags) + [lib])
-    out = _cache_root() / "programs" / h.hexdigest()[:24] / (source.stem + ".simt")
-    cmd = compile_command(source, out, extra_flags)
+    out = _cache_root() / "programs" / h.hexdigest()[:24] / (source.stem + (".simtprof" if profile else ".simt"))
+    cmd = compile_command(source, out, extra_flags, profile=profile)
     if verbose:
         print(shlex.join(cmd), file=sys.stderr)
+        if profile:
+            print(shlex.join(link_command(out.with_suffix(".o"), out)), file=sys.stderr)
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
     os.close(fd)
+    obj = Path(tmp + ".o")
     try:
-        cmd_tmp = compile_command(source, Path(tmp), extra_flags)
-        r = subprocess.run(cmd_tmp, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise SimtError(f"compilation failed:\n{shlex.join(cmd)}\n{r.stderr}")
-        if r.stderr and verbose:
-            print(r.stderr, file=sys.stderr)
+        steps = ([compile_command(source, obj, extra_flags, profile=True), link_command(obj, Path(tmp))] if profile
+                 else [compile_command(source, Path(tmp), extra_flags)])
+        for step in steps:
+            r = subprocess.run(step, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise SimtError(f"compilation failed:\n{shlex.join(step)}\n{r.stderr}")
+            if r.stderr and verbose:
+                print(r.stderr, file=sys.stderr)
         _atomic_publish(Path(tmp), out)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for f in (tmp, str(obj)):
+            if os.path.exists(f):
+                os.unlink(f)
     return out
 
 
@@ -234,6 +273,34 @@ def run(source, args: Sequence[str] = (), seed: Optional[int] = None, verbose: b
         env["FASTINFER_SIMT_SEED"] = str(seed)
     return subprocess.run([str(exe)] + list(args), env=env, timeout=timeout,
                           capture_output=capture_output, text=capture_output)
+
+
+def _profile_module():
+    """fastinfer.simt._profile, also when this file was loaded on its own (tests load the runner
+    from its path, without the package)."""
+    try:
+        from . import _profile as mod
+    except ImportError:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("_fastinfer_simt_profile", Path(__file__).with_name("_profile.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    mod._compile_program = compile_program
+    return mod
+
+
+def profile(fn, *args, launch_only: bool = False, sample: int = 1, **kwargs):
+    """Memory-access profile of ``fn(*args, **kwargs)``, which calls ``torch.ops.fastinfer_sim``
+    ops: see :func:`fastinfer.simt._profile.profile` (imports torch)."""
+    return _profile_module().profile(fn, *args, launch_only=launch_only, sample=sample, **kwargs)
+
+
+def profile_program(source, args: Sequence[str] = (), seed: Optional[int] = None, verbose: bool = False,
+                    timeout: Optional[float] = None, capture_output: bool = False, extra_flags: Sequence[str] = ()):
+    """Compile the profile build of a program, run it; returns (CompletedProcess, report or None)."""
+    return _profile_module().run_profiled_program(source, args, seed=seed, verbose=verbose, timeout=timeout,
+                                                  capture_output=capture_output, extra_flags=extra_flags)
 
 
 def _exit_code(rc: int) -> int:
@@ -259,6 +326,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     pb.add_argument("file")
     pb.add_argument("-v", "--verbose", action="store_true")
     pb.add_argument("-X", dest="flags", action="append", default=[])
+    pp = sub.add_parser("profile", help="run the profile build of FILE.cu and report its memory-access counters")
+    pp.add_argument("file")
+    pp.add_argument("-v", "--verbose", action="store_true", help="print the compile commands")
+    pp.add_argument("--seed", type=int, default=None, help="schedule seed (default: $FASTINFER_SIMT_SEED or 0)")
+    pp.add_argument("-X", dest="flags", action="append", default=[], help="extra compiler flag")
+    pp.add_argument("--json", default=None, help="write the report (JSON) here ('-': to stdout)")
+    pp.add_argument("-q", "--quiet", action="store_true", help="no table on stdout")
     sub.add_parser("flags", help="print include dirs and the library path")
     ns = p.parse_args(argv)
     try:
@@ -268,6 +342,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if ns.cmd == "build":
             print(compile_program(ns.file, ns.flags, verbose=ns.verbose))
             return 0
+        if ns.cmd == "profile":
+            ns.prog_args = prog_args
+            return _profile_module().main_profile(ns)
         r = run(ns.file, prog_args, seed=ns.seed, verbose=ns.verbose, extra_flags=ns.flags)
         return _exit_code(r.returncode)
     except SimtError as e:

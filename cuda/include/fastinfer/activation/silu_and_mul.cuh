@@ -1,6 +1,8 @@
 #pragma once
 // silu_and_mul: grid (row, column chunk); each thread loads VEC gate and VEC up elements with
-// 16-byte loads and stores VEC outputs. fp32 math, one rounding.
+// 16-byte loads and stores VEC outputs. fp32 math, one rounding. At decode sizes (T <= 16) the
+// grid (7 x T for F = 14336) has fewer CTAs than SMs (bench/model.py): the op moves under 1 MB and
+// is latency-bound; every thread already handles a single vector.
 #include "fastinfer/common/platform.cuh"
 #include "fastinfer/common/vec.cuh"
 #include "fastinfer/activation/silu_and_mul.h"

@@ -339,16 +339,24 @@ __global__ void __launch_bounds__(kNumThreads, (Config<D, G>::kMinCtas)) paged_d
     }
   }
 
-  // Merge the warps through shared memory: [warp][head] max and sum, then [warp][head][D].
+  // Merge the warps through shared memory: [warp][head] max and sum, then [warp][head][D]. The D
+  // accumulators of a (warp, head) are D / 4 float4 chunks; logical chunk q (elements 4q..4q+3)
+  // lives at chunk q ^ ((q >> 3) & 1). A slice's two chunks 2 slice, 2 slice + 1 are adjacent, so
+  // without the swizzle the quarter warps of each 128-bit store hit 16-byte chunks 32 bytes apart
+  // (2-way bank conflicts, simt profiler); with it their 8 chunks are distinct mod 8, and the
+  // readers below (8 consecutive logical chunks per quarter warp) stay conflict-free too.
   float* smem_ml = dynamic_smem<float>();
   float* smem_o = smem_ml + kNumWarps * G * 2;
   if (row == 0) {
 #pragma unroll
     for (int h = 0; h < G; ++h) {
-      float* dst = smem_o + (warp * G + h) * D + slice * kSliceElems;
+      float* dst = smem_o + (warp * G + h) * D;
 #pragma unroll
-      for (int i = 0; i < kSliceElems; i += 4) *reinterpret_cast<float4*>(dst + i) =
-          make_float4(o[h][i], o[h][i + 1], o[h][i + 2], o[h][i + 3]);
+      for (int i = 0; i < kSliceElems; i += 4) {
+        const int q = (slice * kSliceElems + i) / 4;
+        *reinterpret_cast<float4*>(dst + 4 * (q ^ ((q >> 3) & 1))) =
+            make_float4(o[h][i], o[h][i + 1], o[h][i + 2], o[h][i + 3]);
+      }
       if (slice == 0) {
         smem_ml[(warp * G + h) * 2] = m[h];
         smem_ml[(warp * G + h) * 2 + 1] = l[h];
@@ -373,7 +381,8 @@ __global__ void __launch_bounds__(kNumThreads, (Config<D, G>::kMinCtas)) paged_d
     for (int w = 0; w < kNumWarps; ++w) {
       const float scale_w = exp2f(smem_ml[(w * G + h) * 2] - ref);
       sum += smem_ml[(w * G + h) * 2 + 1] * scale_w;
-      const float4 ow = *reinterpret_cast<const float4*>(smem_o + (w * G + h) * D + d);
+      const int q = d / 4;
+      const float4 ow = *reinterpret_cast<const float4*>(smem_o + (w * G + h) * D + 4 * (q ^ ((q >> 3) & 1)));
       acc[0] += ow.x * scale_w;
       acc[1] += ow.y * scale_w;
       acc[2] += ow.z * scale_w;
@@ -390,18 +399,23 @@ __global__ void __launch_bounds__(kNumThreads, (Config<D, G>::kMinCtas)) paged_d
       ov.store(out);
       if (d == 0 && p.lse != nullptr) p.lse[static_cast<int64_t>(b) * p.num_q_heads + head] = lse;
     } else {
-      const int64_t row_index = (static_cast<int64_t>(split) * p.batch_size + b) * p.num_q_heads + head;
+      const int64_t out_row = static_cast<int64_t>(b) * p.num_q_heads + head;
+      const int64_t row_index = static_cast<int64_t>(split) * p.batch_size * p.num_q_heads + out_row;
       float* partial_o = static_cast<float*>(p.workspace);
       float* partial_lse = partial_o + static_cast<int64_t>(num_splits) * p.batch_size * p.num_q_heads * D;
       *reinterpret_cast<float4*>(partial_o + row_index * D + d) =
           make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
-      if (d == 0) partial_lse[row_index] = lse;
+      if (d == 0) partial_lse[out_row * num_splits + split] = lse;  // [row][split], see the merge kernel
     }
   }
 }
 
 // Combines the num_splits partials of every (sequence, query head): one warp per row, 4 rows per
-// CTA; lane i handles 4-element slices i, i + 32, ... of the row.
+// CTA; lane i handles 4-element slices i, i + 32, ... of the row. Workspace: partial outputs
+// [split][row][D], then partial lse [row][split] (contiguous per row: the lanes' lse reads coalesce;
+// [split][row] made them one sector per lane). At B = 1 this is B * Hq / 4 = 8 CTAs for 32 heads,
+// fewer than the SMs (bench/model.py): the whole merge reads num_splits * Hq * D * 4 bytes
+// (0.5 MB at 32 splits), a few microseconds on any grid, so it is left at one warp per row.
 constexpr int kMergeRowsPerCta = 4;
 
 template <typename T>
@@ -414,13 +428,14 @@ __global__ void __launch_bounds__(kMergeRowsPerCta * 32) decode_merge_splits_ker
   const int D = p.head_dim;
   const float* partial_o = static_cast<const float*>(p.workspace);
   const float* partial_lse = partial_o + static_cast<int64_t>(num_splits) * num_rows * D;
+  const float* lse_row = partial_lse + row * num_splits;
 
   float m_all = -INFINITY;
-  for (int s = lane; s < num_splits; s += 32) m_all = fmaxf(m_all, partial_lse[s * num_rows + row]);
+  for (int s = lane; s < num_splits; s += 32) m_all = fmaxf(m_all, lse_row[s]);
   m_all = warp_reduce_max(m_all);
   float sum = 0.f;
   if (m_all != -INFINITY) {
-    for (int s = lane; s < num_splits; s += 32) sum += expf(partial_lse[s * num_rows + row] - m_all);
+    for (int s = lane; s < num_splits; s += 32) sum += expf(lse_row[s] - m_all);
   }
   sum = warp_sum(sum);
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
@@ -432,7 +447,7 @@ __global__ void __launch_bounds__(kMergeRowsPerCta * 32) decode_merge_splits_ker
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     if (sum > 0.f) {
       for (int s = 0; s < num_splits; ++s) {
-        const float w = expf(partial_lse[s * num_rows + row] - m_all) * inv;
+        const float w = expf(lse_row[s] - m_all) * inv;
         const float4 v = *reinterpret_cast<const float4*>(partial_o + (s * num_rows + row) * D + d);
         acc[0] = fmaf(w, v.x, acc[0]);
         acc[1] = fmaf(w, v.y, acc[1]);

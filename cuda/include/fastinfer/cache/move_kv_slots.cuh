@@ -4,7 +4,10 @@
 // [2][num_moves][row_bytes]) then scatter (workspace -> destination rows), so chains such as
 // 5 -> 4, 7 -> 5 are safe whatever the order of the moves. Grid (num_moves, 2 caches); each CTA
 // copies one row with 16-byte (or, when unaligned, 1-byte) accesses. A move with a negative
-// source or destination slot is skipped.
+// source or destination slot is skipped. The workspace round trip doubles the bytes moved (2x the
+// ideal in bench/model.py, which counts distinct sectors per launch; the workspace is a few hundred
+// KB, so on a GPU it lives in L2), and a speculative-decoding compaction moves a few dozen rows:
+// fewer CTAs than SMs, latency-bound.
 #include "fastinfer/common/platform.cuh"
 #include "fastinfer/attention/attention.h"
 #include "fastinfer/common/vec.cuh"

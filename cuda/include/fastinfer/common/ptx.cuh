@@ -25,6 +25,19 @@
 #include <fastinfer/simt/ptx.h>
 #endif
 
+// Wrappers that move memory (ldmatrix, cp.async) report each lane's access to the simt profiler
+// in profile builds (FASTINFER_SIMT_PROFILE): there they are out-of-line, uninstrumented
+// functions, so the call site they report is their caller's (cpp/simt/README.md, "Profiling").
+#if defined(FASTINFER_SIMT) && defined(FASTINFER_SIMT_PROFILE)
+#define FASTINFER_PTX_MEM_FN __device__ inline __attribute__((noinline, no_sanitize("thread")))
+#define FASTINFER_PTX_REPORT(op, addr, size, addr2, size2)                                                       \
+  ::fastinfer::simt::detail::prof_record(reinterpret_cast<uintptr_t>(__builtin_return_address(0)), (op), (addr), \
+                                         (size), (addr2), (size2))
+#else
+#define FASTINFER_PTX_MEM_FN __device__ __forceinline__
+#define FASTINFER_PTX_REPORT(op, addr, size, addr2, size2) ((void)0)
+#endif
+
 namespace fastinfer::ptx {
 
 // ---- mma.sync (row.col, f32 accumulate) -------------------------------------------------------
@@ -79,9 +92,11 @@ __device__ __forceinline__ void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t 
 
 // ---- ldmatrix (shared -> registers, m8n8 b16) --------------------------------------------------
 #if defined(FASTINFER_SIMT)
-#define FASTINFER_PTX_LDMATRIX(NAME, N, TRANS, PTX)                           \
-  __device__ __forceinline__ void NAME(uint32_t* r, const void* smem) {       \
-    ::fastinfer::simt::detail::ldmatrix(r, smem, N, TRANS);                   \
+#define FASTINFER_PTX_LDMATRIX(NAME, N, TRANS, PTX)                                                             \
+  FASTINFER_PTX_MEM_FN void NAME(uint32_t* r, const void* smem) {                                              \
+    FASTINFER_PTX_REPORT(::fastinfer::simt::detail::kProfLdmatrix | ((N) << 4) | ((TRANS) ? 128 : 0), smem, 16, \
+                         nullptr, 0);                                                                          \
+    ::fastinfer::simt::detail::ldmatrix(r, smem, N, TRANS);                                                    \
   }
 #else
 #define FASTINFER_PTX_LDMATRIX(NAME, N, TRANS, PTX) FASTINFER_PTX_LDMATRIX_##N(NAME, PTX)
@@ -116,8 +131,9 @@ FASTINFER_PTX_LDMATRIX(ldmatrix_x4_trans, 4, true, "ldmatrix.sync.aligned.m8n8.x
 
 // ---- cp.async (global -> shared, 16 bytes, L2 only) --------------------------------------------
 // When !pred nothing is read from gmem and the 16 bytes are zero-filled (src-size operand = 0).
-__device__ __forceinline__ void cp_async_cg_16(void* smem, const void* gmem, bool pred = true) {
+FASTINFER_PTX_MEM_FN void cp_async_cg_16(void* smem, const void* gmem, bool pred = true) {
 #if defined(FASTINFER_SIMT)
+  FASTINFER_PTX_REPORT(::fastinfer::simt::detail::kProfCpAsync, smem, 16u, gmem, pred ? 16u : 0u);
   ::fastinfer::simt::detail::cp_async(smem, gmem, 16, pred ? 16u : 0u);
 #else
   uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));

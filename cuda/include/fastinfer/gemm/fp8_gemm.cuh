@@ -73,7 +73,9 @@ struct GemmConfig {
 };
 
 // The configurations, picked by M bucket in the launcher (cuda/src/gemm_fp8.cu).
-using Fp8ConfigSmall = GemmConfig<16, 64, 1, 4, 4>;     // M <= 16 (decode): 4 warps of 16 x 16, 40 KiB smem
+// M <= 16 (decode): 2 warps of 16 x 16, 24 KiB smem. 32-column tiles: with 64 columns a 4096-wide
+// layer was 64 CTAs, half of a 132-SM GPU idle (simt profile / bench/model.py); 32 give 128.
+using Fp8ConfigSmall = GemmConfig<16, 32, 1, 2, 4>;
 using Fp8ConfigMedium = GemmConfig<64, 128, 2, 4, 3>;   // M <= 64: 8 warps of 32 x 32, 72 KiB
 using Fp8ConfigLarge = GemmConfig<128, 128, 2, 4, 3>;   // 8 warps of 64 x 32, 96 KiB (fits sm_89's 99 KiB);
                                                         // not for blockwise (register spills on sm_90a)
@@ -166,6 +168,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_scaled_mm_kernel(const F
       ptx::cp_async_commit();
     }
     // Blockwise: this k-tile's scales, loaded before the mmas so the latency hides behind them.
+    // scale_a is [M, K / 128] row-major (the op's contract), so the 8 rows g of a request are
+    // K / 128 floats apart: 8 sectors for 32 bytes (simt profile); the next 7 k-tiles find the
+    // same sectors in L1, and the bytes are ~1% of the k-tile's cp.async traffic.
     float blk_scale[kMi][2];
     if constexpr (kBlockwise) {
       const float sbv = p.scale_b[sb_row * sk + kt];
@@ -224,6 +229,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_scaled_mm_kernel(const F
   ptx::cp_async_wait<0>();  // only empty groups can be pending; keeps the emulator's bookkeeping clean
 
   // ---- epilogue ----
+  // Stores follow the mma C layout: a request writes 4 bytes x 4 lanes = 16 bytes of each of 8 rows,
+  // half of 8 sectors (8 sectors per request, 4 ideal: simt profile); the j + 1 tile of the same
+  // warp writes the other halves right after, so L2 merges them and DRAM sees whole sectors.
+  // Staging the tile through shared memory would trade that for a barrier and smem in a phase
+  // that is once per CTA.
   TOut* __restrict__ out = static_cast<TOut*>(p.out);
   const TOut* __restrict__ bias = static_cast<const TOut*>(p.bias);
   const float sa_tensor = kBlockwise ? 1.f : p.scale_a[0];

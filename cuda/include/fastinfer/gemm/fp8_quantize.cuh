@@ -10,7 +10,11 @@
 //  - per tensor (kTensor): with a given scale one flat elementwise pass; otherwise a reduction
 //    pass first (fp8_amax_partials_kernel: one amax per CTA into the workspace, no atomics, so
 //    the result is deterministic), then the flat pass, whose CTAs each reduce the partials again
-//    (a few hundred floats, from L2) and CTA 0 writes the scale.
+//    (a few hundred floats, from L2) and CTA 0 writes the scale. x is read by both passes (in
+//    bench/model.py's per-launch distinct sectors 1.67x the ideal bytes; the second read is an L2
+//    hit when x fits there): a single pass would need a grid-wide barrier.
+//  - decode-sized inputs (M <= 16 rows) launch fewer CTAs than SMs in every mode; they are a few
+//    hundred KB, latency-bound on any grid.
 #include "fastinfer/common/platform.cuh"
 #include "fastinfer/common/vec.cuh"
 #include "fastinfer/gemm/fp8.h"

@@ -310,7 +310,11 @@ __global__ void __launch_bounds__(kThreads, Config<BM>::kMinCtas)
   }
 }
 
-// One thread per packed word: 8 weights of w[N, K], dequantised exactly as in the GEMM.
+// One thread per packed word: 8 weights of w[N, K], dequantised exactly as in the GEMM. A word
+// holds columns 2t, 2t + 1 and 2t + 8, 2t + 9 of two rows, so each of the four 4-byte stores of a
+// warp fills half of 8 sectors (8 sectors per request, 4 ideal: simt profile); the other halves
+// come from the next store of the same warp, so L2 merges them and DRAM sees whole sectors.
+// Regrouping the pairs per thread would take two shuffles per store for this M >= 512 path.
 constexpr int kDequantThreads = 256;
 
 template <typename T>

@@ -1,6 +1,8 @@
 #pragma once
 // RMSNorm kernels: one CTA per row. Pass 1 reads the row with 16-byte loads and reduces the sum
-// of squares in fp32; pass 2 re-reads it (from L1/L2) and writes the scaled row.
+// of squares in fp32; pass 2 re-reads it (from L1/L2) and writes the scaled row. At decode sizes
+// (T <= 16 rows) the grid has fewer CTAs than SMs (bench/model.py): the op then moves tens of KB
+// and is latency-bound; splitting a row over CTAs would need a second launch for the reduction.
 #include "fastinfer/common/platform.cuh"
 #include "fastinfer/common/reduce.cuh"
 #include "fastinfer/common/vec.cuh"

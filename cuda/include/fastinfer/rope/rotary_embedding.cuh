@@ -1,6 +1,8 @@
 #pragma once
 // Rotary embedding: one CTA per token. A work item is VP consecutive rotation pairs of one head
-// (q heads first, then k heads), moved with 16-byte loads when the layout allows.
+// (q heads first, then k heads), moved with 16-byte loads when the layout allows (VP is chosen in
+// rope.cu so that every access of a lane is one load). At decode sizes (T <= 16) the grid has fewer
+// CTAs than SMs (bench/model.py): a token is 20 KB of q/k, latency-bound on any grid.
 #include "fastinfer/common/platform.cuh"
 #include "fastinfer/common/vec.cuh"
 #include "fastinfer/rope/rotary_embedding.h"

@@ -23,6 +23,14 @@
 //    whole CTA rescans that segment with a block prefix sum: ~V / num_warps elements.
 // Traffic for a walk visiting d nodes: greedy d reads of a logits row; sampling without draft
 // d reads + one segment; with draft, each rejection adds a pass over the row (and P, Q).
+//
+// One CTA per sequence: at B < 132 SMs are idle (B = 1: one SM streams the visited rows;
+// bench/model.py). The walk is sequential (the next node depends on the current node's argmax or
+// rejection test), so spreading one sequence over several CTAs needs a grid-wide reduction per
+// visited node: cooperative launch (a grid barrier per node, not available in the emulator) or
+// one launch per tree level. A two-phase greedy variant (argmax of all N rows in parallel, then
+// a walk over N tokens) would fill the GPU at the cost of reading unvisited rows; it is the
+// candidate when GPU measurements show small-B verification latency matters.
 #include "fastinfer/common/platform.cuh"
 #include "fastinfer/common/smem.cuh"
 #include "fastinfer/common/vec.cuh"

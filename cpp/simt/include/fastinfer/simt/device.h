@@ -80,6 +80,18 @@ void reset_stats();
 // Detailed message of the most recent fault on this OS thread ("" when none).
 const char* last_fault_message();
 
+// Memory-access profiler (cpp/simt/README.md, "Profiling"). Counts only accesses of code built
+// with the profile flags (`python -m fastinfer.simt profile`, the fastinfer._simprof module).
+// mode 0: run the kernels and count; mode 1: record the launch configurations only (kernels do
+// not run). sample_one_in = k > 1 (mode 0): of each launch only the CTAs with
+// (blockIdx.x + 7919 blockIdx.y) % k == 0 run (every blockIdx.z of such a pair; at least the
+// pair (0, 0)); each launch record says how many ran. profile_end
+// writes the data (JSON, call sites as module + offset) to `path` (when not null or empty), then
+// stops and discards it.
+void profile_begin(int mode = 0, int sample_one_in = 1);
+bool profile_active();
+bool profile_end(const char* path);
+
 namespace detail {
 
 // Per-CUDA-thread builtins; the scheduler keeps `tls_cur` pointing at the running fiber.
@@ -92,6 +104,7 @@ struct FiberBuiltins {
   unsigned lane;    // linear % 32
   unsigned warp;    // linear / 32
   unsigned char* dyn_smem;
+  uintptr_t stack_lo, stack_hi;  // the fiber's stack (the profiler ignores accesses to it)
 };
 extern __thread FiberBuiltins* tls_cur;
 
@@ -110,6 +123,9 @@ enum FaultKind { kFaultGeneric = 0, kFaultAssert = 1, kFaultAddress = 2 };
 
 // Block barrier. kind: 0 plain, 1 count, 2 and, 3 or. Returns the reduced predicate.
 int barrier(int kind, int pred, const char* file, unsigned line, unsigned column);
+// The same, reading the call site from `loc` inside the library (so that profile builds do not
+// count the source-location reads as the kernel's memory accesses).
+int barrier_at(int kind, int pred, const std::source_location& loc);
 
 // Warp collective: every lane named in `mask` must arrive with the same `fn` and mask; when the
 // last one arrives, fn computes all lanes' outputs from all lanes' inputs.
@@ -122,6 +138,12 @@ struct LaneIO {
 using CollFn = void (*)(LaneIO* const* lanes, unsigned mask);
 void warp_collective(const char* name, CollFn fn, unsigned mask, LaneIO* io);
 unsigned active_mask();
+
+// Profiler: an access of `size` bytes at `addr` by the running lane, from call site `site` (a
+// return address into the kernel's code). cp.async passes its global source as addr2 / size2.
+enum ProfOp { kProfLoad = 0, kProfStore = 1, kProfAtomic = 2, kProfLdmatrix = 3, kProfCpAsync = 4 };
+void prof_record(uintptr_t site, int op, const void* addr, unsigned size, const void* addr2 = nullptr,
+                 unsigned size2 = 0);
 
 // cp.async emulation (per-thread queue of pending copies, grouped by commit).
 void cp_async(void* dst, const void* src, unsigned bytes, unsigned src_bytes);
@@ -180,18 +202,27 @@ inline constexpr int warpSize = 32;
 
 #pragma GCC visibility push(hidden)
 
+// Profile builds (FASTINFER_SIMT_PROFILE, -fsanitize=thread code generation): the emulator's own
+// bookkeeping in these inline functions (source locations of barriers, collective descriptors)
+// must not be counted as the kernel's memory accesses, so they are left uninstrumented.
+#if defined(FASTINFER_SIMT_PROFILE)
+#define FI_SIMT_NOPROF __attribute__((no_sanitize("thread")))
+#else
+#define FI_SIMT_NOPROF
+#endif
+
 // ---- barriers -----------------------------------------------------------------------------------
-inline void __syncthreads(std::source_location loc = std::source_location::current()) {
-  ::fastinfer::simt::detail::barrier(0, 1, loc.file_name(), loc.line(), loc.column());
+FI_SIMT_NOPROF inline void __syncthreads(std::source_location loc = std::source_location::current()) {
+  ::fastinfer::simt::detail::barrier_at(0, 1, loc);
 }
-inline int __syncthreads_count(int pred, std::source_location loc = std::source_location::current()) {
-  return ::fastinfer::simt::detail::barrier(1, pred, loc.file_name(), loc.line(), loc.column());
+FI_SIMT_NOPROF inline int __syncthreads_count(int pred, std::source_location loc = std::source_location::current()) {
+  return ::fastinfer::simt::detail::barrier_at(1, pred, loc);
 }
-inline int __syncthreads_and(int pred, std::source_location loc = std::source_location::current()) {
-  return ::fastinfer::simt::detail::barrier(2, pred, loc.file_name(), loc.line(), loc.column());
+FI_SIMT_NOPROF inline int __syncthreads_and(int pred, std::source_location loc = std::source_location::current()) {
+  return ::fastinfer::simt::detail::barrier_at(2, pred, loc);
 }
-inline int __syncthreads_or(int pred, std::source_location loc = std::source_location::current()) {
-  return ::fastinfer::simt::detail::barrier(3, pred, loc.file_name(), loc.line(), loc.column());
+FI_SIMT_NOPROF inline int __syncthreads_or(int pred, std::source_location loc = std::source_location::current()) {
+  return ::fastinfer::simt::detail::barrier_at(3, pred, loc);
 }
 inline void __threadfence() {}
 inline void __threadfence_block() {}
@@ -275,8 +306,20 @@ inline unsigned __reduce_or_sync(unsigned mask, unsigned v) { return ::fastinfer
 inline unsigned __reduce_xor_sync(unsigned mask, unsigned v) { return ::fastinfer::simt::detail::reduce_sync("__reduce_xor_sync", mask, v, 5, 0); }
 
 // ---- atomics (fibers of a launch run one at a time: plain read-modify-write is atomic) ---------
+// Profile builds: the atomics are out-of-line, uninstrumented functions that report one atomic
+// access from their caller's call site (their read-modify-write is not counted as a load + store).
+#if defined(FASTINFER_SIMT_PROFILE)
+#define FI_SIMT_PROFILED_FN inline __attribute__((noinline, no_sanitize("thread")))
+#define FI_SIMT_REPORT_ATOMIC(addr)                                                                            \
+  ::fastinfer::simt::detail::prof_record(reinterpret_cast<uintptr_t>(__builtin_return_address(0)),           \
+                                         ::fastinfer::simt::detail::kProfAtomic, (addr), sizeof(*(addr)))
+#else
+#define FI_SIMT_PROFILED_FN inline
+#define FI_SIMT_REPORT_ATOMIC(addr) ((void)0)
+#endif
 #define FI_SIMT_ATOMIC_RMW(NAME, T, EXPR) \
-  inline T NAME(T* address, T val) {     \
+  FI_SIMT_PROFILED_FN T NAME(T* address, T val) { \
+    FI_SIMT_REPORT_ATOMIC(address);       \
     T old = *address;                     \
     *address = (EXPR);                    \
     return old;                           \
@@ -315,7 +358,8 @@ FI_SIMT_ATOMIC_RMW(atomicInc, unsigned, (old >= val) ? 0u : old + 1u)
 FI_SIMT_ATOMIC_RMW(atomicDec, unsigned, (old == 0u || old > val) ? val : old - 1u)
 #undef FI_SIMT_ATOMIC_RMW
 #define FI_SIMT_ATOMIC_CAS(T)                                   \
-  inline T atomicCAS(T* address, T compare, T val) {           \
+  FI_SIMT_PROFILED_FN T atomicCAS(T* address, T compare, T val) { \
+    FI_SIMT_REPORT_ATOMIC(address);                             \
     T old = *address;                                           \
     if (old == compare) *address = val;                         \
     return old;                                                 \

@@ -12,7 +12,7 @@ void coll_mma_bf16(LaneIO* const*, unsigned);
 void coll_mma_e4m3(LaneIO* const*, unsigned);
 void coll_ldmatrix(LaneIO* const*, unsigned);
 
-inline void mma(int kind, float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4]) {
+FI_SIMT_NOPROF inline void mma(int kind, float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4]) {
   LaneIO io;
   for (int i = 0; i < 4; ++i) io.in[i] = a[i];
   io.in[4] = b[0];
@@ -26,7 +26,7 @@ inline void mma(int kind, float (&d)[4], const uint32_t (&a)[4], const uint32_t 
   for (int i = 0; i < 4; ++i) std::memcpy(&d[i], &io.out[i], 4);
 }
 
-inline void ldmatrix(uint32_t* r, const void* smem, int num, bool trans) {
+FI_SIMT_NOPROF inline void ldmatrix(uint32_t* r, const void* smem, int num, bool trans) {
   LaneIO io;
   io.ptr = smem;
   io.a = num;

@@ -1,0 +1,581 @@
+#!/usr/bin/env python
+"""A MODEL of H200 time for every kernel family at the benchmark shapes -- not a measurement.
+
+Every figure this script prints or writes is a model output (labelled "model"): exact counters of
+the emulated execution of our kernel sources (the simt profiler: cpp/simt/README.md, "Profiling")
+combined with the ptxas resource report and the launch grid into an idealised H200 time. Nothing
+here was timed on a GPU.
+
+Per case (a benchmark shape of bench/ops.py, attention.py, gemm_fp8.py, gemm_int4.py,
+tree_verify.py -- the decode contexts whose KV cache fits a few GB of host memory, the 70B GEMM
+layers at decode sizes M = 1, 16; merge_attention_states, move_kv_slots and fp8_quantize, which no
+benchmark times, at representative shapes):
+
+1. The op runs once through ``fastinfer.simt.profile`` (the profile build of the sim kernels) at
+   the benchmark shape itself, so grids, split heuristics and per-CTA work are the real ones.
+   Where the emulator would be too slow, only about one CTA in ``sample`` runs (a fixed hash of
+   (blockIdx.x, blockIdx.y); all blockIdx.z of a chosen pair, so split-K / split-KV partitions stay
+   whole). **Scaling rule**: a launch's counters (DRAM sectors, mma) are multiplied by
+   CTAs in the grid / CTAs that ran; per-request ratios (sectors/request, wavefronts/request)
+   need no scaling. For families whose CTAs re-read shared operands (prefill attention, the
+   GEMMs) a sampled subset would count every CTA's re-reads as DRAM traffic, so there the model
+   DRAM bytes are the ideal bytes times the measured sector over-fetch of the global accesses
+   (L2 is assumed to hold the reuse; the profiler cannot see L2 hits), plus the split-K partials
+   of int4_gemm (2 x splits x M x N x 4 bytes), which are not part of the ideal.
+2. DRAM bytes (model) = distinct 32-byte sectors read + written per launch (a lower bound on HBM
+   traffic); ideal bytes = every input read once and every output written once.
+3. Occupancy: CTAs per SM from registers (ptxas report, sm_90a; 64K registers, 256-register warp
+   granules), shared memory (static from ptxas + dynamic + 1 KB reserved, 228 KB per SM), threads
+   (2048) and the 32-CTA limit. Waves = CTAs / (132 SMs x CTAs per SM).
+4. Time (model) per launch = max(DRAM bytes / 4.3 TB/s, tensor-core FLOPs / 790 TFLOP/s bf16 or
+   1580 fp8) / SM balance, with SM balance = CTAs / (132 x ceil(CTAs / 132)): the CTAs are spread
+   over the SMs in waves of 132, every SM that holds work delivers its 1/132 of the chip's
+   throughput (shared by the CTAs resident on it), so a launch of fewer than 132 CTAs leaves SMs
+   idle and a partial last wave leaves some SMs with one CTA less. An op's time is the sum over
+   its launches; roofline = max(ideal bytes / 4.3 TB/s, useful FLOPs / peak); fraction = roofline
+   / time. Launches with fewer CTAs than the GPU can hold resident (less than one wave of
+   132 x CTAs per SM) are flagged: whether their CTAs keep enough loads in flight to reach the
+   SM's share is latency hiding, which the model cannot see.
+
+What the model cannot see: latency hiding (an SM with at least one CTA is assumed to reach its
+share of the roofline), L2 hits beyond the rule above, instruction issue limits (CUDA-core math,
+shuffles, ldmatrix/mma issue), launch overhead, clocks, and the sm_90a CUTLASS fp8 kernel (the
+emulator runs the mma.sync path, which H200 uses for blockwise scales and as the fallback).
+
+    python bench/model.py [--quick] [--only FAMILY,...] [--json PATH] [--label before|after]
+    python bench/model.py --compare bench/results/model-before.json bench/results/model-after.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import defaultdict
+
+import torch
+
+import fastinfer
+import fastinfer._sim  # noqa: F401  (torch.ops.fastinfer_sim, used for reference runs)
+import fastinfer.simt as simt
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import git_commit  # noqa: E402
+
+H200 = dict(
+    name="H200 SXM (model constants)", sms=132, regs_per_sm=65536, reg_granule_per_warp=256, max_regs_per_thread=255,
+    smem_per_sm=233472, smem_reserved_per_cta=1024, smem_granule=128, max_ctas_per_sm=32, max_threads_per_sm=2048,
+    hbm_bytes_per_s=4.3e12, tc_flops_per_s={"bf16": 790e12, "fp8": 1580e12},
+)
+LABEL = "MODEL: simt emulator counters + ptxas report + H200 constants; not a GPU measurement"
+
+# Llama-3-8B shapes (bench/ops.py, attention.py)
+HIDDEN, FFN, HQ, HKV, HEAD_DIM, BLOCK = 4096, 14336, 32, 8, 128, 16
+
+
+def ns():
+    return torch.ops.fastinfer_sim  # looked up at call time: fastinfer.simt.profile swaps it
+
+
+# ---- ptxas report ------------------------------------------------------------------------------
+def load_ptxas(arch="sm_90a"):
+    """{normalised demangled kernel name: {"registers": int, "smem": int}} from the build's report."""
+    path = os.path.join(os.path.dirname(fastinfer.__file__), "ptxas_report.txt")
+    if not os.path.exists(path):
+        return {}, None
+    entries, cur = {}, None
+    for line in open(path):
+        m = re.search(r"Compiling entry function '([^']+)' for '(sm_\w+)'", line)
+        if m:
+            cur = m.group(1) if m.group(2) == arch else None
+            if cur:
+                entries.setdefault(cur, {"registers": 0, "smem": 0})
+            continue
+        if cur is None:
+            continue
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            entries[cur]["registers"] = int(m.group(1))
+            s = re.search(r"(\d+) bytes smem", line)
+            entries[cur]["smem"] = int(s.group(1)) if s else 0
+    names = list(entries)
+    r = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True)
+    demangled = r.stdout.splitlines() if r.returncode == 0 else names
+    return {_norm(d): entries[n] for n, d in zip(names, demangled)}, path
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"\s+", "", name)
+
+
+# ---- occupancy, waves, time --------------------------------------------------------------------
+def occupancy(threads, regs, smem_static, smem_dynamic, dev=H200):
+    warps = math.ceil(threads / 32)
+    lim = {"threads": dev["max_threads_per_sm"] // (warps * 32), "ctas": dev["max_ctas_per_sm"]}
+    if regs:
+        per_warp = math.ceil(regs * 32 / dev["reg_granule_per_warp"]) * dev["reg_granule_per_warp"]
+        lim["registers"] = (dev["regs_per_sm"] // per_warp) // warps
+    smem = smem_static + smem_dynamic + dev["smem_reserved_per_cta"]
+    smem = math.ceil(smem / dev["smem_granule"]) * dev["smem_granule"]
+    lim["shared memory"] = dev["smem_per_sm"] // smem
+    limiter = min(lim, key=lambda k: (lim[k], k != "registers"))
+    ctas = max(lim[limiter], 0)
+    return ctas, limiter, ctas * warps / 64
+
+
+def launch_model(rec, kname, ptxas, peak_kind, dram_bytes, flops, dev=H200):
+    grid = rec["grid"]
+    ctas = grid[0] * grid[1] * grid[2]
+    threads = rec["block"][0] * rec["block"][1] * rec["block"][2]
+    info = ptxas.get(_norm(kname))
+    regs = info["registers"] if info else None
+    smem_static = info["smem"] if info else 0
+    per_sm, limiter, occ = occupancy(threads, regs, smem_static, rec["dynamic_smem"], dev)
+    slots = dev["sms"] * max(per_sm, 1)
+    waves = ctas / slots  # waves of resident CTAs (occupancy)
+    eff = ctas / (dev["sms"] * math.ceil(ctas / dev["sms"])) if ctas else 1.0  # SM balance
+    t_hbm = dram_bytes / dev["hbm_bytes_per_s"]
+    t_tc = flops / dev["tc_flops_per_s"][peak_kind] if flops and peak_kind else 0.0
+    t = max(t_hbm, t_tc) / eff
+    return dict(kernel=kname, grid=grid, ctas=ctas, threads_per_cta=threads, registers=regs,
+                registers_known=info is not None, smem_static=smem_static, smem_dynamic=rec["dynamic_smem"],
+                ctas_per_sm=per_sm, occupancy_limiter=limiter, occupancy=round(occ, 3), waves=round(waves, 3),
+                sm_balance=round(eff, 3), ctas_run=rec["blocks_run"],
+                model_dram_bytes=int(dram_bytes), model_tensor_flops=int(flops),
+                model_t_hbm_us=t_hbm * 1e6, model_t_tc_us=t_tc * 1e6, model_time_us=t * 1e6)
+
+
+# ---- per-line summaries --------------------------------------------------------------------------
+GLOBAL_OPS = ("ld.global", "st.global", "cp.async")
+SHARED_OPS = ("ld.shared", "st.shared", "ldmatrix", "cp.async")
+
+
+def summarise_lines(kernels):
+    g = dict(requests=0, sectors=0, ideal=0)
+    s = dict(requests=0, wavefronts=0, ideal=0)
+    worst_g, worst_s = None, None
+    for k in kernels:
+        ksec = sum(e["sectors"] for e in k["lines"]) or 1
+        kwav = sum(e["wavefronts"] for e in k["lines"]) or 1
+        for e in k["lines"]:
+            is_g = e["op"] in GLOBAL_OPS or (e["op"] == "atomic" and e["space"] == "global")
+            is_s = e["op"] in SHARED_OPS or (e["op"] == "atomic" and e["space"] == "shared")
+            if is_g and e["sectors"]:
+                g["requests"] += e["requests"]
+                g["sectors"] += e["sectors"]
+                g["ideal"] += e["ideal_sectors"]
+                ratio = e["sectors"] / max(e["ideal_sectors"], 1)
+                share = e["sectors"] / ksec
+                if share >= 0.05 and (worst_g is None or ratio > worst_g["over_ideal"]):
+                    worst_g = dict(line=f"{e['file']}:{e['line']}", op=e["op"], over_ideal=round(ratio, 3),
+                                   sectors_per_request=round(e["sectors"] / e["requests"], 2),
+                                   ideal_per_request=round(e["ideal_sectors"] / e["requests"], 2),
+                                   share_of_kernel_sectors=round(share, 3), kernel=k["name"])
+            if is_s and e["wavefronts"]:
+                s["requests"] += e["requests"]
+                s["wavefronts"] += e["wavefronts"]
+                s["ideal"] += e["ideal_wavefronts"]
+                ways = e["wavefronts"] / max(e["ideal_wavefronts"], 1)
+                share = e["wavefronts"] / kwav
+                if share >= 0.05 and (worst_s is None or ways > worst_s["conflict_ways"]):
+                    worst_s = dict(line=f"{e['file']}:{e['line']}", op=e["op"], conflict_ways=round(ways, 3),
+                                   share_of_kernel_wavefronts=round(share, 3), kernel=k["name"])
+    out = {}
+    if g["requests"]:
+        out["global"] = dict(requests=g["requests"], sectors_per_request=round(g["sectors"] / g["requests"], 3),
+                             ideal_sectors_per_request=round(g["ideal"] / g["requests"], 3),
+                             over_ideal=round(g["sectors"] / max(g["ideal"], 1), 3), worst_line=worst_g)
+    if s["requests"]:
+        out["shared"] = dict(requests=s["requests"], wavefronts_per_request=round(s["wavefronts"] / s["requests"], 3),
+                             ideal_wavefronts_per_request=round(s["ideal"] / s["requests"], 3),
+                             conflict_ways=round(s["wavefronts"] / max(s["ideal"], 1), 3), worst_line=worst_s)
+    return out
+
+
+# ---- cases ---------------------------------------------------------------------------------------
+class Case:
+    def __init__(self, family, label, build, sample=1, reuse=False, extra=None):
+        self.family, self.label, self.build, self.sample, self.reuse = family, label, build, sample, reuse
+        self.extra = extra  # (kernel name, launch record) -> bytes outside the ideal (workspaces), "ideal" rule
+
+
+def _bf16(*shape, gen=None):
+    return torch.randn(*shape, generator=gen).to(torch.bfloat16)
+
+
+def case_rms_norm(t):
+    def build():
+        x, w = _bf16(t, HIDDEN), _bf16(HIDDEN)
+        return dict(fn=lambda: ns().rms_norm(x, w, 1e-5), ideal=(2 * t * HIDDEN + HIDDEN) * 2)
+    return Case("rms_norm", f"T={t} H={HIDDEN}", build, sample=max(1, t // 256))
+
+
+def case_fused_add(t):
+    def build():
+        x, r, w = _bf16(t, HIDDEN), _bf16(t, HIDDEN), _bf16(HIDDEN)
+        return dict(fn=lambda: ns().fused_add_rms_norm(x, r, w, 1e-5), ideal=(4 * t * HIDDEN + HIDDEN) * 2)
+    return Case("fused_add_rms_norm", f"T={t} H={HIDDEN}", build, sample=max(1, t // 256))
+
+
+def case_silu(t):
+    def build():
+        x = _bf16(t, 2 * FFN)
+        return dict(fn=lambda: ns().silu_and_mul(x), ideal=3 * t * FFN * 2)
+    return Case("silu_and_mul", f"T={t} F={FFN}", build, sample=max(1, t // 64))
+
+
+def case_rope(t):
+    def build():
+        from fastinfer.ops import build_rope_cache
+
+        qkv = _bf16(t, (HQ + 2 * HKV) * HEAD_DIM)
+        q = qkv[:, : HQ * HEAD_DIM].view(t, HQ, HEAD_DIM)
+        k = qkv[:, HQ * HEAD_DIM: (HQ + HKV) * HEAD_DIM].view(t, HKV, HEAD_DIM)
+        pos = torch.randint(0, 8192, (t,))
+        cache = build_rope_cache(8192, HEAD_DIM, theta=500000.0)
+        ideal = 2 * t * (HQ + HKV) * HEAD_DIM * 2 + t * 8 + t * HEAD_DIM * 4
+        return dict(fn=lambda: ns().rotary_embedding(pos, q, k, cache, True), ideal=ideal)
+    return Case("rotary_embedding", f"T={t} Hq={HQ} Hkv={HKV} D={HEAD_DIM}", build, sample=max(1, t // 256))
+
+
+def case_reshape_and_cache(t):
+    def build():
+        qkv = _bf16(t, (HQ + 2 * HKV) * HEAD_DIM)
+        k = qkv[:, HQ * HEAD_DIM: (HQ + HKV) * HEAD_DIM].view(t, HKV, HEAD_DIM)
+        v = qkv[:, (HQ + HKV) * HEAD_DIM:].view(t, HKV, HEAD_DIM)
+        nb = max(4, math.ceil(t / BLOCK) * 2)
+        kc = torch.zeros(nb, BLOCK, HKV, HEAD_DIM, dtype=torch.bfloat16)
+        vc = torch.zeros_like(kc)
+        slots = torch.randperm(nb * BLOCK)[:t]
+        return dict(fn=lambda: ns().reshape_and_cache(k, v, kc, vc, slots, None, None),
+                    ideal=4 * t * HKV * HEAD_DIM * 2 + t * 8)
+    return Case("reshape_and_cache", f"T={t} Hkv={HKV} D={HEAD_DIM} BS={BLOCK}", build, sample=max(1, t // 256))
+
+
+def case_move_kv_slots(moves=64, nb=512):
+    def build():
+        kc = _bf16(nb, BLOCK, HKV, HEAD_DIM)
+        vc = _bf16(nb, BLOCK, HKV, HEAD_DIM)
+        perm = torch.randperm(nb * BLOCK)
+        src, dst = perm[:moves], perm[moves: 2 * moves]
+        row = HKV * HEAD_DIM * 2
+        return dict(fn=lambda: ns().move_kv_slots(kc, vc, src, dst), ideal=2 * moves * row * 2 + 2 * moves * 8)
+    return Case("move_kv_slots", f"moves={moves} Hkv={HKV} D={HEAD_DIM} (spec-decode compaction)", build)
+
+
+def case_merge(t=512):
+    def build():
+        va, vb = _bf16(t, HQ, HEAD_DIM), _bf16(t, HQ, HEAD_DIM)
+        la, lb = torch.randn(t, HQ), torch.randn(t, HQ)
+        return dict(fn=lambda: ns().merge_attention_states(va, la, vb, lb),
+                    ideal=3 * t * HQ * HEAD_DIM * 2 + 3 * t * HQ * 4)
+    return Case("merge_attention_states", f"T={t} H={HQ} D={HEAD_DIM}", build, sample=max(1, t // 128))
+
+
+def case_decode(b, ctx, hq, hkv, sample=1):
+    def build():
+        nbs = math.ceil(ctx / BLOCK)
+        kc = torch.zeros(b * nbs, BLOCK, hkv, HEAD_DIM, dtype=torch.bfloat16)
+        vc = torch.zeros_like(kc)
+        table = torch.randperm(b * nbs).to(torch.int32).view(b, nbs)
+        lens = torch.full((b,), ctx, dtype=torch.int32)
+        q = _bf16(b, hq, HEAD_DIM)
+        ideal = 2 * b * ctx * hkv * HEAD_DIM * 2 + 2 * b * hq * HEAD_DIM * 2 + b * nbs * 4
+        return dict(fn=lambda: ns().paged_decode_attention(q, kc, vc, table, lens, HEAD_DIM ** -0.5), ideal=ideal)
+    return Case("paged_decode_attention", f"B={b} ctx={ctx} Hq/Hkv={hq}/{hkv} D={HEAD_DIM} BS={BLOCK}", build,
+                sample=sample)
+
+
+def case_prefill(t, hq, hkv, d, causal, paged=False):
+    def build():
+        q, k, v = _bf16(t, hq, d), _bf16(t, hkv, d), _bf16(t, hkv, d)
+        cu = torch.tensor([0, t], dtype=torch.int32)
+        flops = 4 * hq * d * (t * (t + 1) / 2 if causal else t * t)
+        ideal = (2 * t * hq * d + 2 * t * hkv * d) * 2
+        if not paged:
+            fn = lambda: ns().prefill_attention(q, k, v, cu, cu, t, t, d ** -0.5, causal)  # noqa: E731
+        else:
+            nbs = math.ceil(t / BLOCK)
+            kc = k.view(nbs, BLOCK, hkv, d).contiguous()
+            vc = v.view(nbs, BLOCK, hkv, d).contiguous()
+            table = torch.arange(nbs, dtype=torch.int32).view(1, nbs)
+            lens = torch.tensor([t], dtype=torch.int32)
+            fn = lambda: ns().paged_prefill_attention(q, kc, vc, table, cu, lens, t, d ** -0.5, causal)  # noqa: E731
+        return dict(fn=fn, ideal=ideal, flops=flops, peak="bf16")
+    ctas = math.ceil(t / 64) * hq
+    return Case("paged_prefill_attention" if paged else "prefill_attention",
+                f"T={t} Hq/Hkv={hq}/{hkv} D={d} {'causal' if causal else 'full'}", build,
+                sample=max(1, ctas // 32), reuse=True)
+
+
+def case_fp8_quantize(m, k, mode):
+    def build():
+        x = _bf16(m, k)
+        scale_bytes = {"token": 4 * m, "group": 4 * m * k // 128, "tensor": 4}[mode]
+        return dict(fn=lambda: ns().fp8_quantize(x, mode, 128, None), ideal=m * k * 2 + m * k + scale_bytes)
+    return Case("fp8_quantize", f"M={m} K={k} mode={mode}", build, sample=max(1, m * k // (1 << 21)))
+
+
+def _rand_fp8(*shape):
+    return torch.randint(0, 0x7e, shape, dtype=torch.uint8).view(torch.float8_e4m3fn)
+
+
+def case_fp8_mm(m, n, k, layer, blockwise=False, model="8b"):
+    def build():
+        a, b = _rand_fp8(m, k), _rand_fp8(n, k)
+        if blockwise:
+            sa, sb = torch.rand(m, k // 128) + 0.5, torch.rand(n // 128, k // 128) + 0.5
+        else:
+            sa, sb = torch.rand(m) + 0.5, torch.rand(n) + 0.5
+        ideal = m * k + n * k + m * n * 2 + (sa.numel() + sb.numel()) * 4
+        return dict(fn=lambda: ns().fp8_scaled_mm(a, b, sa, sb, torch.bfloat16), ideal=ideal, flops=2.0 * m * n * k,
+                    peak="fp8")
+    bm = 16 if m <= 16 else (64 if m <= 64 or blockwise else 128)
+    mma = math.ceil(m / bm) * (bm // 16) * (n // 8) * (k // 32)  # warp-level m16n8k32 instructions
+    return Case("fp8_scaled_mm", f"llama3-{model} {layer} M={m} N={n} K={k}{' blockwise' if blockwise else ''}", build,
+                sample=max(1, math.ceil(mma / 4e5)), reuse=True)
+
+
+def case_int4(m, n, k, layer, model="8b"):
+    def build():
+        w_q = torch.randint(0, 16, (n, k), dtype=torch.uint8)
+        packed = torch.ops.fastinfer.int4_pack(w_q)
+        scales = (torch.rand(k // 128, n) * 0.01 + 0.001).to(torch.bfloat16)
+        a = _bf16(m, k)
+        if m >= 512:  # dequantise kernel + dense matmul (not ours): only the kernel is modelled
+            ideal = n * k // 2 + (k // 128) * n * 2 + n * k * 2
+            return dict(fn=lambda: ns().int4_gemm(a, packed, scales, None, 128), ideal=ideal)
+        ideal = n * k // 2 + (k // 128) * n * 2 + m * k * 2 + m * n * 2
+        return dict(fn=lambda: ns().int4_gemm(a, packed, scales, None, 128), ideal=ideal, flops=2.0 * m * n * k,
+                    peak="bf16")
+    bm = 16 if m <= 16 else (32 if m <= 32 else 64)
+    mma = math.ceil(m / bm) * (bm // 16) * (n // 8) * (k // 16)
+    sample = max(1, math.ceil(mma / 3e5)) if m < 512 else max(1, (n * k) // (1 << 22))
+    fam = "int4_gemm" if m < 512 else "int4_dequantize (int4_gemm M>=512)"
+
+    def split_k_partials(kname, rec):  # fp32 partials [splits, M, N] written by every split, read by the last
+        return 2 * rec["grid"][2] * m * n * 4 if "int4_gemm_kernel" in kname and rec["grid"][2] > 1 else 0
+
+    return Case(fam, f"llama3-{model} {layer} M={m} N={n} K={k} g128", build, sample=sample, reuse=m < 512,
+                extra=split_k_partials)
+
+
+def case_tree_verify(b, n, mode, v=128256):
+    def build():  # ideal: the visited nodes' logits read once (DESIGN.md's baseline; draft mode also reads q)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from tree_verify import make_case
+
+        args = make_case(b, n, v, mode, torch.device("cpu"))
+        _, num, _ = torch.ops.fastinfer.tree_verify(*args)  # CPU implementation: the visited nodes
+        visited = int(num.sum()) + b
+        ideal = visited * v * 2
+        return dict(fn=lambda: ns().tree_verify(*args), ideal=ideal, note=f"visited nodes {visited}")
+    return Case("tree_verify", f"B={b} N={n} V={v} {mode}", build, sample=max(1, b // 4))
+
+
+def all_cases(quick=False):
+    tokens = [1, 512] if quick else [1, 16, 512, 4096]
+    cases = []
+    for t in tokens:
+        cases += [case_rms_norm(t), case_fused_add(t), case_silu(t), case_rope(t), case_reshape_and_cache(t)]
+    cases += [case_move_kv_slots(), case_merge(512)]
+    dec = [(1, 4096, 32, 8, 1), (64, 4096, 32, 8, 16)] if quick else [
+        (1, 512, 32, 8, 1), (1, 4096, 32, 8, 1), (1, 32768, 32, 8, 2), (16, 512, 32, 8, 1), (16, 4096, 32, 8, 4),
+        (64, 512, 32, 8, 4), (64, 4096, 32, 8, 16), (256, 512, 32, 8, 16), (1, 4096, 32, 32, 2),
+        (16, 4096, 32, 32, 8), (64, 512, 32, 32, 8)]
+    cases += [case_decode(*c[:4], sample=c[4]) for c in dec]
+    pre = [(1024, 32, 32, 128, True), (8192, 32, 32, 128, True)] if quick else [
+        (t, hq, hkv, d, c) for t in (1024, 8192) for hq, hkv, d in ((32, 32, 128), (32, 8, 128), (32, 32, 64))
+        for c in (True, False)]
+    cases += [case_prefill(*p) for p in pre]
+    cases += [case_prefill(1024, 32, 8, 128, True, paged=True)]
+    cases += [case_fp8_quantize(m, 4096, mode) for m in ((16, 4096) if not quick else (16,))
+              for mode in ("token", "group", "tensor")]
+    shapes = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
+    if quick:
+        shapes = shapes[1:2]
+    for layer, n, k in shapes:
+        for m in ((1, 4096) if quick else (1, 16, 64, 256, 4096)):
+            cases.append(case_fp8_mm(m, n, k, layer))
+        cases.append(case_fp8_mm(16 if quick else 1, n, k, layer, blockwise=True))
+        for m in ((1, 16) if quick else (1, 16, 64, 256, 4096)):
+            cases.append(case_int4(m, n, k, layer))
+    if not quick:  # Llama-3-70B layers at decode sizes (the larger M behave like the 8B layers above)
+        for layer, n, k in (("qkv", 10240, 8192), ("o", 8192, 8192), ("gate_up", 57344, 8192), ("down", 8192, 28672)):
+            for m in (1, 16):
+                cases.append(case_fp8_mm(m, n, k, layer, model="70b"))
+                cases.append(case_int4(m, n, k, layer, model="70b"))
+    tv = [(1, 8, "greedy"), (16, 8, "sample")] if quick else [
+        (b, 8, mode) for b in (1, 16, 64) for mode in ("greedy", "sample", "draft")] + [
+        (1, 64, "greedy"), (16, 64, "greedy"), (16, 64, "sample")]
+    cases += [case_tree_verify(*c) for c in tv]
+    return cases
+
+
+# ---- run -----------------------------------------------------------------------------------------
+def run_case(case, ptxas):
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    spec = case.build()
+    rep = simt.profile(spec["fn"], sample=case.sample)
+    wall = time.perf_counter() - t0
+    peak = spec.get("peak")
+    lines = summarise_lines(rep["kernels"])
+    over = lines.get("global", {}).get("over_ideal", 1.0)
+    sampled = any(r["blocks_run"] < r["grid"][0] * r["grid"][1] * r["grid"][2]
+                  for k in rep["kernels"] for r in k["records"])
+    use_ideal = case.reuse and sampled
+    launches = []
+    measured_total = 0.0
+    for k in rep["kernels"]:
+        for r in k["records"]:
+            ctas = r["grid"][0] * r["grid"][1] * r["grid"][2]
+            scale = ctas / max(r["blocks_run"], 1)
+            measured_total += (r["dram_read_bytes"] + r["dram_write_bytes"]) * scale
+    for k in rep["kernels"]:
+        for r in k["records"]:
+            ctas = r["grid"][0] * r["grid"][1] * r["grid"][2]
+            scale = ctas / max(r["blocks_run"], 1)
+            dram = (r["dram_read_bytes"] + r["dram_write_bytes"]) * scale
+            if use_ideal:  # this launch's share of the op's traffic, at ideal x over-fetch
+                dram = spec["ideal"] * over * (dram / measured_total if measured_total else 1.0)
+                if case.extra:
+                    dram += case.extra(k["name"], r)
+            flops = r["tensor_flops"] * scale
+            launches.append(launch_model(r, k["name"], ptxas, peak, dram, flops))
+    dram_total = sum(x["model_dram_bytes"] for x in launches)
+    flops_total = sum(x["model_tensor_flops"] for x in launches)
+    t_model = sum(x["model_time_us"] for x in launches)
+    useful = spec.get("flops", 0.0)
+    t_roof = max(spec["ideal"] / H200["hbm_bytes_per_s"],
+                 useful / H200["tc_flops_per_s"][peak] if peak and useful else 0.0) * 1e6
+    findings = []
+    g, s = lines.get("global"), lines.get("shared")
+    if g and g["worst_line"] and g["worst_line"]["over_ideal"] >= 1.25:
+        findings.append(f"uncoalesced: {g['worst_line']['line']} {g['worst_line']['op']} "
+                        f"{g['worst_line']['sectors_per_request']} sectors/request (ideal "
+                        f"{g['worst_line']['ideal_per_request']})")
+    if s and s["worst_line"] and s["worst_line"]["conflict_ways"] >= 1.5:
+        findings.append(f"bank conflicts: {s['worst_line']['line']} {s['worst_line']['op']} "
+                        f"{s['worst_line']['conflict_ways']}-way")
+    for x in launches:
+        if x["ctas"] < H200["sms"]:
+            findings.append(f"SMs idle: {short(x['kernel'])} {x['ctas']} CTAs on {H200['sms']} SMs "
+                            f"({x['waves']} waves of {x['ctas_per_sm']}/SM)")
+        elif x["waves"] < 0.9:
+            findings.append(f"less than one wave: {short(x['kernel'])} {x['ctas']} CTAs, {x['waves']} waves of "
+                            f"{x['ctas_per_sm']}/SM")
+    if dram_total > 1.2 * spec["ideal"]:
+        findings.append(f"DRAM {dram_total / spec['ideal']:.2f}x ideal")
+    row = dict(family=case.family, case=case.label, kind="model", sample_one_in=case.sample, sampled=sampled,
+               dram_rule="ideal x measured sector over-fetch" if use_ideal else "distinct sectors x CTA scale",
+               ideal_bytes=int(spec["ideal"]), useful_flops=useful, peak=peak, note=spec.get("note"),
+               model_dram_bytes=int(dram_total), model_dram_over_ideal=round(dram_total / spec["ideal"], 3),
+               model_tensor_flops=int(flops_total), model_time_us=t_model, model_roofline_us=t_roof,
+               model_fraction_of_roofline=round(t_roof / t_model, 3) if t_model else None,
+               launches=launches, findings=findings, profile_wall_s=round(wall, 2), **lines)
+    del spec, rep
+    return row
+
+
+def short(name):
+    m = re.search(r"(\w+)<", name) or re.search(r"(\w+)\(", name)
+    return m.group(1) if m else name
+
+
+def fmt_row(r):
+    g, s = r.get("global"), r.get("shared")
+    sec = f"{g['sectors_per_request']:.2f}/{g['ideal_sectors_per_request']:.2f}" if g else "-"
+    ways = f"{s['conflict_ways']:.2f}" if s else "-"
+    occ = ", ".join(sorted({f"{x['ctas_per_sm']}({x['occupancy_limiter'][:4]})" for x in r["launches"]}))
+    waves = ", ".join(f"{x['waves']:.2f}" for x in r["launches"][:3]) + (" ..." if len(r["launches"]) > 3 else "")
+    return (f"{r['family'][:22]:<22} {r['case'][:44]:<44} {sec:>11} {ways:>5} {r['model_dram_over_ideal']:>6.2f} "
+            f"{occ[:16]:>16} {waves[:18]:>18} {r['model_time_us']:>10.2f} {r['model_roofline_us']:>10.2f} "
+            f"{r['model_fraction_of_roofline'] or 0:>6.3f}")
+
+
+HEADER = (f"{'family':<22} {'case':<44} {'sec/req':>11} {'ways':>5} {'DRAM/':>6} {'CTAs/SM(lim)':>16} "
+          f"{'waves':>18} {'model us':>10} {'roof us':>10} {'frac':>6}\n"
+          f"{'':<22} {'':<44} {'(ideal)':>11} {'':>5} {'ideal':>6}")
+
+
+def compare(path_a, path_b, all_rows=False):
+    """Model before / after table of two result files (cases whose model figures changed)."""
+    a = {(r["family"], r["case"]): r for r in json.load(open(path_a))["rows"] if "error" not in r}
+    b = {(r["family"], r["case"]): r for r in json.load(open(path_b))["rows"] if "error" not in r}
+
+    def sec(r):
+        g = r.get("global")
+        return f"{g['sectors_per_request']:.2f}/{g['ideal_sectors_per_request']:.2f}" if g else "-"
+
+    def ways(r):
+        return f"{r['shared']['conflict_ways']:.2f}" if r.get("shared") else "-"
+
+    def ctas(r):
+        return "+".join(str(x["ctas"]) for x in r["launches"])
+
+    print(f"{LABEL}\n{'family':<22} {'case':<46} {'sec/req (ideal)':>23} {'ways':>11} {'CTAs':>13} "
+          f"{'model us':>17} {'fraction':>13}")
+    for key in a:
+        if key not in b:
+            continue
+        x, y = a[key], b[key]
+        changed = (sec(x), ways(x), ctas(x), round(x["model_time_us"], 2)) != (sec(y), ways(y), ctas(y),
+                                                                                round(y["model_time_us"], 2))
+        if not (changed or all_rows):
+            continue
+        print(f"{key[0][:22]:<22} {key[1][:46]:<46} {sec(x):>11}>{sec(y):<11} {ways(x):>5}>{ways(y):<5} "
+              f"{ctas(x)[:6]:>6}>{ctas(y)[:6]:<6} {x['model_time_us']:>8.2f}>{y['model_time_us']:<8.2f} "
+              f"{x['model_fraction_of_roofline']:>6.3f}>{y['model_fraction_of_roofline']:<6.3f}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), default=None,
+                   help="print the model figures that changed between two result files and exit")
+    p.add_argument("--quick", action="store_true", help="a few cases per family")
+    p.add_argument("--only", default=None, help="comma-separated families (prefix match)")
+    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--label", default=None, help="free text stored in the JSON (e.g. before / after)")
+    args = p.parse_args(argv)
+    if args.compare:
+        compare(*args.compare)
+        return
+    torch.set_num_threads(1)
+    ptxas, ptxas_path = load_ptxas()
+    if not ptxas:
+        print("model: no ptxas report (built without CUDA): register limits unknown, occupancy from "
+              "threads and shared memory only")
+    cases = all_cases(args.quick)
+    if args.only:
+        keys = args.only.split(",")
+        cases = [c for c in cases if any(c.family.startswith(k) for k in keys)]
+    print(LABEL)
+    print(HEADER)
+    rows = []
+    t0 = time.perf_counter()
+    for c in cases:
+        try:
+            r = run_case(c, ptxas)
+        except Exception as e:  # keep going: one failing case must not hide the others
+            print(f"{c.family} {c.label}: ERROR {type(e).__name__}: {e}")
+            rows.append(dict(family=c.family, case=c.label, kind="model", error=f"{type(e).__name__}: {e}"))
+            continue
+        rows.append(r)
+        print(fmt_row(r), flush=True)
+        for f in r["findings"]:
+            print(f"    model finding: {f}")
+    print(f"{LABEL}; {len(rows)} cases, {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(dict(label=LABEL, kind="model", tag=args.label, commit=git_commit(), device_model=H200,
+                           ptxas_report=ptxas_path is not None, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
