@@ -1,5 +1,5 @@
 """Model side of the runner: config parsing, RoPE tables, the Llama-family decoder (Llama, Mistral,
-Qwen2, Qwen3) built from :mod:`fastinfer.layers`, and loading a checkpoint into it.
+Qwen2, Qwen3) built from :mod:`fastinfer.layers`, and loading a checkpoint (safetensors or GGUF) into it.
 
 The engine talks to a model through :class:`~fastinfer.layers.ForwardBatch` (built with
 :class:`~fastinfer.layers.BatchBuilder`) and ``model(batch, kv_caches) -> float32 logits
@@ -9,7 +9,8 @@ The engine talks to a model through :class:`~fastinfer.layers.ForwardBatch` (bui
 from ..layers import BatchBuilder, ForwardBatch  # noqa: F401  (the model's input, re-exported)
 from .config import SUPPORTED_ARCHITECTURES, SUPPORTED_ROPE_TYPES, ModelConfig  # noqa: F401
 from .llama import PACKED_MODULES, LlamaForCausalLM  # noqa: F401
-from .loader import default_dtype, load_model, random_weights  # noqa: F401
+from .gguf import GGUFWeightReader, find_gguf, gguf_model_config, open_gguf  # noqa: F401
+from .loader import checkpoint_reader, default_dtype, load_config, load_model, random_weights  # noqa: F401
 from .rope import build_cos_sin_cache, compute_inv_freq  # noqa: F401
 
 __all__ = [
@@ -21,6 +22,12 @@ __all__ = [
     "LlamaForCausalLM",
     "PACKED_MODULES",
     "load_model",
+    "load_config",
+    "checkpoint_reader",
+    "GGUFWeightReader",
+    "find_gguf",
+    "gguf_model_config",
+    "open_gguf",
     "default_dtype",
     "random_weights",
     "build_cos_sin_cache",

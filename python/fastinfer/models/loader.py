@@ -1,8 +1,10 @@
-"""Build a Llama-family model and load a checkpoint into it (safetensors only).
+"""Build a Llama-family model and load a checkpoint into it (safetensors or GGUF).
 
 * Sources: a checkpoint directory (``model.safetensors`` or an index + shards, memory-mapped: peak
-  host memory stays around one tensor) or any :class:`~fastinfer.layers.WeightReader` (tensors in
-  memory). Pickle checkpoints (``*.bin``, ``*.pt``) are refused.
+  host memory stays around one tensor), a GGUF file or a directory holding one (:mod:`.gguf`:
+  dequantised to float while loading), or any :class:`~fastinfer.layers.WeightReader` (tensors in
+  memory). Pickle checkpoints (``*.bin``, ``*.pt``) are refused. :func:`load_config` reads the
+  config of either kind of path.
 * Every layer reads its own tensors by checkpoint name (``model.layers.{i}.self_attn.q_proj.weight``
   ...); fused layers read their parts (:data:`~fastinfer.models.llama.PACKED_MODULES`). A
   ``quant_config`` (:mod:`fastinfer.quant`) gives each linear its method: quantised checkpoints,
@@ -22,9 +24,10 @@ import torch
 
 from ..layers import QuantizationConfig, SafetensorsReader, WeightReader
 from .config import ModelConfig
+from .gguf import GGUFWeightReader, find_gguf, gguf_model_config
 from .llama import LlamaForCausalLM
 
-__all__ = ["load_model", "default_dtype", "random_weights"]
+__all__ = ["load_model", "load_config", "checkpoint_reader", "default_dtype", "random_weights"]
 
 Tensor = torch.Tensor
 
@@ -38,6 +41,19 @@ def default_dtype(config: ModelConfig, device: torch.device) -> torch.dtype:
     return torch.bfloat16
 
 
+def load_config(path: str) -> ModelConfig:
+    """The config of checkpoint ``path``: a Hugging Face directory (``config.json``) or a GGUF
+    file / a directory holding one (its metadata)."""
+    gguf_file = find_gguf(path)
+    return gguf_model_config(gguf_file) if gguf_file else ModelConfig.from_pretrained(path)
+
+
+def checkpoint_reader(path: str, config: Optional[ModelConfig] = None) -> WeightReader:
+    """The :class:`~fastinfer.layers.WeightReader` of checkpoint ``path`` (see :func:`load_config`)."""
+    gguf_file = find_gguf(path)
+    return GGUFWeightReader(gguf_file, config) if gguf_file else SafetensorsReader(path)
+
+
 def load_model(
     source: Union[str, WeightReader],
     dtype: Optional[torch.dtype] = None,
@@ -48,11 +64,12 @@ def load_model(
     quant_config: Optional[QuantizationConfig] = None,
     op_namespace: str = "fastinfer",
 ) -> LlamaForCausalLM:
-    """Build the model of checkpoint ``source`` (a directory, or a reader with ``config`` given)
-    and load its weights. ``dtype`` defaults to :func:`default_dtype`, ``device`` to the CPU."""
+    """Build the model of checkpoint ``source`` (a directory, a GGUF file, or a reader with
+    ``config`` given) and load its weights. ``dtype`` defaults to :func:`default_dtype`, ``device``
+    to the CPU."""
     if isinstance(source, str):
-        config = ModelConfig.from_pretrained(source) if config is None else config
-        reader: WeightReader = SafetensorsReader(source)
+        config = load_config(source) if config is None else config
+        reader: WeightReader = checkpoint_reader(source, config)
     else:
         if config is None:
             raise ValueError("load_model from a reader needs its config")

@@ -1,0 +1,426 @@
+"""GGUF checkpoints (the files llama.cpp and Ollama run): config, weights and tokenizer metadata.
+
+``LLM("model.gguf")`` (or a directory holding exactly one ``.gguf`` and no ``config.json``) goes
+through this module:
+
+* :func:`find_gguf` says whether a path names a GGUF checkpoint.
+* :func:`gguf_model_config` builds the :class:`~fastinfer.models.ModelConfig` from the metadata
+  (``{arch}.context_length``, ``.embedding_length``, ``.block_count``, heads, kv heads, RoPE base
+  and scaling, RMS eps, vocabulary size; tied embeddings when there is no ``output.weight``;
+  bos / eos / end-of-turn ids). Architectures: ``llama`` (Llama, Mistral, SmolLM, ... as llama.cpp
+  writes them) and ``qwen2``. Any metadata key of the architecture this module does not know is an
+  error naming it (it may change the math), as is an architecture outside that list.
+* :class:`GGUFWeightReader` is a :class:`~fastinfer.layers.WeightReader` under Hugging Face tensor
+  names (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``). Tensors are
+  dequantised to float32 by the ``gguf`` package (every type it implements: F32/F16/BF16, Q4_0..Q8_0,
+  the K-quants, the IQ types), then the layers cast them to the model dtype; ``quantization=``
+  re-quantises them on load like any float checkpoint. For ``llama`` files the rows of ``attn_q`` /
+  ``attn_k`` are put back in Hugging Face order: llama.cpp's converter permutes them from the
+  half-split RoPE layout (rotate_half) to interleaved pairs; :func:`unpermute_qk` is its inverse.
+* :meth:`GGUFFile.tokenizer_metadata` hands the ``tokenizer.*`` keys to the engine, which builds
+  the tokenizer (:mod:`fastinfer.engine.tokenizer`).
+
+Needs the ``gguf`` package (a dependency of fastinfer); a truncated or corrupt file, an
+unsupported tensor type or an unknown tensor name is a ``ValueError`` naming it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from functools import lru_cache
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ..layers import WeightReader
+from .config import ModelConfig
+
+__all__ = ["GGUF_ARCHITECTURES", "GGUFFile", "GGUFWeightReader", "find_gguf", "open_gguf",
+           "gguf_model_config", "unpermute_qk", "permute_qk"]
+
+GGUF_MAGIC = b"GGUF"
+# general.architecture -> the Hugging Face architecture it runs as
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# architectures whose q/k rows llama.cpp's converter permutes (LlamaModel.permute)
+_PERMUTED_QK = ("llama",)
+
+# GGUF tensor name (after "blk.{i}.") -> Hugging Face name (after "model.layers.{i}.")
+_LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+ROPE_FREQS = "rope_freqs.weight"  # llama3-style per-dimension frequency divisors (read into the config)
+
+# {arch}.* metadata keys this module maps (anything else under the architecture's prefix is refused)
+_KNOWN_ARCH_KEYS = {
+    "context_length", "embedding_length", "block_count", "feed_forward_length", "vocab_size",
+    "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
+    "attention.key_length", "attention.value_length", "rope.dimension_count", "rope.freq_base",
+    "rope.scale_linear", "rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length",
+    "rope.scaling.finetuned", "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
+    "expert_count", "expert_used_count",  # accepted when 0 (dense)
+}
+
+
+def _gguf_module():
+    try:
+        import gguf
+    except ImportError as e:  # pragma: no cover - gguf is a dependency
+        raise ImportError("loading a GGUF checkpoint needs the `gguf` package (pip install gguf)") from e
+    return gguf
+
+
+def _is_gguf_file(path: str) -> bool:
+    if not os.path.isfile(path):
+        return False
+    if path.endswith(".gguf"):
+        return True
+    with open(path, "rb") as f:
+        return f.read(4) == GGUF_MAGIC
+
+
+def find_gguf(path: Any) -> Optional[str]:
+    """The GGUF file ``path`` names, or None when it is not a GGUF checkpoint: ``path`` itself when
+    it is a ``.gguf`` file (or starts with the GGUF magic), else the only ``.gguf`` file of a
+    directory that has no ``config.json`` (a Hugging Face checkpoint directory stays one). A
+    directory with several ``.gguf`` files and no ``config.json`` is an error listing them."""
+    if not isinstance(path, (str, os.PathLike)):
+        return None
+    path = os.fspath(path)
+    if os.path.isfile(path):
+        return path if _is_gguf_file(path) else None
+    if not os.path.isdir(path) or os.path.isfile(os.path.join(path, "config.json")):
+        return None
+    files = sorted(f for f in os.listdir(path) if f.endswith(".gguf") and os.path.isfile(os.path.join(path, f)))
+    if len(files) > 1:
+        raise ValueError(f"{path!r} holds several GGUF files ({', '.join(files)}): pass the one to load")
+    return os.path.join(path, files[0]) if files else None
+
+
+class GGUFFile:
+    """A parsed GGUF file (memory-mapped): ``metadata`` (key -> Python value; the big tokenizer
+    arrays are read on demand by :meth:`array`), ``tensors`` (GGUF name -> the gguf package's
+    tensor record), ``architecture``."""
+
+    def __init__(self, path: str):
+        gguf = _gguf_module()
+        self.path = path
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != GGUF_MAGIC:
+            raise ValueError(f"{path!r} is not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+        try:
+            self._reader = gguf.GGUFReader(path, "r")
+        except Exception as e:  # the gguf package fails in numpy when the file is cut short
+            raise ValueError(f"{path!r}: corrupt or truncated GGUF file ({type(e).__name__}: {e})") from e
+        self.tensors = {}
+        for t in self._reader.tensors:
+            if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:
+                raise ValueError(f"{path!r}: truncated GGUF file (tensor {t.name!r} ends at byte "
+                                 f"{t.data_offset + t.n_bytes}, the file has {size})")
+            if t.name in self.tensors:
+                raise ValueError(f"{path!r}: tensor {t.name!r} appears twice")
+            self.tensors[t.name] = t
+        self._fields = self._reader.fields
+        self.metadata: Dict[str, Any] = {}
+        for k, fld in self._fields.items():
+            if k.startswith("GGUF."):
+                continue
+            if fld.types and fld.types[0] == gguf.GGUFValueType.ARRAY and len(fld.data) > 1024:
+                continue  # big arrays (tokens, merges, scores, token types): see array()
+            self.metadata[k] = fld.contents()
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str):
+            raise ValueError(f"{path!r}: no general.architecture in the GGUF metadata")
+        self.architecture = arch
+
+    def has(self, key: str) -> bool:
+        return key in self._fields
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in self.metadata:
+            return self.metadata[key]
+        return self.array(key) if key in self._fields else default
+
+    def array(self, key: str) -> Optional[List[Any]]:
+        """An array field as a list (strings decoded as UTF-8), or None when absent."""
+        fld = self._fields.get(key)
+        if fld is None:
+            return None
+        gguf = _gguf_module()
+        if fld.types[-1] == gguf.GGUFValueType.STRING:
+            return [bytes(fld.parts[i]).decode("utf-8") for i in fld.data]
+        return [v.item() for i in fld.data for v in fld.parts[i]]
+
+    def tokenizer_metadata(self) -> Dict[str, Any]:
+        """The ``tokenizer.*`` keys with the ``tokenizer.`` prefix dropped (``ggml.tokens``,
+        ``ggml.merges``, ``ggml.token_type``, ``ggml.bos_token_id``, ``chat_template``, ...)."""
+        return {k[len("tokenizer."):]: self.get(k) for k in self._fields if k.startswith("tokenizer.")}
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as float32, in Hugging Face (row-major, reversed GGUF dims) shape."""
+        gguf = _gguf_module()
+        t = self.tensors[name]
+        try:
+            w = gguf.dequantize(t.data, t.tensor_type)
+        except NotImplementedError as e:
+            raise ValueError(f"tensor {name!r} of {self.path!r} has GGML type {t.tensor_type.name}, which the "
+                             f"gguf package cannot dequantise ({e})") from e
+        if w.dtype != np.float32:
+            if not np.issubdtype(w.dtype, np.floating):
+                raise ValueError(f"tensor {name!r} of {self.path!r} has integer GGML type {t.tensor_type.name} "
+                                 "(a weight must be a float or quantised type)")
+            w = w.astype(np.float32)
+        return w.reshape(tuple(int(s) for s in reversed(t.shape)))
+
+
+@lru_cache(maxsize=2)
+def _open_cached(path: str, size: int, mtime_ns: int) -> GGUFFile:
+    return GGUFFile(path)
+
+
+def open_gguf(path: str) -> GGUFFile:
+    """:class:`GGUFFile` of ``path``, parsed once (the config, the weights and the tokenizer read
+    the same file; parsing a 49k-token vocabulary takes seconds)."""
+    real = os.path.realpath(path)
+    if not os.path.isfile(real):
+        raise ValueError(f"GGUF file {path!r} does not exist")
+    st = os.stat(real)
+    return _open_cached(real, st.st_size, st.st_mtime_ns)
+
+
+# ----------------------------------------------------------------------------------------------
+# config
+# ----------------------------------------------------------------------------------------------
+def _llama3_scaling_from_factors(factors: np.ndarray, theta: float, head_dim: int) -> Optional[Dict[str, Any]]:
+    """The ``llama3`` rope_scaling whose per-dimension frequency divisors are ``factors`` (what
+    llama.cpp's converter writes as ``rope_freqs.weight``), or None when none matches."""
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    wavelen = 2 * math.pi / inv_freq
+    factor = float(factors.max())
+    for orig in (8192, 4096, 2048, 16384, 32768, 65536, 131072):
+        for low in (1.0, 2.0):
+            for high in (4.0, 2.0, 8.0):
+                lw, hw = orig / low, orig / high
+                smooth = (orig / wavelen - low) / (high - low)
+                want = np.where(wavelen < hw, 1.0, np.where(wavelen > lw, factor, 1.0 / ((1 - smooth) / factor + smooth)))
+                if np.allclose(want, factors, rtol=1e-4, atol=1e-6):
+                    return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                            "high_freq_factor": high, "original_max_position_embeddings": orig}
+    return None
+
+
+def gguf_config_dict(f: GGUFFile) -> Dict[str, Any]:
+    """The Hugging Face ``config.json`` dict the metadata of ``f`` describes (see the module docstring)."""
+    arch = f.architecture
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(f"{f.path!r}: unsupported GGUF architecture {arch!r} "
+                         f"(supported: {', '.join(GGUF_ARCHITECTURES)})")
+    prefix = arch + "."
+    unknown = sorted(k for k in f.metadata if k.startswith(prefix) and k[len(prefix):] not in _KNOWN_ARCH_KEYS)
+    if unknown:
+        raise ValueError(f"{f.path!r}: GGUF metadata {', '.join(unknown)} is not supported (fastinfer does not "
+                         "know what it changes, so it refuses rather than run the model differently)")
+
+    def key(name: str, default: Any = "required") -> Any:
+        v = f.metadata.get(prefix + name)
+        if v is None:
+            if default == "required":
+                raise ValueError(f"{f.path!r}: GGUF metadata {prefix + name} is missing")
+            return default
+        return v
+
+    for k in ("expert_count", "expert_used_count"):
+        if key(k, 0):
+            raise ValueError(f"{f.path!r}: mixture-of-experts GGUF ({prefix}{k} = {key(k)}) is not supported")
+    heads = key("attention.head_count")
+    kv_heads = key("attention.head_count_kv", heads)
+    if isinstance(kv_heads, list):  # per-layer counts
+        if len(set(kv_heads)) != 1:
+            raise ValueError(f"{f.path!r}: per-layer attention.head_count_kv {kv_heads} is not supported")
+        kv_heads = kv_heads[0]
+    hidden = key("embedding_length")
+    d: Dict[str, Any] = {
+        "architectures": [GGUF_ARCHITECTURES[arch]],
+        "model_type": arch,
+        "hidden_size": hidden,
+        "intermediate_size": key("feed_forward_length"),
+        "num_hidden_layers": key("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "max_position_embeddings": key("context_length"),
+        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(key("rope.freq_base", 10000.0)),
+        "hidden_act": "silu",
+    }
+    vocab = key("vocab_size", None)
+    if vocab is None and "token_embd.weight" in f.tensors:
+        vocab = int(f.tensors["token_embd.weight"].shape[-1])
+    if vocab is None and f.has("tokenizer.ggml.tokens"):
+        vocab = len(f.array("tokenizer.ggml.tokens"))
+    d["vocab_size"] = vocab
+    head_dim = key("attention.key_length", None)
+    vdim = key("attention.value_length", head_dim)
+    if head_dim is not None:
+        if vdim != head_dim:
+            raise ValueError(f"{f.path!r}: attention.key_length {head_dim} != value_length {vdim} is not supported")
+        d["head_dim"] = head_dim
+    else:
+        head_dim = hidden // heads if heads and hidden % heads == 0 else None
+    rot = key("rope.dimension_count", None)
+    if rot is not None and head_dim and rot != head_dim:
+        d["partial_rotary_factor"] = rot / head_dim  # ModelConfig refuses it, naming it
+    # RoPE scaling
+    stype = key("rope.scaling.type", None)
+    factor = key("rope.scaling.factor", None)
+    if stype is None and key("rope.scale_linear", None) is not None:
+        stype, factor = "linear", key("rope.scale_linear")
+    if stype == "linear" and factor is not None and float(factor) != 1.0:
+        d["rope_scaling"] = {"rope_type": "linear", "factor": float(factor)}
+    elif stype == "yarn":
+        s: Dict[str, Any] = {"rope_type": "yarn", "factor": float(key("rope.scaling.factor"))}
+        s["original_max_position_embeddings"] = int(key("rope.scaling.original_context_length"))
+        for gk, hk in (("rope.scaling.yarn_beta_fast", "beta_fast"), ("rope.scaling.yarn_beta_slow", "beta_slow")):
+            if key(gk, None) is not None:
+                s[hk] = float(key(gk))
+        d["rope_scaling"] = s
+    elif stype not in (None, "none", "linear"):
+        raise ValueError(f"{f.path!r}: unsupported GGUF rope scaling type {stype!r} (supported: none, linear, yarn)")
+    if ROPE_FREQS in f.tensors:
+        if "rope_scaling" in d:
+            raise ValueError(f"{f.path!r}: both {ROPE_FREQS} and {prefix}rope.scaling.type = {stype!r}")
+        factors = f.dequantize(ROPE_FREQS).astype(np.float64).reshape(-1)
+        if not np.all(factors == 1.0):
+            s = _llama3_scaling_from_factors(factors, d["rope_theta"], head_dim or 0) if head_dim else None
+            if s is None:
+                raise ValueError(f"{f.path!r}: {ROPE_FREQS} holds per-dimension RoPE frequency factors that "
+                                 "match no llama3 rope scaling; not supported")
+            d["rope_scaling"] = s
+    # biases, tying
+    d["tie_word_embeddings"] = "output.weight" not in f.tensors
+    if arch == "llama":
+        d["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
+        d["mlp_bias"] = "blk.0.ffn_up.bias" in f.tensors
+    else:  # qwen2: q/k/v biased, no sliding window in llama.cpp
+        d["use_sliding_window"] = False
+    # special tokens: llama.cpp stops on every end-of-generation id (eos, eot, eom)
+    bos = f.get("tokenizer.ggml.bos_token_id")
+    eos = [f.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    eos = [int(e) for i, e in enumerate(eos) if e is not None and e not in eos[:i]]
+    d["bos_token_id"] = int(bos) if bos is not None else None
+    d["eos_token_id"] = eos if len(eos) > 1 else (eos[0] if eos else None)
+    pad = f.get("tokenizer.ggml.padding_token_id")
+    d["pad_token_id"] = int(pad) if pad is not None else None
+    d["gguf_file"] = os.path.basename(f.path)
+    return d
+
+
+def gguf_model_config(path: str) -> ModelConfig:
+    """The :class:`ModelConfig` of GGUF file ``path`` (see :func:`gguf_config_dict`)."""
+    return ModelConfig.from_dict(gguf_config_dict(open_gguf(path)))
+
+
+# ----------------------------------------------------------------------------------------------
+# weights
+# ----------------------------------------------------------------------------------------------
+def permute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama.cpp's converter permutation of q/k projection rows (weight ``[n_head * D, ...]`` or
+    bias ``[n_head * D]``): per head, the two RoPE halves are interleaved (rows ``[x0..x_{D/2-1},
+    y0..]`` become ``[x0, y0, x1, y1, ...]``), the GPT-J pair layout ggml's rope expects."""
+    shape = w.shape
+    return w.reshape(n_head, 2, shape[0] // n_head // 2, *shape[1:]).transpose(1, 2).reshape(shape)
+
+
+def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """The inverse of :func:`permute_qk`: interleaved pairs back to Hugging Face's half-split rows."""
+    shape = w.shape
+    return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).transpose(1, 2).reshape(shape)
+
+
+def hf_tensor_name(gguf_name: str) -> Optional[str]:
+    """The Hugging Face name of a GGUF tensor name, or None when this module has no mapping."""
+    base, dot, suffix = gguf_name.rpartition(".")
+    if not dot or suffix not in ("weight", "bias"):
+        return None
+    if base in _GLOBAL_TENSORS:
+        return f"{_GLOBAL_TENSORS[base]}.{suffix}"
+    parts = base.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_TENSORS:
+        return f"model.layers.{int(parts[1])}.{_LAYER_TENSORS[parts[2]]}.{suffix}"
+    return None
+
+
+class GGUFWeightReader(WeightReader):
+    """The tensors of GGUF file ``path`` under Hugging Face names, dequantised to float32 when read
+    (q/k rows un-permuted for ``llama`` files). A GGUF tensor without a mapping keeps its GGUF name,
+    so the loader reports it as unexpected; ``rope_freqs.weight`` is read into the config instead."""
+
+    def __init__(self, path: str, config: Optional[ModelConfig] = None):
+        self.file = open_gguf(path)
+        super().__init__(repr(path))
+        self.path = path
+        config = config if config is not None else gguf_model_config(path)
+        self._where: Dict[str, str] = {}  # HF (or unmapped GGUF) name -> GGUF name
+        for g in self.file.tensors:
+            if g == ROPE_FREQS:
+                continue
+            name = hf_tensor_name(g) or g
+            self._where[name] = g
+        self._heads: Dict[str, int] = {}  # HF name -> heads of the q/k permutation
+        if self.file.architecture in _PERMUTED_QK:
+            for i in range(config.num_hidden_layers):
+                for proj, n in (("q_proj", config.num_attention_heads), ("k_proj", config.num_key_value_heads)):
+                    for suffix in ("weight", "bias"):
+                        self._heads[f"model.layers.{i}.self_attn.{proj}.{suffix}"] = n
+        self._check_types()
+
+    def _check_types(self) -> None:
+        """Refuse a tensor type the gguf package cannot dequantise now, not half-way through loading."""
+        seen = set()
+        for g, t in self.file.tensors.items():
+            if t.tensor_type in seen:
+                continue
+            seen.add(t.tensor_type)
+            gguf = _gguf_module()
+            block = t.data[:1] if t.data.ndim > 1 else t.data  # one row
+            try:
+                out = gguf.dequantize(block, t.tensor_type)
+            except NotImplementedError as e:
+                raise ValueError(f"tensor {g!r} of {self.path!r} has GGML type {t.tensor_type.name}, which the gguf "
+                                 f"package cannot dequantise ({e})") from e
+            if not np.issubdtype(out.dtype, np.floating):
+                raise ValueError(f"tensor {g!r} of {self.path!r} has integer GGML type {t.tensor_type.name} "
+                                 "(a weight must be a float or quantised type)")
+
+    def names(self) -> Iterable[str]:
+        return self._where.keys()
+
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def shape(self, name: str) -> Tuple[int, ...]:
+        return tuple(int(s) for s in reversed(self.file.tensors[self._where[name]].shape))
+
+    def gguf_type(self, name: str) -> str:
+        """The GGML type name of a tensor (``Q4_1``, ``F32``, ...)."""
+        return self.file.tensors[self._where[name]].tensor_type.name
+
+    def _read(self, name: str) -> torch.Tensor:
+        w = torch.from_numpy(np.array(self.file.dequantize(self._where[name]), dtype=np.float32, copy=True))
+        n = self._heads.get(name)
+        return unpermute_qk(w, n) if n else w
