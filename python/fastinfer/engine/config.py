@@ -14,9 +14,11 @@ from typing import Any, Optional
 
 import torch
 
+from ..models import find_gguf
 from ..quant import QuantOptions
 
-__all__ = ["EngineConfig", "SpeculativeConfig", "SPEC_MODES", "DTYPES", "parse_dtype", "default_model_path"]
+__all__ = ["EngineConfig", "SpeculativeConfig", "SPEC_MODES", "DTYPES", "parse_dtype", "default_model_path",
+           "is_checkpoint_path"]
 
 DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
           "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
@@ -37,6 +39,12 @@ def parse_dtype(dtype: Any) -> Optional[torch.dtype]:
 def default_model_path() -> str:
     """The tiny model shipped with the package (``fastinfer/assets/tiny-llama``)."""
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "tiny-llama")
+
+
+def is_checkpoint_path(path: str) -> bool:
+    """Whether ``path`` can name a checkpoint: a directory (Hugging Face, or holding a GGUF file)
+    or a GGUF file (what is inside is checked when it loads)."""
+    return os.path.isdir(path) or (os.path.isfile(path) and find_gguf(path) is not None)
 
 
 def _is_int(x: Any) -> bool:
@@ -74,8 +82,8 @@ class SpeculativeConfig:
         if self.tree_depth is None:
             # one draft forward per level; deeper levels rarely survive the best-N cut
             self.tree_depth = min(k, max(2, k // (2 * topk) + 1))
-        if isinstance(self.draft_model, str) and not os.path.isdir(self.draft_model):
-            raise ValueError(f"draft_model directory not found: {self.draft_model!r}")
+        if isinstance(self.draft_model, str) and not is_checkpoint_path(self.draft_model):
+            raise ValueError(f"draft_model directory (or .gguf file) not found: {self.draft_model!r}")
 
 
 @dataclass
@@ -110,8 +118,8 @@ class EngineConfig:
             self.model = default_model_path()
             if not os.path.isdir(self.model):
                 raise ValueError(f"no model given and the shipped model is missing ({self.model})")
-        if isinstance(self.model, str) and not os.path.isdir(self.model):
-            raise ValueError(f"model directory not found: {self.model!r}")
+        if isinstance(self.model, str) and not is_checkpoint_path(self.model):
+            raise ValueError(f"model directory (or .gguf file) not found: {self.model!r}")
         bs = self.block_size
         if not _is_int(bs) or bs < 8 or bs > 256 or bs & (bs - 1):
             raise ValueError(f"block_size must be a power of two in 8..256, got {bs}")

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence as Seq, Tuple
 import torch
 
 from ..layers import BatchBuilder, TensorDictReader
-from ..models import LlamaForCausalLM, ModelConfig, load_model
+from ..models import LlamaForCausalLM, load_config, load_model
 from ..quant import resolve_quantization
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs
@@ -120,7 +120,7 @@ class Executor:
     # loading
     # ------------------------------------------------------------------------------------------
     def _load(self, path: str, dtype, max_positions, quantization=None, progress: bool = False):
-        cfg = ModelConfig.from_pretrained(path)
+        cfg = load_config(path)  # a Hugging Face directory or a GGUF file
         qc = resolve_quantization(cfg, quantization, path)
         return load_model(path, dtype=dtype, device=self.device, progress=progress,
                           max_positions=cfg.max_model_len if max_positions is None else max_positions,
@@ -144,7 +144,7 @@ class Executor:
         """Load / check the draft model: same vocabulary, the target's dtype and device."""
         target = self.model
         if isinstance(spec.draft_model, str):
-            dcfg = ModelConfig.from_pretrained(spec.draft_model)
+            dcfg = load_config(spec.draft_model)
             _check_draft_vocab(int(dcfg.vocab_size), int(target.config.vocab_size))
             draft = self._load(spec.draft_model, target.dtype, max_positions)
         else:

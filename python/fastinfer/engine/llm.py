@@ -17,7 +17,6 @@ graphs, sampling) and :mod:`.core` (scheduler, block manager, proposer; token id
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence as Seq, Tuple, Union
 
@@ -26,7 +25,7 @@ from .core import EngineCore
 from .executor import Executor
 from .output_processor import OutputProcessor
 from .params import RequestOutput, SamplingParams
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, has_tokenizer
 
 __all__ = ["LLM"]
 
@@ -46,10 +45,12 @@ class LLM:
     """Offline inference engine.
 
     Args:
-        model: a Hugging Face checkpoint directory (safetensors, Llama/Mistral/Qwen2), an already
-            built model object (``LlamaForCausalLM``), or None for the shipped tiny model.
-        tokenizer: directory with ``tokenizer.json`` (default: the model directory; without one,
-            prompts must be token ids and outputs have empty text).
+        model: a Hugging Face checkpoint directory (safetensors, Llama/Mistral/Qwen2), a GGUF file
+            (or a directory holding one; weights dequantised on load, tokenizer and chat template
+            from its metadata), an already built model object (``LlamaForCausalLM``), or None for
+            the shipped tiny model.
+        tokenizer: directory with ``tokenizer.json``, or a GGUF file (default: the model; without
+            one, prompts must be token ids and outputs have empty text).
         dtype: "auto"/None (float32 on CPU; the checkpoint's fp16/bf16, else bf16, on CUDA), a
             torch dtype or its name.
         device: "cuda" when fastinfer's CUDA kernels and a GPU are available, else "cpu".
@@ -120,7 +121,7 @@ class LLM:
         self.tokenizer = self._load_tokenizer(tokenizer)
         spec = config.speculative
         if spec is not None and isinstance(spec.draft_model, str) and self.tokenizer is not None \
-                and os.path.isfile(os.path.join(spec.draft_model, "tokenizer.json")):
+                and has_tokenizer(spec.draft_model):
             _check_draft_tokenizer(Tokenizer(spec.draft_model), self.tokenizer)
         self.executor = Executor(config)
         eos = set(self.executor.model.config.eos_token_ids or [])
@@ -135,10 +136,10 @@ class LLM:
 
     def _load_tokenizer(self, tokenizer: Optional[str]) -> Optional[Tokenizer]:
         path = tokenizer if tokenizer is not None else self.model_path
-        if path is not None and os.path.isfile(os.path.join(path, "tokenizer.json")):
+        if has_tokenizer(path):  # a tokenizer.json, or a GGUF file's metadata
             return Tokenizer(path)
         if tokenizer is not None:
-            raise ValueError(f"no tokenizer.json in {tokenizer!r}")
+            raise ValueError(f"no tokenizer.json (or GGUF file) in {tokenizer!r}")
         return None
 
     # ---- what the engine runs ---------------------------------------------------------------------
