@@ -209,16 +209,22 @@ def open_gguf(path: str) -> GGUFFile:
 # ----------------------------------------------------------------------------------------------
 def _llama3_scaling_from_factors(factors: np.ndarray, theta: float, head_dim: int) -> Optional[Dict[str, Any]]:
     """The ``llama3`` rope_scaling whose per-dimension frequency divisors are ``factors`` (what
-    llama.cpp's converter writes as ``rope_freqs.weight``), or None when none matches."""
+    llama.cpp's converter writes as ``rope_freqs.weight``), or None when none matches. The divisors
+    depend on ``original_max_position_embeddings / low_freq_factor`` and ``/ high_freq_factor``
+    only, so any matching triple gives the same RoPE; the usual ones are tried first."""
     inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    if factors.shape != inv_freq.shape:
+        return None
     wavelen = 2 * math.pi / inv_freq
     factor = float(factors.max())
     for orig in (8192, 4096, 2048, 16384, 32768, 65536, 131072):
         for low in (1.0, 2.0):
             for high in (4.0, 2.0, 8.0):
                 lw, hw = orig / low, orig / high
-                smooth = (orig / wavelen - low) / (high - low)
-                want = np.where(wavelen < hw, 1.0, np.where(wavelen > lw, factor, 1.0 / ((1 - smooth) / factor + smooth)))
+                with np.errstate(all="ignore"):
+                    smooth = (orig / wavelen - low) / (high - low)
+                    mid = 1.0 / ((1 - smooth) / factor + smooth)
+                want = np.where(wavelen < hw, 1.0, np.where(wavelen > lw, factor, mid))
                 if np.allclose(want, factors, rtol=1e-4, atol=1e-6):
                     return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
                             "high_freq_factor": high, "original_max_position_embeddings": orig}
