@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from typing import Any, Dict, List, Optional
 
@@ -25,7 +26,7 @@ from .. import cuda_available
 from ..engine import LLM, SamplingParams
 from ..engine.config import parse_dtype
 from ..layers import TensorDictReader
-from ..models import ModelConfig, load_model, random_weights
+from ..models import ModelConfig, find_gguf, load_model, random_weights
 from .args import add_quant_args, add_spec_args, quant_kwargs, spec_kwargs
 
 __all__ = ["PRESETS", "add_bench_parser", "build_random_model"]
@@ -70,6 +71,11 @@ def _hf_model(args, dtype, device: torch.device, tensors: Optional[Dict[str, tor
     import transformers
 
     if args.model:
+        gguf_file = find_gguf(args.model)
+        if gguf_file:  # transformers dequantises a GGUF file on load (needs the gguf package)
+            return transformers.AutoModelForCausalLM.from_pretrained(
+                os.path.dirname(os.path.abspath(gguf_file)), gguf_file=os.path.basename(gguf_file),
+                dtype=dtype).to(device).eval()
         return transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device).eval()
     d = _preset_dict(args.preset)
     d.pop("architectures"), d.pop("model_type")
@@ -235,7 +241,8 @@ def cmd_bench(args) -> int:
 def add_bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="end-to-end throughput / latency (TTFT, TPOT, tokens/s)",
                        description=__doc__.split("\n\n")[0])
-    b.add_argument("--model", default=None, help="checkpoint directory (or --preset with --random-weights)")
+    b.add_argument("--model", default=None,
+                   help="checkpoint directory or .gguf file (or --preset with --random-weights)")
     b.add_argument("--preset", default=None, choices=sorted(PRESETS),
                    help="a model shape instead of a checkpoint (needs --random-weights)")
     b.add_argument("--random-weights", action="store_true", help="fill the --preset model with random weights")

@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     g = sub.add_parser("generate", help="generate text (no --model: the shipped tiny model)")
-    add_model_args(g, "checkpoint directory (default: the shipped tiny model)")
+    add_model_args(g, "checkpoint directory or .gguf file (default: the shipped tiny model)")
     g.add_argument("--prompt", action="append", help="a prompt; repeatable (default: read one from stdin)")
     g.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
     g.add_argument("--system", default=None, help="system message for --chat (default: none)")
