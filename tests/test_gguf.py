@@ -17,7 +17,8 @@ fp32-perplexity (in the hundreds) and synthetic-file tests.
 
 Synthetic files written here with ``gguf.GGUFWriter`` cover what the real one cannot: a GGUF of
 the shipped tiny model (llama.cpp's q/k permutation applied with its own code; its byte-level BPE
-tokenizer), a ``qwen2`` file with biases (both also against transformers), llama3 ``rope_freqs``,
+tokenizer), a ``qwen2`` file with biases, a ``qwen3`` one with q/k norms (all three also against
+transformers), llama3 ``rope_freqs``,
 and the errors (truncated / corrupt files, another architecture, an unknown metadata key, a tensor
 type the gguf package cannot dequantise, an unknown tensor, several files in one directory).
 """
@@ -303,7 +304,7 @@ def _llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 _GGUF_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
                "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-               "mlp.down_proj": "ffn_down"}
+               "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
 
 
 def _gguf_name(hf: str) -> str:
@@ -439,6 +440,31 @@ def test_qwen2_gguf(tiny, tmp_path):
     assert _rel(out, want) < LOGITS_REL_TOL
 
 
+def test_qwen3_gguf(tiny, tmp_path):
+    """A ``qwen3`` file (per-head q/k RMSNorm weights ``attn_q_norm`` / ``attn_k_norm``, rows not
+    permuted): the same logits as transformers loading the same file. The tiny model's weights with
+    its heads regrouped to head_dim 128 (2 query heads, 1 kv head): transformers' GGUF loader takes
+    Qwen3's head_dim from its config class (128), not from ``attention.key_length``."""
+    cfg, tensors = tiny
+    cfg = dict(cfg, num_attention_heads=2, num_key_value_heads=1, head_dim=128)
+    g = torch.Generator().manual_seed(1)
+    tensors = dict(tensors)
+    for i in range(cfg["num_hidden_layers"]):
+        for n in ("q_norm", "k_norm"):
+            tensors[f"model.layers.{i}.self_attn.{n}.weight"] = 1.0 + 0.1 * torch.randn(cfg["head_dim"], generator=g)
+    path = _write_gguf(tmp_path / "qwen3.gguf", dict(cfg), tensors, arch="qwen3", permute=False,
+                       extra={"qwen3.attention.key_length": cfg["head_dim"], "qwen3.attention.value_length": cfg["head_dim"]})
+    conf = load_config(path)
+    assert conf.architecture == "Qwen3ForCausalLM" and conf.qk_norm and conf.head_dim == cfg["head_dim"]
+    ids = list(range(5, 200, 3))
+    out = prefill_logits(load_model(path, dtype=torch.float32), ids)
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="qwen3.gguf", dtype=torch.float32)
+    with torch.no_grad():
+        want = hf.eval()(torch.tensor([ids])).logits[0]
+    assert _rel(out, want) < LOGITS_REL_TOL
+
+
 def test_rope_freqs_llama3(tiny, tmp_path):
     """llama.cpp stores Llama-3.1 RoPE scaling as per-dimension divisors (``rope_freqs.weight``);
     they are read back as the llama3 rope_scaling that produced them."""
@@ -503,7 +529,7 @@ def test_errors(tiny, tmp_path):
     # a tensor nothing maps (Qwen3-style q norms in a llama file)
     bad = _write_gguf(tmp_path / "qnorm.gguf", cfg, tensors,
                       raw={"blk.0.attn_q_norm.weight": np.ones(cfg["head_dim"], dtype=np.float32)})
-    with pytest.raises(ValueError, match="unexpected tensor 'blk.0.attn_q_norm.weight'"):
+    with pytest.raises(ValueError, match="unexpected tensor 'model.layers.0.self_attn.q_norm.weight'"):
         load_model(bad)
     # a plain directory: not a GGUF checkpoint; a missing path is refused by the engine config
     assert find_gguf(TINY) is None and find_gguf(str(tmp_path / "nothing")) is None

@@ -8,7 +8,7 @@ through this module:
   (``{arch}.context_length``, ``.embedding_length``, ``.block_count``, heads, kv heads, RoPE base
   and scaling, RMS eps, vocabulary size; tied embeddings when there is no ``output.weight``;
   bos / eos / end-of-turn ids). Architectures: ``llama`` (Llama, Mistral, SmolLM, ... as llama.cpp
-  writes them) and ``qwen2``. Any metadata key of the architecture this module does not know is an
+  writes them), ``qwen2`` and ``qwen3``. Any metadata key of the architecture this module does not know is an
   error naming it (it may change the math), as is an architecture outside that list.
 * :class:`GGUFWeightReader` is a :class:`~fastinfer.layers.WeightReader` under Hugging Face tensor
   names (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``). Tensors are
@@ -42,7 +42,7 @@ __all__ = ["GGUF_ARCHITECTURES", "GGUFFile", "GGUFWeightReader", "find_gguf", "o
 
 GGUF_MAGIC = b"GGUF"
 # general.architecture -> the Hugging Face architecture it runs as
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 # architectures whose q/k rows llama.cpp's converter permutes (LlamaModel.permute)
 _PERMUTED_QK = ("llama",)
 
@@ -57,6 +57,8 @@ _LAYER_TENSORS = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",  # qwen3
+    "attn_k_norm": "self_attn.k_norm",
 }
 _GLOBAL_TENSORS = {
     "token_embd": "model.embed_tokens",
@@ -285,9 +287,10 @@ def gguf_config_dict(f: GGUFFile) -> Dict[str, Any]:
     if head_dim is not None:
         if vdim != head_dim:
             raise ValueError(f"{f.path!r}: attention.key_length {head_dim} != value_length {vdim} is not supported")
-        d["head_dim"] = head_dim
-    else:
+    else:  # llama.cpp's default (not the transformers config class's: Qwen3Config says 128)
         head_dim = hidden // heads if heads and hidden % heads == 0 else None
+    if head_dim is not None:
+        d["head_dim"] = head_dim
     rot = key("rope.dimension_count", None)
     if rot is not None and head_dim and rot != head_dim:
         d["partial_rotary_factor"] = rot / head_dim  # ModelConfig refuses it, naming it
@@ -322,7 +325,9 @@ def gguf_config_dict(f: GGUFFile) -> Dict[str, Any]:
     if arch == "llama":
         d["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
         d["mlp_bias"] = "blk.0.ffn_up.bias" in f.tensors
-    else:  # qwen2: q/k/v biased, no sliding window in llama.cpp
+    else:  # qwen2 (q/k/v always biased), qwen3; no sliding window in llama.cpp
+        if arch == "qwen3":
+            d["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
         d["use_sliding_window"] = False
     # special tokens: llama.cpp stops on every end-of-generation id (eos, eot, eom)
     bos = f.get("tokenizer.ggml.bos_token_id")
