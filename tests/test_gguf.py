@@ -243,8 +243,10 @@ def test_directory_holding_one_gguf(tmp_path):
 # held-out perplexity: float and quantised
 # ------------------------------------------------------------------------------------------------
 # (name, LLM keyword arguments, (min, max) factor over the bf16 perplexity). A new format is one
-# more line; a format stored as a checkpoint of its own may give "model": a callable taking the
-# GGUF path and a tmp directory and returning the checkpoint path to load.
+# more line. A format stored as a checkpoint of its own gives "model": a callable taking the GGUF
+# path and a tmp directory and returning the checkpoint directory to load (e.g. the float weights,
+# ``dict(load_model(SMOLLM).checkpoint_tensors())``, quantised and saved with compressed-tensors);
+# the tokenizer then still comes from the GGUF file.
 PPL_CASES = [
     ("fp8", dict(dtype="bfloat16", quantization="fp8"), (0.98, 1.05)),
     ("int4-g64", dict(dtype="bfloat16", quantization="int4", quantization_config={"group_size": 64}), (1.02, 1.40)),
@@ -285,7 +287,7 @@ def test_perplexity_quantised(name, kwargs, factors, ppl_bf16, tmp_path):
     kwargs = dict(kwargs)
     make = kwargs.pop("model", None)
     model = make(SMOLLM, str(tmp_path)) if make is not None else SMOLLM
-    llm = LLM(model, device="cpu", num_kv_blocks=4, **kwargs)
+    llm = LLM(model, tokenizer=SMOLLM, device="cpu", num_kv_blocks=4, **kwargs)
     assert describe_quantization(llm.model) != "none"
     ppl = _ppl(llm)
     lo, hi = factors
