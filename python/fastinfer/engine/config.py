@@ -83,7 +83,7 @@ class SpeculativeConfig:
             # one draft forward per level; deeper levels rarely survive the best-N cut
             self.tree_depth = min(k, max(2, k // (2 * topk) + 1))
         if isinstance(self.draft_model, str) and not is_checkpoint_path(self.draft_model):
-            raise ValueError(f"draft_model directory (or .gguf file) not found: {self.draft_model!r}")
+            raise ValueError(f"draft_model directory not found: {self.draft_model!r} (nor a .gguf file)")
 
 
 @dataclass
@@ -119,7 +119,7 @@ class EngineConfig:
             if not os.path.isdir(self.model):
                 raise ValueError(f"no model given and the shipped model is missing ({self.model})")
         if isinstance(self.model, str) and not is_checkpoint_path(self.model):
-            raise ValueError(f"model directory (or .gguf file) not found: {self.model!r}")
+            raise ValueError(f"model directory not found: {self.model!r} (nor a .gguf file)")
         bs = self.block_size
         if not _is_int(bs) or bs < 8 or bs > 256 or bs & (bs - 1):
             raise ValueError(f"block_size must be a power of two in 8..256, got {bs}")
