@@ -25,6 +25,8 @@ type the gguf package cannot dequantise, an unknown tensor, several files in one
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib.metadata
 import json
 import math
@@ -103,12 +105,18 @@ def hf_tok():
     return transformers.AutoTokenizer.from_pretrained(os.path.dirname(SMOLLM), gguf_file=os.path.basename(SMOLLM))
 
 
-@pytest.fixture(scope="module")
-def hf_model():
+@functools.lru_cache(maxsize=1)
+def _hf_float_model():
+    """transformers' float32 model of the GGUF (its loader dequantises; ~30 s: loaded once)."""
     transformers = pytest.importorskip("transformers")
     m = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(SMOLLM), gguf_file=os.path.basename(SMOLLM),
                                                           dtype=torch.float32)
     return m.eval()
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    return _hf_float_model()
 
 
 @pytest.fixture(scope="module")
@@ -247,11 +255,50 @@ def test_directory_holding_one_gguf(tmp_path):
 # path and a tmp directory and returning the checkpoint directory to load (e.g. the float weights,
 # ``dict(load_model(SMOLLM).checkpoint_tensors())``, quantised and saved with compressed-tensors);
 # the tokenizer then still comes from the GGUF file.
+def _compressed_tensors(scheme):
+    """A ``model`` maker: SmolLM2 (transformers' float model of the GGUF) quantised and saved by the
+    compressed-tensors package with ``scheme()`` on every linear but lm_head (tests/ct_helpers.py)."""
+    def make(gguf: str, tmp: str) -> str:
+        pytest.importorskip("compressed_tensors")
+        from ct_helpers import compress
+
+        src = _hf_float_model()
+        cfg = copy.deepcopy(src.config)  # a plain float model: transformers won't save a GGUF-loaded one
+        for key in ("quantization_config", "_pre_quantization_dtype"):
+            if hasattr(cfg, key):
+                delattr(cfg, key)
+        model = type(src)(cfg).eval()
+        model.load_state_dict(src.state_dict())
+        path, _, _ = compress(model, {"group_0": scheme()}, ["lm_head"], os.path.join(tmp, "smollm"), calib=None,
+                              dequantised=False)
+        return path
+    return make
+
+
+def _ct_w4_asym_g64():  # 576 is no multiple of 128: compressed-tensors writes no partial int4 group
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    return QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(
+        num_bits=4, type="int", strategy="group", group_size=64, symmetric=False))
+
+
+def _ct_preset(name: str):
+    def scheme():
+        from compressed_tensors.quantization import preset_name_to_scheme
+
+        return preset_name_to_scheme(name, ["Linear"])
+    return scheme
+
+
 PPL_CASES = [
     ("fp8", dict(dtype="bfloat16", quantization="fp8"), (0.98, 1.05)),
     ("int4-g64", dict(dtype="bfloat16", quantization="int4", quantization_config={"group_size": 64}), (1.02, 1.40)),
     ("int4-g128-pad", dict(dtype="bfloat16", quantization="int4",  # 576 = 4.5 groups: zero-padded
                            quantization_config={"group_size": 128, "pad_groups": True}), (1.02, 1.50)),
+    # checkpoints written by compressed-tensors (what llm-compressor produces), loaded as stored
+    ("ct-FP8_DYNAMIC", dict(dtype="bfloat16", model=_compressed_tensors(_ct_preset("FP8_DYNAMIC"))), (0.98, 1.05)),
+    ("ct-FP8_BLOCK", dict(dtype="bfloat16", model=_compressed_tensors(_ct_preset("FP8_BLOCK"))), (0.98, 1.05)),
+    ("ct-W4A16-asym-g64", dict(dtype="bfloat16", model=_compressed_tensors(_ct_w4_asym_g64)), (1.02, 1.40)),
 ]
 
 

@@ -28,7 +28,6 @@ scheme says) its logits are compared too.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 
@@ -45,17 +44,10 @@ from fastinfer.layers import UnquantizedLinearMethod  # noqa: E402
 from fastinfer.quant import Fp8BlockLinearMethod, Fp8LinearMethod, Int4LinearMethod  # noqa: E402
 from model_helpers import prefill_logits  # noqa: E402
 
-from compressed_tensors.compressors import ModelCompressor  # noqa: E402
 from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32  # noqa: E402
-from compressed_tensors.quantization import (  # noqa: E402
-    QuantizationArgs,
-    QuantizationConfig,
-    QuantizationScheme,
-    QuantizationStatus,
-    apply_quantization_config,
-    preset_name_to_scheme,
-)
+from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme, preset_name_to_scheme  # noqa: E402
 from compressed_tensors.quantization.utils.helpers import calculate_qparams  # noqa: E402
+from ct_helpers import compress  # noqa: E402
 
 PROMPT = [5, 17, 42, 99, 123, 7, 8, 250, 300, 3, 77, 211, 400, 12, 13, 14, 15, 500, 61, 9, 2, 33, 88, 123, 4]
 LINEARS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -115,76 +107,9 @@ def float_model(arch: str, seed: int = 0):
     return model
 
 
-def _observe(w: torch.Tensor, args):
-    """The min / max a memoryless min-max observer sees for ``args.strategy`` (padding partial groups
-    and blocks with zeros, which compressed-tensors' qparams include anyway)."""
-    s = args.strategy
-    if s == "tensor":
-        return w.amin().reshape(1), w.amax().reshape(1)
-    if s == "channel":
-        return w.amin(1, keepdim=True), w.amax(1, keepdim=True)
-    if s == "group":
-        g = args.group_size
-        k = -(-w.shape[1] // g) * g
-        wv = torch.nn.functional.pad(w, (0, k - w.shape[1])).unflatten(-1, (k // g, g))
-        return wv.amin(-1), wv.amax(-1)
-    if s == "block":
-        bn, bk = args.block_structure
-        n, k = -(-w.shape[0] // bn) * bn, -(-w.shape[1] // bk) * bk
-        wv = torch.nn.functional.pad(w, (0, k - w.shape[1], 0, n - w.shape[0])).reshape(n // bn, bn, k // bk, bk)
-        return wv.amin((1, 3)), wv.amax((1, 3))
-    raise AssertionError(s)
-
-
-def _input_ranges(model, ids):
-    """min / max of every linear's input over the calibration prompt (static activation scales)."""
-    seen, hooks = {}, []
-    for name, m in model.named_modules():
-        if isinstance(m, torch.nn.Linear):
-            hooks.append(m.register_forward_pre_hook(
-                lambda mod, args, name=name: seen.__setitem__(name, (args[0].amin(), args[0].amax()))))
-    with torch.no_grad():
-        model(torch.tensor([ids]))
-    for h in hooks:
-        h.remove()
-    return seen
-
-
 def ct_checkpoint(arch: str, groups: dict, ignore, dst: str, calib=PROMPT):
-    """Quantise a fresh ``float_model(arch)`` with compressed-tensors and save it to ``dst + '-ct'``;
-    the producer's own dequantisation of it (float weights, no quantisation config) goes to
-    ``dst + '-deq'``. Returns both paths and the quantised modules' schemes by name."""
-    model = float_model(arch)
-    clean = copy.deepcopy(model)
-    ranges = _input_ranges(model, calib)
-    apply_quantization_config(model, QuantizationConfig(config_groups=groups, ignore=list(ignore)))
-    schemes = {}
-    with torch.no_grad():
-        for name, m in model.named_modules():
-            sch = getattr(m, "quantization_scheme", None)
-            if sch is None:
-                continue
-            schemes[name] = sch
-            s, z = calculate_qparams(*_observe(m.weight.data, sch.weights), sch.weights)
-            m.weight_scale.copy_(s.to(m.weight_scale.dtype))
-            if hasattr(m, "weight_zero_point"):
-                m.weight_zero_point.copy_(z.to(m.weight_zero_point.dtype))
-            ia = sch.input_activations
-            if ia is not None and not ia.dynamic:
-                lo, hi = ranges[name]
-                s, _ = calculate_qparams(lo.reshape(1), hi.reshape(1), ia)
-                m.input_scale.copy_(s.to(m.input_scale.dtype))
-            m.quantization_status = QuantizationStatus.FROZEN
-    compressor = ModelCompressor.from_pretrained_model(model)
-    compressor.compress_model(model)
-    model.save_pretrained(dst + "-ct")
-    compressor.update_config(dst + "-ct")
-    compressor.decompress_model(model)
-    with torch.no_grad():
-        for name in schemes:
-            clean.get_submodule(name).weight.copy_(model.get_submodule(name).weight)
-    clean.save_pretrained(dst + "-deq")
-    return dst + "-ct", dst + "-deq", schemes
+    """Quantise a fresh ``float_model(arch)`` with compressed-tensors (:func:`ct_helpers.compress`)."""
+    return compress(float_model(arch), groups, ignore, dst, calib)
 
 
 def _fp8_codes(x2: torch.Tensor, mode: str, scale):

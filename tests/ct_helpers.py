@@ -1,0 +1,90 @@
+"""Writing compressed-tensors checkpoints with the compressed-tensors package itself (the producer
+library as the oracle of the format): what llm-compressor's save path runs, without llm-compressor
+(it pins an older torch and transformers than this project's). Used by tests/test_quant_formats.py
+(random models) and tests/test_gguf.py (a real trained model)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from compressed_tensors.compressors import ModelCompressor
+from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus, apply_quantization_config
+from compressed_tensors.quantization.utils.helpers import calculate_qparams
+
+
+def _observe(w: torch.Tensor, args):
+    """The min / max a memoryless min-max observer sees for ``args.strategy`` (padding partial groups
+    and blocks with zeros, which compressed-tensors' qparams include anyway)."""
+    s = args.strategy
+    if s == "tensor":
+        return w.amin().reshape(1), w.amax().reshape(1)
+    if s == "channel":
+        return w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+    if s == "group":
+        g = args.group_size
+        k = -(-w.shape[1] // g) * g
+        wv = torch.nn.functional.pad(w, (0, k - w.shape[1])).unflatten(-1, (k // g, g))
+        return wv.amin(-1), wv.amax(-1)
+    if s == "block":
+        bn, bk = args.block_structure
+        n, k = -(-w.shape[0] // bn) * bn, -(-w.shape[1] // bk) * bk
+        wv = torch.nn.functional.pad(w, (0, k - w.shape[1], 0, n - w.shape[0])).reshape(n // bn, bn, k // bk, bk)
+        return wv.amin((1, 3)), wv.amax((1, 3))
+    raise AssertionError(s)
+
+
+def _input_ranges(model, ids):
+    """min / max of every linear's input over the calibration prompt (static activation scales)."""
+    seen, hooks = {}, []
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear):
+            hooks.append(m.register_forward_pre_hook(
+                lambda mod, args, name=name: seen.__setitem__(name, (args[0].amin(), args[0].amax()))))
+    with torch.no_grad():
+        model(torch.tensor([ids]))
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+def compress(model, groups: dict, ignore, dst: str, calib, dequantised: bool = True):
+    """Quantise the transformers ``model`` (in place) with compressed-tensors' ``groups`` (config
+    groups of schemes) and ``ignore`` list and save it to ``dst + '-ct'``; with ``dequantised``, the
+    producer's own dequantisation of it (float weights, no quantisation config) goes to
+    ``dst + '-deq'`` (else None). ``calib``: token ids whose linear inputs set static activation
+    scales. Returns both paths and the quantised modules' schemes by name."""
+    clean = copy.deepcopy(model) if dequantised else None
+    ranges = _input_ranges(model, calib) if calib is not None else {}
+    apply_quantization_config(model, QuantizationConfig(config_groups=groups, ignore=list(ignore)))
+    schemes = {}
+    with torch.no_grad():
+        for name, m in model.named_modules():
+            sch = getattr(m, "quantization_scheme", None)
+            if sch is None:
+                continue
+            schemes[name] = sch
+            s, z = calculate_qparams(*_observe(m.weight.data, sch.weights), sch.weights)
+            m.weight_scale.copy_(s.to(m.weight_scale.dtype))
+            if hasattr(m, "weight_zero_point"):
+                m.weight_zero_point.copy_(z.to(m.weight_zero_point.dtype))
+            ia = sch.input_activations
+            if ia is not None and not ia.dynamic:
+                if name not in ranges:
+                    raise ValueError(f"{name}: a static activation scale needs calibration ids (calib)")
+                lo, hi = ranges[name]
+                s, _ = calculate_qparams(lo.reshape(1), hi.reshape(1), ia)
+                m.input_scale.copy_(s.to(m.input_scale.dtype))
+            m.quantization_status = QuantizationStatus.FROZEN
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    model.save_pretrained(dst + "-ct")
+    compressor.update_config(dst + "-ct")
+    if clean is None:
+        return dst + "-ct", None, schemes
+    compressor.decompress_model(model)
+    with torch.no_grad():
+        for name in schemes:
+            clean.get_submodule(name).weight.copy_(model.get_submodule(name).weight)
+    clean.save_pretrained(dst + "-deq")
+    return dst + "-ct", dst + "-deq", schemes
