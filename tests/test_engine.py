@@ -544,3 +544,23 @@ def test_executor_hands_hidden_states_to_a_drafter_that_asks(ckpt):
     for (n, h), lg in zip(seen, logits):
         assert h.shape == (n, ex.model.config.hidden_size)
         torch.testing.assert_close(real(h), lg)
+
+
+def test_every_cli_option_is_documented():
+    """`fastinfer <command> --help`: every option says what it does, and its default unless it is
+    a flag (off by default) or required."""
+    import argparse
+
+    from fastinfer.entrypoints.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    bad = []
+    for cmd, p in sub.choices.items():
+        for a in p._actions:
+            if isinstance(a, argparse._HelpAction) or not a.option_strings:
+                continue
+            h = a.help or ""
+            flag = isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+            if len(h) < 12 or not (flag or a.required or "default" in h):
+                bad.append(f"{cmd} {a.option_strings[0]}: {h!r}")
+    assert not bad, "\n".join(bad)

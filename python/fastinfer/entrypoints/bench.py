@@ -242,9 +242,9 @@ def add_bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="end-to-end throughput / latency (TTFT, TPOT, tokens/s)",
                        description=__doc__.split("\n\n")[0])
     b.add_argument("--model", default=None,
-                   help="checkpoint directory or .gguf file (or --preset with --random-weights)")
+                   help="checkpoint directory or .gguf file (default: none; give it or --preset with --random-weights)")
     b.add_argument("--preset", default=None, choices=sorted(PRESETS),
-                   help="a model shape instead of a checkpoint (needs --random-weights)")
+                   help="a model shape instead of a checkpoint, with --random-weights (default: none)")
     b.add_argument("--random-weights", action="store_true", help="fill the --preset model with random weights")
     b.add_argument("--batch", type=int, default=8, help="requests submitted at once (default: 8)")
     b.add_argument("--input-len", type=int, default=128, help="prompt length, tokens (random ids; default: 128)")
