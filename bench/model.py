@@ -42,6 +42,11 @@ share of the roofline), L2 hits beyond the rule above, instruction issue limits 
 shuffles, ldmatrix/mma issue), launch overhead, clocks, and the sm_90a CUTLASS fp8 kernel (the
 emulator runs the mma.sync path, which H200 uses for blockwise scales and as the fallback).
 
+On a GPU the same cases run on the CUDA ops (bench/gpu_cases.py, under ncu in bench/gpu_check.sh),
+and bench/compare_model.py sets the measured counters and times against these model figures (the
+metric mapping: bench/ncu_metrics.py); each row's ``kernel_lines`` holds the per-kernel line
+summaries that comparison uses.
+
     python bench/model.py [--quick] [--only FAMILY,...] [--json PATH] [--label before|after]
     python bench/model.py --compare bench/results/model-before.json bench/results/model-after.json
 """
