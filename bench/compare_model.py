@@ -68,8 +68,8 @@ def find_model_file() -> Optional[str]:
 
 def gpu_launches(doc: dict) -> List[dict]:
     """The ncu launch records inside any of the GPU file layouts."""
-    for path in (("launches",), ("phases", "ncu", "launches"), ("phases", "ncu", "details", "launches"),
-                 ("ncu", "launches")):
+    for path in (("launches",), ("details", "launches"), ("phases", "ncu", "details", "launches"),
+                 ("phases", "ncu", "launches"), ("ncu", "launches")):
         d = doc
         for k in path:
             d = d.get(k) if isinstance(d, dict) else None

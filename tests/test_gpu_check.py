@@ -209,6 +209,7 @@ FAKE_NCU = r'''#!/usr/bin/env bash
 # stands in for ncu: --query-metrics, --import (CSV export), and a profiling run (writes the report and the
 # case manifest the real run's case runner would, prints the console log)
 case " $* " in
+  *" --version "*) echo "NVIDIA (R) Nsight Compute Command Line Profiler (stand-in)"; exit 0 ;;
   *" --query-metrics "*) cat "$FAKE_DIR/query.txt"; exit 0 ;;
   *" --import "*)
     if [[ " $* " == *" --print-nvtx-rename kernel "* ]]; then cat "$FAKE_DIR/nvtx.csv"; else cat "$FAKE_DIR/raw.csv"; fi
