@@ -261,6 +261,17 @@ def test_no_gpu_results_file_yet(tmp_path, monkeypatch, capsys):
     assert "no ncu launch records" in capsys.readouterr().err
 
 
+def test_gpu_file_layouts():
+    recs = [dict(id=0)]
+    for doc in (dict(launches=recs), dict(details=dict(launches=recs)), dict(phases=dict(ncu=dict(details=dict(
+            launches=recs))))):
+        assert cm.gpu_launches(doc) == recs
+    assert cm.gpu_launches(dict(phases={})) == []
+    cases = [dict(family="rms_norm", case="T=1 H=4096", time_us=2.5), dict(family="x", case="y", status="error")]
+    times = dict(phases=dict(bench=dict(details=dict(cases_time=dict(cases=cases)))))
+    assert cm.gpu_case_times(times) == {("rms_norm", "T=1 H=4096"): 2.5}
+
+
 def test_names():
     assert cm.strip_params(RMS) == "fastinfer::norm::rms_norm_kernel<__nv_bfloat16,8>"
     assert cm.base(DEC4) == cm.base(DEC8) == "fastinfer::attention::decode::paged_decode_attention_kernel"
