@@ -61,7 +61,8 @@ def load(path):
 def cmd_phase(a):
     details = load(a.details) if a.details else None
     doc = dict(name=a.name, status=status_of(a.rc), rc=a.rc, seconds=round(a.seconds, 1), deadline=a.deadline,
-               max_deadline=a.max_deadline, command=a.command, details=details if details is not None else {}, log_tail=tail(a.log))
+               max_deadline=a.max_deadline, command=a.command, details=details if details is not None else {},
+               log_tail=tail(a.log))
     if a.rc in (124, 137):
         doc["note"] = f"killed at its deadline ({a.deadline} s)"
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
@@ -149,7 +150,9 @@ def cmd_pytest(a):
     return 0
 
 
-_KERNEL_RE = re.compile(r"\b(?:in|at)\s+(?:0x[0-9a-f]+\s+in\s+)?((?:void\s+)?[A-Za-z_][\w:]*(?:<[^\n]*?>)?)\s*(?:\(|\+0x)")
+# "at void ns::kernel<T, 8>(Params)+0x1a0 in file.cuh:27" -> "void ns::kernel<T, 8>"
+_KERNEL_RE = re.compile(r"\b(?:in|at)\s+(?:0x[0-9a-f]+\s+in\s+)?"
+                        r"((?:void\s+)?[A-Za-z_][\w:]*(?:<[^\n]*?>)?)\s*(?:\(|\+0x)")
 
 
 def parse_sanitizer_log(text: str) -> dict:

@@ -97,7 +97,8 @@ def _fake_inputs(tmp_path):
     (tmp_path / "junit.xml").write_text(
         '<?xml version="1.0"?><testsuites><testsuite name="pytest" time="12.5">'
         '<testcase classname="tests.test_a" name="test_ok"/>'
-        '<testcase classname="tests.test_a" name="test_bad[cuda]"><failure message="assert 1 == 2">x</failure></testcase>'
+        '<testcase classname="tests.test_a" name="test_bad[cuda]">'
+        '<failure message="assert 1 == 2">x</failure></testcase>'
         '<testcase classname="tests.test_b" name="test_skip"><skipped message="no"/></testcase>'
         "</testsuite></testsuites>")
     (tmp_path / "memcheck.log").write_text(
@@ -186,7 +187,8 @@ def test_dry_run_no_phases(tmp_path):
 def test_report_helpers_on_missing_inputs(tmp_path):
     """A phase whose tool never ran still gets a JSON (the parsers do not crash on absent files)."""
     py = [sys.executable, str(REPORT)]
-    subprocess.run(py + ["pytest", "--junit", str(tmp_path / "none.xml"), "--out", str(tmp_path / "p.json")], check=True)
+    subprocess.run(py + ["pytest", "--junit", str(tmp_path / "none.xml"), "--out", str(tmp_path / "p.json")],
+                   check=True)
     assert "no junit report" in json.loads((tmp_path / "p.json").read_text())["error"]
     subprocess.run(py + ["sanitizer", "--log", f"memcheck={tmp_path}/none.log", "--out", str(tmp_path / "s.json")],
                    check=True)
