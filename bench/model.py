@@ -42,6 +42,11 @@ share of the roofline), L2 hits beyond the rule above, instruction issue limits 
 shuffles, ldmatrix/mma issue), launch overhead, clocks, and the sm_90a CUTLASS fp8 kernel (the
 emulator runs the mma.sync path, which H200 uses for blockwise scales and as the fallback).
 
+On a GPU the same cases run on the CUDA ops (bench/gpu_cases.py, under ncu in bench/gpu_check.sh),
+and bench/compare_model.py sets the measured counters and times against these model figures (the
+metric mapping: bench/ncu_metrics.py); each row's ``kernel_lines`` holds the per-kernel line
+summaries that comparison uses.
+
     python bench/model.py [--quick] [--only FAMILY,...] [--json PATH] [--label before|after]
     python bench/model.py --compare bench/results/model-before.json bench/results/model-after.json
 """
@@ -60,8 +65,12 @@ from collections import defaultdict
 import torch
 
 import fastinfer
-import fastinfer._sim  # noqa: F401  (torch.ops.fastinfer_sim, used for reference runs)
 import fastinfer.simt as simt
+
+try:
+    import fastinfer._sim  # noqa: F401  (torch.ops.fastinfer_sim, used for reference runs)
+except ImportError:  # a build without the sim module: bench/gpu_cases.py runs the cases on CUDA only
+    pass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import git_commit  # noqa: E402
@@ -77,7 +86,14 @@ LABEL = "MODEL: simt emulator counters + ptxas report + H200 constants; not a GP
 HIDDEN, FFN, HQ, HKV, HEAD_DIM, BLOCK = 4096, 14336, 32, 8, 128, 16
 
 
+# bench/gpu_cases.py sets this to an object whose attributes are the ops on the GPU (torch.ops.fastinfer
+# with the inputs moved to CUDA), to run the very same cases there.
+_OPS = None
+
+
 def ns():
+    if _OPS is not None:
+        return _OPS
     return torch.ops.fastinfer_sim  # looked up at call time: fastinfer.simt.profile swaps it
 
 
@@ -477,7 +493,8 @@ def run_case(case, ptxas):
                model_dram_bytes=int(dram_total), model_dram_over_ideal=round(dram_total / spec["ideal"], 3),
                model_tensor_flops=int(flops_total), model_time_us=t_model, model_roofline_us=t_roof,
                model_fraction_of_roofline=round(t_roof / t_model, 3) if t_model else None,
-               launches=launches, findings=findings, profile_wall_s=round(wall, 2), **lines)
+               launches=launches, findings=findings, profile_wall_s=round(wall, 2),
+               kernel_lines={k["name"]: summarise_lines([k]) for k in rep["kernels"]}, **lines)
     del spec, rep
     return row
 
