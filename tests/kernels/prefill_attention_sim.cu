@@ -7,6 +7,7 @@
 //   nvcc -std=c++20 -O2 -arch=sm_90a -Icuda/include --expt-relaxed-constexpr \
 //        tests/kernels/prefill_attention_sim.cu -o prefill_test && ./prefill_test
 #include "../../cuda/src/attention_prefill.cu"
+#include "kernel_test_util.h"
 
 #include <algorithm>
 #include <chrono>
@@ -21,14 +22,6 @@
 
 using namespace fastinfer;
 
-#define CHECK_CUDA(x)                                                                                     \
-  do {                                                                                                    \
-    cudaError_t e_ = (x);                                                                                 \
-    if (e_ != cudaSuccess) {                                                                              \
-      std::printf("CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                                       \
-    }                                                                                                     \
-  } while (0)
 
 struct Case {
   std::string name;
