@@ -119,6 +119,15 @@ __global__ void mma_once(float* out) {
   out[threadIdx.x] = d[0];
 }
 
+// Blocks 1, 3, 5, 7 read and return before storing (the early exit of a work-item grid past its
+// last item): blocks_storing = 4 of blocks_run = 8.
+__global__ void early_exit(const float* in, float* out) {
+  const float x = in[blockIdx.x * 32 + threadIdx.x];
+  if (blockIdx.x % 2 == 1) return;
+  out[blockIdx.x * 32 + threadIdx.x] = x;
+}
+
+
 template <typename T>
 T* dalloc(size_t n) {
   void* p = nullptr;
@@ -168,6 +177,8 @@ int main() {
   EXPECT(launch_kernel(mma_once, dim3(1), dim3(64), 0, nullptr, out) == cudaSuccess, "mma");
   cudaMemcpy(r.data(), out, 64 * sizeof(float), cudaMemcpyDeviceToHost);
   EXPECT(r[0] == 16.f, "mma result %f", r[0]);
+
+  EXPECT(launch_kernel(early_exit, dim3(8), dim3(32), 0, nullptr, in, out) == cudaSuccess, "early_exit");
 
   std::printf(g_failures ? "profile_rules: %d FAILURES\n" : "profile_rules: OK\n", g_failures);
   return g_failures ? 1 : 0;
