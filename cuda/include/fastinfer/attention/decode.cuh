@@ -25,6 +25,7 @@
 // the split saw no key) to the workspace and decode_merge_splits_kernel combines them.
 #include "fastinfer/common/platform.cuh"
 #include "fastinfer/attention/attention.h"
+#include "fastinfer/common/math.cuh"
 #include "fastinfer/common/smem.cuh"
 #include "fastinfer/common/vec.cuh"
 
@@ -37,8 +38,6 @@ constexpr int kNumWarps = 4;
 constexpr int kNumThreads = kNumWarps * 32;
 constexpr int kSliceElems = 8;   // elements of a K/V row handled by one thread
 constexpr int kMaxGroup = 8;     // query heads per CTA
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 template <int D, int G>
 struct Config {
@@ -68,23 +67,10 @@ inline int split_granule(int head_dim, int group_chunk) {
 // Query heads per CTA for a GQA group size.
 inline int group_chunk_for(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kMaxGroup; }
 
-__device__ __forceinline__ float warp_reduce_max(float x) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  return x;
-}
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
-}
-
 // Sum of each of the V values over the TPR consecutive lanes of a row, left in every lane of the
 // row: reduce-scatter (each xor step halves the values a lane keeps), plain xor steps once a lane
 // keeps a single value, then all-gather. V + log2(TPR / V) - 1 + V - 1 shuffles (when V <= TPR)
 // instead of V * log2(TPR) for independent butterflies.
-constexpr int ilog2(int x) { return x <= 1 ? 0 : 1 + ilog2(x / 2); }
-
 template <int V, int TPR>
 __device__ __forceinline__ void row_allreduce(float (&v)[V], int lane) {
   static_assert((V & (V - 1)) == 0 && (TPR & (TPR - 1)) == 0, "powers of two");
@@ -98,12 +84,12 @@ __device__ __forceinline__ void row_allreduce(float (&v)[V], int lane) {
 #pragma unroll
     for (int i = 0; i < half; ++i) {
       const float a = v[i], b = v[i + half];
-      const float received = __shfl_xor_sync(0xffffffffu, hi ? a : b, o);
+      const float received = __shfl_xor_sync(kFullWarpMask, hi ? a : b, o);
       v[i] = (hi ? b : a) + received;
     }
   }
 #pragma unroll
-  for (int k = kScatter; k < kLogT; ++k) v[0] += __shfl_xor_sync(0xffffffffu, v[0], TPR >> (k + 1));
+  for (int k = kScatter; k < kLogT; ++k) v[0] += __shfl_xor_sync(kFullWarpMask, v[0], TPR >> (k + 1));
 #pragma unroll
   for (int k = kScatter - 1; k >= 0; --k) {
     const int o = TPR >> (k + 1);
@@ -112,7 +98,7 @@ __device__ __forceinline__ void row_allreduce(float (&v)[V], int lane) {
 #pragma unroll
     for (int i = 0; i < half; ++i) {
       const float mine = v[i];
-      const float other = __shfl_xor_sync(0xffffffffu, mine, o);
+      const float other = __shfl_xor_sync(kFullWarpMask, mine, o);
       v[i] = hi ? other : mine;
       v[i + half] = hi ? mine : other;
     }
@@ -325,15 +311,15 @@ __global__ void __launch_bounds__(kNumThreads, (Config<D, G>::kMinCtas)) paged_d
   for (int offset_lanes = kTpr; offset_lanes < 32; offset_lanes <<= 1) {
 #pragma unroll
     for (int h = 0; h < G; ++h) {
-      const float m_b = __shfl_xor_sync(0xffffffffu, m[h], offset_lanes);
-      const float l_b = __shfl_xor_sync(0xffffffffu, l[h], offset_lanes);
+      const float m_b = __shfl_xor_sync(kFullWarpMask, m[h], offset_lanes);
+      const float l_b = __shfl_xor_sync(kFullWarpMask, l[h], offset_lanes);
       float m_new, sa, sb;
       merge_state_scales(m[h], m_b, m_new, sa, sb);
       m[h] = m_new;
       l[h] = l[h] * sa + l_b * sb;
 #pragma unroll
       for (int i = 0; i < kSliceElems; ++i) {
-        const float o_b = __shfl_xor_sync(0xffffffffu, o[h][i], offset_lanes);
+        const float o_b = __shfl_xor_sync(kFullWarpMask, o[h][i], offset_lanes);
         o[h][i] = o[h][i] * sa + o_b * sb;
       }
     }
@@ -437,7 +423,7 @@ __global__ void __launch_bounds__(kMergeRowsPerCta * 32) decode_merge_splits_ker
   if (m_all != -INFINITY) {
     for (int s = lane; s < num_splits; s += 32) sum += expf(lse_row[s] - m_all);
   }
-  sum = warp_sum(sum);
+  sum = warp_reduce_sum(sum);
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
 
   const int64_t b = row / p.num_q_heads;
