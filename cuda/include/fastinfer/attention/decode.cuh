@@ -39,33 +39,41 @@ constexpr int kNumThreads = kNumWarps * 32;
 constexpr int kSliceElems = 8;   // elements of a K/V row handled by one thread
 constexpr int kMaxGroup = 8;     // query heads per CTA
 
+// The per-(D, G) tables, as constexpr functions: Config below and the host heuristics
+// (cuda/src/attention_decode.cu) are computed by the same functions, so they cannot drift apart.
+// Query heads per CTA for a GQA group size.
+constexpr int group_chunk_for(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kMaxGroup; }
+// Keys per thread per step (more query heads per CTA: fewer keys, same registers).
+constexpr int unroll_for(int group_chunk) { return group_chunk <= 2 ? 8 : (group_chunk == 4 ? 4 : 2); }
+// Keys a CTA covers per step, and the split granule (splits are whole multiples of it).
+constexpr int cta_keys_for(int head_dim, int group_chunk) {
+  return 32 / (head_dim / kSliceElems) * unroll_for(group_chunk) * kNumWarps;
+}
+constexpr int split_granule(int head_dim, int group_chunk) {
+  return cta_keys_for(head_dim, group_chunk) > 64 ? cta_keys_for(head_dim, group_chunk) : 64;
+}
+// CTAs resident per SM: the kernels' __launch_bounds__ minimum (ptxas caps the registers at
+// 65536 / (n * 128): 128 for 4, 170 for 3, none for 2) and the split heuristic's slots per SM.
+// The ptxas report (sm_80 .. sm_90a) gives 103-128 registers for chunks 1-2, 143-164 for 4 and
+// 217-242 for 8 (two CTAs fit); without the hint ptxas spills a register of the G = 1 kernels
+// on sm_80 instead of using 111.
+constexpr int ctas_per_sm_for(int group_chunk) { return group_chunk <= 2 ? 4 : (group_chunk == 4 ? 3 : 2); }
+
 template <int D, int G>
 struct Config {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   static_assert(G == 1 || G == 2 || G == 4 || G == 8, "group chunk 1, 2, 4 or 8");
   static constexpr int kThreadsPerRow = D / kSliceElems;      // 8, 16, 32
   static constexpr int kRowsPerWarp = 32 / kThreadsPerRow;    // 4, 2, 1
-  static constexpr int kUnroll = G <= 2 ? 8 : (G == 4 ? 4 : 2);  // keys per thread per step
+  static constexpr int kUnroll = unroll_for(G);               // keys per thread per step
   static constexpr int kWarpKeys = kRowsPerWarp * kUnroll;
-  static constexpr int kCtaKeys = kWarpKeys * kNumWarps;
-  static constexpr int kSplitGranule = kCtaKeys > 64 ? kCtaKeys : 64;
-  // Occupancy hint for ptxas (register cap 65536 / (kMinCtas * 128)); without it ptxas spills a
-  // register of the G = 1 kernels on sm_80 instead of using 111.
-  static constexpr int kMinCtas = G >= 8 ? 1 : (G == 4 ? 3 : 4);
+  static constexpr int kCtaKeys = cta_keys_for(D, G);
+  static_assert(kCtaKeys == kWarpKeys * kNumWarps, "cta_keys_for");
+  static constexpr int kSplitGranule = split_granule(D, G);
+  static constexpr int kMinCtas = ctas_per_sm_for(G);
   // Shared memory of the final merge: per warp and head the max, the sum and the D accumulators.
   static constexpr size_t kSmemBytes = sizeof(float) * kNumWarps * G * (D + 2);
 };
-
-// Host-side mirror of Config::kSplitGranule for runtime head_dim / group chunk.
-inline int split_granule(int head_dim, int group_chunk) {
-  const int rows_per_warp = 32 / (head_dim / kSliceElems);
-  const int unroll = group_chunk <= 2 ? 8 : (group_chunk == 4 ? 4 : 2);
-  const int cta_keys = rows_per_warp * unroll * kNumWarps;
-  return cta_keys > 64 ? cta_keys : 64;
-}
-
-// Query heads per CTA for a GQA group size.
-inline int group_chunk_for(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kMaxGroup; }
 
 // Sum of each of the V values over the TPR consecutive lanes of a row, left in every lane of the
 // row: reduce-scatter (each xor step halves the values a lane keeps), plain xor steps once a lane
