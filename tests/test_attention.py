@@ -69,6 +69,8 @@ PREFILL_CASES = [
     ([65, 9], [80, 9], 8, 2, 64, False, 7, 30.0),
     ([20, 3], [12, 5], 4, 2, 64, True, -1, 0.0),  # q_len > k_len: leading queries see no key
     ([70], [70], 4, 1, 64, True, 0, 0.0),  # window 0: each query sees only itself
+    ([43, 1, 100, 0, 5], [50, 1, 100, 3, 5], 6, 2, 128, True, -1, 0.0),  # group 3: tiles split a token's heads
+    ([26, 77], [40, 77], 5, 1, 64, False, 20, 0.0),  # group 5
 ]
 
 
@@ -146,6 +148,8 @@ PAGED_PREFILL_CASES = [
     ([30], [95], 4, 1, 64, 16, True, 10, 20.0, False),
     ([7, 1, 12], [20, 5, 12], 8, 2, 64, 16, True, -1, 0.0, True),  # tree attention (speculative verify)
     ([16, 5], [48, 37], 4, 4, 128, 8, True, -1, 0.0, True),
+    ([9, 1, 16, 4], [40, 5, 16, 30], 12, 2, 64, 16, True, -1, 0.0, True),  # group 6 trees
+    ([3] * 34 + [40], [20] * 34 + [90], 4, 2, 64, 8, True, -1, 0.0, False),  # 35 sequences (work-item search)
 ]
 
 
@@ -173,6 +177,39 @@ def test_paged_prefill_attention(backend, dtype, case):
     ref_out, ref_lse = R.paged_prefill_attention(q, k_cache, v_cache, table, cq, lens, scale, causal, window, softcap, mask)
     naive_out, naive_lse = naive_paged(q, k_cache, v_cache, table, cq, lens, scale, causal, window, softcap, mask)
     check_out_lse(out, lse, ref_out, ref_lse, naive_out, naive_lse, "paged prefill")
+
+
+# ---------------------------------------------------------------------------------------------
+# GQA packing and the work-item grid: a ragged batch (a prompt next to speculative trees) launches
+# one CTA per (work item, KV head), each of which writes output, instead of one per (64-row tile
+# of the longest sequence, query head, sequence)
+@pytest.mark.sim
+def test_prefill_ragged_batch_launches_no_idle_ctas():
+    import importlib.util
+
+    if importlib.util.find_spec("fastinfer._simprof") is None:
+        pytest.skip("fastinfer._simprof not built")
+    import fastinfer.simt as simt
+
+    g = make_gen(21)
+    q_lens, seq_lens, hq, hkv, d = [130] + [8] * 9, [130] + [40] * 9, 8, 2, 64
+    k_cache, v_cache, table = make_paged(seq_lens, hkv, d, 16, torch.bfloat16, g)
+    k_cache, v_cache = k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0)
+    q = randn((sum(q_lens), hq, d), torch.bfloat16, gen=g)
+    cq, lens = cu(q_lens), torch.tensor(seq_lens, dtype=torch.int32)
+    mask = torch.cat([torch.ones(130, 130, dtype=torch.bool).tril().flatten()] +
+                     [R.tree_mask(R.random_tree_parents(8, g)).flatten() for _ in range(9)])
+    rep = simt.profile(lambda: torch.ops.fastinfer_sim.paged_prefill_attention(
+        q, k_cache, v_cache, table, cq, lens, 130, 0.125, True, -1, 0.0, mask, False))
+    k = next(k for k in rep["kernels"] if "prefill_attention_kernel" in k["name"])
+    (rec,) = k["records"]
+    group, rows = hq // hkv, 128
+    items = math.ceil(130 * group / rows) + 9 * math.ceil(8 * group / rows)  # 5 + 9
+    assert rec["grid"][1] == hkv and rec["blocks_storing"] == items * hkv
+    # the host's bound (no lengths on the host): at most one CTA per sequence and KV head idle
+    assert items <= rec["grid"][0] <= items + len(q_lens)
+    ref = R.paged_prefill_attention(q, k_cache, v_cache, table, cq, lens, 0.125, True, -1, 0.0, mask)[0]
+    assert ((rep.result[0].double() - ref).norm() / ref.norm()).item() < 1e-2
 
 
 # ---------------------------------------------------------------------------------------------

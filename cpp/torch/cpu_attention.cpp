@@ -133,6 +133,7 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention_cpu(const at::Tensor& q, co
   for (size_t b = 0; b + 1 < cq.size(); ++b) {
     const int64_t qs = cq[b], ql = cq[b + 1] - qs;
     const int64_t ks = ck[b], kl = ck[b + 1] - ks;
+    if (ql == 0) continue;  // no queries (keys or not): nothing to write
     if (flash_applies(ql, kl, softcap, false)) {
       attend_flash(q.narrow(0, qs, ql), k.narrow(0, ks, kl), v.narrow(0, ks, kl), scale, causal, window_left, out, lse, qs);
       continue;
