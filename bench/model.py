@@ -37,6 +37,17 @@ benchmark times, at representative shapes):
    132 x CTAs per SM) are flagged: whether their CTAs keep enough loads in flight to reach the
    SM's share is latency hiding, which the model cannot see.
 
+Two further figures per case, for the work a launch does rather than its time:
+
+- requested bytes (model) = the 32-byte sectors of every global access the CTAs issue (loads,
+  stores, the global side of cp.async), times 32, scaled by CTAs in the grid / CTAs that ran: the
+  traffic between the SMs and L2, which is also the HBM traffic when L2 holds no reuse. Where the
+  CTAs of a kernel re-read shared operands (K/V tiles read by several CTAs) it exceeds the DRAM
+  bytes above (which assume L2 serves every re-read).
+- CTAs launched / CTAs that stored: the grid, and the CTAs that wrote global memory (the
+  profiler's blocks_storing, scaled like the other counters): CTAs that exit without writing
+  (early-exit CTAs of a grid sized for the longest sequence) are launched but do no work.
+
 What the model cannot see: latency hiding (an SM with at least one CTA is assumed to reach its
 share of the roofline), L2 hits beyond the rule above, instruction issue limits (CUDA-core math,
 shuffles, ldmatrix/mma issue), launch overhead, clocks, and the sm_90a CUTLASS fp8 kernel (the
@@ -146,6 +157,8 @@ def occupancy(threads, regs, smem_static, smem_dynamic, dev=H200):
 def launch_model(rec, kname, ptxas, peak_kind, dram_bytes, flops, dev=H200):
     grid = rec["grid"]
     ctas = grid[0] * grid[1] * grid[2]
+    storing = rec.get("blocks_storing")
+    ctas_storing = round(storing * ctas / max(rec["blocks_run"], 1)) if storing is not None else None
     threads = rec["block"][0] * rec["block"][1] * rec["block"][2]
     info = ptxas.get(_norm(kname))
     regs = info["registers"] if info else None
@@ -160,7 +173,7 @@ def launch_model(rec, kname, ptxas, peak_kind, dram_bytes, flops, dev=H200):
     return dict(kernel=kname, grid=grid, ctas=ctas, threads_per_cta=threads, registers=regs,
                 registers_known=info is not None, smem_static=smem_static, smem_dynamic=rec["dynamic_smem"],
                 ctas_per_sm=per_sm, occupancy_limiter=limiter, occupancy=round(occ, 3), waves=round(waves, 3),
-                sm_balance=round(eff, 3), ctas_run=rec["blocks_run"],
+                sm_balance=round(eff, 3), ctas_run=rec["blocks_run"], ctas_storing=ctas_storing,
                 model_dram_bytes=int(dram_bytes), model_tensor_flops=int(flops),
                 model_t_hbm_us=t_hbm * 1e6, model_t_tc_us=t_tc * 1e6, model_time_us=t * 1e6)
 
@@ -210,6 +223,19 @@ def summarise_lines(kernels):
                              ideal_wavefronts_per_request=round(s["ideal"] / s["requests"], 3),
                              conflict_ways=round(s["wavefronts"] / max(s["ideal"], 1), 3), worst_line=worst_s)
     return out
+
+
+def requested_bytes(kernels):
+    """Global sectors requested by the CTAs x 32, scaled per kernel by CTAs in the grid / CTAs run."""
+    total = 0.0
+    for k in kernels:
+        ctas = sum(r["grid"][0] * r["grid"][1] * r["grid"][2] for r in k["records"])
+        run = sum(r["blocks_run"] for r in k["records"])
+        scale = ctas / run if run else 1.0
+        sectors = sum(e["sectors"] for e in k["lines"]
+                      if e["op"] in GLOBAL_OPS or (e["op"] == "atomic" and e["space"] == "global"))
+        total += 32 * sectors * scale
+    return int(total)
 
 
 # ---- cases ---------------------------------------------------------------------------------------
@@ -328,6 +354,43 @@ def case_prefill(t, hq, hkv, d, causal, paged=False):
                 sample=max(1, ctas // 32), reuse=True)
 
 
+def case_prefill_ragged(long_len=1024, trees=15, nodes=8, ctx=1024, hq=HQ, hkv=HKV, d=HEAD_DIM):
+    """A ragged paged prefill as the runner builds it for speculative decoding next to a prompt: one
+    prefill of long_len tokens (no prefix) and `trees` verification trees of `nodes` nodes on
+    contexts of ctx keys, one call with the runner's custom mask (a causal block for the prefill,
+    the tree masks for the trees; layers/batch.py)."""
+    def build():
+        from fastinfer.reference.attention import random_tree_parents, tree_mask
+
+        g = torch.Generator().manual_seed(0)
+        q_lens = [long_len] + [nodes] * trees
+        k_lens = [long_len] + [ctx] * trees
+        nbs = [math.ceil(n / BLOCK) for n in k_lens]
+        kc = _bf16(sum(nbs), BLOCK, hkv, d, gen=g)
+        vc = _bf16(sum(nbs), BLOCK, hkv, d, gen=g)
+        table = torch.zeros(len(q_lens), max(nbs), dtype=torch.int32)
+        off = 0
+        for b, n in enumerate(nbs):
+            table[b, :n] = torch.arange(off, off + n, dtype=torch.int32)
+            off += n
+        t = sum(q_lens)
+        q = _bf16(t, hq, d, gen=g)
+        cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+        lens = torch.tensor(k_lens, dtype=torch.int32)
+        masks = [torch.ones(long_len, long_len, dtype=torch.bool).tril_()]
+        masks += [tree_mask(random_tree_parents(nodes, g)) for _ in range(trees)]
+        mask = torch.cat([m.reshape(-1) for m in masks])
+        visible = sum(int(m.sum()) + m.shape[0] * (kl - ql) for m, ql, kl in zip(masks, q_lens, k_lens))
+        flops = 4.0 * hq * d * visible
+        ideal = (2 * t * hq * d + 2 * sum(k_lens) * hkv * d) * 2 + mask.numel() + table.numel() * 4
+        fn = lambda: ns().paged_prefill_attention(q, kc, vc, table, cu, lens, long_len, d ** -0.5, True,  # noqa: E731
+                                                  -1, 0.0, mask)
+        return dict(fn=fn, ideal=ideal, flops=flops, peak="bf16",
+                    note=f"q_lens {long_len} + {trees} x {nodes}; useful rows {t * hq}")
+    return Case("paged_prefill_attention", f"ragged: {long_len} + {trees} trees x {nodes} ctx {ctx} "
+                f"Hq/Hkv={hq}/{hkv} D={d} mask", build, sample=1, reuse=True)
+
+
 def case_fp8_quantize(m, k, mode):
     def build():
         x = _bf16(m, k)
@@ -408,7 +471,7 @@ def all_cases(quick=False):
         (t, hq, hkv, d, c) for t in (1024, 8192) for hq, hkv, d in ((32, 32, 128), (32, 8, 128), (32, 32, 64))
         for c in (True, False)]
     cases += [case_prefill(*p) for p in pre]
-    cases += [case_prefill(1024, 32, 8, 128, True, paged=True)]
+    cases += [case_prefill(1024, 32, 8, 128, True, paged=True), case_prefill_ragged()]
     cases += [case_fp8_quantize(m, 4096, mode) for m in ((16, 4096) if not quick else (16,))
               for mode in ("token", "group", "tensor")]
     shapes = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
@@ -487,11 +550,22 @@ def run_case(case, ptxas):
                             f"{x['ctas_per_sm']}/SM")
     if dram_total > 1.2 * spec["ideal"]:
         findings.append(f"DRAM {dram_total / spec['ideal']:.2f}x ideal")
+    requested = requested_bytes(rep["kernels"])
+    if requested > 1.5 * max(dram_total, 1):
+        findings.append(f"requested {requested / 2**20:.1f} MiB from L2 = {requested / spec['ideal']:.2f}x ideal "
+                        f"(CTAs re-read shared operands)")
+    ctas_launched = sum(x["ctas"] for x in launches)
+    storing = [x["ctas_storing"] for x in launches]
+    ctas_storing = sum(storing) if all(v is not None for v in storing) else None
+    if ctas_storing is not None and ctas_storing < ctas_launched:
+        findings.append(f"idle CTAs: {ctas_launched - ctas_storing} of {ctas_launched} launched write nothing")
     row = dict(family=case.family, case=case.label, kind="model", sample_one_in=case.sample, sampled=sampled,
                dram_rule="ideal x measured sector over-fetch" if use_ideal else "distinct sectors x CTA scale",
                ideal_bytes=int(spec["ideal"]), useful_flops=useful, peak=peak, note=spec.get("note"),
                model_dram_bytes=int(dram_total), model_dram_over_ideal=round(dram_total / spec["ideal"], 3),
                model_tensor_flops=int(flops_total), model_time_us=t_model, model_roofline_us=t_roof,
+               model_requested_bytes=requested, ctas_launched=ctas_launched,
+               ctas_storing=ctas_storing,
                model_fraction_of_roofline=round(t_roof / t_model, 3) if t_model else None,
                launches=launches, findings=findings, profile_wall_s=round(wall, 2),
                kernel_lines={k["name"]: summarise_lines([k]) for k in rep["kernels"]}, **lines)
@@ -535,18 +609,25 @@ def compare(path_a, path_b, all_rows=False):
     def ctas(r):
         return "+".join(str(x["ctas"]) for x in r["launches"])
 
+    def req(r):
+        return f"{r['model_requested_bytes'] / 2**20:.1f}" if r.get("model_requested_bytes") is not None else "-"
+
+    def stored(r):
+        return str(r["ctas_storing"]) if r.get("ctas_storing") is not None else "-"
+
     print(f"{LABEL}\n{'family':<22} {'case':<46} {'sec/req (ideal)':>23} {'ways':>11} {'CTAs':>13} "
-          f"{'model us':>17} {'fraction':>13}")
+          f"{'stored':>13} {'req MiB':>15} {'model us':>17} {'fraction':>13}")
     for key in a:
         if key not in b:
             continue
         x, y = a[key], b[key]
-        changed = (sec(x), ways(x), ctas(x), round(x["model_time_us"], 2)) != (sec(y), ways(y), ctas(y),
-                                                                                round(y["model_time_us"], 2))
+        changed = (sec(x), ways(x), ctas(x), stored(x), req(x), round(x["model_time_us"], 2)) != (
+            sec(y), ways(y), ctas(y), stored(y), req(y), round(y["model_time_us"], 2))
         if not (changed or all_rows):
             continue
         print(f"{key[0][:22]:<22} {key[1][:46]:<46} {sec(x):>11}>{sec(y):<11} {ways(x):>5}>{ways(y):<5} "
-              f"{ctas(x)[:6]:>6}>{ctas(y)[:6]:<6} {x['model_time_us']:>8.2f}>{y['model_time_us']:<8.2f} "
+              f"{ctas(x)[:6]:>6}>{ctas(y)[:6]:<6} {stored(x)[:6]:>6}>{stored(y)[:6]:<6} {req(x):>7}>{req(y):<7} "
+              f"{x['model_time_us']:>8.2f}>{y['model_time_us']:<8.2f} "
               f"{x['model_fraction_of_roofline']:>6.3f}>{y['model_fraction_of_roofline']:<6.3f}")
 
 

@@ -69,6 +69,8 @@ PREFILL_CASES = [
     ([65, 9], [80, 9], 8, 2, 64, False, 7, 30.0),
     ([20, 3], [12, 5], 4, 2, 64, True, -1, 0.0),  # q_len > k_len: leading queries see no key
     ([70], [70], 4, 1, 64, True, 0, 0.0),  # window 0: each query sees only itself
+    ([43, 1, 100, 0, 5], [50, 1, 100, 3, 5], 6, 2, 128, True, -1, 0.0),  # group 3: tiles split a token's heads
+    ([26, 77], [40, 77], 5, 1, 64, False, 20, 0.0),  # group 5
 ]
 
 
@@ -146,6 +148,8 @@ PAGED_PREFILL_CASES = [
     ([30], [95], 4, 1, 64, 16, True, 10, 20.0, False),
     ([7, 1, 12], [20, 5, 12], 8, 2, 64, 16, True, -1, 0.0, True),  # tree attention (speculative verify)
     ([16, 5], [48, 37], 4, 4, 128, 8, True, -1, 0.0, True),
+    ([9, 1, 16, 4], [40, 5, 16, 30], 12, 2, 64, 16, True, -1, 0.0, True),  # group 6 trees
+    ([3] * 34 + [40], [20] * 34 + [90], 4, 2, 64, 8, True, -1, 0.0, False),  # 35 sequences (work-item search)
 ]
 
 
@@ -173,6 +177,95 @@ def test_paged_prefill_attention(backend, dtype, case):
     ref_out, ref_lse = R.paged_prefill_attention(q, k_cache, v_cache, table, cq, lens, scale, causal, window, softcap, mask)
     naive_out, naive_lse = naive_paged(q, k_cache, v_cache, table, cq, lens, scale, causal, window, softcap, mask)
     check_out_lse(out, lse, ref_out, ref_lse, naive_out, naive_lse, "paged prefill")
+
+
+# ---------------------------------------------------------------------------------------------
+# the bit-packed custom mask (8 entries per byte) gives the bool form's results, bit for bit
+def test_pack_custom_mask_round_trip():
+    from fastinfer.ops import pack_custom_mask
+
+    g = make_gen(4)
+    for n in (0, 1, 7, 8, 9, 63, 200):
+        m = torch.rand(n, generator=g) < 0.4
+        packed = pack_custom_mask(m)
+        assert packed.dtype == torch.uint8 and packed.numel() == (n + 7) // 8
+        assert torch.equal(R.unpack_custom_mask(packed, n), m)
+        for e in range(n):  # entry e in bit e % 8 of byte e // 8
+            assert bool((int(packed[e // 8]) >> (e % 8)) & 1) == bool(m[e])
+
+
+# (q_lens, seq_lens, Hq, Hkv, D, BS, window): sequences start mid-byte (7^2 = 49 entries first)
+PACKED_CASES = [
+    ([7, 1, 12], [20, 5, 12], 8, 2, 64, 16, -1),
+    ([5, 17], [23, 61], 4, 1, 128, 8, 2),  # with a window: tree positions from the packed mask
+]
+
+
+@pytest.mark.parametrize("backend,case", [
+    pytest.param(b, c, marks=MARKS.get(b, []), id=f"{b}-{i}") for b in BACKEND_NAMES for i, c in enumerate(PACKED_CASES)])
+def test_paged_prefill_packed_custom_mask(backend, case):
+    from fastinfer.ops import pack_custom_mask
+
+    be = get_backend(backend)
+    q_lens, seq_lens, hq, hkv, d, bs, window = case
+    dtype = torch.bfloat16
+    g = make_gen(13 * sum(seq_lens))
+    k_cache, v_cache, table = make_paged(seq_lens, hkv, d, bs, dtype, g)
+    q = randn((sum(q_lens), hq, d), dtype, gen=g)
+    cq, lens = cu(q_lens), torch.tensor(seq_lens, dtype=torch.int32)
+    mask = torch.cat([R.tree_mask(deep_tree_parents(n, g)).flatten() for n in q_lens])
+    packed = pack_custom_mask(mask)
+    dev = be.device
+
+    def run(bool_mask, bits):
+        out, lse = be.ns.paged_prefill_attention(
+            q.to(dev), k_cache.to(dev), v_cache.to(dev), table.to(dev), cq.to(dev), lens.to(dev), max(q_lens), 0.1,
+            True, window, 0.0, None if bool_mask is None else bool_mask.to(dev), True,
+            None if bits is None else bits.to(dev))
+        return out.cpu(), lse.cpu()
+
+    out_b, lse_b = be.run(lambda: run(mask, None))
+    out_p, lse_p = be.run(lambda: run(None, packed))
+    assert torch.equal(raw_bits(out_p), raw_bits(out_b)) and torch.equal(lse_p, lse_b)
+    ref_out, ref_lse = R.paged_prefill_attention(q, k_cache, v_cache, table, cq, lens, 0.1, True, window, 0.0,
+                                                 packed_custom_mask=packed)
+    ref_b = R.paged_prefill_attention(q, k_cache, v_cache, table, cq, lens, 0.1, True, window, 0.0, mask)
+    assert torch.equal(ref_out, ref_b[0]) and torch.equal(ref_lse, ref_b[1])
+    naive_out, naive_lse = naive_paged(q, k_cache, v_cache, table, cq, lens, 0.1, True, window, 0.0, mask)
+    check_out_lse(out_p, lse_p, ref_out, ref_lse, naive_out, naive_lse, "packed mask")
+
+
+# ---------------------------------------------------------------------------------------------
+# GQA packing and the work-item grid: a ragged batch (a prompt next to speculative trees) launches
+# one CTA per (work item, KV head), each of which writes output, instead of one per (64-row tile
+# of the longest sequence, query head, sequence)
+@pytest.mark.sim
+def test_prefill_ragged_batch_launches_no_idle_ctas():
+    import importlib.util
+
+    if importlib.util.find_spec("fastinfer._simprof") is None:
+        pytest.skip("fastinfer._simprof not built")
+    import fastinfer.simt as simt
+
+    g = make_gen(21)
+    q_lens, seq_lens, hq, hkv, d = [130] + [8] * 9, [130] + [40] * 9, 8, 2, 64
+    k_cache, v_cache, table = make_paged(seq_lens, hkv, d, 16, torch.bfloat16, g)
+    k_cache, v_cache = k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0)
+    q = randn((sum(q_lens), hq, d), torch.bfloat16, gen=g)
+    cq, lens = cu(q_lens), torch.tensor(seq_lens, dtype=torch.int32)
+    mask = torch.cat([torch.ones(130, 130, dtype=torch.bool).tril().flatten()] +
+                     [R.tree_mask(R.random_tree_parents(8, g)).flatten() for _ in range(9)])
+    rep = simt.profile(lambda: torch.ops.fastinfer_sim.paged_prefill_attention(
+        q, k_cache, v_cache, table, cq, lens, 130, 0.125, True, -1, 0.0, mask, False))
+    k = next(k for k in rep["kernels"] if "prefill_attention_kernel" in k["name"])
+    (rec,) = k["records"]
+    group, rows = hq // hkv, 128
+    items = math.ceil(130 * group / rows) + 9 * math.ceil(8 * group / rows)  # 5 + 9
+    assert rec["grid"][1] == hkv and rec["blocks_storing"] == items * hkv
+    # the host's bound (no lengths on the host): at most one CTA per sequence and KV head idle
+    assert items <= rec["grid"][0] <= items + len(q_lens)
+    ref = R.paged_prefill_attention(q, k_cache, v_cache, table, cq, lens, 0.125, True, -1, 0.0, mask)[0]
+    assert ((rep.result[0].double() - ref).norm() / ref.norm()).item() < 1e-2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -462,7 +555,7 @@ def _paged_args(**over):
     args = dict(q=torch.randn(5, 8, 64, dtype=torch.bfloat16), k_cache=k_cache, v_cache=k_cache.clone(),
                 block_table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), cu_seqlens_q=cu([2, 3]),
                 seq_lens_k=torch.tensor([20, 3], dtype=torch.int32), max_seqlen_q=3, scale=0.125, causal=True,
-                window_left=-1, softcap=0.0, custom_mask=None, return_lse=False)
+                window_left=-1, softcap=0.0, custom_mask=None, return_lse=False, packed_custom_mask=None)
     args.update(over)
     return list(args.values())
 
@@ -494,6 +587,15 @@ BAD = [
     ("paged_prefill_attention", "block-id", lambda: _paged_args(block_table=torch.tensor([[0, 9], [2, 3]], dtype=torch.int32)), "block_table"),
     ("paged_prefill_attention", "q-longer-than-k", lambda: _paged_args(seq_lens_k=torch.tensor([1, 3], dtype=torch.int32)), "queries"),
     ("paged_prefill_attention", "mask-size", lambda: _paged_args(custom_mask=torch.ones(5, dtype=torch.bool)), "custom_mask"),
+    ("paged_prefill_attention", "packed-mask-dtype",
+     lambda: _paged_args(packed_custom_mask=torch.ones(2, dtype=torch.bool)), "packed_custom_mask must be uint8"),
+    ("paged_prefill_attention", "packed-mask-size",
+     lambda: _paged_args(packed_custom_mask=torch.ones(13, dtype=torch.uint8)), "packed_custom_mask must have"),
+    ("paged_prefill_attention", "packed-mask-dim",
+     lambda: _paged_args(packed_custom_mask=torch.ones(1, 2, dtype=torch.uint8)), "packed_custom_mask"),
+    ("paged_prefill_attention", "both-masks", lambda: _paged_args(custom_mask=torch.ones(13, dtype=torch.bool),
+                                                                  packed_custom_mask=torch.ones(2, dtype=torch.uint8)),
+     "custom_mask and packed_custom_mask"),
     ("paged_prefill_attention", "block-size", lambda: _paged_args(k_cache=torch.randn(4, 12, 2, 64, dtype=torch.bfloat16),
                                                                   v_cache=torch.randn(4, 12, 2, 64, dtype=torch.bfloat16)), "block_size"),
     ("paged_decode_attention", "seq_lens-size", lambda: _decode_args(seq_lens=torch.tensor([3], dtype=torch.int32)), "seq_lens"),
@@ -536,6 +638,8 @@ def test_attention_opcheck(ns):
                                      torch.ones(13, dtype=torch.bool), True)),
         ("paged_prefill_attention", (q[:5], kc, vc, table, cu([2, 3]), lens, 3, 0.125, True, 4, 0.0,
                                      torch.arange(13) % 3 != 1, True)),  # a mask with a window
+        ("paged_prefill_attention", (q[:5], kc, vc, table, cu([2, 3]), lens, 3, 0.125, True, 4, 0.0, None, True,
+                                     torch.tensor([0b10110111, 0b1], dtype=torch.uint8))),  # the packed form
         ("paged_decode_attention", (q[:2], kc, vc, table, lens, 0.125, -1, 0.0, 2, True, None, None)),
         ("merge_attention_states", (q, randn((10, 4), torch.float32, gen=g), q.clone(), randn((10, 4), torch.float32, gen=g))),
         ("move_kv_slots", (kc.clone(), vc.clone(), torch.tensor([3, 4]), torch.tensor([4, 9]))),

@@ -129,6 +129,10 @@ def checks(report) -> dict[str, bool]:
     c["atomics DRAM footprint: one sector"] = (k["totals"]["dram_read_bytes"] == 32 and
                                                k["totals"]["dram_write_bytes"] == 32 and
                                                k["totals"]["footprint_bytes"] == 32)
+    k = _kernel(report, "early_exit")
+    rec = k["records"][0]
+    c["blocks_storing: 4 of 8 blocks store"] = (rec["blocks_run"] == 8 and rec["blocks_storing"] == 4 and
+                                                 k["totals"]["blocks_storing"] == 4)
     k = _kernel(report, "mma_once")
     c["mma count: 2 warps x 4096 FLOPs"] = (k["totals"]["tensor_flops"] == 8192 and
                                            k["totals"]["mma"]["m16n8k16.bf16"] == 2)
@@ -170,6 +174,7 @@ WRONG_RULES = {
     "ldmatrix_one_phase": ["ldmatrix swizzled: 4 wavefronts", "ldmatrix unswizzled: 32 wavefronts (8-way)"],
     "no_occurrence": ["shared_wide loop store: 16 requests of 1 wavefront"],
     "dram_no_dedupe": ["atomics DRAM footprint: one sector"],
+    "every_block_stores": ["blocks_storing: 4 of 8 blocks store"],
 }
 
 

@@ -133,6 +133,7 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention_cpu(const at::Tensor& q, co
   for (size_t b = 0; b + 1 < cq.size(); ++b) {
     const int64_t qs = cq[b], ql = cq[b + 1] - qs;
     const int64_t ks = ck[b], kl = ck[b + 1] - ks;
+    if (ql == 0) continue;  // no queries (keys or not): nothing to write
     if (flash_applies(ql, kl, softcap, false)) {
       attend_flash(q.narrow(0, qs, ql), k.narrow(0, ks, kl), v.narrow(0, ks, kl), scale, causal, window_left, out, lse, qs);
       continue;
@@ -381,19 +382,36 @@ void check_paged_inputs_on_cpu(const char* op, const at::Tensor& q, const at::Te
   check_contiguous(block_table, op, "block_table");
 }
 
+// The bool form of a bit-packed custom mask (entry e = bit e % 8 of byte e / 8).
+at::Tensor unpack_custom_mask(const at::Tensor& packed, int64_t entries) {
+  const auto bytes = packed.contiguous();
+  const uint8_t* src = bytes.const_data_ptr<uint8_t>();
+  auto mask = at::empty({entries}, bytes.options().dtype(at::kBool));
+  bool* dst = mask.data_ptr<bool>();
+  for (int64_t e = 0; e < entries; ++e) dst[e] = ((src[e >> 3] >> (e & 7)) & 1) != 0;
+  return mask;
+}
+
 std::tuple<at::Tensor, at::Tensor> paged_prefill_attention_cpu(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
     const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
-    int64_t window_left, double softcap, const std::optional<at::Tensor>& custom_mask, bool return_lse) {
+    int64_t window_left, double softcap, const std::optional<at::Tensor>& custom_mask, bool return_lse,
+    const std::optional<at::Tensor>& packed_custom_mask) {
   const char* op = "paged_prefill_attention";
   validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
-                                   custom_mask, true);
+                                   custom_mask, packed_custom_mask, true);
   check_paged_inputs_on_cpu(op, q, k_cache, v_cache, block_table);
   check_cu_seqlens(op, cu_seqlens_q, "cu_seqlens_q", q.size(0), max_seqlen_q, "max_seqlen_q");
   check_paged_indices(op, block_table, seq_lens_k, "seq_lens_k", k_cache.size(0), k_cache.size(1), &cu_seqlens_q);
   if (custom_mask.has_value()) check_custom_mask_size(op, *custom_mask, cu_seqlens_q);
+  std::optional<at::Tensor> mask = custom_mask;
+  if (packed_custom_mask.has_value()) {
+    check_on_cpu(*packed_custom_mask, op, "packed_custom_mask");
+    check_packed_custom_mask_size(op, *packed_custom_mask, cu_seqlens_q);
+    mask = unpack_custom_mask(*packed_custom_mask, custom_mask_entries(cu_seqlens_q));
+  }
   return paged_attention_cpu(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, causal, window_left,
-                             softcap, scale, custom_mask, return_lse);
+                             softcap, scale, mask, return_lse);
 }
 
 std::tuple<at::Tensor, at::Tensor> paged_decode_attention_cpu(

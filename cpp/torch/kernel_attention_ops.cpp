@@ -76,6 +76,7 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention(const at::Tensor& q, const 
   p.num_kv_heads = static_cast<int32_t>(k.size(1));
   p.k_token_stride = k.stride(0);
   p.v_token_stride = v.stride(0);
+  p.num_q_tokens = q.size(0);
   check_launch(launch_prefill_attention(p, scope.stream()), op);
   return {out, lse};
 }
@@ -96,23 +97,27 @@ void check_paged_kernel_inputs(const char* op, const at::Tensor& q, const at::Te
 std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
     const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
-    int64_t window_left, double softcap, const std::optional<at::Tensor>& custom_mask, bool return_lse) {
+    int64_t window_left, double softcap, const std::optional<at::Tensor>& custom_mask, bool return_lse,
+    const std::optional<at::Tensor>& packed_custom_mask) {
   const char* op = "paged_prefill_attention";
   validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
-                                   custom_mask, false);
+                                   custom_mask, packed_custom_mask, false);
   check_paged_kernel_inputs(op, q, k_cache, v_cache, block_table, seq_lens_k);
   check_contiguous(cu_seqlens_q, op, "cu_seqlens_q");
   if (custom_mask.has_value()) check_contiguous(*custom_mask, op, "custom_mask");
+  if (packed_custom_mask.has_value()) check_contiguous(*packed_custom_mask, op, "packed_custom_mask");
   if (check_indices_enabled(q)) {
     check_cu_seqlens(op, cu_seqlens_q, "cu_seqlens_q", q.size(0), max_seqlen_q, "max_seqlen_q");
     check_paged_indices(op, block_table, seq_lens_k, "seq_lens_k", k_cache.size(0), k_cache.size(1), &cu_seqlens_q);
     if (custom_mask.has_value()) check_custom_mask_size(op, *custom_mask, cu_seqlens_q);
+    if (packed_custom_mask.has_value()) check_packed_custom_mask_size(op, *packed_custom_mask, cu_seqlens_q);
   }
   auto [out, lse] = allocate_outputs(q, return_lse);
   if (q.numel() == 0) return {out, lse};
   KernelScope scope(op, q);
+  const bool has_mask = custom_mask.has_value() || packed_custom_mask.has_value();
   at::Tensor mask_offsets;
-  if (custom_mask.has_value()) {  // prefix sums of q_len^2, computed on the device (no sync)
+  if (has_mask) {  // prefix sums of q_len^2 (entries, both forms), computed on the device (no sync)
     const auto q_lens = (cu_seqlens_q.narrow(0, 1, cu_seqlens_q.size(0) - 1) -
                          cu_seqlens_q.narrow(0, 0, cu_seqlens_q.size(0) - 1)).to(at::kLong);
     mask_offsets = at::cat({at::zeros({1}, q_lens.options()), (q_lens * q_lens).cumsum(0)});
@@ -127,9 +132,11 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
   p.block_table_stride = block_table.stride(0);
   p.block_size = static_cast<int32_t>(k_cache.size(1));
   p.num_kv_heads = static_cast<int32_t>(k_cache.size(2));
+  p.num_q_tokens = q.size(0);
   at::Tensor tree_depth;  // tree attention with a window: one int32 per query row, filled by the launcher
-  if (custom_mask.has_value()) {
-    p.custom_mask = custom_mask->data_ptr<bool>();
+  if (has_mask) {
+    if (custom_mask.has_value()) p.custom_mask = custom_mask->data_ptr<bool>();
+    if (packed_custom_mask.has_value()) p.packed_custom_mask = packed_custom_mask->data_ptr<uint8_t>();
     p.mask_offsets = mask_offsets.data_ptr<int64_t>();
     if (window_left >= 0) {
       tree_depth = at::empty({q.size(0)}, q.options().dtype(at::kInt));

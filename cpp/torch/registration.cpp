@@ -68,9 +68,10 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention_meta(const at::Tensor& q, c
 std::tuple<at::Tensor, at::Tensor> paged_prefill_attention_meta(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
     const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
-    int64_t window_left, double softcap, const std::optional<at::Tensor>& custom_mask, bool return_lse) {
+    int64_t window_left, double softcap, const std::optional<at::Tensor>& custom_mask, bool return_lse,
+    const std::optional<at::Tensor>& packed_custom_mask) {
   validate_paged_prefill_attention("paged_prefill_attention", q, k_cache, v_cache, block_table, cu_seqlens_q,
-                                   seq_lens_k, max_seqlen_q, custom_mask, true);
+                                   seq_lens_k, max_seqlen_q, custom_mask, packed_custom_mask, true);
   return attention_outputs_meta(q, return_lse);
 }
 
@@ -143,7 +144,8 @@ FASTINFER_LIBRARY(FASTINFER_NS, m) {
         "bool return_lse=False) -> (Tensor out, Tensor lse)");
   m.def("paged_prefill_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
         "Tensor cu_seqlens_q, Tensor seq_lens_k, int max_seqlen_q, float scale, bool causal, int window_left=-1, "
-        "float softcap=0.0, Tensor? custom_mask=None, bool return_lse=False) -> (Tensor out, Tensor lse)");
+        "float softcap=0.0, Tensor? custom_mask=None, bool return_lse=False, Tensor? packed_custom_mask=None) -> "
+        "(Tensor out, Tensor lse)");
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
         "float scale, int window_left=-1, float softcap=0.0, int num_splits=0, bool return_lse=False, "
         "Tensor? k_scale=None, Tensor? v_scale=None) -> (Tensor out, Tensor lse)");

@@ -85,7 +85,7 @@ inline void validate_paged_prefill_attention(const char* op, const at::Tensor& q
                                              const at::Tensor& v_cache, const at::Tensor& block_table,
                                              const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k,
                                              int64_t max_seqlen_q, const std::optional<at::Tensor>& custom_mask,
-                                             bool allow_fp32) {
+                                             const std::optional<at::Tensor>& packed_custom_mask, bool allow_fp32) {
   validate_attention_q(op, q, allow_fp32);
   validate_paged_kv(op, q, k_cache, v_cache, block_table, /*allow_fp8=*/false);
   validate_index_vector(op, cu_seqlens_q, "cu_seqlens_q", "[batch + 1]", q);
@@ -100,6 +100,14 @@ inline void validate_paged_prefill_attention(const char* op, const at::Tensor& q
     check_dim(*custom_mask, 1, op, "custom_mask", "[sum of q_len^2] (per sequence a flattened [q_len, q_len] bool block)");
     FI_CHECK(custom_mask->scalar_type() == at::kBool, op, "custom_mask must be bool, got ", custom_mask->scalar_type());
     check_same_device(*custom_mask, q, op, "custom_mask", "q");
+  }
+  if (packed_custom_mask.has_value()) {
+    FI_CHECK(!custom_mask.has_value(), op, "custom_mask and packed_custom_mask are two forms of the same mask: give one");
+    check_dim(*packed_custom_mask, 1, op, "packed_custom_mask",
+              "[ceil(sum of q_len^2 / 8)] (the flattened bool mask, 8 entries per byte, little-endian bit order)");
+    FI_CHECK(packed_custom_mask->scalar_type() == at::kByte, op,
+             "packed_custom_mask must be uint8 (8 mask entries per byte), got ", packed_custom_mask->scalar_type());
+    check_same_device(*packed_custom_mask, q, op, "packed_custom_mask", "q");
   }
 }
 
@@ -194,13 +202,25 @@ inline void check_paged_indices(const char* op, const at::Tensor& block_table, c
   }
 }
 
-inline void check_custom_mask_size(const char* op, const at::Tensor& custom_mask, const at::Tensor& cu_seqlens_q) {
+// Entries of the custom mask of a batch: sum over sequences of q_len^2.
+inline int64_t custom_mask_entries(const at::Tensor& cu_seqlens_q) {
   const auto cu = cu_seqlens_q.to(at::kCPU, at::kLong);
   const int64_t* p = cu.const_data_ptr<int64_t>();
-  int64_t expected = 0;
-  for (int64_t b = 0; b + 1 < cu.numel(); ++b) expected += (p[b + 1] - p[b]) * (p[b + 1] - p[b]);
+  int64_t entries = 0;
+  for (int64_t b = 0; b + 1 < cu.numel(); ++b) entries += (p[b + 1] - p[b]) * (p[b + 1] - p[b]);
+  return entries;
+}
+
+inline void check_custom_mask_size(const char* op, const at::Tensor& custom_mask, const at::Tensor& cu_seqlens_q) {
+  const int64_t expected = custom_mask_entries(cu_seqlens_q);
   FI_CHECK(custom_mask.numel() == expected, op, "custom_mask must have sum over sequences of q_len^2 = ", expected,
            " entries, got ", custom_mask.numel());
+}
+
+inline void check_packed_custom_mask_size(const char* op, const at::Tensor& packed, const at::Tensor& cu_seqlens_q) {
+  const int64_t entries = custom_mask_entries(cu_seqlens_q);
+  FI_CHECK(packed.numel() == (entries + 7) / 8, op, "packed_custom_mask must have ceil(sum over sequences of q_len^2 / 8)",
+           " = ceil(", entries, " / 8) = ", (entries + 7) / 8, " bytes, got ", packed.numel());
 }
 
 }  // namespace fastinfer::binding

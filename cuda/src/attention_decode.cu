@@ -32,24 +32,12 @@ cudaError_t launch_decode_typed(const DecodeAttentionParams& p, cudaStream_t str
                        p.num_splits);
 }
 
-template <typename T, typename CacheT, int D>
-cudaError_t dispatch_group(const DecodeAttentionParams& p, cudaStream_t stream) {
-  switch (attention::decode::group_chunk_for(p.num_q_heads / p.num_kv_heads)) {
-    case 1: return launch_decode_typed<T, CacheT, D, 1>(p, stream);
-    case 2: return launch_decode_typed<T, CacheT, D, 2>(p, stream);
-    case 4: return launch_decode_typed<T, CacheT, D, 4>(p, stream);
-    default: return launch_decode_typed<T, CacheT, D, 8>(p, stream);
-  }
-}
-
 template <typename T, typename CacheT>
-cudaError_t dispatch_head_dim(const DecodeAttentionParams& p, cudaStream_t stream) {
-  switch (p.head_dim) {
-    case 64: return dispatch_group<T, CacheT, 64>(p, stream);
-    case 128: return dispatch_group<T, CacheT, 128>(p, stream);
-    case 256: return dispatch_group<T, CacheT, 256>(p, stream);
-    default: return cudaErrorInvalidValue;
-  }
+cudaError_t dispatch_shape(const DecodeAttentionParams& p, cudaStream_t stream) {
+  const int g = attention::decode::group_chunk_for(p.num_q_heads / p.num_kv_heads);
+  return FASTINFER_DISPATCH_HEAD_DIM(p.head_dim, D, [&] {
+    return FASTINFER_DISPATCH_GROUP(g, G, [&] { return launch_decode_typed<T, CacheT, D, G>(p, stream); });
+  });
 }
 
 bool shape_ok(const DecodeAttentionParams& p) {
@@ -62,7 +50,7 @@ bool shape_ok(const DecodeAttentionParams& p) {
 }  // namespace
 
 // Split heuristic. base = B * Hkv * head_chunks CTAs; slots = num_sms * the CTAs a kernel keeps
-// resident per SM (from its registers: 4 for group chunks 1-2, 3 for 4, 2 for 8). With plenty of
+// resident per SM (ctas_per_sm_for: 4 for group chunks 1-2, 3 for 4, 2 for 8). With plenty of
 // CTAs (>= 4 full waves) no split. Otherwise the lower bound s_lo = ceil(2 * num_sms / base) (two
 // waves of num_sms CTAs) and, among s in [s_lo, max(2 * s_lo, 4)], the s whose last wave is the
 // fullest (fraction of the slots busy over ceil(base * s / slots) waves; ties to the smaller s).
@@ -80,7 +68,7 @@ int32_t decode_attention_num_splits(const DecodeAttentionParams& p, int32_t num_
   if (!shape_ok(p) || p.batch_size <= 0 || num_sms <= 0) return 1;
   const int g = attention::decode::group_chunk_for(p.num_q_heads / p.num_kv_heads);
   const int64_t base = static_cast<int64_t>(p.batch_size) * p.num_kv_heads * head_chunks_for(p);
-  const int64_t slots = static_cast<int64_t>(num_sms) * (g <= 2 ? 4 : g == 4 ? 3 : 2);
+  const int64_t slots = static_cast<int64_t>(num_sms) * attention::decode::ctas_per_sm_for(g);
   const int granule = attention::decode::split_granule(p.head_dim, g);
   const int64_t max_keys = p.block_table_stride * p.block_size;
   int64_t cap = (max_keys + granule - 1) / granule;
@@ -129,10 +117,10 @@ cudaError_t launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t
       !is_aligned(p.out, 8) || !is_aligned(p.k_cache, 16) || !is_aligned(p.v_cache, 16))
     return cudaErrorInvalidValue;
   return FASTINFER_DISPATCH_HALF(p.dtype, T, [&] {
-    if (p.cache_dtype == p.dtype) return dispatch_head_dim<T, T>(p, stream);
+    if (p.cache_dtype == p.dtype) return dispatch_shape<T, T>(p, stream);
     if (p.cache_dtype == DType::kFloat8E4M3) {
       if (p.k_scale == nullptr || p.v_scale == nullptr) return cudaErrorInvalidValue;
-      return dispatch_head_dim<T, __nv_fp8_e4m3>(p, stream);
+      return dispatch_shape<T, __nv_fp8_e4m3>(p, stream);
     }
     return cudaErrorInvalidValue;
   });

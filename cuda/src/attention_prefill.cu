@@ -1,6 +1,6 @@
 // Prefill attention launcher and its instantiations: {fp16, bf16} x head dim {64, 128} x
 // {contiguous ragged K/V, paged K/V} = 8 kernels, plus the tree-depth kernel that tree attention
-// with a window runs first.
+// with a window runs first. The grid walks work items (prefill.cuh): (items, num_kv_heads).
 #include "fastinfer/attention/attention.h"
 #include "fastinfer/attention/prefill.cuh"
 #include "fastinfer/common/dispatch.cuh"
@@ -18,22 +18,54 @@ enum class PrefillBackend { kMmaSyncSm80 };
 
 inline PrefillBackend select_prefill_backend(const PrefillAttentionParams&) { return PrefillBackend::kMmaSyncSm80; }
 
+// Upper bound of the work items (attention.h, prefill_attention_work_items) for tiles of `rows`.
+int64_t work_items_bound(const PrefillAttentionParams& p, int rows) {
+  const int64_t group = p.num_q_heads / p.num_kv_heads;
+  const int64_t batch = p.batch_size;
+  const int64_t per_seq = (static_cast<int64_t>(p.max_seqlen_q) * group + rows - 1) / rows;
+  int64_t items = batch * per_seq;
+  if (p.num_q_tokens > 0) {  // sum of ceil(q_len_b * group / rows) with sum q_len_b = num_q_tokens
+    const int64_t seqs = batch < p.num_q_tokens ? batch : p.num_q_tokens;  // non-empty sequences
+    const int64_t tight = (p.num_q_tokens * group + seqs * (rows - 1)) / rows;
+    if (tight < items) items = tight;
+  }
+  return items;
+}
+
 template <typename T, int D, bool kPaged>
 cudaError_t launch_mma_sync(const PrefillAttentionParams& p, cudaStream_t stream) {
   using Traits = PrefillTraitsSm80<T, D>;
-  const dim3 grid(static_cast<unsigned>((p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
-                  static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.batch_size));
+  const int64_t items = work_items_bound(p, Traits::kBlockM);
+  if (items <= 0) return cudaSuccess;
+  if (items > 0x7fffffff) return cudaErrorInvalidValue;  // grid.x
+  const dim3 grid(static_cast<unsigned>(items), static_cast<unsigned>(p.num_kv_heads));
   return launch_kernel(prefill_attention_kernel<Traits, kPaged>, grid, dim3(Traits::kThreads),
                        static_cast<size_t>(Traits::kSmemBytes), stream, p);
 }
 
+// Head dims the dispatch macro offers but no kernel is built for are refused here (a template, so
+// `if constexpr` keeps their kernels from being instantiated).
 template <typename T, int D>
 cudaError_t launch_head_dim(const PrefillAttentionParams& p, cudaStream_t stream) {
-  switch (select_prefill_backend(p)) {
-    case PrefillBackend::kMmaSyncSm80:
-      return p.block_table != nullptr ? launch_mma_sync<T, D, true>(p, stream) : launch_mma_sync<T, D, false>(p, stream);
+  if constexpr (!prefill_supports_head_dim(D)) {
+    return cudaErrorInvalidValue;
+  } else {
+    switch (select_prefill_backend(p)) {
+      case PrefillBackend::kMmaSyncSm80:
+        return p.block_table != nullptr ? launch_mma_sync<T, D, true>(p, stream)
+                                        : launch_mma_sync<T, D, false>(p, stream);
+    }
+    return cudaErrorInvalidValue;
   }
-  return cudaErrorInvalidValue;
+}
+
+template <int D>
+constexpr int32_t rows_per_cta_for() {
+  if constexpr (prefill_supports_head_dim(D)) {
+    return PrefillTraitsSm80<__half, D>::kBlockM;
+  } else {
+    return 0;
+  }
 }
 
 // Tree attention with a window: the nodes' depths first (same stream, so the attention kernel
@@ -44,7 +76,8 @@ cudaError_t launch_tree_depth(const PrefillAttentionParams& p, cudaStream_t stre
   return launch_kernel(tree_depth_kernel, grid, dim3(kTreeDepthWarps * 32), 0, stream, p);
 }
 
-bool needs_tree_depth(const PrefillAttentionParams& p) { return p.custom_mask != nullptr && p.window_left >= 0; }
+bool has_custom_mask(const PrefillAttentionParams& p) { return p.custom_mask != nullptr || p.packed_custom_mask != nullptr; }
+bool needs_tree_depth(const PrefillAttentionParams& p) { return has_custom_mask(p) && p.window_left >= 0; }
 
 }  // namespace
 }  // namespace attention
@@ -54,13 +87,30 @@ size_t prefill_attention_workspace_size(const PrefillAttentionParams& p) {
   return static_cast<size_t>(p.batch_size) * static_cast<size_t>(p.max_seqlen_q) * sizeof(int32_t);
 }
 
+int32_t prefill_attention_rows_per_cta(const PrefillAttentionParams& p) {
+  int32_t rows = 0;
+  FASTINFER_DISPATCH_HEAD_DIM(p.head_dim, D, [&] {
+    rows = attention::rows_per_cta_for<D>();
+    return cudaSuccess;
+  });
+  return rows;
+}
+
+int64_t prefill_attention_work_items(const PrefillAttentionParams& p) {
+  const int32_t rows = prefill_attention_rows_per_cta(p);
+  if (rows == 0 || p.batch_size <= 0 || p.max_seqlen_q <= 0 || p.num_q_heads <= 0 || p.num_kv_heads <= 0 ||
+      p.num_q_heads % p.num_kv_heads != 0)
+    return 0;
+  return attention::work_items_bound(p, rows);
+}
+
 cudaError_t launch_prefill_attention(const PrefillAttentionParams& p, cudaStream_t stream) {
   if (p.batch_size == 0 || p.max_seqlen_q == 0) return cudaSuccess;
-  if (p.batch_size < 0 || p.max_seqlen_q < 0 || p.num_q_heads <= 0 || p.num_kv_heads <= 0 ||
+  if (p.batch_size < 0 || p.max_seqlen_q < 0 || p.num_q_tokens < 0 || p.num_q_heads <= 0 || p.num_kv_heads <= 0 ||
       p.num_q_heads % p.num_kv_heads != 0)
     return cudaErrorInvalidValue;
-  if (p.head_dim != 64 && p.head_dim != 128) return cudaErrorInvalidValue;
-  if (p.batch_size > 65535 || p.num_q_heads > 65535) return cudaErrorInvalidValue;  // grid.z / grid.y
+  if (!attention::prefill_supports_head_dim(p.head_dim)) return cudaErrorInvalidValue;
+  if (p.num_kv_heads > 65535) return cudaErrorInvalidValue;  // grid.y
   if (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.out == nullptr || p.cu_seqlens_q == nullptr)
     return cudaErrorInvalidValue;
   // cp.async and the 16-byte stores need 16-byte aligned rows.
@@ -68,24 +118,26 @@ cudaError_t launch_prefill_attention(const PrefillAttentionParams& p, cudaStream
       p.q_token_stride % 8 != 0 || p.out_token_stride % 8 != 0 || p.q_token_stride < 0 || p.out_token_stride < 0)
     return cudaErrorInvalidValue;
   const bool paged = p.block_table != nullptr;
+  const bool custom = attention::has_custom_mask(p);
+  if (p.custom_mask != nullptr && p.packed_custom_mask != nullptr) return cudaErrorInvalidValue;  // one form
   if (paged) {
     if (p.seq_lens_k == nullptr || p.block_table_stride <= 0 || p.block_size < 8 || p.block_size > 256 ||
         (p.block_size & (p.block_size - 1)) != 0)
       return cudaErrorInvalidValue;
-    if (p.custom_mask != nullptr && p.mask_offsets == nullptr) return cudaErrorInvalidValue;
+    if (custom && p.mask_offsets == nullptr) return cudaErrorInvalidValue;
     if (attention::needs_tree_depth(p) && p.tree_depth == nullptr) return cudaErrorInvalidValue;
   } else {
-    if (p.cu_seqlens_k == nullptr || p.custom_mask != nullptr || p.k_token_stride % 8 != 0 ||
-        p.v_token_stride % 8 != 0 || p.k_token_stride < 0 || p.v_token_stride < 0)
+    if (p.cu_seqlens_k == nullptr || custom || p.k_token_stride % 8 != 0 || p.v_token_stride % 8 != 0 ||
+        p.k_token_stride < 0 || p.v_token_stride < 0)
       return cudaErrorInvalidValue;
   }
   if (paged && attention::needs_tree_depth(p)) {
+    if (p.batch_size > 65535) return cudaErrorInvalidValue;  // the depth kernel's grid.y
     const cudaError_t err = attention::launch_tree_depth(p, stream);
     if (err != cudaSuccess) return err;
   }
   return FASTINFER_DISPATCH_HALF(p.dtype, T, [&] {
-    return p.head_dim == 64 ? attention::launch_head_dim<T, 64>(p, stream)
-                            : attention::launch_head_dim<T, 128>(p, stream);
+    return FASTINFER_DISPATCH_HEAD_DIM(p.head_dim, D, [&] { return attention::launch_head_dim<T, D>(p, stream); });
   });
 }
 

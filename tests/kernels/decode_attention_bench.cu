@@ -18,15 +18,15 @@ void bench(const char* name, DType dtype, DType cache_dtype, int B, int ctx, int
   const int NB = B * stride;
   const size_t row = static_cast<size_t>(Hkv) * D;
   DeviceBuffer<CacheT> k(static_cast<size_t>(NB) * BS * row), v(static_cast<size_t>(NB) * BS * row);
-  KT_CHECK(cudaMemset(k.ptr, 0x11, k.n * sizeof(CacheT)));
-  KT_CHECK(cudaMemset(v.ptr, 0x22, v.n * sizeof(CacheT)));
+  CHECK_CUDA(cudaMemset(k.ptr, 0x11, k.n * sizeof(CacheT)));
+  CHECK_CUDA(cudaMemset(v.ptr, 0x22, v.n * sizeof(CacheT)));
   std::vector<int32_t> table(NB);
   std::iota(table.begin(), table.end(), 0);
   std::mt19937 rng(1);
   std::shuffle(table.begin(), table.end(), rng);
   DeviceBuffer<int32_t> d_table(table), d_lens(std::vector<int32_t>(B, ctx));
   DeviceBuffer<T> q(static_cast<size_t>(B) * Hq * D), out(static_cast<size_t>(B) * Hq * D);
-  KT_CHECK(cudaMemset(q.ptr, 0x3c, q.n * sizeof(T)));
+  CHECK_CUDA(cudaMemset(q.ptr, 0x3c, q.n * sizeof(T)));
   DeviceBuffer<float> lse(static_cast<size_t>(B) * Hq), scales(std::vector<float>{1.f, 1.f});
   fastinfer::DecodeAttentionParams p;
   p.q = q.ptr;
@@ -58,12 +58,12 @@ void bench(const char* name, DType dtype, DType cache_dtype, int B, int ctx, int
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
-    for (int i = 0; i < 3; ++i) KT_CHECK(fastinfer::launch_decode_attention(p, nullptr));
+    for (int i = 0; i < 3; ++i) CHECK_CUDA(fastinfer::launch_decode_attention(p, nullptr));
     const int iters = 20;
     cudaEventRecord(e0);
     for (int i = 0; i < iters; ++i) fastinfer::launch_decode_attention(p, nullptr);
     cudaEventRecord(e1);
-    KT_CHECK(cudaEventSynchronize(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
     float ms = 0;
     cudaEventElapsedTime(&ms, e0, e1);
     const double us = 1e3 * ms / iters;
@@ -75,19 +75,19 @@ void bench(const char* name, DType dtype, DType cache_dtype, int B, int ctx, int
 
 int main() {
   int dev = 0, num_sms = 0;
-  KT_CHECK(cudaGetDevice(&dev));
-  KT_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
+  CHECK_CUDA(cudaGetDevice(&dev));
+  CHECK_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
   // Copy bandwidth (read + write counted) over 1 GiB.
   const size_t bytes = size_t(1) << 30;
   DeviceBuffer<unsigned char> a(bytes), b(bytes);
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
-  KT_CHECK(cudaMemcpy(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice));
+  CHECK_CUDA(cudaMemcpy(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice));
   cudaEventRecord(e0);
   for (int i = 0; i < 5; ++i) cudaMemcpy(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice);
   cudaEventRecord(e1);
-  KT_CHECK(cudaEventSynchronize(e1));
+  CHECK_CUDA(cudaEventSynchronize(e1));
   float ms = 0;
   cudaEventElapsedTime(&ms, e0, e1);
   const double copy_gbps = 2.0 * bytes * 5 / (ms * 1e-3) / 1e9;

@@ -149,13 +149,13 @@ bool run_case(const Case& c, uint64_t seed) {
     p.num_splits = splits;
     const size_t ws = fastinfer::decode_attention_workspace_size(p);
     DeviceBuffer<unsigned char> d_ws(ws > 0 ? ws : 16);
-    KT_CHECK(cudaMemset(d_ws.ptr, 0xff, ws > 0 ? ws : 16));  // NaN poison
+    CHECK_CUDA(cudaMemset(d_ws.ptr, 0xff, ws > 0 ? ws : 16));  // NaN poison
     p.workspace = ws > 0 ? d_ws.ptr : nullptr;
-    KT_CHECK(cudaMemset(d_out.ptr, 0xff, d_out.n * sizeof(T)));
-    KT_CHECK(cudaMemset(d_lse.ptr, 0xff, d_lse.n * sizeof(float)));
+    CHECK_CUDA(cudaMemset(d_out.ptr, 0xff, d_out.n * sizeof(T)));
+    CHECK_CUDA(cudaMemset(d_lse.ptr, 0xff, d_lse.n * sizeof(float)));
     const auto t0 = std::chrono::steady_clock::now();
-    KT_CHECK(fastinfer::launch_decode_attention(p, nullptr));
-    KT_CHECK(cudaDeviceSynchronize());
+    CHECK_CUDA(fastinfer::launch_decode_attention(p, nullptr));
+    CHECK_CUDA(cudaDeviceSynchronize());
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::vector<T> out = d_out.download();
     const std::vector<float> lse = d_lse.download();
@@ -174,7 +174,7 @@ bool run_case(const Case& c, uint64_t seed) {
           const double err = std::isfinite(x) ? std::fabs(x - r) : INFINITY;
           max_err = std::max(max_err, err);
           if (!(err <= tol * (1.0 + std::fabs(r)))) {
-            KT_EXPECT(false, "%s splits=%d out[b=%d,h=%d,d=%d] = %g, ref %g", c.name.c_str(), splits, b, h, d, x, r);
+            EXPECT(false, "%s splits=%d out[b=%d,h=%d,d=%d] = %g, ref %g", c.name.c_str(), splits, b, h, d, x, r);
             ok = false;
           }
         }
@@ -185,7 +185,7 @@ bool run_case(const Case& c, uint64_t seed) {
           const bool good = std::isinf(r) ? (std::isinf(x) && x < 0) : std::fabs(x - r) <= 1e-4 * (1 + std::fabs(r));
           if (!std::isinf(r)) max_lse_err = std::max(max_lse_err, std::fabs(x - r));
           if (!good) {
-            KT_EXPECT(false, "%s splits=%d lse[b=%d,h=%d] = %g, ref %g", c.name.c_str(), splits, b, h, x, r);
+            EXPECT(false, "%s splits=%d lse[b=%d,h=%d] = %g, ref %g", c.name.c_str(), splits, b, h, x, r);
             ok = false;
           }
         }
@@ -204,7 +204,7 @@ bool run_case(const Case& c, uint64_t seed) {
       // Splits change only the fp32 summation order: at most a couple of output ulps.
       const double split_tol = std::is_same_v<T, __nv_bfloat16> ? 1.6e-2 : 2e-3;
       if (max_split_diff > split_tol || max_lse_split_diff > 1e-5) {
-        KT_EXPECT(false, "%s splits=%d differs from splits=%d by %g (lse %g)", c.name.c_str(), splits, c.splits[0],
+        EXPECT(false, "%s splits=%d differs from splits=%d by %g (lse %g)", c.name.c_str(), splits, c.splits[0],
                   max_split_diff, max_lse_split_diff);
         ok = false;
       }
@@ -232,7 +232,7 @@ bool run(const Case& c, uint64_t seed) {
 void check_validation() {
   DecodeAttentionParams p;
   p.batch_size = 0;
-  KT_EXPECT(fastinfer::launch_decode_attention(p, nullptr) == cudaSuccess, "batch 0 must succeed");
+  EXPECT(fastinfer::launch_decode_attention(p, nullptr) == cudaSuccess, "batch 0 must succeed");
   DeviceBuffer<__nv_bfloat16> dummy(4096);
   DeviceBuffer<int32_t> idx(4);
   p.q = p.k_cache = p.v_cache = dummy.ptr;
@@ -247,7 +247,7 @@ void check_validation() {
   p.block_size = 16;
   p.q_token_stride = p.out_token_stride = 256;
   auto expect_invalid = [&](DecodeAttentionParams bad, const char* what) {
-    KT_EXPECT(fastinfer::launch_decode_attention(bad, nullptr) == cudaErrorInvalidValue, "%s: not rejected", what);
+    EXPECT(fastinfer::launch_decode_attention(bad, nullptr) == cudaErrorInvalidValue, "%s: not rejected", what);
   };
   DecodeAttentionParams bad = p;
   bad.head_dim = 96;
@@ -272,7 +272,7 @@ void check_validation() {
   bad.cache_dtype = DType::kFloat32;
   expect_invalid(bad, "fp32");
   // A valid launch over a zero-length sequence works.
-  KT_EXPECT(fastinfer::launch_decode_attention(p, nullptr) == cudaSuccess, "valid launch");
+  EXPECT(fastinfer::launch_decode_attention(p, nullptr) == cudaSuccess, "valid launch");
 
   // Split heuristic.
   DecodeAttentionParams h = p;
@@ -282,22 +282,22 @@ void check_validation() {
   h.block_table_stride = 4096 / 16;
   h.batch_size = 64;
   const int s64 = fastinfer::decode_attention_num_splits(h, 132);
-  KT_EXPECT(s64 == 3, "B=64: %d splits", s64);
+  EXPECT(s64 == 3, "B=64: %d splits", s64);
   h.batch_size = 256;
-  KT_EXPECT(fastinfer::decode_attention_num_splits(h, 132) == 1, "B=256 x Hkv=8: many waves");
+  EXPECT(fastinfer::decode_attention_num_splits(h, 132) == 1, "B=256 x Hkv=8: many waves");
   h.batch_size = 1;
   const int s1 = fastinfer::decode_attention_num_splits(h, 132);
-  KT_EXPECT(s1 == 32, "B=1: %d splits", s1);
+  EXPECT(s1 == 32, "B=1: %d splits", s1);
   h.block_table_stride = 2;  // at most 32 keys
-  KT_EXPECT(fastinfer::decode_attention_num_splits(h, 132) == 1, "short table");
+  EXPECT(fastinfer::decode_attention_num_splits(h, 132) == 1, "short table");
   h.block_table_stride = 4096 / 16;
   h.batch_size = 4;
   const int s4 = fastinfer::decode_attention_num_splits(h, 132);
-  KT_EXPECT(s4 == 11, "B=4: %d splits", s4);  // 11 non-empty splits of 384 keys (12 would leave one empty)
+  EXPECT(s4 == 11, "B=4: %d splits", s4);  // 11 non-empty splits of 384 keys (12 would leave one empty)
   h.batch_size = 1;
   h.block_table_stride = 32768 / 16;
   const int s1_long = fastinfer::decode_attention_num_splits(h, 132);
-  KT_EXPECT(s1_long == 47, "B=1, 32k keys: %d splits", s1_long);  // 376 CTAs: 0.95 of a wave of 396
+  EXPECT(s1_long == 47, "B=1, 32k keys: %d splits", s1_long);  // 376 CTAs: 0.95 of a wave of 396
   std::printf("validation + split heuristic (GQA 32/8, 4k keys, 132 SMs): B=1 -> %d, B=4 -> %d, B=64 -> %d splits\n",
               s1, s4, s64);
 }

@@ -39,19 +39,19 @@ static void check_errors() {
   p.m = 4;
   p.n = 32;
   p.k = 40;  // not a multiple of 16
-  KT_EXPECT(launch_fp8_scaled_mm(p, nullptr) == cudaErrorInvalidValue, "K %% 16 != 0 accepted");
+  EXPECT(launch_fp8_scaled_mm(p, nullptr) == cudaErrorInvalidValue, "K %% 16 != 0 accepted");
   p.k = 64;
   p.n = 24;
-  KT_EXPECT(launch_fp8_scaled_mm(p, nullptr) == cudaErrorInvalidValue, "N %% 16 != 0 accepted");
+  EXPECT(launch_fp8_scaled_mm(p, nullptr) == cudaErrorInvalidValue, "N %% 16 != 0 accepted");
   p.n = 32;
   p.scale_b = nullptr;
-  KT_EXPECT(launch_fp8_scaled_mm(p, nullptr) == cudaErrorInvalidValue, "null scale_b accepted");
+  EXPECT(launch_fp8_scaled_mm(p, nullptr) == cudaErrorInvalidValue, "null scale_b accepted");
   p.scale_b = s.ptr;
   p.out_dtype = DType::kFloat32;
-  KT_EXPECT(launch_fp8_scaled_mm(p, nullptr) == cudaErrorInvalidValue, "float32 out accepted");
+  EXPECT(launch_fp8_scaled_mm(p, nullptr) == cudaErrorInvalidValue, "float32 out accepted");
   p.out_dtype = DType::kBFloat16;
   p.m = 0;
-  KT_EXPECT(launch_fp8_scaled_mm(p, nullptr) == cudaSuccess, "M = 0 must be a no-op");
+  EXPECT(launch_fp8_scaled_mm(p, nullptr) == cudaSuccess, "M = 0 must be a no-op");
 
   DeviceBuffer<__nv_bfloat16> x(4 * 192);
   Fp8QuantizeParams q;
@@ -62,19 +62,19 @@ static void check_errors() {
   q.cols = 192;
   q.mode = Fp8QuantMode::kGroup;
   q.group_size = 96;  // not a power of two
-  KT_EXPECT(launch_fp8_quantize(q, nullptr) == cudaErrorInvalidValue, "group_size 96 accepted");
+  EXPECT(launch_fp8_quantize(q, nullptr) == cudaErrorInvalidValue, "group_size 96 accepted");
   q.group_size = 128;  // does not divide 192
-  KT_EXPECT(launch_fp8_quantize(q, nullptr) == cudaErrorInvalidValue, "K %% group_size != 0 accepted");
+  EXPECT(launch_fp8_quantize(q, nullptr) == cudaErrorInvalidValue, "K %% group_size != 0 accepted");
   q.mode = Fp8QuantMode::kToken;
   q.given_scale = s.ptr;
-  KT_EXPECT(launch_fp8_quantize(q, nullptr) == cudaErrorInvalidValue, "given scale with per-token mode accepted");
+  EXPECT(launch_fp8_quantize(q, nullptr) == cudaErrorInvalidValue, "given scale with per-token mode accepted");
   q.given_scale = nullptr;
   q.mode = Fp8QuantMode::kTensor;
-  KT_EXPECT(fastinfer::fp8_quantize_workspace_size(q) > 0, "per-tensor without a scale needs a workspace");
-  KT_EXPECT(launch_fp8_quantize(q, nullptr) == cudaErrorInvalidValue, "missing workspace accepted");
+  EXPECT(fastinfer::fp8_quantize_workspace_size(q) > 0, "per-tensor without a scale needs a workspace");
+  EXPECT(launch_fp8_quantize(q, nullptr) == cudaErrorInvalidValue, "missing workspace accepted");
   q.cols = 190;
   q.mode = Fp8QuantMode::kToken;
-  KT_EXPECT(launch_fp8_quantize(q, nullptr) == cudaErrorInvalidValue, "K %% 8 != 0 accepted");
+  EXPECT(launch_fp8_quantize(q, nullptr) == cudaErrorInvalidValue, "K %% 8 != 0 accepted");
 }
 
 // out = (a * sa) (b * sb)^T + bias with exact arithmetic; blockwise when `blockwise`.
@@ -110,8 +110,8 @@ static void gemm_case(int M, int N, int K, bool blockwise, bool bias, uint64_t s
   p.scale_a_per_row = true;
   p.scale_b_per_col = true;
   p.out_dtype = DType::kBFloat16;
-  KT_CHECK(launch_fp8_scaled_mm(p, nullptr));
-  KT_CHECK(cudaDeviceSynchronize());
+  CHECK_CUDA(launch_fp8_scaled_mm(p, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
   const auto out = d_out.download();
   int bad = 0;
   for (int m = 0; m < M; ++m)
@@ -126,7 +126,7 @@ static void gemm_case(int M, int N, int K, bool blockwise, bool bias, uint64_t s
       const float want = __bfloat162float(__float2bfloat16_rn(static_cast<float>(acc)));
       const float got = __bfloat162float(out[static_cast<size_t>(m) * N + n]);
       if (got != want) {
-        KT_EXPECT(bad > 3, "gemm M=%d N=%d K=%d blockwise=%d: out[%d][%d] = %g, want %g", M, N, K, blockwise, m, n, got,
+        EXPECT(bad > 3, "gemm M=%d N=%d K=%d blockwise=%d: out[%d][%d] = %g, want %g", M, N, K, blockwise, m, n, got,
                   want);
         ++bad;
       }
@@ -154,8 +154,8 @@ static void quantize_case(int M, int K, uint64_t seed) {
   p.cols = K;
   p.mode = Fp8QuantMode::kToken;
   p.dtype = DType::kBFloat16;
-  KT_CHECK(launch_fp8_quantize(p, nullptr));
-  KT_CHECK(cudaDeviceSynchronize());
+  CHECK_CUDA(launch_fp8_quantize(p, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
   const auto q = d_q.download();
   const auto s = d_s.download();
   int bad = 0;

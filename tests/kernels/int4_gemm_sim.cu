@@ -55,8 +55,8 @@ bool test_bit_ops() {
   for (auto& x : in) x = rng();
   in[0] = 0xF0F0F0F0u, in[1] = 0xCCCCCCCCu, in[2] = 0xAAAAAAAAu;  // canonical operands: lop3 == LUT bytes
   DeviceBuffer<uint32_t> din(in), dout(12 * kBitCases);
-  KT_CHECK(fastinfer::launch_kernel(bit_ops_kernel, dim3(1), dim3(kBitCases), 0, nullptr, din.ptr, dout.ptr));
-  KT_CHECK(cudaDeviceSynchronize());
+  CHECK_CUDA(fastinfer::launch_kernel(bit_ops_kernel, dim3(1), dim3(kBitCases), 0, nullptr, din.ptr, dout.ptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
   const auto out = dout.download();
   bool ok = true;
   for (int i = 0; i < kBitCases; ++i) {
@@ -76,12 +76,12 @@ bool test_bit_ops() {
       const uint32_t want = k == 6 ? e6 : (k == 11 ? e11 : exp[k]);
       if (out[12 * i + k] != want) {
         ok = false;
-        KT_EXPECT(false, "bit op %d case %d: got %08x want %08x", k, i, out[12 * i + k], want);
+        EXPECT(false, "bit op %d case %d: got %08x want %08x", k, i, out[12 * i + k], want);
       }
     }
   }
   // Truth tables on the canonical operands.
-  KT_EXPECT((out[0] & 0xFF) == 0xEA && (out[1] & 0xFF) == 0x96 && (out[6] & 0xFF) == 0x1B, "lop3 LUT bytes");
+  EXPECT((out[0] & 0xFF) == 0xEA && (out[1] & 0xFF) == 0x96 && (out[6] & 0xFF) == 0x1B, "lop3 LUT bytes");
   std::printf("lop3/prmt: %s\n", ok ? "ok" : "MISMATCH");
   return ok;
 }
@@ -140,12 +140,12 @@ bool run_case(DType dtype, int M, int N, int K, int G, bool zp, int splits, uint
   dq.k = K;
   dq.group_size = G;
   dq.dtype = dtype;
-  KT_CHECK(fastinfer::launch_int4_dequantize(dq, nullptr));
-  KT_CHECK(cudaDeviceSynchronize());
+  CHECK_CUDA(fastinfer::launch_int4_dequantize(dq, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
   const auto wd = dw.download();
   size_t bad = 0;
   for (size_t i = 0; i < w.size(); ++i) bad += std::memcmp(&wd[i], &w[i], sizeof(T)) != 0;
-  KT_EXPECT(bad == 0, "dequantize: %zu of %zu weights differ bitwise", bad, w.size());
+  EXPECT(bad == 0, "dequantize: %zu of %zu weights differ bitwise", bad, w.size());
   ok &= bad == 0;
 
   Int4GemmParams p;
@@ -170,11 +170,11 @@ bool run_case(DType dtype, int M, int N, int K, int G, bool zp, int splits, uint
   p.counters = counters.ptr;
   std::vector<T> poison(size_t(M) * N, kt_from_float<T>(NAN));
   dout.upload(poison);
-  KT_CHECK(fastinfer::launch_int4_gemm(p, nullptr));
-  KT_CHECK(cudaDeviceSynchronize());
+  CHECK_CUDA(fastinfer::launch_int4_gemm(p, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
   const auto out = dout.download();
   const auto cnt = counters.download();
-  for (size_t i = 0; i < ncount; ++i) KT_EXPECT(cnt[i] == 0, "counter %zu left at %d", i, cnt[i]);
+  for (size_t i = 0; i < ncount; ++i) EXPECT(cnt[i] == 0, "counter %zu left at %d", i, cnt[i]);
   double err2 = 0, ref2 = 0, max_err = 0, max_ref = 0;
   for (int m = 0; m < M; ++m)
     for (int n = 0; n < N; ++n) {
@@ -183,7 +183,7 @@ bool run_case(DType dtype, int M, int N, int K, int G, bool zp, int splits, uint
       const double o = kt_to_float(out[size_t(m) * N + n]);
       if (!std::isfinite(o)) {
         ok = false;
-        KT_EXPECT(false, "out[%d][%d] not finite (unwritten?)", m, n);
+        EXPECT(false, "out[%d][%d] not finite (unwritten?)", m, n);
         continue;
       }
       err2 += (o - ref) * (o - ref);
@@ -195,7 +195,7 @@ bool run_case(DType dtype, int M, int N, int K, int G, bool zp, int splits, uint
   // One rounding of the fp32 sum to T: <= 2^-8 (bf16) / 2^-11 (fp16) relative, plus fp32 error.
   const double tol = std::is_same_v<T, __half> ? 1e-3 : 6e-3;
   const bool case_ok = rel <= tol && max_err <= 2 * tol * max_ref;
-  KT_EXPECT(case_ok, "gemm rel %.3e max_err %.3e", rel, max_err);
+  EXPECT(case_ok, "gemm rel %.3e max_err %.3e", rel, max_err);
   ok &= case_ok;
   cs.add(out.data(), out.size() * sizeof(T));
   std::printf("int4 %s M=%d N=%d K=%d G=%d %s splits=%d: rel %.2e %s\n", fastinfer::dtype_name(dtype), M, N, K, G,
@@ -222,16 +222,16 @@ int main() {
     q.group_size = 128;
     return fastinfer::int4_gemm_num_splits(q, 132);
   };
-  KT_EXPECT(splits_for(1, 4096, 4096) == 8, "M=1 4096x4096: %d splits", splits_for(1, 4096, 4096));
-  KT_EXPECT(splits_for(64, 4096, 4096) == 4, "M=64 4096x4096: %d splits", splits_for(64, 4096, 4096));
-  KT_EXPECT(splits_for(1, 57344, 8192) == 1, "M=1 57344x8192: %d splits", splits_for(1, 57344, 8192));
-  KT_EXPECT(splits_for(256, 4096, 4096) == 3, "M=256: %d splits", splits_for(256, 4096, 4096));
+  EXPECT(splits_for(1, 4096, 4096) == 8, "M=1 4096x4096: %d splits", splits_for(1, 4096, 4096));
+  EXPECT(splits_for(64, 4096, 4096) == 4, "M=64 4096x4096: %d splits", splits_for(64, 4096, 4096));
+  EXPECT(splits_for(1, 57344, 8192) == 1, "M=1 57344x8192: %d splits", splits_for(1, 57344, 8192));
+  EXPECT(splits_for(256, 4096, 4096) == 3, "M=256: %d splits", splits_for(256, 4096, 4096));
   for (int k : {64, 128, 192, 4096, 14336})
     for (int64_t m : {1, 3, 16, 40, 64})
       for (int n : {16, 4096}) {
         const int s = splits_for(m, n, k), units = k / 64;
         const int ups = (units + s - 1) / s;
-        KT_EXPECT(s >= 1 && s <= units && (s - 1) * ups < units, "splits %d for M=%lld N=%d K=%d", s,
+        EXPECT(s >= 1 && s <= units && (s - 1) * ups < units, "splits %d for M=%lld N=%d K=%d", s,
                   static_cast<long long>(m), n, k);
       }
   // Invalid parameters are refused, not launched.
@@ -239,7 +239,7 @@ int main() {
   bad.m = 1;
   bad.n = 24;  // not a multiple of 16
   bad.k = 64;
-  KT_EXPECT(fastinfer::launch_int4_gemm(bad, nullptr) == cudaErrorInvalidValue, "bad n accepted");
+  EXPECT(fastinfer::launch_int4_gemm(bad, nullptr) == cudaErrorInvalidValue, "bad n accepted");
   std::printf("checksum 0x%016llx\n", static_cast<unsigned long long>(cs.h));
   std::printf("int4_gemm: %s\n", ok && g_failures == 0 ? "OK" : "FAILED");
   return ok && g_failures == 0 ? 0 : 1;

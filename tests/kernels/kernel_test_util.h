@@ -1,4 +1,5 @@
-// Host helpers shared by the standalone kernel test programs in tests/kernels (emulator or nvcc).
+// Host helpers shared by the standalone kernel test programs in tests/kernels (emulator or nvcc);
+// the checking macros come from cpp/simt/tests/check.h, shared with the simt self-tests.
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -12,26 +13,7 @@
 #include <random>
 #include <vector>
 
-#define KT_CHECK(x)                                                                                        \
-  do {                                                                                                     \
-    cudaError_t e_ = (x);                                                                                  \
-    if (e_ != cudaSuccess) {                                                                               \
-      std::printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, cudaGetErrorName(e_), cudaGetErrorString(e_)); \
-      std::exit(2);                                                                                        \
-    }                                                                                                      \
-  } while (0)
-
-static int g_failures = 0;
-#define KT_EXPECT(cond, ...)                             \
-  do {                                                   \
-    if (!(cond)) {                                       \
-      if (g_failures++ < 30) {                           \
-        std::printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-        std::printf(__VA_ARGS__);                        \
-        std::printf("\n");                               \
-      }                                                  \
-    }                                                    \
-  } while (0)
+#include "../../cpp/simt/tests/check.h"  // CHECK_CUDA, EXPECT, g_failures
 
 // Device buffer holding a host vector (plus 16 spare bytes so odd sizes stay in bounds).
 template <typename T>
@@ -40,8 +22,8 @@ struct DeviceBuffer {
   size_t n = 0;
   DeviceBuffer() = default;
   explicit DeviceBuffer(size_t count) : n(count) {
-    KT_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr), count * sizeof(T) + 16));
-    KT_CHECK(cudaMemset(ptr, 0, count * sizeof(T) + 16));
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&ptr), count * sizeof(T) + 16));
+    CHECK_CUDA(cudaMemset(ptr, 0, count * sizeof(T) + 16));
   }
   explicit DeviceBuffer(const std::vector<T>& h) : DeviceBuffer(h.size()) { upload(h); }
   DeviceBuffer(const DeviceBuffer&) = delete;
@@ -50,11 +32,11 @@ struct DeviceBuffer {
     if (ptr) cudaFree(ptr);
   }
   void upload(const std::vector<T>& h) {
-    KT_CHECK(cudaMemcpy(ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
   }
   std::vector<T> download() const {
     std::vector<T> h(n);
-    KT_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
     return h;
   }
 };

@@ -62,8 +62,8 @@ bool run_case(DType dtype, int T_, int H, int D, Alias alias, uint64_t seed) {
   p.num_heads = H;
   p.head_dim = D;
   p.dtype = dtype;
-  KT_CHECK(fastinfer::launch_merge_attention_states(p, nullptr));
-  KT_CHECK(cudaDeviceSynchronize());
+  CHECK_CUDA(fastinfer::launch_merge_attention_states(p, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
   const std::vector<T> out = alias == Alias::kA ? d_va.download() : alias == Alias::kB ? d_vb.download() : d_out.download();
   const std::vector<float> lout = alias == Alias::kA ? d_la.download() : d_lout.download();
   const double tol = std::is_same_v<T, float> ? 1e-5 : std::is_same_v<T, __half> ? 1.5e-3 : 1e-2;
@@ -76,7 +76,7 @@ bool run_case(DType dtype, int T_, int H, int D, Alias alias, uint64_t seed) {
     const double e = std::fabs(x - ref_v[i]);
     max_err = std::max(max_err, std::isfinite(x) ? e : INFINITY);
     if (!(e <= tol)) {
-      KT_EXPECT(false, "v[%zu] = %g, ref %g", i, x, ref_v[i]);
+      EXPECT(false, "v[%zu] = %g, ref %g", i, x, ref_v[i]);
       ok = false;
     }
   }
@@ -86,7 +86,7 @@ bool run_case(DType dtype, int T_, int H, int D, Alias alias, uint64_t seed) {
                                            : std::fabs(lout[r] - ref_l[r]) <= 1e-5 * (1 + std::fabs(ref_l[r]));
     if (!std::isinf(ref_l[r])) max_lerr = std::max(max_lerr, std::fabs(lout[r] - ref_l[r]));
     if (!good) {
-      KT_EXPECT(false, "lse[%zu] = %g, ref %g", r, lout[r], ref_l[r]);
+      EXPECT(false, "lse[%zu] = %g, ref %g", r, lout[r], ref_l[r]);
       ok = false;
     }
   }
@@ -109,9 +109,9 @@ int main() {
   bad.num_tokens = 1;
   bad.num_heads = 1;
   bad.head_dim = 8;
-  KT_EXPECT(fastinfer::launch_merge_attention_states(bad, nullptr) == cudaErrorInvalidValue, "null pointers");
+  EXPECT(fastinfer::launch_merge_attention_states(bad, nullptr) == cudaErrorInvalidValue, "null pointers");
   bad.num_tokens = 0;
-  KT_EXPECT(fastinfer::launch_merge_attention_states(bad, nullptr) == cudaSuccess, "empty");
+  EXPECT(fastinfer::launch_merge_attention_states(bad, nullptr) == cudaSuccess, "empty");
   std::printf("merge_attention_states: %s\n", ok && g_failures == 0 ? "OK" : "FAILED");
   return ok && g_failures == 0 ? 0 : 1;
 }

@@ -31,13 +31,13 @@ bool run_case(int64_t num_slots, int64_t row_bytes, std::vector<I> src, std::vec
   p.num_moves = static_cast<int64_t>(src.size());
   p.row_bytes = row_bytes;
   const size_t ws = fastinfer::move_kv_slots_workspace_size(p);
-  KT_EXPECT(ws % 16 == 0 && ws >= static_cast<size_t>(p.num_moves * row_bytes * 2), "workspace size %zu", ws);
+  EXPECT(ws % 16 == 0 && ws >= static_cast<size_t>(p.num_moves * row_bytes * 2), "workspace size %zu", ws);
   DeviceBuffer<unsigned char> d_ws(ws > 0 ? ws : 16);
   p.workspace = d_ws.ptr;
-  KT_CHECK(fastinfer::launch_move_kv_slots(p, nullptr));
-  KT_CHECK(cudaDeviceSynchronize());
+  CHECK_CUDA(fastinfer::launch_move_kv_slots(p, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
   const bool ok = d_k.download() == ref_k && d_v.download() == ref_v;
-  KT_EXPECT(ok, "moves differ (index %d bytes, row_bytes %lld, misalign %d)", static_cast<int>(sizeof(I)),
+  EXPECT(ok, "moves differ (index %d bytes, row_bytes %lld, misalign %d)", static_cast<int>(sizeof(I)),
             static_cast<long long>(row_bytes), misalign);
   std::printf("move_kv_slots I=int%d row_bytes=%lld moves=%zu misalign=%d: %s\n", static_cast<int>(8 * sizeof(I)),
               static_cast<long long>(row_bytes), src.size(), misalign, ok ? "ok" : "MISMATCH");
@@ -55,7 +55,7 @@ int main() {
   MoveKvSlotsParams bad;
   bad.num_moves = 1;
   bad.row_bytes = 16;
-  KT_EXPECT(fastinfer::launch_move_kv_slots(bad, nullptr) == cudaErrorInvalidValue, "null pointers");
+  EXPECT(fastinfer::launch_move_kv_slots(bad, nullptr) == cudaErrorInvalidValue, "null pointers");
   std::printf("move_kv_slots: %s\n", ok && g_failures == 0 ? "OK" : "FAILED");
   return ok && g_failures == 0 ? 0 : 1;
 }

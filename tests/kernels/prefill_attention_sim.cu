@@ -7,6 +7,7 @@
 //   nvcc -std=c++20 -O2 -arch=sm_90a -Icuda/include --expt-relaxed-constexpr \
 //        tests/kernels/prefill_attention_sim.cu -o prefill_test && ./prefill_test
 #include "../../cuda/src/attention_prefill.cu"
+#include "kernel_test_util.h"
 
 #include <algorithm>
 #include <chrono>
@@ -21,14 +22,6 @@
 
 using namespace fastinfer;
 
-#define CHECK_CUDA(x)                                                                                     \
-  do {                                                                                                    \
-    cudaError_t e_ = (x);                                                                                 \
-    if (e_ != cudaSuccess) {                                                                              \
-      std::printf("CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                                       \
-    }                                                                                                     \
-  } while (0)
 
 struct Case {
   std::string name;
@@ -44,6 +37,8 @@ struct Case {
   bool custom_mask = false;
   bool lse = true;
   bool fused_qkv = false;  // contiguous path: q/k/v are slices of one [T, Hq + 2 Hkv, D] buffer
+  bool packed_mask = false;  // custom mask in the bit-packed form (8 entries per byte)
+  bool tight_grid = true;    // pass num_q_tokens (the launcher's tighter work-item bound)
 };
 
 static uint64_t g_checksum = 1469598103934665603ull;
@@ -181,6 +176,7 @@ static bool run_case(const Case& c, std::mt19937& rng) {
   p.window_left = c.window_left;
   p.softcap = c.softcap;
   p.dtype = c.dtype;
+  p.num_q_tokens = c.tight_grid ? T : 0;
 
   std::vector<void*> allocs;
   // Output buffer with a padded token stride (Hq * D + 8), poisoned to catch missed rows.
@@ -282,14 +278,24 @@ static bool run_case(const Case& c, std::mt19937& rng) {
     p.block_size = BS;
     p.seq_lens_k = sl;
     if (c.custom_mask) {
-      bool* md = nullptr;
-      CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&md), std::max<size_t>(1, mask.size())));
-      std::vector<char> mb(mask.begin(), mask.end());
-      CHECK_CUDA(cudaMemcpy(md, mb.data(), mb.size(), cudaMemcpyHostToDevice));
       int64_t* mo = to_device(mask_off);
-      allocs.insert(allocs.end(), {md, mo});
-      p.custom_mask = md;
+      allocs.push_back(mo);
       p.mask_offsets = mo;
+      if (c.packed_mask) {  // entry e -> bit e % 8 of byte e / 8, over the whole batch
+        std::vector<uint8_t> bits((mask.size() + 7) / 8, 0);
+        for (size_t e = 0; e < mask.size(); ++e)
+          if (mask[e]) bits[e / 8] |= static_cast<uint8_t>(1u << (e % 8));
+        uint8_t* bd = to_device(bits);
+        allocs.push_back(bd);
+        p.packed_custom_mask = bd;
+      } else {
+        bool* md = nullptr;
+        CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&md), std::max<size_t>(1, mask.size())));
+        std::vector<char> mb(mask.begin(), mask.end());
+        CHECK_CUDA(cudaMemcpy(md, mb.data(), mb.size(), cudaMemcpyHostToDevice));
+        allocs.push_back(md);
+        p.custom_mask = md;
+      }
     }
   }
 
@@ -335,7 +341,7 @@ static bool run_case(const Case& c, std::mt19937& rng) {
   const double tol = c.dtype == DType::kBFloat16 ? 1e-2 : 3e-3;
   const bool pass = nan == 0 && bad == 0 && rel < tol && max_abs < (c.dtype == DType::kBFloat16 ? 4e-2 : 8e-3) &&
                     lse_err < 1e-3;
-  std::printf("%-44s %s D=%3d Hq/Hkv=%d/%d T=%4d rel=%.2e max_abs=%.2e lse_err=%.2e empty_rows=%d nan=%d bad=%d %.2fs %s\n",
+  std::printf("%-48s %s D=%3d Hq/Hkv=%d/%d T=%4d rel=%.2e max_abs=%.2e lse_err=%.2e empty_rows=%d nan=%d bad=%d %.2fs %s\n",
               c.name.c_str(), c.dtype == DType::kBFloat16 ? "bf16" : "fp16", D, Hq, Hkv, T, rel, max_abs, lse_err,
               empty_rows, nan, bad, secs, pass ? "OK" : "FAIL");
   return pass;
@@ -376,7 +382,26 @@ static int check_validation() {
   { auto q = p; q.block_table = cu; q.seq_lens_k = cu; q.block_table_stride = 1; q.block_size = 16;
     q.custom_mask = reinterpret_cast<const bool*>(d); q.mask_offsets = reinterpret_cast<const int64_t*>(d);
     q.window_left = 3; expect_invalid(q, "custom mask + window without tree_depth scratch"); }
+  { auto q = p; q.block_table = cu; q.seq_lens_k = cu; q.block_table_stride = 1; q.block_size = 16;
+    q.custom_mask = reinterpret_cast<const bool*>(d); q.packed_custom_mask = reinterpret_cast<const uint8_t*>(d);
+    q.mask_offsets = reinterpret_cast<const int64_t*>(d); expect_invalid(q, "both custom mask forms"); }
+  { auto q = p; q.num_q_tokens = -1; expect_invalid(q, "num_q_tokens < 0"); }
   { auto q = p; q.max_seqlen_q = 0; if (launch_prefill_attention(q, nullptr) != cudaSuccess) ++fails; }
+  // The work-item grid bound (attention.h): B * ceil(max_q * group / rows), tightened by the token count.
+  {
+    auto q = p;
+    q.batch_size = 16; q.num_q_heads = 32; q.num_kv_heads = 8; q.max_seqlen_q = 1024; q.num_q_tokens = 0;
+    const int64_t rows = prefill_attention_rows_per_cta(q);
+    const int64_t loose = prefill_attention_work_items(q);
+    q.num_q_tokens = 1024 + 15 * 8;
+    const int64_t tight = prefill_attention_work_items(q);
+    const int64_t exact = (1024 * 4 + rows - 1) / rows + 15 * ((8 * 4 + rows - 1) / rows);
+    if (rows != 128 || loose != 16 * 32 || tight < exact || tight > exact + 16) {
+      std::printf("validation: work items rows %lld loose %lld tight %lld exact %lld\n", (long long)rows,
+                  (long long)loose, (long long)tight, (long long)exact);
+      ++fails;
+    }
+  }
   cudaFree(d);
   cudaFree(cu);
   std::printf("validation: %s\n", fails ? "FAIL" : "OK");
@@ -430,6 +455,30 @@ int main(int argc, char** argv) {
        .q_lens = {9, 3}, .k_lens = {9, 20}, .paged = true, .block_size = 8, .custom_mask = true});
   add({.name = "paged custom mask long tree fp16", .dtype = fp, .head_dim = 64, .hq = 2, .hkv = 2,
        .q_lens = {70}, .k_lens = {100}, .causal = false, .paged = true, .block_size = 8, .custom_mask = true});
+
+  // GQA packing and work items: groups that do not divide the 128-row tile (a token's heads split
+  // between two tiles), many sequences (the work-item search walks 32 at a time), empty ones.
+  add({.name = "gqa3 causal odd lens", .dtype = bf, .head_dim = 128, .hq = 6, .hkv = 2,
+       .q_lens = {1, 43, 100, 2}, .k_lens = {1, 50, 100, 9}});
+  add({.name = "gqa5 noncausal window fp16 D64 loose grid", .dtype = fp, .head_dim = 64, .hq = 5, .hkv = 1,
+       .q_lens = {26, 77}, .k_lens = {40, 77}, .causal = false, .window_left = 20, .tight_grid = false});
+  {
+    Case c{.name = "ragged 37 seqs gqa4 (work-item search)", .dtype = bf, .head_dim = 64, .hq = 8, .hkv = 2};
+    for (int b = 0; b < 37; ++b) {
+      const int ql = b % 9 == 4 ? 0 : 1 + (b * 7) % 13;
+      c.q_lens.push_back(ql);
+      c.k_lens.push_back(ql + (b * 5) % 11);
+    }
+    c.q_lens[30] = 70;
+    c.k_lens[30] = 90;
+    add(c);
+  }
+  add({.name = "paged gqa6 tree mask packed", .dtype = bf, .head_dim = 128, .hq = 12, .hkv = 2,
+       .q_lens = {7, 16, 1, 9}, .k_lens = {40, 16, 5, 30}, .paged = true, .block_size = 16, .custom_mask = true,
+       .packed_mask = true});
+  add({.name = "paged tree mask packed long fp16 gqa4", .dtype = fp, .head_dim = 64, .hq = 4, .hkv = 1,
+       .q_lens = {3, 70}, .k_lens = {8, 100}, .causal = false, .paged = true, .block_size = 8, .custom_mask = true,
+       .packed_mask = true});
 
   std::mt19937 rng(1234);
   int fails = 0;

@@ -69,11 +69,11 @@ bool run_case(const char* name, int B, int N, int V, bool draft, bool greedy, ui
   p.logits_dtype = DType::kFloat32;
   p.index_type = IndexType::kInt64;
   const size_t ws = fastinfer::tree_verify_workspace_size(p);
-  KT_EXPECT(ws == (draft && !greedy ? static_cast<size_t>(2) * B * V * sizeof(float) : 0), "%s: workspace %zu", name, ws);
+  EXPECT(ws == (draft && !greedy ? static_cast<size_t>(2) * B * V * sizeof(float) : 0), "%s: workspace %zu", name, ws);
   DeviceBuffer<float> d_ws(ws / sizeof(float) + 4);
   p.workspace = d_ws.ptr;
-  KT_CHECK(fastinfer::launch_tree_verify(p, nullptr));
-  KT_CHECK(cudaDeviceSynchronize());
+  CHECK_CUDA(fastinfer::launch_tree_verify(p, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
   const auto acc = d_acc.download();
   const auto num = d_num.download();
   const auto next = d_next.download();
@@ -87,7 +87,7 @@ bool run_case(const char* name, int B, int N, int V, bool draft, bool greedy, ui
              tokens[b * N + node] < V;
     }
     for (int64_t i = n + 1; good && i < N; ++i) good = acc[b * N + i] == -1;
-    KT_EXPECT(good, "%s: sequence %d: malformed outputs (num_accepted %lld, next_token %lld)", name, b,
+    EXPECT(good, "%s: sequence %d: malformed outputs (num_accepted %lld, next_token %lld)", name, b,
               static_cast<long long>(n), static_cast<long long>(next[b]));
     ok &= good;
   }

@@ -109,6 +109,7 @@ struct LaunchRec {
   size_t dynamic_smem = 0;
   bool executed = true, faulted = false;
   unsigned long long blocks_run = 0;
+  unsigned long long blocks_storing = 0;  // blocks that wrote global memory (stores, atomics)
   unsigned long long read_sectors = 0, write_sectors = 0, union_sectors = 0;
   unsigned long long mma[3] = {0, 0, 0};
 };
@@ -141,13 +142,14 @@ enum WrongRule {
   kLdmatrixOnePhase,  // all matrices of an ldmatrix in one phase
   kNoOccurrence,   // a warp's executions of a call site between barriers form one request
   kDramNoDedupe,   // DRAM bytes = sum of the requests' sectors (no distinct-sector sets)
+  kEveryBlockStores,  // every block that ran counts as one that wrote global memory
 };
 int g_wrong = kRight;
 int wrong_rule_from_env() {
   const char* v = getenv("FASTINFER_SIMT_PROFILE_WRONG_RULE");
   if (!v || !v[0]) return kRight;
   static const char* const names[] = {"", "sector64", "banks16", "no_phases", "no_broadcast", "ldmatrix_one_phase",
-                                      "no_occurrence", "dram_no_dedupe"};
+                                      "no_occurrence", "dram_no_dedupe", "every_block_stores"};
   for (int i = 1; i < static_cast<int>(sizeof names / sizeof names[0]); ++i)
     if (strcmp(v, names[i]) == 0) return i;
   fprintf(stderr, "fastinfer simt: unknown FASTINFER_SIMT_PROFILE_WRONG_RULE=%s\n", v);
@@ -164,6 +166,7 @@ std::vector<Range> g_tls;  // thread-local storage blocks of this thread (static
 std::vector<Range> g_ro;   // read-only segments of every loaded object, sorted
 std::unordered_map<SiteKey, SiteState, SiteKeyHash> g_epoch;
 bool g_epoch_dirty = false;
+bool g_block_stored = false;  // the running block wrote global memory
 SectorPages g_rd, g_wr;
 
 std::string demangled_name(const void* k) {
@@ -439,11 +442,11 @@ bool write_json(const char* path) {
       const LaunchRec& l = k.launches[li];
       fprintf(f,
               "%s{\"grid\": [%u, %u, %u], \"block\": [%u, %u, %u], \"dynamic_smem\": %zu, \"executed\": %s, "
-              "\"faulted\": %s, \"blocks_run\": %llu, \"dram_read_bytes\": %llu, \"dram_write_bytes\": %llu, "
+              "\"faulted\": %s, \"blocks_run\": %llu, \"blocks_storing\": %llu, \"dram_read_bytes\": %llu, \"dram_write_bytes\": %llu, "
               "\"footprint_bytes\": %llu, \"mma\": {\"m16n8k16.f16\": %llu, \"m16n8k16.bf16\": %llu, "
               "\"m16n8k32.e4m3\": %llu}}",
               li ? ", " : "", l.grid.x, l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z, l.dynamic_smem,
-              l.executed ? "true" : "false", l.faulted ? "true" : "false", l.blocks_run, 32 * l.read_sectors,
+              l.executed ? "true" : "false", l.faulted ? "true" : "false", l.blocks_run, l.blocks_storing, 32 * l.read_sectors,
               32 * l.write_sectors, 32 * l.union_sectors, l.mma[0], l.mma[1], l.mma[2]);
     }
     fprintf(f, "], \"sites\": [");
@@ -506,6 +509,7 @@ bool launch_begin(const void* kernel, dim3 grid, dim3 block, size_t dynamic_smem
   }
   g_cur = &g_kernels[it->second];
   g_launch = LaunchRec{};
+  g_block_stored = false;
   g_launch.grid = grid;
   g_launch.block = block;
   g_launch.dynamic_smem = dynamic_smem;
@@ -548,6 +552,7 @@ void on_access(uintptr_t site, int op, const void* addr, unsigned size, const vo
     space = classify(a, f);
     if (space < 0) return;
   }
+  if (space == kGlobal && ((op & 15) == detail::kProfStore || (op & 15) == detail::kProfAtomic)) g_block_stored = true;
   SiteState& s = g_epoch[SiteKey{site, f->warp, static_cast<uint16_t>(op), static_cast<uint8_t>(space)}];
   const unsigned lane = f->lane;
   const uint32_t idx = g_wrong == kNoOccurrence ? 0 : s.count[lane]++;
@@ -579,6 +584,13 @@ void epoch_end() {
     std::fill(std::begin(s.count), std::end(s.count), 0u);
   }
   g_epoch_dirty = false;
+}
+
+void block_end() {
+  if (!g_launch_on) return;
+  epoch_end();
+  if (g_block_stored || g_wrong == kEveryBlockStores) ++g_launch.blocks_storing;
+  g_block_stored = false;
 }
 
 void launch_end(bool faulted, unsigned long long blocks_run) {

@@ -27,6 +27,8 @@ inline bool sample_keeps(unsigned x, unsigned y) {
 }
 // A __syncthreads completed, or a block ended: the pending accesses form their warp requests.
 void epoch_end();
+// A block ended (after its last epoch_end): counts it in blocks_storing when it wrote global memory.
+void block_end();
 void launch_end(bool faulted, unsigned long long blocks_run);
 // One warp-level mma.sync: kind 0 f16 m16n8k16, 1 bf16 m16n8k16, 2 e4m3 m16n8k32.
 void count_mma(int kind);

@@ -563,7 +563,7 @@ void run_block(Launch& L, uint3 bidx) {
   tls_cur = nullptr;
   L.switches += sw;
   if (!L.faulted) check_smem_guard(L, nullptr);
-  if (prof::g_launch_on) prof::epoch_end();
+  if (prof::g_launch_on) prof::block_end();  // closes the pending requests too
 }
 
 }  // namespace

@@ -103,7 +103,7 @@ int main() {
   float *of = dalloc<float>(64), *oh = dalloc<float>(64), *ob = dalloc<float>(64), *oh2 = dalloc<float>(64);
   double* od = dalloc<double>(64);
   long long* ol = dalloc<long long>(64);
-  SIMT_CHECK(fastinfer::launch_kernel(shuffles, dim3(1), dim3(64), 0, nullptr, oi, of, od, ol, oh, ob, oh2));
+  CHECK_CUDA(fastinfer::launch_kernel(shuffles, dim3(1), dim3(64), 0, nullptr, oi, of, od, ol, oh, ob, oh2));
   for (int t = 0; t < 64; ++t) {
     const int lane = t % 32, base = t - lane;
     EXPECT(oi[t] == (base + (lane + 5) % 32) * 10, "shfl idx t=%d got %d", t, oi[t]);
@@ -127,7 +127,7 @@ int main() {
   }
   // votes
   unsigned* ov = dalloc<unsigned>(8 * 64);
-  SIMT_CHECK(fastinfer::launch_kernel(votes, dim3(1), dim3(64), 0, nullptr, ov));
+  CHECK_CUDA(fastinfer::launch_kernel(votes, dim3(1), dim3(64), 0, nullptr, ov));
   for (int t = 0; t < 64; ++t) {
     const int lane = t % 32;
     unsigned b = 0;
@@ -148,7 +148,7 @@ int main() {
   float* gf = dalloc<float>(1);
   int* oa = dalloc<int>(3 * 5);
   gi[0] = 0; gi[1] = -1; gi[2] = 0; *gu = 0; *gull = 0; *gf = 0.f;
-  SIMT_CHECK(fastinfer::launch_kernel(atomics, dim3(3), dim3(96), 0, nullptr, gi, gu, gull, gf, oa));
+  CHECK_CUDA(fastinfer::launch_kernel(atomics, dim3(3), dim3(96), 0, nullptr, gi, gu, gull, gf, oa));
   EXPECT(gi[0] == 288 * 287 / 2, "atomicAdd int %d", gi[0]);
   EXPECT(gi[1] == 287 && gi[2] == 7, "atomicMax/Exch %d %d", gi[1], gi[2]);
   EXPECT(*gu == 576u && *gull == 288ull << 33 && *gf == 72.f, "atomics u/ull/f");
@@ -157,13 +157,13 @@ int main() {
            "shared atomics block %d: %d %d %d %d %d", b, oa[b * 5], oa[b * 5 + 1], oa[b * 5 + 2], oa[b * 5 + 3], oa[b * 5 + 4]);
   // barriers + 3D indexing + dynamic smem
   int* ob3 = dalloc<int>(4 * 24);
-  SIMT_CHECK(fastinfer::launch_kernel(barriers_3d, dim3(2, 2, 1), dim3(4, 3, 2), 24 * sizeof(int), nullptr, ob3));
+  CHECK_CUDA(fastinfer::launch_kernel(barriers_3d, dim3(2, 2, 1), dim3(4, 3, 2), 24 * sizeof(int), nullptr, ob3));
   for (int blk = 0; blk < 4; ++blk)
     for (int lin = 0; lin < 24; ++lin) {
       const int sum = 3 * 276 + 24 * blk;
       EXPECT(ob3[blk * 24 + lin] == sum * 1000 + 6 * 100 + 10 + 1, "barrier blk %d lin %d got %d", blk, lin, ob3[blk * 24 + lin]);
     }
-  SIMT_CHECK(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaDeviceSynchronize());
   std::printf("collectives: %s\n", g_failures ? "FAIL" : "OK");
   return g_failures ? 1 : 0;
 }

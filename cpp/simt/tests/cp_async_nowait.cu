@@ -23,7 +23,7 @@ int main() {
   uint4* out = dalloc<uint4>(T);
   for (int i = 0; i < T; ++i) in[i] = make_uint4(i, i + 1, i + 2, i + 3);
   int bad = 0;
-  SIMT_CHECK(fastinfer::launch_kernel(copy_through_smem<true>, dim3(1), dim3(T), T * 16, nullptr, in, out, n));
+  CHECK_CUDA(fastinfer::launch_kernel(copy_through_smem<true>, dim3(1), dim3(T), T * 16, nullptr, in, out, n));
   for (int i = 0; i < T; ++i) {
     const int j = (i + 1) % T;
     const unsigned x = j < n ? (unsigned)j : 0u;
@@ -31,7 +31,7 @@ int main() {
   }
   std::printf("with wait: %s\n", bad ? "FAIL" : "data ok (zero-fill for !pred)");
   int poison = 0;
-  SIMT_CHECK(fastinfer::launch_kernel(copy_through_smem<false>, dim3(1), dim3(T), T * 16, nullptr, in, out, n));
+  CHECK_CUDA(fastinfer::launch_kernel(copy_through_smem<false>, dim3(1), dim3(T), T * 16, nullptr, in, out, n));
   for (int i = 0; i < T; ++i) poison += out[i].x == 0xffffffffu && out[i].w == 0xffffffffu;
   std::printf("without wait: %d/%d reads saw the 0xFF poison\n", poison, T);
   bad += poison != T;

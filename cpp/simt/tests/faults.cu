@@ -93,7 +93,7 @@ int main() {
   std::printf("synchronize after faults: %s then %s\n", cudaGetErrorName(s1), cudaGetErrorName(s2));
   bad += s2 != cudaSuccess;
   // recovery: a correct kernel still runs
-  SIMT_CHECK(launch_kernel(fine, dim3(1), dim3(32), 0, nullptr, out));
+  CHECK_CUDA(launch_kernel(fine, dim3(1), dim3(32), 0, nullptr, out));
   for (int i = 0; i < 32; ++i) bad += out[i] != i;
   std::printf("faults: %s\n", bad ? "FAIL" : "OK");
   return bad ? 1 : 0;

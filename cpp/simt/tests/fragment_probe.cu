@@ -13,17 +13,10 @@
 #include <cstring>
 #include <vector>
 
+#include "check.h"
+
 using namespace fastinfer;
 
-#define CHECK(x)                                                                         \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      std::printf("CUDA error %s at line %d: %s\n", cudaGetErrorName(e_), __LINE__,      \
-                  cudaGetErrorString(e_));                                               \
-      return 2;                                                                          \
-    }                                                                                    \
-  } while (0)
 
 __global__ void probe_ldmatrix(uint32_t* out) {  // out[6][32][4]
   __shared__ __align__(16) uint16_t s[256];
@@ -90,11 +83,11 @@ int main() {
   std::printf("# fastinfer fragment probe v1\n");
   // ---- ldmatrix ----
   uint32_t* d_ld;
-  CHECK(cudaMalloc(reinterpret_cast<void**>(&d_ld), 6 * 32 * 4 * 4));
-  CHECK(launch_kernel(probe_ldmatrix, dim3(1), dim3(32), 0, nullptr, d_ld));
-  CHECK(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_ld), 6 * 32 * 4 * 4));
+  CHECK_CUDA(launch_kernel(probe_ldmatrix, dim3(1), dim3(32), 0, nullptr, d_ld));
+  CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<uint32_t> ld(6 * 32 * 4);
-  CHECK(cudaMemcpy(ld.data(), d_ld, ld.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(ld.data(), d_ld, ld.size() * 4, cudaMemcpyDeviceToHost));
   const char* names[6] = {"x1", "x2", "x4", "x1.trans", "x2.trans", "x4.trans"};
   const int nums[6] = {1, 2, 4, 1, 2, 4};
   for (int v = 0; v < 6; ++v) {
@@ -114,14 +107,14 @@ int main() {
   }
   // ---- mma f16 / bf16 ----
   float* d_mma;
-  CHECK(cudaMalloc(reinterpret_cast<void**>(&d_mma), 512 * 32 * 4 * 4));
+  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_mma), 512 * 32 * 4 * 4));
   std::vector<float> mo(512 * 32 * 4);
   for (int kind = 0; kind < 2; ++kind) {
     const char* kname = kind == 0 ? "mma.m16n8k16.f16" : "mma.m16n8k16.bf16";
-    if (kind == 0) CHECK(launch_kernel(probe_mma<0>, dim3(1), dim3(32), 0, nullptr, d_mma, 129));
-    else CHECK(launch_kernel(probe_mma<1>, dim3(1), dim3(32), 0, nullptr, d_mma, 129));
-    CHECK(cudaDeviceSynchronize());
-    CHECK(cudaMemcpy(mo.data(), d_mma, 129 * 32 * 4 * 4, cudaMemcpyDeviceToHost));
+    if (kind == 0) CHECK_CUDA(launch_kernel(probe_mma<0>, dim3(1), dim3(32), 0, nullptr, d_mma, 129));
+    else CHECK_CUDA(launch_kernel(probe_mma<1>, dim3(1), dim3(32), 0, nullptr, d_mma, 129));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaMemcpy(mo.data(), d_mma, 129 * 32 * 4 * 4, cudaMemcpyDeviceToHost));
     for (int q = 0; q < 128; ++q) {
       const int lb = q / 4, sb = q % 4;
       std::printf("%s B(L%d.h%d):", kname, lb, sb);
@@ -161,9 +154,9 @@ int main() {
         if (vals[i] == x) return i;
       return -1;
     };
-    CHECK(launch_kernel(probe_mma<2>, dim3(1), dim3(32), 0, nullptr, d_mma, 512));
-    CHECK(cudaDeviceSynchronize());
-    CHECK(cudaMemcpy(mo.data(), d_mma, 512 * 32 * 4 * 4, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(launch_kernel(probe_mma<2>, dim3(1), dim3(32), 0, nullptr, d_mma, 512));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaMemcpy(mo.data(), d_mma, 512 * 32 * 4 * 4, cudaMemcpyDeviceToHost));
     for (int q = 0; q < 256; ++q) {
       const int lb = q / 8, sb = q % 8;
       std::printf("%s B(L%d.b%d):", kname, lb, sb);

@@ -25,6 +25,8 @@
 #include <cstring>
 #include <vector>
 
+#include "check.h"
+
 using fastinfer::launch_kernel;
 
 __global__ void copy_f32(const float* in, float* out, int n) {
@@ -117,16 +119,14 @@ __global__ void mma_once(float* out) {
   out[threadIdx.x] = d[0];
 }
 
-static int failures = 0;
-#define CHECK(cond, ...)                                  \
-  do {                                                    \
-    if (!(cond)) {                                        \
-      ++failures;                                         \
-      std::printf("FAIL line %d: ", __LINE__);            \
-      std::printf(__VA_ARGS__);                           \
-      std::printf("\n");                                  \
-    }                                                     \
-  } while (0)
+// Blocks 1, 3, 5, 7 read and return before storing (the early exit of a work-item grid past its
+// last item): blocks_storing = 4 of blocks_run = 8.
+__global__ void early_exit(const float* in, float* out) {
+  const float x = in[blockIdx.x * 32 + threadIdx.x];
+  if (blockIdx.x % 2 == 1) return;
+  out[blockIdx.x * 32 + threadIdx.x] = x;
+}
+
 
 template <typename T>
 T* dalloc(size_t n) {
@@ -144,40 +144,42 @@ int main() {
   float* out = dalloc<float>(2 * n);
   cudaMemcpy(in, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice);
 
-  CHECK(launch_kernel(copy_f32, dim3(n / 128), dim3(128), 0, nullptr, in, out, n) == cudaSuccess, "copy_f32");
-  CHECK(launch_kernel(copy_16b, dim3(n / 4 / 128), dim3(128), 0, nullptr, reinterpret_cast<const uint4*>(in),
-                      reinterpret_cast<uint4*>(out), n / 4) == cudaSuccess, "copy_16b");
-  CHECK(launch_kernel(load_stride2, dim3(n / 128), dim3(128), 0, nullptr, in, out, n) == cudaSuccess, "stride2");
+  EXPECT(launch_kernel(copy_f32, dim3(n / 128), dim3(128), 0, nullptr, in, out, n) == cudaSuccess, "copy_f32");
+  EXPECT(launch_kernel(copy_16b, dim3(n / 4 / 128), dim3(128), 0, nullptr, reinterpret_cast<const uint4*>(in),
+                       reinterpret_cast<uint4*>(out), n / 4) == cudaSuccess, "copy_16b");
+  EXPECT(launch_kernel(load_stride2, dim3(n / 128), dim3(128), 0, nullptr, in, out, n) == cudaSuccess, "stride2");
   std::vector<float> r(n);
   cudaMemcpy(r.data(), out, n * sizeof(float), cudaMemcpyDeviceToHost);
-  CHECK(r[5] == 10.f, "stride2 result %f", r[5]);
+  EXPECT(r[5] == 10.f, "stride2 result %f", r[5]);
 
-  CHECK(launch_kernel(broadcast, dim3(1), dim3(32), 0, nullptr, in, out) == cudaSuccess, "broadcast");
-  CHECK(launch_kernel(transpose_naive, dim3(1), dim3(32, 32), 0, nullptr, in, out) == cudaSuccess, "transpose");
+  EXPECT(launch_kernel(broadcast, dim3(1), dim3(32), 0, nullptr, in, out) == cudaSuccess, "broadcast");
+  EXPECT(launch_kernel(transpose_naive, dim3(1), dim3(32, 32), 0, nullptr, in, out) == cudaSuccess, "transpose");
   cudaMemcpy(r.data(), out, 1024 * sizeof(float), cudaMemcpyDeviceToHost);
-  CHECK(r[1] == 32.f && r[32] == 1.f, "transpose result %f %f", r[1], r[32]);
-  CHECK(launch_kernel(transpose_padded, dim3(1), dim3(32, 32), 0, nullptr, in, out) == cudaSuccess, "padded");
+  EXPECT(r[1] == 32.f && r[32] == 1.f, "transpose result %f %f", r[1], r[32]);
+  EXPECT(launch_kernel(transpose_padded, dim3(1), dim3(32, 32), 0, nullptr, in, out) == cudaSuccess, "padded");
   cudaMemcpy(r.data(), out, 1024 * sizeof(float), cudaMemcpyDeviceToHost);
-  CHECK(r[1] == 32.f && r[33] == 33.f, "padded transpose result %f %f", r[1], r[33]);
+  EXPECT(r[1] == 32.f && r[33] == 33.f, "padded transpose result %f %f", r[1], r[33]);
 
-  CHECK(launch_kernel(shared_wide, dim3(1), dim3(32), 512 * sizeof(float), nullptr, out) == cudaSuccess, "wide");
+  EXPECT(launch_kernel(shared_wide, dim3(1), dim3(32), 512 * sizeof(float), nullptr, out) == cudaSuccess, "wide");
   uint32_t* uout = dalloc<uint32_t>(32);
-  CHECK(launch_kernel(ldmatrix_tiles, dim3(1), dim3(32), 64 * 128, nullptr, uout) == cudaSuccess, "ldmatrix");
+  EXPECT(launch_kernel(ldmatrix_tiles, dim3(1), dim3(32), 64 * 128, nullptr, uout) == cudaSuccess, "ldmatrix");
   uint4* o4 = dalloc<uint4>(32);
-  CHECK(launch_kernel(cp_async_copy, dim3(1), dim3(32), 32 * 16, nullptr, reinterpret_cast<const uint4*>(in), o4) ==
-            cudaSuccess, "cp.async");
+  EXPECT(launch_kernel(cp_async_copy, dim3(1), dim3(32), 32 * 16, nullptr, reinterpret_cast<const uint4*>(in), o4) ==
+             cudaSuccess, "cp.async");
   std::vector<float> c4(128);
   cudaMemcpy(c4.data(), o4, 512, cudaMemcpyDeviceToHost);
-  CHECK(c4[127] == 127.f, "cp.async result %f", c4[127]);
+  EXPECT(c4[127] == 127.f, "cp.async result %f", c4[127]);
   int* counter = dalloc<int>(2);
-  CHECK(launch_kernel(atomics, dim3(2), dim3(32), 0, nullptr, counter) == cudaSuccess, "atomics");
+  EXPECT(launch_kernel(atomics, dim3(2), dim3(32), 0, nullptr, counter) == cudaSuccess, "atomics");
   int hc[2];
   cudaMemcpy(hc, counter, sizeof hc, cudaMemcpyDeviceToHost);
-  CHECK(hc[0] == 64 && hc[1] == 32, "atomics result %d %d", hc[0], hc[1]);
-  CHECK(launch_kernel(mma_once, dim3(1), dim3(64), 0, nullptr, out) == cudaSuccess, "mma");
+  EXPECT(hc[0] == 64 && hc[1] == 32, "atomics result %d %d", hc[0], hc[1]);
+  EXPECT(launch_kernel(mma_once, dim3(1), dim3(64), 0, nullptr, out) == cudaSuccess, "mma");
   cudaMemcpy(r.data(), out, 64 * sizeof(float), cudaMemcpyDeviceToHost);
-  CHECK(r[0] == 16.f, "mma result %f", r[0]);
+  EXPECT(r[0] == 16.f, "mma result %f", r[0]);
 
-  std::printf(failures ? "profile_rules: %d FAILURES\n" : "profile_rules: OK\n", failures);
-  return failures ? 1 : 0;
+  EXPECT(launch_kernel(early_exit, dim3(8), dim3(32), 0, nullptr, in, out) == cudaSuccess, "early_exit");
+
+  std::printf(g_failures ? "profile_rules: %d FAILURES\n" : "profile_rules: OK\n", g_failures);
+  return g_failures ? 1 : 0;
 }

@@ -15,8 +15,8 @@ __global__ void racy(int* out) {
 int main() {
   const int blocks = 4, threads = 128;
   int* out = dalloc<int>(blocks * threads);
-  SIMT_CHECK(fastinfer::launch_kernel(racy, dim3(blocks), dim3(threads), 0, nullptr, out));
-  SIMT_CHECK(cudaDeviceSynchronize());
+  CHECK_CUDA(fastinfer::launch_kernel(racy, dim3(blocks), dim3(threads), 0, nullptr, out));
+  CHECK_CUDA(cudaDeviceSynchronize());
   unsigned long long h = 1469598103934665603ull;
   int stale = 0;
   for (int i = 0; i < blocks * threads; ++i) {

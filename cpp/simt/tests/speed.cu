@@ -24,8 +24,8 @@ int main(int argc, char** argv) {
   for (int k = 0; k < 2; ++k) {
     auto s0 = fastinfer::simt::stats();
     auto t0 = std::chrono::steady_clock::now();
-    if (k == 0) SIMT_CHECK(fastinfer::launch_kernel(barrier_loop, dim3(8), dim3(256), 0, nullptr, iters, out));
-    else SIMT_CHECK(fastinfer::launch_kernel(shuffle_loop, dim3(8), dim3(256), 0, nullptr, iters, out));
+    if (k == 0) CHECK_CUDA(fastinfer::launch_kernel(barrier_loop, dim3(8), dim3(256), 0, nullptr, iters, out));
+    else CHECK_CUDA(fastinfer::launch_kernel(shuffle_loop, dim3(8), dim3(256), 0, nullptr, iters, out));
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     auto s1 = fastinfer::simt::stats();
     const double n = (double)(s1.switches - s0.switches);

@@ -29,6 +29,7 @@ from .elementwise import (  # noqa: F401
 from .attention import (  # noqa: F401
     merge_attention_states,
     move_kv_slots,
+    pack_custom_mask,
     paged_decode_attention,
     paged_prefill_attention,
     prefill_attention,
@@ -88,4 +89,4 @@ def backend(namespace: str = "fastinfer") -> Backend:
     return b
 
 
-__all__ = sorted(_OPS) + ["Int4Weight", "build_rope_cache", "Backend", "backend", "NAMESPACES"]
+__all__ = sorted(_OPS) + ["Int4Weight", "build_rope_cache", "pack_custom_mask", "Backend", "backend", "NAMESPACES"]

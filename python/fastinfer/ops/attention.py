@@ -30,6 +30,7 @@ __all__ = [
     "paged_decode_attention",
     "merge_attention_states",
     "move_kv_slots",
+    "pack_custom_mask",
 ]
 
 
@@ -85,6 +86,7 @@ def paged_prefill_attention(
     softcap: float = 0.0,
     custom_mask: Optional[Tensor] = None,
     return_lse: bool = False,
+    packed_custom_mask: Optional[Tensor] = None,
     *,
     lib=None,
 ) -> _Result:
@@ -94,7 +96,10 @@ def paged_prefill_attention(
     The ``q_len`` queries of sequence ``b`` are its LAST ``q_len`` tokens, already written to the
     cache (``seq_lens_k[b]`` keys in all). ``custom_mask`` (bool, per sequence a flattened
     ``[q_len, q_len]`` block, concatenated over the batch) replaces the causal rule among those
-    trailing keys (tree attention); prefix keys stay visible.
+    trailing keys (tree attention); prefix keys stay visible. ``packed_custom_mask`` is the same
+    mask with 8 entries per byte (uint8 ``[ceil(sum q_len^2 / 8)]``, entry ``e`` of the flattened
+    mask in bit ``e % 8`` of byte ``e // 8``: :func:`pack_custom_mask`, ``numpy.packbits(mask,
+    bitorder="little")``), an eighth of the bytes; give one of the two.
 
     A window (``window_left = W >= 0``) applies on top of the mask, by absolute position (sliding-
     window models with tree speculation): tree node ``i`` (query ``i`` and trailing key
@@ -114,8 +119,21 @@ def paged_prefill_attention(
     res = (lib or torch.ops.fastinfer).paged_prefill_attention(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k,
                                                       int(max_seqlen_q), float(scale), bool(causal),
                                                       int(window_left), float(softcap), custom_mask,
-                                                      bool(return_lse))
+                                                      bool(return_lse), packed_custom_mask)
     return _result(res, return_lse)
+
+
+def pack_custom_mask(custom_mask: Tensor) -> Tensor:
+    """The bit-packed form of a custom mask for ``paged_prefill_attention(packed_custom_mask=...)``:
+    the flattened bool mask (per sequence a ``[q_len, q_len]`` block, concatenated over the batch)
+    as uint8 ``[ceil(n / 8)]``, entry ``e`` in bit ``e % 8`` of byte ``e // 8`` (little-endian bit
+    order; padding bits 0). On the mask's device."""
+    flat = custom_mask.reshape(-1).to(torch.bool)
+    n = flat.numel()
+    padded = torch.zeros((n + 7) // 8 * 8, dtype=torch.uint8, device=flat.device)
+    padded[:n] = flat.to(torch.uint8)
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=flat.device)
+    return (padded.view(-1, 8) * weights).sum(1, dtype=torch.uint8)
 
 
 def paged_decode_attention(

@@ -25,6 +25,7 @@ from .attention import (  # noqa: F401
     random_tree_parents,
     tree_mask,
     tree_positions,
+    unpack_custom_mask,
     visibility_mask,
 )
 
@@ -41,6 +42,7 @@ __all__ = [
     "random_tree_parents",
     "tree_mask",
     "tree_positions",
+    "unpack_custom_mask",
     "visibility_mask",
     "FP8_E4M3_MAX",
     "fp8_e4m3_quantize",

@@ -30,6 +30,13 @@ def tree_positions(custom_mask: Tensor, q_len: int, k_len: int) -> Tensor:
     return (k_len - q_len) + depth.to(torch.int64)
 
 
+def unpack_custom_mask(packed: Tensor, entries: int) -> Tensor:
+    """Bool [entries]: the flattened custom mask from its bit-packed form (uint8, entry e in bit
+    e % 8 of byte e // 8, little-endian bit order, as numpy.packbits(m, bitorder="little"))."""
+    bits = (packed.to(torch.int64).unsqueeze(1) >> torch.arange(8, device=packed.device)) & 1
+    return bits.reshape(-1)[:entries].to(torch.bool)
+
+
 def visibility_mask(
     q_len: int,
     k_len: int,
@@ -143,9 +150,15 @@ def paged_prefill_attention(
     custom_mask: Optional[Tensor] = None,
     k_scale: Optional[Tensor] = None,
     v_scale: Optional[Tensor] = None,
+    packed_custom_mask: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Queries are the last q_len tokens of each sequence (already in the cache). custom_mask:
-    bool, per sequence a flattened [q_len, q_len] block, concatenated over the batch."""
+    bool, per sequence a flattened [q_len, q_len] block, concatenated over the batch;
+    packed_custom_mask: the same with 8 entries per byte (:func:`unpack_custom_mask`)."""
+    if packed_custom_mask is not None:
+        assert custom_mask is None, "give custom_mask or packed_custom_mask, not both"
+        entries = sum((qe - qs) ** 2 for qs, qe in _lens(cu_seqlens_q))
+        custom_mask = unpack_custom_mask(packed_custom_mask, entries)
     out = torch.zeros(q.shape, dtype=torch.float64)
     lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float64)
     mask_offset = 0

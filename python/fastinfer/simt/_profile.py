@@ -169,12 +169,14 @@ def build_report(raw: dict, label: Optional[str] = None) -> dict:
                 e[f] += s[f]
         records = []
         totals: dict[str, Any] = dict(dram_read_bytes=0, dram_write_bytes=0, footprint_bytes=0, tensor_flops=0,
-                                      mma={m: 0 for m in MMA_FLOPS}, blocks_run=0)
+                                      mma={m: 0 for m in MMA_FLOPS}, blocks_run=0, blocks_storing=0)
         for r in k["records"]:
             r = dict(r)
             r["tensor_flops"] = sum(MMA_FLOPS[m] * n for m, n in r["mma"].items())
             records.append(r)
-            for f in ("dram_read_bytes", "dram_write_bytes", "footprint_bytes", "tensor_flops", "blocks_run"):
+            r.setdefault("blocks_storing", 0)
+            for f in ("dram_read_bytes", "dram_write_bytes", "footprint_bytes", "tensor_flops", "blocks_run",
+                      "blocks_storing"):
                 totals[f] += r[f]
             for m, n in r["mma"].items():
                 totals["mma"][m] += n

@@ -44,11 +44,15 @@ struct PrefillAttentionParams {
   int64_t block_table_stride = 0;
   int32_t block_size = 0;                 // paged: power of two in [8, 256]
 
-  // Tree attention (paged path only): for sequence b with q_len queries, a bool [q_len, q_len]
-  // block starting at custom_mask[mask_offsets[b]]: row i says which of the trailing q_len keys
-  // query i sees (it replaces the causal rule among them; prefix keys stay visible).
+  // Tree attention (paged path only): for sequence b with q_len queries, a [q_len, q_len] block
+  // of entries starting at entry mask_offsets[b]: row i says which of the trailing q_len keys
+  // query i sees (it replaces the causal rule among them; prefix keys stay visible). Two storage
+  // forms, at most one given: custom_mask, one bool per entry; packed_custom_mask, 8 entries per
+  // byte (entry e is bit e % 8 of byte e / 8, little-endian bit order: the whole flattened batch
+  // mask packed at once, so a sequence may start mid-byte; numpy.packbits(m, bitorder="little")).
   const bool* custom_mask = nullptr;
-  const int64_t* mask_offsets = nullptr;  // [B + 1], device: prefix sums of q_len^2
+  const uint8_t* packed_custom_mask = nullptr;
+  const int64_t* mask_offsets = nullptr;  // [B + 1], device: prefix sums of q_len^2 (entries)
   // Tree attention with a window (custom_mask and window_left >= 0) needs the nodes' depths:
   // device scratch of one int32 per query token row (at least cu_seqlens_q[B] entries;
   // prefill_attention_workspace_size says how many bytes always suffice). launch_prefill_attention
@@ -61,6 +65,8 @@ struct PrefillAttentionParams {
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;                   // 64 or 128 (256 desired)
   int32_t max_seqlen_q = 0;               // upper bound of q_len over the batch (sizes the grid)
+  int64_t num_q_tokens = 0;               // rows of q (cu_seqlens_q[B]) when known, else 0: with it
+                                          // the grid is within B CTAs per KV head of the work
   int64_t q_token_stride = 0;             // elements
   int64_t k_token_stride = 0;             // contiguous K/V only
   int64_t v_token_stride = 0;
@@ -74,8 +80,17 @@ struct PrefillAttentionParams {
 };
 
 // Bytes of params.tree_depth scratch launch_prefill_attention needs (batch_size * max_seqlen_q
-// int32 when custom_mask != nullptr and window_left >= 0, else 0).
+// int32 when a custom mask (either form) is given and window_left >= 0, else 0).
 size_t prefill_attention_workspace_size(const PrefillAttentionParams& params);
+// The launch grid of the attention kernel: (work items, num_kv_heads). A work item is one tile of
+// prefill_attention_rows_per_cta() rows of one sequence, a row being a (query token, query head of
+// the KV head's group) pair; sequence b has ceil(q_len_b * group / rows) items. The host does not
+// know the q_len_b (they are on the device), so the item count is the bound
+// min(B * ceil(max_seqlen_q * group / rows), floor((num_q_tokens * group + min(B, num_q_tokens) *
+// (rows - 1)) / rows)) (the second term only when num_q_tokens > 0); the CTAs past the real count
+// exit at once.
+int32_t prefill_attention_rows_per_cta(const PrefillAttentionParams& params);
+int64_t prefill_attention_work_items(const PrefillAttentionParams& params);
 cudaError_t launch_prefill_attention(const PrefillAttentionParams& params, cudaStream_t stream);
 
 // Decode: one query per sequence against its paged KV (seq_lens[b] keys, the query being the

@@ -25,6 +25,7 @@
 // the split saw no key) to the workspace and decode_merge_splits_kernel combines them.
 #include "fastinfer/common/platform.cuh"
 #include "fastinfer/attention/attention.h"
+#include "fastinfer/common/math.cuh"
 #include "fastinfer/common/smem.cuh"
 #include "fastinfer/common/vec.cuh"
 
@@ -37,8 +38,26 @@ constexpr int kNumWarps = 4;
 constexpr int kNumThreads = kNumWarps * 32;
 constexpr int kSliceElems = 8;   // elements of a K/V row handled by one thread
 constexpr int kMaxGroup = 8;     // query heads per CTA
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
+
+// The per-(D, G) tables, as constexpr functions: Config below and the host heuristics
+// (cuda/src/attention_decode.cu) are computed by the same functions, so they cannot drift apart.
+// Query heads per CTA for a GQA group size.
+constexpr int group_chunk_for(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kMaxGroup; }
+// Keys per thread per step (more query heads per CTA: fewer keys, same registers).
+constexpr int unroll_for(int group_chunk) { return group_chunk <= 2 ? 8 : (group_chunk == 4 ? 4 : 2); }
+// Keys a CTA covers per step, and the split granule (splits are whole multiples of it).
+constexpr int cta_keys_for(int head_dim, int group_chunk) {
+  return 32 / (head_dim / kSliceElems) * unroll_for(group_chunk) * kNumWarps;
+}
+constexpr int split_granule(int head_dim, int group_chunk) {
+  return cta_keys_for(head_dim, group_chunk) > 64 ? cta_keys_for(head_dim, group_chunk) : 64;
+}
+// CTAs resident per SM: the kernels' __launch_bounds__ minimum (ptxas caps the registers at
+// 65536 / (n * 128): 128 for 4, 170 for 3, none for 2) and the split heuristic's slots per SM.
+// The ptxas report (sm_80 .. sm_90a) gives 103-128 registers for chunks 1-2, 143-164 for 4 and
+// 217-242 for 8 (two CTAs fit); without the hint ptxas spills a register of the G = 1 kernels
+// on sm_80 instead of using 111.
+constexpr int ctas_per_sm_for(int group_chunk) { return group_chunk <= 2 ? 4 : (group_chunk == 4 ? 3 : 2); }
 
 template <int D, int G>
 struct Config {
@@ -46,45 +65,20 @@ struct Config {
   static_assert(G == 1 || G == 2 || G == 4 || G == 8, "group chunk 1, 2, 4 or 8");
   static constexpr int kThreadsPerRow = D / kSliceElems;      // 8, 16, 32
   static constexpr int kRowsPerWarp = 32 / kThreadsPerRow;    // 4, 2, 1
-  static constexpr int kUnroll = G <= 2 ? 8 : (G == 4 ? 4 : 2);  // keys per thread per step
+  static constexpr int kUnroll = unroll_for(G);               // keys per thread per step
   static constexpr int kWarpKeys = kRowsPerWarp * kUnroll;
-  static constexpr int kCtaKeys = kWarpKeys * kNumWarps;
-  static constexpr int kSplitGranule = kCtaKeys > 64 ? kCtaKeys : 64;
-  // Occupancy hint for ptxas (register cap 65536 / (kMinCtas * 128)); without it ptxas spills a
-  // register of the G = 1 kernels on sm_80 instead of using 111.
-  static constexpr int kMinCtas = G >= 8 ? 1 : (G == 4 ? 3 : 4);
+  static constexpr int kCtaKeys = cta_keys_for(D, G);
+  static_assert(kCtaKeys == kWarpKeys * kNumWarps, "cta_keys_for");
+  static constexpr int kSplitGranule = split_granule(D, G);
+  static constexpr int kMinCtas = ctas_per_sm_for(G);
   // Shared memory of the final merge: per warp and head the max, the sum and the D accumulators.
   static constexpr size_t kSmemBytes = sizeof(float) * kNumWarps * G * (D + 2);
 };
-
-// Host-side mirror of Config::kSplitGranule for runtime head_dim / group chunk.
-inline int split_granule(int head_dim, int group_chunk) {
-  const int rows_per_warp = 32 / (head_dim / kSliceElems);
-  const int unroll = group_chunk <= 2 ? 8 : (group_chunk == 4 ? 4 : 2);
-  const int cta_keys = rows_per_warp * unroll * kNumWarps;
-  return cta_keys > 64 ? cta_keys : 64;
-}
-
-// Query heads per CTA for a GQA group size.
-inline int group_chunk_for(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kMaxGroup; }
-
-__device__ __forceinline__ float warp_reduce_max(float x) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  return x;
-}
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
-}
 
 // Sum of each of the V values over the TPR consecutive lanes of a row, left in every lane of the
 // row: reduce-scatter (each xor step halves the values a lane keeps), plain xor steps once a lane
 // keeps a single value, then all-gather. V + log2(TPR / V) - 1 + V - 1 shuffles (when V <= TPR)
 // instead of V * log2(TPR) for independent butterflies.
-constexpr int ilog2(int x) { return x <= 1 ? 0 : 1 + ilog2(x / 2); }
-
 template <int V, int TPR>
 __device__ __forceinline__ void row_allreduce(float (&v)[V], int lane) {
   static_assert((V & (V - 1)) == 0 && (TPR & (TPR - 1)) == 0, "powers of two");
@@ -98,12 +92,12 @@ __device__ __forceinline__ void row_allreduce(float (&v)[V], int lane) {
 #pragma unroll
     for (int i = 0; i < half; ++i) {
       const float a = v[i], b = v[i + half];
-      const float received = __shfl_xor_sync(0xffffffffu, hi ? a : b, o);
+      const float received = __shfl_xor_sync(kFullWarpMask, hi ? a : b, o);
       v[i] = (hi ? b : a) + received;
     }
   }
 #pragma unroll
-  for (int k = kScatter; k < kLogT; ++k) v[0] += __shfl_xor_sync(0xffffffffu, v[0], TPR >> (k + 1));
+  for (int k = kScatter; k < kLogT; ++k) v[0] += __shfl_xor_sync(kFullWarpMask, v[0], TPR >> (k + 1));
 #pragma unroll
   for (int k = kScatter - 1; k >= 0; --k) {
     const int o = TPR >> (k + 1);
@@ -112,7 +106,7 @@ __device__ __forceinline__ void row_allreduce(float (&v)[V], int lane) {
 #pragma unroll
     for (int i = 0; i < half; ++i) {
       const float mine = v[i];
-      const float other = __shfl_xor_sync(0xffffffffu, mine, o);
+      const float other = __shfl_xor_sync(kFullWarpMask, mine, o);
       v[i] = hi ? other : mine;
       v[i + half] = hi ? mine : other;
     }
@@ -325,15 +319,15 @@ __global__ void __launch_bounds__(kNumThreads, (Config<D, G>::kMinCtas)) paged_d
   for (int offset_lanes = kTpr; offset_lanes < 32; offset_lanes <<= 1) {
 #pragma unroll
     for (int h = 0; h < G; ++h) {
-      const float m_b = __shfl_xor_sync(0xffffffffu, m[h], offset_lanes);
-      const float l_b = __shfl_xor_sync(0xffffffffu, l[h], offset_lanes);
+      const float m_b = __shfl_xor_sync(kFullWarpMask, m[h], offset_lanes);
+      const float l_b = __shfl_xor_sync(kFullWarpMask, l[h], offset_lanes);
       float m_new, sa, sb;
       merge_state_scales(m[h], m_b, m_new, sa, sb);
       m[h] = m_new;
       l[h] = l[h] * sa + l_b * sb;
 #pragma unroll
       for (int i = 0; i < kSliceElems; ++i) {
-        const float o_b = __shfl_xor_sync(0xffffffffu, o[h][i], offset_lanes);
+        const float o_b = __shfl_xor_sync(kFullWarpMask, o[h][i], offset_lanes);
         o[h][i] = o[h][i] * sa + o_b * sb;
       }
     }
@@ -437,7 +431,7 @@ __global__ void __launch_bounds__(kMergeRowsPerCta * 32) decode_merge_splits_ker
   if (m_all != -INFINITY) {
     for (int s = lane; s < num_splits; s += 32) sum += expf(lse_row[s] - m_all);
   }
-  sum = warp_sum(sum);
+  sum = warp_reduce_sum(sum);
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
 
   const int64_t b = row / p.num_q_heads;

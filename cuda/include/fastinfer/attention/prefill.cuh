@@ -1,8 +1,21 @@
 #pragma once
 // Fused prefill attention (FlashAttention-2 structure) on mma.sync m16n8k16, for sm_80 .. sm_90.
 //
-// One CTA = 4 warps = kBlockM (64) query rows of one (sequence, query head); each warp owns 16
-// rows for the whole kernel, so softmax statistics never leave the warp.
+// Work items and GQA packing. The grid is (work items, num_kv_heads). A CTA owns one KV head and
+// kBlockM = 128 rows of one sequence, a row being a (query token, query head) pair of the KV
+// head's group, token-major: row r of the sequence is token r / group, query head
+// kv_head * group + r % group. So the group's query heads share every K/V tile the CTA loads (each
+// tile is read once per KV head and 128 / group tokens, instead of once per query head and 64
+// tokens before), and a short sequence (a speculative tree of 8 nodes with group 4: 32 rows)
+// fills one CTA per KV head instead of one mostly idle CTA per query head. Sequence b has
+// ceil(q_len_b * group / kBlockM) items, numbered sequence after sequence, its last tile first
+// (under a causal mask the one with the most keys); a CTA finds its (sequence, tile) from
+// cu_seqlens_q with a warp prefix sum (find_work_item), so ragged batches launch no CTA per
+// (max_seqlen_q tile, head, sequence) slot as before: the grid is the host's bound on the item
+// count (attention.h), the few CTAs past the real count exit at once.
+//
+// One CTA = 8 warps; warp w owns rows 16w .. 16w + 15 of the tile for the whole kernel, so softmax
+// statistics never leave the warp (registers as with 64-row tiles: 16 rows per warp either way).
 //
 //   gmem --cp.async--> smem Q (once) --ldmatrix--> Q A-fragments (registers, whole kernel)
 //   gmem --cp.async--> smem K/V ring of kStages tiles of kBlockN keys (gathered per row when paged)
@@ -11,6 +24,8 @@
 //   O += P V         : P re-packed from the S accumulators into A-fragments (no smem round trip),
 //                      ldmatrix .trans of V rows = B operand (key = k, dim = n)
 //   epilogue         : O / l -> dtype -> smem (the warp's own Q rows) -> 16-byte coalesced stores
+// Each step is a device function below (load_q_tile, load_kv_tile, load_q_fragments, qk_tile,
+// scores_to_log2, mask_scores, online_softmax, pv_tile, epilogue); the kernel is their sequence.
 //
 // Shared memory layout (bytes, element size 2): Q [kBlockM][D] | K[kStages][kBlockN][D] |
 // V[kStages][kBlockN][D]. Every row is D*2 bytes = D/8 16-byte chunks (>= 8 since D >= 64); chunk
@@ -18,20 +33,13 @@
 // logical chunk, which the XOR spreads over 8 distinct chunk positions = all 32 banks (no
 // conflicts); the cp.async writes and the epilogue use the same `swizzle` function.
 //
-// Masking (query i of a sequence at absolute position p = k_len - q_len + i, key j): visible iff
-// j < k_len, and j <= p when causal, and j >= p - window_left when window_left >= 0 (with or
-// without causal: non-causal attention gets only the lower bound), and, when custom_mask is given
-// (paged path), mask[i][j - (k_len - q_len)] for the trailing q_len keys instead of the causal
-// rule (the `causal` flag is then ignored; prefix keys stay visible). With a custom mask AND a
-// window, the window test uses tree positions (attention.h): query i is at k_len - q_len +
-// depth(i) and trailing key k_len - q_len + m at k_len - q_len + depth(m), the depths read from
-// p.tree_depth (written by tree_depth_kernel just before); the CTA's key range then starts at
-// the lowest position any node can have (k_len - q_len - 1) minus the window (conservative: a
-// CTA whose nodes are all deep loads about (their least depth + 1) / 64 extra tiles, fully
-// masked; trees are shallow). Tiles entirely outside the CTA's
-// visible key range are never loaded; element masks run only on tiles that cross a boundary
-// (sequence end, causal diagonal, window edge, custom-mask region). Rows that see no
-// key produce out = 0 and lse = -inf (safe max of 0 while the running max is -inf).
+// Masking: attention/mask.cuh (SequenceMask) is the rule. The CTA loads only the K/V tiles of the
+// key range its tokens can see; per (warp, tile) a warp skips the tile when none of its rows sees
+// any of its keys (the causal diagonal of a 128-row tile, rows past the sequence) and runs the
+// element masks only when the tile crosses a boundary for its rows (sequence end, causal
+// diagonal, window edge, custom-mask region). Rows that see no key produce out = 0 and lse = -inf
+// (safe max of 0 while the running max is -inf). Tree attention with a window reads the nodes'
+// depths from p.tree_depth (tree_depth_kernel, launched just before).
 //
 // Requirements checked by the launcher: q/k/v/out 16-byte aligned, token strides multiples of 8
 // elements (cp.async and the epilogue move 16-byte chunks); max_seqlen_q >= every q_len.
@@ -39,12 +47,15 @@
 // Hopper: this kernel is the portable path. A wgmma/TMA kernel (warp-specialised producer,
 // register-resident P as the A operand of wgmma) would get its own traits struct and kernel
 // and be selected at the single dispatch point `select_prefill_backend` in
-// cuda/src/attention_prefill.cu; the Params contract and masking helpers here are shared.
+// cuda/src/attention_prefill.cu; the Params contract, the work items and the masking helpers of
+// mask.cuh are shared.
 #include "fastinfer/common/platform.cuh"
+#include "fastinfer/common/math.cuh"
 #include "fastinfer/common/ptx.cuh"
 #include "fastinfer/common/smem.cuh"
 #include "fastinfer/common/vec.cuh"
 #include "fastinfer/attention/attention.h"
+#include "fastinfer/attention/mask.cuh"
 
 #include <cmath>
 #include <cstdint>
@@ -58,11 +69,11 @@ template <typename T_, int kHeadDim_>
 struct PrefillTraitsSm80 {
   using T = T_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 64;   // query rows per CTA (16 per warp)
-  static constexpr int kBlockN = 64;   // keys per K/V tile
-  static constexpr int kWarps = 4;
+  static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
-  // K/V pipeline depth: D=64 tiles are small enough for a third stage at the same occupancy.
+  static constexpr int kBlockM = 16 * kWarps;  // rows per CTA: (token, query head) pairs, 16 per warp
+  static constexpr int kBlockN = 64;           // keys per K/V tile
+  // K/V pipeline depth: D=64 tiles are small enough for a third stage.
   static constexpr int kStages = kHeadDim <= 64 ? 3 : 2;
 
   static_assert(sizeof(T) == 2, "fp16 / bf16 only");
@@ -76,7 +87,10 @@ struct PrefillTraitsSm80 {
   static_assert(kBlockN % kRowsPerPass == 0 && kBlockM % kRowsPerPass == 0, "tile / thread mismatch");
 };
 
-// ---- helpers ---------------------------------------------------------------------------------
+// Head dims the mma.sync kernel is built for.
+constexpr bool prefill_supports_head_dim(int d) { return d == 64 || d == 128; }
+
+// ---- small helpers ---------------------------------------------------------------------------
 // Byte offset of 16-byte chunk `chunk` of row `row` in a [rows][kChunksPerRow] swizzled tile.
 template <int kChunksPerRow>
 __device__ __forceinline__ int swizzle(int row, int chunk) {
@@ -103,9 +117,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
   }
 }
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
 // ---- tree depths (tree attention with a window) ---------------------------------------------
 // One warp per query row of a sequence: tree_depth[q_start + i] = (number of true entries of mask
 // row i) - 1, the node's depth when the row sees exactly its ancestors and itself. The lanes read
@@ -120,170 +131,435 @@ __global__ void __launch_bounds__(kTreeDepthWarps * 32) tree_depth_kernel(const 
   const int row = blockIdx.x * kTreeDepthWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= q_len) return;  // uniform over the warp: the shuffles below see all 32 lanes
-  const bool* mask_row = p.custom_mask + p.mask_offsets[b] + static_cast<int64_t>(row) * q_len;
+  const CustomMask mask = custom_mask_of(p, b);
   int count = 0;
-  for (int c = lane; c < q_len; c += 32) count += mask_row[c] ? 1 : 0;
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) count += __shfl_xor_sync(0xffffffffu, count, off);
+  for (int c = lane; c < q_len; c += 32) count += mask.sees(row, c, q_len) ? 1 : 0;
+  count = warp_reduce_sum(count);
   if (lane == 0) p.tree_depth[q_start + row] = count - 1;
 }
 
+// ---- work items ------------------------------------------------------------------------------
+// The (sequence, tile) of work item `item`: sequence b has tiles_b = ceil(q_len_b * group /
+// rows_per_tile) items, numbered sequence after sequence. One warp computes it alone (32 sequences
+// per step: tile counts, inclusive prefix sum by shuffles, ballot for the first prefix past the
+// item); every warp of the CTA gets the same answer, so no shared memory or barrier is needed.
+// b = -1 when the item is past the last one.
+struct WorkItem {
+  int b;      // -1: none
+  int index;  // item within the sequence (0 .. tiles - 1)
+  int tiles;
+};
+
+__device__ __forceinline__ WorkItem find_work_item(const int32_t* cu_seqlens_q, int batch, int group,
+                                                   int rows_per_tile, int64_t item, int lane) {
+  WorkItem w{-1, 0, 0};
+  int64_t base = 0;
+  for (int b0 = 0; b0 < batch; b0 += 32) {  // trip count uniform over the warp
+    const int b = b0 + lane;
+    int n = 0;
+    if (b < batch) {
+      const int64_t rows = static_cast<int64_t>(cu_seqlens_q[b + 1] - cu_seqlens_q[b]) * group;
+      n = static_cast<int>((rows + rows_per_tile - 1) / rows_per_tile);
+    }
+    int incl = n;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int x = __shfl_up_sync(kFullWarpMask, incl, o);
+      if (lane >= o) incl += x;
+    }
+    const unsigned hit = __ballot_sync(kFullWarpMask, item < base + incl);
+    if (hit != 0) {
+      const int l = __ffs(hit) - 1;
+      const int excl = __shfl_sync(kFullWarpMask, incl - n, l);
+      w.tiles = __shfl_sync(kFullWarpMask, n, l);
+      w.b = b0 + l;
+      w.index = static_cast<int>(item - base - excl);
+      return w;
+    }
+    base += __shfl_sync(kFullWarpMask, incl, 31);
+  }
+  return w;
+}
+
+// Geometry of a CTA's tile (uniform over the CTA; a trivial type: it lives in shared memory).
+struct PrefillTile {
+  int b;
+  int q_start, q_len, k_len;
+  int64_t k_start;  // contiguous K/V: first key row of the sequence
+  int group, kv_head;
+  int rows;         // rows of the sequence: q_len * group
+  int row0;         // first row of this tile
+};
+
+// The fragment rows of a thread (rows g and g + 8 of its warp's 16): token, position, validity.
+// Computed where needed (masked tiles, epilogue) rather than kept live through the main loop.
+struct FragmentRows {
+  int token[2];
+  int pos[2];
+  bool valid[2];
+};
+
+__device__ __forceinline__ FragmentRows fragment_rows(const PrefillTile& tile, const SequenceMask& mask, int warp,
+                                                      int lane) {
+  FragmentRows rows;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = tile.row0 + warp * 16 + lane / 4 + 8 * h;
+    rows.valid[h] = row < tile.rows;
+    rows.token[h] = rows.valid[h] ? row / tile.group : 0;
+    rows.pos[h] = rows.valid[h] ? mask.query_pos(rows.token[h]) : 0;
+  }
+  return rows;
+}
+
+// ---- loads -------------------------------------------------------------------------------------
+// Q rows of the tile into smem (one cp.async group). Thread tid copies chunk tid % kCPR of rows
+// tid / kCPR + i * kRowsPerPass; a row's (token, head) source is contiguous per token (the group's
+// heads are adjacent), rows past the sequence are zero-filled.
+template <typename Traits>
+__device__ __forceinline__ void load_q_tile(unsigned char* s_q, const PrefillAttentionParams& p,
+                                            const PrefillTile& tile, int tid) {
+  using T = typename Traits::T;
+  constexpr int D = Traits::kHeadDim, kCPR = Traits::kChunksPerRow;
+  const T* __restrict__ q_ptr = static_cast<const T*>(p.q);
+  const int chunk = tid % kCPR;
+#pragma unroll
+  for (int i = 0; i < Traits::kBlockM / Traits::kRowsPerPass; ++i) {
+    const int r = tid / kCPR + i * Traits::kRowsPerPass;
+    const int row = tile.row0 + r;
+    const bool pred = row < tile.rows;
+    int64_t off = 0;
+    if (pred) {
+      const int token = row / tile.group;
+      const int head = tile.kv_head * tile.group + (row - token * tile.group);
+      off = (tile.q_start + token) * p.q_token_stride + static_cast<int64_t>(head) * D;
+    }
+    ptx::cp_async_cg_16(s_q + swizzle<kCPR>(r, chunk), q_ptr + off + chunk * Traits::kElemsPerChunk, pred);
+  }
+}
+
+// K/V tile `n0 / kBlockN` into stage buffers sk / sv (no commit). Keys past k_len are zero-filled.
+template <typename Traits, bool kPaged>
+__device__ __forceinline__ void load_kv_tile(unsigned char* sk, unsigned char* sv, const PrefillAttentionParams& p,
+                                             const PrefillTile& tile, int n0, int tid) {
+  using T = typename Traits::T;
+  constexpr int D = Traits::kHeadDim, kCPR = Traits::kChunksPerRow;
+  const T* __restrict__ k_ptr = static_cast<const T*>(p.k);
+  const T* __restrict__ v_ptr = static_cast<const T*>(p.v);
+  const int chunk = tid % kCPR;
+#pragma unroll
+  for (int i = 0; i < Traits::kBlockN / Traits::kRowsPerPass; ++i) {
+    const int r = tid / kCPR + i * Traits::kRowsPerPass;
+    const int j = n0 + r;
+    const bool pred = j < tile.k_len;
+    int64_t k_off = 0, v_off = 0;
+    if (pred) {
+      if constexpr (kPaged) {
+        const int shift = __ffs(p.block_size) - 1;
+        const int64_t block = p.block_table[static_cast<int64_t>(tile.b) * p.block_table_stride + (j >> shift)];
+        k_off = ((block << shift) + (j & (p.block_size - 1))) * static_cast<int64_t>(p.num_kv_heads) * D +
+                static_cast<int64_t>(tile.kv_head) * D;
+        v_off = k_off;
+      } else {
+        k_off = (tile.k_start + j) * p.k_token_stride + static_cast<int64_t>(tile.kv_head) * D;
+        v_off = (tile.k_start + j) * p.v_token_stride + static_cast<int64_t>(tile.kv_head) * D;
+      }
+    }
+    const int so = swizzle<kCPR>(r, chunk);
+    ptx::cp_async_cg_16(sk + so, k_ptr + k_off + chunk * Traits::kElemsPerChunk, pred);  // !pred: zero-fill
+    ptx::cp_async_cg_16(sv + so, v_ptr + v_off + chunk * Traits::kElemsPerChunk, pred);
+  }
+}
+
+// Q fragments of the warp's 16 rows for the whole kernel: qf[kk] = A operand of k-step kk (dims
+// 16kk..16kk+15). ldmatrix_x4 matrices: 0 = rows 0-7 / dims 0-7, 1 = rows 8-15 / dims 0-7, 2 =
+// rows 0-7 / dims 8-15, 3 = rows 8-15 / dims 8-15 -> exactly a[0..3] of the m16n8k16 A layout.
+template <typename Traits>
+__device__ __forceinline__ void load_q_fragments(uint32_t (&qf)[Traits::kHeadDim / 16][4], const unsigned char* s_q,
+                                                 int warp, int lane) {
+  const int mat = lane / 8, r = lane % 8;
+  const int row = warp * 16 + r + 8 * (mat & 1);
+#pragma unroll
+  for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk)
+    ptx::ldmatrix_x4(qf[kk], s_q + swizzle<Traits::kChunksPerRow>(row, 2 * kk + (mat >> 1)));
+}
+
+// ---- S = Q K^T (16 x kBlockN per warp) -------------------------------------------------------
+// s[nt] holds keys 8nt .. 8nt+7 of the tile: s[nt][0..1] = row g, keys 2t, 2t+1; s[nt][2..3] = row
+// g+8. ldmatrix_x4 on K rows (key = n, dim = k): matrices 0/1 = keys 0-7 of the pair, dims 0-7 /
+// 8-15 (b[0], b[1] of n-tile 2np); 2/3 = keys 8-15 (n-tile 2np + 1).
+template <typename Traits>
+__device__ __forceinline__ void qk_tile(float (&s)[Traits::kBlockN / 8][4],
+                                        const uint32_t (&qf)[Traits::kHeadDim / 16][4], const unsigned char* sk,
+                                        int lane) {
+  using T = typename Traits::T;
+  constexpr int kBlockN = Traits::kBlockN;
+#pragma unroll
+  for (int nt = 0; nt < kBlockN / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+  const int mat = lane / 8, r = lane % 8;
+#pragma unroll
+  for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk) {
+#pragma unroll
+    for (int np = 0; np < kBlockN / 16; ++np) {
+      uint32_t kb[4];
+      ptx::ldmatrix_x4(kb, sk + swizzle<Traits::kChunksPerRow>(np * 16 + r + 8 * (mat >> 1), 2 * kk + (mat & 1)));
+      const uint32_t b0[2] = {kb[0], kb[1]};
+      const uint32_t b1[2] = {kb[2], kb[3]};
+      mma16816<T>(s[2 * np], qf[kk], b0);
+      mma16816<T>(s[2 * np + 1], qf[kk], b1);
+    }
+  }
+}
+
+// Scores to the log2 domain: s * scale * log2 e, or softcap * tanh(s * scale / softcap) * log2 e
+// (softcap before any mask).
+struct ScoreScale {
+  float scale_log2;  // scale * log2 e
+  float cap_in;      // scale / softcap (softcap > 0)
+  float cap_out;     // softcap * log2 e
+  bool softcap;
+};
+
+template <typename Traits>
+__device__ __forceinline__ void scores_to_log2(float (&s)[Traits::kBlockN / 8][4], const ScoreScale& sc) {
+  if (sc.softcap) {
+#pragma unroll
+    for (int nt = 0; nt < Traits::kBlockN / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = tanhf(s[nt][e] * sc.cap_in) * sc.cap_out;
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < Traits::kBlockN / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] *= sc.scale_log2;
+  }
+}
+
+// -inf for the scores the mask hides (keys n0 + 8nt + 2t + e).
+template <typename Traits>
+__device__ __forceinline__ void mask_scores(float (&s)[Traits::kBlockN / 8][4], const PrefillTile& tile,
+                                            const SequenceMask& mask, int n0, int warp, int lane) {
+  const FragmentRows rows = fragment_rows(tile, mask, warp, lane);
+  const int t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int nt = 0; nt < Traits::kBlockN / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = n0 + nt * 8 + 2 * t + e;
+        if (!rows.valid[h] || !mask.visible(rows.token[h], rows.pos[h], j)) s[nt][2 * h + e] = -INFINITY;
+      }
+    }
+  }
+}
+
+// ---- online softmax (rows g and g + 8; the 4 lanes of a quad share a row) ---------------------
+// Scores become probabilities exp2(s - max) in place; the running max / sum and the output
+// accumulators are rescaled by exp2(old max - new max).
+template <typename Traits>
+__device__ __forceinline__ void online_softmax(float (&s)[Traits::kBlockN / 8][4], float (&row_max)[2],
+                                               float (&row_sum)[2], float (&o)[Traits::kHeadDim / 8][4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = row_max[h];
+#pragma unroll
+    for (int nt = 0; nt < Traits::kBlockN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+    mx = warp_reduce_max<4>(mx);
+    // Safe max: a row with no visible key so far keeps max -inf; subtracting 0 keeps
+    // exp2(-inf) = 0 instead of exp2(-inf + inf) = NaN.
+    const float m_use = mx == -INFINITY ? 0.f : mx;
+    const float alpha = exp2f(row_max[h] - m_use);  // old max -inf -> 0 (nothing accumulated)
+    row_max[h] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < Traits::kBlockN / 8; ++nt) {
+      s[nt][2 * h] = exp2f(s[nt][2 * h] - m_use);
+      s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - m_use);
+      sum += s[nt][2 * h] + s[nt][2 * h + 1];
+    }
+    row_sum[h] = row_sum[h] * alpha + sum;
+#pragma unroll
+    for (int dt = 0; dt < Traits::kHeadDim / 8; ++dt) {
+      o[dt][2 * h] *= alpha;
+      o[dt][2 * h + 1] *= alpha;
+    }
+  }
+}
+
+// ---- O += P V ----------------------------------------------------------------------------------
+// P as the A operand of k-step kk (keys 16kk..16kk+15): the C fragments of n-tiles 2kk and 2kk+1
+// already sit where the A layout wants them:
+//   a[0] = P[g][2t..2t+1]     = s[2kk][0..1]      a[1] = P[g+8][2t..2t+1]   = s[2kk][2..3]
+//   a[2] = P[g][2t+8..2t+9]   = s[2kk+1][0..1]    a[3] = P[g+8][2t+8..2t+9] = s[2kk+1][2..3]
+// V B operand (key = k, dim = n) via ldmatrix .trans on V rows: matrices 0/1 = keys 0-7 / 8-15 of
+// dims 16dp..+7 (b[0], b[1] of d-tile 2dp), 2/3 = the same for d-tile 2dp + 1.
+template <typename Traits>
+__device__ __forceinline__ void pv_tile(float (&o)[Traits::kHeadDim / 8][4], const float (&s)[Traits::kBlockN / 8][4],
+                                        const unsigned char* sv, int lane) {
+  using T = typename Traits::T;
+  const int mat = lane / 8, r = lane % 8;
+#pragma unroll
+  for (int kk = 0; kk < Traits::kBlockN / 16; ++kk) {
+    const uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                            pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                            pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+    for (int dp = 0; dp < Traits::kHeadDim / 16; ++dp) {
+      uint32_t vb[4];
+      ptx::ldmatrix_x4_trans(vb, sv + swizzle<Traits::kChunksPerRow>(kk * 16 + r + 8 * (mat & 1), 2 * dp + (mat >> 1)));
+      const uint32_t b0[2] = {vb[0], vb[1]};
+      const uint32_t b1[2] = {vb[2], vb[3]};
+      mma16816<T>(o[2 * dp], pa, b0);
+      mma16816<T>(o[2 * dp + 1], pa, b1);
+    }
+  }
+}
+
+// ---- epilogue ----------------------------------------------------------------------------------
+// Normalise, stage the warp's 16 rows in its own Q rows of smem, store them with 16-byte coalesced
+// writes (rows past the sequence are dropped), lse per valid row. Only this warp ever read those
+// Q rows (its ldmatrix completed before), so a __syncwarp between the fragment writes and the
+// row reads is enough.
+template <typename Traits>
+__device__ __forceinline__ void epilogue(unsigned char* s_q, const PrefillAttentionParams& p, const PrefillTile& tile,
+                                         const SequenceMask& mask, const float (&o)[Traits::kHeadDim / 8][4],
+                                         const float (&row_max)[2], const float (&row_sum)[2], int warp, int lane) {
+  using T = typename Traits::T;
+  constexpr int D = Traits::kHeadDim, kCPR = Traits::kChunksPerRow;
+  const int g = lane / 4, t = lane % 4;
+  const FragmentRows rows = fragment_rows(tile, mask, warp, lane);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = warp_reduce_sum<4>(row_sum[h]);
+    const float inv = l > 0.f ? 1.f / l : 0.f;  // no visible key: out = 0
+    const int r = warp * 16 + g + 8 * h;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      *reinterpret_cast<uint32_t*>(s_q + swizzle<kCPR>(r, dt) + 4 * t) =
+          pack2<T>(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
+    }
+    if (p.lse != nullptr && t == 0 && rows.valid[h]) {
+      const int row = tile.row0 + r;
+      const int head = tile.kv_head * tile.group + (row - rows.token[h] * tile.group);
+      p.lse[(tile.q_start + rows.token[h]) * static_cast<int64_t>(p.num_q_heads) + head] =
+          l > 0.f ? (row_max[h] + log2f(l)) * kLn2 : -INFINITY;
+    }
+  }
+  __syncwarp();
+  T* __restrict__ out_ptr = static_cast<T*>(p.out);
+#pragma unroll
+  for (int c = lane; c < 16 * kCPR; c += 32) {
+    const int r = warp * 16 + c / kCPR;
+    const int chunk = c % kCPR;
+    const int row = tile.row0 + r;
+    if (row < tile.rows) {
+      const int token = row / tile.group;
+      const int head = tile.kv_head * tile.group + (row - token * tile.group);
+      const uint4 val = *reinterpret_cast<const uint4*>(s_q + swizzle<kCPR>(r, chunk));
+      *reinterpret_cast<uint4*>(out_ptr + (tile.q_start + token) * p.out_token_stride + static_cast<int64_t>(head) * D +
+                                chunk * Traits::kElemsPerChunk) = val;
+    }
+  }
+}
+
 // ---- kernel ----------------------------------------------------------------------------------
-// grid (ceil(max_seqlen_q / kBlockM), num_q_heads, batch), block kThreads, dynamic smem kSmemBytes.
+// grid (prefill_attention_work_items(p), num_kv_heads), block kThreads, dynamic smem kSmemBytes.
 template <typename Traits, bool kPaged>
 __global__ void __launch_bounds__(Traits::kThreads)
     prefill_attention_kernel(const PrefillAttentionParams p) {
-  using T = typename Traits::T;
   constexpr int D = Traits::kHeadDim;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kStages = Traits::kStages;
-  constexpr int kCPR = Traits::kChunksPerRow;
-  constexpr int kEPC = Traits::kElemsPerChunk;
-  constexpr int kRowsPerPass = Traits::kRowsPerPass;
-  constexpr float kNegInf = -INFINITY;
 
-  const int m_block = blockIdx.x;
-  const int head = blockIdx.y;
-  const int b = blockIdx.z;
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int g = lane / 4;  // mma groupID: fragment rows g and g + 8
   const int t = lane % 4;  // thread in group: fragment columns 2t, 2t + 1
 
-  // ---- sequence geometry (uniform over the CTA) ----
-  const int q_start = p.cu_seqlens_q[b];
-  const int q_len = p.cu_seqlens_q[b + 1] - q_start;
-  const int m0 = m_block * kBlockM;
-  if (m0 >= q_len) return;  // whole CTA, before any barrier
-
-  int k_len;
-  int64_t k_start = 0;
-  if constexpr (kPaged) {
-    k_len = p.seq_lens_k[b];
-  } else {
-    k_start = p.cu_seqlens_k[b];
-    k_len = p.cu_seqlens_k[b + 1] - static_cast<int>(k_start);
+  // ---- work item -> tile geometry and masking rule, kept in shared memory ----
+  // Uniform over the CTA but, being read from memory, not in ptxas's uniform registers: kept in
+  // shared memory (written once, read where used) instead of ~15 registers live through the main
+  // loop (the D = 128 kernel is at the 255-register cap).
+  __shared__ PrefillTile s_tile;
+  __shared__ SequenceMask s_mask;
+  {
+    const int group = p.num_q_heads / p.num_kv_heads;
+    const WorkItem w = find_work_item(p.cu_seqlens_q, p.batch_size, group, kBlockM, blockIdx.x, lane);
+    if (w.b < 0) return;  // past the last item: every warp found the same, before any barrier
+    if (tid == 0) {
+      PrefillTile tile;
+      tile.b = w.b;
+      tile.group = group;
+      tile.kv_head = blockIdx.y;
+      tile.row0 = (w.tiles - 1 - w.index) * kBlockM;  // the sequence's last tile first
+      tile.q_start = p.cu_seqlens_q[w.b];
+      tile.q_len = p.cu_seqlens_q[w.b + 1] - tile.q_start;
+      if constexpr (kPaged) {
+        tile.k_start = 0;
+        tile.k_len = p.seq_lens_k[w.b];
+      } else {
+        tile.k_start = p.cu_seqlens_k[w.b];
+        tile.k_len = p.cu_seqlens_k[w.b + 1] - static_cast<int>(tile.k_start);
+      }
+      tile.rows = tile.q_len * group;
+      s_tile = tile;
+      s_mask = sequence_mask<kPaged>(p, tile.b, tile.q_start, tile.q_len, tile.k_len);
+    }
   }
-  const int kv_head = head / (p.num_q_heads / p.num_kv_heads);
-  const int pos_offset = k_len - q_len;  // absolute position of query 0 (bottom-right alignment)
-  const int rows_here = min(kBlockM, q_len - m0);
-  const int pos_first = pos_offset + m0;
-  const int pos_last = pos_offset + m0 + rows_here - 1;
+  __syncthreads();
+  const PrefillTile& tile = s_tile;
+  const SequenceMask& mask = s_mask;
 
-  const bool* custom_mask = nullptr;
-  if constexpr (kPaged) {
-    if (p.custom_mask != nullptr) custom_mask = p.custom_mask + p.mask_offsets[b];
+  // The CTA's key range (tokens of its valid rows) and this warp's tokens.
+  int tile_lo, num_tiles;
+  {
+    const int last_row = min(tile.row0 + kBlockM, tile.rows) - 1;
+    const KeyRange keys = mask.key_range(tile.row0 / tile.group, last_row / tile.group);
+    tile_lo = keys.lo / kBlockN;
+    num_tiles = keys.empty() ? 0 : (keys.hi + kBlockN - 1) / kBlockN - tile_lo;
   }
-  const bool use_custom = custom_mask != nullptr;
-  const bool causal = p.causal && !use_custom;  // the custom mask replaces the causal rule
-  const int window = p.window_left;             // < 0: none
-  const bool use_window = window >= 0;
-  // Tree attention with a window: positions are tree positions (depths of this sequence's nodes).
-  const bool tree_window = use_custom && use_window;
-  const int32_t* tree_depth = tree_window ? p.tree_depth + q_start : nullptr;
-
-  // Keys any row of this CTA can see: [n_lo, n_hi). A tree node's position is >= pos_offset - 1
-  // (depth >= -1) and every trailing key stays in range (its tree position is tested per key).
-  int n_lo = 0, n_hi = k_len;
-  if (causal) n_hi = min(n_hi, pos_last + 1);
-  if (use_window) n_lo = max(0, (tree_window ? pos_offset - 1 : pos_first) - window);
-  // Highest position of a row here (tree positions are <= pos_offset + q_len - 1 = k_len - 1).
-  const int pos_hi = tree_window ? k_len - 1 : pos_last;
-  const int tile_lo = n_lo / kBlockN;
-  const int num_tiles = n_hi > n_lo ? (n_hi + kBlockN - 1) / kBlockN - tile_lo : 0;
-
-  // ---- global pointers ----
-  const T* __restrict__ q_ptr = static_cast<const T*>(p.q);
-  const T* __restrict__ k_ptr = static_cast<const T*>(p.k);
-  const T* __restrict__ v_ptr = static_cast<const T*>(p.v);
-  T* __restrict__ out_ptr = static_cast<T*>(p.out);
+  const int warp_row0 = tile.row0 + warp * 16;
+  const bool warp_has_rows = warp_row0 < tile.rows;
+  const int warp_first = warp_row0 / tile.group;
+  const int warp_last = min(warp_row0 + 15, tile.rows - 1) / tile.group;
 
   unsigned char* smem = dynamic_smem<unsigned char>();
   unsigned char* s_q = smem;
   unsigned char* s_k = smem + Traits::kQBytes;
   unsigned char* s_v = s_k + kStages * Traits::kTileBytes;
 
-  // Each thread copies chunk `ld_chunk` of rows ld_row0 + i * kRowsPerPass (coalesced rows).
-  const int ld_chunk = tid % kCPR;
-  const int ld_row0 = tid / kCPR;
-
-  auto load_kv_tile = [&](int tile, int stage) {
-    const int n0 = tile * kBlockN;
-    unsigned char* sk = s_k + stage * Traits::kTileBytes;
-    unsigned char* sv = s_v + stage * Traits::kTileBytes;
-#pragma unroll
-    for (int i = 0; i < kBlockN / kRowsPerPass; ++i) {
-      const int r = ld_row0 + i * kRowsPerPass;
-      const int j = n0 + r;
-      const bool pred = j < k_len;
-      int64_t k_off = 0, v_off = 0;
-      if (pred) {
-        if constexpr (kPaged) {
-          const int shift = __ffs(p.block_size) - 1;
-          const int64_t block = p.block_table[static_cast<int64_t>(b) * p.block_table_stride + (j >> shift)];
-          k_off = ((block << shift) + (j & (p.block_size - 1))) * static_cast<int64_t>(p.num_kv_heads) * D +
-                  static_cast<int64_t>(kv_head) * D;
-          v_off = k_off;
-        } else {
-          k_off = (k_start + j) * p.k_token_stride + static_cast<int64_t>(kv_head) * D;
-          v_off = (k_start + j) * p.v_token_stride + static_cast<int64_t>(kv_head) * D;
-        }
-      }
-      const int so = swizzle<kCPR>(r, ld_chunk);
-      ptx::cp_async_cg_16(sk + so, k_ptr + k_off + ld_chunk * kEPC, pred);  // !pred: zero-fill
-      ptx::cp_async_cg_16(sv + so, v_ptr + v_off + ld_chunk * kEPC, pred);
-    }
-  };
-
   // Output accumulators: d-tile dt (dims 8dt..8dt+7), C layout: o[dt][0..1] row g, [2..3] row g+8.
   float o[D / 8][4];
 #pragma unroll
   for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
-  float row_max[2] = {kNegInf, kNegInf};  // log2 domain, rows g and g + 8
-  float row_sum[2] = {0.f, 0.f};          // this thread's partial sums (reduced at the end)
+  float row_max[2] = {-INFINITY, -INFINITY};  // log2 domain, rows g and g + 8
+  float row_sum[2] = {0.f, 0.f};              // this thread's partial sums (reduced at the end)
 
   if (num_tiles > 0) {
     // ---- prologue: Q (group 0), then K/V tiles 0 .. kStages-2 (one group each, maybe empty) ----
-#pragma unroll
-    for (int i = 0; i < kBlockM / kRowsPerPass; ++i) {
-      const int r = ld_row0 + i * kRowsPerPass;
-      const bool pred = m0 + r < q_len;
-      const int64_t off = pred ? (q_start + m0 + r) * p.q_token_stride + static_cast<int64_t>(head) * D : 0;
-      ptx::cp_async_cg_16(s_q + swizzle<kCPR>(r, ld_chunk), q_ptr + off + ld_chunk * kEPC, pred);
-    }
+    load_q_tile<Traits>(s_q, p, tile, tid);
     ptx::cp_async_commit();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < num_tiles) load_kv_tile(tile_lo + s, s);
+      if (s < num_tiles)
+        load_kv_tile<Traits, kPaged>(s_k + s * Traits::kTileBytes, s_v + s * Traits::kTileBytes, p, tile,
+                                     (tile_lo + s) * kBlockN, tid);
       ptx::cp_async_commit();
     }
 
-    // Q fragments for the whole kernel: qf[kk] = A operand of k-step kk (dims 16kk..16kk+15).
-    // ldmatrix_x4 matrices: 0 = rows 0-7 / dims 0-7, 1 = rows 8-15 / dims 0-7, 2 = rows 0-7 /
-    // dims 8-15, 3 = rows 8-15 / dims 8-15 -> exactly a[0..3] of the m16n8k16 A layout.
     uint32_t qf[D / 16][4];
     ptx::cp_async_wait<kStages - 1>();  // the Q group is complete
     __syncthreads();
-    {
-      const int mat = lane / 8, r = lane % 8;
-      const int row = warp * 16 + r + 8 * (mat & 1);
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) ptx::ldmatrix_x4(qf[kk], s_q + swizzle<kCPR>(row, 2 * kk + (mat >> 1)));
-    }
+    load_q_fragments<Traits>(qf, s_q, warp, lane);
 
-    const float scale_log2 = p.scale * kLog2e;
-    const bool use_softcap = p.softcap > 0.f;
-    const float cap_in = use_softcap ? p.scale / p.softcap : 0.f;  // tanh(s * scale / softcap)
-    const float cap_out = p.softcap * kLog2e;                        // * softcap * log2 e
-
-    // Sequence-local query indices of this thread's two fragment rows, and their positions.
-    const int qi[2] = {m0 + warp * 16 + g, m0 + warp * 16 + g + 8};
-    int row_pos[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      row_pos[h] = pos_offset + (tree_window && qi[h] < q_len ? tree_depth[qi[h]] : qi[h]);
+    ScoreScale sc;
+    sc.scale_log2 = p.scale * kLog2e;
+    sc.softcap = p.softcap > 0.f;
+    sc.cap_in = sc.softcap ? p.scale / p.softcap : 0.f;
+    sc.cap_out = p.softcap * kLog2e;
 
     for (int it = 0; it < num_tiles; ++it) {
       // Tile `it` is complete for this thread; the barrier makes it complete for all threads and
@@ -292,164 +568,29 @@ __global__ void __launch_bounds__(Traits::kThreads)
       __syncthreads();
       {
         const int next = it + kStages - 1;
-        if (next < num_tiles) load_kv_tile(tile_lo + next, next % kStages);
+        if (next < num_tiles)
+          load_kv_tile<Traits, kPaged>(s_k + (next % kStages) * Traits::kTileBytes,
+                                       s_v + (next % kStages) * Traits::kTileBytes, p, tile,
+                                       (tile_lo + next) * kBlockN, tid);
         ptx::cp_async_commit();  // always commit: keeps the group count uniform
       }
-      const int stage = it % kStages;
-      const unsigned char* sk = s_k + stage * Traits::kTileBytes;
-      const unsigned char* sv = s_v + stage * Traits::kTileBytes;
       const int n0 = (tile_lo + it) * kBlockN;
+      // Warp-uniform: skip a tile none of the warp's rows sees (its update would be the identity).
+      if (!warp_has_rows || mask.none_visible(n0, n0 + kBlockN, warp_first, warp_last)) continue;
+      const int stage = it % kStages;
 
-      // ---- S = Q K^T (16 x kBlockN per warp) ----
-      // s[nt] holds keys n0 + 8nt .. +7: s[nt][0..1] = row g, keys 2t, 2t+1; s[nt][2..3] = row g+8.
       float s[kBlockN / 8][4];
-#pragma unroll
-      for (int nt = 0; nt < kBlockN / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-      {
-        // ldmatrix_x4 on K rows (key = n, dim = k): matrices 0/1 = keys 0-7 of the pair, dims
-        // 0-7 / 8-15 (b[0], b[1] of n-tile 2np); 2/3 = keys 8-15 (n-tile 2np + 1).
-        const int mat = lane / 8, r = lane % 8;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-          for (int np = 0; np < kBlockN / 16; ++np) {
-            uint32_t kb[4];
-            ptx::ldmatrix_x4(kb, sk + swizzle<kCPR>(np * 16 + r + 8 * (mat >> 1), 2 * kk + (mat & 1)));
-            const uint32_t b0[2] = {kb[0], kb[1]};
-            const uint32_t b1[2] = {kb[2], kb[3]};
-            mma16816<T>(s[2 * np], qf[kk], b0);
-            mma16816<T>(s[2 * np + 1], qf[kk], b1);
-          }
-        }
-      }
-
-      // ---- scores to the log2 domain: softcap (before masking), then masks ----
-      if (use_softcap) {
-#pragma unroll
-        for (int nt = 0; nt < kBlockN / 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[nt][e] = tanhf(s[nt][e] * cap_in) * cap_out;
-      } else {
-#pragma unroll
-        for (int nt = 0; nt < kBlockN / 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
-      }
-
-      // Element masks only on tiles that need them (uniform over the CTA).
-      const bool need_mask = n0 + kBlockN > k_len || (causal && n0 + kBlockN - 1 > pos_first) ||
-                             (use_window && n0 < pos_hi - window) || (use_custom && n0 + kBlockN > pos_offset);
-      if (need_mask) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int pos = row_pos[h];
-          const bool row_valid = qi[h] < q_len;
-#pragma unroll
-          for (int nt = 0; nt < kBlockN / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int j = n0 + nt * 8 + 2 * t + e;
-              bool masked = j >= k_len || (causal && j > pos);
-              if (use_custom && !masked && j >= pos_offset)
-                masked = !row_valid || !custom_mask[static_cast<int64_t>(qi[h]) * q_len + (j - pos_offset)];
-              if (use_window && !masked) {  // a key the mask shows (j < k_len): its (tree) position
-                const int key_pos = tree_window && j >= pos_offset ? pos_offset + tree_depth[j - pos_offset] : j;
-                masked = key_pos < pos - window;
-              }
-              if (masked) s[nt][2 * h + e] = kNegInf;
-            }
-          }
-        }
-      }
-
-      // ---- online softmax (rows g and g + 8; the 4 lanes of a quad share a row) ----
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = row_max[h];
-#pragma unroll
-        for (int nt = 0; nt < kBlockN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // Safe max: a row with no visible key so far keeps max -inf; subtracting 0 keeps
-        // exp2(-inf) = 0 instead of exp2(-inf + inf) = NaN.
-        const float m_use = mx == kNegInf ? 0.f : mx;
-        const float alpha = exp2f(row_max[h] - m_use);  // old max -inf -> 0 (nothing accumulated)
-        row_max[h] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < kBlockN / 8; ++nt) {
-          s[nt][2 * h] = exp2f(s[nt][2 * h] - m_use);
-          s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - m_use);
-          sum += s[nt][2 * h] + s[nt][2 * h + 1];
-        }
-        row_sum[h] = row_sum[h] * alpha + sum;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-          o[dt][2 * h] *= alpha;
-          o[dt][2 * h + 1] *= alpha;
-        }
-      }
-
-      // ---- O += P V ----
-      // P as the A operand of k-step kk (keys 16kk..16kk+15): the C fragments of n-tiles 2kk and
-      // 2kk+1 already sit where the A layout wants them:
-      //   a[0] = P[g][2t..2t+1]     = s[2kk][0..1]      a[1] = P[g+8][2t..2t+1]   = s[2kk][2..3]
-      //   a[2] = P[g][2t+8..2t+9]   = s[2kk+1][0..1]    a[3] = P[g+8][2t+8..2t+9] = s[2kk+1][2..3]
-      // V B operand (key = k, dim = n) via ldmatrix .trans on V rows: matrices 0/1 = keys 0-7 /
-      // 8-15 of dims 16dp..+7 (b[0], b[1] of d-tile 2dp), 2/3 = the same for d-tile 2dp + 1.
-      {
-        const int mat = lane / 8, r = lane % 8;
-#pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
-          const uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                                  pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                  pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-          for (int dp = 0; dp < D / 16; ++dp) {
-            uint32_t vb[4];
-            ptx::ldmatrix_x4_trans(vb, sv + swizzle<kCPR>(kk * 16 + r + 8 * (mat & 1), 2 * dp + (mat >> 1)));
-            const uint32_t b0[2] = {vb[0], vb[1]};
-            const uint32_t b1[2] = {vb[2], vb[3]};
-            mma16816<T>(o[2 * dp], pa, b0);
-            mma16816<T>(o[2 * dp + 1], pa, b1);
-          }
-        }
-      }
+      qk_tile<Traits>(s, qf, s_k + stage * Traits::kTileBytes, lane);
+      scores_to_log2<Traits>(s, sc);
+      if (mask.needs_element_mask(n0, n0 + kBlockN, warp_first, warp_last))
+        mask_scores<Traits>(s, tile, mask, n0, warp, lane);
+      online_softmax<Traits>(s, row_max, row_sum, o);
+      pv_tile<Traits>(o, s, s_v + stage * Traits::kTileBytes, lane);
     }
     ptx::cp_async_wait<0>();  // only empty groups remain; keeps the invariant explicit
   }
 
-  // ---- epilogue: normalise, stage the warp's 16 rows in its own Q rows, coalesced stores ----
-  // Only this warp ever read those Q rows (its ldmatrix already completed), so a __syncwarp
-  // between the fragment writes and the row reads is enough.
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = row_sum[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;  // no visible key: out = 0
-    const int row = warp * 16 + g + 8 * h;
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      *reinterpret_cast<uint32_t*>(s_q + swizzle<kCPR>(row, dt) + 4 * t) =
-          pack2<T>(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
-    }
-    if (p.lse != nullptr && t == 0 && m0 + row < q_len) {
-      p.lse[(q_start + m0 + row) * static_cast<int64_t>(p.num_q_heads) + head] =
-          l > 0.f ? (row_max[h] + log2f(l)) * kLn2 : kNegInf;
-    }
-  }
-  __syncwarp();
-#pragma unroll
-  for (int c = lane; c < 16 * kCPR; c += 32) {
-    const int row = warp * 16 + c / kCPR;
-    const int chunk = c % kCPR;
-    if (m0 + row < q_len) {
-      const uint4 val = *reinterpret_cast<const uint4*>(s_q + swizzle<kCPR>(row, chunk));
-      *reinterpret_cast<uint4*>(out_ptr + (q_start + m0 + row) * p.out_token_stride +
-                                static_cast<int64_t>(head) * D + chunk * kEPC) = val;
-    }
-  }
+  epilogue<Traits>(s_q, p, tile, mask, o, row_max, row_sum, warp, lane);
 }
 
 }  // namespace fastinfer::attention

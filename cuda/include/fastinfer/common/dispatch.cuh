@@ -41,3 +41,50 @@
     constexpr int VEC = 1;                                            \
     return __VA_ARGS__();                                             \
   }()
+
+// Attention head dim and GQA group chunk -> the kernels' compile-time D and G: the one pair of
+// macros every attention launcher dispatches through. Head dims 64, 128 and 256 (a launcher whose
+// kernels have fewer discards the others with `if constexpr`), group chunks 1, 2, 4 and 8.
+#define FASTINFER_DISPATCH_HEAD_DIM(head_dim, D, ...)                 \
+  [&]() -> cudaError_t {                                              \
+    switch (head_dim) {                                               \
+      case 64: {                                                      \
+        constexpr int D = 64;                                         \
+        return __VA_ARGS__();                                         \
+      }                                                               \
+      case 128: {                                                     \
+        constexpr int D = 128;                                        \
+        return __VA_ARGS__();                                         \
+      }                                                               \
+      case 256: {                                                     \
+        constexpr int D = 256;                                        \
+        return __VA_ARGS__();                                         \
+      }                                                               \
+      default:                                                        \
+        return cudaErrorInvalidValue;                                 \
+    }                                                                 \
+  }()
+
+#define FASTINFER_DISPATCH_GROUP(group_chunk, G, ...)                 \
+  [&]() -> cudaError_t {                                              \
+    switch (group_chunk) {                                            \
+      case 1: {                                                       \
+        constexpr int G = 1;                                          \
+        return __VA_ARGS__();                                         \
+      }                                                               \
+      case 2: {                                                       \
+        constexpr int G = 2;                                          \
+        return __VA_ARGS__();                                         \
+      }                                                               \
+      case 4: {                                                       \
+        constexpr int G = 4;                                          \
+        return __VA_ARGS__();                                         \
+      }                                                               \
+      case 8: {                                                       \
+        constexpr int G = 8;                                          \
+        return __VA_ARGS__();                                         \
+      }                                                               \
+      default:                                                        \
+        return cudaErrorInvalidValue;                                 \
+    }                                                                 \
+  }()

@@ -16,6 +16,7 @@
 //  - decode-sized inputs (M <= 16 rows) launch fewer CTAs than SMs in every mode; they are a few
 //    hundred KB, latency-bound on any grid.
 #include "fastinfer/common/platform.cuh"
+#include "fastinfer/common/reduce.cuh"
 #include "fastinfer/common/vec.cuh"
 #include "fastinfer/gemm/fp8.h"
 
@@ -53,24 +54,6 @@ __device__ __forceinline__ float amax8(const Vec<T, 8>& v) {
   return m;
 }
 
-__device__ __forceinline__ float warp_reduce_max(float x) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  return x;
-}
-
-// Max over the block, returned to every thread (scratch: >= 32 floats of shared memory).
-__device__ __forceinline__ float block_reduce_max(float x, float* scratch) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  x = warp_reduce_max(x);
-  if (lane == 0) scratch[warp] = x;
-  __syncthreads();
-  float m = 0.f;
-  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) m = fmaxf(m, scratch[w]);
-  __syncthreads();
-  return m;
-}
-
 // ---- per group ---------------------------------------------------------------------------------
 // grid ceil(M * K / 8 / kQuantThreads), block kQuantThreads. kLanes = group_size / 8.
 template <typename T, int kLanes>
@@ -84,9 +67,7 @@ __global__ void __launch_bounds__(kQuantThreads) fp8_quantize_group_kernel(const
     x.load(static_cast<const T*>(p.x) + v * 8);
     amax = amax8(x);
   }
-#pragma unroll
-  for (int offset = kLanes / 2; offset > 0; offset >>= 1)
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  amax = warp_reduce_max<kLanes>(amax);
   if (!valid) return;  // after the (full-warp) shuffles
   const float scale = scale_from_amax(amax);
   reinterpret_cast<uint2*>(p.out)[v] = quantize8(x, scale);

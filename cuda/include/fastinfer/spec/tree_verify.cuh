@@ -32,6 +32,7 @@
 // a walk over N tokens) would fill the GPU at the cost of reading unvisited rows; it is the
 // candidate when GPU measurements show small-B verification latency matters.
 #include "fastinfer/common/platform.cuh"
+#include "fastinfer/common/math.cuh"
 #include "fastinfer/common/smem.cuh"
 #include "fastinfer/common/vec.cuh"
 #include "fastinfer/spec/spec.h"
@@ -42,7 +43,6 @@ namespace fastinfer::spec {
 
 constexpr int kMaxWarps = 32;
 constexpr int kMaxThreads = kMaxWarps * 32;
-constexpr unsigned kFullMask = 0xffffffffu;
 
 struct TreeVerifyShared {
   float seg_mass[kMaxWarps];  // residual mass of each warp's vocabulary segment
@@ -110,7 +110,7 @@ __device__ __forceinline__ uint32_t unpack_hi(unsigned long long x) { return sta
 __device__ __forceinline__ void warp_sum2(float& a, float& b) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
-    const unsigned long long o = __shfl_xor_sync(kFullMask, pack2(a, __float_as_uint(b)), off);
+    const unsigned long long o = __shfl_xor_sync(kFullWarpMask, pack2(a, __float_as_uint(b)), off);
     a += unpack_lo(o);
     b += __uint_as_float(unpack_hi(o));
   }
@@ -162,7 +162,7 @@ struct Walker {
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
-      const unsigned long long o = __shfl_xor_sync(kFullMask, pack2(bv, static_cast<uint32_t>(bi)), off);
+      const unsigned long long o = __shfl_xor_sync(kFullWarpMask, pack2(bv, static_cast<uint32_t>(bi)), off);
       argmax_merge(bv, bi, unpack_lo(o), static_cast<int>(unpack_hi(o)));
     }
     if (lane == 0) {
@@ -189,7 +189,7 @@ struct Walker {
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
-      const unsigned long long o = __shfl_xor_sync(kFullMask, pack2(m, __float_as_uint(s)), off);
+      const unsigned long long o = __shfl_xor_sync(kFullWarpMask, pack2(m, __float_as_uint(s)), off);
       online_merge(m, s, unpack_lo(o), __uint_as_float(unpack_hi(o)));
     }
     if (lane == 0) {
@@ -328,10 +328,10 @@ struct Walker {
         float incl = local;
 #pragma unroll
         for (int off = 1; off < 32; off <<= 1) {
-          const float y = __shfl_up_sync(kFullMask, incl, off);
+          const float y = __shfl_up_sync(kFullWarpMask, incl, off);
           if (lane >= off) incl += y;
         }
-        float excl = __shfl_up_sync(kFullMask, incl, 1);
+        float excl = __shfl_up_sync(kFullWarpMask, incl, 1);
         if (lane == 0) excl = 0.f;
         if (lane == 31) sh.red_a[warp] = incl;
         __syncthreads();
@@ -341,7 +341,7 @@ struct Walker {
           base += sh.red_a[w];
         }
         const bool cross = my_base + incl > thr;
-        const unsigned ballot = __ballot_sync(kFullMask, cross);
+        const unsigned ballot = __ballot_sync(kFullWarpMask, cross);
         const int first = ballot != 0u ? __ffs(static_cast<int>(ballot)) - 1 : -1;
         if (lane == 0) sh.red_i[warp] = first;
         if (cross && lane == first) {
@@ -373,8 +373,7 @@ struct Walker {
       for (int i = 0; i < VEC; ++i)
         if (r[i] > 0.f) last_pos = v + i;
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) last_pos = max(last_pos, __shfl_xor_sync(kFullMask, last_pos, off));
+    last_pos = warp_reduce_max(last_pos);
     if (lane == 0) sh.red_i[warp] = last_pos;
     __syncthreads();
     for (int w = 0; w < num_warps; ++w) last_pos = max(last_pos, sh.red_i[w]);
