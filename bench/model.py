@@ -13,9 +13,10 @@ benchmark times, at representative shapes):
 
 1. The op runs once through ``fastinfer.simt.profile`` (the profile build of the sim kernels) at
    the benchmark shape itself, so grids, split heuristics and per-CTA work are the real ones.
-   Where the emulator would be too slow, only about one CTA in ``sample`` runs (a fixed hash of
-   (blockIdx.x, blockIdx.y); all blockIdx.z of a chosen pair, so split-K / split-KV partitions stay
-   whole). **Scaling rule**: a launch's counters (DRAM sectors, mma) are multiplied by
+   Where the emulator would be too slow, only about one CTA in ``sample`` runs (a lattice: every
+   sample-th blockIdx.x at an offset per blockIdx.y spread over the residues, so work that varies
+   along x is sampled without bias; all blockIdx.z of a chosen pair, so split-K / split-KV
+   partitions stay whole). **Scaling rule**: a launch's counters (DRAM sectors, mma) are multiplied by
    CTAs in the grid / CTAs that ran; per-request ratios (sectors/request, wavefronts/request)
    need no scaling. For families whose CTAs re-read shared operands (prefill attention, the
    GEMMs) a sampled subset would count every CTA's re-reads as DRAM traffic, so there the model

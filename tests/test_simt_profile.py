@@ -270,6 +270,38 @@ def test_python_profile_sampling_runs_every_kth_cta():
     w = torch.randn(H).to(torch.bfloat16)
     rep = simt.profile(lambda: torch.ops.fastinfer_sim.rms_norm(x, w, 1e-6), sample=4)
     (rec,) = rep.kernel("rms_norm_kernel")["records"]
-    assert rec["grid"] == [T, 1, 1] and rec["blocks_run"] == T // 4  # rows 0, 4, 8, ...
+    assert rec["grid"] == [T, 1, 1] and rec["blocks_run"] == T // 4  # rows 2, 6, 10, ... (one y: offset k/2)
     assert rec["dram_read_bytes"] == (T // 4) * H * 2 + H * 2
     assert rec["dram_write_bytes"] == (T // 4) * H * 2
+
+
+@needs_simprof
+def test_python_profile_sampling_is_unbiased_along_x():
+    """Causal prefill on the work-item grid: item x of a sequence is its (n - 1 - x)-th q-tile, so a
+    CTA's mma count falls linearly with x. With 4 KV heads (grid y) and one CTA in 8, the sampled
+    CTAs' mma count scaled by 8 must match the full run's: the per-row offsets cover the residues
+    evenly. (The first rule, (x + 7919 y) % 8 == 0, kept x = 0..3 and 8..11 only: +24% here.)"""
+    import torch
+
+    import fastinfer.simt as simt
+
+    T, HQ, HKV, D = 1024, 8, 4, 64
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(T, HQ, D, generator=g).to(torch.bfloat16)
+    k = torch.randn(T, HKV, D, generator=g).to(torch.bfloat16)
+    v = torch.randn(T, HKV, D, generator=g).to(torch.bfloat16)
+    cu = torch.tensor([0, T], dtype=torch.int32)
+
+    def run():
+        return torch.ops.fastinfer_sim.prefill_attention(q, k, v, cu, cu, T, T, D ** -0.5, True)
+
+    def launch(rep):
+        (rec,) = rep.kernel("prefill_attention_kernel")["records"]
+        return rec
+
+    full = launch(simt.profile(run))
+    part = launch(simt.profile(run, sample=8))
+    assert full["grid"] == part["grid"] == [T * (HQ // HKV) // 128, HKV, 1]
+    assert part["blocks_run"] == full["blocks_run"] // 8
+    scaled = part["tensor_flops"] * full["blocks_run"] / part["blocks_run"]
+    assert abs(scaled / full["tensor_flops"] - 1) < 0.08, (scaled, full["tensor_flops"])

@@ -18,12 +18,15 @@ extern bool g_launch_on;
 bool launch_begin(const void* kernel, dim3 grid, dim3 block, size_t dynamic_smem, const unsigned char* smem);
 // CTA sampling of the running launch: 1 runs every CTA.
 extern int g_sample;
-// Whether CTA (x, y, *) runs under sampling: a lattice, every g_sample-th blockIdx.x with an
-// offset that rotates with blockIdx.y (evenly spaced, so work that varies along x, such as causal
-// attention's q-blocks, is sampled without bias; all blockIdx.z, so split partitions stay whole).
-inline bool sample_keeps(unsigned x, unsigned y) {
+// Whether CTA (x, y, *) of a grid with grid_y rows runs under sampling: a lattice, every
+// g_sample-th blockIdx.x, with an offset per blockIdx.y spread evenly over the k residues (row y
+// keeps x = r(y) mod k, r(y) = the centre of the y-th of grid_y equal slices of [0, k) when
+// grid_y <= k, else y mod k). So work that varies along x, such as causal attention's q-tiles, is
+// sampled without bias whatever grid_y is; all blockIdx.z, so split partitions stay whole.
+inline bool sample_keeps(unsigned x, unsigned y, unsigned grid_y) {
   const uint64_t k = static_cast<uint64_t>(g_sample);
-  return (x + 7919ull * y) % k == 0;
+  const uint64_t r = grid_y <= k ? ((2ull * y + 1) * k) / (2ull * grid_y) : y % k;
+  return x % k == r;
 }
 // A __syncthreads completed, or a block ended: the pending accesses form their warp requests.
 void epoch_end();

@@ -633,19 +633,19 @@ cudaError_t launch(const void* kernel, dim3 grid, dim3 block, size_t dynamic_sme
     free(smem_raw);
     return cudaSuccess;
   }
-  // Profiler CTA sampling: only the CTAs whose (x, y) the hash keeps (at least those of (0, 0)).
+  // Profiler CTA sampling: only the CTAs whose (x, y) the lattice keeps (at least those of (0, 0)).
   const bool sampled = prof::g_launch_on && prof::g_sample > 1;
   bool any_kept = false;
   if (sampled) {
     for (unsigned y = 0; y < grid.y && !any_kept; ++y)
-      for (unsigned x = 0; x < grid.x && !any_kept; ++x) any_kept = prof::sample_keeps(x, y);
+      for (unsigned x = 0; x < grid.x && !any_kept; ++x) any_kept = prof::sample_keeps(x, y, grid.y);
   }
   tls_launch = &L;
   unsigned long long done = 0;
   for (unsigned long long b = 0; b < nblocks && !L.faulted; ++b) {
     unsigned long long id = shuffled ? order[b] : b;
     uint3 bidx{(unsigned)(id % grid.x), (unsigned)((id / grid.x) % grid.y), (unsigned)(id / ((unsigned long long)grid.x * grid.y))};
-    if (sampled && !(any_kept ? prof::sample_keeps(bidx.x, bidx.y) : (bidx.x == 0 && bidx.y == 0))) continue;
+    if (sampled && !(any_kept ? prof::sample_keeps(bidx.x, bidx.y, grid.y) : (bidx.x == 0 && bidx.y == 0))) continue;
     run_block(L, bidx);
     ++done;
   }

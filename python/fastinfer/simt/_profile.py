@@ -267,8 +267,9 @@ def profile(fn: Callable, *args, launch_only: bool = False, sample: int = 1, **k
     callable): during the call ``torch.ops.fastinfer_sim`` is the profiled namespace. With
     ``launch_only`` the kernels do not run (outputs stay uninitialised): only the launch
     configurations (grids, blocks, dynamic smem, the kernel sequence) are recorded, which is
-    cheap at any shape. With ``sample`` = k > 1 only one CTA in k runs (those with
-    (blockIdx.x + 7919 blockIdx.y) % k == 0, every blockIdx.z of them): outputs are incomplete,
+    cheap at any shape. With ``sample`` = k > 1 only one CTA in k runs (every k-th blockIdx.x at
+    an offset per blockIdx.y spread over the k residues, every blockIdx.z of them: cpp/simt/README.md,
+    "Sampling"): outputs are incomplete,
     the counters are those of the CTAs that ran, and each launch record gives ``blocks_run`` next
     to its grid so that the counters can be scaled (bench/model.py).
     """

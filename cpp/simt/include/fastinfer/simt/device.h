@@ -83,9 +83,9 @@ const char* last_fault_message();
 // Memory-access profiler (cpp/simt/README.md, "Profiling"). Counts only accesses of code built
 // with the profile flags (`python -m fastinfer.simt profile`, the fastinfer._simprof module).
 // mode 0: run the kernels and count; mode 1: record the launch configurations only (kernels do
-// not run). sample_one_in = k > 1 (mode 0): of each launch only the CTAs with
-// (blockIdx.x + 7919 blockIdx.y) % k == 0 run (every blockIdx.z of such a pair; at least the
-// pair (0, 0)); each launch record says how many ran. profile_end
+// not run). sample_one_in = k > 1 (mode 0): of each launch only one CTA in k runs: every k-th
+// blockIdx.x, at an offset per blockIdx.y spread evenly over the k residues (every blockIdx.z of
+// such a pair; at least the pair (0, 0)); each launch record says how many ran. profile_end
 // writes the data (JSON, call sites as module + offset) to `path` (when not null or empty), then
 // stops and discards it.
 void profile_begin(int mode = 0, int sample_one_in = 1);
