@@ -195,5 +195,9 @@ def run_server(engine: AsyncLLM, app, host: str, port: int, log_level: str = "in
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
                             lifespan="on")
+    # uvicorn re-raises the signal it stopped on once it is done; a no-op handler makes that a clean exit
+    import signal
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
     _Server(config).run()
     engine.shutdown()

@@ -67,7 +67,7 @@ def parse_body(model: Type[M], body: bytes) -> M:
         field = loc[0] if loc else None
         union = next((k for k in _UNION_HELP if k in loc), None)
         path = ".".join(loc[:loc.index(union) + 1]) if union else ".".join(loc)
-        if err["type"] == "missing" and not union:
+        if err["type"] == "missing" and len(loc) == 1:
             raise APIError(400, f"missing required field: {path}", param=field) from None
         raise APIError(400, f"{path}: {_UNION_HELP[union] if union else err['msg']}", param=field) from None
 

@@ -122,14 +122,15 @@ class OpenAIServing:
             raise APIError(400, "the prompt is empty", param=param)
         return ids
 
-    def max_tokens_for(self, num_prompt: int, requested: Optional[int], param: str = "max_tokens") -> int:
+    def max_tokens_for(self, num_prompt: int, requested: Optional[int], param: str = "max_tokens",
+                       prompt_param: str = "prompt") -> int:
         """The completion budget: ``requested`` (checked) or what is left of ``max_model_len``."""
         room = self.max_model_len - num_prompt
         if requested is None:
             if room < 1:
                 raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens. "
                                     f"However, your prompt has {num_prompt} tokens; please reduce its length.",
-                               param="messages" if param != "max_tokens" else "prompt")
+                               param=prompt_param)
             return min(room, self.limits.max_tokens)
         if requested > room:
             raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens. However, you "

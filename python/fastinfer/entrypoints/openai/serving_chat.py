@@ -49,7 +49,7 @@ class ServingChat(OpenAIServing):
         ids = self.render(req.messages, req.add_generation_prompt)
         which = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        budget = self.max_tokens_for(len(ids), asked, which)
+        budget = self.max_tokens_for(len(ids), asked, which, prompt_param="messages")
         params = self.sampling_params(req, budget, (req.top_logprobs or 0) if req.logprobs else None, which)
         self.check_capacity(1)
         return ids, params
