@@ -264,7 +264,8 @@ def _line(name: str, r: Dict) -> str:
     t, p, i, e = r["ttft_ms"], r["tpot_ms"], r["itl_ms"], r["e2e_ms"]
     return (f"{name:24s} {r['completed']:3d}/{r['num_requests']:<3d} {r['output_throughput']:7.1f} tok/s  "
             f"TTFT p50/p90/p99 {t['p50']:7.1f}/{t['p90']:7.1f}/{t['p99']:7.1f}  TPOT p50/p99 {p['p50']:6.1f}/"
-            f"{p['p99']:6.1f}  ITL p50/p99 {i['p50']:6.1f}/{i['p99']:6.1f}  E2E p50/p99 {e['p50']:7.1f}/{e['p99']:7.1f}")
+            f"{p['p99']:6.1f}  ITL p50/p99 {i['p50']:6.1f}/{i['p99']:6.1f}  "
+            f"E2E p50/p99 {e['p50']:7.1f}/{e['p99']:7.1f}")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -278,11 +279,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="extra `fastinfer serve` options for --compare (default: '--max-num-seqs 8')")
     ap.add_argument("--workload", choices=["mixed", "shared-prefix"], default="mixed",
                     help="without --compare: which workload (default: mixed)")
-    ap.add_argument("--num-prompts", type=int, default=32, help="requests of the mixed workload (default: 32)")
+    ap.add_argument("--num-prompts", type=int, default=64, help="requests of the mixed workload (default: 64)")
     ap.add_argument("--request-rate", type=float, default=float("inf"),
                     help="without --compare: Poisson arrivals per second; inf = all at once (default: inf)")
-    ap.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 4.0],
-                    help="--compare: the two arrival rates, req/s (default: 1,4)")
+    ap.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[4.0, 16.0],
+                    help="--compare: the two arrival rates, req/s (default: 4,16)")
     ap.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most (default: all)")
     ap.add_argument("--input-min", type=int, default=16, help="mixed: shortest prompt, tokens (default: 16)")
     ap.add_argument("--input-max", type=int, default=128, help="mixed: longest prompt, tokens (default: 128)")
@@ -291,7 +292,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--prefix-len", type=int, default=512, help="shared-prefix: system prompt tokens (default: 512)")
     ap.add_argument("--suffix-len", type=int, default=16, help="shared-prefix: unique tokens each (default: 16)")
     ap.add_argument("--prefix-output", type=int, default=8, help="shared-prefix: output tokens (default: 8)")
-    ap.add_argument("--prefix-prompts", type=int, default=17, help="shared-prefix: requests (default: 17)")
+    ap.add_argument("--prefix-prompts", type=int, default=33,
+                    help="shared-prefix: requests, the first a warm-up (default: 33)")
     ap.add_argument("--prefix-rate", type=float, default=2.0, help="shared-prefix: arrivals/s (default: 2)")
     ap.add_argument("--vocab", type=int, default=4000,
                     help="prompt token ids are drawn from [10, VOCAB); the shipped model has 4096 (default: 4000)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import importlib.metadata
 import logging
 import time
 from typing import Optional
@@ -131,8 +132,10 @@ def build_app(engine: AsyncLLM, model_name: str, limits: Optional[ServeLimits] =
 
     @app.get("/version")
     async def version():
-        from ... import __version__
-        return {"version": __version__}
+        try:
+            return {"version": importlib.metadata.version("fastinfer")}
+        except importlib.metadata.PackageNotFoundError:
+            return {"version": "unknown"}
 
     @app.get("/metrics")
     async def prometheus():

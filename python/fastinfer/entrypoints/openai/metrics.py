@@ -69,7 +69,8 @@ class _EngineCollector:
             draft, acc = st.get("spec_num_draft_tokens", 0), st.get("spec_num_accepted_tokens", 0)
             yield counter("spec_decode_num_draft_tokens", "Draft tokens verified.", draft)
             yield counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.", acc)
-            yield gauge("spec_decode_acceptance_rate", "Accepted / verified draft tokens.", acc / draft if draft else 0.0)
+            yield gauge("spec_decode_acceptance_rate", "Accepted / verified draft tokens.",
+                        acc / draft if draft else 0.0)
 
 
 class ServerMetrics:

@@ -235,7 +235,8 @@ class OpenAIServing:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def final_outputs(self, base_id: str, prompts: List[List[int]], params: SamplingParams) -> List[RequestOutput]:
+    async def final_outputs(self, base_id: str, prompts: List[List[int]],
+                            params: SamplingParams) -> List[RequestOutput]:
         finals: List[Optional[RequestOutput]] = [None] * len(prompts)
         async for i, out in self.run_all(base_id, prompts, params):
             if out.finished:
@@ -255,6 +256,11 @@ class OpenAIServing:
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": cached}}
+
+    @staticmethod
+    def logprob(v: float) -> float:
+        """JSON has no -inf: vLLM's floor."""
+        return max(float(v), -9999.0)
 
     def token_str(self, tid: int) -> str:
         return self.tokenizer.decode([tid], skip_special_tokens=False) if self.tokenizer is not None else str(tid)

@@ -60,7 +60,7 @@ class ServingChat(OpenAIServing):
 
         def entry(tid: int, lp: float) -> Dict[str, Any]:
             s = self.token_str(tid)
-            return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
+            return {"token": s, "logprob": self.logprob(lp), "bytes": list(s.encode("utf-8"))}
 
         content = []
         for tid, d in zip(c.token_ids[start:], c.logprobs[start:]):

@@ -53,8 +53,8 @@ class ServingCompletion(OpenAIServing):
         for tid, d in zip(c.token_ids[start:], c.logprobs[start:]):
             s = self.token_str(tid)
             tokens.append(s)
-            lps.append(d[tid])
-            tops.append({self.token_str(t): v for t, v in d.items()})
+            lps.append(self.logprob(d[tid]))
+            tops.append({self.token_str(t): self.logprob(v) for t, v in d.items()})
             offsets.append(off)
             off += len(s)
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
