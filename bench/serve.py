@@ -18,7 +18,8 @@ added) and runs, in one go: (1) continuous vs static batching (``--static-batchi
 admitted only when the previous one finished) on the mixed workload, all requests at once; the
 throughput ratio is the figure; (2) the mixed workload at two Poisson rates (``--rates``) on the
 continuous server: TTFT / TPOT percentiles; (3) the shared-prefix workload with prefix caching on vs
-off (``--no-enable-prefix-caching``): TTFT.
+off (``--no-enable-prefix-caching``): TTFT. The two servers of a comparison run side by side and their
+loads alternate ``--repeats`` times (fresh requests each time): the figures are median ratios.
 """
 
 from __future__ import annotations
@@ -227,36 +228,63 @@ class Server:
 
 
 def compare(a) -> Dict:
+    """The three comparisons. The servers of a comparison run side by side (an idle one costs
+    nothing) and their loads alternate, ``--repeats`` times with a fresh workload each time (no
+    prefix-cache hits across repetitions): on a shared machine the pairs see the same conditions.
+    The figures are the medians of the per-repetition ratios."""
     base = a.server_args.split() if a.server_args else []
     if a.model:
         base = [a.model] + base
-    vocab = a.vocab
-    mixed = mixed_workload(a.num_prompts, vocab, a.input_min, a.input_max, a.output_min, a.output_max, a.seed)
-    out: Dict = {"config": {k: v for k, v in vars(a).items() if k not in ("func",)}, "label": "CPU"}
+    inf = float("inf")
+    out: Dict = {"config": {k: v for k, v in vars(a).items()}, "label": "CPU"}
+
+    def mixed(k: int) -> List[Req]:
+        return mixed_workload(a.num_prompts, a.vocab, a.input_min, a.input_max, a.output_min, a.output_max,
+                              a.seed + 1000 * k)
+
+    def shared(k: int) -> List[Req]:  # the same system prompt, fresh suffixes
+        reqs = shared_prefix_workload(a.prefix_prompts, a.vocab, a.prefix_len, a.suffix_len, a.prefix_output, a.seed)
+        sfx = random.Random(a.seed + 1000 * k + 1)
+        for q in reqs:
+            q.prompt[a.prefix_len:] = [sfx.randrange(10, a.vocab) for _ in range(a.suffix_len)]
+        return reqs
 
     def load(server: Server, reqs: List[Req], rate: float) -> Dict:
         name = server.model()["id"]
         return asyncio.run(run_load(server.base_url, name, reqs, rate, seed=a.seed, timeout=a.timeout))
 
+    def median(xs: List[float]) -> float:
+        s = sorted(xs)
+        return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
+
     # (1) continuous vs static batching, all at once; (2) two arrival rates on the continuous server
-    with Server(base) as s:
-        load(s, mixed[:4], float("inf"))  # warm-up
-        out["continuous"] = load(s, mixed, float("inf"))
-        for rate in a.rates:
-            out[f"continuous_rate_{rate:g}"] = load(s, mixed, rate)
-    with Server(base + ["--static-batching"]) as s:
-        load(s, mixed[:4], float("inf"))
-        out["static"] = load(s, mixed, float("inf"))
-    out["continuous_over_static_throughput"] = (out["continuous"]["output_throughput"]
-                                                / out["static"]["output_throughput"])
+    with Server(base) as cont, Server(base + ["--static-batching"]) as stat:
+        for s in (cont, stat):
+            load(s, mixed(99)[:4], inf)  # warm-up
+        reps = []
+        for r in range(a.repeats):
+            c, st = load(cont, mixed(r), inf), load(stat, mixed(r), inf)
+            reps.append({"continuous": c, "static": st,
+                         "ratio": c["output_throughput"] / st["output_throughput"]})
+        for i, rate in enumerate(a.rates):
+            out[f"continuous_rate_{rate:g}"] = load(cont, mixed(50 + i), rate)
+    out["batching_repeats"] = reps
+    out["continuous_over_static_throughput"] = median([x["ratio"] for x in reps])
+    mid = min(reps, key=lambda x: abs(x["ratio"] - out["continuous_over_static_throughput"]))
+    out["continuous"], out["static"] = mid["continuous"], mid["static"]
     # (3) shared long system prompt: prefix caching on vs off
-    shared = shared_prefix_workload(a.prefix_prompts, vocab, a.prefix_len, a.suffix_len, a.prefix_output, a.seed)
-    for label, extra in (("prefix_cache_on", []), ("prefix_cache_off", ["--no-enable-prefix-caching"])):
-        with Server(base + extra) as s:
-            load(s, shared[:1], float("inf"))  # warm-up (and, with caching, the prefix enters the cache)
-            out[label] = load(s, shared[1:], a.prefix_rate)
-    out["prefix_cache_ttft_p50_off_over_on"] = (out["prefix_cache_off"]["ttft_ms"]["p50"]
-                                                / out["prefix_cache_on"]["ttft_ms"]["p50"])
+    with Server(base) as on, Server(base + ["--no-enable-prefix-caching"]) as off:
+        for s in (on, off):
+            load(s, shared(99)[:1], inf)  # warm-up; with caching, the system prompt enters the cache
+        reps = []
+        for r in range(a.repeats):
+            x, y = load(on, shared(r), a.prefix_rate), load(off, shared(r), a.prefix_rate)
+            reps.append({"prefix_cache_on": x, "prefix_cache_off": y,
+                         "ratio": y["ttft_ms"]["p50"] / x["ttft_ms"]["p50"]})
+    out["prefix_repeats"] = reps
+    out["prefix_cache_ttft_p50_off_over_on"] = median([x["ratio"] for x in reps])
+    mid = min(reps, key=lambda x: abs(x["ratio"] - out["prefix_cache_ttft_p50_off_over_on"]))
+    out["prefix_cache_on"], out["prefix_cache_off"] = mid["prefix_cache_on"], mid["prefix_cache_off"]
     return out
 
 
@@ -292,8 +320,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--prefix-len", type=int, default=512, help="shared-prefix: system prompt tokens (default: 512)")
     ap.add_argument("--suffix-len", type=int, default=16, help="shared-prefix: unique tokens each (default: 16)")
     ap.add_argument("--prefix-output", type=int, default=8, help="shared-prefix: output tokens (default: 8)")
-    ap.add_argument("--prefix-prompts", type=int, default=33,
-                    help="shared-prefix: requests, the first a warm-up (default: 33)")
+    ap.add_argument("--prefix-prompts", type=int, default=32, help="shared-prefix: requests (default: 32)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="--compare: alternating repetitions of each comparison (default: 3)")
     ap.add_argument("--prefix-rate", type=float, default=2.0, help="shared-prefix: arrivals/s (default: 2)")
     ap.add_argument("--vocab", type=int, default=4000,
                     help="prompt token ids are drawn from [10, VOCAB); the shipped model has 4096 (default: 4000)")
@@ -306,8 +335,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         for k in ["continuous", "static"] + [f"continuous_rate_{r:g}" for r in a.rates] + \
                  ["prefix_cache_on", "prefix_cache_off"]:
             print(_line(k, res[k]))
-        print(f"continuous / static output throughput: {res['continuous_over_static_throughput']:.2f}x; "
-              f"prefix cache TTFT p50 off / on: {res['prefix_cache_ttft_p50_off_over_on']:.2f}x (CPU)")
+        b = ", ".join(f"{x['ratio']:.2f}" for x in res["batching_repeats"])
+        q = ", ".join(f"{x['ratio']:.2f}" for x in res["prefix_repeats"])
+        print(f"continuous / static output throughput: {res['continuous_over_static_throughput']:.2f}x "
+              f"(repetitions: {b}); prefix cache TTFT p50 off / on: "
+              f"{res['prefix_cache_ttft_p50_off_over_on']:.2f}x (repetitions: {q}) (CPU; medians)")
     else:
         if a.base_url is None:
             ap.error("give --base-url (a running server) or --compare")
