@@ -102,6 +102,8 @@ class ServerProcess:
             except ProcessLookupError:
                 pass
         self.log.close()
+        if os.path.exists(self.log.name):
+            os.unlink(self.log.name)
         return self.proc.returncode
 
 
