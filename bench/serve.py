@@ -19,7 +19,10 @@ admitted only when the previous one finished) on the mixed workload, all request
 throughput ratio is the figure; (2) the mixed workload at two Poisson rates (``--rates``) on the
 continuous server: TTFT / TPOT percentiles; (3) the shared-prefix workload with prefix caching on vs
 off (``--no-enable-prefix-caching``): TTFT. The two servers of a comparison run side by side and their
-loads alternate ``--repeats`` times (fresh requests each time): the figures are median ratios.
+loads alternate ``--repeats`` times (fresh requests each time): the figures are median ratios. For
+batching also the engine steps (forward passes) each mode needed for the same tokens: the
+throughput ratio where a step's time does not grow with the batch (a GPU below its compute bound),
+and deterministic, unlike a shared CPU's wall clock.
 """
 
 from __future__ import annotations
@@ -211,6 +214,13 @@ class Server:
         with urllib.request.urlopen(self.base_url + "/v1/models", timeout=10) as r:
             return json.loads(r.read())["data"][0]
 
+    def engine_steps(self) -> float:
+        with urllib.request.urlopen(self.base_url + "/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("fastinfer:engine_steps_total"):
+                    return float(line.rsplit(" ", 1)[1])
+        return float("nan")
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -251,7 +261,10 @@ def compare(a) -> Dict:
 
     def load(server: Server, reqs: List[Req], rate: float) -> Dict:
         name = server.model()["id"]
-        return asyncio.run(run_load(server.base_url, name, reqs, rate, seed=a.seed, timeout=a.timeout))
+        steps = server.engine_steps()
+        res = asyncio.run(run_load(server.base_url, name, reqs, rate, seed=a.seed, timeout=a.timeout))
+        res["engine_steps"] = server.engine_steps() - steps
+        return res
 
     def median(xs: List[float]) -> float:
         s = sorted(xs)
@@ -265,11 +278,15 @@ def compare(a) -> Dict:
         for r in range(a.repeats):
             c, st = load(cont, mixed(r), inf), load(stat, mixed(r), inf)
             reps.append({"continuous": c, "static": st,
-                         "ratio": c["output_throughput"] / st["output_throughput"]})
+                         "ratio": c["output_throughput"] / st["output_throughput"],
+                         "steps_ratio": st["engine_steps"] / c["engine_steps"]})
         for i, rate in enumerate(a.rates):
             out[f"continuous_rate_{rate:g}"] = load(cont, mixed(50 + i), rate)
     out["batching_repeats"] = reps
     out["continuous_over_static_throughput"] = median([x["ratio"] for x in reps])
+    # the same tokens in fewer forward passes: the throughput ratio where a step's time does not grow
+    # with the batch (a GPU below its compute bound); deterministic, unlike the CPU wall clock
+    out["static_over_continuous_engine_steps"] = median([x["steps_ratio"] for x in reps])
     mid = min(reps, key=lambda x: abs(x["ratio"] - out["continuous_over_static_throughput"]))
     out["continuous"], out["static"] = mid["continuous"], mid["static"]
     # (3) shared long system prompt: prefix caching on vs off
@@ -321,8 +338,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--suffix-len", type=int, default=16, help="shared-prefix: unique tokens each (default: 16)")
     ap.add_argument("--prefix-output", type=int, default=8, help="shared-prefix: output tokens (default: 8)")
     ap.add_argument("--prefix-prompts", type=int, default=32, help="shared-prefix: requests (default: 32)")
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="--compare: alternating repetitions of each comparison (default: 3)")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="--compare: alternating repetitions of each comparison (default: 5)")
     ap.add_argument("--prefix-rate", type=float, default=2.0, help="shared-prefix: arrivals/s (default: 2)")
     ap.add_argument("--vocab", type=int, default=4000,
                     help="prompt token ids are drawn from [10, VOCAB); the shipped model has 4096 (default: 4000)")
@@ -338,7 +355,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         b = ", ".join(f"{x['ratio']:.2f}" for x in res["batching_repeats"])
         q = ", ".join(f"{x['ratio']:.2f}" for x in res["prefix_repeats"])
         print(f"continuous / static output throughput: {res['continuous_over_static_throughput']:.2f}x "
-              f"(repetitions: {b}); prefix cache TTFT p50 off / on: "
+              f"(repetitions: {b}); engine steps static / continuous: "
+              f"{res['static_over_continuous_engine_steps']:.2f}x; prefix cache TTFT p50 off / on: "
               f"{res['prefix_cache_ttft_p50_off_over_on']:.2f}x (repetitions: {q}) (CPU; medians)")
     else:
         if a.base_url is None:

@@ -9,7 +9,8 @@ Per request, observed when it ends: ``time_to_first_token_seconds``, ``time_per_
 refused with an error status. Read from the engine at scrape time: ``num_requests_running`` / ``num_requests_waiting``,
 ``kv_cache_usage_perc`` and the block pool (``kv_cache_free_blocks`` / ``kv_cache_total_blocks``:
 every block is free again once nothing runs), the prefix cache's queried / hit tokens and hit rate,
-preemptions, and with a draft model the speculative draft / accepted tokens and acceptance rate.
+preemptions, engine steps (forward passes), and with a draft model the speculative draft / accepted
+tokens and acceptance rate.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class _EngineCollector:
         yield gauge("prefix_cache_hit_rate", "prefix_cache_hits / prefix_cache_queries.",
                     hits / queries if queries else 0.0)
         yield counter("num_preemptions", "Sequences preempted (recomputed later).", st.get("num_preemptions", 0))
+        yield counter("engine_steps", "Engine steps (one target forward pass each).", st.get("num_steps", 0))
         if "spec_num_draft_tokens" in st:
             draft, acc = st.get("spec_num_draft_tokens", 0), st.get("spec_num_accepted_tokens", 0)
             yield counter("spec_decode_num_draft_tokens", "Draft tokens verified.", draft)
