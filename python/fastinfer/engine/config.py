@@ -105,6 +105,7 @@ class EngineConfig:
     seed: int = 0
     load_progress: bool = False
     enforce_eager: bool = False
+    static_batching: bool = False
     speculative: Optional[SpeculativeConfig] = None
     quantization: Optional[QuantOptions] = None
 

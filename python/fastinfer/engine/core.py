@@ -55,7 +55,8 @@ class EngineCore:
         if config.speculative is not None:
             self.proposer = DraftModelProposer(config.speculative, self.block_manager, self.max_model_len)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   self.max_model_len, lookahead=self.proposer.plan if self.proposer else None)
+                                   self.max_model_len, lookahead=self.proposer.plan if self.proposer else None,
+                                   static_batching=config.static_batching)
         self.requests: Dict[str, Request] = {}
         self._finished_seq_ids: List[int] = []  # for the executor, at the next step
         self._next_seq_id = 0

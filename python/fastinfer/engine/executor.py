@@ -285,7 +285,7 @@ class Executor:
         if len(rows) != len(sampled):
             logits = logits.index_select(0, torch.tensor(rows, device=logits.device))
         tokens, lps = self.sampler(logits, [s.params for s in row_seqs], [s.token_ids for s in row_seqs],
-                                   [self._generator(s) for s in row_seqs])
+                                   [self._generator(s) for s in row_seqs], [s.num_prompt_tokens for s in row_seqs])
         return [SampledToken(s, t, lp) for s, t, lp in zip(row_seqs, tokens, lps)]
 
     def stats(self) -> Dict[str, object]:

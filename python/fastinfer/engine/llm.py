@@ -62,6 +62,8 @@ class LLM:
         num_kv_blocks / kv_cache_bytes / gpu_memory_utilization: KV pool size (first given wins;
             see :func:`fastinfer.engine.executor.num_kv_blocks_for`).
         seed: seeds the generator of requests without their own seed.
+        static_batching: admit new requests only into a batch still forming, not into a running one
+            (a baseline for comparisons; see :mod:`fastinfer.engine.scheduler`).
         enforce_eager: on CUDA, do not capture CUDA graphs for decode steps (by default one graph
             per batch bucket 1, 2, 4, 8, 16, 32, ... up to min(max_num_seqs, 256) is captured at
             start-up and replayed for decode-only steps).
@@ -101,6 +103,7 @@ class LLM:
         seed: int = 0,
         load_progress: bool = False,
         enforce_eager: bool = False,
+        static_batching: bool = False,
         draft_model: Any = None,
         spec_mode: str = "chain",
         num_spec_tokens: Optional[int] = None,
@@ -114,7 +117,7 @@ class LLM:
             block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             enable_prefix_caching=enable_prefix_caching, num_kv_blocks=num_kv_blocks, kv_cache_bytes=kv_cache_bytes,
             gpu_memory_utilization=gpu_memory_utilization, seed=seed, load_progress=load_progress,
-            enforce_eager=enforce_eager, draft_model=draft_model, spec_mode=spec_mode,
+            enforce_eager=enforce_eager, static_batching=static_batching, draft_model=draft_model, spec_mode=spec_mode,
             num_spec_tokens=num_spec_tokens, spec_tree_topk=spec_tree_topk, spec_tree_depth=spec_tree_depth,
             quantization=quantization, quantization_config=quantization_config)
         self.model_path: Optional[str] = config.model_path

@@ -93,6 +93,7 @@ class _RequestState:
     arrival_time: float
     error: Optional[str] = None
     completions: Dict[int, _Completion] = field(default_factory=dict)
+    scheduled_time: Optional[float] = None  # first step that computed any of its tokens (queue time ends)
     first_token_time: Optional[float] = None
     finished_time: Optional[float] = None
     num_cached_tokens: int = 0
@@ -170,6 +171,8 @@ class OutputProcessor:
             if st is None:  # aborted meanwhile
                 continue
             st.num_forwards += o.num_forwards
+            if st.scheduled_time is None and o.num_forwards:
+                st.scheduled_time = now
             st.spec_verify += o.spec_verified
             st.spec_draft += o.spec_num_draft
             st.spec_accepted += o.spec_num_accepted
@@ -214,6 +217,8 @@ class OutputProcessor:
         else:
             outs = [st.completions[i].output(streaming) for i in sorted(st.completions)]
         metrics = {"arrival_time": st.arrival_time}
+        if st.scheduled_time is not None:
+            metrics["scheduled_time"] = st.scheduled_time
         if st.first_token_time is not None:
             metrics["first_token_time"] = st.first_token_time
         if st.finished_time is not None and not streaming:

@@ -27,6 +27,9 @@ class SamplingParams:
     - ``min_p``: drop tokens whose probability is below ``min_p * max probability`` (0: off).
     - ``repetition_penalty``: Hugging Face semantics over prompt + generated tokens: a logit l of a
       token already seen becomes l / p when l > 0, else l * p (1: off).
+    - ``presence_penalty`` / ``frequency_penalty``: OpenAI semantics over the generated tokens: a
+      token generated c > 0 times so far has its logit lowered by ``presence_penalty`` +
+      ``c * frequency_penalty`` (after the repetition penalty; 0: off; each in [-2, 2]).
     - ``seed``: per-request seed; the same seed gives the same completion whatever else runs in the
       batch (completion i of n uses a generator seeded from (seed, i)).
     - ``max_tokens``: generated tokens at most (finish_reason "length"); None = up to max_model_len.
@@ -49,6 +52,8 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: Optional[int] = None
     max_tokens: Optional[int] = 16
     stop: Optional[Union[str, List[str]]] = None
@@ -83,6 +88,10 @@ class SamplingParams:
             bad(f"min_p must be in [0, 1], got {self.min_p!r}")
         if not isinstance(self.repetition_penalty, (int, float)) or not 0.0 < self.repetition_penalty < float("inf"):
             bad(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not -2.0 <= v <= 2.0:
+                bad(f"{name} must be a number in [-2, 2], got {v!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             bad(f"seed must be an int or None, got {self.seed!r}")
         if self.max_tokens is not None and (
@@ -138,4 +147,5 @@ class RequestOutput:
     finished: bool
     error: Optional[str] = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
-    metrics: Dict[str, float] = field(default_factory=dict)  # arrival/first_token/finished times (s)
+    # arrival / scheduled (first step computing it) / first_token / finished times (s, perf_counter)
+    metrics: Dict[str, float] = field(default_factory=dict)

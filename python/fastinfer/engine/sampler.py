@@ -28,6 +28,18 @@ def apply_repetition_penalty(logits: torch.Tensor, token_ids: Seq[Seq[int]], pen
     return logits
 
 
+def apply_presence_frequency_penalties(logits: torch.Tensor, output_ids: Seq[Seq[int]], presence: Seq[float],
+                                       frequency: Seq[float]) -> torch.Tensor:
+    """OpenAI semantics, in place: ``l[j] -= presence * (c[j] > 0) + frequency * c[j]`` with ``c[j]``
+    the count of token j among the generated tokens."""
+    for i, (ids, pp, fp) in enumerate(zip(output_ids, presence, frequency)):
+        if (pp == 0.0 and fp == 0.0) or not ids:
+            continue
+        counts = torch.bincount(torch.tensor(list(ids), dtype=torch.long), minlength=logits.shape[-1]).to(logits)
+        logits[i] -= pp * (counts > 0).to(logits) + fp * counts
+    return logits
+
+
 def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                             min_p: torch.Tensor) -> torch.Tensor:
     """Mask (with -inf) what top-k, then top-p, then min-p remove. ``top_k`` int64 [N] (<= 0: off),
@@ -63,10 +75,12 @@ class Sampler:
         params: Seq[SamplingParams],
         token_ids: Seq[Seq[int]],
         generators: Seq[Optional[torch.Generator]],
+        num_prompt_tokens: Optional[Seq[int]] = None,
     ) -> Tuple[List[int], List[Optional[Dict[int, float]]]]:
         """``logits [N, V]`` float32; per row its params, its tokens so far (prompt + output, for
-        the repetition penalty) and its generator (None: the sampler's). Returns the sampled token
-        per row and, for rows that asked for logprobs, a dict {token: logprob}."""
+        the repetition penalty), its generator (None: the sampler's) and how many of its tokens are
+        the prompt (the presence / frequency penalties count the rest; None: 0). Returns the
+        sampled token per row and, for rows that asked for logprobs, a dict {token: logprob}."""
         N, V = logits.shape
         dev = logits.device
         logits = logits.float()
@@ -76,6 +90,11 @@ class Sampler:
         logits = logits.clone()
         if any(p.repetition_penalty != 1.0 for p in params):
             apply_repetition_penalty(logits, token_ids, [p.repetition_penalty for p in params])
+        if any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params):
+            npt = num_prompt_tokens if num_prompt_tokens is not None else [0] * N
+            apply_presence_frequency_penalties(logits, [ids[k:] for ids, k in zip(token_ids, npt)],
+                                               [p.presence_penalty for p in params],
+                                               [p.frequency_penalty for p in params])
 
         out = logits.argmax(dim=-1)
         sample_rows = [i for i, p in enumerate(params) if not p.greedy]

@@ -12,6 +12,12 @@ preempted: its blocks are freed, it goes back to the waiting queue, and when rea
 recomputed from its prompt + the tokens generated so far (its full blocks often come back from the
 prefix cache). A sequence may preempt itself if it is the latest arrival.
 
+Static batching (``static_batching=True``, for comparisons): waiting sequences are admitted only
+into a batch that is still forming: a batch opens when nothing is running and closes as soon as
+admission stops for a reason other than this step's token budget (the queue is empty, or
+``max_num_seqs`` / the free blocks are reached); then nothing joins until every sequence of the
+batch has finished. The same engine otherwise (chunked prefill, preemption, prefix cache).
+
 Speculative decoding: with a ``lookahead`` rule (given at construction by the engine when it has a
 proposer), a decoding sequence for which ``lookahead(seq)`` returns a plan with ``span`` S > 1 is
 scheduled as a speculative step instead of a plain decode: it reserves KV slots for ``S`` tokens
@@ -62,7 +68,8 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, lookahead: Optional[Callable[[Sequence], Optional[SpecPlan]]] = None):
+                 max_model_len: int, lookahead: Optional[Callable[[Sequence], Optional[SpecPlan]]] = None,
+                 static_batching: bool = False):
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -71,6 +78,8 @@ class Scheduler:
         self.running: List[Sequence] = []
         self.num_preemptions = 0
         self.lookahead = lookahead  # see the module docstring
+        self.static_batching = static_batching
+        self._batch_open = True  # static batching: the current batch still admits
 
     # ------------------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -155,16 +164,20 @@ class Scheduler:
                 out.prefills.append((seq, n))
 
         # 3. admit waiting sequences (no preemption on their behalf)
-        if not out.preempted:
+        if self.static_batching and not self.running:
+            self._batch_open = True
+        if not out.preempted and self._batch_open:
             while self.waiting and budget > 0:
                 seq = self.waiting[0]
                 need_seqs = 1 + max(seq.pending_forks, 0)
                 if len(self.running) + need_seqs > self.max_num_seqs:
+                    self._batch_open = not self.static_batching
                     break
                 hits = self.bm.match_prefix(seq) if not seq.block_table else []
                 computed = len(hits) * self.bm.block_size if hits else seq.num_computed_tokens
                 n = min(seq.num_tokens - computed, budget)
                 if not self.bm.can_allocate(seq, computed + n, hits):
+                    self._batch_open = not self.static_batching
                     break
                 self.waiting.pop(0)
                 if hits or not seq.block_table:
@@ -181,6 +194,8 @@ class Scheduler:
                     out.decodes.append(seq)
                 else:
                     out.prefills.append((seq, n))
+            if not self.waiting and self.static_batching:
+                self._batch_open = False
         return out
 
     def postprocess(self, out: SchedulerOutput) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Dict
 
-__all__ = ["add_model_args", "add_spec_args", "add_quant_args", "spec_kwargs", "quant_kwargs"]
+__all__ = ["add_model_args", "add_spec_args", "add_quant_args", "spec_kwargs", "quant_kwargs", "add_engine_args",
+           "engine_kwargs"]
 
 
 def add_model_args(p: argparse.ArgumentParser, model_help: str) -> None:
@@ -68,3 +69,32 @@ def quant_kwargs(args) -> Dict[str, Any]:
     if not args.pad_groups:
         qc["pad_groups"] = False
     return {"quantization": args.quantization, "quantization_config": qc or None}
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Scheduler and KV-cache options (``fastinfer serve``), named as vLLM names them."""
+    p.add_argument("--max-num-seqs", type=int, default=256, help="sequences in flight at most (default: 256)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="new tokens per engine step, prefill chunks included (default: 2048 on CPU, 8192 on CUDA)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default: 16)")
+    p.add_argument("--num-kv-blocks", type=int, default=None,
+                   help="KV-cache blocks in the pool (default: sized from --gpu-memory-utilization)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of GPU memory for weights + KV cache (default: 0.9)")
+    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                   help="do not reuse the KV blocks of identical prompt prefixes (default: reuse them)")
+    p.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps")
+    p.add_argument("--static-batching", action="store_true",
+                   help="admit new requests only into a batch still forming, not a running one (a baseline "
+                        "for benchmarks; default: continuous batching)")
+    p.add_argument("--seed", type=int, default=0, help="engine seed, for requests without their own (default: 0)")
+
+
+def engine_kwargs(args) -> Dict[str, Any]:
+    """LLM(...) keyword arguments of :func:`add_model_args` + :func:`add_engine_args` options."""
+    return dict(dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                enable_prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager,
+                static_batching=args.static_batching, seed=args.seed)

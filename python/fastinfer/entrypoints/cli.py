@@ -1,9 +1,10 @@
-"""Command line: ``fastinfer generate | bench | quantize | eval`` (also ``python -m fastinfer``).
+"""Command line: ``fastinfer generate | serve | bench | quantize | eval`` (also ``python -m fastinfer``).
 
     fastinfer generate --prompt "Once upon a time" --max-tokens 32            # the shipped tiny model
     fastinfer generate --model PATH --chat --prompt "Hi!" --temperature 0.7 --stream
     fastinfer generate --draft-model python/fastinfer/assets/tiny-llama-draft --spec-mode tree --prompt "def"
     fastinfer generate --model PATH --quantization fp8 --prompt "..."           # quantise on load
+    fastinfer serve [MODEL] --port 8000 [--api-key KEY]                           # OpenAI-compatible server
     fastinfer bench --preset llama3-8b --random-weights --batch 32 --input-len 512 --output-len 128 --json
     fastinfer quantize --method int4 --group-size 128 [--symmetric] IN_DIR OUT_DIR   # see fastinfer.quant
     fastinfer eval --dtype bfloat16 [--quantization int4]                        # held-out perplexity
@@ -21,7 +22,8 @@ from typing import Any, List, Optional
 from ..engine import LLM, SamplingParams
 from ..quant import QuantOptions, quantize_checkpoint
 from . import eval as eval_cmd
-from .args import add_model_args, add_quant_args, add_spec_args, quant_kwargs, spec_kwargs
+from .args import (add_engine_args, add_model_args, add_quant_args, add_spec_args, engine_kwargs, quant_kwargs,
+                   spec_kwargs)
 from .bench import add_bench_parser
 
 __all__ = ["main", "build_parser"]
@@ -80,6 +82,58 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    import os
+
+    from ..engine.async_llm import AsyncLLM
+    from .openai.api_server import build_app, run_server
+    from .openai.serving import ServeLimits
+
+    if args.model_tag is not None and args.model is not None and args.model_tag != args.model:
+        raise ValueError(f"MODEL {args.model_tag!r} and --model {args.model!r} differ: give one")
+    model = args.model_tag if args.model_tag is not None else args.model
+    name = args.served_model_name or (model if model is not None else "tiny-llama")
+    limits = ServeLimits(max_n=args.max_n, max_tokens=args.max_tokens_limit, max_waiting=args.max_waiting)
+    for field, v in (("--max-n", args.max_n), ("--max-tokens-limit", args.max_tokens_limit),
+                     ("--max-body-bytes", args.max_body_bytes)):
+        if v < 1:
+            raise ValueError(f"{field} must be >= 1, got {v}")
+    if args.max_waiting < 0:
+        raise ValueError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+    engine = AsyncLLM(model, load_progress=True, **engine_kwargs(args), **spec_kwargs(args), **quant_kwargs(args))
+    app = build_app(engine, name, limits, api_key=args.api_key or os.environ.get("FASTINFER_API_KEY") or None,
+                    max_body_bytes=args.max_body_bytes, model_root=engine.llm.model_path)
+    run_server(engine, app, args.host, args.port, args.log_level)
+    return 0
+
+
+def add_serve_parser(sub) -> None:
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, ...)")
+    s.add_argument("model_tag", nargs="?", metavar="MODEL", default=None,
+                   help="checkpoint directory or .gguf file (default: the shipped tiny model)")
+    add_model_args(s, "the same as MODEL (default: the shipped tiny model)")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes it (default: 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
+    s.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $FASTINFER_API_KEY, else none)")
+    s.add_argument("--served-model-name", default=None,
+                   help="the model name clients send (default: MODEL as given, or tiny-llama)")
+    s.add_argument("--max-waiting", type=int, default=1024,
+                   help="requests waiting for admission at most; beyond: 503 + Retry-After (default: 1024)")
+    s.add_argument("--max-n", type=int, default=16, help="largest n (completions per prompt) (default: 16)")
+    s.add_argument("--max-tokens-limit", type=int, default=4096,
+                   help="largest max_tokens a request may ask for, and the default when it asks none "
+                        "(capped by max_model_len) (default: 4096)")
+    s.add_argument("--max-body-bytes", type=int, default=4 << 20,
+                   help="largest request body, in bytes; beyond: 413 (default: 4194304)")
+    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level (default: info)")
+    add_engine_args(s)
+    add_spec_args(s)
+    add_quant_args(s, on_load=True)
+    s.set_defaults(func=cmd_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fastinfer", description="fastinfer LLM runner")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -109,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_quant_args(g, on_load=True)
     g.set_defaults(func=cmd_generate)
 
+    add_serve_parser(sub)
     add_bench_parser(sub)
 
     q = sub.add_parser("quantize", help="write a quantised checkpoint (fp8 W8A8 or int4 W4A16; see fastinfer.quant)")

@@ -1,0 +1,163 @@
+"""The OpenAI API's request bodies (pydantic, strict JSON: no silent coercion) and its error shape.
+
+Requests carry the OpenAI fields and vLLM's sampling extras (``top_k``, ``min_p``,
+``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``, ...). A field OpenAI defines but
+fastinfer cannot honour (``logit_bias``, ``tools``, ``echo``, ...) is accepted at its neutral value
+and refused otherwise; a field neither API defines is refused as OpenAI does ("Unrecognized request
+argument supplied"). Every refusal is an :class:`APIError`, rendered as OpenAI's
+``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Literal, Optional, Type, TypeVar, Union
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+__all__ = ["APIError", "error_body", "parse_body", "CompletionRequest", "ChatCompletionRequest", "ChatMessage",
+           "TokenizeRequest", "DetokenizeRequest", "StreamOptions"]
+
+
+class APIError(Exception):
+    """An error the client caused (4xx) or a server state (503), in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None, code: Optional[str] = None,
+                 headers: Optional[Dict[str, str]] = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+
+def error_body(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> Dict[str, Any]:
+    kind = {401: "authentication_error", 404: "invalid_request_error", 429: "rate_limit_error"}.get(
+        status, "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# what the union-typed fields accept, for a readable error
+_UNION_HELP = {
+    "prompt": "must be a string, a list of strings, a list of token ids or a list of lists of token ids",
+    "stop": "must be a string or a list of strings",
+    "content": "must be a string or a list of content parts ({\"type\": \"text\", \"text\": ...})",
+}
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_body(model: Type[M], body: bytes) -> M:
+    """Validate a JSON body; any problem is a 400 naming the field."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = [str(x) for x in err["loc"]]
+        if err["type"] == "json_invalid":
+            raise APIError(400, f"the request body is not valid JSON: {err['msg']}") from None
+        if err["type"] == "model_type" and not loc:
+            raise APIError(400, "the request body must be a JSON object") from None
+        if err["type"] == "extra_forbidden":
+            raise APIError(400, f"Unrecognized request argument supplied: {'.'.join(loc)}", param=loc[-1]) from None
+        field = loc[0] if loc else None
+        union = next((k for k in _UNION_HELP if k in loc), None)
+        path = ".".join(loc[:loc.index(union) + 1]) if union else ".".join(loc)
+        if err["type"] == "missing" and len(loc) == 1:
+            raise APIError(400, f"missing required field: {path}", param=field) from None
+        raise APIError(400, f"{path}: {_UNION_HELP[union] if union else err['msg']}", param=field) from None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage in every chunk
+
+
+class _Sampling(_Strict):
+    """The sampling fields both endpoints share."""
+
+    model: Optional[str] = None
+    n: int = 1
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    seed: Optional[int] = None
+    stop: Optional[Union[str, List[str]]] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    logit_bias: Optional[Dict[str, float]] = None
+    user: Optional[str] = None
+    # vLLM extensions
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    ignore_eos: bool = False
+    stop_token_ids: Optional[List[int]] = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[str, List[str], List[int], List[List[int]]]
+    max_tokens: Optional[int] = 16
+    logprobs: Optional[int] = None
+    echo: bool = False
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    # extra keys (tool_calls: null, ...) are tolerated on messages: clients echo back what they got
+    model_config = ConfigDict(extra="allow", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Union[str, List[TextPart]]] = None
+    name: Optional[str] = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ResponseFormat(_Strict):
+    type: str
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: List[ChatMessage]
+    max_tokens: Optional[int] = None
+    max_completion_tokens: Optional[int] = None
+    logprobs: bool = False
+    top_logprobs: Optional[int] = None
+    response_format: Optional[ResponseFormat] = None
+    tools: Optional[List[Dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, Dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None
+    store: Optional[bool] = None
+    metadata: Optional[Dict[str, str]] = None
+    service_tier: Optional[str] = None
+    # vLLM extension
+    add_generation_prompt: bool = True
+
+
+class TokenizeRequest(_Strict):
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[List[ChatMessage]] = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(_Strict):
+    model: Optional[str] = None
+    tokens: List[int]
