@@ -82,6 +82,10 @@ class LLM:
         quantization_config: int4 options for on-the-fly quantisation: ``group_size`` (128),
             ``symmetric`` (False), ``pad_groups`` (True: zero-pad a layer whose input size the
             group size does not divide).
+        tensor_parallel_size: shard the target over this many processes (:mod:`.workers`; rank r
+            on ``cuda:r``, or on a CPU gloo ranks), started with the ``spawn`` method (guard a
+            script's top level with ``if __name__ == "__main__":``), or under ``torchrun`` its
+            processes. :meth:`shutdown` stops them (also done at garbage collection and exit).
     """
 
     def __init__(
@@ -108,6 +112,7 @@ class LLM:
         spec_tree_depth: Optional[int] = None,
         quantization: Optional[str] = None,
         quantization_config: Optional[Dict[str, Any]] = None,
+        tensor_parallel_size: int = 1,
     ):
         self.config = config = EngineConfig.from_llm_args(
             model=model, tokenizer=tokenizer, dtype=dtype, device=device, max_model_len=max_model_len,
@@ -116,7 +121,8 @@ class LLM:
             gpu_memory_utilization=gpu_memory_utilization, seed=seed, load_progress=load_progress,
             enforce_eager=enforce_eager, draft_model=draft_model, spec_mode=spec_mode,
             num_spec_tokens=num_spec_tokens, spec_tree_topk=spec_tree_topk, spec_tree_depth=spec_tree_depth,
-            quantization=quantization, quantization_config=quantization_config)
+            quantization=quantization, quantization_config=quantization_config,
+            tensor_parallel_size=tensor_parallel_size)
         self.model_path: Optional[str] = config.model_path
         self.tokenizer = self._load_tokenizer(tokenizer)
         spec = config.speculative
@@ -317,6 +323,17 @@ class LLM:
 
     def reset_prefix_cache(self) -> None:
         self.engine_core.block_manager.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers and release their ports (a no-op at
+        ``tensor_parallel_size=1``); the engine cannot run afterwards. Idempotent."""
+        self.executor.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
 
 
 def _as_prompt_list(prompts: Any) -> List[PromptType]:
