@@ -65,10 +65,12 @@ class Communicator:
             raise CollectiveError(f"{self.name} is closed (the engine was shut down)")
         return self.pg
 
-    def all_reduce(self, t: Tensor) -> Tensor:
-        """Sum ``t`` over the ranks, in place (also returned)."""
+    def all_reduce(self, t: Tensor, op: str = "sum") -> Tensor:
+        """Sum (``op="max"``: maximum) ``t`` over the ranks, in place (also returned)."""
         self.bytes_all_reduced += t.numel() * t.element_size()
-        self._wait("all_reduce", self._pg().allreduce([t]))
+        opts = torch.distributed.AllreduceOptions()
+        opts.reduceOp = {"sum": torch.distributed.ReduceOp.SUM, "max": torch.distributed.ReduceOp.MAX}[op]
+        self._wait("all_reduce", self._pg().allreduce([t], opts))
         return t
 
     def all_reduce_min(self, values: List[int]) -> List[int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Dict
 
-__all__ = ["add_model_args", "add_spec_args", "add_quant_args", "spec_kwargs", "quant_kwargs"]
+__all__ = ["add_model_args", "add_spec_args", "add_quant_args", "spec_kwargs", "quant_kwargs", "tp_kwargs"]
 
 
 def add_model_args(p: argparse.ArgumentParser, model_help: str) -> None:
@@ -18,6 +18,9 @@ def add_model_args(p: argparse.ArgumentParser, model_help: str) -> None:
                         "else bf16, on CUDA)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest prompt + completion, in tokens (default: the model's, capped by the KV pool)")
+    p.add_argument("--tensor-parallel-size", type=int, default=None,
+                   help="shard the model over this many processes / GPUs (default: WORLD_SIZE under torchrun, "
+                        "else 1)")
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -68,3 +71,13 @@ def quant_kwargs(args) -> Dict[str, Any]:
     if not args.pad_groups:
         qc["pad_groups"] = False
     return {"quantization": args.quantization, "quantization_config": qc or None}
+
+
+def tp_kwargs(args) -> Dict[str, Any]:
+    """``tensor_parallel_size`` for LLM(...): the option, else torchrun's WORLD_SIZE, else nothing (1)."""
+    import os
+
+    n = args.tensor_parallel_size
+    if n is None and "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        n = int(os.environ["WORLD_SIZE"])
+    return {"tensor_parallel_size": n} if n is not None and n != 1 else {}

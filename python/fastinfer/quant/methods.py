@@ -18,7 +18,7 @@ only; a row-parallel act-order layer is refused.
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -335,7 +335,9 @@ class Fp8LinearMethod(_QuantizedMethod):
     (``activation``, from a compressed-tensors scheme; "token" otherwise) are quantised by
     ``fp8_quantize`` dynamically per token (``s_x [M]``), dynamically per tensor, or with the
     checkpoint's static ``input_scale``: the largest of the fused projections' (vLLM's rule; the
-    projections see the same input, so a calibrated checkpoint stores equal ones).
+    projections see the same input, so a calibrated checkpoint stores equal ones). A row-parallel
+    shard quantises its input slice with the whole row's dynamic scale (one small all-reduce of
+    the amax), so tensor parallelism does not change the numbers.
     """
 
     name = kind = "fp8"
@@ -361,6 +363,8 @@ class Fp8LinearMethod(_QuantizedMethod):
         x2 = x.reshape(-1, layer.in_features).contiguous()
         if self.activation == "static":
             xq, xs = layer.ops.fp8_quantize(x2, "tensor", scale=layer.input_scale)
+        elif layer.col_shard() is not None:
+            xq, xs = _quantize_over_ranks(layer, x2, self.activation)
         else:
             xq, xs = layer.ops.fp8_quantize(x2, self.activation)
         if bias is not None and bias.dtype != x.dtype:
@@ -370,6 +374,19 @@ class Fp8LinearMethod(_QuantizedMethod):
 
     def describe(self, layer: Linear) -> str:
         return "fp8" if self.activation == "token" else f"fp8-{self.activation}"
+
+
+def _quantize_over_ranks(layer: Linear, x: Tensor, mode: str) -> Tuple[Tensor, Tensor]:
+    """Dynamic e4m3 quantisation of a row-parallel layer's input slice with the scales of the WHOLE
+    row (token) or tensor: the amax is all-reduced (max) over the ranks first, so every rank
+    quantises exactly as one rank would. The arithmetic is ``fp8_quantize``'s (fp32 amax, scale =
+    max(amax, 1e-12) / 448, IEEE division, clamp, round-to-nearest-even cast)."""
+    xf = x.float()
+    amax = xf.abs().amax(1) if mode == "token" else xf.abs().amax().reshape(1)
+    layer.tp.comm.all_reduce(amax, op="max")
+    s = amax.clamp_min(1e-12) / 448.0
+    q = (xf / (s[:, None] if mode == "token" else s)).clamp_(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return q, s
 
 
 class Fp8BlockLinearMethod(_QuantizedMethod):
