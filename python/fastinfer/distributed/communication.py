@@ -50,17 +50,15 @@ class Communicator:
         self.num_collectives = 0  # counters for bench/tp.py
         self.bytes_all_reduced = 0
 
-    def _wait(self, what: str, work) -> None:
-        if self.pg is None:
-            raise CollectiveError(f"{self.name} is closed (the engine was shut down)")
+    def _wait(self, what: str, work, timeout_s: Optional[float] = None) -> None:
         try:
-            work.wait(datetime.timedelta(seconds=self.timeout_s))
+            work.wait(datetime.timedelta(seconds=self.timeout_s if timeout_s is None else timeout_s))
         except RuntimeError as e:
             raise CollectiveError(f"{what} on the {self.name} (rank {self.rank} of {self.world_size}) failed: "
                                   f"{str(e).splitlines()[0][:300]}") from None
         self.num_collectives += 1
 
-    def _pg(self):
+    def _pg(self):  # (closed: the layers of a shut-down engine still hold this communicator)
         if self.pg is None:
             raise CollectiveError(f"{self.name} is closed (the engine was shut down)")
         return self.pg
@@ -73,12 +71,12 @@ class Communicator:
         self._wait("all_reduce", self._pg().allreduce([t], opts))
         return t
 
-    def all_reduce_min(self, values: List[int]) -> List[int]:
+    def all_reduce_min(self, values: List[int], timeout_s: Optional[float] = None) -> List[int]:
         """Element-wise minimum of integer lists over the ranks."""
         t = torch.tensor(values, dtype=torch.int64)
         opts = torch.distributed.AllreduceOptions()
         opts.reduceOp = torch.distributed.ReduceOp.MIN
-        self._wait("all_reduce(min)", self._pg().allreduce([t], opts))
+        self._wait("all_reduce(min)", self._pg().allreduce([t], opts), timeout_s)
         return t.tolist()
 
     def gather_to_first(self, t: Tensor, dim: int) -> Tensor:
@@ -88,8 +86,8 @@ class Communicator:
         self._wait("gather", self._pg().gather(outs, [t], _opts("GatherOptions", 0)))
         return torch.cat(outs[0], dim=dim) if self.rank == 0 else t
 
-    def broadcast(self, t: Tensor, root: int = 0) -> Tensor:
-        self._wait("broadcast", self._pg().broadcast([t], _opts("BroadcastOptions", root)))
+    def broadcast(self, t: Tensor, root: int = 0, timeout_s: Optional[float] = None) -> Tensor:
+        self._wait("broadcast", self._pg().broadcast([t], _opts("BroadcastOptions", root)), timeout_s)
         return t
 
     def close(self) -> None:
@@ -104,10 +102,12 @@ class Communicator:
 
 class ControlChannel:
     """Rank 0 :meth:`send` s one message per step; the other ranks :meth:`recv` it (a gloo group
-    with a long deadline: an idle engine keeps its workers waiting here)."""
+    with a long deadline: an idle engine keeps its workers waiting here). A send waits at most
+    ``send_timeout_s``: a broadcast blocks once a receiver stops reading (a hung worker)."""
 
-    def __init__(self, comm: Communicator):
+    def __init__(self, comm: Communicator, send_timeout_s: float):
         self.comm = comm
+        self.send_timeout_s = float(send_timeout_s)
         self.bytes_sent = 0
         self.num_messages = 0
 
@@ -119,9 +119,10 @@ class ControlChannel:
         head = data[: FRAME_BYTES - 8]
         if head:
             frame[8: 8 + len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
-        self.comm.broadcast(frame)
+        self.comm.broadcast(frame, timeout_s=self.send_timeout_s)
         if len(data) > len(head):
-            self.comm.broadcast(torch.frombuffer(bytearray(data[len(head):]), dtype=torch.uint8))
+            self.comm.broadcast(torch.frombuffer(bytearray(data[len(head):]), dtype=torch.uint8),
+                                timeout_s=self.send_timeout_s)
         self.bytes_sent += len(data)
         self.num_messages += 1
         return len(data)
@@ -134,7 +135,3 @@ class ControlChannel:
             rest = self.comm.broadcast(torch.empty(n - (FRAME_BYTES - 8), dtype=torch.uint8))
             data += bytes(rest.numpy())
         return pickle.loads(data)
-
-    def set_timeout(self, seconds: Optional[float]) -> None:
-        if seconds is not None:
-            self.comm.timeout_s = float(seconds)

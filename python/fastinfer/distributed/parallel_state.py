@@ -85,7 +85,7 @@ def build_groups(store, rank: int, world_size: int, device: torch.device, timeou
         pg = _nccl(prefix("tp/", store), rank, world_size, timeout_s, device)
     else:
         pg = _gloo(prefix("tp/", store), rank, world_size, timeout_s, loopback)
-    return ParallelInfo(rank, world_size, Communicator(pg, rank, world_size, timeout_s)), ControlChannel(ctrl)
+    return ParallelInfo(rank, world_size, Communicator(pg, rank, world_size, timeout_s)), ControlChannel(ctrl, timeout_s)
 
 
 def torchrun_env(environ: Optional[Dict[str, str]] = None) -> Optional[Dict[str, object]]:
@@ -113,4 +113,4 @@ def torchrun_groups(device: torch.device, timeout_s: float) -> Tuple[ParallelInf
     ctrl_pg = dist.new_group(backend="gloo", timeout=_td(CONTROL_TIMEOUT_S))
     tp_pg = dist.new_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=_td(timeout_s))
     ctrl = Communicator(ctrl_pg, rank, ws, CONTROL_TIMEOUT_S, "control group")
-    return ParallelInfo(rank, ws, Communicator(tp_pg, rank, ws, timeout_s)), ControlChannel(ctrl)
+    return ParallelInfo(rank, ws, Communicator(tp_pg, rank, ws, timeout_s)), ControlChannel(ctrl, timeout_s)

@@ -203,7 +203,7 @@ class TensorParallelRunner(ModelRunner):
     # ---- start-up -----------------------------------------------------------------------------
     def agreed_num_kv_blocks(self, extra_bytes_per_block: int = 0) -> int:
         local = self.local_num_kv_blocks(extra_bytes_per_block)
-        return self._guard(lambda: self.ctrl.comm.all_reduce_min([local])[0])
+        return self._guard(lambda: self.ctrl.comm.all_reduce_min([local], STARTUP_TIMEOUT_S)[0])
 
     def init_kv(self, num_blocks: int) -> None:
         self._guard(lambda: ModelRunner.init_kv(self, num_blocks))
