@@ -49,6 +49,7 @@ class Communicator:
         self.name = name
         self.num_collectives = 0  # counters for bench/tp.py
         self.bytes_all_reduced = 0
+        self.bytes_gathered = 0  # this rank's contribution
 
     def _wait(self, what: str, work, timeout_s: Optional[float] = None) -> None:
         try:
@@ -82,6 +83,7 @@ class Communicator:
     def gather_to_first(self, t: Tensor, dim: int) -> Tensor:
         """Rank 0: the ranks' ``t`` concatenated along ``dim`` (rank order); other ranks: ``t``."""
         t = t.contiguous()
+        self.bytes_gathered += t.numel() * t.element_size()
         outs = [[torch.empty_like(t) for _ in range(self.world_size)]] if self.rank == 0 else []
         self._wait("gather", self._pg().gather(outs, [t], _opts("GatherOptions", 0)))
         return torch.cat(outs[0], dim=dim) if self.rank == 0 else t
