@@ -191,6 +191,57 @@ def test_tp2_equals_tp1_quantised(ckpts, engines, quant):
     _check_equal(tp1, tp2, _prompts(300, n=2), 300)
 
 
+def _gptq_checkpoint(float_path: str, dst: str, act_order_on) -> str:
+    """A GPTQ v1 (4-bit, group 64) checkpoint of ``float_path``; the projections named in
+    ``act_order_on`` get a random act-order ``g_idx``."""
+    from safetensors.torch import load_file, save_file
+
+    from fastinfer import reference as ref
+
+    src = load_file(os.path.join(float_path, "model.safetensors"))
+    gen = torch.Generator().manual_seed(5)
+    out = {}
+    for name, w in src.items():
+        proj = name[: -len(".weight")]
+        if not name.endswith("_proj.weight"):
+            out[name] = w
+            continue
+        n, k = w.shape
+        groups = torch.arange(k) // 64
+        if proj.rsplit(".", 1)[-1] in act_order_on:
+            groups = groups[torch.randperm(k, generator=gen)]
+        order = torch.argsort(groups, stable=True)
+        q_sorted, sc, z = ref.quantize_int4(w[:, order], 64, symmetric=False)
+        q = torch.empty_like(q_sorted)
+        q[:, order] = q_sorted
+        out[proj + ".qweight"], out[proj + ".qzeros"] = ref.gptq_pack(q, z)
+        out[proj + ".scales"] = sc.to(torch.float16)
+        out[proj + ".g_idx"] = groups.to(torch.int32)
+    os.makedirs(dst, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in out.items()}, os.path.join(dst, "model.safetensors"))
+    with open(os.path.join(float_path, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": bool(act_order_on),
+                                  "sym": False, "checkpoint_format": "gptq"}
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return dst
+
+
+def test_tp2_equals_tp1_gptq_act_order_columns_and_refuses_it_on_rows(ckpts, engines, tmp_path):
+    """GPTQ act-order on column-parallel projections (q/k/v, gate/up: the permutation is over the
+    unsplit input) shards; on a row-parallel one (down_proj) it is refused, naming the layer."""
+    path = _gptq_checkpoint(ckpts("llama"), str(tmp_path / "cols"), ("q_proj", "k_proj", "v_proj", "gate_proj",
+                                                                     "up_proj"))
+    tp1 = engines(path, num_kv_blocks=32)
+    tp2 = engines(path, num_kv_blocks=32, tensor_parallel_size=TP)
+    assert tp2.model.layers[0].qkv_proj.perm0 is not None
+    _check_equal(tp1, tp2, _prompts(300, n=2), 300)
+    rows = _gptq_checkpoint(ckpts("llama"), str(tmp_path / "rows"), ("down_proj",))
+    with pytest.raises(ValueError, match=r"mlp\.down_proj: act-order int4 weights .*tensor_parallel_size=2"):
+        LLM(rows, num_kv_blocks=8, tensor_parallel_size=TP)
+
+
 def test_int4_group_size_that_does_not_divide_the_shard_is_refused(ckpts):
     """o_proj has 256 input features, 128 per rank: group size 256 cannot split (TP=1 pads it)."""
     before = _children()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Dict
 
-__all__ = ["add_model_args", "add_spec_args", "add_quant_args", "spec_kwargs", "quant_kwargs", "tp_kwargs"]
+__all__ = ["add_model_args", "add_spec_args", "add_quant_args", "spec_kwargs", "quant_kwargs", "tp_kwargs",
+           "add_tp_args"]
 
 
 def add_model_args(p: argparse.ArgumentParser, model_help: str) -> None:
@@ -18,6 +19,10 @@ def add_model_args(p: argparse.ArgumentParser, model_help: str) -> None:
                         "else bf16, on CUDA)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest prompt + completion, in tokens (default: the model's, capped by the KV pool)")
+    add_tp_args(p)
+
+
+def add_tp_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel-size", type=int, default=None,
                    help="shard the model over this many processes / GPUs (default: WORLD_SIZE under torchrun, "
                         "else 1)")
