@@ -154,7 +154,12 @@ def test_tp2_equals_tp1_random_models(ckpts, engines, name):
     assert m.layers[0].down_proj.weight.shape[1] == c.intermediate_size // TP
     assert m.embed_tokens.weight.shape[0] == 384 // TP  # 300 padded to a multiple of 64 * 2
     assert tp2.executor.kv_caches[0][0].shape[2] == hkv_local
-    _check_equal(tp1, tp2, _prompts(c.vocab_size), c.vocab_size)
+    prompts = _prompts(c.vocab_size)
+    _check_equal(tp1, tp2, prompts, c.vocab_size)
+    again = [prompts[0] + [7, 8, 9]]  # a prefix-cache hit: the table starts with cached blocks
+    assert ([o.outputs[0].token_ids for o in tp2.generate(again, GREEDY)]
+            == [o.outputs[0].token_ids for o in tp1.generate(again, GREEDY)])
+    assert tp2.stats()["prefix_cache_hits"] > 0
 
 
 def test_tp2_equals_tp1_shipped_model_spec_decoding_and_preemption(engines):
@@ -319,6 +324,38 @@ def test_step_messages_send_only_what_changed(ckpts, engines):
         sizes.append(ch.bytes_sent - before)
     assert sizes[0] > 80  # the two prompts and their block tables
     assert max(sizes[1:]) < 120, sizes  # decode steps: two (id, token, position) triples
+
+
+def test_plan_codec_block_table_deltas():
+    """The worker's mirror follows appends, trims (speculative), replacements (preemption, then a
+    new table) and forgets finished sequences; unchanged tables are not sent."""
+    import pickle
+
+    from fastinfer.engine.worker import PlanDecoder, PlanEncoder
+
+    enc, dec = PlanEncoder(), PlanDecoder()
+    mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    steps = [
+        ForwardPlan(chunks=[Chunk(7, [1, 2, 3], 0)], tables={7: [4, 5]}),
+        ForwardPlan(decodes=[(7, 9, 3)], tables={7: [4, 5]}),  # unchanged: nothing sent
+        ForwardPlan(decodes=[(7, 9, 32)], tables={7: [4, 5, 6]}),  # append
+        ForwardPlan(trees=[Chunk(7, [9, 10, 11], 33, "all", [33, 34, 34], mask)], tables={7: [4, 5]}),  # trim
+        ForwardPlan(chunks=[Chunk(7, [1] * 20, 0)], tables={7: [8, 2]}, moves=([1], [2])),  # re-prefill
+        ForwardPlan(decodes=[(8, 1, 0)], tables={8: [3]}, finished=[7]),
+    ]
+    sizes = []
+    for plan in steps:
+        msg = pickle.loads(pickle.dumps(enc.encode(plan, plan.moves)))
+        sizes.append(len(msg[3]))
+        got = dec.decode(msg)
+        assert got.tables == plan.tables and got.decodes == plan.decodes
+        for a, b in zip(got.chunks + got.trees, plan.chunks + plan.trees):
+            assert (a.seq_id, a.tokens, a.start, a.logits, a.positions) == (b.seq_id, b.tokens, b.start, b.logits,
+                                                                            b.positions)
+            assert (a.mask is None and b.mask is None) or torch.equal(a.mask, b.mask)
+        assert list(map(list, got.moves)) == list(map(list, plan.moves))
+    assert sizes == [1, 0, 1, 1, 1, 1]
+    assert 7 not in dec.tables and 7 not in enc.sent
 
 
 # ------------------------------------------------------------------------------------------------

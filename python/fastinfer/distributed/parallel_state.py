@@ -79,6 +79,8 @@ def build_groups(store, rank: int, world_size: int, device: torch.device, timeou
                  loopback: bool = True) -> Tuple[ParallelInfo, ControlChannel]:
     """The engine's tensor group (as :class:`ParallelInfo`) and control channel over ``store``."""
     prefix = torch.distributed.PrefixStore
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     ctrl = Communicator(_gloo(prefix("ctrl/", store), rank, world_size, CONTROL_TIMEOUT_S, loopback),
                         rank, world_size, CONTROL_TIMEOUT_S, "control group")
     if device.type == "cuda":

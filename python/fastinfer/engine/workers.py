@@ -206,7 +206,17 @@ class TensorParallelRunner(ModelRunner):
         return self._guard(lambda: self.ctrl.comm.all_reduce_min([local], STARTUP_TIMEOUT_S)[0])
 
     def init_kv(self, num_blocks: int) -> None:
-        self._guard(lambda: ModelRunner.init_kv(self, num_blocks))
+        self._initialising = True
+        try:
+            self._guard(lambda: ModelRunner.init_kv(self, num_blocks))
+        finally:
+            self._initialising = False
+
+    def enable_decode_graphs(self, max_batch: int, max_blocks: int, use_graphs: bool):
+        if not getattr(self, "_initialising", False):  # the workers would not follow: shapes would differ
+            raise RuntimeError("under tensor parallelism decode graphs are set up at start-up, on every rank "
+                               "(CUDA, enforce_eager=False)")
+        return super().enable_decode_graphs(max_batch, max_blocks, use_graphs)
 
     # ---- steps --------------------------------------------------------------------------------
     def move_slots(self, src: List[int], dst: List[int]) -> None:
