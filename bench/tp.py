@@ -137,7 +137,8 @@ def measure(shape_name: str, tp: int, batch: int, root: str) -> Dict[str, object
     finally:
         llm.shutdown()
     want = computed(s, tp, batch, act_bytes=4)  # the CPU runs float32
-    return dict(shape=f"{shape_name} (skinny: same hidden size, {MEASURED_LAYERS} layers, vocab 4096)", tp=tp, batch=batch,
+    return dict(shape=f"{shape_name} (skinny: same hidden size, {MEASURED_LAYERS} layers, vocab 4096)", tp=tp,
+                batch=batch,
                 measured=got, computed=want, step_ms_cpu=dt * 1e3,
                 matches=(got["all_reduce_bytes"] == want["all_reduce_bytes"]
                          and got["gather_bytes"] == want["gather_bytes"]

@@ -326,6 +326,21 @@ def test_step_messages_send_only_what_changed(ckpts, engines):
     assert max(sizes[1:]) < 120, sizes  # decode steps: two (id, token, position) triples
 
 
+def test_safetensors_reader_reads_a_ranks_slice():
+    """A rank reads only its rows / columns of a memory-mapped tensor (safetensors slices), the same
+    values as cutting the whole tensor."""
+    from fastinfer.layers import SafetensorsReader
+
+    r = SafetensorsReader(os.path.join(ASSETS, "tiny-llama"))
+    name = "model.layers.0.mlp.down_proj.weight"  # [256, 704]
+    whole = r.get(name)
+    assert torch.equal(r.get(name, (256, 704), rows=(128, 128)), whole[128:])
+    assert torch.equal(r.get_float(name, cols=(352, 352)), whole[:, 352:])
+    assert torch.equal(r.get(name, rows=(64, 64), cols=(0, 352)), whole[64:128, :352])
+    with pytest.raises(ValueError, match="expected"):
+        r.get(name, (704, 256), rows=(0, 1))
+
+
 def test_plan_codec_block_table_deltas():
     """The worker's mirror follows appends, trims (speculative), replacements (preemption, then a
     new table) and forgets finished sequences; unchanged tables are not sent."""

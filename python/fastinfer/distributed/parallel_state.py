@@ -87,7 +87,8 @@ def build_groups(store, rank: int, world_size: int, device: torch.device, timeou
         pg = _nccl(prefix("tp/", store), rank, world_size, timeout_s, device)
     else:
         pg = _gloo(prefix("tp/", store), rank, world_size, timeout_s, loopback)
-    return ParallelInfo(rank, world_size, Communicator(pg, rank, world_size, timeout_s)), ControlChannel(ctrl, timeout_s)
+    tp = ParallelInfo(rank, world_size, Communicator(pg, rank, world_size, timeout_s))
+    return tp, ControlChannel(ctrl, timeout_s)
 
 
 def torchrun_env(environ: Optional[Dict[str, str]] = None) -> Optional[Dict[str, object]]:
