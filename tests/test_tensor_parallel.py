@@ -310,6 +310,30 @@ def test_faults_two_engines_killed_and_hung_workers(ckpts, engines, monkeypatch)
         assert set(os.listdir("/dev/shm")) <= shm_before
 
 
+def test_workers_exit_when_rank0_is_killed(tmp_path):
+    """Rank 0 killed outright (no shutdown runs): its worker notices (reset connection / parent
+    watch) and exits within seconds."""
+    code = ("import os, sys, time, torch; torch.set_num_threads(1)\n"
+            "from fastinfer import LLM\n"
+            "if __name__ == '__main__':\n"
+            "    llm = LLM(num_kv_blocks=16, tensor_parallel_size=2)\n"
+            "    print(llm.executor.runner.worker_pids[0], flush=True)\n"
+            "    time.sleep(120)\n")
+    script = tmp_path / "rank0.py"
+    script.write_text(code)
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = p.stdout.readline()
+        assert line.strip().isdigit(), line
+        worker = int(line)
+        assert _alive(worker)
+    finally:
+        p.kill()
+        p.wait(10)
+    _wait_gone([worker], within=10.0)
+
+
 def test_step_messages_send_only_what_changed(ckpts, engines):
     """A decode step crossing no block boundary sends (seq id, token, position) per sequence: a few
     dozen bytes, one 4 KiB frame; a prefill sends its tokens and tables."""
