@@ -3,8 +3,9 @@
 TP=2 must equal TP=1: float32 logits of a prefill (every row) and a decode step within 1e-5
 relative norm, and identical greedy tokens, on random Llama (GQA 4/2), Mistral (sliding window,
 one KV head: replicated on both ranks), Qwen2 (qkv bias, tied embeddings) checkpoints written by
-transformers, on the shipped model, with fp8 and int4 quantisation, with speculative decoding and
-forced preemption, and through ``torchrun`` (2 processes). Each rank must hold only its shard.
+transformers, on the shipped model, with fp8 and int4 quantisation (on load, GPTQ act-order, and
+compressed-tensors checkpoints written by that package), with speculative decoding and forced
+preemption, and through ``torchrun`` (2 processes). Each rank must hold only its shard.
 Faults: a killed worker and a hung one give a clear error on rank 0 within 10 s; shutdown leaves no
 process, port or shared-memory segment behind; two engines run side by side on one host.
 
@@ -193,6 +194,25 @@ def test_tp2_equals_tp1_quantised(ckpts, engines, quant):
     tp2 = engines(path, num_kv_blocks=32, quantization=quant, quantization_config=qc, tensor_parallel_size=TP)
     assert type(tp2.model.layers[0].down_proj.method).__name__ == ("Fp8LinearMethod" if quant == "fp8"
                                                                     else "Int4LinearMethod")
+    _check_equal(tp1, tp2, _prompts(300, n=2), 300)
+
+
+@pytest.mark.parametrize("scheme", ["FP8_BLOCK", "W4A16_ASYM", "FP8_DYNAMIC"])
+def test_tp2_equals_tp1_compressed_tensors(engines, tmp_path, scheme):
+    """Checkpoints written by the compressed-tensors package (128 x 128 fp8 blocks, int4 groups of
+    128 with zero points, fp8 per channel with dynamic per-token activations), MHA 4/4 so every
+    rank's K/V rows are whole 128-row blocks."""
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    from ct_helpers import compress
+
+    model = make_hf_model("llama", seed=11, num_key_value_heads=4, tie_word_embeddings=False)
+    path, _, _ = compress(model, {"group_0": preset_name_to_scheme(scheme, ["Linear"])}, ["lm_head"],
+                          str(tmp_path / scheme), None, dequantised=False)
+    tp1 = engines(path, num_kv_blocks=32)
+    tp2 = engines(path, num_kv_blocks=32, tensor_parallel_size=TP)
+    assert tp2.model.layers[0].down_proj.in_features == 128
     _check_equal(tp1, tp2, _prompts(300, n=2), 300)
 
 
