@@ -358,16 +358,28 @@ def test_step_messages_send_only_what_changed(ckpts, engines):
     """A decode step crossing no block boundary sends (seq id, token, position) per sequence: a few
     dozen bytes, one 4 KiB frame; a prefill sends its tokens and tables."""
     llm = engines(ckpts("llama"), num_kv_blocks=32, tensor_parallel_size=TP)
-    ch = llm.executor.runner.ctrl
+    ch, comm = llm.executor.runner.ctrl, llm.executor.runner.tp.comm
     llm.add_request(list(range(3, 23)), SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     llm.add_request(list(range(30, 50)), SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
-    sizes = []
+    sizes, counts = [], []
     while llm.has_unfinished_requests():
-        before = ch.bytes_sent
+        before = (ch.bytes_sent, comm.num_collectives, comm.bytes_all_reduced, comm.bytes_gathered)
         llm.step()
-        sizes.append(ch.bytes_sent - before)
+        sizes.append(ch.bytes_sent - before[0])
+        counts.append((comm.num_collectives - before[1], comm.bytes_all_reduced - before[2],
+                       comm.bytes_gathered - before[3]))
     assert sizes[0] > 80  # the two prompts and their block tables
     assert max(sizes[1:]) < 120, sizes  # decode steps: two (id, token, position) triples
+    # bench/tp.py's formula for a decode step of 2 rows (float32): 1 + 2 x 2 layers all-reduces of
+    # 2 x 128 x 4 bytes, one gather of 2 rows x 384 / 2 x 4 bytes (vocabulary 300 padded to 384)
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        from tp import computed
+    finally:
+        sys.path.pop(0)
+    want = computed(dict(hidden_size=128, num_hidden_layers=2, vocab_size=300), TP, 2, act_bytes=4)
+    assert want == dict(all_reduces=5, all_reduce_bytes=5 * 1024, gathers=1, gather_bytes=1536)
+    assert set(counts[1:]) == {(6, 5 * 1024, 1536)}, counts
 
 
 def test_safetensors_reader_reads_a_ranks_slice():
