@@ -86,6 +86,9 @@ class LLM:
             on ``cuda:r``, or on a CPU gloo ranks), started with the ``spawn`` method (guard a
             script's top level with ``if __name__ == "__main__":``), or under ``torchrun`` its
             processes. :meth:`shutdown` stops them (also done at garbage collection and exit).
+            ``llm.model`` is then rank 0's shard: run forwards through the engine (or
+            ``llm.executor.runner.forward(plan)``), never by calling the shard alone (its
+            collectives would wait for workers that are not there, until the deadline).
     """
 
     def __init__(
