@@ -251,6 +251,9 @@ class TensorParallelRunner(ModelRunner):
                 what = "a torchrun peer failed or hung"
             self._fail(f"{what} ({e})")
             raise TensorParallelError(self._error) from None
+        except Exception as e:  # the ranks may be out of step now: stop them, keep rank 0's error
+            self._fail(f"rank 0 raised {type(e).__name__} during a tensor-parallel step ({e})")
+            raise
 
     def _fail(self, what: str) -> None:
         self._error = f"{what}; the tensor-parallel engine has stopped (create a new LLM)"
