@@ -1,4 +1,5 @@
-"""Test shorthands over :class:`fastinfer.layers.BatchBuilder` (the one batch builder)."""
+"""Test shorthands over :class:`fastinfer.layers.BatchBuilder` (the one batch builder), and tiny random
+Hugging Face models of the Llama family (written with ``save_pretrained``, loaded by fastinfer)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,48 @@ def prefill_logits(model, token_ids: Sequence[int], block_size: int = 16) -> tor
     caches = model.allocate_kv_cache(num_blocks, block_size)
     return model(make_forward_batch([(list(token_ids), 0, list(range(num_blocks)))], block_size=block_size,
                                     device=model.device, all_logits=True), caches)
+
+
+# 2 layers, hidden 128, head_dim 64, vocab 300, GQA 4/2 (the cases override what they test)
+HF_BASE = dict(vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=64, max_position_embeddings=512)
+
+
+def hf_classes(kind):
+    import transformers as t
+
+    return {
+        "llama": (t.LlamaConfig, t.LlamaForCausalLM),
+        "mistral": (t.MistralConfig, t.MistralForCausalLM),
+        "qwen2": (t.Qwen2Config, t.Qwen2ForCausalLM),
+        "qwen3": (t.Qwen3Config, t.Qwen3ForCausalLM),
+    }[kind]
+
+
+def reinit_(model, seed: int):
+    """Weights with a larger scale than transformers' init (std 0.02 makes attention nearly uniform
+    and would hide RoPE or mask bugs)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * r)
+            elif "embed" in name:
+                p.copy_(r)
+            elif name.endswith("bias"):
+                p.copy_(0.2 * r)
+            else:
+                p.copy_(r * (0.9 / p.shape[1] ** 0.5))
+
+
+def make_hf_model(kind: str, seed: int = 0, **overrides):
+    """A random transformers model of ``kind`` (llama / mistral / qwen2 / qwen3), ``HF_BASE`` + ``overrides``."""
+    cfg_cls, model_cls = hf_classes(kind)
+    kw = dict(HF_BASE, **overrides)
+    torch.manual_seed(seed)
+    model = model_cls(cfg_cls(**kw)).eval()
+    reinit_(model, seed)
+    if kw.get("tie_word_embeddings"):
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    return model

@@ -2,6 +2,7 @@
 layers (ops <- layers <- models <- quant <- engine <- entry points), has no cycle, never imports a
 ``_private`` name across packages, and production code never imports the fp64 test oracles
 (``fastinfer.reference``). Engine modules stay short enough to read.
+``distributed`` (tensor-parallel groups, collectives) sits at the bottom with the ops: torch only.
 
 Parsed from the sources (``ast``), so function-level imports count too.
 """
@@ -19,6 +20,7 @@ PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 # top-level package -> layer; a package may import its own layer and the ones below
 LAYERS = {
     "ops": 0, "reference": 0, "spec": 0, "simt": 0, "_C": 0, "_sim": 0, "": 0,  # "": fastinfer/__init__.py
+    "distributed": 0,  # process groups and collectives: torch only
     "layers": 1,
     "models": 2,
     "quant": 3,

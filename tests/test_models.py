@@ -32,7 +32,7 @@ from fastinfer.models import (  # noqa: E402
     compute_inv_freq,
     load_model,
 )
-from model_helpers import make_forward_batch, prefill_logits  # noqa: E402
+from model_helpers import HF_BASE, make_forward_batch, make_hf_model, prefill_logits  # noqa: E402
 
 VOCAB = 300
 PROMPT_LEN = 100
@@ -54,16 +54,7 @@ def _one_thread():
 # checkpoints
 # ------------------------------------------------------------------------------------------------
 
-_BASE = dict(
-    vocab_size=VOCAB,
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,
-    max_position_embeddings=512,
-)
+_BASE = HF_BASE
 
 CASES = {
     # GQA 4/2, llama3 rope scaling, untied lm_head
@@ -89,42 +80,6 @@ CASES = {
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32})),
     "linear": ("llama", dict(rope_scaling={"rope_type": "linear", "factor": 2.5})),
 }
-
-
-def _hf_classes(kind):
-    t = transformers
-    return {
-        "llama": (t.LlamaConfig, t.LlamaForCausalLM),
-        "mistral": (t.MistralConfig, t.MistralForCausalLM),
-        "qwen2": (t.Qwen2Config, t.Qwen2ForCausalLM),
-        "qwen3": (t.Qwen3Config, t.Qwen3ForCausalLM),
-    }[kind]
-
-
-def _reinit_(model, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            r = torch.randn(p.shape, generator=g)
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * r)
-            elif "embed" in name:
-                p.copy_(r)
-            elif name.endswith("bias"):
-                p.copy_(0.2 * r)
-            else:
-                p.copy_(r * (0.9 / p.shape[1] ** 0.5))
-
-
-def make_hf_model(kind: str, seed: int = 0, **overrides):
-    cfg_cls, model_cls = _hf_classes(kind)
-    kw = dict(_BASE, **overrides)
-    torch.manual_seed(seed)
-    model = model_cls(cfg_cls(**kw)).eval()
-    _reinit_(model, seed)
-    if kw.get("tie_word_embeddings"):
-        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    return model
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,9 @@
 Request path: :class:`LLM` (``llm.py``, the offline driver) -> :class:`EngineCore` (``core.py``:
 scheduler -> block manager, speculative proposer; token ids only) -> :class:`Executor`
 (``executor.py``: models, KV pools, CUDA graphs, sampler, drafter; the only owner of tensors) ->
-:class:`OutputProcessor` (``output_processor.py``: detokenisation, stop strings, outputs).
+:class:`OutputProcessor` (``output_processor.py``: detokenisation, stop strings, outputs). The target
+forward is a :class:`~.model_runner.ForwardPlan` run by a ``ModelRunner`` (``model_runner.py``); under
+tensor parallelism on every rank (``workers.py``: rank 0's side; ``worker.py``: ranks > 0).
 
 Public API: :class:`LLM`, :class:`SamplingParams`, :class:`RequestOutput`, :class:`CompletionOutput`,
 :class:`Tokenizer`, :class:`EngineConfig`.

@@ -74,6 +74,7 @@ class AsyncLLM:
         self._fail_all(self.dead)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        self.llm.shutdown()  # tensor-parallel workers (a no-op at TP 1)
 
     @property
     def is_running(self) -> bool:

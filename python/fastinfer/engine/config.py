@@ -3,7 +3,7 @@
 :class:`EngineConfig` holds what the user asked for; what the executor derives from the model and
 the device (KV blocks, the final ``max_model_len``) is reported by the executor. Sub-configs:
 :class:`SpeculativeConfig` (draft model) and :class:`~fastinfer.quant.QuantOptions` (quantise on
-load).
+load). ``tensor_parallel_size`` N > 1 shards the target over N processes (:mod:`.workers`).
 """
 
 from __future__ import annotations
@@ -108,6 +108,7 @@ class EngineConfig:
     static_batching: bool = False
     speculative: Optional[SpeculativeConfig] = None
     quantization: Optional[QuantOptions] = None
+    tensor_parallel_size: int = 1
 
     def __post_init__(self):
         from .. import cuda_available
@@ -135,6 +136,12 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be >= 1")
         if self.max_model_len is not None:
             self.max_model_len = max(int(self.max_model_len), 1)
+        tp = self.tensor_parallel_size
+        if not _is_int(tp) or tp < 1:
+            raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tp!r}")
+        if tp > 1 and not isinstance(self.model, str):
+            raise ValueError("tensor_parallel_size > 1 needs a checkpoint path (every rank loads its own shard), "
+                             "not a model object")
 
     @property
     def model_path(self) -> Optional[str]:

@@ -84,6 +84,13 @@ class LLM:
         quantization_config: int4 options for on-the-fly quantisation: ``group_size`` (128),
             ``symmetric`` (False), ``pad_groups`` (True: zero-pad a layer whose input size the
             group size does not divide).
+        tensor_parallel_size: shard the target over this many processes (:mod:`.workers`; rank r
+            on ``cuda:r``, or on a CPU gloo ranks), started with the ``spawn`` method (guard a
+            script's top level with ``if __name__ == "__main__":``), or under ``torchrun`` its
+            processes. :meth:`shutdown` stops them (also done at garbage collection and exit).
+            ``llm.model`` is then rank 0's shard: run forwards through the engine (or
+            ``llm.executor.runner.forward(plan)``), never by calling the shard alone (its
+            collectives would wait for workers that are not there, until the deadline).
     """
 
     def __init__(
@@ -111,6 +118,7 @@ class LLM:
         spec_tree_depth: Optional[int] = None,
         quantization: Optional[str] = None,
         quantization_config: Optional[Dict[str, Any]] = None,
+        tensor_parallel_size: int = 1,
     ):
         self.config = config = EngineConfig.from_llm_args(
             model=model, tokenizer=tokenizer, dtype=dtype, device=device, max_model_len=max_model_len,
@@ -119,7 +127,8 @@ class LLM:
             gpu_memory_utilization=gpu_memory_utilization, seed=seed, load_progress=load_progress,
             enforce_eager=enforce_eager, static_batching=static_batching, draft_model=draft_model, spec_mode=spec_mode,
             num_spec_tokens=num_spec_tokens, spec_tree_topk=spec_tree_topk, spec_tree_depth=spec_tree_depth,
-            quantization=quantization, quantization_config=quantization_config)
+            quantization=quantization, quantization_config=quantization_config,
+            tensor_parallel_size=tensor_parallel_size)
         self.model_path: Optional[str] = config.model_path
         self.tokenizer = self._load_tokenizer(tokenizer)
         spec = config.speculative
@@ -320,6 +329,16 @@ class LLM:
 
     def reset_prefix_cache(self) -> None:
         self.engine_core.block_manager.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, release their ports (no-op at TP 1); idempotent."""
+        self.executor.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
 
 
 def _as_prompt_list(prompts: Any) -> List[PromptType]:

@@ -7,7 +7,7 @@ import argparse
 from typing import Any, Dict
 
 __all__ = ["add_model_args", "add_spec_args", "add_quant_args", "spec_kwargs", "quant_kwargs", "add_engine_args",
-           "engine_kwargs"]
+           "engine_kwargs", "tp_kwargs", "add_tp_args"]
 
 
 def add_model_args(p: argparse.ArgumentParser, model_help: str) -> None:
@@ -19,6 +19,13 @@ def add_model_args(p: argparse.ArgumentParser, model_help: str) -> None:
                         "else bf16, on CUDA)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest prompt + completion, in tokens (default: the model's, capped by the KV pool)")
+    add_tp_args(p)
+
+
+def add_tp_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tensor-parallel-size", type=int, default=None,
+                   help="shard the model over this many processes / GPUs (default: WORLD_SIZE under torchrun, "
+                        "else 1)")
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -98,3 +105,13 @@ def engine_kwargs(args) -> Dict[str, Any]:
                 gpu_memory_utilization=args.gpu_memory_utilization,
                 enable_prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager,
                 static_batching=args.static_batching, seed=args.seed)
+
+
+def tp_kwargs(args) -> Dict[str, Any]:
+    """``tensor_parallel_size`` for LLM(...): the option, else torchrun's WORLD_SIZE, else nothing (1)."""
+    import os
+
+    n = args.tensor_parallel_size
+    if n is None and "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        n = int(os.environ["WORLD_SIZE"])
+    return {"tensor_parallel_size": n} if n is not None and n != 1 else {}

@@ -27,7 +27,8 @@ from ..engine import LLM, SamplingParams
 from ..engine.config import parse_dtype
 from ..layers import TensorDictReader
 from ..models import ModelConfig, find_gguf, load_model, random_weights
-from .args import add_quant_args, add_spec_args, quant_kwargs, spec_kwargs
+from ..engine.worker import serve_torchrun_worker
+from .args import add_quant_args, add_spec_args, add_tp_args, quant_kwargs, spec_kwargs, tp_kwargs
 
 __all__ = ["PRESETS", "add_bench_parser", "build_random_model"]
 
@@ -115,13 +116,17 @@ def cmd_bench(args) -> int:
         llm = LLM(model, device=device, max_model_len=max_len, max_num_seqs=max(args.batch, 1),
                   max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
                   gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False,
-                  enforce_eager=args.enforce_eager, **spec_kwargs(args), **quant_kwargs(args))
+                  enforce_eager=args.enforce_eager, **spec_kwargs(args), **quant_kwargs(args), **tp_kwargs(args))
         del model  # quantisation rebuilds it: do not keep the float copy alive
     else:
-        llm = LLM(args.model, dtype=dtype, device=device, max_model_len=max_len, max_num_seqs=max(args.batch, 1),
+        kw = dict(model=args.model, dtype=dtype, device=device, max_model_len=max_len, max_num_seqs=max(args.batch, 1),
                   max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
                   gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False,
-                  load_progress=True, enforce_eager=args.enforce_eager, **spec_kwargs(args), **quant_kwargs(args))
+                  load_progress=True, enforce_eager=args.enforce_eager, **spec_kwargs(args), **quant_kwargs(args),
+                  **tp_kwargs(args))
+        if serve_torchrun_worker(kw):  # torchrun rank > 0: served rank 0's engine
+            return 0
+        llm = LLM(**kw)
     load_s = time.perf_counter() - t0
     V = llm.vocab_size
     g = torch.Generator().manual_seed(args.seed)
@@ -230,6 +235,7 @@ def cmd_bench(args) -> int:
                     "speedup_vs_transformers": round(res["output_tokens_per_s"] / hf_tps, 3),
                     "greedy_token_agreement": round(sum(agree) / len(agree), 4),
                     "greedy_first_divergence_mean": round(sum(first) / len(first), 2)})
+    llm.shutdown()  # (tensor-parallel workers)
     if args.json:
         print(json.dumps(res, indent=2))
     else:
@@ -266,6 +272,7 @@ def add_bench_parser(sub) -> None:
                    help="also time transformers generate() on the same model and prompts (default: off)")
     b.add_argument("--json", action="store_true", help="print the results as JSON (default: a table)")
     add_spec_args(b)
+    add_tp_args(b)
     b.add_argument("--compare-no-spec", action="store_true",
                    help="with --draft-model: run the same prompts again without speculation, report the speedup")
     b.add_argument("--compare-repeats", type=int, default=1,

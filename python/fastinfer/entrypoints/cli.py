@@ -8,6 +8,8 @@
     fastinfer bench --preset llama3-8b --random-weights --batch 32 --input-len 512 --output-len 128 --json
     fastinfer quantize --method int4 --group-size 128 [--symmetric] IN_DIR OUT_DIR   # see fastinfer.quant
     fastinfer eval --dtype bfloat16 [--quantization int4]                        # held-out perplexity
+    fastinfer generate --model PATH --tensor-parallel-size 2 --prompt "..."      # 2 spawned ranks
+    torchrun --nproc-per-node 2 -m fastinfer generate --model PATH --prompt "..." # rank 0 drives
 
 ``fastinfer <command> --help`` lists every option with its unit and default.
 """
@@ -20,10 +22,11 @@ import sys
 from typing import Any, List, Optional
 
 from ..engine import LLM, SamplingParams
+from ..engine.worker import serve_torchrun_worker
 from ..quant import QuantOptions, quantize_checkpoint
 from . import eval as eval_cmd
 from .args import (add_engine_args, add_model_args, add_quant_args, add_spec_args, engine_kwargs, quant_kwargs,
-                   spec_kwargs)
+                   spec_kwargs, tp_kwargs)
 from .bench import add_bench_parser
 
 __all__ = ["main", "build_parser"]
@@ -45,8 +48,18 @@ def cmd_generate(args) -> int:
     sp = SamplingParams(n=args.n, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                         min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed_request,
                         max_tokens=args.max_tokens, stop=args.stop or None, ignore_eos=args.ignore_eos)
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-              seed=args.seed, load_progress=True, **spec_kwargs(args), **quant_kwargs(args))
+    kw = dict(model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+              seed=args.seed, load_progress=True, **spec_kwargs(args), **quant_kwargs(args), **tp_kwargs(args))
+    if serve_torchrun_worker(kw):  # torchrun rank > 0: this process was a worker of rank 0's engine
+        return 0
+    llm = LLM(**kw)
+    try:
+        return _generate(llm, args, sp)
+    finally:
+        llm.shutdown()
+
+
+def _generate(llm, args, sp) -> int:
     prompts: List[Any] = list(args.prompt or [])
     if not prompts:
         prompts = [sys.stdin.read()]
@@ -100,7 +113,11 @@ def cmd_serve(args) -> int:
             raise ValueError(f"{field} must be >= 1, got {v}")
     if args.max_waiting < 0:
         raise ValueError(f"--max-waiting must be >= 0, got {args.max_waiting}")
-    engine = AsyncLLM(model, load_progress=True, **engine_kwargs(args), **spec_kwargs(args), **quant_kwargs(args))
+    kw = dict(model=model, load_progress=True, **engine_kwargs(args), **spec_kwargs(args), **quant_kwargs(args),
+              **tp_kwargs(args))
+    if serve_torchrun_worker(kw):  # torchrun rank > 0: this process was a worker of rank 0's engine
+        return 0
+    engine = AsyncLLM(**kw)
     app = build_app(engine, name, limits, api_key=args.api_key or os.environ.get("FASTINFER_API_KEY") or None,
                     max_body_bytes=args.max_body_bytes, model_root=engine.llm.model_path)
     run_server(engine, app, args.host, args.port, args.log_level)

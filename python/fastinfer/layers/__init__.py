@@ -3,8 +3,9 @@ here; fp8 / int4 in :mod:`fastinfer.quant`), RMSNorm, embedding / LM head, paged
 forward batch and its builder, and the checkpoint readers layers load their own weights from.
 
 Every layer takes the op backend it calls (``ops=fastinfer.ops.backend(...)``) and, for weights, the
-checkpoint names it loads (``prefix``). Tensor-parallel ready (:class:`ParallelInfo`; world size 1
-today).
+checkpoint names it loads (``prefix``). Tensor parallel: a layer built with a
+:class:`~fastinfer.distributed.ParallelInfo` holds and loads its rank's shard (column / row / vocabulary
+parallel) and meets the other ranks in its collectives.
 """
 
 from .attention import KVCache, PagedAttention  # noqa: F401

@@ -6,20 +6,23 @@ where the checkpoint has three. How ``W`` is stored and multiplied is the layer'
 :class:`UnquantizedLinearMethod` here (float weights), fp8 and int4 ones in :mod:`fastinfer.quant`,
 chosen per layer by a :class:`QuantizationConfig` when the model is built.
 
-Tensor-parallel ready: :class:`ColumnParallelLinear` (output rows split over ranks, every part
-separately) and :class:`RowParallelLinear` (input columns split, outputs summed over ranks). The
-rank layout is :class:`ParallelInfo`; today every model runs with world size 1, where both are
-plain linears.
+Tensor parallelism: :class:`ColumnParallelLinear` (output rows split over ranks, every part
+separately; a part may be split into fewer slices than ranks, then replicated: K/V heads when the
+group is larger than ``num_key_value_heads``) and :class:`RowParallelLinear` (input columns split,
+outputs summed over ranks by one all-reduce, the bias added by rank 0 only). The rank layout is
+:class:`~fastinfer.distributed.ParallelInfo`; at world size 1 both are plain linears. A method loads
+its shard through :meth:`Linear.row_shard` / :meth:`Linear.col_shard` (ranges of the checkpoint
+tensor, in rows and input features).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
+from ..distributed import SINGLE, ParallelInfo
 from .weights import CheckpointModule, WeightReader
 
 Tensor = torch.Tensor
@@ -38,17 +41,6 @@ class WeightPart(NamedTuple):
 
     prefix: str  # e.g. "model.layers.0.self_attn.q_proj"
     rows: int
-
-
-@dataclass(frozen=True)
-class ParallelInfo:
-    """This process's place in the tensor-parallel group."""
-
-    rank: int = 0
-    world_size: int = 1
-
-
-SINGLE = ParallelInfo()
 
 
 class LinearMethod:
@@ -86,9 +78,9 @@ class UnquantizedLinearMethod(LinearMethod):
     def load_weights(self, layer: "Linear", reader: WeightReader) -> None:
         with torch.no_grad():
             off = 0
-            for part, rows in zip(layer.parts, layer.part_rows):
-                w = reader.get_float(part.prefix + ".weight", layer.full_shape(part))
-                w = layer.shard(w)
+            for i, (part, rows) in enumerate(zip(layer.parts, layer.part_rows)):
+                w = reader.get_float(part.prefix + ".weight", layer.full_shape(part),
+                                     rows=layer.row_shard(i), cols=layer.col_shard())
                 layer.weight.narrow(0, off, rows).copy_(w.to(device=layer.device, dtype=layer.dtype))
                 off += rows
 
@@ -130,13 +122,17 @@ class Linear(CheckpointModule):
         quant_config: picks the linear method (None: float); ``method`` overrides it.
         ops: the op backend (:func:`fastinfer.ops.backend`), used by quantised methods.
         tp: tensor-parallel rank layout.
+        part_shards: column-parallel only: per part ``(index, count)``: the part's rows are split
+            into ``count`` slices and this rank holds slice ``index`` (default ``(rank, world_size)``;
+            fewer slices than ranks replicate them, K/V heads under GQA).
     """
 
     parallel = "replicated"  # "column" | "row" in the subclasses
 
     def __init__(self, in_features: int, parts: Sequence[WeightPart], bias: bool, *, dtype: torch.dtype,
                  device, ops, prefix: Optional[str] = None, quant_config: Optional[QuantizationConfig] = None,
-                 method: Optional[LinearMethod] = None, tp: ParallelInfo = SINGLE):
+                 method: Optional[LinearMethod] = None, tp: ParallelInfo = SINGLE,
+                 part_shards: Optional[Sequence[Tuple[int, int]]] = None):
         super().__init__()
         self.parts: List[WeightPart] = list(parts)
         self.prefix = prefix or self.parts[0].prefix
@@ -146,15 +142,19 @@ class Linear(CheckpointModule):
         self.device = torch.device(device)
         self.ops = ops
         ws = tp.world_size
+        self.part_shards: List[Tuple[int, int]] = [(0, 1)] * len(self.parts)
         if self.parallel == "column":
-            for p in self.parts:
-                if p.rows % ws:
-                    raise ValueError(f"{p.prefix}: {p.rows} output features do not split over {ws} ranks")
-            self.part_rows = [p.rows // ws for p in self.parts]
+            self.part_shards = [tuple(x) for x in part_shards] if part_shards else [(tp.rank, ws)] * len(self.parts)
+            for p, (_, n) in zip(self.parts, self.part_shards):
+                if p.rows % n:
+                    raise ValueError(f"{p.prefix}: {p.rows} output features do not split over {n} ranks "
+                                     f"(tensor_parallel_size={ws})")
+            self.part_rows = [p.rows // n for p, (_, n) in zip(self.parts, self.part_shards)]
             self.in_features = self.full_in_features
         else:
             if self.parallel == "row" and self.full_in_features % ws:
-                raise ValueError(f"{self.prefix}: {in_features} input features do not split over {ws} ranks")
+                raise ValueError(f"{self.prefix}: {in_features} input features do not split over {ws} ranks "
+                                 f"(tensor_parallel_size={ws})")
             self.part_rows = [p.rows for p in self.parts]
             self.in_features = self.full_in_features // ws if self.parallel == "row" else self.full_in_features
         self.out_features = sum(self.part_rows)
@@ -169,15 +169,23 @@ class Linear(CheckpointModule):
         """Shape of ``part``'s weight in the checkpoint (unsharded)."""
         return (part.rows, self.full_in_features)
 
-    def shard(self, w: Tensor, dim: Optional[int] = None) -> Tensor:
-        """This rank's slice of a checkpoint tensor laid out like the weight ``[rows, in]`` (``dim``
-        0 = rows, 1 = input columns; default: the layer's split dimension)."""
-        ws = self.tp.world_size
-        if ws == 1 or self.parallel == "replicated":
-            return w
-        dim = (0 if self.parallel == "column" else 1) if dim is None else dim
-        n = w.shape[dim] // ws
-        return w.narrow(dim, self.tp.rank * n, n)
+    def row_shard(self, i: int) -> Optional[Tuple[int, int]]:
+        """``(start, length)`` of this rank's rows of part ``i`` (None: all of them)."""
+        index, count = self.part_shards[i]
+        if count == 1:
+            return None
+        n = self.parts[i].rows // count
+        return (index * n, n)
+
+    def col_shard(self) -> Optional[Tuple[int, int]]:
+        """``(start, length)`` of this rank's input features (None: all of them)."""
+        if self.parallel != "row" or self.tp.world_size == 1:
+            return None
+        return (self.tp.rank * self.in_features, self.in_features)
+
+    @property
+    def is_sharded(self) -> bool:
+        return self.col_shard() is not None or any(n > 1 for _, n in self.part_shards)
 
     def replace_method(self, method: LinearMethod) -> None:
         """Switch to another method before loading (a layer a quantised checkpoint left in float)."""
@@ -198,10 +206,10 @@ class Linear(CheckpointModule):
         else:
             with torch.no_grad():
                 off = 0
-                for part, rows in zip(self.parts, self.part_rows):
+                for i, (part, rows) in enumerate(zip(self.parts, self.part_rows)):
                     b = reader.get_float(part.prefix + ".bias", (part.rows,))
-                    if self.parallel == "column":
-                        b = self.shard(b, 0)
+                    if self.row_shard(i) is not None:
+                        b = b.narrow(0, *self.row_shard(i))
                     elif self.parallel == "row" and self.tp.rank != 0:
                         b = torch.zeros_like(b)  # row-parallel: the bias is added once, by rank 0
                     self.bias.narrow(0, off, rows).copy_(b.to(device=self.device, dtype=self.dtype))
@@ -243,6 +251,6 @@ class RowParallelLinear(Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         y = self.method.apply(self, x, self.bias)
-        if self.tp.world_size > 1:  # pragma: no cover - tensor parallelism is not wired yet
-            torch.distributed.all_reduce(y)
+        if self.tp.world_size > 1:
+            self.tp.comm.all_reduce(y)
         return y

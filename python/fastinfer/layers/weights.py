@@ -19,6 +19,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 import torch
 
 Tensor = torch.Tensor
+Span = Tuple[int, int]  # (start, length) along one dimension
 
 __all__ = ["WeightReader", "SafetensorsReader", "TensorDictReader", "CheckpointModule", "SingleWeightModule",
            "checkpoint_files", "check_tensor"]
@@ -83,19 +84,32 @@ class WeightReader:
     def has(self, name: str) -> bool:
         raise NotImplementedError
 
-    def get(self, name: str, shape: Optional[Tuple[int, ...]] = None, dtypes=None) -> Tensor:
-        """Read tensor ``name`` (marks it used); ``shape`` / ``dtypes`` are checked when given."""
+    def _read_slice(self, name: str, rows: Optional[Span], cols: Optional[Span]) -> Tensor:
+        """Rows ``rows`` and columns ``cols`` (``(start, length)``, None: all) of a 2-D tensor."""
+        t = self._read(name)
+        if rows is not None:
+            t = t.narrow(0, *rows)
+        if cols is not None:
+            t = t.narrow(1, *cols)
+        return t
+
+    def get(self, name: str, shape: Optional[Tuple[int, ...]] = None, dtypes=None, rows: Optional[Span] = None,
+            cols: Optional[Span] = None) -> Tensor:
+        """Read tensor ``name`` (marks it used); ``shape`` (of the whole tensor) / ``dtypes`` are
+        checked when given. ``rows`` / ``cols``: ``(start, length)`` of a 2-D tensor, the slice a
+        tensor-parallel rank needs (a memory-mapped reader reads only that)."""
         if not self.has(name):
             raise ValueError(f"missing tensor {name!r} in checkpoint {self.description}")
         if shape is not None and tuple(self.shape(name)) != tuple(shape):
             raise ValueError(f"tensor {name!r} has shape {list(self.shape(name))}, expected {list(shape)}")
-        t = self._read(name)
+        t = self._read(name) if rows is None and cols is None else self._read_slice(name, rows, cols)
         self.used.add(name)
         return check_tensor(name, t, None, dtypes)
 
-    def get_float(self, name: str, shape: Optional[Tuple[int, ...]] = None) -> Tensor:
+    def get_float(self, name: str, shape: Optional[Tuple[int, ...]] = None, rows: Optional[Span] = None,
+                  cols: Optional[Span] = None) -> Tensor:
         """:meth:`get` for a tensor that must be floating point (norms, embeddings, float linears)."""
-        t = self.get(name, shape)
+        t = self.get(name, shape, rows=rows, cols=cols)
         if not t.is_floating_point() or t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
             raise ValueError(f"tensor {name!r} has dtype {t.dtype}, a float tensor was expected (a quantised "
                              "checkpoint needs a quantization_config in config.json, see fastinfer.quant)")
@@ -146,6 +160,12 @@ class SafetensorsReader(WeightReader):
 
     def _read(self, name: str) -> Tensor:
         return self._handles[self._where[name]].get_tensor(name)
+
+    def _read_slice(self, name: str, rows: Optional[Span], cols: Optional[Span]) -> Tensor:
+        sl = self._handles[self._where[name]].get_slice(name)
+        r = slice(None) if rows is None else slice(rows[0], rows[0] + rows[1])
+        c = slice(None) if cols is None else slice(cols[0], cols[0] + cols[1])
+        return sl[r, c] if len(sl.get_shape()) == 2 else sl[r]
 
 
 class TensorDictReader(WeightReader):

@@ -16,6 +16,11 @@ then the final norm and ``lm_head`` on the ``logits_indices`` rows only.
 
 Every layer loads its own weights by checkpoint (Hugging Face) name; :data:`PACKED_MODULES` is the
 one table of which checkpoint projections are fused into which of our linears.
+
+Tensor parallelism (``tp``, world size N): q/k/v and gate/up are column-parallel, o_proj and
+down_proj row-parallel (one all-reduce each), embedding and lm_head vocabulary-parallel; each rank
+holds ``Hq / N`` query heads and ``Hkv / N`` KV heads, or, when N exceeds ``Hkv``, one KV head
+replicated over ``N / Hkv`` ranks (as vLLM does). Norms and the RoPE table are replicated.
 """
 
 from __future__ import annotations
@@ -40,11 +45,12 @@ from ..layers import (
     WeightPart,
     WeightReader,
 )
+from ..distributed import SINGLE, ParallelInfo
 from ..ops import backend
 from .config import ModelConfig
 from .rope import build_cos_sin_cache
 
-__all__ = ["LlamaForCausalLM", "PACKED_MODULES"]
+__all__ = ["LlamaForCausalLM", "PACKED_MODULES", "attention_shards"]
 
 Tensor = torch.Tensor
 
@@ -61,17 +67,31 @@ PACKED_MODULES: Dict[str, Tuple[str, ...]] = {
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq", ".inv_freq")
 
 
+def attention_shards(config: ModelConfig, tp: ParallelInfo) -> Tuple[int, int, Tuple[int, int]]:
+    """``(query heads, KV heads, (index, count) of the K/V row slice)`` of rank ``tp.rank``."""
+    n, hq, hkv = tp.world_size, config.num_attention_heads, config.num_key_value_heads
+    if hq % n:
+        raise ValueError(f"num_attention_heads={hq} does not split over tensor_parallel_size={n}")
+    if n <= hkv:
+        if hkv % n:
+            raise ValueError(f"num_key_value_heads={hkv} does not split over tensor_parallel_size={n}")
+        return hq // n, hkv // n, (tp.rank, n)
+    if n % hkv:
+        raise ValueError(f"tensor_parallel_size={n} is larger than num_key_value_heads={hkv} and not a multiple "
+                         "of it: KV heads can only be replicated evenly")
+    return hq // n, 1, (tp.rank * hkv // n, hkv)
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int, *, dtype, device, ops,
-                 quant_config: Optional[QuantizationConfig]):
+                 quant_config: Optional[QuantizationConfig], tp: ParallelInfo = SINGLE):
         super().__init__()
         c = config
         self.layer_idx = layer_idx
-        self.num_heads = c.num_attention_heads
-        self.num_kv_heads = c.num_key_value_heads
+        self.num_heads, self.num_kv_heads, kv_shard = attention_shards(c, tp)
         self.head_dim = c.head_dim
-        self.q_size = c.q_size
-        self.kv_size = c.kv_size
+        self.q_size = self.num_heads * c.head_dim
+        self.kv_size = self.num_kv_heads * c.head_dim
         self.ops = ops
         prefix = f"model.layers.{layer_idx}"
 
@@ -79,24 +99,23 @@ class LlamaDecoderLayer(nn.Module):
             return [WeightPart(f"{prefix}.{name}", n) for name, n in zip(PACKED_MODULES[slot], sizes)]
 
         kw = dict(dtype=dtype, device=device, ops=ops)
+        lin = dict(kw, quant_config=quant_config, tp=tp)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, f"{prefix}.input_layernorm", **kw)
         self.qkv_proj = ColumnParallelLinear(c.hidden_size, parts("qkv_proj", (c.q_size, c.kv_size, c.kv_size)),
-                                             c.qkv_bias, quant_config=quant_config, **kw)
+                                             c.qkv_bias, part_shards=[(tp.rank, tp.world_size), kv_shard, kv_shard],
+                                             **lin)
         self.q_norm = self.k_norm = None
         if c.qk_norm:  # per-head RMSNorm over head_dim before RoPE (Qwen3)
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, f"{prefix}.self_attn.q_norm", **kw)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, f"{prefix}.self_attn.k_norm", **kw)
-        self.attn = PagedAttention(c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, c.head_dim,
                                    float(c.head_dim) ** -0.5, c.window_left(layer_idx), layer_idx, ops=ops)
-        self.o_proj = RowParallelLinear(c.q_size, parts("o_proj", (c.hidden_size,)), c.o_bias,
-                                        quant_config=quant_config, **kw)
+        self.o_proj = RowParallelLinear(c.q_size, parts("o_proj", (c.hidden_size,)), c.o_bias, **lin)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps,
                                                 f"{prefix}.post_attention_layernorm", **kw)
         F = c.intermediate_size
-        self.gate_up_proj = ColumnParallelLinear(c.hidden_size, parts("gate_up_proj", (F, F)), c.mlp_bias,
-                                                 quant_config=quant_config, **kw)
-        self.down_proj = RowParallelLinear(F, parts("down_proj", (c.hidden_size,)), c.mlp_bias,
-                                           quant_config=quant_config, **kw)
+        self.gate_up_proj = ColumnParallelLinear(c.hidden_size, parts("gate_up_proj", (F, F)), c.mlp_bias, **lin)
+        self.down_proj = RowParallelLinear(F, parts("down_proj", (c.hidden_size,)), c.mlp_bias, **lin)
 
     def forward(self, x: Tensor, residual: Optional[Tensor], batch: ForwardBatch, kv_cache: KVCache,
                 cos_sin_cache: Tensor) -> Tuple[Tensor, Tensor]:
@@ -134,11 +153,12 @@ class LlamaForCausalLM(nn.Module):
         op_namespace: ``"fastinfer"`` (default) or ``"fastinfer_sim"`` (the CUDA kernel sources
             run by the CPU emulator; fp16/bf16 only, slow: tests). See :meth:`set_op_namespace`.
         quant_config: chooses each linear's method (:mod:`fastinfer.quant`); None: float.
+        tp: this rank's place in the tensor-parallel group (the model is then its shard).
     """
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32, device=None,
                  max_positions: Optional[int] = None, op_namespace: str = "fastinfer",
-                 quant_config: Optional[QuantizationConfig] = None):
+                 quant_config: Optional[QuantizationConfig] = None, tp: ParallelInfo = SINGLE):
         super().__init__()
         if config.head_dim not in (64, 128, 256):
             raise ValueError(f"head_dim {config.head_dim} is not supported by the fastinfer attention ops "
@@ -148,15 +168,17 @@ class LlamaForCausalLM(nn.Module):
         self.dtype = dtype
         self.device = device
         self.quant_config = quant_config
+        self.tp = tp
         self.ops = backend(op_namespace)
         c = config
         kw = dict(dtype=dtype, device=device)
-        self.embed_tokens = VocabEmbedding(c.vocab_size, c.hidden_size, "model.embed_tokens", **kw)
-        self.layers = nn.ModuleList([LlamaDecoderLayer(c, i, ops=self.ops, quant_config=quant_config, **kw)
+        self.num_local_kv_heads = attention_shards(c, tp)[1]
+        self.embed_tokens = VocabEmbedding(c.vocab_size, c.hidden_size, "model.embed_tokens", tp=tp, **kw)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(c, i, ops=self.ops, quant_config=quant_config, tp=tp, **kw)
                                      for i in range(c.num_hidden_layers)])
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, "model.norm", ops=self.ops, **kw)
         self.lm_head = LMHead(c.vocab_size, c.hidden_size, "lm_head", ops=self.ops, quant_config=quant_config,
-                              tie_to=self.embed_tokens if c.tie_word_embeddings else None, **kw)
+                              tie_to=self.embed_tokens if c.tie_word_embeddings else None, tp=tp, **kw)
         self.max_positions = int(c.max_model_len if max_positions is None else max_positions)
         self.register_buffer("cos_sin_cache", build_cos_sin_cache(c, self.max_positions, dtype=torch.float32,
                                                                   device=device), persistent=False)
@@ -228,13 +250,14 @@ class LlamaForCausalLM(nn.Module):
         return self.config.num_hidden_layers
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> Tuple[int, int, int, int]:
-        """Shape of ONE of a layer's two caches: ``[num_blocks, block_size, Hkv, D]``."""
-        return (int(num_blocks), int(block_size), self.config.num_key_value_heads, self.config.head_dim)
+        """Shape of ONE of a layer's two caches: ``[num_blocks, block_size, Hkv, D]`` (this rank's
+        KV heads under TP)."""
+        return (int(num_blocks), int(block_size), self.num_local_kv_heads, self.config.head_dim)
 
     def kv_cache_bytes_per_block(self, block_size: int, dtype: Optional[torch.dtype] = None) -> int:
         """Bytes one KV block takes over all layers (K and V), for sizing the cache."""
         dt = self.dtype if dtype is None else dtype
-        per = block_size * self.config.num_key_value_heads * self.config.head_dim
+        per = block_size * self.num_local_kv_heads * self.config.head_dim
         return 2 * self.num_layers * per * torch.empty((), dtype=dt).element_size()
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: Optional[torch.dtype] = None,
@@ -255,7 +278,7 @@ class LlamaForCausalLM(nn.Module):
         Writes the new tokens' K/V into ``kv_caches`` (one ``(k, v)`` per layer) at
         ``batch.slot_mapping``. All index tensors must be on the model's device.
         """
-        if batch.num_tokens == 0:
+        if batch.num_tokens == 0:  # (every rank sees the same batch: all of them return here)
             return torch.empty((0, self.config.vocab_size), dtype=torch.float32, device=self.device)
         h = self.hidden_states(batch, kv_caches)
         return self.compute_logits(h.index_select(0, batch.logits_indices))
@@ -274,5 +297,6 @@ class LlamaForCausalLM(nn.Module):
         return x
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
-        """float32 logits of hidden states ``[N, hidden]``."""
+        """float32 logits of hidden states ``[N, hidden]`` (under TP: on rank 0; the other ranks get
+        their vocabulary slice)."""
         return self.lm_head(hidden)

@@ -22,6 +22,7 @@ from typing import Dict, Optional, Union
 
 import torch
 
+from ..distributed import SINGLE, ParallelInfo
 from ..layers import QuantizationConfig, SafetensorsReader, WeightReader
 from .config import ModelConfig
 from .gguf import GGUFWeightReader, find_gguf, gguf_model_config
@@ -63,10 +64,11 @@ def load_model(
     config: Optional[ModelConfig] = None,
     quant_config: Optional[QuantizationConfig] = None,
     op_namespace: str = "fastinfer",
+    tp: ParallelInfo = SINGLE,
 ) -> LlamaForCausalLM:
     """Build the model of checkpoint ``source`` (a directory, a GGUF file, or a reader with
     ``config`` given) and load its weights. ``dtype`` defaults to :func:`default_dtype`, ``device``
-    to the CPU."""
+    to the CPU. ``tp``: build and load this rank's shard only."""
     if isinstance(source, str):
         config = load_config(source) if config is None else config
         reader: WeightReader = checkpoint_reader(source, config)
@@ -77,7 +79,7 @@ def load_model(
     device = torch.device("cpu" if device is None else device)
     dtype = default_dtype(config, device) if dtype is None else dtype
     model = LlamaForCausalLM(config, dtype=dtype, device=device, max_positions=max_positions,
-                             op_namespace=op_namespace, quant_config=quant_config)
+                             op_namespace=op_namespace, quant_config=quant_config, tp=tp)
     model.load_weights(reader, progress=progress)
     return model.eval()
 

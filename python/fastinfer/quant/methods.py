@@ -5,11 +5,20 @@ A method reads every part (checkpoint projection) of its layer from wherever it 
 quantised in fastinfer's format, AutoAWQ, AutoGPTQ, compressed-tensors, Hugging Face fine-grained
 FP8, or float (then quantised on load) — fuses the parts, and multiplies with ``fp8_scaled_mm`` /
 ``int4_gemm``. A layer whose parts a quantised checkpoint left in float becomes a float linear.
+
+Tensor parallelism: every part is read (and, from float, quantised) whole, then this rank's slice of
+the stored form is kept (:func:`_shard`), so a shard holds exactly the codes and scales of the
+unsharded layer: fp8 per-channel scales follow their rows (a row-parallel shard keeps its rows'
+full-width scales); fp8 128 x 128 blocks and int4 groups must not straddle a shard boundary (int4:
+the group size must divide each rank's input features, and column shards are whole 16-row tiles of
+the packed layout), else a ``ValueError`` names the layer, the group (or block) size and the
+tensor-parallel size. Act-order int4 (a permutation of the input features) shards by output rows
+only; a row-parallel act-order layer is refused.
 """
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -237,6 +246,53 @@ def _read_part(r: WeightReader, part: WeightPart, k: int, m: "_QuantizedMethod",
     return _Stored("int4", (Int4Part(int4_pack(q), s.to(dtype), z, None, opts.group_size),))
 
 
+def _narrow(t: Optional[Tensor], dim: int, span, unit: int = 1) -> Optional[Tensor]:
+    """``t`` cut to ``span`` (in units of ``unit`` elements along ``dim``); None stays None."""
+    if t is None or span is None:
+        return t
+    return t.narrow(dim, span[0] // unit, span[1] // unit).contiguous()
+
+
+def _shard(layer: Linear, i: int, stored: _Stored) -> _Stored:
+    """This rank's slice of part ``i`` as stored: rows ``layer.row_shard(i)``, input features
+    ``layer.col_shard()`` (see the module docstring for what must divide what)."""
+    rows, cols = layer.row_shard(i), layer.col_shard()
+    prefix, ws = layer.parts[i].prefix, layer.tp.world_size
+    if stored.kind == "fp8":
+        w, s, xs = stored.data
+        return _Stored("fp8", (_narrow(_narrow(w, 0, rows), 1, cols), _narrow(s, 0, rows), xs))
+    if stored.kind == "fp8-block":
+        w, s = stored.data
+        for span, full, what in ((rows, w.shape[0], "output rows"), (cols, w.shape[1], "input features")):
+            if span is not None and (span[0] % FP8_BLOCK or (span[1] % FP8_BLOCK and sum(span) != full)):
+                raise ValueError(f"{prefix}: its {full} {what} split over tensor_parallel_size={ws} into "
+                                 f"{span[1]} per rank, which cuts its {FP8_BLOCK} x {FP8_BLOCK} fp8 blocks")
+        cut = (lambda t, d, sp: t if sp is None else t.narrow(d, sp[0] // FP8_BLOCK, _cdiv(sp[1], FP8_BLOCK)))
+        return _Stored("fp8-block", (_narrow(_narrow(w, 0, rows), 1, cols),
+                                     cut(cut(s, 0, rows), 1, cols).contiguous()))
+    p: Int4Part = stored.data[0]
+    if rows is not None and (rows[0] % 16 or rows[1] % 16):
+        raise ValueError(f"{prefix}: {rows[1]} output rows per rank (tensor_parallel_size={ws}) are not whole "
+                         "16-row tiles of the int4 layout")
+    if cols is not None:
+        g = p.group_size
+        if p.perm is not None:
+            raise ValueError(f"{prefix}: act-order int4 weights (g_idx) cannot be split along the input features "
+                             f"(row-parallel, tensor_parallel_size={ws}); use a checkpoint without act-order "
+                             "(desc_act=False) or tensor_parallel_size=1")
+        if cols[1] % g or p.k != layer.full_in_features:
+            raise ValueError(f"{prefix}: int4 group size {g} does not divide the {cols[1]} input features each "
+                             f"rank holds (K={layer.full_in_features}, tensor_parallel_size={ws}); use a group "
+                             f"size that divides {cols[1]}")
+        if cols[1] % 64:
+            raise ValueError(f"{prefix}: {cols[1]} input features per rank (tensor_parallel_size={ws}) are not a "
+                             "multiple of 64, the int4 layout's tile")
+    packed = _narrow(_narrow(p.packed, 1, rows and (8 * rows[0], 8 * rows[1])), 0, cols, 64)
+    scales = _narrow(_narrow(p.scales, 1, rows), 0, cols, p.group_size)
+    zeros = _narrow(_narrow(p.zeros, 1, rows), 0, cols, p.group_size)
+    return _Stored("int4", (Int4Part(packed, scales, zeros, p.perm, p.group_size),))
+
+
 class _QuantizedMethod(LinearMethod):
     """Reads the layer's parts; falls back to a float linear when all of them are stored in float."""
 
@@ -255,9 +311,7 @@ class _QuantizedMethod(LinearMethod):
         self.scheme = scheme
 
     def _read_parts(self, layer: Linear, reader: WeightReader) -> Optional[List[_Stored]]:
-        if layer.tp.world_size != 1:
-            raise ValueError(f"{layer.prefix}: quantised layers do not support tensor parallelism yet")
-        parts = [_read_part(reader, p, layer.in_features, self, layer.dtype) for p in layer.parts]
+        parts = [_read_part(reader, p, layer.full_in_features, self, layer.dtype) for p in layer.parts]
         kinds = {p.kind for p in parts}
         if len(kinds) != 1:
             raise ValueError(f"{layer.prefix}: the projections fused into this layer are stored differently "
@@ -269,7 +323,7 @@ class _QuantizedMethod(LinearMethod):
             return None
         if kind != self.kind:
             raise ValueError(f"{layer.prefix}: stored as {kind}, but the checkpoint's quantization is {self.kind}")
-        return parts
+        return [_shard(layer, i, p) for i, p in enumerate(parts)] if layer.is_sharded else parts
 
 
 class Fp8LinearMethod(_QuantizedMethod):
@@ -281,7 +335,9 @@ class Fp8LinearMethod(_QuantizedMethod):
     (``activation``, from a compressed-tensors scheme; "token" otherwise) are quantised by
     ``fp8_quantize`` dynamically per token (``s_x [M]``), dynamically per tensor, or with the
     checkpoint's static ``input_scale``: the largest of the fused projections' (vLLM's rule; the
-    projections see the same input, so a calibrated checkpoint stores equal ones).
+    projections see the same input, so a calibrated checkpoint stores equal ones). A row-parallel
+    shard quantises its input slice with the whole row's dynamic scale (one small all-reduce of
+    the amax), so tensor parallelism does not change the numbers.
     """
 
     name = kind = "fp8"
@@ -307,6 +363,8 @@ class Fp8LinearMethod(_QuantizedMethod):
         x2 = x.reshape(-1, layer.in_features).contiguous()
         if self.activation == "static":
             xq, xs = layer.ops.fp8_quantize(x2, "tensor", scale=layer.input_scale)
+        elif layer.col_shard() is not None:
+            xq, xs = _quantize_over_ranks(layer, x2, self.activation)
         else:
             xq, xs = layer.ops.fp8_quantize(x2, self.activation)
         if bias is not None and bias.dtype != x.dtype:
@@ -316,6 +374,19 @@ class Fp8LinearMethod(_QuantizedMethod):
 
     def describe(self, layer: Linear) -> str:
         return "fp8" if self.activation == "token" else f"fp8-{self.activation}"
+
+
+def _quantize_over_ranks(layer: Linear, x: Tensor, mode: str) -> Tuple[Tensor, Tensor]:
+    """Dynamic e4m3 quantisation of a row-parallel layer's input slice with the scales of the WHOLE
+    row (token) or tensor: the amax is all-reduced (max) over the ranks first, so every rank
+    quantises exactly as one rank would. The arithmetic is ``fp8_quantize``'s (fp32 amax, scale =
+    max(amax, 1e-12) / 448, IEEE division, clamp, round-to-nearest-even cast)."""
+    xf = x.float()
+    amax = xf.abs().amax(1) if mode == "token" else xf.abs().amax().reshape(1)
+    layer.tp.comm.all_reduce(amax, op="max")
+    s = amax.clamp_min(1e-12) / 448.0
+    q = (xf / (s[:, None] if mode == "token" else s)).clamp_(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return q, s
 
 
 class Fp8BlockLinearMethod(_QuantizedMethod):

@@ -1,0 +1,119 @@
+"""Where this process sits in the tensor-parallel group, and how the group is built.
+
+* :class:`ParallelInfo`: ``rank``, ``world_size`` and the group's :class:`Communicator` (None at
+  world size 1). Layers shard by it (:mod:`fastinfer.layers`).
+* :func:`build_groups`: the two groups of one engine over a ``torch.distributed`` store: the tensor
+  group (gloo on CPU, NCCL on CUDA; all-reduces and the logits gather, deadline
+  ``timeout_s``) and the control group (always gloo; rank 0's per-step message, which an idle
+  worker waits for without a deadline worth the name). The groups belong to the engine, not to the
+  process: no ``init_process_group``, so several engines can live in one process.
+* Spawned workers on one host (:func:`master_store` / :func:`client_store`): a ``TCPStore`` on
+  127.0.0.1 at a port the OS picks (port 0), gloo bound to the loopback device.
+* torchrun (:func:`torchrun_env`, :func:`torchrun_groups`): ``RANK``, ``WORLD_SIZE``,
+  ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` from the launcher; the default group is
+  initialised from them (``env://``) and the engine's groups are made with ``new_group``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .communication import Communicator, ControlChannel
+
+__all__ = ["ParallelInfo", "SINGLE", "build_groups", "master_store", "client_store", "torchrun_env",
+           "torchrun_groups", "CONTROL_TIMEOUT_S", "LOOPBACK"]
+
+LOOPBACK = "127.0.0.1"
+CONTROL_TIMEOUT_S = 7 * 24 * 3600.0  # a worker waits for the next step as long as its engine lives
+
+
+@dataclass(frozen=True)
+class ParallelInfo:
+    """This process's place in the tensor-parallel group (``comm`` is None at world size 1)."""
+
+    rank: int = 0
+    world_size: int = 1
+    comm: Optional[Communicator] = field(default=None, compare=False, repr=False)
+
+
+SINGLE = ParallelInfo()
+
+
+def _td(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=float(seconds))
+
+
+def master_store(timeout_s: float = 300.0):
+    """Rank 0's store for spawned workers: 127.0.0.1, a free port chosen by the OS (``.port``)."""
+    return torch.distributed.TCPStore(LOOPBACK, 0, None, True, timeout=_td(timeout_s), wait_for_workers=False)
+
+
+def client_store(port: int, timeout_s: float = 300.0, host: str = LOOPBACK):
+    return torch.distributed.TCPStore(host, int(port), None, False, timeout=_td(timeout_s))
+
+
+def _gloo(store, rank: int, size: int, timeout_s: float, loopback: bool):
+    pg_cls = torch.distributed.ProcessGroupGloo
+    opts = pg_cls._Options()
+    opts._timeout = _td(timeout_s)
+    opts._devices = [pg_cls.create_device(hostname=LOOPBACK) if loopback else pg_cls.create_default_device()]
+    return pg_cls(store, rank, size, opts)
+
+
+def _nccl(store, rank: int, size: int, timeout_s: float, device: torch.device):
+    pg_cls = torch.distributed.ProcessGroupNCCL
+    opts = pg_cls.Options()
+    opts._timeout = _td(timeout_s)
+    pg = pg_cls(store, rank, size, opts)
+    if hasattr(pg, "eager_connect_single_device"):
+        pg.eager_connect_single_device(device)
+    return pg
+
+
+def build_groups(store, rank: int, world_size: int, device: torch.device, timeout_s: float,
+                 loopback: bool = True) -> Tuple[ParallelInfo, ControlChannel]:
+    """The engine's tensor group (as :class:`ParallelInfo`) and control channel over ``store``."""
+    prefix = torch.distributed.PrefixStore
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    ctrl = Communicator(_gloo(prefix("ctrl/", store), rank, world_size, CONTROL_TIMEOUT_S, loopback),
+                        rank, world_size, CONTROL_TIMEOUT_S, "control group")
+    if device.type == "cuda":
+        pg = _nccl(prefix("tp/", store), rank, world_size, timeout_s, device)
+    else:
+        pg = _gloo(prefix("tp/", store), rank, world_size, timeout_s, loopback)
+    tp = ParallelInfo(rank, world_size, Communicator(pg, rank, world_size, timeout_s))
+    return tp, ControlChannel(ctrl, timeout_s)
+
+
+def torchrun_env(environ: Optional[Dict[str, str]] = None) -> Optional[Dict[str, object]]:
+    """``{rank, world_size, local_rank, master_addr, master_port}`` when launched by torchrun (or any
+    launcher setting the same variables), else None."""
+    env = os.environ if environ is None else environ
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        return None
+    return {"rank": int(env["RANK"]), "world_size": int(env["WORLD_SIZE"]),
+            "local_rank": int(env.get("LOCAL_RANK", 0)), "master_addr": env.get("MASTER_ADDR", LOOPBACK),
+            "master_port": int(env.get("MASTER_PORT", 29500))}
+
+
+def torchrun_groups(device: torch.device, timeout_s: float) -> Tuple[ParallelInfo, ControlChannel]:
+    """The engine's groups in a torchrun job: the default group from ``env://`` (gloo; NCCL on
+    CUDA), then one new group per role."""
+    dist = torch.distributed
+    env = torchrun_env()
+    if env is None:
+        raise RuntimeError("not launched by torchrun: RANK / WORLD_SIZE are not set")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://",
+                                timeout=_td(max(timeout_s, 300.0)))
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    ctrl_pg = dist.new_group(backend="gloo", timeout=_td(CONTROL_TIMEOUT_S))
+    tp_pg = dist.new_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=_td(timeout_s))
+    ctrl = Communicator(ctrl_pg, rank, ws, CONTROL_TIMEOUT_S, "control group")
+    return ParallelInfo(rank, ws, Communicator(tp_pg, rank, ws, timeout_s)), ControlChannel(ctrl, timeout_s)

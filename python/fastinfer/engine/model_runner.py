@@ -1,0 +1,232 @@
+"""The model runner: what every tensor-parallel rank runs, the same on each (SPMD).
+
+A :class:`ModelRunner` holds one rank's shard of the target model, its paged KV pool (the same
+block count on every rank: the scheduler's view is rank 0's) and its decode CUDA graphs, and runs
+a :class:`ForwardPlan`: a tensor-free description of one target forward (prefill chunks, decode
+rows, speculative trees with their masks, by sequence id and block table) plus the KV slot moves
+of the last verification, applied first. Rank 0's executor makes the plans; workers receive them
+(:mod:`.workers`) and run them through their own runner, so every rank takes the same branch
+(graph or eager) and meets the same collectives in the same order.
+
+At world size 1 this is simply the executor's model half.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from ..distributed import SINGLE, ParallelInfo
+from ..layers import BatchBuilder, TensorDictReader
+from ..models import LlamaForCausalLM, load_config, load_model
+from ..quant import resolve_quantization
+from .config import EngineConfig
+from .cuda_graphs import DecodeGraphs
+from .speculative.drafter import move_slots
+
+__all__ = ["ForwardPlan", "Chunk", "ModelRunner", "load_checkpoint", "num_kv_blocks_for", "nvtx_range"]
+
+Tensor = torch.Tensor
+
+
+def nvtx_range(name: str, enabled: bool):
+    """``torch.cuda.nvtx.range`` on CUDA, a no-op elsewhere."""
+    import contextlib
+
+    return torch.cuda.nvtx.range(name) if enabled else contextlib.nullcontext()
+
+
+@dataclass
+class Chunk:
+    """New tokens of one sequence at cache positions ``start ..`` (a prompt chunk, or a speculative
+    tree: rotary ``positions`` = start + depth and a bool ``mask [q, q]``); ``logits`` as in
+    :meth:`~fastinfer.layers.BatchBuilder.prefill`."""
+
+    seq_id: int
+    tokens: List[int]
+    start: int
+    logits: str = "last"
+    positions: Optional[List[int]] = None
+    mask: Optional[Tensor] = None
+
+
+@dataclass
+class ForwardPlan:
+    chunks: List[Chunk] = field(default_factory=list)
+    decodes: List[Tuple[int, int, int]] = field(default_factory=list)  # (seq_id, token, position)
+    trees: List[Chunk] = field(default_factory=list)  # speculative verification, every row with logits
+    tables: Dict[int, List[int]] = field(default_factory=dict)  # seq_id -> block table
+    want_hidden: bool = False  # rank 0 also wants the final hidden states of the logits rows
+    moves: Tuple[List[int], List[int]] = ((), ())  # target KV slot moves (src, dst), applied first
+    finished: List[int] = field(default_factory=list)  # seq ids no later plan mentions
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks and not self.decodes and not self.trees
+
+
+def load_checkpoint(path: str, dtype, device, max_positions, quantization=None, progress: bool = False,
+                    tp: ParallelInfo = SINGLE) -> LlamaForCausalLM:
+    """Build and load checkpoint ``path`` (its quantisation resolved), this rank's shard under TP."""
+    cfg = load_config(path)  # a Hugging Face directory or a GGUF file
+    qc = resolve_quantization(cfg, quantization, path)
+    return load_model(path, dtype=dtype, device=device, progress=progress,
+                      max_positions=cfg.max_model_len if max_positions is None else max_positions,
+                      config=cfg, quant_config=qc, tp=tp)
+
+
+class ModelRunner:
+    """One rank's target model, KV pool and decode graphs (see the module docstring).
+
+    After construction: ``model``, ``device``, ``model_max_len``; after :meth:`init_kv`:
+    ``kv_caches``, ``num_kv_blocks``, ``max_model_len``.
+    """
+
+    def __init__(self, config: EngineConfig, tp: ParallelInfo = SINGLE):
+        self.config = config
+        self.tp = tp
+        self.block_size = config.block_size
+        self.model = self._load_target(config)
+        self.device = self.model.device
+        self.use_nvtx = self.device.type == "cuda"
+        self.model_max_len = int(self.model.max_positions)
+        self.kv_caches: List = []
+        self.num_kv_blocks = 0
+        self.max_model_len = min(self.model_max_len, config.max_model_len or self.model_max_len)
+        self.decode_graphs: Optional[DecodeGraphs] = None
+
+    def _load_target(self, c: EngineConfig) -> LlamaForCausalLM:
+        dev = c.device
+        if dev.type == "cuda" and self.tp.world_size > 1:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        if isinstance(c.model, str):
+            model = load_checkpoint(c.model, c.dtype, dev, c.max_model_len, c.quantization,
+                                    c.load_progress and self.tp.rank == 0, self.tp)
+        else:
+            model = c.model
+            if c.quantization is not None:  # an already built float model: rebuild it quantised
+                qc = resolve_quantization(model.config, c.quantization)
+                model = load_model(TensorDictReader(dict(model.checkpoint_tensors()), "the given model"),
+                                   config=model.config, dtype=model.dtype, device=model.device,
+                                   max_positions=model.max_positions, quant_config=qc,
+                                   op_namespace=model.op_namespace)
+        model.pack_linears_for_cpu()  # CPU bf16 only: oneDNN-blocked weights
+        return model
+
+    # ---- KV pool ------------------------------------------------------------------------------
+    def local_num_kv_blocks(self, extra_bytes_per_block: int = 0) -> int:
+        """The KV blocks this rank has room for (``extra_bytes_per_block``: a draft pool with the
+        same block ids, rank 0 only)."""
+        c = self.config
+        n = num_kv_blocks_for(self.model, c.block_size, self.device, num_kv_blocks=c.num_kv_blocks,
+                              kv_cache_bytes=c.kv_cache_bytes, gpu_memory_utilization=c.gpu_memory_utilization,
+                              max_model_len=self.max_model_len, max_num_seqs=c.max_num_seqs,
+                              max_num_batched_tokens=c.max_num_batched_tokens)
+        if extra_bytes_per_block and c.num_kv_blocks is None and (
+                c.kv_cache_bytes is not None or self.device.type == "cuda"):
+            t_pb = self.model.kv_cache_bytes_per_block(c.block_size)  # the byte budget holds both pools
+            n = max(1, n * t_pb // (t_pb + extra_bytes_per_block))
+        return n
+
+    def agreed_num_kv_blocks(self, extra_bytes_per_block: int = 0) -> int:
+        """The pool size every rank uses (one rank: its own)."""
+        return self.local_num_kv_blocks(extra_bytes_per_block)
+
+    def init_kv(self, num_blocks: int) -> None:
+        """Allocate the pool of ``num_blocks`` blocks (every rank the same) and capture graphs."""
+        c = self.config
+        self.num_kv_blocks = int(num_blocks)
+        self.max_model_len = min(self.max_model_len, self.num_kv_blocks * self.block_size)
+        self.kv_caches = self.model.allocate_kv_cache(self.num_kv_blocks, self.block_size)
+        if self.device.type == "cuda" and not c.enforce_eager:
+            self.enable_decode_graphs(min(c.max_num_seqs, 256), -(-self.max_model_len // self.block_size), True)
+
+    def enable_decode_graphs(self, max_batch: int, max_blocks: int, use_graphs: bool) -> DecodeGraphs:
+        """Capture decode graphs for batch buckets up to ``max_batch`` (``use_graphs=False``: the
+        same static-buffer path run eagerly, for tests without a GPU)."""
+        graphs = DecodeGraphs(self.model, self.kv_caches, max_batch, max_blocks, self.device, use_graphs)
+        with nvtx_range("capture decode graphs", self.use_nvtx):
+            graphs.capture()
+        self.decode_graphs = graphs
+        return graphs
+
+    def move_slots(self, src: List[int], dst: List[int]) -> None:
+        move_slots(self.model.ops, self.kv_caches, list(src), list(dst), self.device)
+
+    # ---- one forward --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, plan: ForwardPlan) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+        """Run ``plan``: ``(float32 logits, hidden states or None)`` of its logits rows (chunk rows
+        in chunk order, the decode rows, then the trees' rows). Under TP the logits are rank 0's;
+        other ranks get None."""
+        self.move_slots(*plan.moves)
+        if plan.is_empty:
+            return None, None
+        b = BatchBuilder(self.block_size, self.device)
+        for c in plan.chunks:
+            b.prefill(c.tokens, c.start, plan.tables[c.seq_id], positions=c.positions, mask=c.mask, logits=c.logits)
+        for sid, tok, pos in plan.decodes:
+            b.decode(tok, pos, plan.tables[sid])
+        for c in plan.trees:
+            b.prefill(c.tokens, c.start, plan.tables[c.seq_id], positions=c.positions, mask=c.mask, logits=c.logits)
+        g = self.decode_graphs
+        logits, hidden = None, None
+        if (not plan.chunks and not plan.trees and not plan.want_hidden and g is not None
+                and g.fits(len(plan.decodes), max(len(plan.tables[s]) for s, _, _ in plan.decodes))):
+            with nvtx_range(f"decode graph B={len(plan.decodes)}", self.use_nvtx):
+                logits = g.run(*b.decode_rows())
+        else:
+            batch = b.build()
+            name = "decode" if not plan.chunks else ("prefill" if not plan.decodes else "mixed")
+            if plan.trees:
+                name = "verify" if not plan.chunks and not plan.decodes else "mixed+verify"
+            with nvtx_range(f"{name} T={batch.num_tokens}", self.use_nvtx):
+                if not plan.want_hidden:
+                    logits = self.model(batch, self.kv_caches)
+                else:
+                    hidden = self.model.hidden_states(batch, self.kv_caches).index_select(0, batch.logits_indices)
+                    logits = self.model.compute_logits(hidden)
+        if self.tp.rank != 0:
+            return None, None
+        return logits, hidden
+
+
+# ------------------------------------------------------------------------------------------------
+# KV cache sizing
+# ------------------------------------------------------------------------------------------------
+
+def num_kv_blocks_for(model: LlamaForCausalLM, block_size: int, device: torch.device, *,
+                      num_kv_blocks: Optional[int], kv_cache_bytes: Optional[int], gpu_memory_utilization: float,
+                      max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """How many KV blocks to preallocate (on one rank: its shard's bytes per block).
+
+    ``num_kv_blocks`` wins; else ``kv_cache_bytes``; else on CUDA ``gpu_memory_utilization`` of the
+    device's total memory minus what is already used (weights, other processes) minus an estimate
+    of the activation peak of a ``max_num_batched_tokens`` step; on CPU enough blocks for
+    ``min(max_num_seqs, 16)`` full-length sequences, capped at 1 GiB.
+    """
+    per_block = model.kv_cache_bytes_per_block(block_size)
+    if num_kv_blocks is not None:
+        return int(num_kv_blocks)
+    if kv_cache_bytes is not None:
+        return max(1, int(kv_cache_bytes) // per_block)
+    if device.type == "cuda":
+        c = model.config
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(device)
+        el = torch.empty((), dtype=model.dtype).element_size()
+        act = max_num_batched_tokens * (6 * c.hidden_size + 4 * c.intermediate_size
+                                        + 2 * (c.q_size + 2 * c.kv_size)) * el
+        act += max_num_seqs * c.vocab_size * 4 * 4 + (512 << 20)
+        budget = total * gpu_memory_utilization - (total - free) - act
+        if budget < per_block:
+            raise RuntimeError(
+                f"not enough GPU memory for the KV cache: {free / 2**30:.1f} GiB free of "
+                f"{total / 2**30:.1f} GiB at gpu_memory_utilization={gpu_memory_utilization}")
+        return int(budget // per_block)
+    blocks_per_seq = -(-max_model_len // block_size)
+    n = blocks_per_seq * min(max_num_seqs, 16)
+    return max(min(n, (1 << 30) // per_block), blocks_per_seq + 1)

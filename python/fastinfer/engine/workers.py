@@ -1,0 +1,267 @@
+"""Tensor parallelism, rank 0's side: start the workers, drive them, notice when they fail, stop them.
+
+:class:`TensorParallelRunner` is rank 0's :class:`~.model_runner.ModelRunner` (its own shard) that
+also broadcasts every :class:`~.model_runner.ForwardPlan` to the N-1 workers (:mod:`.worker`)
+before running it, so all ranks run the same forward on their shards; the logits come back
+gathered on rank 0. The KV slot moves of a verification are applied on rank 0 at once and travel
+with the next plan (nothing reads those slots in between).
+
+Workers are processes started with the ``spawn`` start method (rank r on ``cuda:r`` on a GPU
+machine), meeting rank 0 at a ``TCPStore`` on 127.0.0.1 at a port the OS chose (so two engines on
+one host never collide), or, under ``torchrun``, the launcher's other processes.
+
+Faults: before each step rank 0 checks its workers' process sentinels; a collective that fails (a
+dead peer resets its connection at once; a hung one misses the deadline, ``FASTINFER_TP_TIMEOUT``
+seconds, 30 by default) raises :class:`TensorParallelError` naming the rank, its pid and what
+happened. The engine is then unusable: the workers are killed and every later step raises the same
+error. :meth:`TensorParallelRunner.shutdown` (``LLM.shutdown()``, also run when the LLM is garbage
+collected and at interpreter exit) sends the stop message, joins the workers (killing any that do
+not exit within 5 s), and releases the process groups and the store's port. No shared memory is
+used.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import time
+import weakref
+from typing import List, Optional, Tuple
+
+import torch
+
+from ..distributed import CollectiveError, ParallelInfo, build_groups, master_store, torchrun_env, torchrun_groups
+from ..models import load_config
+from ..models.llama import attention_shards
+from .config import EngineConfig
+from .model_runner import ForwardPlan, ModelRunner
+from .worker import PlanEncoder, spawned_worker_main, tp_timeout_s, worker_config, worker_threads
+
+__all__ = ["TensorParallelRunner", "TensorParallelError"]
+
+STARTUP_TIMEOUT_S = float(os.environ.get("FASTINFER_TP_STARTUP_TIMEOUT", 600.0))
+JOIN_TIMEOUT_S = 5.0
+
+
+class TensorParallelError(RuntimeError):
+    """A tensor-parallel worker died or hung; the engine cannot continue."""
+
+
+def _describe_exit(code: Optional[int]) -> str:
+    if code is None:
+        return "is alive but did not answer (hung, or much slower than rank 0)"
+    if code < 0:
+        try:
+            return f"died (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return f"died (signal {-code})"
+    return f"exited with code {code}"
+
+
+class _Workers:
+    """The spawned worker processes of one engine (and their pipes)."""
+
+    def __init__(self, config: EngineConfig, world_size: int, port: int, timeout_s: float, threads: int):
+        ctx = multiprocessing.get_context("spawn")
+        self.procs: List = []
+        self.conns: List = []
+        wconfig = worker_config(config)
+        for rank in range(1, world_size):
+            recv, send = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=spawned_worker_main, name=f"fastinfer-tp-worker-{rank}", daemon=True,
+                            args=(wconfig, rank, world_size, port, timeout_s, threads, os.getpid(), send))
+            p.start()
+            send.close()
+            self.procs.append(p)
+            self.conns.append(recv)
+
+    @property
+    def pids(self) -> List[int]:
+        return [p.pid for p in self.procs]
+
+    def wait_for(self, what: str, deadline: float) -> None:
+        """Wait until every worker has reported ``what`` (an error it reports, or its death, raises)."""
+        pending = dict(enumerate(self.conns))
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TensorParallelError(f"tensor-parallel workers {sorted(i + 1 for i in pending)} did not "
+                                          f"report '{what}' within {STARTUP_TIMEOUT_S:.0f} s")
+            sentinels = {self.procs[i].sentinel: i for i in pending}
+            ready = multiprocessing.connection.wait(list(pending.values()) + list(sentinels), timeout=left)
+            for r in ready:
+                i = sentinels.get(r)
+                if i is None:
+                    i = next(j for j, c in pending.items() if c is r)
+                    try:
+                        kind, info = r.recv()
+                    except EOFError:
+                        kind, info = "died", None
+                    if kind == "error":
+                        raise TensorParallelError(f"tensor-parallel worker rank {i + 1} failed: {info}")
+                    if kind == what:
+                        pending.pop(i)
+                    continue
+                self.procs[i].join(0.1)
+                raise TensorParallelError(f"tensor-parallel worker rank {i + 1} (pid {self.procs[i].pid}) "
+                                          f"{_describe_exit(self.procs[i].exitcode)} while starting")
+
+    def dead(self) -> Optional[str]:
+        for rank, p in enumerate(self.procs, 1):
+            if not p.is_alive():
+                return f"tensor-parallel worker rank {rank} (pid {p.pid}) {_describe_exit(p.exitcode)}"
+        return None
+
+    def describe_failure(self) -> str:
+        return self.dead() or "; ".join(f"tensor-parallel worker rank {r} (pid {p.pid}) {_describe_exit(None)}"
+                                        for r, p in enumerate(self.procs, 1))
+
+    def stop(self, graceful: bool) -> None:
+        deadline = time.monotonic() + (JOIN_TIMEOUT_S if graceful else 0.0)
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(JOIN_TIMEOUT_S)
+        for c in self.conns:
+            c.close()
+        self.procs, self.conns = [], []
+
+
+def _shutdown(state: dict) -> None:
+    """Stop an engine's workers and release its groups (a finalizer: holds no reference to the runner)."""
+    workers, tp, ctrl = state.pop("workers", None), state.pop("tp", None), state.pop("ctrl", None)
+    graceful = not state.get("failed")
+    if ctrl is not None and graceful:
+        try:
+            ctrl.send(None)
+        except CollectiveError:
+            graceful = False
+    if workers is not None:
+        workers.stop(graceful)
+    for comm in (tp.comm if tp is not None else None, ctrl.comm if ctrl is not None else None):
+        if comm is not None:
+            comm.close()
+    state.pop("store", None)
+
+
+class TensorParallelRunner(ModelRunner):
+    """Rank 0 of a tensor-parallel group (see the module docstring)."""
+
+    def __init__(self, config: EngineConfig):
+        n = config.tensor_parallel_size
+        if isinstance(config.model, str):  # refuse a bad split before starting anything
+            attention_shards(load_config(config.model), ParallelInfo(0, n))
+        env = torchrun_env()
+        timeout = tp_timeout_s()
+        self._state: dict = {}
+        self._error: Optional[str] = None
+        self._pending_moves: Tuple[List[int], List[int]] = ([], [])
+        self.encoder = PlanEncoder()
+        self.workers: Optional[_Workers] = None
+        self._finalizer = weakref.finalize(self, _shutdown, self._state)
+        try:
+            if env is not None and env["world_size"] > 1:
+                if env["world_size"] != n or env["rank"] != 0:
+                    raise ValueError(f"launched by torchrun as rank {env['rank']} of {env['world_size']}, but "
+                                     f"tensor_parallel_size={n}: they must be equal, and ranks > 0 serve through "
+                                     "fastinfer.engine.worker.serve_torchrun_worker")
+                torch.set_num_threads(min(torch.get_num_threads(), worker_threads(
+                    int(os.environ.get("LOCAL_WORLD_SIZE", n)))))
+                if config.device.type == "cuda":
+                    torch.cuda.set_device(env["local_rank"])
+                tp, ctrl = torchrun_groups(config.device, timeout)
+            else:
+                threads = min(torch.get_num_threads(), worker_threads(n))
+                torch.set_num_threads(threads)
+                if config.device.type == "cuda":
+                    if torch.cuda.device_count() < n:
+                        raise ValueError(f"tensor_parallel_size={n} needs {n} GPUs, {torch.cuda.device_count()} "
+                                         "visible")
+                    torch.cuda.set_device(0)
+                store = self._state["store"] = master_store()
+                self.workers = self._state["workers"] = _Workers(config, n, store.port, timeout, threads)
+                deadline = time.monotonic() + STARTUP_TIMEOUT_S
+                self.workers.wait_for("started", deadline)
+                tp, ctrl = build_groups(store, 0, n, config.device, timeout)
+            self._state["tp"], self._state["ctrl"] = tp, ctrl
+            self.ctrl = ctrl
+            super().__init__(config, tp)
+            if self.workers is not None:
+                self.workers.wait_for("loaded", deadline)
+        except BaseException:
+            self._state["failed"] = True
+            self.shutdown()
+            raise
+
+    @property
+    def worker_pids(self) -> List[int]:
+        return self.workers.pids if self.workers is not None else []
+
+    # ---- start-up -----------------------------------------------------------------------------
+    def agreed_num_kv_blocks(self, extra_bytes_per_block: int = 0) -> int:
+        local = self.local_num_kv_blocks(extra_bytes_per_block)
+        return self._guard(lambda: self.ctrl.comm.all_reduce_min([local], STARTUP_TIMEOUT_S)[0])
+
+    def init_kv(self, num_blocks: int) -> None:
+        self._initialising = True
+        try:
+            self._guard(lambda: ModelRunner.init_kv(self, num_blocks))
+        finally:
+            self._initialising = False
+
+    def enable_decode_graphs(self, max_batch: int, max_blocks: int, use_graphs: bool):
+        if not getattr(self, "_initialising", False):  # the workers would not follow: shapes would differ
+            raise RuntimeError("under tensor parallelism decode graphs are set up at start-up, on every rank "
+                               "(CUDA, enforce_eager=False)")
+        return super().enable_decode_graphs(max_batch, max_blocks, use_graphs)
+
+    # ---- steps --------------------------------------------------------------------------------
+    def move_slots(self, src: List[int], dst: List[int]) -> None:
+        super().move_slots(src, dst)
+        self._pending_moves[0].extend(src)
+        self._pending_moves[1].extend(dst)
+
+    def forward(self, plan: ForwardPlan):
+        moves, self._pending_moves = self._pending_moves, ([], [])
+
+        def run():
+            self.ctrl.send(self.encoder.encode(plan, moves))
+            return ModelRunner.forward(self, plan)
+
+        return self._guard(run)
+
+    def _guard(self, fn):
+        """Run ``fn`` (which meets the workers in collectives); a failure kills the group."""
+        if self._error is None and self.workers is not None:
+            dead = self.workers.dead()
+            if dead:
+                self._fail(dead)
+        if self._error is not None:
+            raise TensorParallelError(self._error)
+        try:
+            return fn()
+        except CollectiveError as e:
+            if self.workers is not None:
+                time.sleep(0.2)  # a killed peer's sentinel may lag its reset connection
+                what = self.workers.describe_failure()
+            else:
+                what = "a torchrun peer failed or hung"
+            self._fail(f"{what} ({e})")
+            raise TensorParallelError(self._error) from None
+        except Exception as e:  # the ranks may be out of step now: stop them, keep rank 0's error
+            self._fail(f"rank 0 raised {type(e).__name__} during a tensor-parallel step ({e})")
+            raise
+
+    def _fail(self, what: str) -> None:
+        self._error = f"{what}; the tensor-parallel engine has stopped (create a new LLM)"
+        self._state["failed"] = True
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop the workers and release the groups and the port (idempotent)."""
+        self._finalizer()
+        if self._error is None:
+            self._error = "the tensor-parallel engine was shut down"
