@@ -331,3 +331,15 @@ def assert_fa_close(
         f"{name}: max abs error {max_err:.3e} at {where} (out={o[where].item()!r}, "
         f"ref={r[where].item()!r}) > 2 * naive error {naive_err:.3e} + {floor:.0e}"
     )
+
+
+@pytest.fixture(scope="module")
+def one_intra_op_thread():
+    """One intra-op thread for a module of tiny-model tests (``pytestmark =
+    pytest.mark.usefixtures("one_intra_op_thread")``): on a loaded 2-core machine two OpenMP threads
+    that wait for each other made a tiny decode step 50-100x slower (measured 31 s vs 0.6 s for the
+    speculative-decoding module). Restored afterwards."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

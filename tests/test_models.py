@@ -41,14 +41,7 @@ BS = 16
 REL_TOL = 1e-4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny matmuls: one intra-op thread avoids OpenMP spin-wait stalls on a shared 2-core box
-    (2 threads made a decode step ~100x slower under load). Restored afterwards."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 # ------------------------------------------------------------------------------------------------
 # checkpoints

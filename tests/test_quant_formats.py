@@ -75,12 +75,7 @@ ARCHS = {
 CT_ARCHS = ["llama", "qwen3"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 def rel_norm(a: torch.Tensor, b: torch.Tensor) -> float:

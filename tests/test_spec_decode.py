@@ -48,14 +48,7 @@ def _save_llama(path, vocab, layers, seed, lm_scale=8.0, eos=1, hidden=64, from_
     return model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One intra-op thread for this module: the models are tiny, and on a loaded 2-core machine two
-    OpenMP threads that wait for each other made these tests ~50x slower (measured 31 s vs 0.6 s)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 @pytest.fixture(scope="module")

@@ -48,13 +48,7 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Rank 0 at one intra-op thread (the worker gets cores // 2 of this 2-core box: one)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")  # rank 0; each worker gets cores // 2
 
 
 @pytest.fixture(scope="module")

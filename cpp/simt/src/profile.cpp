@@ -29,6 +29,7 @@
 //   cp.async global side: sectors of the source; shared side: the 16-byte destination writes
 //           as a 128-bit store (four phases of 8 lanes).
 //   atomic  global: sectors; shared: the 32-bit rule, and lanes updating the same word serialise.
+#include "internal.h"
 #include "profile.h"
 
 #include <dlfcn.h>
@@ -168,20 +169,6 @@ std::unordered_map<SiteKey, SiteState, SiteKeyHash> g_epoch;
 bool g_epoch_dirty = false;
 bool g_block_stored = false;  // the running block wrote global memory
 SectorPages g_rd, g_wr;
-
-std::string demangled_name(const void* k) {
-  Dl_info info;
-  if (k && dladdr(k, &info) && info.dli_sname) {
-    int status = 0;
-    char* d = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
-    std::string r = (status == 0 && d) ? d : info.dli_sname;
-    free(d);
-    return r;
-  }
-  char buf[64];
-  snprintf(buf, sizeof buf, "kernel@%p", k);
-  return buf;
-}
 
 int collect_ranges(struct dl_phdr_info* info, size_t size, void*) {
   for (int i = 0; i < info->dlpi_phnum; ++i) {
@@ -505,7 +492,7 @@ bool launch_begin(const void* kernel, dim3 grid, dim3 block, size_t dynamic_smem
   auto it = g_kernel_index.find(kernel);
   if (it == g_kernel_index.end()) {
     it = g_kernel_index.emplace(kernel, g_kernels.size()).first;
-    g_kernels.push_back(KernelStats{demangled_name(kernel), reinterpret_cast<uintptr_t>(kernel), {}, {}});
+    g_kernels.push_back(KernelStats{internal::kernel_name(kernel), reinterpret_cast<uintptr_t>(kernel), {}, {}});
   }
   g_cur = &g_kernels[it->second];
   g_launch = LaunchRec{};

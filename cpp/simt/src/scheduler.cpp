@@ -114,19 +114,6 @@ inline uint64_t splitmix(uint64_t& s) {
 }
 inline uint32_t rand_below(uint64_t& s, uint32_t n) { return (uint32_t)(((splitmix(s) >> 32) * n) >> 32); }
 
-std::string kernel_name(const void* k) {
-  Dl_info info;
-  if (k && dladdr(k, &info) && info.dli_sname) {
-    int status = 0;
-    char* d = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
-    std::string r = (status == 0 && d) ? d : info.dli_sname;
-    free(d);
-    return r;
-  }
-  char buf[64];
-  snprintf(buf, sizeof buf, "kernel@%p", k);
-  return buf;
-}
 
 std::string vformat(const char* fmt, va_list ap) {
   char buf[1024];
@@ -143,7 +130,7 @@ std::string format(const char* fmt, ...) {
 }
 
 std::string where(const Launch& L, const FiberBuiltins* f) {
-  std::string s = "kernel `" + kernel_name(L.kernel) + "`";
+  std::string s = "kernel `" + internal::kernel_name(L.kernel) + "`";
   if (f) {
     s += format(" block (%u,%u,%u) thread (%u,%u,%u) [warp %u lane %u]", f->block_idx.x, f->block_idx.y,
                 f->block_idx.z, f->thread_idx.x, f->thread_idx.y, f->thread_idx.z, f->warp, f->lane);
@@ -584,13 +571,13 @@ cudaError_t launch(const void* kernel, dim3 grid, dim3 block, size_t dynamic_sme
       grid.x > 2147483647u) {
     tls_fault_msg = format("fastinfer simt: invalid launch configuration for kernel `%s`: grid (%u,%u,%u) block "
                            "(%u,%u,%u)",
-                           kernel_name(kernel).c_str(), grid.x, grid.y, grid.z, block.x, block.y, block.z);
+                           internal::kernel_name(kernel).c_str(), grid.x, grid.y, grid.z, block.x, block.y, block.z);
     tls_fault_code = cudaErrorInvalidConfiguration;
     return cudaErrorInvalidConfiguration;
   }
   if (dynamic_smem > kMaxDynamicSmem) {
     tls_fault_msg = format("fastinfer simt: kernel `%s` requests %zu bytes of dynamic shared memory (max %zu)",
-                           kernel_name(kernel).c_str(), dynamic_smem, kMaxDynamicSmem);
+                           internal::kernel_name(kernel).c_str(), dynamic_smem, kMaxDynamicSmem);
     tls_fault_code = cudaErrorInvalidValue;
     return cudaErrorInvalidValue;
   }
@@ -682,6 +669,20 @@ void reset_stats() {
 const char* last_fault_message() { return detail::tls_fault_msg.c_str(); }
 
 namespace internal {
+std::string kernel_name(const void* k) {
+  Dl_info info;
+  if (k && dladdr(k, &info) && info.dli_sname) {
+    int status = 0;
+    char* d = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
+    std::string r = (status == 0 && d) ? d : info.dli_sname;
+    free(d);
+    return r;
+  }
+  char buf[64];
+  snprintf(buf, sizeof buf, "kernel@%p", k);
+  return buf;
+}
+
 const char* fault_message_for(cudaError_t e) {
   if (e != cudaSuccess && e == detail::tls_fault_code && !detail::tls_fault_msg.empty())
     return detail::tls_fault_msg.c_str();
