@@ -1,10 +1,10 @@
 """Quantised linear methods (:class:`~fastinfer.layers.LinearMethod`): fp8 W8A8 (per channel / per
-tensor, and 128 x 128 blocks) and int4 W4A16.
+tensor, and 128 x 128 blocks), int8 W8A8 and int4 W4A16.
 
 A method reads every part (checkpoint projection) of its layer from wherever it is stored —
 quantised in fastinfer's format, AutoAWQ, AutoGPTQ, compressed-tensors, Hugging Face fine-grained
 FP8, or float (then quantised on load) — fuses the parts, and multiplies with ``fp8_scaled_mm`` /
-``int4_gemm``. A layer whose parts a quantised checkpoint left in float becomes a float linear.
+``int4_gemm`` / ``int8_scaled_mm``. A layer whose parts a quantised checkpoint left in float becomes a float linear.
 """
 
 from __future__ import annotations
@@ -14,17 +14,18 @@ from typing import List, NamedTuple, Optional
 import torch
 
 from ..layers import Linear, LinearMethod, UnquantizedLinearMethod, WeightPart, WeightReader, check_tensor
-from ..ops import int4_pack, int4_repack
+from ..ops import int4_pack, int4_repack, int8_azp_adj
 from .compressed_tensors import FP8_BLOCK, CtScheme
 from .config import QuantOptions
-from .math import quantize_fp8_weight, quantize_int4_weight, unpack_int4_words, unpack_nibbles
+from .math import quantize_fp8_weight, quantize_int4_weight, quantize_int8_weight, unpack_int4_words, unpack_nibbles
 
 Tensor = torch.Tensor
 
-__all__ = ["Fp8LinearMethod", "Fp8BlockLinearMethod", "Int4LinearMethod", "Int4Part"]
+__all__ = ["Fp8LinearMethod", "Fp8BlockLinearMethod", "Int4LinearMethod", "Int4Part", "Int8LinearMethod"]
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _FP8 = (torch.float8_e4m3fn,)
+_INT8 = (torch.int8,)
 _INTS = (torch.int32, torch.int64)
 _ONE = [(1,), (), (1, 1)]  # shapes a per-tensor scale is stored with
 
@@ -53,9 +54,10 @@ class Int4Part(NamedTuple):
 
 
 class _Stored(NamedTuple):
-    kind: str  # "float" | "fp8" | "fp8-block" | "int4"
+    kind: str  # "float" | "fp8" | "fp8-block" | "int4" | "int8"
     # float: (w,); fp8: (codes, scale float32 [n], input_scale float32 [1] or None);
-    # fp8-block: (codes, scale float32 [ceil(n/128), ceil(k/128)]); int4: (Int4Part,)
+    # fp8-block: (codes, scale float32 [ceil(n/128), ceil(k/128)]); int4: (Int4Part,);
+    # int8: (codes int8 [n, k], scale float32 [n], input_scale float32 [1] or None, smooth_scale float32 [k] or None)
     data: tuple
 
 
@@ -169,11 +171,12 @@ def _read_ct_int4(r: WeightReader, prefix: str, scheme: CtScheme, n: int, k: int
     return _Stored("int4", (_int4_part(prefix, codes, s.to(dtype).contiguous(), zeros, perm, g),))
 
 
-def _no_zero_points(r: WeightReader, prefix: str) -> None:
-    """fp8 schemes are symmetric: zero points, if a release wrote them, must be zero."""
+def _no_zero_points(r: WeightReader, prefix: str, what: str = "fp8") -> None:
+    """fp8 schemes and int8 weights / static activations are symmetric: zero points, if a release
+    wrote them, must be zero."""
     for name in (prefix + ".weight_zero_point", prefix + ".input_zero_point"):
         if r.has(name) and bool(torch.count_nonzero(r.get(name).float())):
-            raise ValueError(f"tensor {name!r} holds non-zero zero points (asymmetric fp8 is not supported)")
+            raise ValueError(f"tensor {name!r} holds non-zero zero points (asymmetric {what} is not supported)")
 
 
 def _read_ct_fp8(r: WeightReader, prefix: str, scheme: CtScheme, n: int, k: int) -> _Stored:
@@ -192,6 +195,29 @@ def _read_ct_fp8(r: WeightReader, prefix: str, scheme: CtScheme, n: int, k: int)
         s = _get_scale(r, name, _ONE).reshape(1).expand(n)
     xs = _get_scale(r, prefix + ".input_scale", _ONE).reshape(1) if scheme.activation == "static" else None
     return _Stored("fp8", (w, s.contiguous(), xs))
+
+
+def _read_ct_int8(r: WeightReader, prefix: str, scheme: CtScheme, n: int, k: int) -> _Stored:
+    """compressed-tensors ``int-quantized`` W8A8 (see :mod:`fastinfer.quant`, "compressed-tensors")."""
+    if scheme.kind != "int8":
+        raise ValueError(f"tensor {prefix}.weight is int8, but the module's compressed-tensors scheme is "
+                         f"{scheme.description}")
+    w = r.get(prefix + ".weight", (n, k), _INT8)
+    _no_zero_points(r, prefix, "int8 weights / static activations")
+    name = prefix + ".weight_scale"
+    if scheme.weight_strategy == "channel":
+        s = _get_scale(r, name, [(n, 1), (n,)]).reshape(n)
+    else:
+        s = _get_scale(r, name, _ONE).reshape(1).expand(n)
+    xs = _get_scale(r, prefix + ".input_scale", _ONE).reshape(1) if scheme.activation == "static" else None
+    return _Stored("int8", (w, s.contiguous(), xs, None))
+
+
+def _read_fastinfer_int8(r: WeightReader, prefix: str, n: int, k: int) -> _Stored:
+    w = r.get(prefix + ".weight", (n, k), _INT8)
+    s = r.get(prefix + ".weight_scale", (n,), (torch.float32,))
+    smooth = r.get(prefix + ".smooth_scale", (k,), (torch.float32,)) if r.has(prefix + ".smooth_scale") else None
+    return _Stored("int8", (w, s, None, smooth))
 
 
 def _read_hf_fp8(r: WeightReader, prefix: str, n: int, k: int) -> _Stored:
@@ -218,6 +244,13 @@ def _read_part(r: WeightReader, part: WeightPart, k: int, m: "_QuantizedMethod",
                              "or compressed-tensors one")
         return _read_fastinfer_int4(r, prefix, config, n, k, dtype)
     w = r.get(prefix + ".weight")
+    if w.dtype == torch.int8:
+        if source == "compressed-tensors":
+            return _read_ct_int8(r, prefix, m.scheme, n, k)
+        if source != "fastinfer" or config.get("method") != "int8":
+            raise ValueError(f"tensor {prefix}.weight is int8 but config.json's quantization_config is not a "
+                             "fastinfer int8 or compressed-tensors W8A8 one")
+        return _read_fastinfer_int8(r, prefix, n, k)
     if w.dtype == torch.float8_e4m3fn:
         if source == "compressed-tensors":
             return _read_ct_fp8(r, prefix, m.scheme, n, k)
@@ -233,6 +266,8 @@ def _read_part(r: WeightReader, part: WeightPart, k: int, m: "_QuantizedMethod",
         return _Stored("float", (w,))
     if opts.method == "fp8":
         return _Stored("fp8", (*quantize_fp8_weight(w), None))
+    if opts.method == "int8":
+        return _Stored("int8", (*quantize_int8_weight(w), None, None))
     q, s, z = quantize_int4_weight(w, opts.group_size, opts.symmetric, opts.pad_groups, prefix + ".weight")
     return _Stored("int4", (Int4Part(int4_pack(q), s.to(dtype), z, None, opts.group_size),))
 
@@ -374,6 +409,76 @@ class Fp8BlockLinearMethod(_QuantizedMethod):
 
     def describe(self, layer: Linear) -> str:
         return "fp8-block128"
+
+
+class Int8LinearMethod(_QuantizedMethod):
+    """W8A8 int8: ``int8_scaled_mm(x_int8, W_int8, s_x, s_w)`` (+ bias), out dtype = x's.
+
+    Buffers: ``weight`` int8 ``[N, K]`` (symmetric), ``weight_scale`` float32 ``[N]`` (per output
+    channel; a per-tensor scale is repeated over its projection's rows); activations quantised by
+    ``int8_quantize`` dynamically per token, symmetric, or asymmetric (a compressed-tensors scheme with
+    ``symmetric: false`` input activations: zero points ``azp [M]`` and ``azp_adj = W.sum(1)``
+    int32 ``[N]``, a buffer), or with a static ``input_scale`` ``[1]`` (the largest of the fused
+    projections'). A SmoothQuant factor that could not be folded into a preceding weight
+    (``smooth_scale [K]``, fastinfer format: o_proj) divides the activations first (a buffer
+    ``smooth_inv = 1 / smooth_scale`` in the activation dtype).
+    """
+
+    name = kind = "int8"
+
+    @property
+    def activation(self) -> str:
+        if self.scheme is None:
+            return "token"
+        return self.scheme.activation if self.scheme.activation_symmetric else "token-asym"
+
+    def load_weights(self, layer: Linear, reader: WeightReader) -> None:
+        parts = self._read_parts(layer, reader)
+        if parts is None:
+            return
+        w = torch.cat([p.data[0] for p in parts], dim=0).to(layer.device).contiguous()
+        s = torch.cat([p.data[1] for p in parts], dim=0).to(layer.device).contiguous()
+        layer.register_buffer("weight", w, persistent=False)
+        layer.register_buffer("weight_scale", s, persistent=False)
+        if self.activation == "static":
+            xs = torch.stack([p.data[2].reshape(()) for p in parts]).amax().reshape(1)
+            layer.register_buffer("input_scale", xs.to(layer.device).contiguous(), persistent=False)
+        if self.activation == "token-asym":
+            layer.register_buffer("azp_adj", int8_azp_adj(w).contiguous(), persistent=False)
+        smooth = [p.data[3] for p in parts]
+        if any(x is not None for x in smooth):
+            if any(x is None or not torch.equal(x, smooth[0]) for x in smooth):
+                raise ValueError(f"{layer.prefix}: the projections fused into this layer have different "
+                                 "smooth_scale tensors (they share one input)")
+            inv = (1.0 / smooth[0].to(torch.float64)).to(layer.dtype)
+            layer.register_buffer("smooth_inv", inv.to(layer.device).contiguous(), persistent=False)
+        else:
+            layer.smooth_inv = None
+
+    def apply(self, layer: Linear, x: Tensor, bias: Optional[Tensor]) -> Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, layer.in_features)
+        if layer.smooth_inv is not None:
+            x2 = x2 * layer.smooth_inv
+        x2 = x2.contiguous()
+        if bias is not None and bias.dtype != x.dtype:
+            bias = bias.to(x.dtype)
+        act = self.activation
+        if act == "token-asym":
+            xq, xs, azp = layer.ops.int8_quantize(x2, "token", symmetric=False)
+            out = layer.ops.int8_scaled_mm(xq, layer.weight, xs, layer.weight_scale, x.dtype, bias, layer.azp_adj, azp)
+        else:
+            if act == "static":
+                xq, xs = layer.ops.int8_quantize(x2, "tensor", scale=layer.input_scale)
+            else:
+                xq, xs = layer.ops.int8_quantize(x2, "token")
+            out = layer.ops.int8_scaled_mm(xq, layer.weight, xs, layer.weight_scale, x.dtype, bias)
+        return out.reshape(*lead, layer.out_features)
+
+    def describe(self, layer: Linear) -> str:
+        sq = self.config.get("smoothquant") if self.source == "fastinfer" else None
+        smooth = f"-smoothquant{sq['alpha']:g}" if sq else ""
+        return ("int8" if self.activation == "token" else f"int8-{self.activation}") + smooth
 
 
 def _same_perm(a: Optional[Tensor], b: Optional[Tensor]) -> bool:
