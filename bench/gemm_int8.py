@@ -17,7 +17,10 @@ needs M > 16 on CUDA (a row marks the error otherwise). Without a GPU the script
 implementations on shapes scaled down by 16 in N and K (``--quick``: two shapes, M in {1, 16});
 every such row is labelled CPU and says nothing about GPU performance.
 
-    python bench/gemm_int8.py [--quick] [--json PATH] [--deadline SECONDS] [--models 8b,70b]
+    python bench/gemm_int8.py [--quick] [--json PATH] [--deadline SECONDS] [--models 8b,70b] [--threads N]
+
+``--threads N`` sets torch's intra-op threads (CPU runs on a shared machine: with more threads than
+free cores, OpenMP's barriers turn every call into scheduler quanta).
 """
 
 from __future__ import annotations
@@ -76,7 +79,10 @@ def main(argv=None):
     p.add_argument("--models", default="8b,70b")
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--budget", type=float, default=None, help="seconds of timing per implementation and shape")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device("cuda" if fastinfer.cuda_available() else "cpu")
     cpu = device.type == "cpu"
     args.reps = args.reps or (10 if not cpu else 3)
@@ -123,7 +129,7 @@ def main(argv=None):
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(dict(device=device_label(device), torch=torch.__version__, commit=git_commit(), cpu_only=cpu,
-                           rows=rows), f, indent=1)
+                           threads=torch.get_num_threads(), rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

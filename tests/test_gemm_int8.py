@@ -6,8 +6,9 @@
   product (K across the CPU's 1024-wide exact chunks), the emulated kernel's float16 output equals
   it where fp16 holds the integers; CPU and the emulated kernel agree bit for bit on every case (the
   same epilogue); against the fp64 oracle with the error rule of ``conftest.assert_fa_close``;
-  odd M (1, 5, 17, 64, 100: every tile config and M tails), N / K tails, scale combinations, bias,
-  the asymmetric correction;
+  odd M (1, 5, 17, 64, 100, 130) and N up to 8448 (every tile config the launcher picks: 64 x 128
+  and 128 x 128 tiles need grids of half / one wave of SMs), M / N / K tails, scale combinations,
+  bias, the asymmetric correction;
 * sim runs use two schedule seeds and must be bit-identical (conftest);
 * opcheck (schema, fake impl, dynamic shapes) for both namespaces; bad inputs name the argument.
 """
@@ -139,8 +140,9 @@ def test_empty_inputs(bname):
 # int8_scaled_mm
 # --------------------------------------------------------------------------------------------
 
-# (M, N, K, scales, bias, azp). Tiles: M <= 16 small (16 x 32), <= 64 medium (64 x 128), else
-# large (128 x 128); k-tile 128. scales: "tt" per tensor, "tc" per token x per channel, "tokT",
+# (M, N, K, scales, bias, azp). Tiles (cuda/src/gemm_int8.cu): M <= 16 small (16 x 32); M <= 64
+# medium (64 x 128) when that grid is >= half a wave (66 CTAs of the emulator's 132 SMs); M > 64
+# large (128 x 128) when >= a wave; else the next smaller; k-tile 128. scales: "tt" per tensor, "tc" per token x per channel, "tokT",
 # "tensC" the mixed ones; azp: None, "row" (per token) or "tensor".
 MM_CASES = [
     (1, 64, 128, "tt", False, None),
@@ -150,6 +152,8 @@ MM_CASES = [
     (64, 128, 160, "tensC", False, "row"),
     (100, 80, 384, "tc", True, None),      # large, M / N tails
     (100, 144, 1104, "tc", False, "row"),  # K beyond the CPU's 1024-wide exact chunk
+    (40, 8448, 48, "tc", True, "row"),     # medium tiles: 66 CTAs
+    (130, 8448, 32, "tokT", False, None),  # large tiles: 132 CTAs, M tail
 ]
 MM_DTYPES = {"cpu": (BF, HF, F32), "sim": (BF, HF), "cuda": (BF, HF)}
 
@@ -225,9 +229,9 @@ def test_int8_accumulators_exact_sim():
     the float16 output holds them exactly (|acc| <= 2048), for every tile config."""
     sim = get_backend("sim")
     gen = make_gen(8)
-    for m in (3, 40, 70):
+    for m, n in ((3, 48), (40, 8448), (130, 8448)):
         a = torch.randint(-4, 5, (m, 128), generator=gen, dtype=torch.int16).to(I8)
-        b = torch.randint(-4, 5, (48, 128), generator=gen, dtype=torch.int16).to(I8)
+        b = torch.randint(-4, 5, (n, 128), generator=gen, dtype=torch.int16).to(I8)
         out = sim.run(lambda: sim.ns.int8_scaled_mm(a, b, torch.ones(1), torch.ones(1), HF, None, None, None))
         assert torch.equal(out.double(), ref.int8_mm_exact(a, b).double()), m
 

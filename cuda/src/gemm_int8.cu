@@ -55,19 +55,35 @@ cudaError_t launch_gemm_cfg(const Int8ScaledMmParams& p, cudaStream_t stream) {
                        dim3(Cfg::kThreads), static_cast<size_t>(Cfg::kSmemBytes), stream, p);
 }
 
-// Tiles by M: decode-sized M gets 16 x 32 tiles (more CTAs along N), mid-sized 64 x 128, else 128 x 128.
-template <typename TOut>
-cudaError_t launch_gemm(const Int8ScaledMmParams& p, cudaStream_t stream) {
-  if (p.m <= 16) return launch_gemm_cfg<Int8ConfigSmall, TOut>(p, stream);
-  if (p.m <= 64) return launch_gemm_cfg<Int8ConfigMedium, TOut>(p, stream);
-  return launch_gemm_cfg<Int8ConfigLarge, TOut>(p, stream);
+// Tiles by M, as fp8: decode-sized M (<= 16) gets 16 x 32 tiles, mid-sized (<= 64) 64 x 128, else
+// 128 x 128 -- unless that grid leaves SMs idle: 128 x 128 needs a full wave (>= one CTA per SM),
+// else 64 x 128 is tried, which needs half a wave, else the 16 x 32 tiles (4-8x the CTAs; b is
+// re-read per 16 rows, from L2). bench/model.py: Llama-3-8B o / down at M = 64 have 32 CTAs of
+// 64 x 128 (a quarter of the SMs busy); at M = 256 64 CTAs of 128 x 128.
+Int8GemmTiles pick_tiles(const Int8ScaledMmParams& p, int num_sms) {
+  if (p.tiles != Int8GemmTiles::kAuto) return p.tiles;
+  auto ctas = [&](int bm, int bn) { return ceil_div(p.m, bm) * ceil_div(p.n, bn); };
+  if (p.m > 64 && ctas(128, 128) >= num_sms) return Int8GemmTiles::kLarge;
+  if (p.m > 16 && 2 * ctas(64, 128) >= num_sms) return Int8GemmTiles::kMedium;
+  return Int8GemmTiles::kSmall;
 }
 
-cudaError_t device_cc(int& major, int& minor) {
+template <typename TOut>
+cudaError_t launch_gemm(const Int8ScaledMmParams& p, int num_sms, cudaStream_t stream) {
+  switch (pick_tiles(p, num_sms)) {
+    case Int8GemmTiles::kLarge: return launch_gemm_cfg<Int8ConfigLarge, TOut>(p, stream);
+    case Int8GemmTiles::kMedium: return launch_gemm_cfg<Int8ConfigMedium, TOut>(p, stream);
+    case Int8GemmTiles::kSmall: return launch_gemm_cfg<Int8ConfigSmall, TOut>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// Compute capability major and SM count of the current device (9 and 132 under the emulator).
+cudaError_t device_info(int& major, int& num_sms) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
   return err;
 }
 
@@ -100,11 +116,11 @@ cudaError_t launch_int8_scaled_mm(const Int8ScaledMmParams& p, cudaStream_t stre
     return cudaErrorInvalidValue;
   if (!is_aligned(p.a, 16) || !is_aligned(p.b, 16) || !is_aligned(p.out, 4) || (p.bias && !is_aligned(p.bias, 2)))
     return cudaErrorInvalidValue;
-  int major = 0, minor = 0;
-  cudaError_t err = int8::device_cc(major, minor);
+  int major = 0, num_sms = 0;
+  cudaError_t err = int8::device_info(major, num_sms);
   if (err != cudaSuccess) return err;
   if (major < 8) return cudaErrorNotSupported;  // s8 m16n8k32 mma: Ampere and later
-  return FASTINFER_DISPATCH_HALF(p.out_dtype, TOut, [&] { return int8::launch_gemm<TOut>(p, stream); });
+  return FASTINFER_DISPATCH_HALF(p.out_dtype, TOut, [&] { return int8::launch_gemm<TOut>(p, num_sms, stream); });
 }
 
 }  // namespace fastinfer

@@ -1,8 +1,8 @@
 // launch_int8_scaled_mm / launch_int8_quantize through the C++ API (no torch):
 //  - the launchers' argument checks return cudaErrorInvalidValue, empty problems succeed;
 //  - the GEMM against a host implementation of gemm/int8.h's arithmetic (exact int32 sums, the same
-//    fp32 epilogue), bit for bit: every tile config (M = 5, 20, 100), M / N / K tails, per-token x
-//    per-channel scales, bias, and the asymmetric correction (azp, azp_adj);
+//    fp32 epilogue), bit for bit: every tile config (forced, and the automatic choice), M / N / K
+//    tails, per-token x per-channel scales, bias, and the asymmetric correction (azp, azp_adj);
 //  - per-token quantisation (symmetric and asymmetric) and per-tensor against the host arithmetic.
 // Also builds with nvcc for a GPU (sm_80+): nvcc -std=c++20 -arch=sm_80 -Icuda/include tests/kernels/gemm_int8_sim.cu
 #include "../../cuda/src/gemm_int8.cu"
@@ -65,7 +65,8 @@ static void check_errors() {
   EXPECT(launch_int8_quantize(q, nullptr) == cudaErrorInvalidValue, "given scale with per-token mode accepted");
 }
 
-static void gemm_case(int M, int N, int K, bool bias, bool asym, uint64_t seed) {
+static void gemm_case(int M, int N, int K, bool bias, bool asym, uint64_t seed,
+                      fastinfer::Int8GemmTiles tiles = fastinfer::Int8GemmTiles::kAuto) {
   std::mt19937_64 rng(seed);
   std::vector<int8_t> a(static_cast<size_t>(M) * K), b(static_cast<size_t>(N) * K);
   for (auto& v : a) v = static_cast<int8_t>(static_cast<int>(rng() % 256) - 128);  // the full range, -128 too
@@ -102,6 +103,7 @@ static void gemm_case(int M, int N, int K, bool bias, bool asym, uint64_t seed) 
   p.scale_a_per_row = true;
   p.scale_b_per_col = true;
   p.out_dtype = DType::kBFloat16;
+  p.tiles = tiles;
   CHECK_CUDA(launch_int8_scaled_mm(p, nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
   const auto out = d_out.download();
@@ -123,8 +125,8 @@ static void gemm_case(int M, int N, int K, bool bias, bool asym, uint64_t seed) 
         ++bad;
       }
     }
-  std::printf("gemm M=%d N=%d K=%d bias=%d azp=%d: %d mismatches, checksum %016llx\n", M, N, K, bias, asym, bad,
-              static_cast<unsigned long long>(cs.h));
+  std::printf("gemm M=%d N=%d K=%d bias=%d azp=%d tiles=%d: %d mismatches, checksum %016llx\n", M, N, K, bias, asym,
+              static_cast<int>(tiles), bad, static_cast<unsigned long long>(cs.h));
   if (bad) ++g_failures;
 }
 
@@ -193,9 +195,11 @@ static void quantize_case(int M, int K, bool sym, bool tensor, uint64_t seed) {
 
 int main() {
   check_errors();
-  gemm_case(5, 48, 80, /*bias=*/true, /*asym=*/false, 1);     // small tiles, N and K tails
-  gemm_case(20, 144, 272, /*bias=*/false, /*asym=*/true, 2);  // medium tiles, M tail, azp correction
-  gemm_case(100, 160, 400, /*bias=*/true, /*asym=*/true, 3);  // large tiles, every tail
+  using fastinfer::Int8GemmTiles;
+  gemm_case(5, 48, 80, /*bias=*/true, /*asym=*/false, 1);     // small tiles (auto), N and K tails
+  gemm_case(20, 144, 272, /*bias=*/false, /*asym=*/true, 2, Int8GemmTiles::kMedium);  // M tail, azp correction
+  gemm_case(100, 160, 400, /*bias=*/true, /*asym=*/true, 3, Int8GemmTiles::kLarge);   // every tail
+  gemm_case(70, 96, 144, /*bias=*/false, /*asym=*/false, 4);  // auto: few CTAs -> small tiles for M > 64
   quantize_case(3, 200, /*sym=*/true, /*tensor=*/false, 4);
   quantize_case(5, 264, /*sym=*/false, /*tensor=*/false, 5);
   quantize_case(7, 72, /*sym=*/true, /*tensor=*/true, 6);

@@ -44,6 +44,10 @@ struct Int8QuantizeParams {
 size_t int8_quantize_workspace_size(const Int8QuantizeParams& params);
 cudaError_t launch_int8_quantize(const Int8QuantizeParams& params, cudaStream_t stream);
 
+// Tile configuration of the GEMM (gemm/int8_gemm.cuh). kAuto: by M and the SM count (launcher);
+// the others force one (tests, tuning).
+enum class Int8GemmTiles : int32_t { kAuto = 0, kSmall = 1, kMedium = 2, kLarge = 3 };
+
 struct Int8ScaledMmParams {
   const void* a = nullptr;          // [M, K] int8, row-major, 16-byte aligned
   const void* b = nullptr;          // [N, K] int8, row-major, 16-byte aligned
@@ -60,6 +64,7 @@ struct Int8ScaledMmParams {
   bool scale_b_per_col = false;     // scale_b has N entries (else 1)
   bool azp_per_row = false;         // azp has M entries (else 1)
   DType out_dtype = DType::kBFloat16;  // float16 or bfloat16
+  Int8GemmTiles tiles = Int8GemmTiles::kAuto;
 };
 
 // mma.sync.m16n8k32.s8 (sm_80+): returns cudaErrorNotSupported on an older device.
