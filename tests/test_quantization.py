@@ -4,9 +4,11 @@ AutoGPTQ loading, held-out perplexity of the shipped model, bad input. CPU, floa
 Error bounds. Each quantised model is checked EXACTLY against a float reference built by the test
 from the stored codes: for int4 a float model whose weights are the dequantised ones (W4A16 does not
 touch activations; ``(q - z) * s`` is exact in fp32); for fp8 the same with every linear's input
-fake-quantised per token by the fp64 oracle ``reference.fp8_quantize``. Only fp32 summation order
-(and, for fp8, a rare activation code flipping at a rounding tie as a consequence) differs:
-rel-norm <= 1e-5 (measured: ~3e-7 fp8, 0 int4 on CPU).
+fake-quantised per token by the fp64 oracle ``reference.fp8_quantize``; for int8 by
+``reference.int8_quantize`` (after SmoothQuant's explicit o_proj scale; a code at a rounding tie
+takes the runner's rounding, counted). Only fp32 summation order (and, for fp8, a rare activation
+code flipping at a rounding tie as a consequence) differs: rel-norm <= 1e-5 (measured: ~3e-7 fp8
+and int8, 0 int4 on CPU). SmoothQuant int8 (``--smoothquant``) is calibrated on a text file.
 Against the ORIGINAL float model the error is the quantisation error as the network propagates it;
 that check only says "quantised, but not broken": above 1e-4, and below 4 x the stored weights'
 relative error (measured in the test from the checkpoint) plus, for fp8, 2^-4 (e4m3's relative
@@ -604,13 +606,14 @@ def test_bad_checkpoints(float_ckpt, quant_ckpts, tmp_path, capsys):
 
 def test_cli_generate_and_bench_with_quantization(float_ckpt, quant_ckpts, capsys):
     for args in (["--model", quant_ckpts["int4"]], ["--model", float_ckpt, "--quantization", "fp8"],
-                 ["--model", float_ckpt, "--quantization", "int4", "--group-size", "64", "--symmetric"]):
+                 ["--model", float_ckpt, "--quantization", "int4", "--group-size", "64", "--symmetric"],
+                 ["--model", quant_ckpts["int8-sq"]], ["--model", float_ckpt, "--quantization", "int8"]):
         assert cli_main(["generate", *args, "--prompt", "def f(x):", "--max-tokens", "4", "--ignore-eos",
                          "--json"]) == 0
         out = json.loads(capsys.readouterr().out)
         assert out[0]["error"] is None and len(out[0]["outputs"][0]["token_ids"]) == 4
     # bench quantises an already built random-weight model (LLM(model, quantization=...) rebuilds it)
-    for q in ("fp8", "int4"):
+    for q in ("fp8", "int4", "int8"):
         assert cli_main(["bench", "--preset", "tiny", "--random-weights", "--batch", "2", "--input-len", "8",
                          "--output-len", "3", "--warmup", "0", "--quantization", q, "--json"]) == 0
         res = json.loads(capsys.readouterr().out)
