@@ -1,10 +1,12 @@
 // CPU implementations of int8_quantize and int8_scaled_mm. Quantisation uses exactly the
 // arithmetic of the kernels and of fastinfer.reference.gemm_int8 (gemm/int8.h: fp32 amax or range,
 // IEEE fp32 division, clamp, round half to even), so all three agree bit for bit.
-// The matmul's int32 accumulators are exact: fp32 GEMMs over K chunks of kExactChunk (|a|, |b| <=
-// 128, so a chunk's partial sums stay integers below 2^24, which fp32 holds exactly in any
-// summation order), summed in int32. On CPUs without VNNI/AMX this is several times faster than
-// torch._int_mm (bench/gemm_int8.py); the epilogue is the kernels' (one fma with the bias).
+// The matmul's int32 accumulators are exact: for M <= kDotRows direct int8 dot products in int32
+// (decode: the weight is read once, one byte per element, no conversion), else fp32 GEMMs over K
+// chunks of kExactChunk (|a|, |b| <= 128, so a chunk's partial sums stay integers below 2^24, which
+// fp32 holds exactly in any summation order), summed in int32. On CPUs without VNNI/AMX this is
+// several times faster than torch._int_mm (bench/gemm_int8.py); the epilogue is the kernels' (one
+// fma with the bias).
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -12,6 +14,7 @@
 
 #include <cmath>
 
+#include "cpu_simd.h"
 #include "validate_int8.h"
 
 namespace fastinfer::binding {
@@ -19,6 +22,7 @@ namespace {
 
 constexpr double kMinRange = 1e-12;
 constexpr int64_t kExactChunk = 1024;  // 1024 * 128 * 128 = 2^24
+constexpr int64_t kDotRows = 4;        // M up to this: direct dot products
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_quantize_cpu(const at::Tensor& x, c10::string_view mode_str,
                                                                  const std::optional<at::Tensor>& scale, bool symmetric) {
@@ -53,10 +57,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_quantize_cpu(const at::Tenso
   return {q.to(at::kChar).contiguous(), s.contiguous(), azp};
 }
 
-// Exact int32 a @ b^T (a [M, K], b [N, K] int8).
+// acc[m][n] = sum_k a[m][k] * b[n][k] for rows n in [n0, n1) of b, M <= kDotRows rows of a. The
+// products summed in uint32 (int32 modulo 2^32: no overflow UB, the kernels' wrap-around); the
+// inner loop vectorises (int16 products, pairwise int32 sums).
+FASTINFER_CPU_CLONES void int8_dot_rows(const int8_t* a, const int8_t* b, int32_t* acc, int64_t M, int64_t N,
+                                        int64_t K, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* bn = b + n * K;
+    for (int64_t m = 0; m < M; ++m) {
+      const int8_t* am = a + m * K;
+      uint32_t sum = 0;
+      for (int64_t k = 0; k < K; ++k) sum += static_cast<uint32_t>(static_cast<int32_t>(am[k]) * bn[k]);
+      acc[m * N + n] = static_cast<int32_t>(sum);
+    }
+  }
+}
+
+// Exact int32 a @ b^T (a [M, K], b [N, K] int8, contiguous).
 at::Tensor int8_mm_exact(const at::Tensor& a, const at::Tensor& b) {
-  const int64_t K = a.size(1);
-  if (K == 0) return at::zeros({a.size(0), b.size(0)}, a.options().dtype(at::kInt));
+  const int64_t M = a.size(0), N = b.size(0), K = a.size(1);
+  if (K == 0) return at::zeros({M, N}, a.options().dtype(at::kInt));
+  if (M <= kDotRows) {
+    auto acc = at::empty({M, N}, a.options().dtype(at::kInt));
+    const int8_t* pa = a.data_ptr<int8_t>();
+    const int8_t* pb = b.data_ptr<int8_t>();
+    int32_t* pc = acc.data_ptr<int32_t>();
+    at::parallel_for(0, N, std::max<int64_t>(1, (1 << 16) / K), [&](int64_t n0, int64_t n1) {
+      int8_dot_rows(pa, pb, pc, M, N, K, n0, n1);
+    });
+    return acc;
+  }
   const auto af = a.to(at::kFloat), bf = b.to(at::kFloat);
   at::Tensor acc;
   for (int64_t k0 = 0; k0 < K; k0 += kExactChunk) {

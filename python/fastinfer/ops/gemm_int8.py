@@ -72,8 +72,8 @@ def int8_scaled_mm(
 
     The CUDA kernel is a hand-written ``mma.sync.m16n8k32.s8.s8.s32`` kernel (sm_80+: Ampere, Ada,
     Hopper) with a multi-stage cp.async pipeline and ldmatrix fragments, tiles picked by M. The
-    CPU implementation computes the same int32 accumulators exactly (fp32 GEMMs over K chunks of
-    1024) and the same epilogue, so CPU and the emulated kernel agree bit for bit.
+    CPU implementation computes the same int32 accumulators exactly (int8 dot products for M <= 4,
+    else fp32 GEMMs over K chunks of 1024) and the same epilogue, so CPU and the emulated kernel agree bit for bit.
 
     Args:
         a: ``[M, K]`` int8, contiguous (activations); K a multiple of 16.
