@@ -103,6 +103,9 @@ def sanitize_cases():
     cs += [M.case_fp8_mm(16, 256, 512, "small"),  # CUTLASS sm_90a (per-token x per-channel)
            M.case_fp8_mm(100, 384, 512, "small"),  # ragged M
            M.case_fp8_mm(16, 256, 512, "small", blockwise=True)]  # mma.sync blockwise
+    cs += [M.case_int8_quantize(4, 512, "token"), M.case_int8_quantize(4, 512, "token", symmetric=False),
+           M.case_int8_quantize(4, 512, "tensor")]
+    cs += [M.case_int8_mm(16, 256, 512, "small"), M.case_int8_mm(100, 384, 512, "small")]  # small / large tiles
     cs += [M.case_int4(4, 256, 1024, "small"),  # split-K
            M.case_int4(512, 256, 512, "small")]  # dequantise + dense
     cs += [M.case_tree_verify(2, 8, mode, v=5000) for mode in ("greedy", "sample", "draft")]

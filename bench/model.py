@@ -6,10 +6,10 @@ the emulated execution of our kernel sources (the simt profiler: cpp/simt/README
 combined with the ptxas resource report and the launch grid into an idealised H200 time. Nothing
 here was timed on a GPU.
 
-Per case (a benchmark shape of bench/ops.py, attention.py, gemm_fp8.py, gemm_int4.py,
+Per case (a benchmark shape of bench/ops.py, attention.py, gemm_fp8.py, gemm_int4.py, gemm_int8.py,
 tree_verify.py -- the decode contexts whose KV cache fits a few GB of host memory, the 70B GEMM
-layers at decode sizes M = 1, 16; merge_attention_states, move_kv_slots and fp8_quantize, which no
-benchmark times, at representative shapes):
+layers at decode sizes M = 1, 16; merge_attention_states, move_kv_slots, fp8_quantize and
+int8_quantize, which no benchmark times, at representative shapes):
 
 1. The op runs once through ``fastinfer.simt.profile`` (the profile build of the sim kernels) at
    the benchmark shape itself, so grids, split heuristics and per-CTA work are the real ones.
@@ -29,7 +29,8 @@ benchmark times, at representative shapes):
    granules), shared memory (static from ptxas + dynamic + 1 KB reserved, 228 KB per SM), threads
    (2048) and the 32-CTA limit. Waves = CTAs / (132 SMs x CTAs per SM).
 4. Time (model) per launch = max(DRAM bytes / 4.3 TB/s, tensor-core FLOPs / 790 TFLOP/s bf16 or
-   1580 fp8) / SM balance, with SM balance = CTAs / (132 x ceil(CTAs / 132)): the CTAs are spread
+   1580 fp8 / int8 (TOP/s, the same assumed rate)) / SM balance,
+   with SM balance = CTAs / (132 x ceil(CTAs / 132)): the CTAs are spread
    over the SMs in waves of 132, every SM that holds work delivers its 1/132 of the chip's
    throughput (shared by the CTAs resident on it), so a launch of fewer than 132 CTAs leaves SMs
    idle and a partial last wave leaves some SMs with one CTA less. An op's time is the sum over
@@ -90,7 +91,7 @@ from timing import git_commit  # noqa: E402
 H200 = dict(
     name="H200 SXM (model constants)", sms=132, regs_per_sm=65536, reg_granule_per_warp=256, max_regs_per_thread=255,
     smem_per_sm=233472, smem_reserved_per_cta=1024, smem_granule=128, max_ctas_per_sm=32, max_threads_per_sm=2048,
-    hbm_bytes_per_s=4.3e12, tc_flops_per_s={"bf16": 790e12, "fp8": 1580e12},
+    hbm_bytes_per_s=4.3e12, tc_flops_per_s={"bf16": 790e12, "fp8": 1580e12, "int8": 1580e12},
 )
 LABEL = "MODEL: simt emulator counters + ptxas report + H200 constants; not a GPU measurement"
 
@@ -420,6 +421,29 @@ def case_fp8_mm(m, n, k, layer, blockwise=False, model="8b"):
                 sample=max(1, math.ceil(mma / 4e5)), reuse=True)
 
 
+def case_int8_quantize(m, k, mode, symmetric=True):
+    def build():
+        x = _bf16(m, k)
+        scale_bytes = (4 * m if mode == "token" else 4) + (0 if symmetric else 4 * m)
+        return dict(fn=lambda: ns().int8_quantize(x, mode, None, symmetric), ideal=m * k * 2 + m * k + scale_bytes)
+    return Case("int8_quantize", f"M={m} K={k} mode={mode}{'' if symmetric else ' asymmetric'}", build,
+                sample=max(1, m * k // (1 << 21)))
+
+
+def case_int8_mm(m, n, k, layer, model="8b"):
+    def build():
+        a = torch.randint(-128, 128, (m, k), dtype=torch.int8)
+        b = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+        sa, sb = torch.rand(m) + 0.5, torch.rand(n) + 0.5
+        ideal = m * k + n * k + m * n * 2 + (m + n) * 4
+        return dict(fn=lambda: ns().int8_scaled_mm(a, b, sa, sb, torch.bfloat16, None, None, None), ideal=ideal,
+                    flops=2.0 * m * n * k, peak="int8")
+    bm = 16 if m <= 16 else (64 if m <= 64 else 128)
+    mma = math.ceil(m / bm) * (bm // 16) * (n // 8) * (k // 32)  # warp-level m16n8k32 instructions
+    return Case("int8_scaled_mm", f"llama3-{model} {layer} M={m} N={n} K={k}", build,
+                sample=max(1, math.ceil(mma / 4e5)), reuse=True)
+
+
 def case_int4(m, n, k, layer, model="8b"):
     def build():
         w_q = torch.randint(0, 16, (n, k), dtype=torch.uint8)
@@ -475,6 +499,8 @@ def all_cases(quick=False):
     cases += [case_prefill(1024, 32, 8, 128, True, paged=True), case_prefill_ragged()]
     cases += [case_fp8_quantize(m, 4096, mode) for m in ((16, 4096) if not quick else (16,))
               for mode in ("token", "group", "tensor")]
+    cases += [case_int8_quantize(m, 4096, mode, sym) for m in ((16, 4096) if not quick else (16,))
+              for mode, sym in (("token", True), ("token", False), ("tensor", True))]
     shapes = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
     if quick:
         shapes = shapes[1:2]
@@ -482,12 +508,15 @@ def all_cases(quick=False):
         for m in ((1, 4096) if quick else (1, 16, 64, 256, 4096)):
             cases.append(case_fp8_mm(m, n, k, layer))
         cases.append(case_fp8_mm(16 if quick else 1, n, k, layer, blockwise=True))
+        for m in ((1, 4096) if quick else (1, 16, 64, 256, 4096)):
+            cases.append(case_int8_mm(m, n, k, layer))
         for m in ((1, 16) if quick else (1, 16, 64, 256, 4096)):
             cases.append(case_int4(m, n, k, layer))
     if not quick:  # Llama-3-70B layers at decode sizes (the larger M behave like the 8B layers above)
         for layer, n, k in (("qkv", 10240, 8192), ("o", 8192, 8192), ("gate_up", 57344, 8192), ("down", 8192, 28672)):
             for m in (1, 16):
                 cases.append(case_fp8_mm(m, n, k, layer, model="70b"))
+                cases.append(case_int8_mm(m, n, k, layer, model="70b"))
                 cases.append(case_int4(m, n, k, layer, model="70b"))
     tv = [(1, 8, "greedy"), (16, 8, "sample")] if quick else [
         (b, 8, mode) for b in (1, 16, 64) for mode in ("greedy", "sample", "draft")] + [

@@ -41,7 +41,7 @@ import fastinfer  # noqa: E402,F401
 from fastinfer import reference as ref  # noqa: E402
 from fastinfer.engine import LLM, SamplingParams  # noqa: E402
 from fastinfer.layers import UnquantizedLinearMethod  # noqa: E402
-from fastinfer.quant import Fp8BlockLinearMethod, Fp8LinearMethod, Int4LinearMethod  # noqa: E402
+from fastinfer.quant import Fp8BlockLinearMethod, Fp8LinearMethod, Int4LinearMethod, Int8LinearMethod  # noqa: E402
 from model_helpers import prefill_logits  # noqa: E402
 
 from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32  # noqa: E402
@@ -574,18 +574,98 @@ def _with_config(src: str, dst, edit) -> str:
     return str(dst)
 
 
+def _int8_act(symmetric: bool):
+    return QuantizationArgs(num_bits=8, type="int", strategy="token", dynamic=True, symmetric=symmetric)
+
+
+CT_INT8 = {  # name -> (config groups, symmetric activations)
+    "W8A8": (lambda: {"group_0": preset_name_to_scheme("W8A8", ["Linear"])}, True),
+    "W8A8-asym-activations": (lambda: {"group_0": QuantizationScheme(
+        targets=["Linear"], weights=QuantizationArgs(num_bits=8, type="int", strategy="channel", symmetric=True),
+        input_activations=_int8_act(False))}, False),
+    "W8A8-tensor-weights": (lambda: {"group_0": QuantizationScheme(
+        targets=["Linear"], weights=QuantizationArgs(num_bits=8, type="int", strategy="tensor", symmetric=True),
+        input_activations=_int8_act(True))}, True),
+}
+
+
+def _int8_fake_quant_hook(name: str, symmetric: bool, runner_inputs, stats):
+    """A forward pre-hook replacing a linear's input by its per-token int8 fake-quantisation (the fp64
+    module's oracle ``reference.int8_quantize``), codes at a rounding tie (x / scale within 1% of a
+    step of .5) taken from the runner's own quantisation of its input."""
+
+    def hook(mod, args):
+        x = args[0]
+        x2 = x.reshape(-1, x.shape[-1])
+        out = ref.int8_quantize(x2, "token", None, symmetric)
+        q, s, z = out[0], out[1], (None if symmetric else out[2])
+        q_run = ref.int8_quantize(runner_inputs[name], "token", None, symmetric)[0]
+        v = x2.double() / s.double()[:, None]
+        tie = (q != q_run) & ((q.int() - q_run.int()).abs() == 1) & (((v - v.floor()) - 0.5).abs() < 0.01)
+        stats["snapped"] = stats.get("snapped", 0) + int(tie.sum())
+        stats["codes"] = stats.get("codes", 0) + q.numel()
+        q = torch.where(tie, q_run, q)
+        return (ref.int8_dequantize(q, s, z).to(x.dtype).reshape(x.shape),)
+
+    return hook
+
+
+@pytest.mark.parametrize("arch", CT_ARCHS)
+@pytest.mark.parametrize("variant", list(CT_INT8))
+def test_compressed_tensors_int8(tmp_path, arch, variant):
+    """compressed-tensors ``int-quantized`` W8A8 written by the package itself (symmetric int8 weights,
+    amax / 127.5 scales, codes down to -128): the runner against transformers on the producer's
+    dequantised weights with every linear's input fake-quantised per token by the fp64 oracle
+    (the same activation arithmetic as the runner), FlashAttention's rule; then against
+    transformers + compressed-tensors' own forward, whose per-token activation scale is
+    amax / 127.5 (ours and vLLM's: amax / 127), so that comparison is loose."""
+    groups, sym = CT_INT8[variant]
+    ct_path, deq_path, schemes = ct_checkpoint(arch, groups(), ["lm_head"], str(tmp_path / "m"))
+    qc = json.load(open(os.path.join(ct_path, "config.json")))["quantization_config"]
+    assert qc["format"] == "int-quantized"
+    llm = LLM(ct_path, num_kv_blocks=8)
+    for layer in llm.model.layers:
+        for slot in SLOTS:
+            m = getattr(layer, slot).method
+            assert type(m) is Int8LinearMethod and m.activation == ("token" if sym else "token-asym"), (slot, m)
+    assert isinstance(llm.model.lm_head.method, UnquantizedLinearMethod)
+    out, inputs = runner_logits_and_inputs(llm)
+    assert rel_norm(out, original_logits(arch)) > 1e-3  # the checkpoint really is quantised
+    stats: dict = {}
+    models = {}
+    for dtype in (torch.float64, torch.float32):
+        m = transformers.AutoModelForCausalLM.from_pretrained(deq_path, dtype=dtype).eval()
+        for name in schemes:
+            m.get_submodule(name).register_forward_pre_hook(_int8_fake_quant_hook(name, sym, inputs, stats))
+        with torch.no_grad():
+            models[dtype] = m(torch.tensor([PROMPT])).logits[0].double()
+    ref64, naive = models[torch.float64], models[torch.float32]
+    err = float((out.double() - ref64).abs().max())
+    naive_err = float((naive - ref64).abs().max())
+    print(f"{arch} {variant}: max err {err:.2e} (torch fp32: {naive_err:.2e}), rel {rel_norm(out, ref64):.2e}; "
+          f"{stats.get('snapped', 0)} of {stats['codes']} reference codes at a tie")
+    assert stats.get("snapped", 0) <= 1e-3 * stats["codes"]
+    assert err <= 2 * naive_err + FP8_FLOOR and rel_norm(out, ref64) < 1e-5, (err, naive_err)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(ct_path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = hf(torch.tensor([PROMPT])).logits[0]
+    err_ct = rel_norm(out, theirs)
+    print(f"{arch} {variant}: rel err vs transformers + compressed-tensors {err_ct:.2e}")
+    assert err_ct < 5e-2, err_ct
+
+
 def test_unsupported_int8_scheme_names_scheme_and_layer(tmp_path):
-    """A real compressed-tensors W8A8 int8 checkpoint (format int-quantized)."""
-    ct_path, _, _ = ct_checkpoint("llama", {"group_0": preset_name_to_scheme("W8A8", ["Linear"])}, ["lm_head"],
-                                  str(tmp_path / "int8"))
+    """int8 weight-only (W8A16) is not supported: one line naming the scheme and the layer."""
+    groups = {"group_0": QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(
+        num_bits=8, type="int", strategy="channel", symmetric=True))}
+    ct_path, _, _ = ct_checkpoint("llama", groups, ["lm_head"], str(tmp_path / "int8"))
     with pytest.raises(ValueError) as e:
         LLM(ct_path, num_kv_blocks=8)
     msg = str(e.value)
     print(msg)
     assert "\n" not in msg
-    assert msg.startswith("model.layers.0.self_attn.q_proj: compressed-tensors scheme W8A8 int8 (weights int8 "
-                          "channel, input activations int8 token dynamic, format 'int-quantized') of config group "
-                          "'group_0' is not supported"), msg
+    assert msg.startswith("model.layers.0.self_attn.q_proj: compressed-tensors scheme W8A16 int8 (weights int8 "
+                          "channel, input activations none"), msg
 
 
 @pytest.mark.parametrize("edit,match", [

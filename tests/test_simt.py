@@ -52,6 +52,7 @@ def test_fragment_probe_layouts():
     out = _ok(_run("fragment_probe.cu"))
     assert "documented-layout check: PASS" in out
     assert "mma.m16n8k16.bf16 C->D identity: yes" in out
+    assert "mma.m16n8k32.s8 C->D identity: yes" in out and "mma.m16n8k32.s8 B(L31.b7):" in out
     assert "ldmatrix.x4.trans lane 31: r0=m0[6][7],m0[7][7]" in out
 
 

@@ -180,30 +180,36 @@ def test_tp2_equals_tp1_shipped_model_spec_decoding_and_preemption(engines):
     assert st["num_preemptions"] == a.stats()["num_preemptions"]
 
 
-@pytest.mark.parametrize("quant", ["fp8", "int4"])
+@pytest.mark.parametrize("quant", ["fp8", "int4", "int8"])
 def test_tp2_equals_tp1_quantised(ckpts, engines, quant):
     path = ckpts("llama")
     qc = {"group_size": 64} if quant == "int4" else None
     tp1 = engines(path, num_kv_blocks=32, quantization=quant, quantization_config=qc)
     tp2 = engines(path, num_kv_blocks=32, quantization=quant, quantization_config=qc, tensor_parallel_size=TP)
-    assert type(tp2.model.layers[0].down_proj.method).__name__ == ("Fp8LinearMethod" if quant == "fp8"
-                                                                    else "Int4LinearMethod")
+    assert type(tp2.model.layers[0].down_proj.method).__name__ == f"{quant.capitalize()}LinearMethod"
     _check_equal(tp1, tp2, _prompts(300, n=2), 300)
 
 
-@pytest.mark.parametrize("scheme", ["FP8_BLOCK", "W4A16_ASYM", "FP8_DYNAMIC"])
+@pytest.mark.parametrize("scheme", ["FP8_BLOCK", "W4A16_ASYM", "FP8_DYNAMIC", "W8A8", "W8A8-asym-activations"])
 def test_tp2_equals_tp1_compressed_tensors(engines, tmp_path, scheme):
     """Checkpoints written by the compressed-tensors package (128 x 128 fp8 blocks, int4 groups of
-    128 with zero points, fp8 per channel with dynamic per-token activations), MHA 4/4 so every
-    rank's K/V rows are whole 128-row blocks."""
+    128 with zero points, fp8 per channel with dynamic per-token activations, int8 per channel with
+    dynamic per-token symmetric or asymmetric activations: a row-parallel shard quantises with the
+    whole row's scale and zero point), MHA 4/4 so every rank's K/V rows are whole 128-row blocks."""
     pytest.importorskip("compressed_tensors")
-    from compressed_tensors.quantization import preset_name_to_scheme
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme, preset_name_to_scheme
 
     from ct_helpers import compress
 
+    if scheme == "W8A8-asym-activations":
+        groups = {"group_0": QuantizationScheme(
+            targets=["Linear"], weights=QuantizationArgs(num_bits=8, type="int", strategy="channel", symmetric=True),
+            input_activations=QuantizationArgs(num_bits=8, type="int", strategy="token", dynamic=True,
+                                               symmetric=False))}
+    else:
+        groups = {"group_0": preset_name_to_scheme(scheme, ["Linear"])}
     model = make_hf_model("llama", seed=11, num_key_value_heads=4, tie_word_embeddings=False)
-    path, _, _ = compress(model, {"group_0": preset_name_to_scheme(scheme, ["Linear"])}, ["lm_head"],
-                          str(tmp_path / scheme), None, dequantised=False)
+    path, _, _ = compress(model, groups, ["lm_head"], str(tmp_path / scheme), None, dequantised=False)
     tp1 = engines(path, num_kv_blocks=32)
     tp2 = engines(path, num_kv_blocks=32, tensor_parallel_size=TP)
     assert tp2.model.layers[0].down_proj.in_features == 128

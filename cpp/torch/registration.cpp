@@ -8,6 +8,7 @@
 #include "validate_fp8.h"
 #include "validate_spec.h"
 #include "validate_int4.h"
+#include "validate_int8.h"
 
 namespace fastinfer::binding {
 namespace {
@@ -110,6 +111,23 @@ at::Tensor fp8_scaled_mm_meta(const at::Tensor& a, const at::Tensor& b, const at
 }
 // ---- end FP8 GEMM ----
 
+// ---- INT8 GEMM (DESIGN.md "GEMM"): azp is int32 [M] when symmetric=False, else an empty [0] ----
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_quantize_meta(const at::Tensor& x, c10::string_view mode,
+                                                                  const std::optional<at::Tensor>& scale, bool symmetric) {
+  const Int8Mode m = validate_int8_quantize("int8_quantize", x, mode, scale, symmetric, true);
+  auto azp = symmetric ? at::empty({0}, x.options().dtype(at::kInt))
+                       : at::empty_symint({x.sym_size(0)}, x.options().dtype(at::kInt));
+  return {at::empty_symint(x.sym_sizes(), x.options().dtype(at::kChar)),
+          at::empty_symint(int8_quantize_scale_shape(x, m), x.options().dtype(at::kFloat)), azp};
+}
+
+at::Tensor int8_scaled_mm_meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
+                               const at::Tensor& scale_b, at::ScalarType out_dtype, const std::optional<at::Tensor>& bias,
+                               const std::optional<at::Tensor>& azp_adj, const std::optional<at::Tensor>& azp) {
+  validate_int8_scaled_mm("int8_scaled_mm", a, b, scale_a, scale_b, out_dtype, bias, azp_adj, azp, true);
+  return at::empty_symint({a.sym_size(0), b.sym_size(0)}, a.options().dtype(out_dtype));
+}
+
 // ---- speculative decoding (tree_verify): outputs have the index dtype of draft_tokens ----------
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_meta(const at::Tensor& draft_tokens,
                                                                 const at::Tensor& parents,
@@ -153,6 +171,12 @@ FASTINFER_LIBRARY(FASTINFER_NS, m) {
   // FP8 W8A8 (DESIGN.md "GEMM"): dynamic e4m3 quantisation and the scaled e4m3 matmul.
   m.def("fp8_quantize(Tensor x, str mode='token', int group_size=128, Tensor? scale=None) -> (Tensor x_fp8, Tensor scale)");
   m.def("fp8_scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, ScalarType out_dtype, Tensor? bias=None) -> Tensor");
+  // INT8 W8A8 (DESIGN.md "GEMM"): dynamic int8 quantisation (zero points when symmetric=False; azp is
+  // an empty [0] tensor otherwise) and the scaled int8 matmul (int32 accumulation).
+  m.def("int8_quantize(Tensor x, str mode='token', Tensor? scale=None, bool symmetric=True) -> (Tensor x_int8, "
+        "Tensor scale, Tensor azp)");
+  m.def("int8_scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, ScalarType out_dtype, Tensor? bias=None, "
+        "Tensor? azp_adj=None, Tensor? azp=None) -> Tensor");
   // Speculative decoding (DESIGN.md "Speculative decoding").
   m.def("tree_verify(Tensor draft_tokens, Tensor parents, Tensor target_logits, Tensor? draft_probs, "
         "Tensor temperature, Tensor uniforms, bool greedy) -> (Tensor accepted_nodes, Tensor num_accepted, "
@@ -183,6 +207,8 @@ FASTINFER_LIBRARY_IMPL(FASTINFER_NS, Meta, m) {
   m.impl("merge_attention_states", &merge_attention_states_meta);
   m.impl("fp8_quantize", &fp8_quantize_meta);
   m.impl("fp8_scaled_mm", &fp8_scaled_mm_meta);
+  m.impl("int8_quantize", &int8_quantize_meta);
+  m.impl("int8_scaled_mm", &int8_scaled_mm_meta);
   m.impl("tree_verify", &tree_verify_meta);
   m.impl("int4_pack", &int4_pack_meta);
   m.impl("int4_repack", &int4_repack_meta);

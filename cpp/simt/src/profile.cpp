@@ -112,7 +112,7 @@ struct LaunchRec {
   unsigned long long blocks_run = 0;
   unsigned long long blocks_storing = 0;  // blocks that wrote global memory (stores, atomics)
   unsigned long long read_sectors = 0, write_sectors = 0, union_sectors = 0;
-  unsigned long long mma[3] = {0, 0, 0};
+  unsigned long long mma[4] = {0, 0, 0, 0};
 };
 
 struct KernelStats {
@@ -431,10 +431,10 @@ bool write_json(const char* path) {
               "%s{\"grid\": [%u, %u, %u], \"block\": [%u, %u, %u], \"dynamic_smem\": %zu, \"executed\": %s, "
               "\"faulted\": %s, \"blocks_run\": %llu, \"blocks_storing\": %llu, \"dram_read_bytes\": %llu, \"dram_write_bytes\": %llu, "
               "\"footprint_bytes\": %llu, \"mma\": {\"m16n8k16.f16\": %llu, \"m16n8k16.bf16\": %llu, "
-              "\"m16n8k32.e4m3\": %llu}}",
+              "\"m16n8k32.e4m3\": %llu, \"m16n8k32.s8\": %llu}}",
               li ? ", " : "", l.grid.x, l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z, l.dynamic_smem,
               l.executed ? "true" : "false", l.faulted ? "true" : "false", l.blocks_run, l.blocks_storing, 32 * l.read_sectors,
-              32 * l.write_sectors, 32 * l.union_sectors, l.mma[0], l.mma[1], l.mma[2]);
+              32 * l.write_sectors, 32 * l.union_sectors, l.mma[0], l.mma[1], l.mma[2], l.mma[3]);
     }
     fprintf(f, "], \"sites\": [");
     size_t si = 0;
@@ -604,7 +604,7 @@ void launch_end(bool faulted, unsigned long long blocks_run) {
 }
 
 void count_mma(int kind) {
-  if (g_launch_on && kind >= 0 && kind < 3) ++g_launch.mma[kind];
+  if (g_launch_on && kind >= 0 && kind < 4) ++g_launch.mma[kind];
 }
 
 }  // namespace prof

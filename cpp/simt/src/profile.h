@@ -33,7 +33,7 @@ void epoch_end();
 // A block ended (after its last epoch_end): counts it in blocks_storing when it wrote global memory.
 void block_end();
 void launch_end(bool faulted, unsigned long long blocks_run);
-// One warp-level mma.sync: kind 0 f16 m16n8k16, 1 bf16 m16n8k16, 2 e4m3 m16n8k32.
+// One warp-level mma.sync: kind 0 f16 m16n8k16, 1 bf16 m16n8k16, 2 e4m3 m16n8k32, 3 s8 m16n8k32.
 void count_mma(int kind);
 
 // The access hooks (tsan callbacks, ptx wrappers, atomics) end here.

@@ -70,6 +70,35 @@ void mma_impl(LaneIO* const* lanes, Cvt cvt) {
   }
 }
 
+// s8 x s8 -> s32 m16n8k32: the A / B / C fragment layouts of the e4m3 variant, integer products
+// summed in uint32 (two's-complement wrap-around, as the hardware without .satfinite).
+void mma_s8_impl(LaneIO* const* lanes) {
+  int32_t A[16][32], B[32][8];
+  uint32_t C[16][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    const LaneIO* io = lanes[lane];
+    int g = lane >> 2, t = lane & 3;
+    for (int r = 0; r < 4; ++r) {
+      int row = g + ((r & 1) ? 8 : 0), col = 4 * t + ((r & 2) ? 16 : 0);
+      for (int j = 0; j < 4; ++j) A[row][col + j] = static_cast<int8_t>(b8(io->in[r], j));
+    }
+    for (int r = 0; r < 2; ++r) {
+      int k = 4 * t + 16 * r;
+      for (int j = 0; j < 4; ++j) B[k + j][g] = static_cast<int8_t>(b8(io->in[4 + r], j));
+    }
+    for (int i = 0; i < 4; ++i) C[g + ((i & 2) ? 8 : 0)][2 * t + (i & 1)] = io->in[6 + i];
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    int g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; ++i) {
+      int m = g + ((i & 2) ? 8 : 0), n = 2 * t + (i & 1);
+      uint32_t acc = C[m][n];
+      for (int k = 0; k < 32; ++k) acc += static_cast<uint32_t>(A[m][k] * B[k][n]);
+      lanes[lane]->out[i] = acc;
+    }
+  }
+}
+
 }  // namespace
 
 void coll_mma_f16(LaneIO* const* lanes, unsigned) {
@@ -83,6 +112,11 @@ void coll_mma_bf16(LaneIO* const* lanes, unsigned) {
 void coll_mma_e4m3(LaneIO* const* lanes, unsigned) {
   prof::count_mma(2);
   mma_impl<32>(lanes, e4m3_to_float);
+}
+
+void coll_mma_s8(LaneIO* const* lanes, unsigned) {
+  prof::count_mma(3);
+  mma_s8_impl(lanes);
 }
 
 void coll_ldmatrix(LaneIO* const* lanes, unsigned) {

@@ -74,6 +74,27 @@ __global__ void probe_mma(float* out, int runs) {
   }
 }
 
+// s8 (mma.m16n8k32.s8.s8.s32): runs p*256 + q as for e4m3, with signed codes: pass 0 A byte =
+// -(lane + 1), B one-hot +1; pass 1 A byte = slot + 1, B one-hot -1 (D = the A code times the one,
+// so both operands' signs are checked); run 512: A = B = 0, C = -(code + 1) -> D.
+__global__ void probe_mma_s8(int32_t* out) {
+  const int l = threadIdx.x;
+  for (int q = 0; q < 513; ++q) {
+    uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+    int32_t c[4] = {0, 0, 0, 0}, d[4];
+    if (q < 512) {
+      const int p = q / 256, qq = q % 256;
+      for (int s = 0; s < 16; ++s)
+        a[s / 4] |= (static_cast<uint32_t>(p == 0 ? -(l + 1) : s + 1) & 0xffu) << (8 * (s % 4));
+      if (l == qq / 8) b[(qq % 8) / 4] = (p == 0 ? 0x01u : 0xffu) << (8 * (qq % 4));
+    } else {
+      for (int i = 0; i < 4; ++i) c[i] = -(l * 4 + i) - 1;
+    }
+    ptx::mma_m16n8k32_s8(d, a, b, c);
+    for (int i = 0; i < 4; ++i) out[(q * 32 + l) * 4 + i] = d[i];
+  }
+}
+
 static int failures = 0;
 static void expect(bool ok, const char* what, int a, int b, int c) {
   if (!ok && failures++ < 20) std::printf("LAYOUT MISMATCH: %s (%d %d %d)\n", what, a, b, c);
@@ -176,6 +197,41 @@ int main() {
       expect(nz == 16, "mma nonzero count", q, nz, 1);
       std::printf("\n");
     }
+  }
+  // ---- mma s8 ----
+  {
+    const char* kname = "mma.m16n8k32.s8";
+    int32_t* d_s8;
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_s8), 513 * 32 * 4 * 4));
+    std::vector<int32_t> so(513 * 32 * 4);
+    CHECK_CUDA(launch_kernel(probe_mma_s8, dim3(1), dim3(32), 0, nullptr, d_s8));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaMemcpy(so.data(), d_s8, 513 * 32 * 4 * 4, cudaMemcpyDeviceToHost));
+    cudaFree(d_s8);
+    for (int q = 0; q < 256; ++q) {
+      const int lb = q / 8, sb = q % 8;
+      std::printf("%s B(L%d.b%d):", kname, lb, sb);
+      const int kb = 4 * (lb % 4) + (sb % 4) + 16 * (sb / 4), nb = lb / 4;
+      int nz = 0;
+      for (int l = 0; l < 32; ++l)
+        for (int i = 0; i < 4; ++i) {
+          const int32_t x0 = so[(q * 32 + l) * 4 + i], x1 = so[((256 + q) * 32 + l) * 4 + i];
+          if (x0 == 0 && x1 == 0) continue;
+          ++nz;
+          const int al = -x0 - 1, as = -x1 - 1;
+          std::printf(" D[L%d.d%d]=A(L%d.b%d)", l, i, al, as);
+          const int m = l / 4 + 8 * (i / 2), n = 2 * (l % 4) + (i % 2);
+          const int el = (m % 8) * 4 + (kb % 16) / 4, es = 4 * ((m >= 8) + 2 * (kb >= 16)) + kb % 4;
+          expect(n == nb && al == el && as == es, kname, q, l, i);
+        }
+      expect(nz == 16, "mma nonzero count", q, nz, 3);
+      std::printf("\n");
+    }
+    bool ident = true;
+    for (int l = 0; l < 32; ++l)
+      for (int i = 0; i < 4; ++i) ident = ident && so[(512 * 32 + l) * 4 + i] == -(l * 4 + i) - 1;
+    std::printf("%s C->D identity: %s\n", kname, ident ? "yes" : "no");
+    expect(ident, "s8 C->D", 3, 0, 0);
   }
   cudaFree(d_ld);
   cudaFree(d_mma);

@@ -8,6 +8,7 @@
 #include "fastinfer/gemm/fp8.h"
 #include "fastinfer/gemm/fp8_sm90.h"
 #include "fastinfer/gemm/int4.h"
+#include "fastinfer/gemm/int8.h"
 #include "fastinfer/norm/rms_norm.h"
 #include "fastinfer/rope/rotary_embedding.h"
 #include "fastinfer/spec/spec.h"

@@ -44,7 +44,7 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
 def add_quant_args(p: argparse.ArgumentParser, on_load: bool) -> None:
     if on_load:
         p.add_argument("--quantization", default=None,
-                       help="fp8 | int4: quantise a float checkpoint's linear layers on load (default: run the "
+                       help="fp8 | int4 | int8: quantise a float checkpoint's linear layers on load (default: run the "
                             "checkpoint as stored; quantised checkpoints are detected from config.json)")
     p.add_argument("--group-size", type=int, default=None,
                    help="int4: input features per scale / zero point, a multiple of 32 (default: 128)")

@@ -7,6 +7,7 @@
     fastinfer serve [MODEL] --port 8000 [--api-key KEY]                           # OpenAI-compatible server
     fastinfer bench --preset llama3-8b --random-weights --batch 32 --input-len 512 --output-len 128 --json
     fastinfer quantize --method int4 --group-size 128 [--symmetric] IN_DIR OUT_DIR   # see fastinfer.quant
+    fastinfer quantize --method int8 --smoothquant 0.5 [--calibration FILE] IN_DIR OUT_DIR
     fastinfer eval --dtype bfloat16 [--quantization int4]                        # held-out perplexity
     fastinfer generate --model PATH --tensor-parallel-size 2 --prompt "..."      # 2 spawned ranks
     torchrun --nproc-per-node 2 -m fastinfer generate --model PATH --prompt "..." # rank 0 drives
@@ -37,7 +38,15 @@ def cmd_quantize(args) -> int:
                         symmetric=args.symmetric, pad_groups=args.pad_groups)
     if args.method != "int4" and (args.group_size is not None or args.symmetric or not args.pad_groups):
         raise ValueError("--group-size / --symmetric / --no-pad-groups apply to --method int4 only")
-    res = quantize_checkpoint(args.in_dir, args.out_dir, opts, progress=not args.quiet)
+    if args.method != "int8" and (args.smoothquant is not None or args.calibration is not None):
+        raise ValueError("--smoothquant / --calibration apply to --method int8 only")
+    if args.calibration is not None and args.smoothquant is None:
+        raise ValueError("--calibration needs --smoothquant ALPHA")
+    calib = None
+    if args.smoothquant is not None:
+        calib = eval_cmd.calibration_ids(args.in_dir, args.calibration, args.calibration_tokens)
+    res = quantize_checkpoint(args.in_dir, args.out_dir, opts, progress=not args.quiet,
+                              smoothquant=args.smoothquant, calibration=calib)
     if not args.quiet:
         print(f"wrote {args.out_dir}: {res['quantized_linears']} {args.method} linears, "
               f"{', '.join(res['weights'])}; copied {', '.join(res['copied']) or 'nothing'}")
@@ -183,9 +192,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     add_bench_parser(sub)
 
-    q = sub.add_parser("quantize", help="write a quantised checkpoint (fp8 W8A8 or int4 W4A16; see fastinfer.quant)")
-    q.add_argument("--method", required=True, help="fp8 (e4m3 weights per channel) | int4 (group-wise W4A16)")
+    q = sub.add_parser("quantize", help="write a quantised checkpoint (fp8 / int8 W8A8 or int4 W4A16; see "
+                                        "fastinfer.quant)")
+    q.add_argument("--method", required=True, help="fp8 (e4m3 weights per channel) | int4 (group-wise W4A16) | "
+                                                   "int8 (int8 weights per channel, W8A8)")
     add_quant_args(q, on_load=False)
+    q.add_argument("--smoothquant", type=float, default=None, metavar="ALPHA",
+                   help="int8: SmoothQuant migration strength in [0, 1] (0.5 is the paper's default; default: off)")
+    q.add_argument("--calibration", default=None, metavar="FILE",
+                   help="--smoothquant: a UTF-8 text file run through the float model for the activation "
+                        "statistics (default: the shipped corpus' training split, every 50th file)")
+    q.add_argument("--calibration-tokens", type=int, default=16384,
+                   help="--smoothquant: calibration tokens at most (default: 16384)")
     q.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     q.add_argument("in_dir", metavar="IN_DIR", help="float safetensors checkpoint directory")
     q.add_argument("out_dir", metavar="OUT_DIR", help="output directory (created; must hold no weights)")

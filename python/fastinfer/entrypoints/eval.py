@@ -51,14 +51,62 @@ def heldout_files(stdlib: Optional[str] = None, metadata: Optional[str] = None) 
     return out
 
 
+def calibration_files(stdlib: Optional[str] = None, metadata: Optional[str] = None, every: int = 50
+                      ) -> List[Tuple[str, str]]:
+    """``(relative path, text)`` of calibration files from the shipped models' TRAINING split: the
+    corpus listing of ``tools/train_tiny_models.py`` (sorted ``.py`` files of the standard library,
+    the metadata's excluded directories skipped), every ``every``-th file (index % every == 0; the
+    held-out ones are index % 50 == 25)."""
+    with open(metadata or os.path.join(ASSETS, "metadata.json")) as f:
+        corpus = json.load(f)["corpus"]
+    stdlib = stdlib or sysconfig.get_paths()["stdlib"]
+    excluded, held = set(corpus["excluded_dirs"]), set(corpus["heldout_files"])
+    rels = []
+    for root, dirs, names in os.walk(stdlib):
+        dirs[:] = sorted(d for d in dirs if d not in excluded)
+        rels += [os.path.relpath(os.path.join(root, n), stdlib).replace(os.sep, "/") for n in names if n.endswith(".py")]
+    out = []
+    for i, rel in enumerate(sorted(rels)):
+        if i % every or rel in held:
+            continue
+        try:
+            with open(os.path.join(stdlib, rel), encoding="utf-8") as f:
+                text = f.read()
+        except (UnicodeDecodeError, OSError):
+            continue
+        if text.strip():
+            out.append((rel, text))
+    return out
+
+
+def calibration_ids(model_dir: str, text_file: Optional[str] = None, max_tokens: int = 16384) -> torch.Tensor:
+    """Calibration token ids for SmoothQuant: ``text_file`` (UTF-8), else :func:`calibration_files`,
+    tokenised by ``model_dir``'s tokenizer (``<bos> file <eos>`` packing), at most ``max_tokens``."""
+    from ..engine.tokenizer import Tokenizer
+
+    tok = Tokenizer(model_dir)
+    if text_file is not None:
+        with open(text_file, encoding="utf-8") as f:
+            files = [(text_file, f.read())]
+    else:
+        files = calibration_files()
+    ids = token_stream(tok, files)[:max_tokens]
+    if len(ids) < 2:
+        raise ValueError(f"calibration text {text_file or 'corpus'} holds fewer than 2 tokens")
+    return ids
+
+
 def token_stream(tokenizer, files: Sequence[Tuple[str, str]]) -> torch.Tensor:
-    """``<bos> tokens <eos>`` per file, concatenated (int64)."""
+    """``<bos> tokens <eos>`` per file, concatenated (int64); a tokenizer without those special
+    tokens packs the files back to back."""
     bos, eos = tokenizer.token_to_id("<|bos|>"), tokenizer.token_to_id("<|eos|>")
     ids: List[int] = []
     for enc in tokenizer.encode_batch([t for _, t in files], add_special_tokens=False):
-        ids.append(bos)
+        if bos is not None:
+            ids.append(bos)
         ids.extend(enc)
-        ids.append(eos)
+        if eos is not None:
+            ids.append(eos)
     return torch.tensor(ids, dtype=torch.long)
 
 

@@ -37,13 +37,15 @@ from .attention import (  # noqa: F401
 
 from .gemm_fp8 import fp8_quantize, fp8_scaled_mm  # noqa: F401
 from .gemm_int4 import Int4Weight, int4_gemm, int4_pack, int4_repack  # noqa: F401
+from .gemm_int8 import int8_azp_adj, int8_quantize, int8_scaled_mm  # noqa: F401
 from .spec import tree_verify  # noqa: F401
 
 _OPS = {
     f.__name__: f
     for f in (rms_norm, fused_add_rms_norm, silu_and_mul, rotary_embedding, reshape_and_cache,
               prefill_attention, paged_prefill_attention, paged_decode_attention, merge_attention_states,
-              move_kv_slots, fp8_quantize, fp8_scaled_mm, int4_pack, int4_repack, int4_gemm, tree_verify)
+              move_kv_slots, fp8_quantize, fp8_scaled_mm, int4_pack, int4_repack, int4_gemm, int8_quantize,
+              int8_scaled_mm, tree_verify)
 }
 
 NAMESPACES = ("fastinfer", "fastinfer_sim")
@@ -89,4 +91,4 @@ def backend(namespace: str = "fastinfer") -> Backend:
     return b
 
 
-__all__ = sorted(_OPS) + ["Int4Weight", "build_rope_cache", "pack_custom_mask", "Backend", "backend", "NAMESPACES"]
+__all__ = sorted(_OPS) + ["Int4Weight", "int8_azp_adj", "build_rope_cache", "pack_custom_mask", "Backend", "backend", "NAMESPACES"]

@@ -1,12 +1,13 @@
-"""Weight quantisation for the runner: FP8 W8A8 and INT4 W4A16, the fastinfer checkpoint format, and
+"""Weight quantisation for the runner: FP8 and INT8 W8A8 and INT4 W4A16, the fastinfer checkpoint format, and
 the formats of other producers (AutoAWQ, AutoGPTQ, compressed-tensors, Hugging Face fine-grained FP8).
 
 Ways to run a quantised model::
 
     fastinfer quantize --method fp8 IN_DIR OUT_DIR                  # write a quantised checkpoint
     fastinfer quantize --method int4 --group-size 128 [--symmetric] IN_DIR OUT_DIR
+    fastinfer quantize --method int8 [--smoothquant 0.5 [--calibration FILE]] IN_DIR OUT_DIR
     LLM(OUT_DIR)                                                    # loads it (detected from config.json)
-    LLM(IN_DIR, quantization="fp8" | "int4")                        # quantise a float checkpoint on load
+    LLM(IN_DIR, quantization="fp8" | "int4" | "int8")               # quantise a float checkpoint on load
     LLM(AWQ_OR_GPTQ_DIR)                                            # AutoAWQ / AutoGPTQ 4-bit checkpoints
     LLM(LLM_COMPRESSOR_DIR)                                         # compressed-tensors (llm-compressor)
     LLM(FP8_DIR)                                                    # fine-grained FP8 (Qwen3 / DeepSeek FP8)
@@ -19,14 +20,24 @@ in many small models and dominates the logits' accuracy; it is listed in
 ``modules_not_quantized``). The runner fuses q/k/v and gate/up after quantisation, exactly as it
 fuses the float weights (rows of the fused weight are q, k, v resp. gate, up).
 
-Methods (round to nearest, no calibration data)
------------------------------------------------
+Methods (round to nearest; calibration data only for int8 with SmoothQuant)
+---------------------------------------------------------------------------
 * **fp8** (W8A8): weights e4m3 with one float32 scale per output channel,
   ``scale[n] = max(amax(W[n, :]), 1e-12) / 448``, ``q = e4m3_rne(clamp(W / scale, -448, 448))``
   (the ``fp8_quantize`` op with ``mode='token'`` applied to ``W``, computed from the weight as
   stored, in float32). Activations are quantised dynamically per token at run time
   (``fp8_quantize(x, 'token')``) and multiplied by ``fp8_scaled_mm`` with the per-channel weight
   scales; the output has the activation dtype (float32 when the runner runs in float32 on CPU).
+* **int8** (W8A8): weights symmetric int8 with one float32 scale per output channel,
+  ``scale[n] = max(amax(W[n, :]), 1e-12) / 127``, ``q = round(clamp(W / scale, -127, 127))`` (the
+  ``int8_quantize`` op with ``mode='token'`` applied to ``W`` in float32). Activations are quantised
+  dynamically per token (``int8_quantize(x, 'token')``) and multiplied by ``int8_scaled_mm`` (exact
+  int32 accumulation, scales in the epilogue). ``--smoothquant ALPHA`` first smooths the float
+  weights (:mod:`fastinfer.quant.smoothquant`: ``s_j = max|X_j|^a / max|W_j|^(1 - a)`` from
+  calibration text run through the float model, by default the shipped corpus' training split),
+  folding ``1 / s`` into the RMSNorm weights (q/k/v, gate/up) and up_proj's rows (down_proj), and
+  storing it as an explicit activation scale for o_proj. Quantising on load (``quantization="int8"``)
+  does no smoothing.
 * **int4** (W4A16): group-wise along the input features, ``group_size`` G (default 128) a
   multiple of 32; asymmetric by default (``s = (max - min) / 15``, ``z = clamp(round(-min / s),
   0, 15)``; ``min <= 0 <= max`` is enforced), ``--symmetric`` gives ``s = amax / 7`` and ``z = 8``
@@ -51,6 +62,15 @@ For each quantised linear ``P`` (e.g. ``model.layers.0.self_attn.q_proj``) with 
     P.weight         float8_e4m3fn [N, K]     codes
     P.weight_scale   float32       [N]        per output channel;  W ~= weight * weight_scale[:, None]
 
+``method = "int8"``::
+
+    P.weight         int8    [N, K]           codes
+    P.weight_scale   float32 [N]              per output channel;  W ~= weight * weight_scale[:, None]
+    P.smooth_scale   float32 [K]              SmoothQuant, o_proj only: the layer computes
+                                              int8(x / smooth_scale) @ W^T (W is the smoothed weight)
+
+  With SmoothQuant the RMSNorm weights (and up_proj's bias, if any) are stored smoothed in float32.
+
 ``method = "int4"`` (``Kq`` = K, or K rounded up to a multiple of G with ``pad_groups``)::
 
     P.weight_packed      uint8   [N, Kq / 2]  codes 0..15, two per byte: byte j of row n holds
@@ -63,10 +83,11 @@ For each quantised linear ``P`` (e.g. ``model.layers.0.self_attn.q_proj``) with 
 ``quantization_config`` (all keys written; readers check ``quant_method``, ``method``,
 ``format_version``)::
 
-    {"quant_method": "fastinfer", "format_version": 1, "method": "fp8" | "int4",
+    {"quant_method": "fastinfer", "format_version": 1, "method": "fp8" | "int4" | "int8",
      "weight": "e4m3, per output channel" | "int4, group-wise",
      "activation": "e4m3, dynamic per token" | "unquantised",       # informational
      "group_size": G, "symmetric": bool, "pad_groups": bool,         # int4 only
+     "smoothquant": null | {"alpha": a, "calibration_tokens": n, ...},  # int8 only
      "modules_not_quantized": ["lm_head"]}
 
 AutoAWQ / AutoGPTQ checkpoints
@@ -125,12 +146,19 @@ checkpoint did). The projections fused into one layer must share a scheme. Suppo
 * FP8_BLOCK: ``weight_scale [ceil(N / 128), ceil(K / 128)]`` per 128 x 128 block, activations
   dynamic per 1 x 128 group: ``fp8_quantize(x, 'group', 128)`` and the blockwise ``fp8_scaled_mm``
   (:class:`Fp8BlockLinearMethod`).
+* ``int-quantized`` W8A8 int8 (the W8A8 preset; llm-compressor usually runs SmoothQuant + GPTQ
+  first, which changes only the values): ``P.weight`` int8 ``[N, K]`` symmetric, ``weight_scale``
+  float ``[N, 1]`` per channel (or ``[1]`` per tensor, repeated over the rows), no weight zero
+  point; activations dynamic per token, symmetric (``int8_quantize(x, 'token')``) or asymmetric
+  (``symmetric: false``: ``int8_quantize(x, 'token', symmetric=False)`` gives per-token zero points
+  ``azp``, and ``int8_scaled_mm`` subtracts ``azp[m] * sum_k W[n, k]`` (``azp_adj``, computed at
+  load)), or static per tensor and symmetric (``input_scale [1]``) (:class:`Int8LinearMethod`).
 
-Any other scheme (int8 W8A8 / W8A16, W4A8, NVFP4 / MXFP4, FP8 weight-only, output activations, other
+Any other scheme (int8 weight-only W8A16 or with asymmetric weights, W4A8, NVFP4 / MXFP4, FP8 weight-only, output activations, other
 block shapes, 2:4 sparsity) raises one ``ValueError`` line naming the scheme and the first module
-that has it, e.g. ``model.layers.0.self_attn.q_proj: compressed-tensors scheme W8A8 int8 (weights
-int8 channel, input activations int8 token dynamic, format 'int-quantized') of config group
-'group_0' is not supported (supported: ...)``; a ``kv_cache_scheme`` or ``transform_config`` is
+that has it, e.g. ``model.layers.0.self_attn.q_proj: compressed-tensors scheme W8A16 int8 (weights
+int8 channel, input activations none, ...) of config group 'group_0' is not supported (supported:
+...)``; a ``kv_cache_scheme`` or ``transform_config`` is
 refused when the config is read.
 
 Hugging Face fine-grained FP8 (transformers' ``FineGrainedFP8Config``)
@@ -147,16 +175,25 @@ Code map
 --------
 ``config.py`` (QuantOptions, the stored ``quantization_config``), ``compressed_tensors.py`` (the
 compressed-tensors config: schemes, targets, ignore), ``resolve.py`` (which linear method each layer
-gets), ``methods.py`` (the fp8 / fp8-block / int4 linear methods and the formats they read),
-``math.py`` (the quantisers' arithmetic), ``checkpoint.py`` (``fastinfer quantize``).
+gets), ``methods.py`` (the fp8 / fp8-block / int4 / int8 linear methods and the formats they read),
+``math.py`` (the quantisers' arithmetic), ``smoothquant.py`` (calibration and smoothing for int8),
+``checkpoint.py`` (``fastinfer quantize``).
 """
 
 from .checkpoint import quantize_checkpoint  # noqa: F401
 from .config import FORMAT_VERSION, METHODS, QuantOptions, StoredQuantization, stored_quantization  # noqa: F401
 from .resolve import CheckpointQuantization, CompressedTensorsQuantization, OnLoadQuantization, resolve_quantization  # noqa: F401
-from .math import pack_nibbles, quantize_fp8_weight, quantize_int4_weight, unpack_nibbles  # noqa: F401
+from .math import pack_nibbles, quantize_fp8_weight, quantize_int4_weight, quantize_int8_weight, unpack_nibbles  # noqa: F401
 from .compressed_tensors import CompressedTensorsConfig, CtScheme  # noqa: F401
-from .methods import Fp8BlockLinearMethod, Fp8LinearMethod, Int4LinearMethod, Int4Part, describe_quantization  # noqa: F401
+from .methods import (  # noqa: F401
+    Fp8BlockLinearMethod,
+    Fp8LinearMethod,
+    Int4LinearMethod,
+    Int4Part,
+    Int8LinearMethod,
+    describe_quantization,
+)
+from .smoothquant import apply_smoothing, calibrate, smoothing_plan  # noqa: F401
 
 __all__ = [
     "FORMAT_VERSION",
@@ -174,10 +211,15 @@ __all__ = [
     "Fp8BlockLinearMethod",
     "Int4LinearMethod",
     "Int4Part",
+    "Int8LinearMethod",
     "describe_quantization",
+    "calibrate",
+    "smoothing_plan",
+    "apply_smoothing",
     "quantize_checkpoint",
     "quantize_fp8_weight",
     "quantize_int4_weight",
+    "quantize_int8_weight",
     "pack_nibbles",
     "unpack_nibbles",
 ]

@@ -11,15 +11,16 @@ import json
 import os
 import re
 import shutil
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
 from ..layers import SafetensorsReader, UnquantizedLinearMethod
-from ..models import LlamaForCausalLM, ModelConfig
+from ..models import LlamaForCausalLM, ModelConfig, load_model
 from .config import QuantOptions
 from .resolve import OnLoadQuantization
-from .math import pack_nibbles, quantize_fp8_weight, quantize_int4_weight
+from .math import pack_nibbles, quantize_fp8_weight, quantize_int4_weight, quantize_int8_weight
+from .smoothquant import apply_smoothing, calibrate, smoothing_plan
 
 Tensor = torch.Tensor
 
@@ -84,14 +85,21 @@ class _ShardWriter:
 
 @torch.no_grad()
 def quantize_checkpoint(in_dir: str, out_dir: str, opts: QuantOptions, progress: bool = False,
-                        max_shard_bytes: int = 4 << 30) -> Dict[str, object]:
+                        max_shard_bytes: int = 4 << 30, smoothquant: Optional[float] = None,
+                        calibration: Optional[torch.Tensor] = None) -> Dict[str, object]:
     """Quantise the float safetensors checkpoint ``in_dir`` into ``out_dir`` (format: :mod:`fastinfer.quant`).
 
     Reads one tensor at a time (memory-mapped); writes shards of at most ``max_shard_bytes``.
-    Returns a summary dict (files written, number of quantised linears).
+    int8 only: ``smoothquant`` = alpha smooths the weights first (:mod:`fastinfer.quant.smoothquant`)
+    with activation statistics of the float model (loaded in float32 on the CPU) over the token ids
+    ``calibration``. Returns a summary dict (files written, number of quantised linears).
     """
     if not isinstance(opts, QuantOptions):
         raise TypeError("opts must be a QuantOptions")
+    if smoothquant is not None and (opts.method != "int8" or calibration is None or len(calibration) < 2):
+        raise ValueError("smoothquant needs method 'int8' and calibration token ids")
+    if smoothquant is not None and not 0.0 <= float(smoothquant) <= 1.0:
+        raise ValueError(f"smoothquant alpha must be in [0, 1], got {smoothquant}")
     cfg_path = os.path.join(in_dir, "config.json")
     if not os.path.isfile(cfg_path):
         raise ValueError(f"no config.json in {in_dir!r}")
@@ -120,12 +128,24 @@ def quantize_checkpoint(in_dir: str, out_dir: str, opts: QuantOptions, progress:
         m = re.match(r"^model\.layers\.(\d+)\.", name)
         (layers.setdefault(int(m.group(1)), []) if m else other).append(name)
 
+    edits: Dict[str, list] = {}
+    explicit: Dict[str, torch.Tensor] = {}
+    sq_entry = None
+    if smoothquant is not None:
+        stats = calibrate(load_model(in_dir, dtype=torch.float32), calibration)
+        edits, explicit = smoothing_plan(reader, model_config.num_hidden_layers, stats, float(smoothquant))
+        sq_entry = {"alpha": float(smoothquant), "calibration_tokens": int(len(calibration)),
+                    "folded": "q/k/v, gate/up: RMSNorm weights (float32); down_proj: up_proj rows",
+                    "explicit": "o_proj: smooth_scale (activations divided by it)"}
+
     writer = _ShardWriter(out_dir, max_shard_bytes)
     n_quant = 0
 
     def emit(name: str) -> None:
         nonlocal n_quant
         t = reader.get(name)
+        if name in edits:
+            t = apply_smoothing(t, edits[name])
         if name not in quantized:
             writer.add(name, t)
             return
@@ -136,6 +156,12 @@ def quantize_checkpoint(in_dir: str, out_dir: str, opts: QuantOptions, progress:
             q, s = quantize_fp8_weight(t)
             writer.add(prefix + ".weight", q)
             writer.add(prefix + ".weight_scale", s)
+        elif opts.method == "int8":
+            q, s = quantize_int8_weight(t)
+            writer.add(prefix + ".weight", q)
+            writer.add(prefix + ".weight_scale", s)
+            if prefix in explicit:
+                writer.add(prefix + ".smooth_scale", explicit[prefix])
         else:
             q, s, z = quantize_int4_weight(t, opts.group_size, opts.symmetric, opts.pad_groups, name)
             writer.add(prefix + ".weight_packed", pack_nibbles(q))
@@ -151,7 +177,7 @@ def quantize_checkpoint(in_dir: str, out_dir: str, opts: QuantOptions, progress:
             emit(name)
     written = writer.close()
 
-    cfg["quantization_config"] = opts.config_entry()
+    cfg["quantization_config"] = opts.config_entry(sq_entry) if opts.method == "int8" else opts.config_entry()
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
         json.dump(cfg, f, indent=2)
     copied = []

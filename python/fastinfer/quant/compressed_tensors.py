@@ -17,9 +17,12 @@ Supported (:attr:`CtScheme.kind`):
   ``channel`` or per ``tensor`` with e4m3 activations dynamic per ``token`` (FP8_DYNAMIC), dynamic
   per ``tensor``, or static per ``tensor`` (``input_scale``, the FP8 preset);
 * ``"fp8-block"`` -- e4m3 weights in ``block`` ``[128, 128]`` with dynamic ``group`` 128 activations
-  (FP8_BLOCK).
+  (FP8_BLOCK);
+* ``"int8"`` -- format ``int-quantized``, symmetric int8 weights per ``channel`` or per ``tensor``
+  with int8 activations dynamic per ``token``, symmetric (the W8A8 preset) or asymmetric (zero points
+  per token), or static per ``tensor`` and symmetric (``input_scale``).
 
-Anything else (int8, nvfp4 / mxfp4, weight-only fp8, output activations, 2:4 sparsity, other block
+Anything else (int8 weight-only or with asymmetric weights, nvfp4 / mxfp4, weight-only fp8, output activations, 2:4 sparsity, other block
 shapes, ...) is :attr:`CtScheme.kind` ``"unsupported"``: loading a model with a layer of that scheme
 raises one ``ValueError`` line naming the scheme and the layer. ``kv_cache_scheme`` and
 ``transform_config`` (quantised KV caches, rotations) have no layer and are refused when the config
@@ -34,7 +37,8 @@ from typing import List, NamedTuple, Optional, Sequence
 __all__ = ["CtScheme", "CompressedTensorsConfig", "SUPPORTED_SCHEMES"]
 
 SUPPORTED_SCHEMES = ("W4A16 / W4A16_ASYM (pack-quantized int4, group or channel, actorder), FP8_DYNAMIC, FP8 "
-                     "(static per-tensor), FP8_BLOCK (float-quantized)")
+                     "(static per-tensor), FP8_BLOCK (float-quantized), W8A8 int8 (int-quantized, symmetric "
+                     "weights; dynamic per-token or static per-tensor activations)")
 FP8_BLOCK = 128
 
 
@@ -48,8 +52,9 @@ class CtScheme(NamedTuple):
     group_size: Optional[int] = None  # int4: G; None = channel-wise (one group spanning K)
     symmetric: bool = True  # int4: no weight_zero_point
     actorder: Optional[str] = None  # int4: None | "weight" | "group"
-    weight_strategy: str = ""  # fp8: "channel" | "tensor" | "block"
-    activation: str = ""  # fp8: "token" | "tensor" (dynamic) | "static" | "group"
+    weight_strategy: str = ""  # fp8 / int8: "channel" | "tensor" | "block"
+    activation: str = ""  # fp8: "token" | "tensor" (dynamic) | "static" | "group"; int8: "token" | "static"
+    activation_symmetric: bool = True  # int8: False = per-token zero points
 
 
 def _args_text(a: Optional[dict]) -> str:
@@ -152,6 +157,26 @@ def _classify(name: str, g: dict, default_format: Optional[str]) -> CtScheme:
             return unsupported(f"fp8 activations {_args_text(ia)}")
         return CtScheme(name, "fp8", f"float-quantized FP8 (per-{strat} weights, {act} activations)",
                         weight_strategy=strat, activation=act)
+    if wtype == "int" and wbits == 8 and isinstance(ia, dict):
+        if fmt not in ("int-quantized", "naive-quantized"):
+            return unsupported("int8 weights are read in format 'int-quantized' only")
+        if not w.get("symmetric", True):
+            return unsupported("asymmetric int8 weights")
+        if ia.get("type", "int") != "int" or ia.get("num_bits", 8) != 8:
+            return unsupported("int8 weights with non-int8 activations")
+        if strat not in ("channel", "tensor"):
+            return unsupported(f"int8 weight strategy {strat!r}")
+        astrat = ia.get("strategy") or ("group" if ia.get("group_size") else "tensor")
+        dyn, asym = ia.get("dynamic", False), not ia.get("symmetric", True)
+        if astrat == "token" and dyn is True:
+            act = "token"
+        elif astrat == "tensor" and not dyn and not asym:
+            act = "static"
+        else:
+            return unsupported(f"int8 activations {_args_text(ia)}")
+        return CtScheme(name, "int8", f"int-quantized W8A8 int8 (per-{strat} weights, {act} "
+                        f"{'asymmetric' if asym else 'symmetric'} activations)",
+                        weight_strategy=strat, activation=act, activation_symmetric=not asym)
     return unsupported()
 
 

@@ -14,7 +14,7 @@ __all__ = ["FORMAT_VERSION", "METHODS", "NOT_QUANTIZED", "QuantOptions", "Stored
            "stored_quantization"]
 
 FORMAT_VERSION = 1
-METHODS = ("fp8", "int4")
+METHODS = ("fp8", "int4", "int8")
 # layers never quantised: the LM head (tied to the embedding in many small models; it dominates the
 # logits' accuracy)
 NOT_QUANTIZED = ("lm_head",)
@@ -41,7 +41,7 @@ class QuantOptions:
         """``method`` plus an optional dict of ``group_size`` / ``symmetric`` / ``pad_groups``."""
         if method is None:
             if config:
-                raise ValueError("quantization_config given without quantization='fp8' or 'int4'")
+                raise ValueError("quantization_config given without quantization='fp8', 'int4' or 'int8'")
             return None
         config = dict(config or {})
         unknown = set(config) - {"group_size", "symmetric", "pad_groups"}
@@ -49,12 +49,16 @@ class QuantOptions:
             raise ValueError(f"unknown quantization_config keys {sorted(unknown)} (group_size, symmetric, pad_groups)")
         return cls(str(method), **config)
 
-    def config_entry(self) -> dict:
-        """The ``quantization_config`` entry of a checkpoint written with these options."""
+    def config_entry(self, smoothquant: Optional[dict] = None) -> dict:
+        """The ``quantization_config`` entry of a checkpoint written with these options (int8:
+        ``smoothquant`` = how the weights were smoothed, or None)."""
         d = {"quant_method": "fastinfer", "format_version": FORMAT_VERSION, "method": self.method,
              "modules_not_quantized": list(NOT_QUANTIZED)}
         if self.method == "fp8":
             d.update(weight="e4m3, per output channel", activation="e4m3, dynamic per token")
+        elif self.method == "int8":
+            d.update(weight="int8 symmetric, per output channel", activation="int8 symmetric, dynamic per token",
+                     smoothquant=smoothquant)
         else:
             d.update(weight="int4, group-wise", activation="unquantised", group_size=self.group_size,
                      symmetric=bool(self.symmetric), pad_groups=bool(self.pad_groups))
@@ -113,7 +117,8 @@ def stored_quantization(config) -> Optional[StoredQuantization]:
     if qm == "compressed-tensors":
         ct = CompressedTensorsConfig(qc)
         kinds = ct.kinds - {"unsupported"}
-        method = "int4" if kinds == {"int4"} else "mixed" if "int4" in kinds and len(kinds) > 1 else "fp8"
+        families = {"int4" if k == "int4" else "int8" if k == "int8" else "fp8" for k in kinds}
+        method = families.pop() if len(families) == 1 else "mixed" if families else "fp8"
         return StoredQuantization(qm, method, qc, ct)
     if qm == "fp8":  # transformers' FineGrainedFP8Config (Qwen3 / DeepSeek FP8 releases)
         block = qc.get("weight_block_size", [FP8_BLOCK, FP8_BLOCK])  # transformers' default

@@ -1,4 +1,4 @@
-"""The quantisers' arithmetic: round-to-nearest fp8 (per output channel) and int4 (group-wise),
+"""The quantisers' arithmetic: round-to-nearest fp8 and int8 (per output channel) and int4 (group-wise),
 and the nibble packing of the fastinfer int4 format. Formulas: :mod:`fastinfer.quant`.
 
 This is production code; the tests check it against the independent fp64 oracles of
@@ -12,11 +12,11 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..ops import fp8_quantize
+from ..ops import fp8_quantize, int8_quantize
 
 Tensor = torch.Tensor
 
-__all__ = ["quantize_fp8_weight", "quantize_int4_weight", "int4_padded_k", "pack_nibbles", "unpack_nibbles",
+__all__ = ["quantize_fp8_weight", "quantize_int8_weight", "quantize_int4_weight", "int4_padded_k", "pack_nibbles", "unpack_nibbles",
            "unpack_int4_words"]
 
 
@@ -26,6 +26,16 @@ def quantize_fp8_weight(w: Tensor) -> Tuple[Tensor, Tensor]:
     if w.dim() != 2 or not w.is_floating_point():
         raise ValueError(f"fp8 quantisation needs a 2-D float weight, got {tuple(w.shape)} {w.dtype}")
     q, s = fp8_quantize(w.detach().to("cpu", torch.float32).contiguous(), "token")
+    return q.contiguous(), s.contiguous()
+
+
+def quantize_int8_weight(w: Tensor) -> Tuple[Tensor, Tensor]:
+    """Per-output-channel symmetric int8: ``(codes int8 [N, K], scale float32 [N])`` with
+    ``scale = amax / 127`` and ``codes = round(w / scale)``, computed by the ``int8_quantize`` op in
+    ``'token'`` mode on the CPU (rows of W are the "tokens")."""
+    if w.dim() != 2 or not w.is_floating_point():
+        raise ValueError(f"int8 quantisation needs a 2-D float weight, got {tuple(w.shape)} {w.dtype}")
+    q, s = int8_quantize(w.detach().to("cpu", torch.float32).contiguous(), "token")
     return q.contiguous(), s.contiguous()
 
 

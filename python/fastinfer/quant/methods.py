@@ -1,10 +1,10 @@
 """Quantised linear methods (:class:`~fastinfer.layers.LinearMethod`): fp8 W8A8 (per channel / per
-tensor, and 128 x 128 blocks) and int4 W4A16.
+tensor, and 128 x 128 blocks), int8 W8A8 and int4 W4A16.
 
 A method reads every part (checkpoint projection) of its layer from wherever it is stored —
 quantised in fastinfer's format, AutoAWQ, AutoGPTQ, compressed-tensors, Hugging Face fine-grained
 FP8, or float (then quantised on load) — fuses the parts, and multiplies with ``fp8_scaled_mm`` /
-``int4_gemm``. A layer whose parts a quantised checkpoint left in float becomes a float linear.
+``int4_gemm`` / ``int8_scaled_mm``. A layer whose parts a quantised checkpoint left in float becomes a float linear.
 
 Tensor parallelism: every part is read (and, from float, quantised) whole, then this rank's slice of
 the stored form is kept (:func:`_shard`), so a shard holds exactly the codes and scales of the
@@ -13,7 +13,9 @@ full-width scales); fp8 128 x 128 blocks and int4 groups must not straddle a sha
 the group size must divide each rank's input features, and column shards are whole 16-row tiles of
 the packed layout), else a ``ValueError`` names the layer, the group (or block) size and the
 tensor-parallel size. Act-order int4 (a permutation of the input features) shards by output rows
-only; a row-parallel act-order layer is refused.
+only; a row-parallel act-order layer is refused. int8 weights shard like fp8 per-channel ones (a
+SmoothQuant ``smooth_scale`` follows the input features), and a row-parallel int8 shard quantises
+its input slice with the whole row's scale and zero point, as fp8 does.
 """
 
 from __future__ import annotations
@@ -23,17 +25,18 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 
 from ..layers import Linear, LinearMethod, UnquantizedLinearMethod, WeightPart, WeightReader, check_tensor
-from ..ops import int4_pack, int4_repack
+from ..ops import int4_pack, int4_repack, int8_azp_adj
 from .compressed_tensors import FP8_BLOCK, CtScheme
 from .config import QuantOptions
-from .math import quantize_fp8_weight, quantize_int4_weight, unpack_int4_words, unpack_nibbles
+from .math import quantize_fp8_weight, quantize_int4_weight, quantize_int8_weight, unpack_int4_words, unpack_nibbles
 
 Tensor = torch.Tensor
 
-__all__ = ["Fp8LinearMethod", "Fp8BlockLinearMethod", "Int4LinearMethod", "Int4Part"]
+__all__ = ["Fp8LinearMethod", "Fp8BlockLinearMethod", "Int4LinearMethod", "Int4Part", "Int8LinearMethod"]
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _FP8 = (torch.float8_e4m3fn,)
+_INT8 = (torch.int8,)
 _INTS = (torch.int32, torch.int64)
 _ONE = [(1,), (), (1, 1)]  # shapes a per-tensor scale is stored with
 
@@ -62,9 +65,10 @@ class Int4Part(NamedTuple):
 
 
 class _Stored(NamedTuple):
-    kind: str  # "float" | "fp8" | "fp8-block" | "int4"
+    kind: str  # "float" | "fp8" | "fp8-block" | "int4" | "int8"
     # float: (w,); fp8: (codes, scale float32 [n], input_scale float32 [1] or None);
-    # fp8-block: (codes, scale float32 [ceil(n/128), ceil(k/128)]); int4: (Int4Part,)
+    # fp8-block: (codes, scale float32 [ceil(n/128), ceil(k/128)]); int4: (Int4Part,);
+    # int8: (codes int8 [n, k], scale float32 [n], input_scale float32 [1] or None, smooth_scale float32 [k] or None)
     data: tuple
 
 
@@ -178,11 +182,12 @@ def _read_ct_int4(r: WeightReader, prefix: str, scheme: CtScheme, n: int, k: int
     return _Stored("int4", (_int4_part(prefix, codes, s.to(dtype).contiguous(), zeros, perm, g),))
 
 
-def _no_zero_points(r: WeightReader, prefix: str) -> None:
-    """fp8 schemes are symmetric: zero points, if a release wrote them, must be zero."""
+def _no_zero_points(r: WeightReader, prefix: str, what: str = "fp8") -> None:
+    """fp8 schemes and int8 weights / static activations are symmetric: zero points, if a release
+    wrote them, must be zero."""
     for name in (prefix + ".weight_zero_point", prefix + ".input_zero_point"):
         if r.has(name) and bool(torch.count_nonzero(r.get(name).float())):
-            raise ValueError(f"tensor {name!r} holds non-zero zero points (asymmetric fp8 is not supported)")
+            raise ValueError(f"tensor {name!r} holds non-zero zero points (asymmetric {what} is not supported)")
 
 
 def _read_ct_fp8(r: WeightReader, prefix: str, scheme: CtScheme, n: int, k: int) -> _Stored:
@@ -201,6 +206,29 @@ def _read_ct_fp8(r: WeightReader, prefix: str, scheme: CtScheme, n: int, k: int)
         s = _get_scale(r, name, _ONE).reshape(1).expand(n)
     xs = _get_scale(r, prefix + ".input_scale", _ONE).reshape(1) if scheme.activation == "static" else None
     return _Stored("fp8", (w, s.contiguous(), xs))
+
+
+def _read_ct_int8(r: WeightReader, prefix: str, scheme: CtScheme, n: int, k: int) -> _Stored:
+    """compressed-tensors ``int-quantized`` W8A8 (see :mod:`fastinfer.quant`, "compressed-tensors")."""
+    if scheme.kind != "int8":
+        raise ValueError(f"tensor {prefix}.weight is int8, but the module's compressed-tensors scheme is "
+                         f"{scheme.description}")
+    w = r.get(prefix + ".weight", (n, k), _INT8)
+    _no_zero_points(r, prefix, "int8 weights / static activations")
+    name = prefix + ".weight_scale"
+    if scheme.weight_strategy == "channel":
+        s = _get_scale(r, name, [(n, 1), (n,)]).reshape(n)
+    else:
+        s = _get_scale(r, name, _ONE).reshape(1).expand(n)
+    xs = _get_scale(r, prefix + ".input_scale", _ONE).reshape(1) if scheme.activation == "static" else None
+    return _Stored("int8", (w, s.contiguous(), xs, None))
+
+
+def _read_fastinfer_int8(r: WeightReader, prefix: str, n: int, k: int) -> _Stored:
+    w = r.get(prefix + ".weight", (n, k), _INT8)
+    s = r.get(prefix + ".weight_scale", (n,), (torch.float32,))
+    smooth = r.get(prefix + ".smooth_scale", (k,), (torch.float32,)) if r.has(prefix + ".smooth_scale") else None
+    return _Stored("int8", (w, s, None, smooth))
 
 
 def _read_hf_fp8(r: WeightReader, prefix: str, n: int, k: int) -> _Stored:
@@ -227,6 +255,13 @@ def _read_part(r: WeightReader, part: WeightPart, k: int, m: "_QuantizedMethod",
                              "or compressed-tensors one")
         return _read_fastinfer_int4(r, prefix, config, n, k, dtype)
     w = r.get(prefix + ".weight")
+    if w.dtype == torch.int8:
+        if source == "compressed-tensors":
+            return _read_ct_int8(r, prefix, m.scheme, n, k)
+        if source != "fastinfer" or config.get("method") != "int8":
+            raise ValueError(f"tensor {prefix}.weight is int8 but config.json's quantization_config is not a "
+                             "fastinfer int8 or compressed-tensors W8A8 one")
+        return _read_fastinfer_int8(r, prefix, n, k)
     if w.dtype == torch.float8_e4m3fn:
         if source == "compressed-tensors":
             return _read_ct_fp8(r, prefix, m.scheme, n, k)
@@ -242,6 +277,8 @@ def _read_part(r: WeightReader, part: WeightPart, k: int, m: "_QuantizedMethod",
         return _Stored("float", (w,))
     if opts.method == "fp8":
         return _Stored("fp8", (*quantize_fp8_weight(w), None))
+    if opts.method == "int8":
+        return _Stored("int8", (*quantize_int8_weight(w), None, None))
     q, s, z = quantize_int4_weight(w, opts.group_size, opts.symmetric, opts.pad_groups, prefix + ".weight")
     return _Stored("int4", (Int4Part(int4_pack(q), s.to(dtype), z, None, opts.group_size),))
 
@@ -270,6 +307,10 @@ def _shard(layer: Linear, i: int, stored: _Stored) -> _Stored:
         cut = (lambda t, d, sp: t if sp is None else t.narrow(d, sp[0] // FP8_BLOCK, _cdiv(sp[1], FP8_BLOCK)))
         return _Stored("fp8-block", (_narrow(_narrow(w, 0, rows), 1, cols),
                                      cut(cut(s, 0, rows), 1, cols).contiguous()))
+    if stored.kind == "int8":
+        w, s, xs, smooth = stored.data
+        return _Stored("int8", (_narrow(_narrow(w, 0, rows), 1, cols), _narrow(s, 0, rows), xs,
+                                _narrow(smooth, 0, cols)))
     p: Int4Part = stored.data[0]
     if rows is not None and (rows[0] % 16 or rows[1] % 16):
         raise ValueError(f"{prefix}: {rows[1]} output rows per rank (tensor_parallel_size={ws}) are not whole "
@@ -445,6 +486,99 @@ class Fp8BlockLinearMethod(_QuantizedMethod):
 
     def describe(self, layer: Linear) -> str:
         return "fp8-block128"
+
+
+class Int8LinearMethod(_QuantizedMethod):
+    """W8A8 int8: ``int8_scaled_mm(x_int8, W_int8, s_x, s_w)`` (+ bias), out dtype = x's.
+
+    Buffers: ``weight`` int8 ``[N, K]`` (symmetric), ``weight_scale`` float32 ``[N]`` (per output
+    channel; a per-tensor scale is repeated over its projection's rows); activations quantised by
+    ``int8_quantize`` dynamically per token, symmetric, or asymmetric (a compressed-tensors scheme with
+    ``symmetric: false`` input activations: zero points ``azp [M]`` and ``azp_adj = W.sum(1)``
+    int32 ``[N]``, a buffer), or with a static ``input_scale`` ``[1]`` (the largest of the fused
+    projections'). A SmoothQuant factor that could not be folded into a preceding weight
+    (``smooth_scale [K]``, fastinfer format: o_proj) divides the activations first (a buffer
+    ``smooth_inv = 1 / smooth_scale`` in the activation dtype).
+    """
+
+    name = kind = "int8"
+
+    @property
+    def activation(self) -> str:
+        if self.scheme is None:
+            return "token"
+        return self.scheme.activation if self.scheme.activation_symmetric else "token-asym"
+
+    def load_weights(self, layer: Linear, reader: WeightReader) -> None:
+        parts = self._read_parts(layer, reader)
+        if parts is None:
+            return
+        w = torch.cat([p.data[0] for p in parts], dim=0).to(layer.device).contiguous()
+        s = torch.cat([p.data[1] for p in parts], dim=0).to(layer.device).contiguous()
+        layer.register_buffer("weight", w, persistent=False)
+        layer.register_buffer("weight_scale", s, persistent=False)
+        if self.activation == "static":
+            xs = torch.stack([p.data[2].reshape(()) for p in parts]).amax().reshape(1)
+            layer.register_buffer("input_scale", xs.to(layer.device).contiguous(), persistent=False)
+        if self.activation == "token-asym":
+            layer.register_buffer("azp_adj", int8_azp_adj(w).contiguous(), persistent=False)
+        smooth = [p.data[3] for p in parts]
+        if any(x is not None for x in smooth):
+            if any(x is None or not torch.equal(x, smooth[0]) for x in smooth):
+                raise ValueError(f"{layer.prefix}: the projections fused into this layer have different "
+                                 "smooth_scale tensors (they share one input)")
+            inv = (1.0 / smooth[0].to(torch.float64)).to(layer.dtype)
+            layer.register_buffer("smooth_inv", inv.to(layer.device).contiguous(), persistent=False)
+        else:
+            layer.smooth_inv = None
+
+    def apply(self, layer: Linear, x: Tensor, bias: Optional[Tensor]) -> Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, layer.in_features)
+        if layer.smooth_inv is not None:
+            x2 = x2 * layer.smooth_inv
+        x2 = x2.contiguous()
+        if bias is not None and bias.dtype != x.dtype:
+            bias = bias.to(x.dtype)
+        act = self.activation
+        over_ranks = act != "static" and layer.col_shard() is not None
+        if act == "token-asym":
+            xq, xs, azp = (_int8_quantize_over_ranks(layer, x2, symmetric=False) if over_ranks else
+                           layer.ops.int8_quantize(x2, "token", symmetric=False))
+            out = layer.ops.int8_scaled_mm(xq, layer.weight, xs, layer.weight_scale, x.dtype, bias, layer.azp_adj, azp)
+        else:
+            if act == "static":
+                xq, xs = layer.ops.int8_quantize(x2, "tensor", scale=layer.input_scale)
+            elif over_ranks:
+                xq, xs = _int8_quantize_over_ranks(layer, x2, symmetric=True)
+            else:
+                xq, xs = layer.ops.int8_quantize(x2, "token")
+            out = layer.ops.int8_scaled_mm(xq, layer.weight, xs, layer.weight_scale, x.dtype, bias)
+        return out.reshape(*lead, layer.out_features)
+
+    def describe(self, layer: Linear) -> str:
+        sq = self.config.get("smoothquant") if self.source == "fastinfer" else None
+        smooth = f"-smoothquant{sq['alpha']:g}" if sq else ""
+        return ("int8" if self.activation == "token" else f"int8-{self.activation}") + smooth
+
+
+def _int8_quantize_over_ranks(layer: Linear, x: Tensor, symmetric: bool):
+    """Dynamic per-token int8 quantisation of a row-parallel layer's input slice with the WHOLE
+    row's scale (and zero point): the row's extremes are all-reduced (max) over the ranks first, so
+    every rank quantises exactly as one rank would. The arithmetic is ``int8_quantize``'s
+    (gemm/int8.h: fp32, IEEE division, round half to even)."""
+    xf = x.float()
+    if symmetric:
+        amax = xf.abs().amax(1)
+        layer.tp.comm.all_reduce(amax, op="max")
+        s = amax.clamp_min(1e-12) / 127.0
+        return (xf / s[:, None]).clamp_(-127.0, 127.0).round_().to(torch.int8), s
+    ext = torch.stack([(-xf.amin(1)).clamp_min(0.0), xf.amax(1).clamp_min(0.0)])  # lo, hi: the range holds 0
+    layer.tp.comm.all_reduce(ext, op="max")
+    s = (ext[1] + ext[0]).clamp_min(1e-12) / 255.0
+    azp = ((ext[0] / s).round() - 128.0).clamp_(-128.0, 127.0)
+    q = ((xf / s[:, None]).round_() + azp[:, None]).clamp_(-128.0, 127.0).to(torch.int8)
+    return q, s, azp.to(torch.int32)
 
 
 def _same_perm(a: Optional[Tensor], b: Optional[Tensor]) -> bool:

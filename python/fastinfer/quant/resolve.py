@@ -9,7 +9,7 @@ from typing import Optional
 
 from ..layers import Linear, LinearMethod, QuantizationConfig, UnquantizedLinearMethod
 from .config import NOT_QUANTIZED, QuantOptions, StoredQuantization, stored_quantization
-from .methods import Fp8BlockLinearMethod, Fp8LinearMethod, Int4LinearMethod
+from .methods import Fp8BlockLinearMethod, Fp8LinearMethod, Int4LinearMethod, Int8LinearMethod
 
 __all__ = ["OnLoadQuantization", "CheckpointQuantization", "CompressedTensorsQuantization", "resolve_quantization"]
 
@@ -21,7 +21,7 @@ def _ignored(layer: Linear, names) -> bool:
 
 
 class OnLoadQuantization(QuantizationConfig):
-    """A float checkpoint quantised while loading (``LLM(..., quantization="fp8" | "int4")``)."""
+    """A float checkpoint quantised while loading (``LLM(..., quantization="fp8" | "int4" | "int8")``)."""
 
     def __init__(self, opts: QuantOptions):
         self.opts = opts
@@ -32,6 +32,8 @@ class OnLoadQuantization(QuantizationConfig):
             return UnquantizedLinearMethod()
         if self.opts.method == "fp8":
             return Fp8LinearMethod(source="float", opts=self.opts)
+        if self.opts.method == "int8":
+            return Int8LinearMethod(source="float", opts=self.opts)
         return Int4LinearMethod(source="float", opts=self.opts)
 
 
@@ -56,6 +58,8 @@ class CheckpointQuantization(QuantizationConfig):
             return Fp8BlockLinearMethod(source="fp8", stored_config=self.stored.config)
         if self.stored.method == "fp8":
             return Fp8LinearMethod(source=self.stored.kind, stored_config=self.stored.config)
+        if self.stored.method == "int8":
+            return Int8LinearMethod(source=self.stored.kind, stored_config=self.stored.config)
         return Int4LinearMethod(source=self.stored.kind, stored_config=self.stored.config)
 
 
@@ -65,7 +69,8 @@ class CompressedTensorsQuantization(QuantizationConfig):
     ``lm_head`` included when the checkpoint quantised it. The projections fused into one layer must
     share a scheme. An unsupported scheme is a ``ValueError`` naming it and the module."""
 
-    _METHODS = {"int4": Int4LinearMethod, "fp8": Fp8LinearMethod, "fp8-block": Fp8BlockLinearMethod}
+    _METHODS = {"int4": Int4LinearMethod, "fp8": Fp8LinearMethod, "fp8-block": Fp8BlockLinearMethod,
+                "int8": Int8LinearMethod}
 
     def __init__(self, stored: StoredQuantization):
         self.stored = stored
@@ -97,7 +102,7 @@ def resolve_quantization(model_config, opts: Optional[QuantOptions] = None,
     if stored is not None:
         if opts is not None and opts.method != stored.method:
             where = f"checkpoint {path!r}" if path else "the checkpoint"
-            also = f" or {stored.method!r}" if stored.method in ("fp8", "int4") else ""
+            also = f" or {stored.method!r}" if stored.method in ("fp8", "int4", "int8") else ""
             raise ValueError(
                 f"{where} is already quantised ({stored.describe()}); quantization={opts.method!r} "
                 f"cannot be applied to it (pass quantization=None{also} to run it as stored)")

@@ -37,7 +37,8 @@ from typing import Any, Callable, Optional, Sequence
 
 OPS = ("ld.global", "st.global", "ld.shared", "st.shared", "ldmatrix", "cp.async", "atomic")
 # Floating-point operations of one warp-level mma.sync (2 * M * N * K).
-MMA_FLOPS = {"m16n8k16.f16": 2 * 16 * 8 * 16, "m16n8k16.bf16": 2 * 16 * 8 * 16, "m16n8k32.e4m3": 2 * 16 * 8 * 32}
+MMA_FLOPS = {"m16n8k16.f16": 2 * 16 * 8 * 16, "m16n8k16.bf16": 2 * 16 * 8 * 16, "m16n8k32.e4m3": 2 * 16 * 8 * 32,
+             "m16n8k32.s8": 2 * 16 * 8 * 32}  # s8: integer operations, counted like flops
 
 _HELPER_PARTS = ("/fastinfer/common/", "/fastinfer/simt/", "/include/c++/", "/bits/", "/usr/include/",
                  "/cuda_fp16.hpp", "/cuda_bf16.hpp", "/cuda_fp8.hpp")

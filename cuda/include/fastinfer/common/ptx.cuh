@@ -90,6 +90,25 @@ __device__ __forceinline__ void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t 
 #endif
 }
 
+// s8 x s8 -> s32, m16n8k32 (sm_80+): the fragment layouts of the e4m3 variant above (4 bytes per
+// register, lower k in the low byte), int32 accumulators. No .satfinite: the sum wraps modulo 2^32,
+// which int8 GEMMs with K < 2^17 never reach. The simt twin is exact integer arithmetic.
+__device__ __forceinline__ void mma_m16n8k32_s8(int32_t (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                                const int32_t (&c)[4]) {
+#if defined(FASTINFER_SIMT)
+  ::fastinfer::simt::detail::mma_s8(d, a, b, c);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%11,%12,%13};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(c[0]), "r"(c[1]), "r"(c[2]),
+        "r"(c[3]));
+#else
+  __trap();
+#endif
+}
+
 // ---- ldmatrix (shared -> registers, m8n8 b16) --------------------------------------------------
 #if defined(FASTINFER_SIMT)
 #define FASTINFER_PTX_LDMATRIX(NAME, N, TRANS, PTX)                                                             \

@@ -1,0 +1,98 @@
+// CUDA implementations of int8_quantize and int8_scaled_mm (also built for simt, see
+// kernel_backend.h): validate, allocate outputs (and the per-tensor reduction workspace) through
+// the caching allocator, fill the Params, launch. No host synchronisation (CUDA-graph capturable).
+#include "kernel_backend.h"
+#include "validate_int8.h"
+
+namespace fastinfer::binding {
+namespace {
+
+void check_aligned16(const at::Tensor& t, const char* op, const char* name) {
+  FI_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, name,
+           " must start 16-byte aligned (the kernels use 16-byte loads; call .contiguous() or .clone())");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_quantize(const at::Tensor& x, c10::string_view mode_str,
+                                                             const std::optional<at::Tensor>& scale, bool symmetric) {
+  const char* op = "int8_quantize";
+  const Int8Mode mode = validate_int8_quantize(op, x, mode_str, scale, symmetric, /*allow_fp32=*/false);
+  check_device(x, op, "x");
+  check_contiguous(x, op, "x");
+  if (x.numel() > 0) check_aligned16(x, op, "x");
+  auto q = at::empty(x.sizes(), x.options().dtype(at::kChar));
+  auto s = at::empty_symint(int8_quantize_scale_shape(x, mode), x.options().dtype(at::kFloat));
+  auto azp = at::empty({symmetric ? 0 : x.size(0)}, x.options().dtype(at::kInt));
+  if (mode == Int8Mode::kToken && x.numel() == 0) {
+    if (s.numel() > 0) s.fill_(1e-12f / (symmetric ? 127.0f : 255.0f));  // K == 0: the range-0 scale
+    if (azp.numel() > 0) azp.fill_(-128);
+    return {q, s, azp};
+  }
+  KernelScope scope(op, x);
+  Int8QuantizeParams p;
+  p.x = x.data_ptr();
+  p.out = q.data_ptr();
+  p.scale = s.data_ptr<float>();
+  p.azp = symmetric ? nullptr : azp.data_ptr<int32_t>();
+  p.rows = x.size(0);
+  p.cols = x.size(1);
+  p.mode = mode == Int8Mode::kTensor ? Int8QuantMode::kTensor : Int8QuantMode::kToken;
+  p.symmetric = symmetric;
+  p.dtype = to_dtype(x.scalar_type());
+  at::Tensor given;
+  if (scale.has_value()) {
+    given = scale->contiguous();
+    p.given_scale = given.data_ptr<float>();
+  }
+  at::Tensor workspace;
+  if (const size_t bytes = int8_quantize_workspace_size(p); bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>(bytes)}, x.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+  }
+  check_launch(launch_int8_quantize(p, scope.stream()), op);
+  return {q, s, azp};
+}
+
+at::Tensor int8_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
+                          at::ScalarType out_dtype, const std::optional<at::Tensor>& bias,
+                          const std::optional<at::Tensor>& azp_adj, const std::optional<at::Tensor>& azp) {
+  const char* op = "int8_scaled_mm";
+  validate_int8_scaled_mm(op, a, b, scale_a, scale_b, out_dtype, bias, azp_adj, azp, /*allow_fp32=*/false);
+  check_device(a, op, "a");
+  check_int8_scaled_mm_layout(op, a, b, scale_a, scale_b, bias, azp_adj, azp);
+  if (a.numel() > 0) check_aligned16(a, op, "a");
+  if (b.numel() > 0) check_aligned16(b, op, "b");
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
+  auto out = at::empty({M, N}, a.options().dtype(out_dtype));
+  if (out.numel() == 0) return out;
+  KernelScope scope(op, a);
+  Int8ScaledMmParams p;
+  p.a = a.data_ptr();
+  p.b = b.data_ptr();
+  p.out = out.data_ptr();
+  p.scale_a = scale_a.data_ptr<float>();
+  p.scale_b = scale_b.data_ptr<float>();
+  p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  p.azp = azp.has_value() ? azp->data_ptr<int32_t>() : nullptr;
+  p.azp_adj = azp_adj.has_value() ? azp_adj->data_ptr<int32_t>() : nullptr;
+  p.m = M;
+  p.n = N;
+  p.k = K;
+  p.scale_a_per_row = scale_a.size(0) == M && M > 1;
+  p.scale_b_per_col = scale_b.size(0) == N;
+  p.azp_per_row = azp.has_value() && azp->size(0) == M && M > 1;
+  p.out_dtype = to_dtype(out_dtype);
+  const cudaError_t err = launch_int8_scaled_mm(p, scope.stream());
+  FI_CHECK(err != cudaErrorNotSupported, op,
+           "requires sm_80+ (int8 tensor-core mma: Ampere or later); on an older GPU use the CPU implementation");
+  check_launch(err, op);
+  return out;
+}
+
+}  // namespace
+}  // namespace fastinfer::binding
+
+FASTINFER_LIBRARY_IMPL(FASTINFER_NS, FASTINFER_KERNEL_KEY, m) {
+  using namespace fastinfer::binding;
+  m.impl("int8_quantize", &int8_quantize);
+  m.impl("int8_scaled_mm", &int8_scaled_mm);
+}

@@ -1,0 +1,126 @@
+// INT8 launchers: dynamic int8 quantisation (fp16/bf16 in: per token symmetric / asymmetric, per
+// tensor given or computed) and the scaled s8 mma.sync GEMM ({small, medium, large} tiles x
+// {fp16, bf16} out = 6 kernels).
+#include "fastinfer/common/dispatch.cuh"
+#include "fastinfer/common/launch.cuh"
+#include "fastinfer/gemm/int8.h"
+#include "fastinfer/gemm/int8_gemm.cuh"
+#include "fastinfer/gemm/int8_quantize.cuh"
+
+namespace fastinfer {
+namespace int8 {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int num_amax_partials(const Int8QuantizeParams& p) {
+  const int64_t blocks = ceil_div(p.rows * p.cols / 8, kQuantThreads);
+  return static_cast<int>(blocks < fp8::kMaxAmaxPartials ? (blocks > 0 ? blocks : 1) : fp8::kMaxAmaxPartials);
+}
+
+template <typename T>
+cudaError_t launch_quantize(const Int8QuantizeParams& p, cudaStream_t stream) {
+  const dim3 block(kQuantThreads);
+  if (p.mode == Int8QuantMode::kToken) {
+    if (p.rows > 0x7fffffff) return cudaErrorInvalidValue;
+    const dim3 grid(static_cast<unsigned>(p.rows));
+    return p.symmetric ? launch_kernel(int8_quantize_token_kernel<T, true>, grid, block, 0, stream, p)
+                       : launch_kernel(int8_quantize_token_kernel<T, false>, grid, block, 0, stream, p);
+  }
+  const int64_t flat_blocks = ceil_div(p.rows * p.cols / 8, kQuantThreads);
+  if (flat_blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  int partials = 0;
+  if (p.given_scale == nullptr) {
+    if (p.workspace == nullptr) return cudaErrorInvalidValue;
+    // The fp8 reduction pass: it reads only x, rows, cols and workspace.
+    Fp8QuantizeParams r;
+    r.x = p.x;
+    r.rows = p.rows;
+    r.cols = p.cols;
+    r.dtype = p.dtype;
+    r.workspace = p.workspace;
+    partials = num_amax_partials(p);
+    cudaError_t err = launch_kernel(fp8::fp8_amax_partials_kernel<T>, dim3(partials), block, 0, stream, r);
+    if (err != cudaSuccess) return err;
+  }
+  const unsigned blocks = flat_blocks > 0 ? static_cast<unsigned>(flat_blocks) : 1u;  // an empty x still gets its scale
+  return launch_kernel(int8_quantize_tensor_kernel<T>, dim3(blocks), block, 0, stream, p, partials);
+}
+
+template <typename Cfg, typename TOut>
+cudaError_t launch_gemm_cfg(const Int8ScaledMmParams& p, cudaStream_t stream) {
+  const int64_t gx = ceil_div(p.n, Cfg::kBlockN), gy = ceil_div(p.m, Cfg::kBlockM);
+  if (gx > 0x7fffffff || gy > 65535) return cudaErrorInvalidValue;
+  return launch_kernel(int8_scaled_mm_kernel<Cfg, TOut>, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)),
+                       dim3(Cfg::kThreads), static_cast<size_t>(Cfg::kSmemBytes), stream, p);
+}
+
+// Tiles by M, as fp8: decode-sized M (<= 16) gets 16 x 32 tiles, mid-sized (<= 64) 64 x 128, else
+// 128 x 128 -- unless that grid leaves SMs idle: 128 x 128 needs a full wave (>= one CTA per SM),
+// else 64 x 128 is tried, which needs half a wave, else the 16 x 32 tiles (4-8x the CTAs; b is
+// re-read per 16 rows, from L2). bench/model.py: Llama-3-8B o / down at M = 64 have 32 CTAs of
+// 64 x 128 (a quarter of the SMs busy); at M = 256 64 CTAs of 128 x 128.
+Int8GemmTiles pick_tiles(const Int8ScaledMmParams& p, int num_sms) {
+  if (p.tiles != Int8GemmTiles::kAuto) return p.tiles;
+  auto ctas = [&](int bm, int bn) { return ceil_div(p.m, bm) * ceil_div(p.n, bn); };
+  if (p.m > 64 && ctas(128, 128) >= num_sms) return Int8GemmTiles::kLarge;
+  if (p.m > 16 && 2 * ctas(64, 128) >= num_sms) return Int8GemmTiles::kMedium;
+  return Int8GemmTiles::kSmall;
+}
+
+template <typename TOut>
+cudaError_t launch_gemm(const Int8ScaledMmParams& p, int num_sms, cudaStream_t stream) {
+  switch (pick_tiles(p, num_sms)) {
+    case Int8GemmTiles::kLarge: return launch_gemm_cfg<Int8ConfigLarge, TOut>(p, stream);
+    case Int8GemmTiles::kMedium: return launch_gemm_cfg<Int8ConfigMedium, TOut>(p, stream);
+    case Int8GemmTiles::kSmall: return launch_gemm_cfg<Int8ConfigSmall, TOut>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// Compute capability major and SM count of the current device (9 and 132 under the emulator).
+cudaError_t device_info(int& major, int& num_sms) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
+  return err;
+}
+
+}  // namespace
+}  // namespace int8
+
+size_t int8_quantize_workspace_size(const Int8QuantizeParams& p) {
+  if (p.mode != Int8QuantMode::kTensor || p.given_scale != nullptr) return 0;
+  return static_cast<size_t>(int8::num_amax_partials(p)) * sizeof(float);
+}
+
+cudaError_t launch_int8_quantize(const Int8QuantizeParams& p, cudaStream_t stream) {
+  if (p.rows < 0 || p.cols < 0 || p.cols % 8 != 0) return cudaErrorInvalidValue;
+  if (p.mode != Int8QuantMode::kToken && p.mode != Int8QuantMode::kTensor) return cudaErrorInvalidValue;
+  if (p.given_scale != nullptr && p.mode != Int8QuantMode::kTensor) return cudaErrorInvalidValue;
+  if (!p.symmetric && (p.mode != Int8QuantMode::kToken || p.azp == nullptr)) return cudaErrorInvalidValue;
+  if ((p.rows == 0 || p.cols == 0) && p.mode == Int8QuantMode::kToken) return cudaSuccess;  // nothing to read
+  if (p.x == nullptr && p.rows * p.cols > 0) return cudaErrorInvalidValue;
+  if (p.scale == nullptr || (p.out == nullptr && p.rows * p.cols > 0)) return cudaErrorInvalidValue;
+  if (!is_aligned(p.x, 16) || !is_aligned(p.out, 8)) return cudaErrorInvalidValue;
+  return FASTINFER_DISPATCH_HALF(p.dtype, T, [&] { return int8::launch_quantize<T>(p, stream); });
+}
+
+cudaError_t launch_int8_scaled_mm(const Int8ScaledMmParams& p, cudaStream_t stream) {
+  if (p.m < 0 || p.n < 0 || p.k < 0 || p.n % 16 != 0 || p.k % 16 != 0) return cudaErrorInvalidValue;
+  if (p.m == 0 || p.n == 0) return cudaSuccess;
+  // K == 0 is legal (out = bias, or 0): a and b are then empty and may be null.
+  if ((p.k > 0 && (p.a == nullptr || p.b == nullptr)) || p.out == nullptr || p.scale_a == nullptr ||
+      p.scale_b == nullptr || ((p.azp == nullptr) != (p.azp_adj == nullptr)))
+    return cudaErrorInvalidValue;
+  if (!is_aligned(p.a, 16) || !is_aligned(p.b, 16) || !is_aligned(p.out, 4) || (p.bias && !is_aligned(p.bias, 2)))
+    return cudaErrorInvalidValue;
+  int major = 0, num_sms = 0;
+  cudaError_t err = int8::device_info(major, num_sms);
+  if (err != cudaSuccess) return err;
+  if (major < 8) return cudaErrorNotSupported;  // s8 m16n8k32 mma: Ampere and later
+  return FASTINFER_DISPATCH_HALF(p.out_dtype, TOut, [&] { return int8::launch_gemm<TOut>(p, num_sms, stream); });
+}
+
+}  // namespace fastinfer
