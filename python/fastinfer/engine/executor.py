@@ -97,7 +97,7 @@ class Executor:
         self.use_nvtx = self.device.type == "cuda"
         spec = config.speculative
         try:
-            self.draft_model = self._load_draft(spec) if spec is not None else None
+            self.draft_model = self._load_draft(spec) if spec is not None and spec.method == "draft" else None
             extra = self.draft_model.kv_cache_bytes_per_block(self.block_size) if self.draft_model is not None else 0
             self.runner.init_kv(self.runner.agreed_num_kv_blocks(extra))
         except BaseException:
@@ -111,6 +111,10 @@ class Executor:
                 self.draft_model, self.draft_model.allocate_kv_cache(self.num_kv_blocks, self.block_size),
                 self.block_size, self.device, spec.mode, spec.num_tokens, spec.tree_topk,
                 config.max_num_batched_tokens)
+        elif spec is not None:  # draft heads on the target's hidden states
+            from .speculative.medusa import build_medusa_drafter
+
+            self.drafter = build_medusa_drafter(spec, self.model, self.device)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(int(config.seed))
         self.sampler = Sampler(gen)
@@ -176,6 +180,8 @@ class Executor:
     def execute(self, step: StepInput) -> ModelOutput:
         for sid in step.finished_seq_ids:
             self._generators.pop(sid, None)
+        if self.drafter is not None:
+            self.drafter.forget(step.finished_seq_ids)
         sched = step.scheduled
         drafts: List[Draft] = []
         if step.spec:
@@ -224,6 +230,7 @@ class Executor:
     def _verify(self, drafts: List[Draft], logits: torch.Tensor) -> List[VerifiedDraft]:
         """tree_verify, then compact the accepted K/V of both pools; the verdicts as data."""
         verify(drafts, logits, [self._gen(d.seq) for d in drafts], lib=self.model.ops.lib)
+        self.drafter.on_verified(drafts)
         ts, td, ds, dd, computed = commit_moves(drafts, self.block_size)
         self.runner.move_slots(ts, td)
         self.drafter.move_slots(ds, dd)

@@ -55,8 +55,8 @@ sequences whose tree would not fit ``max_model_len``.
 """
 
 from .drafter import Draft, Drafter, DraftModelDrafter  # noqa: F401
-from .proposer import DraftModelProposer, Proposer, speculation_supported  # noqa: F401
+from .proposer import DraftModelProposer, Proposer, StaticTreeProposer, make_proposer, speculation_supported  # noqa: F401
 from .verifier import commit_moves, verify  # noqa: F401
 
-__all__ = ["Draft", "Drafter", "DraftModelDrafter", "DraftModelProposer", "Proposer", "speculation_supported",
-           "commit_moves", "verify"]
+__all__ = ["Draft", "Drafter", "DraftModelDrafter", "DraftModelProposer", "Proposer", "StaticTreeProposer",
+           "make_proposer", "speculation_supported", "commit_moves", "verify"]

@@ -49,7 +49,7 @@ _Chunk = Tuple[Sequence, List[int], List[int], List[int], Optional[Tensor], List
 
 
 class Drafter:
-    """The executor-side proposer interface (the draft model today; draft heads next)."""
+    """The executor-side proposer interface (a draft model, or draft heads on the target's hidden states)."""
 
     #: ask the executor for the target's final hidden states of every logits row of each step
     wants_hidden_states = False
@@ -63,6 +63,12 @@ class Drafter:
     def observe_hidden_states(self, seqs: List[Sequence], hidden: Tensor) -> None:
         """With ``wants_hidden_states``: the target's hidden states ``[rows, H]`` of this step's
         logits rows (``seqs[i]`` owns row i: sampled sequences, then every node of each draft)."""
+
+    def on_verified(self, drafts: List[Draft]) -> None:
+        """After :func:`.verifier.verify` filled each draft's ``path`` (before the KV moves)."""
+
+    def forget(self, seq_ids: Seq[int]) -> None:
+        """These sequences are finished: drop what is kept for them."""
 
 
 class DraftModelDrafter(Drafter):
