@@ -25,7 +25,7 @@ DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float3
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "auto": None}
 
 SPEC_MODES = ("chain", "tree")
-SPEC_METHODS = ("draft", "medusa")
+SPEC_METHODS = ("draft", "medusa", "eagle")
 
 
 def parse_dtype(dtype: Any) -> Optional[torch.dtype]:
@@ -66,6 +66,9 @@ class SpeculativeConfig:
     or a ``MedusaHeads``; ``mode`` "tree" (default): the static tree ``tree`` (a list of top-k rank
     paths, default :data:`~.speculative.trees.DEFAULT_MEDUSA_TREE`), its first ``num_tokens`` paths
     when given; "chain": the top-1 token of each head, ``num_tokens`` deep (default: every head).
+
+    ``method`` "eagle": ``draft_model`` is an EAGLE(-1/2) head directory (:mod:`.speculative.eagle`)
+    or an ``EagleDraftModel``; ``mode`` and the sizes as for a draft model ("tree" is EAGLE-2's).
     """
 
     draft_model: Any
@@ -79,7 +82,7 @@ class SpeculativeConfig:
     def __post_init__(self):
         from .speculative.trees import check_tree
 
-        if self.method in ("eagle", "eagle3"):
+        if self.method == "eagle3":
             raise ValueError(f"spec_method={self.method!r} is not implemented yet (one of {SPEC_METHODS})")
         if self.method not in SPEC_METHODS:
             raise ValueError(f"spec_method must be one of {SPEC_METHODS}, got {self.method!r}")
@@ -91,7 +94,7 @@ class SpeculativeConfig:
             if self.method != "medusa" or self.mode != "tree":
                 raise ValueError("spec_tree (a static tree of top-k paths) needs spec_method='medusa' in tree mode")
             self.tree = check_tree(self.tree)
-        if self.num_tokens is None and self.method == "draft":
+        if self.num_tokens is None and self.method != "medusa":
             self.num_tokens = 4 if self.mode == "chain" else 8
         k, topk, depth = self.num_tokens, self.tree_topk, self.tree_depth
         if k is not None and (not _is_int(k) or not 1 <= k <= 1024):

@@ -54,9 +54,11 @@ plain temperature distribution only), requests with fewer than 2 tokens left to 
 sequences whose tree would not fit ``max_model_len``.
 """
 
+from .build import build_drafter, load_eagle_head, plan_slots  # noqa: F401
 from .drafter import Draft, Drafter, DraftModelDrafter  # noqa: F401
 from .proposer import DraftModelProposer, Proposer, StaticTreeProposer, make_proposer, speculation_supported  # noqa: F401
 from .verifier import commit_moves, verify  # noqa: F401
 
 __all__ = ["Draft", "Drafter", "DraftModelDrafter", "DraftModelProposer", "Proposer", "StaticTreeProposer",
-           "make_proposer", "speculation_supported", "commit_moves", "verify"]
+           "make_proposer", "speculation_supported", "commit_moves", "verify", "build_drafter", "load_eagle_head",
+           "plan_slots"]

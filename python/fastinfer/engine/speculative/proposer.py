@@ -22,7 +22,7 @@ from ..scheduler import SchedulerOutput, SpecPlan
 from ..sequence import Sequence
 from .trees import Path
 
-__all__ = ["Proposer", "DraftModelProposer", "StaticTreeProposer", "make_proposer", "speculation_supported"]
+__all__ = ["Proposer", "DraftModelProposer", "StaticTreeProposer", "EagleProposer", "make_proposer", "speculation_supported"]
 
 
 def speculation_supported(params) -> bool:
@@ -175,9 +175,20 @@ class StaticTreeProposer(DraftModelProposer):
         return 1 + sum(len(q) <= size for q in self.paths)
 
 
+class EagleProposer(DraftModelProposer):
+    """An EAGLE head's rows pair each token's feature with the NEXT token, so the last row of a
+    prefix-cache hit's blocks is recomputed (the token after the hit may differ)."""
+
+    def on_schedule(self, out: SchedulerOutput) -> None:
+        super().on_schedule(out)
+        for seq in out.admitted:
+            self._computed[seq.seq_id] = max(0, self._computed[seq.seq_id] - 1)
+
+
 def make_proposer(config: SpeculativeConfig, block_manager: BlockManager, max_model_len: int,
                   drafter) -> DraftModelProposer:
     """The core-side proposer of ``config.method`` (``drafter``: the executor's, for its tree)."""
-    if config.method == "draft":
-        return DraftModelProposer(config, block_manager, max_model_len)
+    if config.method in ("draft", "eagle"):
+        cls = DraftModelProposer if config.method == "draft" else EagleProposer
+        return cls(config, block_manager, max_model_len)
     return StaticTreeProposer(config, block_manager, max_model_len, drafter.paths)
