@@ -249,7 +249,7 @@ def test_bad_arguments(target, tmp_path):
     with pytest.raises(ValueError, match="spec_method must be one of"):
         LLM(tgt, spec_method="lookahead", spec_model=repo)
     with pytest.raises(ValueError, match="not implemented yet"):
-        LLM(tgt, spec_method="eagle", spec_model=repo)
+        LLM(tgt, spec_method="eagle3", spec_model=repo)
     with pytest.raises(ValueError, match="not both"):
         LLM(tgt, draft_model=tgt, spec_model=repo)
     with pytest.raises(ValueError, match="pass the heads as spec_model"):
@@ -310,6 +310,7 @@ def test_loading_errors(tmp_path):
     torch.save(sd, os.path.join(path, "medusa_lm_head.pt"))
     with pytest.raises(ValueError, match="only pickles: medusa_lm_head.pt"):
         load_medusa_heads(path, 32, 50, torch.float32, "cpu")
+    save_file(sd, f)
     with open(os.path.join(path, "config.json"), "w") as fh:
         json.dump({"model_type": "llama"}, fh)
     with pytest.raises(ValueError, match="names no Medusa layout"):
