@@ -306,3 +306,19 @@ def test_shipped_trained_heads(kw, min_tokens_per_verify):
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in base]
     assert llm.stats()["spec_mean_tokens_per_verify"] > min_tokens_per_verify, llm.stats()
     _assert_no_leak(llm)
+
+
+def test_train_draft_heads_smoke(tmp_path):
+    """tools/train_draft_heads.py --smoke writes heads the runner loads and speculates with."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+    import train_draft_heads
+
+    assert train_draft_heads.main(["--out", str(tmp_path), "--smoke", "--threads", "1"]) == 0
+    sp = SamplingParams(max_tokens=12, **GREEDY)
+    base = LLM(seed=0).generate("def main(", sp)[0].outputs[0].token_ids
+    for method in ("medusa", "eagle"):
+        llm = LLM(spec_method=method, spec_model=str(tmp_path / f"tiny-llama-{method}"), seed=0)
+        assert llm.generate("def main(", sp)[0].outputs[0].token_ids == base
+        assert llm.stats()["spec_num_verify"] > 0

@@ -37,7 +37,7 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "hidden states (needs --spec-model; default: draft when --draft-model is given)")
     p.add_argument("--spec-model", default=None,
                    help="the draft model / heads directory of --spec-method (Medusa: Medusa or vLLM layout; "
-                        "EAGLE: the EAGLE repository's layout)")
+                        "EAGLE: the EAGLE repository's layout; default: none)")
     p.add_argument("--spec-mode", default=None, choices=["chain", "tree"],
                    help="chain: draft tokens in a row; tree: EAGLE-2-style tree of draft tokens (Medusa: its "
                         "static tree) (default: chain for a draft model, tree for Medusa)")
