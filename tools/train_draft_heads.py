@@ -76,8 +76,9 @@ def soft_ce(logits: torch.Tensor, target_logp: torch.Tensor) -> torch.Tensor:
 class Medusa(torch.nn.Module):
     def __init__(self, H: int):
         super().__init__()
-        self.w = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(H, H)) for _ in range(MEDUSA_HEADS * MEDUSA_LAYERS)])
-        self.b = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(H)) for _ in range(MEDUSA_HEADS * MEDUSA_LAYERS)])
+        n = MEDUSA_HEADS * MEDUSA_LAYERS  # zero blocks: every head starts as the identity
+        self.w = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(H, H)) for _ in range(n)])
+        self.b = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(H)) for _ in range(n)])
 
     def forward(self, h: torch.Tensor, i: int) -> torch.Tensor:
         for j in range(MEDUSA_LAYERS):
@@ -169,7 +170,8 @@ class Eagle(torch.nn.Module):
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
         x = x + F.linear(a, self.w("layers.0.self_attn.o_proj.weight"))
         h = self.norm(x, "layers.0.post_attention_layernorm.weight")
-        m = F.silu(F.linear(h, self.w("layers.0.mlp.gate_proj.weight"))) * F.linear(h, self.w("layers.0.mlp.up_proj.weight"))
+        m = F.silu(F.linear(h, self.w("layers.0.mlp.gate_proj.weight"))) \
+            * F.linear(h, self.w("layers.0.mlp.up_proj.weight"))
         return x + F.linear(m, self.w("layers.0.mlp.down_proj.weight"))
 
 
@@ -220,7 +222,8 @@ def train(name, model, loss_fn, batches, minutes, max_steps, lr):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--target", default=str(Path(__file__).resolve().parents[1] / "python/fastinfer/assets/tiny-llama"))
+    ap.add_argument("--target", default=str(Path(__file__).resolve().parents[1] / "python/fastinfer/assets/tiny-llama"),
+                    help="the frozen target checkpoint (default: the shipped tiny-llama)")
     ap.add_argument("--minutes-medusa", type=float, default=3.0)
     ap.add_argument("--minutes-eagle", type=float, default=5.0)
     ap.add_argument("--batch", type=int, default=8)

@@ -17,7 +17,8 @@ import torch
 from ..models import find_gguf
 from ..quant import QuantOptions
 
-__all__ = ["EngineConfig", "SpeculativeConfig", "SPEC_MODES", "SPEC_METHODS", "DTYPES", "parse_dtype", "default_model_path",
+__all__ = ["EngineConfig", "SpeculativeConfig", "SPEC_MODES", "SPEC_METHODS", "DTYPES", "parse_dtype",
+           "default_model_path",
            "is_checkpoint_path"]
 
 DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,

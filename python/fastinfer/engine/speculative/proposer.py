@@ -22,7 +22,8 @@ from ..scheduler import SchedulerOutput, SpecPlan
 from ..sequence import Sequence
 from .trees import Path
 
-__all__ = ["Proposer", "DraftModelProposer", "StaticTreeProposer", "EagleProposer", "make_proposer", "speculation_supported"]
+__all__ = ["Proposer", "DraftModelProposer", "StaticTreeProposer", "EagleProposer", "make_proposer",
+           "speculation_supported"]
 
 
 def speculation_supported(params) -> bool:
