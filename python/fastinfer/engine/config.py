@@ -17,7 +17,8 @@ import torch
 from ..models import find_gguf
 from ..quant import QuantOptions
 
-__all__ = ["EngineConfig", "SpeculativeConfig", "SPEC_MODES", "DTYPES", "parse_dtype", "default_model_path",
+__all__ = ["EngineConfig", "SpeculativeConfig", "SPEC_MODES", "SPEC_METHODS", "DTYPES", "parse_dtype",
+           "default_model_path",
            "is_checkpoint_path"]
 
 DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
@@ -25,6 +26,7 @@ DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float3
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "auto": None}
 
 SPEC_MODES = ("chain", "tree")
+SPEC_METHODS = ("draft", "medusa", "eagle")
 
 
 def parse_dtype(dtype: Any) -> Optional[torch.dtype]:
@@ -53,37 +55,87 @@ def _is_int(x: Any) -> bool:
 
 @dataclass
 class SpeculativeConfig:
-    """Speculative decoding with a draft model (see :mod:`fastinfer.engine.speculative`).
+    """Speculative decoding (see :mod:`fastinfer.engine.speculative`).
 
-    ``mode`` "chain": ``num_tokens`` draft tokens in a row (default 4); "tree": an EAGLE-2-style
-    tree of ``num_tokens`` nodes (default 8), ``tree_topk`` children per expanded node,
-    ``tree_depth`` levels (default ``min(N, max(2, N // (2 * topk) + 1))``: one draft forward per
-    level).
+    ``method`` "draft": ``draft_model`` is a draft model (checkpoint directory or model object);
+    ``mode`` "chain" (default): ``num_tokens`` draft tokens in a row (default 4); "tree": an
+    EAGLE-2-style tree of ``num_tokens`` nodes (default 8), ``tree_topk`` children per expanded
+    node, ``tree_depth`` levels (default ``min(N, max(2, N // (2 * topk) + 1))``: one draft
+    forward per level).
+
+    ``method`` "medusa": ``draft_model`` is a Medusa heads directory (:mod:`.speculative.medusa`)
+    or a ``MedusaHeads``; ``mode`` "tree" (default): the static tree ``tree`` (a list of top-k rank
+    paths, default :data:`~.speculative.trees.DEFAULT_MEDUSA_TREE`), its first ``num_tokens`` paths
+    when given; "chain": the top-1 token of each head, ``num_tokens`` deep (default: every head).
+
+    ``method`` "eagle": ``draft_model`` is an EAGLE(-1/2) head directory (:mod:`.speculative.eagle`)
+    or an ``EagleDraftModel``; ``mode`` and the sizes as for a draft model ("tree" is EAGLE-2's).
     """
 
     draft_model: Any
-    mode: str = "chain"
+    mode: Optional[str] = None
     num_tokens: Optional[int] = None
     tree_topk: int = 2
     tree_depth: Optional[int] = None
+    method: str = "draft"
+    tree: Optional[Any] = None
 
     def __post_init__(self):
+        from .speculative.trees import check_tree
+
+        if self.method == "eagle3":
+            raise ValueError(f"spec_method={self.method!r} is not implemented yet (one of {SPEC_METHODS})")
+        if self.method not in SPEC_METHODS:
+            raise ValueError(f"spec_method must be one of {SPEC_METHODS}, got {self.method!r}")
+        if self.mode is None:
+            self.mode = "tree" if self.method == "medusa" else "chain"
         if self.mode not in SPEC_MODES:
             raise ValueError(f"spec_mode must be one of {SPEC_MODES}, got {self.mode!r}")
-        if self.num_tokens is None:
+        if self.tree is not None:
+            if self.method != "medusa" or self.mode != "tree":
+                raise ValueError("spec_tree (a static tree of top-k paths) needs spec_method='medusa' in tree mode")
+            self.tree = check_tree(self.tree)
+        if self.num_tokens is None and self.method != "medusa":
             self.num_tokens = 4 if self.mode == "chain" else 8
         k, topk, depth = self.num_tokens, self.tree_topk, self.tree_depth
-        if not _is_int(k) or not 1 <= k <= 1024:
+        if k is not None and (not _is_int(k) or not 1 <= k <= 1024):
             raise ValueError(f"num_spec_tokens must be an int in [1, 1024], got {k!r}")
         if not _is_int(topk) or topk < 1:
             raise ValueError(f"spec_tree_topk must be an int >= 1, got {topk!r}")
         if depth is not None and (not _is_int(depth) or depth < 1):
             raise ValueError(f"spec_tree_depth must be an int >= 1 or None, got {depth!r}")
-        if self.tree_depth is None:
+        if self.tree_depth is None and k is not None:
             # one draft forward per level; deeper levels rarely survive the best-N cut
             self.tree_depth = min(k, max(2, k // (2 * topk) + 1))
-        if isinstance(self.draft_model, str) and not is_checkpoint_path(self.draft_model):
-            raise ValueError(f"draft_model directory not found: {self.draft_model!r} (nor a .gguf file)")
+        what = "draft_model" if self.method == "draft" else "spec_model"
+        if isinstance(self.draft_model, str) and not (is_checkpoint_path(self.draft_model) if self.method == "draft"
+                                                      else os.path.isdir(self.draft_model)):
+            raise ValueError(f"{what} directory not found: {self.draft_model!r}"
+                             + (" (nor a .gguf file)" if self.method == "draft" else ""))
+
+    @property
+    def spec_model(self) -> Any:
+        """The draft model or the heads (one field for every method)."""
+        return self.draft_model
+
+    @classmethod
+    def from_llm_args(cls, draft_model=None, spec_method=None, spec_model=None, spec_mode=None, num_spec_tokens=None,
+                      spec_tree_topk: int = 2, spec_tree_depth=None, spec_tree=None) -> Optional["SpeculativeConfig"]:
+        """The config of ``LLM(...)``'s speculative arguments (None: no speculation; the arguments
+        are validated either way). ``draft_model=X`` is ``spec_method="draft", spec_model=X``."""
+        method = spec_method or "draft"
+        if draft_model is not None:
+            if spec_model is not None and spec_model is not draft_model:
+                raise ValueError("give draft_model= or spec_model=, not both (draft_model=X is spec_model=X with "
+                                 "spec_method='draft')")
+            if method != "draft":
+                raise ValueError(f"draft_model= means spec_method='draft'; for spec_method={method!r} pass the "
+                                 "heads as spec_model=")
+            spec_model = draft_model
+        if spec_method is not None and spec_model is None:
+            raise ValueError(f"spec_method={spec_method!r} needs spec_model= (a checkpoint / heads directory)")
+        spec = cls(spec_model, spec_mode, num_spec_tokens, spec_tree_topk, spec_tree_depth, method, spec_tree)
+        return spec if spec_model is not None else None
 
 
 @dataclass
@@ -142,19 +194,19 @@ class EngineConfig:
         if tp > 1 and not isinstance(self.model, str):
             raise ValueError("tensor_parallel_size > 1 needs a checkpoint path (every rank loads its own shard), "
                              "not a model object")
+        if tp > 1 and self.speculative is not None and self.speculative.method != "draft":
+            raise ValueError(f"spec_method={self.speculative.method!r} needs the target's hidden states, which "
+                             "tensor_parallel_size > 1 does not return yet: use tensor_parallel_size=1")
 
     @property
     def model_path(self) -> Optional[str]:
         return self.model if isinstance(self.model, str) else None
 
     @classmethod
-    def from_llm_args(cls, *, draft_model=None, spec_mode: str = "chain", num_spec_tokens=None,
-                      spec_tree_topk: int = 2, spec_tree_depth=None, quantization=None,
-                      quantization_config=None, **kw) -> "EngineConfig":
+    def from_llm_args(cls, *, draft_model=None, spec_method=None, spec_model=None, spec_mode=None,
+                      num_spec_tokens=None, spec_tree_topk: int = 2, spec_tree_depth=None, spec_tree=None,
+                      quantization=None, quantization_config=None, **kw) -> "EngineConfig":
         """The config of ``LLM(**kw)`` (its flat keyword arguments)."""
-        spec = None
-        if draft_model is not None:
-            spec = SpeculativeConfig(draft_model, spec_mode, num_spec_tokens, spec_tree_topk, spec_tree_depth)
-        else:  # still validate the speculative arguments
-            SpeculativeConfig(None, spec_mode, num_spec_tokens, spec_tree_topk, spec_tree_depth)
+        spec = SpeculativeConfig.from_llm_args(draft_model, spec_method, spec_model, spec_mode, num_spec_tokens,
+                                               spec_tree_topk, spec_tree_depth, spec_tree)
         return cls(speculative=spec, quantization=QuantOptions.from_any(quantization, quantization_config), **kw)

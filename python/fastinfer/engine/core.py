@@ -19,7 +19,7 @@ from .executor import Executor, SpecWork, StepInput
 from .params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Request, Sequence
-from .speculative import DraftModelProposer
+from .speculative import DraftModelProposer, make_proposer
 
 __all__ = ["EngineCore", "SeqOutput"]
 
@@ -53,7 +53,7 @@ class EngineCore:
         self.block_manager = BlockManager(executor.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.proposer: Optional[DraftModelProposer] = None
         if config.speculative is not None:
-            self.proposer = DraftModelProposer(config.speculative, self.block_manager, self.max_model_len)
+            self.proposer = make_proposer(config.speculative, self.block_manager, self.max_model_len, executor.drafter)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len, lookahead=self.proposer.plan if self.proposer else None,
                                    static_batching=config.static_batching)

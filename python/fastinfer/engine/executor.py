@@ -24,7 +24,7 @@ from .model_runner import Chunk, ForwardPlan, ModelRunner, load_checkpoint, num_
 from .sampler import Sampler, logprob_dict
 from .scheduler import SchedulerOutput, SpecPlan
 from .sequence import Sequence
-from .speculative import Draft, Drafter, DraftModelDrafter, commit_moves, verify
+from .speculative import Draft, Drafter, build_drafter, commit_moves, load_eagle_head, plan_slots, verify
 
 __all__ = ["Executor", "StepInput", "SpecWork", "ModelOutput", "SampledToken", "VerifiedDraft", "nvtx_range",
            "num_kv_blocks_for"]
@@ -97,7 +97,11 @@ class Executor:
         self.use_nvtx = self.device.type == "cuda"
         spec = config.speculative
         try:
-            self.draft_model = self._load_draft(spec) if spec is not None else None
+            self.draft_model = None  # a draft with its own KV pool: a draft model or an EAGLE head
+            if spec is not None and spec.method == "draft":
+                self.draft_model = self._load_draft(spec)
+            elif spec is not None and spec.method == "eagle":
+                self.draft_model = load_eagle_head(spec, self.model)
             extra = self.draft_model.kv_cache_bytes_per_block(self.block_size) if self.draft_model is not None else 0
             self.runner.init_kv(self.runner.agreed_num_kv_blocks(extra))
         except BaseException:
@@ -106,11 +110,9 @@ class Executor:
         self.num_kv_blocks = self.runner.num_kv_blocks
         self.max_model_len = self.runner.max_model_len
         self.drafter: Optional[Drafter] = None
-        if self.draft_model is not None:
-            self.drafter = DraftModelDrafter(
-                self.draft_model, self.draft_model.allocate_kv_cache(self.num_kv_blocks, self.block_size),
-                self.block_size, self.device, spec.mode, spec.num_tokens, spec.tree_topk,
-                config.max_num_batched_tokens)
+        if spec is not None:
+            self.drafter = build_drafter(spec, self.model, self.draft_model, self.num_kv_blocks, self.block_size,
+                                         self.device, config.max_num_batched_tokens)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(int(config.seed))
         self.sampler = Sampler(gen)
@@ -176,6 +178,8 @@ class Executor:
     def execute(self, step: StepInput) -> ModelOutput:
         for sid in step.finished_seq_ids:
             self._generators.pop(sid, None)
+        if self.drafter is not None:
+            self.drafter.forget(step.finished_seq_ids)
         sched = step.scheduled
         drafts: List[Draft] = []
         if step.spec:
@@ -217,13 +221,16 @@ class Executor:
             plan.tables[seq.seq_id] = list(seq.block_table)
         plan.want_hidden = self.drafter is not None and self.drafter.wants_hidden_states
         logits, hidden = self.runner.forward(plan)
-        if plan.want_hidden:
+        if plan.want_hidden == "all":  # every row, by the KV slot it was computed at
+            self.drafter.observe_slot_hidden_states(plan_slots(plan, self.block_size), hidden)
+        elif plan.want_hidden:
             self.drafter.observe_hidden_states(sampled + [d.seq for d in drafts for _ in d.tokens], hidden)
         return logits, sampled
 
     def _verify(self, drafts: List[Draft], logits: torch.Tensor) -> List[VerifiedDraft]:
         """tree_verify, then compact the accepted K/V of both pools; the verdicts as data."""
         verify(drafts, logits, [self._gen(d.seq) for d in drafts], lib=self.model.ops.lib)
+        self.drafter.on_verified(drafts)
         ts, td, ds, dd, computed = commit_moves(drafts, self.block_size)
         self.runner.move_slots(ts, td)
         self.drafter.move_slots(ds, dd)

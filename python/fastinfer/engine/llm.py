@@ -25,20 +25,12 @@ from .core import EngineCore
 from .executor import Executor
 from .output_processor import OutputProcessor
 from .params import RequestOutput, SamplingParams
+from .speculative.tokenizers import check_draft_tokenizer
 from .tokenizer import Tokenizer, has_tokenizer
 
 __all__ = ["LLM"]
 
 PromptType = Union[str, List[int], Dict[str, Any]]
-
-
-def _check_draft_tokenizer(draft_tok: Tokenizer, target_tok: Tokenizer) -> None:
-    dv = draft_tok.get_vocab()
-    tv = target_tok.get_vocab()
-    if dv != tv:
-        diff = next((t for t in sorted(set(dv) | set(tv)) if dv.get(t) != tv.get(t)), None)
-        raise ValueError(f"draft_model's tokenizer.json differs from the target's (token {diff!r}: draft id "
-                         f"{dv.get(diff)}, target id {tv.get(diff)}): speculative decoding needs the same tokenizer")
 
 
 class LLM:
@@ -71,12 +63,16 @@ class LLM:
             object; same vocabulary, and the same tokenizer when both directories have one). See
             :mod:`fastinfer.engine.speculative`; requests opt out with
             ``SamplingParams(speculative=False)``. The draft's KV pool uses the target's block ids.
-        spec_mode: "chain" (``num_spec_tokens`` draft tokens in a row) or "tree" (EAGLE-2-style
-            tree of ``num_spec_tokens`` nodes, ``spec_tree_topk`` children per expanded node,
-            ``spec_tree_depth`` levels; default depth ``min(N, max(2, N // (2 * topk) + 1))``: one
-            draft forward per level).
-        num_spec_tokens: chain length k / tree node budget N (without the root); default 4 (chain)
-            or 8 (tree).
+        spec_method / spec_model: "draft" (``spec_model`` a draft model, as ``draft_model=``),
+            "medusa" (a Medusa heads directory, Medusa or vLLM layout: a static tree ``spec_tree`` of
+            top-k rank paths on the target's hidden states) or "eagle" (an EAGLE-1/2 head directory:
+            chain or EAGLE-2 tree). See :class:`~.config.SpeculativeConfig`.
+        spec_mode: "chain" (``num_spec_tokens`` draft tokens in a row; the draft model's default)
+            or "tree" (draft model: EAGLE-2-style tree of ``num_spec_tokens`` nodes,
+            ``spec_tree_topk`` children per expanded node, ``spec_tree_depth`` levels; Medusa's
+            default: its static tree).
+        num_spec_tokens: chain length k / tree node budget N (without the root); draft model
+            default 4 (chain) or 8 (tree); Medusa: every head / the whole tree.
         quantization: "fp8" (W8A8: e4m3 weights per channel, dynamic per-token e4m3 activations)
             or "int4" (W4A16, group-wise) quantises a float checkpoint's decoder linears on load;
             None runs the checkpoint as stored (a quantised one, fastinfer / AutoAWQ / AutoGPTQ,
@@ -112,10 +108,13 @@ class LLM:
         enforce_eager: bool = False,
         static_batching: bool = False,
         draft_model: Any = None,
-        spec_mode: str = "chain",
+        spec_method: Optional[str] = None,
+        spec_model: Any = None,
+        spec_mode: Optional[str] = None,
         num_spec_tokens: Optional[int] = None,
         spec_tree_topk: int = 2,
         spec_tree_depth: Optional[int] = None,
+        spec_tree: Optional[List[List[int]]] = None,
         quantization: Optional[str] = None,
         quantization_config: Optional[Dict[str, Any]] = None,
         tensor_parallel_size: int = 1,
@@ -125,16 +124,15 @@ class LLM:
             block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             enable_prefix_caching=enable_prefix_caching, num_kv_blocks=num_kv_blocks, kv_cache_bytes=kv_cache_bytes,
             gpu_memory_utilization=gpu_memory_utilization, seed=seed, load_progress=load_progress,
-            enforce_eager=enforce_eager, static_batching=static_batching, draft_model=draft_model, spec_mode=spec_mode,
-            num_spec_tokens=num_spec_tokens, spec_tree_topk=spec_tree_topk, spec_tree_depth=spec_tree_depth,
+            enforce_eager=enforce_eager, static_batching=static_batching, draft_model=draft_model,
+            spec_method=spec_method, spec_model=spec_model, spec_mode=spec_mode, num_spec_tokens=num_spec_tokens,
+            spec_tree_topk=spec_tree_topk, spec_tree_depth=spec_tree_depth, spec_tree=spec_tree,
             quantization=quantization, quantization_config=quantization_config,
             tensor_parallel_size=tensor_parallel_size)
         self.model_path: Optional[str] = config.model_path
         self.tokenizer = self._load_tokenizer(tokenizer)
         spec = config.speculative
-        if spec is not None and isinstance(spec.draft_model, str) and self.tokenizer is not None \
-                and has_tokenizer(spec.draft_model):
-            _check_draft_tokenizer(Tokenizer(spec.draft_model), self.tokenizer)
+        check_draft_tokenizer(spec, self.tokenizer)
         self.executor = Executor(config)
         eos = set(self.executor.model.config.eos_token_ids or [])
         if not eos and self.tokenizer is not None and self.tokenizer.eos_token_id is not None:

@@ -58,7 +58,7 @@ class ForwardPlan:
     decodes: List[Tuple[int, int, int]] = field(default_factory=list)  # (seq_id, token, position)
     trees: List[Chunk] = field(default_factory=list)  # speculative verification, every row with logits
     tables: Dict[int, List[int]] = field(default_factory=dict)  # seq_id -> block table
-    want_hidden: bool = False  # rank 0 also wants the final hidden states of the logits rows
+    want_hidden: object = False  # rank 0 also wants the final hidden states: of the logits rows, or "all" rows
     moves: Tuple[List[int], List[int]] = ((), ())  # target KV slot moves (src, dst), applied first
     finished: List[int] = field(default_factory=list)  # seq ids no later plan mentions
 
@@ -186,8 +186,10 @@ class ModelRunner:
                 if not plan.want_hidden:
                     logits = self.model(batch, self.kv_caches)
                 else:
-                    hidden = self.model.hidden_states(batch, self.kv_caches).index_select(0, batch.logits_indices)
-                    logits = self.model.compute_logits(hidden)
+                    hidden = self.model.hidden_states(batch, self.kv_caches)
+                    rows = hidden.index_select(0, batch.logits_indices)
+                    logits = self.model.compute_logits(rows)
+                    hidden = hidden if plan.want_hidden == "all" else rows
         if self.tp.rank != 0:
             return None, None
         return logits, hidden

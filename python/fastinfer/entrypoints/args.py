@@ -30,15 +30,27 @@ def add_tp_args(p: argparse.ArgumentParser) -> None:
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=None,
-                   help="speculative decoding with this draft model directory (same tokenizer; default: off)")
-    p.add_argument("--spec-mode", default="chain", choices=["chain", "tree"],
-                   help="chain: draft tokens in a row; tree: EAGLE-2-style tree of draft tokens (default: chain)")
+                   help="speculative decoding with this draft model directory (same tokenizer; default: off); "
+                        "the same as --spec-method draft --spec-model DIR")
+    p.add_argument("--spec-method", default=None, choices=["draft", "medusa", "eagle"],
+                   help="draft: a draft model; medusa: Medusa heads / eagle: an EAGLE head on the target's "
+                        "hidden states (needs --spec-model; default: draft when --draft-model is given)")
+    p.add_argument("--spec-model", default=None,
+                   help="the draft model / heads directory of --spec-method (Medusa: Medusa or vLLM layout; "
+                        "EAGLE: the EAGLE repository's layout; default: none)")
+    p.add_argument("--spec-mode", default=None, choices=["chain", "tree"],
+                   help="chain: draft tokens in a row; tree: EAGLE-2-style tree of draft tokens (Medusa: its "
+                        "static tree) (default: chain for a draft model, tree for Medusa)")
     p.add_argument("--num-spec-tokens", type=int, default=None,
-                   help="draft tokens per step: chain length / tree node budget (default: 4 chain, 8 tree)")
+                   help="draft tokens per step: chain length / tree node budget (default: 4 chain, 8 tree; "
+                        "Medusa: every head / the whole tree)")
     p.add_argument("--spec-tree-topk", type=int, default=2,
                    help="tree mode: children per expanded node (default: 2)")
     p.add_argument("--spec-tree-depth", type=int, default=None,
                    help="tree mode: levels, one draft forward each (default: min(N, max(2, N // (2 * topk) + 1)))")
+    p.add_argument("--spec-tree", default=None,
+                   help="Medusa: the static tree as JSON paths of top-k ranks, e.g. '[[0], [1], [0, 0]]' "
+                        "(default: the built-in tree, fastinfer.engine.speculative.trees.DEFAULT_MEDUSA_TREE)")
 
 
 def add_quant_args(p: argparse.ArgumentParser, on_load: bool) -> None:
@@ -56,10 +68,20 @@ def add_quant_args(p: argparse.ArgumentParser, on_load: bool) -> None:
 
 
 def spec_kwargs(args) -> Dict[str, Any]:
-    if not args.draft_model:
+    """LLM(...) speculative keyword arguments of :func:`add_spec_args` options (none: no speculation)."""
+    import json
+
+    if not args.draft_model and not args.spec_model and not args.spec_method:
         return {}
-    return dict(draft_model=args.draft_model, spec_mode=args.spec_mode, num_spec_tokens=args.num_spec_tokens,
-                spec_tree_topk=args.spec_tree_topk, spec_tree_depth=args.spec_tree_depth)
+    tree = None
+    if args.spec_tree is not None:
+        try:
+            tree = json.loads(args.spec_tree)
+        except ValueError as e:
+            raise ValueError(f"--spec-tree must be JSON, e.g. '[[0], [1], [0, 0]]': {e}") from None
+    return dict(draft_model=args.draft_model, spec_method=args.spec_method, spec_model=args.spec_model,
+                spec_mode=args.spec_mode, num_spec_tokens=args.num_spec_tokens, spec_tree_topk=args.spec_tree_topk,
+                spec_tree_depth=args.spec_tree_depth, spec_tree=tree)
 
 
 def quant_kwargs(args) -> Dict[str, Any]:

@@ -102,8 +102,8 @@ def cmd_bench(args) -> int:
         raise SystemExit("give exactly one of --model PATH or --preset NAME --random-weights")
     if args.preset and not args.random_weights:
         raise SystemExit("--preset needs --random-weights (presets have no weights to download)")
-    if args.compare_no_spec and not args.draft_model:
-        raise SystemExit("--compare-no-spec needs --draft-model")
+    if args.compare_no_spec and not (args.draft_model or args.spec_model):
+        raise SystemExit("--compare-no-spec needs --draft-model or --spec-model")
     device = torch.device(args.device if args.device else ("cuda" if cuda_available() else "cpu"))
     dtype = parse_dtype(args.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     max_len = args.max_model_len or (args.input_len + args.output_len + 16)
@@ -170,7 +170,8 @@ def cmd_bench(args) -> int:
         reached, offered = since("spec_depth_reached"), since("spec_depth_offered")
         rates = [r / o if o else 0.0 for r, o in zip(reached, offered)]
         res.update({
-            "draft_model": args.draft_model, "spec_mode": spec.mode, "num_spec_tokens": spec.num_tokens,
+            "draft_model": args.draft_model, "spec_method": spec.method, "spec_model": args.spec_model or args.draft_model,
+            "spec_mode": spec.mode, "num_spec_tokens": spec.num_tokens,
             "spec_tree_topk": spec.tree_topk if spec.mode == "tree" else None,
             "spec_tree_depth": spec.tree_depth if spec.mode == "tree" else None,
             "spec_verifications": nv,

@@ -48,15 +48,24 @@ come from the request's generator. A step in which a sequence cannot speculate (
 blocks short, see the scheduler's lookahead) samples it the ordinary way, which consumes its generator
 differently: under such pressure a seeded completion may depend on the load (it stays exact).
 
+Draft heads (``spec_method``, :mod:`.build` picks the drafter, :func:`.proposer.make_proposer` the
+proposer): :mod:`.medusa` (static trees of :mod:`.trees` from heads on the hidden state that produced
+the root: the executor hands the drafter the target's hidden states of the logits rows) and
+:mod:`.eagle` (the drafting above, one row earlier, on a decoder layer fed with the target's features
+of every row, kept in a feature pool by KV slot).
+
 Not speculated (they decode normally, in the same step): requests with ``SamplingParams.speculative
 = False``, requests using top-k / top-p / min-p / repetition penalty (the verifier reproduces the
 plain temperature distribution only), requests with fewer than 2 tokens left to generate, and
 sequences whose tree would not fit ``max_model_len``.
 """
 
+from .build import build_drafter, load_eagle_head, plan_slots  # noqa: F401
 from .drafter import Draft, Drafter, DraftModelDrafter  # noqa: F401
-from .proposer import DraftModelProposer, Proposer, speculation_supported  # noqa: F401
+from .proposer import (DraftModelProposer, EagleProposer, Proposer, StaticTreeProposer,  # noqa: F401
+                       make_proposer, speculation_supported)
 from .verifier import commit_moves, verify  # noqa: F401
 
-__all__ = ["Draft", "Drafter", "DraftModelDrafter", "DraftModelProposer", "Proposer", "speculation_supported",
-           "commit_moves", "verify"]
+__all__ = ["Draft", "Drafter", "DraftModelDrafter", "DraftModelProposer", "Proposer", "StaticTreeProposer",
+           "EagleProposer", "make_proposer", "speculation_supported", "commit_moves", "verify", "build_drafter",
+           "load_eagle_head", "plan_slots"]

@@ -49,10 +49,11 @@ _Chunk = Tuple[Sequence, List[int], List[int], List[int], Optional[Tensor], List
 
 
 class Drafter:
-    """The executor-side proposer interface (the draft model today; draft heads next)."""
+    """The executor-side proposer interface (a draft model, or draft heads on the target's hidden states)."""
 
-    #: ask the executor for the target's final hidden states of every logits row of each step
-    wants_hidden_states = False
+    #: ask the executor for the target's final hidden states: True: of every logits row of each
+    #: step (:meth:`observe_hidden_states`); "all": of every row (:meth:`observe_slot_hidden_states`)
+    wants_hidden_states: object = False
 
     def propose(self, items: Seq[Tuple[Sequence, int, int]], gens: Seq[torch.Generator]) -> List[Draft]:
         raise NotImplementedError
@@ -64,9 +65,22 @@ class Drafter:
         """With ``wants_hidden_states``: the target's hidden states ``[rows, H]`` of this step's
         logits rows (``seqs[i]`` owns row i: sampled sequences, then every node of each draft)."""
 
+    def observe_slot_hidden_states(self, slots: List[int], hidden: Tensor) -> None:
+        """With ``wants_hidden_states="all"``: the hidden state ``[rows, H]`` of every row of the
+        step's target forward, by the KV slot each row was computed at."""
+
+    def on_verified(self, drafts: List[Draft]) -> None:
+        """After :func:`.verifier.verify` filled each draft's ``path`` (before the KV moves)."""
+
+    def forget(self, seq_ids: Seq[int]) -> None:
+        """These sequences are finished: drop what is kept for them."""
+
 
 class DraftModelDrafter(Drafter):
     """A draft model with its own KV pool (same block ids as the target's)."""
+
+    #: where a drafted token's row sits relative to its position (EAGLE: one row earlier)
+    position_shift = 0
 
     def __init__(self, model, kv_caches, block_size: int, device: torch.device, mode: str, num_tokens: int,
                  tree_topk: int, max_num_batched_tokens: int):
@@ -166,7 +180,8 @@ class DraftModelDrafter(Drafter):
             if not active:
                 break
             # feed d_{i+1} (position n - 1 + (i + 1)) to get the next distribution
-            logits = self._forward([], [(seqs[b], toks[b][-1], seqs[b].num_tokens - 2 + len(toks[b]))
+            sh = self.position_shift
+            logits = self._forward([], [(seqs[b], toks[b][-1], seqs[b].num_tokens - 2 + len(toks[b]) + sh)
                                         for b in active]).float()
         out = []
         for b, (s, k) in enumerate(zip(seqs, sizes)):
@@ -219,7 +234,7 @@ class DraftModelDrafter(Drafter):
                 # fed node a sees the fed slots of its ancestors (not the root: a committed token);
                 # a virtual root 0 makes the fed forest a tree for tree_mask
                 mask = tree_mask([-1] + [fed[b][par[b][j]] + 1 for j in nodes])[1:, 1:]
-                n = s.num_tokens
+                n = s.num_tokens + self.position_shift
                 new = [a for a, j in enumerate(nodes) if dep[b][j] == d]
                 chunks.append((s, [tok[b][j] for j in nodes], [n - 1 + dep[b][j] for j in nodes],
                                list(range(n, n + len(nodes))), mask, new))

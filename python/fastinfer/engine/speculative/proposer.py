@@ -14,14 +14,16 @@ draft's recomputation too.
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Sequence as Seq
 
 from ..block_manager import BlockManager
 from ..config import SpeculativeConfig
 from ..scheduler import SchedulerOutput, SpecPlan
 from ..sequence import Sequence
+from .trees import Path
 
-__all__ = ["Proposer", "DraftModelProposer", "speculation_supported"]
+__all__ = ["Proposer", "DraftModelProposer", "StaticTreeProposer", "EagleProposer", "make_proposer",
+           "speculation_supported"]
 
 
 def speculation_supported(params) -> bool:
@@ -63,9 +65,9 @@ class DraftModelProposer(Proposer):
 
     def __init__(self, config: SpeculativeConfig, block_manager: BlockManager, max_model_len: int):
         self.mode = config.mode
-        self.k = int(config.num_tokens)
+        self.k = int(config.num_tokens or 0)
         self.topk = int(config.tree_topk)
-        self.depth = int(config.tree_depth)
+        self.depth = int(config.tree_depth or 0)
         self.bm = block_manager
         self.max_model_len = max_model_len
         self._computed: Dict[int, int] = {}  # seq_id -> leading tokens with draft K/V
@@ -88,10 +90,14 @@ class DraftModelProposer(Proposer):
         size = min(self.k if self.mode == "chain" else self.depth, left - 1)
         if size < 1:
             return None
-        span = size + 1 if self.mode == "chain" else max(self.k + 1, self.topk * (size - 1) + 1)
+        span = self._span(size)
         if seq.num_computed_tokens + span > self.max_model_len:
             return None
         return SpecPlan(size, span)
+
+    def _span(self, size: int) -> int:
+        """KV slots of a draft of ``size`` (chain length / tree depth), its root included."""
+        return size + 1 if self.mode == "chain" else max(self.k + 1, self.topk * (size - 1) + 1)
 
     # ---- draft-KV state ---------------------------------------------------------------------------
     def draft_computed(self, seq: Sequence) -> int:
@@ -153,3 +159,37 @@ class DraftModelProposer(Proposer):
             "spec_depth_reached": list(self.depth_reached),
             "spec_depth_offered": list(self.depth_offered),
         }
+
+
+class StaticTreeProposer(DraftModelProposer):
+    """Plans for draft heads with a static tree of ``paths`` (Medusa): the tree cut at the depth
+    the sequence may still generate; the drafter keeps no KV of its own."""
+
+    def __init__(self, config: SpeculativeConfig, block_manager: BlockManager, max_model_len: int,
+                 paths: Seq[Path]):
+        super().__init__(config, block_manager, max_model_len)
+        self.paths = list(paths)
+        self.depth = max(len(p) for p in self.paths)
+        self.mode = "tree"  # plan() cuts the tree at the depth the sequence may still generate
+
+    def _span(self, size: int) -> int:
+        return 1 + sum(len(q) <= size for q in self.paths)
+
+
+class EagleProposer(DraftModelProposer):
+    """An EAGLE head's rows pair each token's feature with the NEXT token, so the last row of a
+    prefix-cache hit's blocks is recomputed (the token after the hit may differ)."""
+
+    def on_schedule(self, out: SchedulerOutput) -> None:
+        super().on_schedule(out)
+        for seq in out.admitted:
+            self._computed[seq.seq_id] = max(0, self._computed[seq.seq_id] - 1)
+
+
+def make_proposer(config: SpeculativeConfig, block_manager: BlockManager, max_model_len: int,
+                  drafter) -> DraftModelProposer:
+    """The core-side proposer of ``config.method`` (``drafter``: the executor's, for its tree)."""
+    if config.method in ("draft", "eagle"):
+        cls = DraftModelProposer if config.method == "draft" else EagleProposer
+        return cls(config, block_manager, max_model_len)
+    return StaticTreeProposer(config, block_manager, max_model_len, drafter.paths)

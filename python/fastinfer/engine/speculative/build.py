@@ -1,0 +1,57 @@
+"""The executor's drafter for each ``spec_method``, and the KV slots of a forward plan's rows."""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+from ...layers import slot_of
+from .drafter import Drafter, DraftModelDrafter
+
+__all__ = ["build_drafter", "load_eagle_head", "plan_slots"]
+
+
+def load_eagle_head(spec, target):
+    """The EAGLE head of ``spec`` (a directory, or an already built ``EagleDraftModel``)."""
+    from .eagle import EagleDraftModel, load_eagle
+
+    head = spec.draft_model
+    if isinstance(head, str):
+        return load_eagle(head, target)
+    if not isinstance(head, EagleDraftModel):
+        raise ValueError(f"spec_model for spec_method='eagle' must be an EAGLE directory or EagleDraftModel, "
+                         f"got {type(head).__name__}")
+    return head
+
+
+def build_drafter(spec, target, draft_model, num_kv_blocks: int, block_size: int, device: torch.device,
+                  max_num_batched_tokens: int) -> Drafter:
+    """``draft_model``: the loaded draft model / EAGLE head (None for Medusa); its KV pool is
+    allocated here, with the target's block count."""
+    if spec.method == "medusa":
+        from .medusa import build_medusa_drafter
+
+        return build_medusa_drafter(spec, target, device)
+    kv = draft_model.allocate_kv_cache(num_kv_blocks, block_size)
+    args = (draft_model, kv, block_size, device, spec.mode, spec.num_tokens, spec.tree_topk, max_num_batched_tokens)
+    if spec.method == "eagle":
+        from .eagle import EagleDrafter
+
+        return EagleDrafter(*args, num_kv_blocks)
+    return DraftModelDrafter(*args)
+
+
+def plan_slots(plan, block_size: int) -> List[int]:
+    """The KV slot of every row of a :class:`~..model_runner.ForwardPlan`'s batch, in batch order
+    (chunks, decodes, trees)."""
+    out: List[int] = []
+    for c in plan.chunks:
+        t = plan.tables[c.seq_id]
+        out += [slot_of(t, c.start + i, block_size) for i in range(len(c.tokens))]
+    for sid, _, p in plan.decodes:
+        out.append(slot_of(plan.tables[sid], p, block_size))
+    for c in plan.trees:
+        t = plan.tables[c.seq_id]
+        out += [slot_of(t, c.start + i, block_size) for i in range(len(c.tokens))]
+    return out

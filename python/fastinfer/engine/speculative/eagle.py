@@ -1,0 +1,212 @@
+"""EAGLE draft heads (Li et al. 2024, https://arxiv.org/abs/2401.15077; EAGLE-2's dynamic tree,
+https://arxiv.org/abs/2406.16858): one Llama decoder layer that predicts the target's next feature.
+
+Row ``p`` of the draft pairs the target's final-normed hidden state ``f_p`` (the feature that
+predicted token ``t_{p+1}``) with that token: input ``fc([embed(t_{p+1}); f_p])`` (``fc``: 2H -> H),
+one decoder layer (no input norm in the EAGLE-1 layout; residual added), output ``g_{p+1}``, a guess
+of ``f_{p+1}``; the target's ``lm_head(g_{p+1})`` is the draft distribution of ``t_{p+2}``. The
+embedding and ``lm_head`` are the target's. Rows are at cache position (and rotary position) p in
+the draft's own paged KV pool (the target's block ids), so with committed ``t_0 .. t_{n-1}`` the
+catch-up computes rows up to ``n - 2`` (the root's); a drafted token at depth i then sits at row
+``n - 2 + i`` with the parent's output as its feature. Drafting (chain, EAGLE-2 tree) is the draft
+model's (:class:`.drafter.DraftModelDrafter`), one row earlier; draft rows built on guessed features
+are never kept: after a verification the catch-up recomputes the accepted tokens' rows from the
+target's true features.
+
+The target's features of every computed token live in a feature pool indexed by KV slot (the
+executor hands every row's hidden state over; verification compacts the pool like the KV), so a
+prefix-cache hit or a preempted sequence finds its features again.
+
+Layout (directory with ``config.json``: a Llama config of the draft layer, and ``model.safetensors``;
+the EAGLE repository, SafeAILab/EAGLE ``model/cnets.py``, for Llama targets): ``fc.weight [H, 2H]``
+(``fc.bias`` optional), ``layers.0.self_attn.{q,k,v,o}_proj.weight``,
+``layers.0.mlp.{gate,up,down}_proj.weight``, ``layers.0.post_attention_layernorm.weight``,
+optionally ``layers.0.input_layernorm.weight`` and ``embed_tokens.weight`` (ignored: the target's);
+the same names under ``model.`` (vLLM / SGLang). Anything else is an error naming the tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ...layers import BatchBuilder, TensorDictReader, slot_of
+from ...layers.weights import CheckpointModule
+from ...models.config import ModelConfig
+from ...models.llama import LlamaDecoderLayer
+from ..sequence import Sequence
+from .drafter import Draft, DraftModelDrafter, _Chunk
+
+Tensor = torch.Tensor
+
+__all__ = ["EagleDraftModel", "EagleDrafter", "load_eagle"]
+
+
+class EagleDraftModel(torch.nn.Module):
+    """``fc`` + one decoder layer, on the target's embedding and lm_head."""
+
+    def __init__(self, target, layer: LlamaDecoderLayer, fc_weight: Tensor, fc_bias: Optional[Tensor]):
+        super().__init__()
+        self.__dict__["target"] = target  # not a submodule: the target is not the draft's to own
+        self.layer = layer
+        self.fc_weight, self.fc_bias = fc_weight, fc_bias
+        self.dtype, self.device, self.ops = target.dtype, target.device, target.ops
+        self.hidden_size = int(target.config.hidden_size)
+
+    def kv_cache_bytes_per_block(self, block_size: int) -> int:
+        """The layer's K and V plus the feature pool's rows (both indexed by the target's blocks)."""
+        el = torch.empty((), dtype=self.dtype).element_size()
+        return block_size * (2 * self.layer.num_kv_heads * self.layer.head_dim + self.hidden_size) * el
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> List[Tuple[Tensor, Tensor]]:
+        shape = (int(num_blocks), int(block_size), self.layer.num_kv_heads, self.layer.head_dim)
+        return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                 torch.zeros(shape, dtype=self.dtype, device=self.device))]
+
+    def forward(self, batch, kv_caches, features: Tensor) -> Tuple[Tensor, Tensor]:
+        """float32 logits and output features ``g`` of the batch's logits rows; ``features [T, H]``."""
+        e = self.target.embed_tokens(batch.input_ids)
+        x = F.linear(torch.cat([e, features.to(e.dtype)], dim=-1), self.fc_weight, self.fc_bias)
+        y, res = self.layer(x, None, batch, kv_caches[0], self.target.cos_sin_cache)
+        g = (y + res).index_select(0, batch.logits_indices)
+        return self.target.compute_logits(g), g
+
+
+def load_eagle(path: str, target) -> EagleDraftModel:
+    """The EAGLE head in directory ``path`` for ``target`` (see the module docstring)."""
+    cfg_file = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_file):
+        raise ValueError(f"EAGLE directory {path!r} has no config.json")
+    with open(cfg_file, "r", encoding="utf-8") as f:
+        d = json.load(f)
+    d = dict(d, num_hidden_layers=1, architectures=["LlamaForCausalLM"])
+    cfg = ModelConfig.from_dict(d)
+    tc = target.config
+    for key in ("hidden_size", "vocab_size"):
+        if getattr(cfg, key) != getattr(tc, key):
+            raise ValueError(f"{path}: the EAGLE head has {key}={getattr(cfg, key)}, the target {getattr(tc, key)}")
+    wfile = os.path.join(path, "model.safetensors")
+    if not os.path.isfile(wfile):
+        pickles = sorted(f for f in os.listdir(path) if f.endswith((".pt", ".bin", ".pth")))
+        hint = f" (only pickles: {', '.join(pickles)}; convert them to safetensors)" if pickles else ""
+        raise ValueError(f"no model.safetensors in {path!r}{hint}")
+    from safetensors.torch import load_file
+
+    raw = load_file(wfile)
+    tensors = {n if n.startswith("model.") else "model." + n: t for n, t in raw.items()}
+    reader = TensorDictReader(tensors, repr(wfile))
+    layer = LlamaDecoderLayer(cfg, 0, dtype=target.dtype, device=target.device, ops=target.ops, quant_config=None)
+    has_norm = reader.has("model.layers.0.input_layernorm.weight")
+    if not has_norm:  # EAGLE-1 / EAGLE-2: the first layer takes fc's output as it is
+        layer.input_layernorm = torch.nn.Identity()
+    for m in layer.modules():
+        if isinstance(m, CheckpointModule):
+            m.load_from(reader)
+    H = int(tc.hidden_size)
+    fc_w = reader.get_float("model.fc.weight", (H, 2 * H)).to(target.device, target.dtype).contiguous()
+    fc_b = None
+    if reader.has("model.fc.bias"):
+        fc_b = reader.get_float("model.fc.bias", (H,)).to(target.device, target.dtype).contiguous()
+    if reader.has("model.embed_tokens.weight"):
+        reader.get("model.embed_tokens.weight", (int(tc.vocab_size), H))
+    unused = reader.unused()
+    if unused:
+        raise ValueError(f"unexpected tensors in EAGLE checkpoint {wfile!r}: {', '.join(sorted(unused)[:5])}")
+    return EagleDraftModel(target, layer, fc_w, fc_b)
+
+
+class EagleDrafter(DraftModelDrafter):
+    """:class:`.drafter.DraftModelDrafter`'s chain / tree drafting, with EAGLE's rows (module docstring)."""
+
+    wants_hidden_states = "all"
+    position_shift = -1  # a token's draft row is one before its position
+
+    def __init__(self, model: EagleDraftModel, kv_caches, block_size: int, device, mode: str, num_tokens: int,
+                 tree_topk: int, max_num_batched_tokens: int, num_blocks: int):
+        super().__init__(model, kv_caches, block_size, device, mode, num_tokens, tree_topk, max_num_batched_tokens)
+        self.features = torch.zeros(num_blocks * block_size, model.hidden_size, dtype=model.dtype, device=device)
+        self._out: Dict[Tuple[int, int], Tensor] = {}  # (seq_id, row) -> output feature, this propose()
+
+    # ---- the target's features --------------------------------------------------------------------
+    def observe_slot_hidden_states(self, slots: List[int], hidden: Tensor) -> None:
+        self.features[torch.tensor(slots, device=self.features.device)] = hidden.to(self.features.dtype)
+
+    def on_verified(self, drafts: List[Draft]) -> None:
+        src, dst = [], []
+        for d in drafts:  # the accepted nodes' features go where their K/V goes
+            start = d.seq.num_computed_tokens
+            for j, a in enumerate(d.path[1:], 1):
+                if a != j:
+                    src.append(slot_of(d.seq.block_table, start + a, self.block_size))
+                    dst.append(slot_of(d.seq.block_table, start + j, self.block_size))
+        if src:
+            dev = self.features.device
+            self.features[torch.tensor(dst, device=dev)] = self.features[torch.tensor(src, device=dev)].clone()
+
+    # ---- forwards ---------------------------------------------------------------------------------
+    def _forward(self, chunks: List[_Chunk], decodes: List[Tuple[Sequence, int, int]],
+                 feats: Optional[List[Tensor]] = None) -> Tensor:
+        """A draft forward; each row's feature is ``feats`` (catch-up) or its parent row's output."""
+        b = BatchBuilder(self.block_size, self.device)
+        rows_f: List[Tensor] = []
+        keys: List[Tuple[int, int]] = []
+        for ci, (seq, toks, rpos, spos, mask, rows) in enumerate(chunks):
+            b.prefill(toks, spos[0], seq.block_table, positions=rpos, slot_positions=spos, mask=mask, logits=rows)
+            if feats is not None:
+                rows_f.append(feats[ci])
+            else:
+                for a in range(len(toks)):  # parent: the ancestor one level up, else the root's row
+                    par = [j for j in range(len(toks)) if j != a and bool(mask[a, j]) and rpos[j] == rpos[a] - 1]
+                    rows_f.append(self._out[(seq.seq_id, spos[par[0]] if par else seq.num_tokens - 2)][None])
+            keys += [(seq.seq_id, spos[r]) for r in rows]
+        for seq, tok, p in decodes:
+            b.decode(tok, p, seq.block_table)
+            rows_f.append(self._out[(seq.seq_id, p - 1)][None])
+            keys.append((seq.seq_id, p))
+        self.num_draft_forwards += 1
+        logits, g = self.model(b.build(), self.kv_caches, torch.cat(rows_f))
+        for k, row in zip(keys, g):
+            self._out[k] = row
+        return logits
+
+    def _catch_up(self, seqs: List[Sequence], computed: List[int]) -> Tensor:
+        """Rows ``computed .. n - 2`` of every sequence from the target's features; logits at n - 2."""
+        self._out.clear()
+        computed = list(computed)
+        root: Dict[int, Tensor] = {}
+        pending = list(range(len(seqs)))
+        while pending:
+            chunks, feats, budget, with_logits = [], [], self.max_chunk, []
+            for i in pending:
+                s, c = seqs[i], computed[i]
+                if s.num_tokens - 1 - c <= 0:
+                    raise RuntimeError(f"EAGLE catch-up: sequence {s.seq_id} has draft rows for {c} of "
+                                       f"{s.num_tokens - 1} tokens (at most n - 2 may be computed before a step)")
+                take = min(s.num_tokens - 1 - c, budget)
+                if take <= 0:
+                    break
+                last = c + take == s.num_tokens - 1
+                pos = list(range(c, c + take))
+                chunks.append((s, s.token_ids[c + 1:c + 1 + take], pos, pos, None, [take - 1] if last else []))
+                slots = torch.tensor([slot_of(s.block_table, p, self.block_size) for p in pos], device=self.device)
+                feats.append(self.features[slots])
+                computed[i] += take
+                budget -= take
+                if last:
+                    with_logits.append(i)
+            logits = self._forward(chunks, [], feats)
+            for r, i in enumerate(with_logits):
+                root[i] = logits[r]
+            pending = [i for i in pending if i not in root]
+        return torch.stack([root[i] for i in range(len(seqs))])
+
+    def propose(self, items, gens) -> List[Draft]:
+        drafts = super().propose(items, gens)
+        for d in drafts:  # rows on guessed features are scratch: the catch-up redoes accepted ones
+            d.fed = [-1] * d.num_nodes
+            d.draft_computed = d.seq.num_tokens - 1
+        return drafts

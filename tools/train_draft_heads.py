@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""Train Medusa heads and an EAGLE head for the shipped tiny model, on CPU, in minutes.
+
+Produces, under --out (normally python/fastinfer/assets):
+
+  tiny-llama-medusa/  Medusa heads, vLLM layout (config.json: model_type "medusa", num_heads,
+                      num_hidden_layers, medusa_fc_bias, original_lm_head; model.safetensors)
+  tiny-llama-eagle/   EAGLE head, the EAGLE repository's layout (config.json: a one-layer Llama
+                      config; model.safetensors: fc.*, layers.0.*)
+
+The target (python/fastinfer/assets/tiny-llama) stays frozen; its final-normed hidden states and
+logits on the training corpus of tools/train_tiny_models.py (the CPython standard library, the
+same held-out files excluded) are the features and the soft labels (self-distillation: the heads
+learn what the target would say, which is what verification accepts).
+
+* Medusa head i at position p: ``num_layers`` blocks ``x + SiLU(W x + b)`` on ``f_p``, then the
+  projection, shared by the heads and frozen to the target's lm_head (``original_lm_head``: a small
+  asset); loss: cross-entropy against the target's distribution at position ``p + i + 1``.
+* EAGLE at row p: ``fc([embed(t_{p+1}); f_p])`` then one Llama decoder layer (input norm kept,
+  residual added, causal attention, RoPE at position p), output ``g``; loss: smooth-L1(g, f_{p+1})
+  + 0.1 * cross-entropy of ``lm_head(g)`` against the target's distribution at p + 1 (EAGLE's).
+
+Usage:
+  python tools/train_draft_heads.py --out python/fastinfer/assets [--minutes-medusa 3 --minutes-eagle 5]
+  python tools/train_draft_heads.py --out /tmp/heads --smoke       # seconds: a few steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train_tiny_models as ttm  # noqa: E402  (the corpus and packing of the shipped models)
+
+CONTEXT = 128
+MEDUSA_HEADS, MEDUSA_LAYERS = 3, 1
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def load_target(path: str):
+    from transformers import LlamaForCausalLM
+
+    m = LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    m.eval()
+    for p in m.parameters():
+        p.requires_grad_(False)
+    return m
+
+
+@torch.no_grad()
+def features(target, x: torch.Tensor):
+    """Final-normed hidden states [B, T, H] and log-probabilities [B, T, V] of the target."""
+    h = target.model(input_ids=x).last_hidden_state
+    return h, torch.log_softmax(target.lm_head(h), dim=-1)
+
+
+def soft_ce(logits: torch.Tensor, target_logp: torch.Tensor) -> torch.Tensor:
+    return -(target_logp.exp() * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+
+
+# ------------------------------------------------------------------------------------- Medusa
+
+class Medusa(torch.nn.Module):
+    def __init__(self, H: int):
+        super().__init__()
+        n = MEDUSA_HEADS * MEDUSA_LAYERS  # zero blocks: every head starts as the identity
+        self.w = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(H, H)) for _ in range(n)])
+        self.b = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(H)) for _ in range(n)])
+
+    def forward(self, h: torch.Tensor, i: int) -> torch.Tensor:
+        for j in range(MEDUSA_LAYERS):
+            k = i * MEDUSA_LAYERS + j
+            h = h + F.silu(F.linear(h, self.w[k], self.b[k]))
+        return h
+
+
+def medusa_loss(model, lm, h, logp):
+    loss = 0.0
+    for i in range(MEDUSA_HEADS):  # head i at p predicts the token at p + i + 2: target's view at p + i + 1
+        T = h.shape[1] - (i + 1)
+        loss = loss + soft_ce(lm(model(h[:, :T], i)), logp[:, i + 1:i + 1 + T]) * (0.8 ** i)
+    return loss
+
+
+def save_medusa(model, lm_weight: torch.Tensor, H: int, V: int, d: Path) -> None:
+    from safetensors.torch import save_file
+
+    d.mkdir(parents=True, exist_ok=True)
+    sd = {}
+    for i in range(MEDUSA_HEADS):
+        for j in range(MEDUSA_LAYERS):
+            k = i * MEDUSA_LAYERS + j
+            sd[f"blocks.{i}.layers.{j}.weight"] = model.w[k].detach().to(torch.bfloat16).contiguous()
+            sd[f"blocks.{i}.layers.{j}.bias"] = model.b[k].detach().to(torch.bfloat16).contiguous()
+    sd["lm_heads.0.weight"] = lm_weight.detach().to(torch.bfloat16).contiguous()
+    save_file(sd, str(d / "model.safetensors"))
+    cfg = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": H, "vocab_size": V,
+           "num_heads": MEDUSA_HEADS, "num_hidden_layers": MEDUSA_LAYERS, "medusa_fc_bias": True,
+           "original_lm_head": True, "truncated_vocab_size": V}
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+# -------------------------------------------------------------------------------------- EAGLE
+
+def rope(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """Llama's rotary embedding (rotate-half convention) of x [B, heads, T, D] at positions 0..T-1."""
+    D, T = x.shape[-1], x.shape[-2]
+    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    ang = torch.arange(T, dtype=torch.float32)[:, None] * inv[None]
+    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+    x1, x2 = x[..., : D // 2], x[..., D // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class Eagle(torch.nn.Module):
+    """fc + one Llama decoder layer (HF Llama names: the EAGLE layout)."""
+
+    def __init__(self, c):
+        super().__init__()
+        H, F_, D = c.hidden_size, c.intermediate_size, c.head_dim
+        self.nh, self.nkv, self.D, self.eps, self.theta = c.num_attention_heads, c.num_key_value_heads, D, \
+            c.rms_norm_eps, float(getattr(c, "rope_theta", 10000.0))
+        lin = lambda i, o: torch.randn(o, i) * (0.5 / math.sqrt(i))  # noqa: E731
+        # starts as g = f_p (o_proj, down_proj zero: the layer adds nothing yet)
+        init = {
+            "fc.weight": torch.cat([torch.zeros(H, H), torch.eye(H)], 1),
+            "fc.bias": torch.zeros(H),
+            "layers.0.input_layernorm.weight": torch.ones(H),
+            "layers.0.self_attn.q_proj.weight": lin(H, self.nh * D),
+            "layers.0.self_attn.k_proj.weight": lin(H, self.nkv * D),
+            "layers.0.self_attn.v_proj.weight": lin(H, self.nkv * D),
+            "layers.0.self_attn.o_proj.weight": torch.zeros(H, self.nh * D),
+            "layers.0.post_attention_layernorm.weight": torch.ones(H),
+            "layers.0.mlp.gate_proj.weight": lin(H, F_),
+            "layers.0.mlp.up_proj.weight": lin(H, F_),
+            "layers.0.mlp.down_proj.weight": torch.zeros(H, F_),
+        }
+        self.p = torch.nn.ParameterDict({k.replace(".", "__"): torch.nn.Parameter(v) for k, v in init.items()})
+
+    def w(self, name: str) -> torch.Tensor:
+        return self.p[name.replace(".", "__")]
+
+    def norm(self, x, name):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.w(name)
+
+    def forward(self, e: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        """Rows [B, T]: token embeddings e (of t_{p+1}) and features f (f_p) -> outputs g (~f_{p+1})."""
+        x = F.linear(torch.cat([e, f], -1), self.w("fc.weight"), self.w("fc.bias"))
+        B, T, _ = x.shape
+        h = self.norm(x, "layers.0.input_layernorm.weight")
+        q = F.linear(h, self.w("layers.0.self_attn.q_proj.weight")).view(B, T, self.nh, self.D).transpose(1, 2)
+        k = F.linear(h, self.w("layers.0.self_attn.k_proj.weight")).view(B, T, self.nkv, self.D).transpose(1, 2)
+        v = F.linear(h, self.w("layers.0.self_attn.v_proj.weight")).view(B, T, self.nkv, self.D).transpose(1, 2)
+        q, k = rope(q, self.theta), rope(k, self.theta)
+        rep = self.nh // self.nkv
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
+        x = x + F.linear(a, self.w("layers.0.self_attn.o_proj.weight"))
+        h = self.norm(x, "layers.0.post_attention_layernorm.weight")
+        m = F.silu(F.linear(h, self.w("layers.0.mlp.gate_proj.weight"))) \
+            * F.linear(h, self.w("layers.0.mlp.up_proj.weight"))
+        return x + F.linear(m, self.w("layers.0.mlp.down_proj.weight"))
+
+
+def eagle_loss(model, target, x, h, logp):
+    e = target.model.embed_tokens(x[:, 1:])  # t_{p+1} for rows p = 0 .. T-2
+    g = model(e, h[:, :-1])
+    feat = F.smooth_l1_loss(g, h[:, 1:])
+    return feat + 0.1 * soft_ce(target.lm_head(g), logp[:, 1:])
+
+
+def save_eagle(model, target_dir: str, d: Path) -> None:
+    from safetensors.torch import save_file
+
+    d.mkdir(parents=True, exist_ok=True)
+    sd = {k.replace("__", "."): v.detach().to(torch.bfloat16).contiguous() for k, v in model.p.items()}
+    save_file(sd, str(d / "model.safetensors"))
+    cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    cfg["num_hidden_layers"] = 1
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+# -------------------------------------------------------------------------------------- train
+
+def train(name, model, loss_fn, batches, minutes, max_steps, lr):
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    t0, step, avg = time.time(), 0, None
+    budget = minutes * 60.0
+    while step < max_steps:
+        frac = max(step / max_steps, (time.time() - t0) / budget)
+        if frac >= 1.0:
+            break
+        for gr in opt.param_groups:
+            gr["lr"] = lr * min(1.0, (step + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        loss = loss_fn(*next(batches))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        lv = float(loss.detach())
+        avg = lv if avg is None else 0.95 * avg + 0.05 * lv
+        step += 1
+        if step % 50 == 0:
+            log(f"{name}: step {step}, loss {avg:.4f}, {time.time() - t0:.0f} s")
+    log(f"{name}: {step} steps, final loss {avg:.4f}, {time.time() - t0:.0f} s")
+    return {"steps": step, "final_loss": round(avg, 4), "seconds": round(time.time() - t0, 1)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--target", default=str(Path(__file__).resolve().parents[1] / "python/fastinfer/assets/tiny-llama"),
+                    help="the frozen target checkpoint (default: the shipped tiny-llama)")
+    ap.add_argument("--minutes-medusa", type=float, default=3.0)
+    ap.add_argument("--minutes-eagle", type=float, default=5.0)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--stdlib", type=Path, default=Path(sysconfig.get_paths()["stdlib"]))
+    ap.add_argument("--smoke", action="store_true", help="a few steps on a small corpus")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(args.target) / "tokenizer.json"))
+    train_files, _ = ttm.load_corpus(args.stdlib, args.smoke)
+    stream = ttm.pack(tok, train_files)
+    log(f"corpus: {len(train_files)} files, {len(stream):,} tokens")
+    target = load_target(args.target)
+    c = target.config
+    H, V = c.hidden_size, c.vocab_size
+    g = torch.Generator().manual_seed(args.seed)
+
+    def batches():
+        while True:
+            starts = torch.randint(0, len(stream) - CONTEXT - 1, (args.batch,), generator=g)
+            x = torch.stack([stream[s:s + CONTEXT] for s in starts.tolist()])
+            h, logp = features(target, x)
+            yield x, h, logp
+
+    max_steps = 5 if args.smoke else 10 ** 9
+    meta = {"command": "python tools/train_draft_heads.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "target": "tiny-llama", "context": CONTEXT, "batch": args.batch, "seed": args.seed}
+    medusa = Medusa(H)
+    it = batches()
+    meta["medusa"] = train("medusa", medusa, lambda x, h, lp: medusa_loss(medusa, target.lm_head, h, lp),
+                           it, args.minutes_medusa, max_steps, 1e-3)
+    save_medusa(medusa, target.lm_head.weight, H, V, args.out / "tiny-llama-medusa")
+    eagle = Eagle(c)
+    meta["eagle"] = train("eagle", eagle, lambda x, h, lp: eagle_loss(eagle, target, x, h, lp),
+                          it, args.minutes_eagle, max_steps, 1e-3)
+    save_eagle(eagle, args.target, args.out / "tiny-llama-eagle")
+    (args.out / "draft_heads.json").write_text(json.dumps(meta, indent=2) + "\n")
+    log(f"wrote {args.out / 'tiny-llama-medusa'} and {args.out / 'tiny-llama-eagle'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
