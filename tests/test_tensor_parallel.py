@@ -29,6 +29,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+import fastinfer  # noqa: E402
 from fastinfer import LLM, SamplingParams  # noqa: E402
 from fastinfer.engine.model_runner import Chunk, ForwardPlan  # noqa: E402
 from fastinfer.engine.workers import TensorParallelError  # noqa: E402
@@ -46,6 +47,13 @@ CASES = {
     "qwen2": ("qwen2", dict(tie_word_embeddings=True, use_sliding_window=True, sliding_window=40,
                             max_window_layers=1)),  # qkv bias, tied
 }
+
+
+def _pythonpath() -> str:
+    """PYTHONPATH for a child process: the directory of the fastinfer this test imported (the
+    installed wheel in a clean clone, python/ in a development tree), then the caller's."""
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(fastinfer.__file__)))
+    return os.pathsep.join([pkg_root, os.environ.get("PYTHONPATH", "")])
 
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")  # rank 0; each worker gets cores // 2
@@ -341,7 +349,7 @@ def test_workers_exit_when_rank0_is_killed(tmp_path):
             "    time.sleep(120)\n")
     script = tmp_path / "rank0.py"
     script.write_text(code)
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    env = dict(os.environ, PYTHONPATH=_pythonpath())
     p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         line = p.stdout.readline()
@@ -437,7 +445,7 @@ def test_torchrun_two_processes(tmp_path):
     if not os.path.exists(torchrun):
         pytest.skip("torchrun is not installed next to the interpreter")
     prompt = "def fibonacci(n):"
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1", FASTINFER_TP_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=_pythonpath(), OMP_NUM_THREADS="1", FASTINFER_TP_THREADS="1")
     cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "0", "-m", "fastinfer",
            "generate", "--prompt", prompt, "--max-tokens", "10", "--json", "--ignore-eos"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=str(tmp_path))
