@@ -367,6 +367,19 @@ class _QuantizedMethod(LinearMethod):
         return [_shard(layer, i, p) for i, p in enumerate(parts)] if layer.is_sharded else parts
 
 
+def _register_per_channel(layer: Linear, parts: List[_Stored], static_input_scale: bool) -> None:
+    """The buffers of a per-output-channel W8A8 layer (fp8 or int8): ``weight [N, K]`` and
+    ``weight_scale [N]`` of the fused parts, and with static activations ``input_scale [1]``, the
+    largest of the parts' (vLLM's rule: the fused projections see the same input)."""
+    w = torch.cat([p.data[0] for p in parts], dim=0).to(layer.device).contiguous()
+    s = torch.cat([p.data[1] for p in parts], dim=0).to(layer.device).contiguous()
+    layer.register_buffer("weight", w, persistent=False)
+    layer.register_buffer("weight_scale", s, persistent=False)
+    if static_input_scale:
+        xs = torch.stack([p.data[2].reshape(()) for p in parts]).amax().reshape(1)
+        layer.register_buffer("input_scale", xs.to(layer.device).contiguous(), persistent=False)
+
+
 class Fp8LinearMethod(_QuantizedMethod):
     """W8A8: ``fp8_scaled_mm(x_e4m3, W_e4m3, s_x, s_w)`` (+ bias), out dtype = x's.
 
@@ -389,15 +402,8 @@ class Fp8LinearMethod(_QuantizedMethod):
 
     def load_weights(self, layer: Linear, reader: WeightReader) -> None:
         parts = self._read_parts(layer, reader)
-        if parts is None:
-            return
-        w = torch.cat([p.data[0] for p in parts], dim=0).to(layer.device).contiguous()
-        s = torch.cat([p.data[1] for p in parts], dim=0).to(layer.device).contiguous()
-        layer.register_buffer("weight", w, persistent=False)
-        layer.register_buffer("weight_scale", s, persistent=False)
-        if self.activation == "static":
-            xs = torch.stack([p.data[2].reshape(()) for p in parts]).amax().reshape(1)
-            layer.register_buffer("input_scale", xs.to(layer.device).contiguous(), persistent=False)
+        if parts is not None:
+            _register_per_channel(layer, parts, static_input_scale=self.activation == "static")
 
     def apply(self, layer: Linear, x: Tensor, bias: Optional[Tensor]) -> Tensor:
         lead = x.shape[:-1]
@@ -513,15 +519,9 @@ class Int8LinearMethod(_QuantizedMethod):
         parts = self._read_parts(layer, reader)
         if parts is None:
             return
-        w = torch.cat([p.data[0] for p in parts], dim=0).to(layer.device).contiguous()
-        s = torch.cat([p.data[1] for p in parts], dim=0).to(layer.device).contiguous()
-        layer.register_buffer("weight", w, persistent=False)
-        layer.register_buffer("weight_scale", s, persistent=False)
-        if self.activation == "static":
-            xs = torch.stack([p.data[2].reshape(()) for p in parts]).amax().reshape(1)
-            layer.register_buffer("input_scale", xs.to(layer.device).contiguous(), persistent=False)
+        _register_per_channel(layer, parts, static_input_scale=self.activation == "static")
         if self.activation == "token-asym":
-            layer.register_buffer("azp_adj", int8_azp_adj(w).contiguous(), persistent=False)
+            layer.register_buffer("azp_adj", int8_azp_adj(layer.weight).contiguous(), persistent=False)
         smooth = [p.data[3] for p in parts]
         if any(x is not None for x in smooth):
             if any(x is None or not torch.equal(x, smooth[0]) for x in smooth):
