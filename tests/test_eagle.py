@@ -16,7 +16,6 @@ whose first instance has no ``input_layernorm``; the target's embedding and lm_h
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -30,7 +29,7 @@ from fastinfer.engine.speculative.eagle import load_eagle
 from fastinfer.layers import BatchBuilder
 from fastinfer.layers.weights import CheckpointModule
 from test_spec_decode import (GREEDY, _assert_no_leak, _exact_marginals, _gather, _gof_pvalue, _save_llama,
-                              _two_sample_pvalue)
+                              _two_sample_pvalue, mixed_batch_workload)
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -110,25 +109,7 @@ def test_greedy_identical_shipped_model(shipped_head, mode):
 @pytest.mark.parametrize("mode,k,topk,depth", [("chain", 3, 2, None), ("tree", 6, 2, 4)])
 def test_greedy_identical_batch_with_preemption(target, mode, k, topk, depth):
     tgt, head, _ = target
-    rng = random.Random(3)
-    shared = [rng.randrange(3, 300) for _ in range(35)]
-    prompts, params = [], []
-    for i in range(20):
-        body = [rng.randrange(3, 300) for _ in range(rng.randint(1, 30))]
-        prompts.append(shared + body if i % 3 == 0 else body)
-        kw = dict(GREEDY)
-        if i % 4 == 1:
-            kw["speculative"] = False
-        if i % 7 == 3:
-            kw["n"] = 2
-        params.append(SamplingParams(max_tokens=rng.randint(2, 30), **kw))
-    base = LLM(tgt, num_kv_blocks=256, seed=0)
-    free_run = base.generate(prompts, params)
-    for i in range(2, len(prompts), 5):
-        toks = free_run[i].outputs[0].token_ids
-        if len(toks) >= 4:
-            params[i] = dataclasses.replace(params[i], ignore_eos=False, stop_token_ids=[toks[len(toks) // 2]])
-    ref = base.generate(prompts, params)
+    prompts, params, ref = mixed_batch_workload(tgt)
     llm = LLM(tgt, spec_method="eagle", spec_model=head, spec_mode=mode, num_spec_tokens=k, spec_tree_topk=topk,
               spec_tree_depth=depth, num_kv_blocks=24, max_num_seqs=16, max_num_batched_tokens=96, seed=0)
     outs = llm.generate(prompts, params)

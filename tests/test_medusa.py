@@ -17,10 +17,8 @@ with ``ResBlock.linear = Linear(H, H)``, so ``medusa_head.{i}.{j}.linear.weight/
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import random
 
 import pytest
 import torch
@@ -30,7 +28,8 @@ from fastinfer.engine import LLM, SamplingParams, default_model_path
 from fastinfer.engine.speculative.medusa import load_medusa_heads
 from fastinfer.engine.speculative.trees import DEFAULT_MEDUSA_TREE, check_tree, tree_structure
 from model_helpers import make_forward_batch
-from test_spec_decode import GREEDY, _assert_no_leak, _exact_marginals, _gof_pvalue, _save_llama, _two_sample_pvalue
+from test_spec_decode import (GREEDY, _assert_no_leak, _exact_marginals, _gof_pvalue, _save_llama, _two_sample_pvalue,
+                              mixed_batch_workload)
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -136,25 +135,7 @@ def test_greedy_identical_shipped_model(tmp_path):
                                          ("vllm", [[0], [1], [0, 0], [0, 1], [0, 0, 0], [2]])])
 def test_greedy_identical_batch_with_preemption(target, layout, tree):
     tgt, repo, vllm, _ = target
-    rng = random.Random(3)
-    shared = [rng.randrange(3, 300) for _ in range(35)]
-    prompts, params = [], []
-    for i in range(20):
-        body = [rng.randrange(3, 300) for _ in range(rng.randint(1, 30))]
-        prompts.append(shared + body if i % 3 == 0 else body)
-        kw = dict(GREEDY)
-        if i % 4 == 1:
-            kw["speculative"] = False
-        if i % 7 == 3:
-            kw["n"] = 2
-        params.append(SamplingParams(max_tokens=rng.randint(2, 30), **kw))
-    base = LLM(tgt, num_kv_blocks=256, seed=0)
-    free_run = base.generate(prompts, params)
-    for i in range(2, len(prompts), 5):  # stop on a token emitted mid-way
-        toks = free_run[i].outputs[0].token_ids
-        if len(toks) >= 4:
-            params[i] = dataclasses.replace(params[i], ignore_eos=False, stop_token_ids=[toks[len(toks) // 2]])
-    ref = base.generate(prompts, params)
+    prompts, params, ref = mixed_batch_workload(tgt)
     kw = dict(spec_mode="chain") if tree == "chain" else dict(spec_tree=tree)
     llm = LLM(tgt, spec_method="medusa", spec_model=repo if layout == "repo" else vllm, num_kv_blocks=20,
               max_num_seqs=16, max_num_batched_tokens=96, seed=0, **kw)

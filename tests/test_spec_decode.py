@@ -61,6 +61,32 @@ def pair(tmp_path_factory):
     return tgt, dft
 
 
+def mixed_batch_workload(target: str):
+    """The mixed batch the speculative tests run: 20 greedy requests (a shared 35-token prefix on
+    every 3rd, every 4th opting out of speculation, n = 2 on some, every 5th stopping on a token its
+    greedy completion emits mid-way, and on eos), with the non-speculative target's outputs:
+    ``(prompts, params, ref)``."""
+    rng = random.Random(3)
+    shared = [rng.randrange(3, VOCAB) for _ in range(35)]
+    prompts, params = [], []
+    for i in range(20):
+        body = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 30))]
+        prompts.append(shared + body if i % 3 == 0 else body)
+        kw = dict(GREEDY)
+        if i % 4 == 1:
+            kw["speculative"] = False  # opts out: decodes normally in the same steps
+        if i % 7 == 3:
+            kw["n"] = 2
+        params.append(SamplingParams(max_tokens=rng.randint(2, 30), **kw))
+    base = LLM(target, num_kv_blocks=256, seed=0)
+    free_run = base.generate(prompts, params)
+    for i in range(2, len(prompts), 5):
+        toks = free_run[i].outputs[0].token_ids
+        if len(toks) >= 4:
+            params[i] = dataclasses.replace(params[i], ignore_eos=False, stop_token_ids=[toks[len(toks) // 2]])
+    return prompts, params, base.generate(prompts, params)
+
+
 def _assert_no_leak(llm):
     st = llm.stats()
     assert st["num_free_blocks"] == st["num_kv_blocks"], st
@@ -93,26 +119,7 @@ def test_greedy_identical_shipped_pair(mode, k):
 @pytest.mark.parametrize("mode,k,topk,depth", [("chain", 3, 2, None), ("tree", 6, 2, 4), ("tree", 5, 3, None)])
 def test_greedy_identical_mixed_batch_preemption(pair, mode, k, topk, depth):
     tgt, dft = pair
-    rng = random.Random(3)
-    shared = [rng.randrange(3, VOCAB) for _ in range(35)]
-    prompts, params = [], []
-    for i in range(20):
-        body = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 30))]
-        prompts.append(shared + body if i % 3 == 0 else body)
-        kw = dict(GREEDY)
-        if i % 4 == 1:
-            kw["speculative"] = False  # opts out: decodes normally in the same steps
-        if i % 7 == 3:
-            kw["n"] = 2
-        params.append(SamplingParams(max_tokens=rng.randint(2, 30), **kw))
-    base = LLM(tgt, num_kv_blocks=256, seed=0)
-    # every 5th request stops on a token its greedy completion emits mid-way (and on eos, id 1)
-    free_run = base.generate(prompts, params)
-    for i in range(2, len(prompts), 5):
-        toks = free_run[i].outputs[0].token_ids
-        if len(toks) >= 4:
-            params[i] = dataclasses.replace(params[i], ignore_eos=False, stop_token_ids=[toks[len(toks) // 2]])
-    ref = base.generate(prompts, params)
+    prompts, params, ref = mixed_batch_workload(tgt)
     llm = LLM(tgt, draft_model=dft, spec_mode=mode, num_spec_tokens=k, spec_tree_topk=topk, spec_tree_depth=depth,
               num_kv_blocks=24, max_num_seqs=16, max_num_batched_tokens=96, seed=0)
     outs = llm.generate(prompts, params)
