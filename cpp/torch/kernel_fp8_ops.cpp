@@ -7,11 +7,6 @@
 namespace fastinfer::binding {
 namespace {
 
-void check_aligned16(const at::Tensor& t, const char* op, const char* name) {
-  FI_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, name,
-           " must start 16-byte aligned (the kernels use 16-byte loads; call .contiguous() or .clone())");
-}
-
 std::tuple<at::Tensor, at::Tensor> fp8_quantize(const at::Tensor& x, c10::string_view mode_str, int64_t group_size,
                                                 const std::optional<at::Tensor>& scale) {
   const char* op = "fp8_quantize";
@@ -55,7 +50,7 @@ at::Tensor fp8_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Ten
   const char* op = "fp8_scaled_mm";
   const bool blockwise = validate_fp8_scaled_mm(op, a, b, scale_a, scale_b, out_dtype, bias, /*allow_fp32=*/false);
   check_device(a, op, "a");
-  check_fp8_scaled_mm_layout(op, a, b, scale_a, scale_b, bias);
+  check_w8a8_layout(op, a, b, scale_a, scale_b, bias);
   if (a.numel() > 0) check_aligned16(a, op, "a");
   if (b.numel() > 0) check_aligned16(b, op, "b");
   const int64_t M = a.size(0), K = a.size(1), N = b.size(0);

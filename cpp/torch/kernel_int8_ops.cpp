@@ -7,11 +7,6 @@
 namespace fastinfer::binding {
 namespace {
 
-void check_aligned16(const at::Tensor& t, const char* op, const char* name) {
-  FI_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, name,
-           " must start 16-byte aligned (the kernels use 16-byte loads; call .contiguous() or .clone())");
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_quantize(const at::Tensor& x, c10::string_view mode_str,
                                                              const std::optional<at::Tensor>& scale, bool symmetric) {
   const char* op = "int8_quantize";
