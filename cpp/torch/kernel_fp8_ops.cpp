@@ -31,16 +31,7 @@ std::tuple<at::Tensor, at::Tensor> fp8_quantize(const at::Tensor& x, c10::string
   p.mode = mode == Fp8Mode::kTensor ? Fp8QuantMode::kTensor
                                     : (mode == Fp8Mode::kToken ? Fp8QuantMode::kToken : Fp8QuantMode::kGroup);
   p.dtype = to_dtype(x.scalar_type());
-  at::Tensor given;
-  if (scale.has_value()) {
-    given = scale->contiguous();
-    p.given_scale = given.data_ptr<float>();
-  }
-  at::Tensor workspace;
-  if (const size_t bytes = fp8_quantize_workspace_size(p); bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>(bytes)}, x.options().dtype(at::kByte));
-    p.workspace = workspace.data_ptr();
-  }
+  const QuantizeBuffers buffers = attach_quantize_buffers(p, scale, x, &fp8_quantize_workspace_size);
   check_launch(launch_fp8_quantize(p, scope.stream()), op);
   return {q, s};
 }

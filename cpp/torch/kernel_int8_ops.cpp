@@ -33,16 +33,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_quantize(const at::Tensor& x
   p.mode = mode == Int8Mode::kTensor ? Int8QuantMode::kTensor : Int8QuantMode::kToken;
   p.symmetric = symmetric;
   p.dtype = to_dtype(x.scalar_type());
-  at::Tensor given;
-  if (scale.has_value()) {
-    given = scale->contiguous();
-    p.given_scale = given.data_ptr<float>();
-  }
-  at::Tensor workspace;
-  if (const size_t bytes = int8_quantize_workspace_size(p); bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>(bytes)}, x.options().dtype(at::kByte));
-    p.workspace = workspace.data_ptr();
-  }
+  const QuantizeBuffers buffers = attach_quantize_buffers(p, scale, x, &int8_quantize_workspace_size);
   check_launch(launch_int8_quantize(p, scope.stream()), op);
   return {q, s, azp};
 }

@@ -1,9 +1,31 @@
 #pragma once
 // What the fp8 and int8 W8A8 kernel bindings (kernel_fp8_ops.cpp, kernel_int8_ops.cpp) share: the
-// Params fields both scaled-mm ops have. Each op fills its own scale flags and extras after.
+// given scale and workspace of the quantize ops, and the Params fields both scaled-mm ops have.
 #include "kernel_backend.h"
 
 namespace fastinfer::binding {
+
+// Tensors a *_quantize launch reads through its Params: keep them alive until the launch returns.
+struct QuantizeBuffers {
+  at::Tensor given_scale, workspace;
+};
+
+// Points p.given_scale at the caller's scale (if any), then p.workspace at a caching-allocator
+// buffer of workspace_size(p) bytes (the per-tensor amax partials; none when 0).
+template <typename Params>
+QuantizeBuffers attach_quantize_buffers(Params& p, const std::optional<at::Tensor>& scale, const at::Tensor& x,
+                                        size_t (*workspace_size)(const Params&)) {
+  QuantizeBuffers buf;
+  if (scale.has_value()) {
+    buf.given_scale = scale->contiguous();
+    p.given_scale = buf.given_scale.data_ptr<float>();
+  }
+  if (const size_t bytes = workspace_size(p); bytes > 0) {
+    buf.workspace = at::empty({static_cast<int64_t>(bytes)}, x.options().dtype(at::kByte));
+    p.workspace = buf.workspace.data_ptr();
+  }
+  return buf;
+}
 
 // Operands, scales, bias, sizes and out_dtype of a validated scaled mm (a [M, K], b [N, K], out [M, N]).
 template <typename Params>
