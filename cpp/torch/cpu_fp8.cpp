@@ -96,7 +96,7 @@ at::Tensor fp8_scaled_mm_cpu(const at::Tensor& a, const at::Tensor& b, const at:
   const char* op = "fp8_scaled_mm";
   const bool blockwise = validate_fp8_scaled_mm(op, a, b, scale_a, scale_b, out_dtype, bias, /*allow_fp32=*/true);
   check_on_cpu(a, op, "a");
-  check_fp8_scaled_mm_layout(op, a, b, scale_a, scale_b, bias);
+  check_w8a8_layout(op, a, b, scale_a, scale_b, bias);
   at::Tensor out;
   if (blockwise) {
     const auto af = dequantize_e4m3(a, &scale_a, 1);

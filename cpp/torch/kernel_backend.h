@@ -64,6 +64,12 @@ inline void check_device(const at::Tensor& t, const char* op, const char* name) 
   FI_CHECK(on_kernel_device(t), op, name, " must be ", kKernelDevice, ", got ", t.device());
 }
 
+// The kernels read operands with 16-byte loads (vectors, cp.async): a view at an odd offset fails.
+inline void check_aligned16(const at::Tensor& t, const char* op, const char* name) {
+  FI_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, name,
+           " must start 16-byte aligned (the kernels use 16-byte loads; call .contiguous() or .clone())");
+}
+
 inline void check_launch(cudaError_t err, const char* op) {
   FI_CHECK(err == cudaSuccess, op, "kernel failed: ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
 }

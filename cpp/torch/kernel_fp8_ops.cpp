@@ -1,16 +1,11 @@
 // CUDA implementations of fp8_quantize and fp8_scaled_mm (also built for simt, see kernel_backend.h):
 // validate, allocate outputs (and the per-tensor reduction workspace) through the caching allocator,
 // fill the Params, launch. No host synchronisation (CUDA-graph capturable).
-#include "kernel_backend.h"
+#include "kernel_w8a8.h"
 #include "validate_fp8.h"
 
 namespace fastinfer::binding {
 namespace {
-
-void check_aligned16(const at::Tensor& t, const char* op, const char* name) {
-  FI_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, name,
-           " must start 16-byte aligned (the kernels use 16-byte loads; call .contiguous() or .clone())");
-}
 
 std::tuple<at::Tensor, at::Tensor> fp8_quantize(const at::Tensor& x, c10::string_view mode_str, int64_t group_size,
                                                 const std::optional<at::Tensor>& scale) {
@@ -36,16 +31,7 @@ std::tuple<at::Tensor, at::Tensor> fp8_quantize(const at::Tensor& x, c10::string
   p.mode = mode == Fp8Mode::kTensor ? Fp8QuantMode::kTensor
                                     : (mode == Fp8Mode::kToken ? Fp8QuantMode::kToken : Fp8QuantMode::kGroup);
   p.dtype = to_dtype(x.scalar_type());
-  at::Tensor given;
-  if (scale.has_value()) {
-    given = scale->contiguous();
-    p.given_scale = given.data_ptr<float>();
-  }
-  at::Tensor workspace;
-  if (const size_t bytes = fp8_quantize_workspace_size(p); bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>(bytes)}, x.options().dtype(at::kByte));
-    p.workspace = workspace.data_ptr();
-  }
+  const QuantizeBuffers buffers = attach_quantize_buffers(p, scale, x, &fp8_quantize_workspace_size);
   check_launch(launch_fp8_quantize(p, scope.stream()), op);
   return {q, s};
 }
@@ -55,27 +41,17 @@ at::Tensor fp8_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Ten
   const char* op = "fp8_scaled_mm";
   const bool blockwise = validate_fp8_scaled_mm(op, a, b, scale_a, scale_b, out_dtype, bias, /*allow_fp32=*/false);
   check_device(a, op, "a");
-  check_fp8_scaled_mm_layout(op, a, b, scale_a, scale_b, bias);
+  check_w8a8_layout(op, a, b, scale_a, scale_b, bias);
   if (a.numel() > 0) check_aligned16(a, op, "a");
   if (b.numel() > 0) check_aligned16(b, op, "b");
-  const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
+  const int64_t M = a.size(0), N = b.size(0);
   auto out = at::empty({M, N}, a.options().dtype(out_dtype));
   if (out.numel() == 0) return out;
   KernelScope scope(op, a);
-  Fp8ScaledMmParams p;
-  p.a = a.data_ptr();
-  p.b = b.data_ptr();
-  p.out = out.data_ptr();
-  p.scale_a = scale_a.data_ptr<float>();
-  p.scale_b = scale_b.data_ptr<float>();
-  p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
-  p.m = M;
-  p.n = N;
-  p.k = K;
+  auto p = w8a8_mm_params<Fp8ScaledMmParams>(a, b, out, scale_a, scale_b, bias);
   p.scale_mode = blockwise ? Fp8ScaleMode::kBlockwise : Fp8ScaleMode::kTensorOrChannel;
   p.scale_a_per_row = !blockwise && scale_a.size(0) == M && M > 1;
   p.scale_b_per_col = !blockwise && scale_b.size(0) == N;
-  p.out_dtype = to_dtype(out_dtype);
   const cudaError_t err = launch_fp8_scaled_mm(p, scope.stream());
   FI_CHECK(err != cudaErrorNotSupported, op,
            "requires sm_89+ (e4m3 tensor cores: Ada or Hopper) and a build with code for this GPU "

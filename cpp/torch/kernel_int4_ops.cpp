@@ -26,11 +26,6 @@ int64_t dense_min_m() {
   return v;
 }
 
-void check_aligned16(const at::Tensor& t, const char* op, const char* name) {
-  FI_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, name,
-           " must start 16-byte aligned (the int4 kernel uses 16-byte cp.async), call .clone()");
-}
-
 at::Tensor int4_pack_kernel(const at::Tensor& w_q) {
   const char* op = "int4_pack";
   validate_int4_pack(op, w_q);

@@ -1,16 +1,11 @@
 // CUDA implementations of int8_quantize and int8_scaled_mm (also built for simt, see
 // kernel_backend.h): validate, allocate outputs (and the per-tensor reduction workspace) through
 // the caching allocator, fill the Params, launch. No host synchronisation (CUDA-graph capturable).
-#include "kernel_backend.h"
+#include "kernel_w8a8.h"
 #include "validate_int8.h"
 
 namespace fastinfer::binding {
 namespace {
-
-void check_aligned16(const at::Tensor& t, const char* op, const char* name) {
-  FI_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, name,
-           " must start 16-byte aligned (the kernels use 16-byte loads; call .contiguous() or .clone())");
-}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_quantize(const at::Tensor& x, c10::string_view mode_str,
                                                              const std::optional<at::Tensor>& scale, bool symmetric) {
@@ -38,16 +33,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_quantize(const at::Tensor& x
   p.mode = mode == Int8Mode::kTensor ? Int8QuantMode::kTensor : Int8QuantMode::kToken;
   p.symmetric = symmetric;
   p.dtype = to_dtype(x.scalar_type());
-  at::Tensor given;
-  if (scale.has_value()) {
-    given = scale->contiguous();
-    p.given_scale = given.data_ptr<float>();
-  }
-  at::Tensor workspace;
-  if (const size_t bytes = int8_quantize_workspace_size(p); bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>(bytes)}, x.options().dtype(at::kByte));
-    p.workspace = workspace.data_ptr();
-  }
+  const QuantizeBuffers buffers = attach_quantize_buffers(p, scale, x, &int8_quantize_workspace_size);
   check_launch(launch_int8_quantize(p, scope.stream()), op);
   return {q, s, azp};
 }
@@ -61,26 +47,16 @@ at::Tensor int8_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Te
   check_int8_scaled_mm_layout(op, a, b, scale_a, scale_b, bias, azp_adj, azp);
   if (a.numel() > 0) check_aligned16(a, op, "a");
   if (b.numel() > 0) check_aligned16(b, op, "b");
-  const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
+  const int64_t M = a.size(0), N = b.size(0);
   auto out = at::empty({M, N}, a.options().dtype(out_dtype));
   if (out.numel() == 0) return out;
   KernelScope scope(op, a);
-  Int8ScaledMmParams p;
-  p.a = a.data_ptr();
-  p.b = b.data_ptr();
-  p.out = out.data_ptr();
-  p.scale_a = scale_a.data_ptr<float>();
-  p.scale_b = scale_b.data_ptr<float>();
-  p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  auto p = w8a8_mm_params<Int8ScaledMmParams>(a, b, out, scale_a, scale_b, bias);
   p.azp = azp.has_value() ? azp->data_ptr<int32_t>() : nullptr;
   p.azp_adj = azp_adj.has_value() ? azp_adj->data_ptr<int32_t>() : nullptr;
-  p.m = M;
-  p.n = N;
-  p.k = K;
   p.scale_a_per_row = scale_a.size(0) == M && M > 1;
   p.scale_b_per_col = scale_b.size(0) == N;
   p.azp_per_row = azp.has_value() && azp->size(0) == M && M > 1;
-  p.out_dtype = to_dtype(out_dtype);
   const cudaError_t err = launch_int8_scaled_mm(p, scope.stream());
   FI_CHECK(err != cudaErrorNotSupported, op,
            "requires sm_80+ (int8 tensor-core mma: Ampere or later); on an older GPU use the CPU implementation");

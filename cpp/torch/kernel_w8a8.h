@@ -1,0 +1,48 @@
+#pragma once
+// What the fp8 and int8 W8A8 kernel bindings (kernel_fp8_ops.cpp, kernel_int8_ops.cpp) share: the
+// given scale and workspace of the quantize ops, and the Params fields both scaled-mm ops have.
+#include "kernel_backend.h"
+
+namespace fastinfer::binding {
+
+// Tensors a *_quantize launch reads through its Params: keep them alive until the launch returns.
+struct QuantizeBuffers {
+  at::Tensor given_scale, workspace;
+};
+
+// Points p.given_scale at the caller's scale (if any), then p.workspace at a caching-allocator
+// buffer of workspace_size(p) bytes (the per-tensor amax partials; none when 0).
+template <typename Params>
+QuantizeBuffers attach_quantize_buffers(Params& p, const std::optional<at::Tensor>& scale, const at::Tensor& x,
+                                        size_t (*workspace_size)(const Params&)) {
+  QuantizeBuffers buf;
+  if (scale.has_value()) {
+    buf.given_scale = scale->contiguous();
+    p.given_scale = buf.given_scale.data_ptr<float>();
+  }
+  if (const size_t bytes = workspace_size(p); bytes > 0) {
+    buf.workspace = at::empty({static_cast<int64_t>(bytes)}, x.options().dtype(at::kByte));
+    p.workspace = buf.workspace.data_ptr();
+  }
+  return buf;
+}
+
+// Operands, scales, bias, sizes and out_dtype of a validated scaled mm (a [M, K], b [N, K], out [M, N]).
+template <typename Params>
+Params w8a8_mm_params(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out, const at::Tensor& scale_a,
+                      const at::Tensor& scale_b, const std::optional<at::Tensor>& bias) {
+  Params p;
+  p.a = a.data_ptr();
+  p.b = b.data_ptr();
+  p.out = out.data_ptr();
+  p.scale_a = scale_a.data_ptr<float>();
+  p.scale_b = scale_b.data_ptr<float>();
+  p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  p.m = a.size(0);
+  p.n = b.size(0);
+  p.k = a.size(1);
+  p.out_dtype = to_dtype(out.scalar_type());
+  return p;
+}
+
+}  // namespace fastinfer::binding
