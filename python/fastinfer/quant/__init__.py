@@ -175,7 +175,8 @@ Code map
 --------
 ``config.py`` (QuantOptions, the stored ``quantization_config``), ``compressed_tensors.py`` (the
 compressed-tensors config: schemes, targets, ignore), ``resolve.py`` (which linear method each layer
-gets), ``methods.py`` (the fp8 / fp8-block / int4 / int8 linear methods and the formats they read),
+gets), ``stored.py`` (reading each format a part is stored in, and a rank's slice of it), ``methods.py`` (the
+fp8 / fp8-block / int4 / int8 linear methods),
 ``math.py`` (the quantisers' arithmetic), ``smoothquant.py`` (calibration and smoothing for int8),
 ``checkpoint.py`` (``fastinfer quantize``).
 """
