@@ -161,6 +161,7 @@ class EngineConfig:
     speculative: Optional[SpeculativeConfig] = None
     quantization: Optional[QuantOptions] = None
     tensor_parallel_size: int = 1
+    deterministic: bool = False
 
     def __post_init__(self):
         from .. import cuda_available

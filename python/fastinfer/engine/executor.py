@@ -115,7 +115,7 @@ class Executor:
                                          self.device, config.max_num_batched_tokens)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(int(config.seed))
-        self.sampler = Sampler(gen)
+        self.sampler = Sampler(gen, deterministic=config.deterministic)
         self._generators: Dict[int, torch.Generator] = {}  # seq_id -> generator of a seeded request
 
     @property
@@ -229,7 +229,8 @@ class Executor:
 
     def _verify(self, drafts: List[Draft], logits: torch.Tensor) -> List[VerifiedDraft]:
         """tree_verify, then compact the accepted K/V of both pools; the verdicts as data."""
-        verify(drafts, logits, [self._gen(d.seq) for d in drafts], lib=self.model.ops.lib)
+        verify(drafts, logits, [self._gen(d.seq) for d in drafts], lib=self.model.ops.lib,
+               deterministic=self.sampler.deterministic)
         self.drafter.on_verified(drafts)
         ts, td, ds, dd, computed = commit_moves(drafts, self.block_size)
         self.runner.move_slots(ts, td)

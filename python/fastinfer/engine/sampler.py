@@ -5,6 +5,12 @@ top-k, top-p, min-p; then greedy argmax (temperature 0) or a draw from the softm
 exponential-race form ``argmax(p / E)`` with ``E ~ Exp(1)`` drawn from the row's own
 ``torch.Generator`` when the request has a seed, so a seeded completion does not depend on what else
 is in the batch. Log-probabilities reported to the user are the log-softmax of the raw logits.
+
+Deterministic mode (``Sampler(deterministic=True)``): a seeded row's noise is a function of its seed
+and the position of the token being drawn only (:func:`position_noise`), not of how many draws the
+request's generator made before, so the speculative verifier can reproduce the exact draw plain
+decoding would make at every position (:func:`race_scores`) and seeded tokens do not depend on
+whether, or how, the request speculated.
 """
 
 from __future__ import annotations
@@ -64,9 +70,36 @@ def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: to
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: nearby inputs give unrelated outputs."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def position_noise(seed: int, position: int, vocab_size: int, device) -> torch.Tensor:
+    """``Exp(1)`` noise ``float32 [vocab_size]`` of the token drawn at ``position`` of a sequence
+    seeded with ``seed``: a function of the two alone (deterministic mode)."""
+    g = torch.Generator(device=device)
+    g.manual_seed(_mix64(_mix64(int(seed) & _MASK64) ^ int(position)) >> 1)
+    return torch.empty(vocab_size, device=device).exponential_(generator=g)
+
+
+def race_scores(scaled_logits: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """``softmax(scaled_logits) / noise`` over the last dim (float32 logits already divided by the
+    temperature): the draw is its argmax. The one computation the sampler and the deterministic
+    verifier share, so both give the same bits."""
+    return scaled_logits.softmax(dim=-1) / noise
+
+
 class Sampler:
-    def __init__(self, generator: Optional[torch.Generator] = None):
+    def __init__(self, generator: Optional[torch.Generator] = None, deterministic: bool = False):
         self.generator = generator  # for rows without a seed
+        self.deterministic = deterministic  # seeded rows draw position_noise (see the module docstring)
 
     @torch.inference_mode()
     def __call__(
@@ -104,22 +137,29 @@ class Sampler:
             x = logits.index_select(0, rows)
             temp = torch.tensor([p.temperature for p in sp], device=dev, dtype=torch.float32)
             x = x / temp[:, None]
-            if any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in sp):
-                x = apply_top_k_top_p_min_p(
-                    x,
-                    torch.tensor([p.top_k for p in sp], device=dev, dtype=torch.long),
-                    torch.tensor([p.top_p for p in sp], device=dev, dtype=torch.float32),
-                    torch.tensor([p.min_p for p in sp], device=dev, dtype=torch.float32),
-                )
-            probs = x.softmax(dim=-1)
-            noise = torch.empty_like(probs)
+            # only the rows that ask (a row's draw must not depend on what else is in the batch)
+            filtered = [j for j, p in enumerate(sp) if p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0]
+            if filtered:
+                fp = [sp[j] for j in filtered]
+                f = torch.tensor(filtered, device=dev)
+                x = x.index_copy(0, f, apply_top_k_top_p_min_p(
+                    x.index_select(0, f),
+                    torch.tensor([p.top_k for p in fp], device=dev, dtype=torch.long),
+                    torch.tensor([p.top_p for p in fp], device=dev, dtype=torch.float32),
+                    torch.tensor([p.min_p for p in fp], device=dev, dtype=torch.float32),
+                ))
+            noise = torch.empty_like(x)
             shared = [j for j, i in enumerate(sample_rows) if generators[i] is None]
             if shared:
                 noise[shared] = torch.empty(len(shared), V, device=dev).exponential_(generator=self.generator)
             for j, i in enumerate(sample_rows):
-                if generators[i] is not None:
+                if generators[i] is None:
+                    continue
+                if self.deterministic:
+                    noise[j] = position_noise(generators[i].initial_seed(), len(token_ids[i]), V, dev)
+                else:
                     noise[j].exponential_(generator=generators[i])
-            drawn = (probs / noise).argmax(dim=-1)
+            drawn = race_scores(x, noise).argmax(dim=-1)
             out = out.index_copy(0, rows, drawn)
         tokens = out.tolist()
 

@@ -5,6 +5,15 @@ and fills each draft's accepted ``path`` and ``next_token``. :func:`commit_moves
 into data: the slot moves that compact the accepted nodes' K/V to consecutive positions (target
 pool, and the draft pool for nodes the draft was fed) and the draft's new KV coverage. The
 executor applies the moves; the engine core applies the rest.
+
+Deterministic mode (``verify(..., deterministic=True)``), for seeded sampling: every node's row is
+turned into the race scores plain decoding would draw the next position's token from
+(:func:`~fastinfer.engine.sampler.race_scores` with that position's
+:func:`~fastinfer.engine.sampler.position_noise`), and the tree is verified greedily on them: a
+child is accepted when it is the token plain decoding would draw there, and ``next_token`` is that
+draw at the last accepted node. Exact (every emitted token is the target's own draw) and the same
+tokens as without speculation, given the same logits; it ignores draft probabilities, so a chain
+draft may accept fewer tokens than with rejection sampling.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import torch
 
 from ...layers import slot_of
 from ...ops import tree_verify
+from ..sampler import position_noise, race_scores
 from .drafter import Draft
 
 Tensor = torch.Tensor
@@ -22,8 +32,10 @@ Tensor = torch.Tensor
 __all__ = ["verify", "commit_moves"]
 
 
-def verify(drafts: List[Draft], logits: Tensor, gens: Seq[torch.Generator], lib=None) -> None:
-    """``logits``: the target's rows of every node, draft by draft. Sets ``path`` / ``next_token``."""
+def verify(drafts: List[Draft], logits: Tensor, gens: Seq[torch.Generator], lib=None,
+           deterministic: bool = False) -> None:
+    """``logits``: the target's rows of every node, draft by draft; ``gens``: each draft's generator
+    (deterministic mode: seeded ones give their seed). Sets ``path`` / ``next_token``."""
     offs = [0]
     for d in drafts:
         offs.append(offs[-1] + d.num_nodes)
@@ -39,6 +51,9 @@ def verify(drafts: List[Draft], logits: Tensor, gens: Seq[torch.Generator], lib=
         dp = torch.stack([drafts[i].draft_probs for i in idx]).to(dev).contiguous() if has_dp else None
         temp = torch.tensor([1.0 if greedy else float(drafts[i].seq.params.temperature) for i in idx],
                             dtype=torch.float32).to(dev)
+        if deterministic and not greedy and all(drafts[i].seq.params.seed is not None for i in idx):
+            tl = _position_race_scores([drafts[i] for i in idx], tl, temp, [gens[i] for i in idx])
+            greedy, dp = True, None
         if greedy:
             u = torch.zeros(len(idx), N + 1, dtype=torch.float32, device=dev)
         else:
@@ -48,6 +63,22 @@ def verify(drafts: List[Draft], logits: Tensor, gens: Seq[torch.Generator], lib=
         for r, i in enumerate(idx):
             drafts[i].path = acc[r][: num[r] + 1]
             drafts[i].next_token = int(nxt[r])
+
+
+def _position_race_scores(drafts: List[Draft], logits: Tensor, temp: Tensor, gens: Seq[torch.Generator]) -> Tensor:
+    """``[G, N, V]`` race scores: node j of a draft rooted at position ``start`` predicts position
+    ``start + 1 + depth(j)``, drawn with that position's noise, exactly as the sampler would."""
+    G, N, V = logits.shape
+    dev = logits.device
+    noise = torch.empty(G, N, V, dtype=torch.float32, device=dev)
+    for g, (d, gen) in enumerate(zip(drafts, gens)):
+        start = d.seq.num_computed_tokens
+        by_depth = {}
+        for j, depth in enumerate(d.depths):
+            if depth not in by_depth:
+                by_depth[depth] = position_noise(gen.initial_seed(), start + 1 + depth, V, dev)
+            noise[g, j] = by_depth[depth]
+    return race_scores(logits.float() / temp[:, None, None], noise)
 
 
 def commit_moves(drafts: List[Draft], block_size: int) -> Tuple[List[int], List[int], List[int], List[int], List[int]]:
