@@ -112,7 +112,8 @@ class Executor:
         self.drafter: Optional[Drafter] = None
         if spec is not None:
             self.drafter = build_drafter(spec, self.model, self.draft_model, self.num_kv_blocks, self.block_size,
-                                         self.device, config.max_num_batched_tokens)
+                                         self.device, config.max_num_batched_tokens,
+                                         config.deterministic)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(int(config.seed))
         self.sampler = Sampler(gen, deterministic=config.deterministic)

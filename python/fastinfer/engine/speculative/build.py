@@ -26,9 +26,15 @@ def load_eagle_head(spec, target):
 
 
 def build_drafter(spec, target, draft_model, num_kv_blocks: int, block_size: int, device: torch.device,
-                  max_num_batched_tokens: int) -> Drafter:
+                  max_num_batched_tokens: int, deterministic: bool = False) -> Drafter:
     """``draft_model``: the loaded draft model / EAGLE head (None for Medusa); its KV pool is
-    allocated here, with the target's block count."""
+    allocated here, with the target's block count. ``deterministic``: see :attr:`Drafter.deterministic`."""
+    drafter = _build(spec, target, draft_model, num_kv_blocks, block_size, device, max_num_batched_tokens)
+    drafter.deterministic = deterministic
+    return drafter
+
+
+def _build(spec, target, draft_model, num_kv_blocks, block_size, device, max_num_batched_tokens) -> Drafter:
     if spec.method == "medusa":
         from .medusa import build_medusa_drafter
 

@@ -15,6 +15,7 @@ import torch
 
 from ...layers import BatchBuilder, host_to_device
 from ...spec import tree_mask
+from ..sampler import position_noise, race_scores
 from ..sequence import Sequence
 
 Tensor = torch.Tensor
@@ -54,6 +55,9 @@ class Drafter:
     #: ask the executor for the target's final hidden states: True: of every logits row of each
     #: step (:meth:`observe_hidden_states`); "all": of every row (:meth:`observe_slot_hidden_states`)
     wants_hidden_states: object = False
+    #: deterministic mode: a seeded chain draws its tokens with the verifier's position noise
+    #: (coupled draws: a draft token is accepted whenever the draft's draw equals the target's)
+    deterministic: bool = False
 
     def propose(self, items: Seq[Tuple[Sequence, int, int]], gens: Seq[torch.Generator]) -> List[Draft]:
         raise NotImplementedError
@@ -164,6 +168,12 @@ class DraftModelDrafter(Drafter):
                 s = seqs[b]
                 if s.params.greedy:
                     row_tok.append(-1)
+                    continue
+                if self.deterministic and s.params.seed is not None:
+                    position = s.num_tokens - 1 + len(toks[b])
+                    noise = position_noise(gens[b].initial_seed(), position, V, logits.device)
+                    row_tok.append(int(race_scores(logits[r] / float(s.params.temperature), noise).argmax()))
+                    probs[b].append(torch.zeros(V, dtype=torch.float32, device=logits.device))  # unused then
                     continue
                 q = torch.softmax(logits[r] / float(s.params.temperature), dim=-1)
                 probs[b].append(q)

@@ -39,11 +39,13 @@ def verify(drafts: List[Draft], logits: Tensor, gens: Seq[torch.Generator], lib=
     offs = [0]
     for d in drafts:
         offs.append(offs[-1] + d.num_nodes)
-    groups: Dict[Tuple[int, bool, bool], List[int]] = {}
+    groups: Dict[Tuple[int, bool, bool, bool], List[int]] = {}
     for i, d in enumerate(drafts):
-        groups.setdefault((d.num_nodes, d.seq.params.greedy, d.draft_probs is not None), []).append(i)
+        p = d.seq.params
+        race = deterministic and not p.greedy and p.seed is not None  # verified on position draws
+        groups.setdefault((d.num_nodes, p.greedy, d.draft_probs is not None and not race, race), []).append(i)
     dev = logits.device
-    for (N, greedy, has_dp), idx in groups.items():
+    for (N, greedy, has_dp, race), idx in groups.items():
         rows = torch.cat([torch.arange(offs[i], offs[i] + N) for i in idx]).to(dev)
         tl = logits.index_select(0, rows).reshape(len(idx), N, -1).contiguous()
         dt = torch.tensor([drafts[i].tokens for i in idx], dtype=torch.int64).to(dev)
@@ -51,9 +53,9 @@ def verify(drafts: List[Draft], logits: Tensor, gens: Seq[torch.Generator], lib=
         dp = torch.stack([drafts[i].draft_probs for i in idx]).to(dev).contiguous() if has_dp else None
         temp = torch.tensor([1.0 if greedy else float(drafts[i].seq.params.temperature) for i in idx],
                             dtype=torch.float32).to(dev)
-        if deterministic and not greedy and all(drafts[i].seq.params.seed is not None for i in idx):
+        if race:
             tl = _position_race_scores([drafts[i] for i in idx], tl, temp, [gens[i] for i in idx])
-            greedy, dp = True, None
+            greedy = True
         if greedy:
             u = torch.zeros(len(idx), N + 1, dtype=torch.float32, device=dev)
         else:
