@@ -54,6 +54,9 @@ class Drafter:
     #: ask the executor for the target's final hidden states: True: of every logits row of each
     #: step (:meth:`observe_hidden_states`); "all": of every row (:meth:`observe_slot_hidden_states`)
     wants_hidden_states: object = False
+    #: with ``wants_hidden_states``: hand over the inputs of these target layers, concatenated
+    #: (:meth:`~fastinfer.models.llama.LlamaForCausalLM.aux_hidden_states`), not the final states
+    hidden_layers: Tuple[int, ...] = ()
 
     def propose(self, items: Seq[Tuple[Sequence, int, int]], gens: Seq[torch.Generator]) -> List[Draft]:
         raise NotImplementedError
