@@ -229,7 +229,7 @@ def test_bad_arguments(target, tmp_path):
         LLM(tgt, spec_method="medusa")
     with pytest.raises(ValueError, match="spec_method must be one of"):
         LLM(tgt, spec_method="lookahead", spec_model=repo)
-    with pytest.raises(ValueError, match="not implemented yet"):
+    with pytest.raises(ValueError, match="the EAGLE-3 head has hidden_size"):  # a Medusa directory
         LLM(tgt, spec_method="eagle3", spec_model=repo)
     with pytest.raises(ValueError, match="not both"):
         LLM(tgt, draft_model=tgt, spec_model=repo)

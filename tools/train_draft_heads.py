@@ -7,6 +7,9 @@ Produces, under --out (normally python/fastinfer/assets):
                       num_hidden_layers, medusa_fc_bias, original_lm_head; model.safetensors)
   tiny-llama-eagle/   EAGLE head, the EAGLE repository's layout (config.json: a one-layer Llama
                       config; model.safetensors: fc.*, layers.0.*)
+  tiny-llama-eagle3/  EAGLE-3 head, the EAGLE repository's layout, fp16 (config.json: a one-layer
+                      Llama config, draft_vocab_size, eagle_aux_hidden_state_layer_ids;
+                      model.safetensors: fc, midlayer.*, norm, lm_head, d2t, t2d)
 
 The target (python/fastinfer/assets/tiny-llama) stays frozen; its final-normed hidden states and
 logits on the training corpus of tools/train_tiny_models.py (the CPython standard library, the
@@ -19,9 +22,17 @@ learn what the target would say, which is what verification accepts).
 * EAGLE at row p: ``fc([embed(t_{p+1}); f_p])`` then one Llama decoder layer (input norm kept,
   residual added, causal attention, RoPE at position p), output ``g``; loss: smooth-L1(g, f_{p+1})
   + 0.1 * cross-entropy of ``lm_head(g)`` against the target's distribution at p + 1 (EAGLE's).
+* EAGLE-3 at row p: ``fc`` of the residual streams entering target layers EAGLE3_AUX, the midlayer
+  on [input_layernorm(embed(t_{p+1})); hidden_norm(feature)], ``lm_head(norm(g))`` over the draft
+  vocabulary (the most frequent tokens of the corpus); EAGLE3_STEPS unrolled draft steps (the
+  training-time test: step k feeds step k-1's outputs back as features, with the attention a
+  depth-k draft token has); loss: cross-entropy against the target's distribution restricted to
+  the draft vocabulary, per step (EAGLE-3 drops the feature loss).
 
 Usage:
   python tools/train_draft_heads.py --out python/fastinfer/assets [--minutes-medusa 3 --minutes-eagle 5]
+  python tools/train_draft_heads.py --out python/fastinfer/assets --only eagle3 --minutes-eagle3 8 \
+      --eagle3-cpu-clock --threads 1                                 # EAGLE-3 alone, 8 CPU minutes
   python tools/train_draft_heads.py --out /tmp/heads --smoke       # seconds: a few steps
 """
 
@@ -193,14 +204,136 @@ def save_eagle(model, target_dir: str, d: Path) -> None:
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
+# ------------------------------------------------------------------------------------ EAGLE-3
+
+EAGLE3_AUX = (1, 2, 4)  # low / middle / high of the 5-layer target (the default (2, L//2, L-3) is (2, 2, 2))
+EAGLE3_STEPS = 3  # unrolled draft steps in training (EAGLE-3's training-time test)
+EAGLE3_INTERMEDIATE = 352  # the midlayer's MLP width (half the target's: a small asset)
+
+
+def draft_vocab(stream: torch.Tensor, V: int, size: int):
+    """The ``size`` most frequent tokens of ``stream``: ``(ids sorted, d2t, t2d)`` (EAGLE convention:
+    target_id = draft_id + d2t[draft_id], t2d[target_id] True for the draft vocabulary)."""
+    counts = torch.bincount(stream, minlength=V)
+    ids = counts.topk(size).indices.sort().values
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[ids] = True
+    return ids, ids - torch.arange(size), t2d, float(counts[ids].sum() / counts.sum())
+
+
+class Eagle3(torch.nn.Module):
+    """fc (3H -> H), the midlayer (q/k/v over [input_layernorm(embed); hidden_norm(feature)]), own
+    norm and reduced-vocabulary lm_head (the EAGLE repository's names)."""
+
+    def __init__(self, c, lm_rows: torch.Tensor):
+        super().__init__()
+        H, D = c.hidden_size, c.head_dim
+        self.nh, self.nkv, self.D, self.eps, self.theta = c.num_attention_heads, c.num_key_value_heads, D, \
+            c.rms_norm_eps, float(getattr(c, "rope_theta", 10000.0))
+        n = len(EAGLE3_AUX)
+        lin = lambda i, o: torch.randn(o, i) * (0.5 / math.sqrt(i))  # noqa: E731
+        init = {  # starts as g = fc(a) = the high layer's stream (o_proj, down_proj zero)
+            "fc.weight": torch.cat([torch.zeros(H, (n - 1) * H), torch.eye(H)], 1),
+            "midlayer.input_layernorm.weight": torch.ones(H),
+            "midlayer.hidden_norm.weight": torch.ones(H),
+            "midlayer.self_attn.q_proj.weight": lin(2 * H, self.nh * D),
+            "midlayer.self_attn.k_proj.weight": lin(2 * H, self.nkv * D),
+            "midlayer.self_attn.v_proj.weight": lin(2 * H, self.nkv * D),
+            "midlayer.self_attn.o_proj.weight": torch.zeros(H, self.nh * D),
+            "midlayer.post_attention_layernorm.weight": torch.ones(H),
+            "midlayer.mlp.gate_proj.weight": lin(H, EAGLE3_INTERMEDIATE),
+            "midlayer.mlp.up_proj.weight": lin(H, EAGLE3_INTERMEDIATE),
+            "midlayer.mlp.down_proj.weight": torch.zeros(H, EAGLE3_INTERMEDIATE),
+            "norm.weight": torch.ones(H),
+            "lm_head.weight": lm_rows.clone(),
+        }
+        self.p = torch.nn.ParameterDict({k.replace(".", "__"): torch.nn.Parameter(v) for k, v in init.items()})
+
+    def w(self, name: str) -> torch.Tensor:
+        return self.p[name.replace(".", "__")]
+
+    def norm(self, x, name):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.w(name)
+
+    def forward(self, e: torch.Tensor, a: torch.Tensor, steps: int):
+        """Rows [B, T]: embeddings e (of t_{p+1}), the target's aux states a (at p); the draft-vocabulary
+        logits of ``steps`` unrolled draft steps. Step 1 takes ``fc(a_p)``; step k's row p takes step
+        k-1's output of row p - 1 as its feature and attends, as a depth-k draft token does, to the
+        step-1 rows <= p - k + 1, to step m's row p - k + m (its drafted ancestors) and to itself.
+        Rows p < k - 1 of step k have no such history (left out of the loss)."""
+        B, T, H = e.shape
+        i = torch.arange(T)
+        en = self.norm(e, "midlayer.input_layernorm.weight")
+        f = F.linear(a, self.w("fc.weight"))
+        ks, vs, out = [], [], []
+        for k in range(1, steps + 1):
+            x = torch.cat([en, self.norm(f, "midlayer.hidden_norm.weight")], -1)
+            q = F.linear(x, self.w("midlayer.self_attn.q_proj.weight")).view(B, T, self.nh, self.D).transpose(1, 2)
+            kk = F.linear(x, self.w("midlayer.self_attn.k_proj.weight")).view(B, T, self.nkv, self.D).transpose(1, 2)
+            vv = F.linear(x, self.w("midlayer.self_attn.v_proj.weight")).view(B, T, self.nkv, self.D).transpose(1, 2)
+            rep = self.nh // self.nkv
+            ks.append(rope(kk, self.theta).repeat_interleave(rep, 1))
+            vs.append(vv.repeat_interleave(rep, 1))
+            mask = torch.cat([i[None, :] <= i[:, None] - k + 1]
+                             + [i[None, :] == i[:, None] - k + m for m in range(2, k + 1)], 1)
+            att = F.scaled_dot_product_attention(rope(q, self.theta), torch.cat(ks, 2), torch.cat(vs, 2),
+                                                 attn_mask=mask).transpose(1, 2).reshape(B, T, -1)
+            r = f + F.linear(att, self.w("midlayer.self_attn.o_proj.weight"))
+            h = self.norm(r, "midlayer.post_attention_layernorm.weight")
+            m_ = F.silu(F.linear(h, self.w("midlayer.mlp.gate_proj.weight"))) \
+                * F.linear(h, self.w("midlayer.mlp.up_proj.weight"))
+            g = r + F.linear(m_, self.w("midlayer.mlp.down_proj.weight"))
+            out.append(F.linear(self.norm(g, "norm.weight"), self.w("lm_head.weight")))
+            f = torch.cat([f[:, :1], g[:, :-1]], 1)  # row p's next feature: row p - 1's output
+        return out
+
+
+@torch.no_grad()
+def aux_features(target, x: torch.Tensor):
+    """The residual streams entering the EAGLE3_AUX layers, concatenated [B, T, 3H] (HF's
+    hidden_states[i] is the input of layer i), and the log-probabilities [B, T, V]."""
+    o = target.model(input_ids=x, output_hidden_states=True)
+    a = torch.cat([o.hidden_states[i] for i in EAGLE3_AUX], -1)
+    return a, torch.log_softmax(target.lm_head(o.last_hidden_state), dim=-1)
+
+
+def eagle3_loss(model, target, ids, x):
+    """Soft cross-entropy of each unrolled step against the target's distribution restricted to the
+    draft vocabulary (row p of step k predicts t_{p+2}: the target's view at p + 1), weights 0.8^(k-1)."""
+    a, logp = aux_features(target, x)
+    e = target.model.embed_tokens(x[:, 1:])
+    outs = model(e, a[:, :-1], EAGLE3_STEPS)
+    tgt = torch.log_softmax(logp[:, 1:, ids], dim=-1)  # renormalised over the draft vocabulary
+    loss = 0.0
+    for k, lg in enumerate(outs, 1):
+        loss = loss + soft_ce(lg[:, k - 1:], tgt[:, k - 1:]) * (0.8 ** (k - 1))
+    return loss
+
+
+def save_eagle3(model, target_dir: str, d2t: torch.Tensor, t2d: torch.Tensor, d: Path) -> None:
+    """The EAGLE repository's layout (midlayer.*, fc, norm, lm_head, d2t, t2d), fp16."""
+    from safetensors.torch import save_file
+
+    d.mkdir(parents=True, exist_ok=True)
+    sd = {k.replace("__", "."): v.detach().to(torch.float16).contiguous() for k, v in model.p.items()}
+    sd["d2t"], sd["t2d"] = d2t.to(torch.int64).contiguous(), t2d.contiguous()
+    save_file(sd, str(d / "model.safetensors"))
+    cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    cfg.update(num_hidden_layers=1, intermediate_size=EAGLE3_INTERMEDIATE, draft_vocab_size=int(d2t.numel()),
+               architectures=["LlamaForCausalLMEagle3"], torch_dtype="float16",
+               eagle_aux_hidden_state_layer_ids=list(EAGLE3_AUX))
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
 # -------------------------------------------------------------------------------------- train
 
-def train(name, model, loss_fn, batches, minutes, max_steps, lr):
+def train(name, model, loss_fn, batches, minutes, max_steps, lr, clock=time.time):
+    """``minutes`` of ``clock`` (wall time, or ``time.process_time``: CPU time of all threads)."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
-    t0, step, avg = time.time(), 0, None
+    t0, p0, c0, step, avg = time.time(), time.process_time(), clock(), 0, None
     budget = minutes * 60.0
     while step < max_steps:
-        frac = max(step / max_steps, (time.time() - t0) / budget)
+        frac = max(step / max_steps, (clock() - c0) / budget)
         if frac >= 1.0:
             break
         for gr in opt.param_groups:
@@ -216,7 +349,8 @@ def train(name, model, loss_fn, batches, minutes, max_steps, lr):
         if step % 50 == 0:
             log(f"{name}: step {step}, loss {avg:.4f}, {time.time() - t0:.0f} s")
     log(f"{name}: {step} steps, final loss {avg:.4f}, {time.time() - t0:.0f} s")
-    return {"steps": step, "final_loss": round(avg, 4), "seconds": round(time.time() - t0, 1)}
+    return {"steps": step, "final_loss": round(avg, 4), "seconds": round(time.time() - t0, 1),
+            "cpu_seconds": round(time.process_time() - p0, 1)}
 
 
 def main(argv=None) -> int:
@@ -226,6 +360,11 @@ def main(argv=None) -> int:
                     help="the frozen target checkpoint (default: the shipped tiny-llama)")
     ap.add_argument("--minutes-medusa", type=float, default=3.0)
     ap.add_argument("--minutes-eagle", type=float, default=5.0)
+    ap.add_argument("--minutes-eagle3", type=float, default=5.0)
+    ap.add_argument("--eagle3-cpu-clock", action="store_true",
+                    help="--minutes-eagle3 are CPU minutes of this process (a shared machine), not wall minutes")
+    ap.add_argument("--eagle3-vocab", type=int, default=2048, help="EAGLE-3 draft vocabulary: the most frequent tokens")
+    ap.add_argument("--only", default="medusa,eagle,eagle3", help="comma-separated heads to train (default: all)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
@@ -255,17 +394,33 @@ def main(argv=None) -> int:
     max_steps = 5 if args.smoke else 10 ** 9
     meta = {"command": "python tools/train_draft_heads.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "target": "tiny-llama", "context": CONTEXT, "batch": args.batch, "seed": args.seed}
-    medusa = Medusa(H)
+    only = set(args.only.split(","))
     it = batches()
-    meta["medusa"] = train("medusa", medusa, lambda x, h, lp: medusa_loss(medusa, target.lm_head, h, lp),
-                           it, args.minutes_medusa, max_steps, 1e-3)
-    save_medusa(medusa, target.lm_head.weight, H, V, args.out / "tiny-llama-medusa")
-    eagle = Eagle(c)
-    meta["eagle"] = train("eagle", eagle, lambda x, h, lp: eagle_loss(eagle, target, x, h, lp),
-                          it, args.minutes_eagle, max_steps, 1e-3)
-    save_eagle(eagle, args.target, args.out / "tiny-llama-eagle")
-    (args.out / "draft_heads.json").write_text(json.dumps(meta, indent=2) + "\n")
-    log(f"wrote {args.out / 'tiny-llama-medusa'} and {args.out / 'tiny-llama-eagle'}")
+    if "medusa" in only:
+        medusa = Medusa(H)
+        meta["medusa"] = train("medusa", medusa, lambda x, h, lp: medusa_loss(medusa, target.lm_head, h, lp),
+                               it, args.minutes_medusa, max_steps, 1e-3)
+        save_medusa(medusa, target.lm_head.weight, H, V, args.out / "tiny-llama-medusa")
+    if "eagle" in only:
+        eagle = Eagle(c)
+        meta["eagle"] = train("eagle", eagle, lambda x, h, lp: eagle_loss(eagle, target, x, h, lp),
+                              it, args.minutes_eagle, max_steps, 1e-3)
+        save_eagle(eagle, args.target, args.out / "tiny-llama-eagle")
+    if "eagle3" in only:
+        ids, d2t, t2d, coverage = draft_vocab(stream, V, min(args.eagle3_vocab, V))
+        log(f"eagle3: draft vocabulary {len(ids)} tokens, {coverage:.1%} of the corpus")
+        eagle3 = Eagle3(c, target.lm_head.weight[ids])
+        meta["eagle3"] = train("eagle3", eagle3, lambda x, h, lp: eagle3_loss(eagle3, target, ids, x),
+                               it, args.minutes_eagle3, max_steps, 1e-3,
+                               time.process_time if args.eagle3_cpu_clock else time.time)
+        meta["eagle3"].update(draft_vocab_size=len(ids), corpus_coverage=round(coverage, 4),
+                              aux_layers=list(EAGLE3_AUX), unrolled_steps=EAGLE3_STEPS, command=meta["command"])
+        save_eagle3(eagle3, args.target, d2t, t2d, args.out / "tiny-llama-eagle3")
+    meta_file = args.out / "draft_heads.json"
+    if meta_file.exists() and only != {"medusa", "eagle", "eagle3"}:  # keep the other heads' entries
+        meta = dict(json.loads(meta_file.read_text()), **{k: v for k, v in meta.items() if k in only})
+    meta_file.write_text(json.dumps(meta, indent=2) + "\n")
+    log(f"wrote {', '.join(sorted(only))} under {args.out}")
     return 0
 
 

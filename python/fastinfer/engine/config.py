@@ -26,7 +26,7 @@ DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float3
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "auto": None}
 
 SPEC_MODES = ("chain", "tree")
-SPEC_METHODS = ("draft", "medusa", "eagle")
+SPEC_METHODS = ("draft", "medusa", "eagle", "eagle3")
 
 
 def parse_dtype(dtype: Any) -> Optional[torch.dtype]:
@@ -70,6 +70,7 @@ class SpeculativeConfig:
 
     ``method`` "eagle": ``draft_model`` is an EAGLE(-1/2) head directory (:mod:`.speculative.eagle`)
     or an ``EagleDraftModel``; ``mode`` and the sizes as for a draft model ("tree" is EAGLE-2's).
+    ``method`` "eagle3": the same with an EAGLE-3 head (:mod:`.speculative.eagle3`, ``Eagle3DraftModel``).
     """
 
     draft_model: Any
@@ -83,8 +84,6 @@ class SpeculativeConfig:
     def __post_init__(self):
         from .speculative.trees import check_tree
 
-        if self.method == "eagle3":
-            raise ValueError(f"spec_method={self.method!r} is not implemented yet (one of {SPEC_METHODS})")
         if self.method not in SPEC_METHODS:
             raise ValueError(f"spec_method must be one of {SPEC_METHODS}, got {self.method!r}")
         if self.mode is None:

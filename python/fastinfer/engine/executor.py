@@ -100,7 +100,7 @@ class Executor:
             self.draft_model = None  # a draft with its own KV pool: a draft model or an EAGLE head
             if spec is not None and spec.method == "draft":
                 self.draft_model = self._load_draft(spec)
-            elif spec is not None and spec.method == "eagle":
+            elif spec is not None and spec.method in ("eagle", "eagle3"):
                 self.draft_model = load_eagle_head(spec, self.model)
             extra = self.draft_model.kv_cache_bytes_per_block(self.block_size) if self.draft_model is not None else 0
             self.runner.init_kv(self.runner.agreed_num_kv_blocks(extra))
@@ -221,6 +221,8 @@ class Executor:
         for seq in list(sampled) + [d.seq for d in drafts] + [s for s, _ in prefills]:
             plan.tables[seq.seq_id] = list(seq.block_table)
         plan.want_hidden = self.drafter is not None and self.drafter.wants_hidden_states
+        if plan.want_hidden:
+            plan.hidden_layers = tuple(self.drafter.hidden_layers)
         logits, hidden = self.runner.forward(plan)
         if plan.want_hidden == "all":  # every row, by the KV slot it was computed at
             self.drafter.observe_slot_hidden_states(plan_slots(plan, self.block_size), hidden)

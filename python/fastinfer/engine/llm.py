@@ -65,8 +65,9 @@ class LLM:
             ``SamplingParams(speculative=False)``. The draft's KV pool uses the target's block ids.
         spec_method / spec_model: "draft" (``spec_model`` a draft model, as ``draft_model=``),
             "medusa" (a Medusa heads directory, Medusa or vLLM layout: a static tree ``spec_tree`` of
-            top-k rank paths on the target's hidden states) or "eagle" (an EAGLE-1/2 head directory:
-            chain or EAGLE-2 tree). See :class:`~.config.SpeculativeConfig`.
+            top-k rank paths on the target's hidden states), "eagle" (an EAGLE-1/2 head directory:
+            chain or EAGLE-2 tree) or "eagle3" (an EAGLE-3 head directory, EAGLE repository or vLLM
+            layout: the same drafting on three target layers). See :class:`~.config.SpeculativeConfig`.
         spec_mode: "chain" (``num_spec_tokens`` draft tokens in a row; the draft model's default)
             or "tree" (draft model: EAGLE-2-style tree of ``num_spec_tokens`` nodes,
             ``spec_tree_topk`` children per expanded node, ``spec_tree_depth`` levels; Medusa's

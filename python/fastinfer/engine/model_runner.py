@@ -59,6 +59,7 @@ class ForwardPlan:
     trees: List[Chunk] = field(default_factory=list)  # speculative verification, every row with logits
     tables: Dict[int, List[int]] = field(default_factory=dict)  # seq_id -> block table
     want_hidden: object = False  # rank 0 also wants the final hidden states: of the logits rows, or "all" rows
+    hidden_layers: Tuple[int, ...] = ()  # instead of the final ones: these layers' inputs, concatenated (EAGLE-3)
     moves: Tuple[List[int], List[int]] = ((), ())  # target KV slot moves (src, dst), applied first
     finished: List[int] = field(default_factory=list)  # seq ids no later plan mentions
 
@@ -186,10 +187,12 @@ class ModelRunner:
                 if not plan.want_hidden:
                     logits = self.model(batch, self.kv_caches)
                 else:
-                    hidden = self.model.hidden_states(batch, self.kv_caches)
-                    rows = hidden.index_select(0, batch.logits_indices)
-                    logits = self.model.compute_logits(rows)
-                    hidden = hidden if plan.want_hidden == "all" else rows
+                    hidden, aux = self.model.aux_hidden_states(batch, self.kv_caches, plan.hidden_layers)
+                    logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
+                    if plan.hidden_layers:
+                        hidden = aux
+                    if plan.want_hidden != "all":
+                        hidden = hidden.index_select(0, batch.logits_indices)
         if self.tp.rank != 0:
             return None, None
         return logits, hidden

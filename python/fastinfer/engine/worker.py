@@ -103,7 +103,7 @@ class PlanEncoder:
         for sid in plan.finished:
             self.sent.pop(sid, None)
         return (_pack_chunks(plan.chunks), plan.decodes, _pack_chunks(plan.trees), tables, plan.want_hidden,
-                (list(moves[0]), list(moves[1])), list(plan.finished))
+                tuple(plan.hidden_layers), (list(moves[0]), list(moves[1])), list(plan.finished))
 
 
 class PlanDecoder:
@@ -113,11 +113,11 @@ class PlanDecoder:
         self.tables: Dict[int, List[int]] = {}
 
     def decode(self, msg: tuple) -> ForwardPlan:
-        chunks, decodes, trees, tables, want_hidden, moves, finished = msg
+        chunks, decodes, trees, tables, want_hidden, hidden_layers, moves, finished = msg
         for sid, keep, tail in tables:
             self.tables[sid] = self.tables.get(sid, [])[:keep] + list(tail)
         plan = ForwardPlan(_unpack_chunks(chunks), list(decodes), _unpack_chunks(trees), {}, want_hidden,
-                           moves, finished)
+                           hidden_layers, moves, finished)
         for sid in [c.seq_id for c in plan.chunks + plan.trees] + [d[0] for d in plan.decodes]:
             plan.tables[sid] = self.tables[sid]
         for sid in finished:

@@ -32,12 +32,14 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=None,
                    help="speculative decoding with this draft model directory (same tokenizer; default: off); "
                         "the same as --spec-method draft --spec-model DIR")
-    p.add_argument("--spec-method", default=None, choices=["draft", "medusa", "eagle"],
-                   help="draft: a draft model; medusa: Medusa heads / eagle: an EAGLE head on the target's "
-                        "hidden states (needs --spec-model; default: draft when --draft-model is given)")
+    p.add_argument("--spec-method", default=None, choices=["draft", "medusa", "eagle", "eagle3"],
+                   help="draft: a draft model; medusa: Medusa heads / eagle: an EAGLE head / eagle3: an EAGLE-3 "
+                        "head on the target's hidden states (needs --spec-model; default: draft when "
+                        "--draft-model is given)")
     p.add_argument("--spec-model", default=None,
                    help="the draft model / heads directory of --spec-method (Medusa: Medusa or vLLM layout; "
-                        "EAGLE: the EAGLE repository's layout; default: none)")
+                        "EAGLE: the EAGLE repository's layout; EAGLE-3: EAGLE repository or vLLM layout; "
+                        "default: none)")
     p.add_argument("--spec-mode", default=None, choices=["chain", "tree"],
                    help="chain: draft tokens in a row; tree: EAGLE-2-style tree of draft tokens (Medusa: its "
                         "static tree) (default: chain for a draft model, tree for Medusa)")

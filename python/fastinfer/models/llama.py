@@ -125,6 +125,12 @@ class LlamaDecoderLayer(nn.Module):
             residual, x = x, self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm.add_norm(x, residual)
+        return self.attention_mlp(x, residual, batch, kv_cache, cos_sin_cache)
+
+    def attention_mlp(self, x: Tensor, residual: Tensor, batch: ForwardBatch, kv_cache: KVCache,
+                      cos_sin_cache: Tensor) -> Tuple[Tensor, Tensor]:
+        """The layer after its input norm: ``x`` the normed input (``qkv_proj``'s width), ``residual``
+        the stream (updated in place). Returns ``(mlp_out, residual)``."""
         T = x.shape[0]
         qkv = self.qkv_proj(x)
         q = qkv[:, : self.q_size].view(T, self.num_heads, self.head_dim)
@@ -285,16 +291,30 @@ class LlamaForCausalLM(nn.Module):
 
     def hidden_states(self, batch: ForwardBatch, kv_caches: Sequence[KVCache]) -> Tensor:
         """Final-normed hidden states ``[T, hidden]`` of every row (no lm_head)."""
+        return self.aux_hidden_states(batch, kv_caches, ())[0]
+
+    def aux_hidden_states(self, batch: ForwardBatch, kv_caches: Sequence[KVCache],
+                          layer_ids: Sequence[int]) -> Tuple[Tensor, Tensor]:
+        """``(final-normed hidden states [T, hidden], aux [T, len(layer_ids) * hidden])``: aux holds,
+        per id ``i`` in order, the residual stream entering layer ``i`` (the un-normed output of
+        layer ``i - 1``; id 0 is the embedding), as EAGLE-3 heads read it (vLLM's aux layer ids)."""
         if len(kv_caches) != self.num_layers:
             raise ValueError(f"expected {self.num_layers} per-layer kv caches, got {len(kv_caches)}")
+        bad = [i for i in layer_ids if not 0 <= int(i) < self.num_layers]
+        if bad:
+            raise ValueError(f"aux hidden-state layer ids {bad} out of range for {self.num_layers} layers")
         x = self.embed_tokens(batch.input_ids)
         residual = None
-        for layer, cache in zip(self.layers, kv_caches):
+        taken: Dict[int, Tensor] = {}
+        for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
+            if i in layer_ids:  # copies: the next layer's add_norm updates x and residual in place
+                taken[i] = x.clone() if residual is None else x + residual
             x, residual = layer(x, residual, batch, cache, self.cos_sin_cache)
+        aux = torch.cat([taken[int(i)] for i in layer_ids], dim=-1) if layer_ids else x[:, :0]
         if residual is None:  # no layers
-            return self.norm(x)
+            return self.norm(x), aux
         x, _ = self.norm.add_norm(x, residual)
-        return x
+        return x, aux
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """float32 logits of hidden states ``[N, hidden]`` (under TP: on rank 0; the other ranks get

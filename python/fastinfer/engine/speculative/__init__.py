@@ -52,7 +52,8 @@ Draft heads (``spec_method``, :mod:`.build` picks the drafter, :func:`.proposer.
 proposer): :mod:`.medusa` (static trees of :mod:`.trees` from heads on the hidden state that produced
 the root: the executor hands the drafter the target's hidden states of the logits rows) and
 :mod:`.eagle` (the drafting above, one row earlier, on a decoder layer fed with the target's features
-of every row, kept in a feature pool by KV slot).
+of every row, kept in a feature pool by KV slot) and :mod:`.eagle3` (the same on ``fc`` of three target
+layers' states, the drafter's ``hidden_layers``, with its own norm and a reduced vocabulary).
 
 Not speculated (they decode normally, in the same step): requests with ``SamplingParams.speculative
 = False``, requests using top-k / top-p / min-p / repetition penalty (the verifier reproduces the

@@ -13,14 +13,17 @@ __all__ = ["build_drafter", "load_eagle_head", "plan_slots"]
 
 
 def load_eagle_head(spec, target):
-    """The EAGLE head of ``spec`` (a directory, or an already built ``EagleDraftModel``)."""
+    """The EAGLE / EAGLE-3 head of ``spec`` (a directory, or an already built ``EagleDraftModel`` /
+    ``Eagle3DraftModel``, as ``spec.method`` says)."""
     from .eagle import EagleDraftModel, load_eagle
+    from .eagle3 import Eagle3DraftModel, load_eagle3
 
+    cls, load = (Eagle3DraftModel, load_eagle3) if spec.method == "eagle3" else (EagleDraftModel, load_eagle)
     head = spec.draft_model
     if isinstance(head, str):
-        return load_eagle(head, target)
-    if not isinstance(head, EagleDraftModel):
-        raise ValueError(f"spec_model for spec_method='eagle' must be an EAGLE directory or EagleDraftModel, "
+        return load(head, target)
+    if type(head) is not cls:
+        raise ValueError(f"spec_model for spec_method={spec.method!r} must be a head directory or {cls.__name__}, "
                          f"got {type(head).__name__}")
     return head
 
@@ -45,6 +48,10 @@ def _build(spec, target, draft_model, num_kv_blocks, block_size, device, max_num
         from .eagle import EagleDrafter
 
         return EagleDrafter(*args, num_kv_blocks)
+    if spec.method == "eagle3":
+        from .eagle3 import Eagle3Drafter
+
+        return Eagle3Drafter(*args, num_kv_blocks)
     return DraftModelDrafter(*args)
 
 

@@ -58,6 +58,9 @@ class Drafter:
     #: deterministic mode: a seeded chain draws its tokens with the verifier's position noise
     #: (coupled draws: a draft token is accepted whenever the draft's draw equals the target's)
     deterministic: bool = False
+    #: with ``wants_hidden_states``: hand over the inputs of these target layers, concatenated
+    #: (:meth:`~fastinfer.models.llama.LlamaForCausalLM.aux_hidden_states`), not the final states
+    hidden_layers: Tuple[int, ...] = ()
 
     def propose(self, items: Seq[Tuple[Sequence, int, int]], gens: Seq[torch.Generator]) -> List[Draft]:
         raise NotImplementedError

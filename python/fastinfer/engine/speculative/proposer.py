@@ -189,7 +189,7 @@ class EagleProposer(DraftModelProposer):
 def make_proposer(config: SpeculativeConfig, block_manager: BlockManager, max_model_len: int,
                   drafter) -> DraftModelProposer:
     """The core-side proposer of ``config.method`` (``drafter``: the executor's, for its tree)."""
-    if config.method in ("draft", "eagle"):
+    if config.method in ("draft", "eagle", "eagle3"):
         cls = DraftModelProposer if config.method == "draft" else EagleProposer
         return cls(config, block_manager, max_model_len)
     return StaticTreeProposer(config, block_manager, max_model_len, drafter.paths)
