@@ -313,3 +313,38 @@ def test_cli_generate_and_bench(tmp_path, capsys):
     res = json.loads(capsys.readouterr().out)
     assert res["spec_method"] == "medusa" and res["spec_verifications"] > 0
     assert res["greedy_outputs_identical"] == "2/2"
+
+
+def test_original_lm_head_without_the_copy_uses_the_targets(target, tmp_path):
+    """vLLM's ``original_lm_head``: the heads use the base model's LM head. A file without
+    ``lm_heads.0`` (the shipped heads) reads the target's; the same heads with the copy written
+    out (what vLLM loads) give the same logits, and greedy decoding is unchanged."""
+    from safetensors.torch import save_file
+
+    from fastinfer import LLM
+
+    tgt, _, _, _ = target
+    llm = LLM(tgt, dtype=torch.float32, device="cpu")
+    lm = llm.model.lm_head.weight.detach()[:300].clone()
+    blocks = {f"blocks.{i}.layers.0.{n}": t for i, (bl, _) in enumerate(_heads_tensors(64, 300, 3, 1, seed=5))
+              for n, t in zip(("weight", "bias"), bl[0])}
+    cfg = {"model_type": "medusa", "hidden_size": 64, "vocab_size": 300, "num_heads": 3, "num_hidden_layers": 1,
+           "medusa_fc_bias": True, "original_lm_head": True}
+    dirs = {}
+    for name, tensors in (("full", dict(blocks, **{"lm_heads.0.weight": lm})), ("tied", blocks)):
+        d = dirs[name] = str(tmp_path / name)
+        os.makedirs(d)
+        save_file(tensors, os.path.join(d, "model.safetensors"))
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(cfg, f)
+    with pytest.raises(ValueError, match="without lm_heads.0.weight use the target's LM head"):
+        load_medusa_heads(dirs["tied"], 64, 300, torch.float32, "cpu")
+    h = torch.randn(4, 64)
+    a = load_medusa_heads(dirs["full"], 64, 300, torch.float32, "cpu")(h)
+    b = load_medusa_heads(dirs["tied"], 64, 300, torch.float32, "cpu", llm.model.lm_head)(h)
+    assert a.shape == b.shape == (3, 4, 300)
+    assert ((a - b).norm() / a.norm()) < 1e-6
+    prompts, sp = [[5, 17, 33, 2, 8], [40, 41, 42]], SamplingParams(max_tokens=12, **GREEDY)
+    plain = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
+    spec = LLM(tgt, dtype=torch.float32, device="cpu", spec_method="medusa", spec_model=dirs["tied"])
+    assert [o.outputs[0].token_ids for o in spec.generate(prompts, sp)] == plain

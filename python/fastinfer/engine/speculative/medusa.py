@@ -18,6 +18,9 @@ Layouts (a directory with ``config.json`` and safetensors weights; see the READM
   (one projection shared by all heads); tensors ``blocks.{i}.layers.{j}.weight`` (``.bias``),
   ``lm_heads.{i}.weight`` (only ``lm_heads.0`` with ``original_lm_head``), optionally prefixed
   ``medusa_heads.``. A reduced vocabulary (``truncated_vocab_size`` / ``token_map``) is refused.
+  With ``original_lm_head`` (the heads use the base model's LM head) a file without ``lm_heads.0``
+  is read as what the flag says: the target's own LM head is used (fastinfer's reading; vLLM
+  needs the copy written out, ``tools/train_draft_heads.py --medusa-lm-head-copy`` does).
 """
 
 from __future__ import annotations
@@ -45,10 +48,11 @@ MEDUSA_LAYOUTS = ("medusa", "vllm")
 class MedusaHeads(torch.nn.Module):
     """``num_heads`` heads of ``num_layers`` residual blocks and a ``[V, H]`` projection each."""
 
-    def __init__(self, blocks: List[List[Tuple[Tensor, Optional[Tensor]]]], lm_heads: List[Tensor]):
+    def __init__(self, blocks: List[List[Tuple[Tensor, Optional[Tensor]]]], lm_heads: List[object]):
         super().__init__()
         self.blocks = blocks  # per head: [(W [H, H], b [H] or None)] * num_layers
-        self.lm_heads = lm_heads  # per head: [V, H] (possibly one tensor shared by all heads)
+        # per head: W [V, H], or the target's LM head module (float32 logits); possibly shared by all heads
+        self.lm_heads = lm_heads
 
     @property
     def num_heads(self) -> int:
@@ -61,7 +65,7 @@ class MedusaHeads(torch.nn.Module):
             x = hidden
             for w, b in blocks:
                 x = x + F.silu(F.linear(x, w, b))
-            out.append(F.linear(x, lm).float())
+            out.append(F.linear(x, lm).float() if isinstance(lm, Tensor) else lm(x))
         return torch.stack(out)
 
 
@@ -97,9 +101,12 @@ def medusa_layout(cfg: dict) -> str:
                      "(Medusa repository) or model_type 'medusa' with num_heads / num_hidden_layers (vLLM)")
 
 
-def load_medusa_heads(path: str, hidden_size: int, vocab_size: int, dtype: torch.dtype, device) -> MedusaHeads:
+def load_medusa_heads(path: str, hidden_size: int, vocab_size: int, dtype: torch.dtype, device,
+                      target_lm_head=None) -> MedusaHeads:
     """Heads of directory ``path`` for a target of ``hidden_size`` / ``vocab_size`` (layout detected
-    from config.json; a missing or wrong-shape tensor is an error naming it, extra tensors too)."""
+    from config.json; a missing or wrong-shape tensor is an error naming it, extra tensors too).
+    ``target_lm_head``: the target's LM head module, used by ``original_lm_head`` heads whose file
+    has no ``lm_heads.0``."""
     cfg, reader = _read_dir(path)
     layout = medusa_layout(cfg)
     H, V = int(hidden_size), int(vocab_size)
@@ -126,9 +133,17 @@ def load_medusa_heads(path: str, hidden_size: int, vocab_size: int, dtype: torch
         return reader.get_float(name, shape).to(device=device, dtype=dtype).contiguous()
 
     blocks = [[(get(w, (H, H)), get(b, (H,)) if b is not None else None) for w, b in head] for head in names]
-    lms: Dict[str, Tensor] = {}
+    lms: Dict[str, object] = {}
+    shared = layout == "vllm" and cfg.get("original_lm_head", False)
     for n in lm:
-        if n not in lms:
+        if n in lms:
+            continue
+        if shared and not reader.has(n):
+            if target_lm_head is None:
+                raise ValueError(f"{path}: original_lm_head heads without {n} use the target's LM head: load "
+                                 "them for a target (LLM(spec_method='medusa')), or write the tensor out")
+            lms[n] = target_lm_head
+        else:
             lms[n] = get(n, (V, H))
     unused = reader.unused()
     if unused:
@@ -201,7 +216,7 @@ def build_medusa_drafter(spec, target, device: torch.device) -> MedusaDrafter:
     c = target.config
     heads = spec.draft_model
     if isinstance(heads, str):
-        heads = load_medusa_heads(heads, int(c.hidden_size), int(c.vocab_size), target.dtype, device)
+        heads = load_medusa_heads(heads, int(c.hidden_size), int(c.vocab_size), target.dtype, device, target.lm_head)
     elif not isinstance(heads, MedusaHeads):
         raise ValueError(f"spec_model for spec_method='medusa' must be a heads directory or MedusaHeads, "
                          f"got {type(heads).__name__}")
