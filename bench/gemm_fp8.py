@@ -14,35 +14,20 @@ fastinfer time. Without a GPU the script times the CPU implementations on shapes
 16 in N and K (``--quick``: two shapes, M in {1, 16}); every such row is labelled CPU and says
 nothing about GPU performance.
 
-    python bench/gemm_fp8.py [--quick] [--json PATH] [--deadline SECONDS] [--models 8b,70b]
+    python bench/gemm_fp8.py [--quick] [--json PATH] [--deadline SECONDS] [--models 8b,70b] [--threads N]
+
+The run loop, the CPU scaling and the JSON are bench/timing.py's gemm_bench_main (shared with gemm_int8.py).
 """
 
 from __future__ import annotations
-
-import argparse
-import json
-import os
-import time
 
 import torch
 
 import fastinfer  # noqa: F401
 from fastinfer import ops
 
-from timing import device_label, git_commit, time_fn
+from timing import gemm_bench_main
 
-# (model, layer, N, K): hidden 4096 / 8192, intermediate 14336 / 28672, 32 / 64 query heads, 8 KV
-# heads, head dim 128.
-LLAMA3_SHAPES = [
-    ("8b", "qkv", 6144, 4096),
-    ("8b", "o", 4096, 4096),
-    ("8b", "gate_up", 28672, 4096),
-    ("8b", "down", 4096, 14336),
-    ("70b", "qkv", 10240, 8192),
-    ("70b", "o", 8192, 8192),
-    ("70b", "gate_up", 57344, 8192),
-    ("70b", "down", 8192, 28672),
-]
 M_VALUES = [1, 4, 16, 64, 256, 4096]
 
 
@@ -58,86 +43,25 @@ def make_case(m, n, k, device):
     return dict(x=x, w=w, qa=qa, sa=sa, qb=qb, sb=sb, ga=ga, gsa=gsa, qbb=qbb, gsb=gsb)
 
 
-def impls_for(c, device):
-    out = {
-        "fastinfer": lambda _: ops.fp8_scaled_mm(c["qa"], c["qb"], c["sa"], c["sb"], torch.bfloat16),
-    }
+def impls_for(c):
     sa_col, sb_row = c["sa"].view(-1, 1), c["sb"].view(1, -1)
     bt = c["qb"].t()  # [K, N] column-major, what _scaled_mm wants
 
     def scaled_mm(_):
         return torch._scaled_mm(c["qa"], bt, scale_a=sa_col, scale_b=sb_row, out_dtype=torch.bfloat16)
 
-    out["torch_scaled_mm"] = scaled_mm
-    out["fastinfer_block"] = lambda _: ops.fp8_scaled_mm(c["ga"], c["qbb"], c["gsa"], c["gsb"], torch.bfloat16)
-    out["torch_bf16"] = lambda _: c["x"] @ c["w"].t()
-    return out
-
-
-def print_row(r):
-    dev = "CPU" if r["device"].startswith("CPU") else "GPU"
-    us = f"{r['us']:.1f}" if r.get("us") else "error"
-    metric = f"{r['tflops']:.3f} TFLOP/s" if "tflops" in r else (r.get("error") or "")
-    sp = f"{r['speedup_of_fastinfer']:.2f}x" if r.get("speedup_of_fastinfer") else ""
-    print(f"{dev:<4} {r['shape']:<36} {r['impl']:<16} {us:>11} us  {metric:<40} {sp}", flush=True)
+    return {
+        "fastinfer": lambda _: ops.fp8_scaled_mm(c["qa"], c["qb"], c["sa"], c["sb"], torch.bfloat16),
+        "torch_scaled_mm": scaled_mm,
+        "fastinfer_block": lambda _: ops.fp8_scaled_mm(c["ga"], c["qbb"], c["gsa"], c["gsb"], torch.bfloat16),
+        "torch_bf16": lambda _: c["x"] @ c["w"].t(),
+    }
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--json", default=None)
-    p.add_argument("--deadline", type=float, default=None, help="stop starting new shapes after S seconds")
-    p.add_argument("--models", default="8b,70b")
-    p.add_argument("--reps", type=int, default=None)
-    p.add_argument("--budget", type=float, default=None, help="seconds of timing per implementation and shape")
-    args = p.parse_args(argv)
-    device = torch.device("cuda" if fastinfer.cuda_available() else "cpu")
-    cpu = device.type == "cpu"
-    args.reps = args.reps or (10 if not cpu else 3)
-    args.budget = args.budget or (0.2 if not cpu else 0.05)
-    deadline = time.perf_counter() + (args.deadline if args.deadline else 1e9)
-    models = set(args.models.split(","))
-    shapes = [s for s in LLAMA3_SHAPES if s[0] in models]
-    m_values = M_VALUES
-    if cpu:  # the CPU implementation on scaled-down shapes: plumbing and CPU-runner figures only
-        shapes = [(mod, f"{layer}/16", n // 16, k // 16) for mod, layer, n, k in shapes]
-        m_values = [1, 16, 64]
-    if args.quick:
-        shapes, m_values = shapes[:2], m_values[:2] if cpu else [1, 64, 4096]
-    t0 = time.perf_counter()
-    rows = []
-    for model, layer, n, k in shapes:
-        for m in m_values:
-            if time.perf_counter() > deadline:
-                break
-            c = make_case(m, n, k, device)
-            flops = 2.0 * m * n * k
-            shape = f"llama3-{model} {layer} M={m} N={n} K={k}"
-            base = None
-            for name, fn in impls_for(c, device).items():
-                try:
-                    us = time_fn(fn, [None], device, budget_s=args.budget, reps=args.reps, warmup=2)
-                    err = None
-                except Exception as e:  # e.g. torch._scaled_mm without a kernel for this device
-                    us, err = None, f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"
-                row = dict(kernel="fp8_scaled_mm", impl=name, model=model, layer=layer, m=m, n=n, k=k, shape=shape,
-                           device=device_label(device), cpu_only=cpu, us=us, error=err)
-                if us:
-                    row["tflops"] = flops / (us * 1e-6) / 1e12
-                    if name == "fastinfer":
-                        base = us
-                    elif base:
-                        row["speedup_of_fastinfer"] = us / base
-                rows.append(row)
-                print_row(row)
-            del c
-    label = "CPU figures only -- not a GPU measurement" if cpu else "GPU"
-    print(f"{label}; {time.perf_counter() - t0:.1f} s")
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(dict(device=device_label(device), torch=torch.__version__, commit=git_commit(), cpu_only=cpu,
-                           rows=rows), f, indent=1)
+    return gemm_bench_main(argv, __doc__, kernel="fp8_scaled_mm", metric="tflops", unit="TFLOP/s", m_values=M_VALUES,
+                           cpu_m_values=[1, 16, 64], quick_gpu_m_values=[1, 64, 4096], make_case=make_case,
+                           impls_for=impls_for)
 
 
 if __name__ == "__main__":

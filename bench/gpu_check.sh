@@ -45,10 +45,13 @@
 #   ptxas 1.3 s; 6.2 GB peak memory). Every other step is under 25 s of CPU (each torch binding .cpp
 #   15-20 s, e.g. cpu_attention.cpp 17.9 s; attention_decode.cu the longest .cu). Only the archive and the
 #   _C link (~3 s) follow it.
-#   Estimate for the 16-core H200 machine: configure ~20 s + fp8_gemm_sm90.cu ~110 s (the other 475 s of CPU
-#   spread over 15 cores, ~32 s, run beside it) + link, ptxas report, install ~15 s: ~145 s at this machine's
-#   per-core speed, hence a 220 s maximum. Splitting fp8_gemm_sm90.cu per tile configuration (3 TUs) would cut
-#   the critical path to about 40 s and the build to ~80 s.
+#   cuda/src/int8_gemm_sm90.cu (the int8 wgmma GEMMs, 6 kernels, same shared template) is a second such
+#   step: 154 s CPU (138 user + 15 sys; measured 2026-12-01 at load ~14, so inflated against the 110 s above),
+#   independent of fp8_gemm_sm90.cu, so the two run side by side (~6 GB each).
+#   Estimate for the 16-core H200 machine: configure ~20 s + the longer of the two *_sm90.cu ~110-150 s (the
+#   other 475 s of CPU spread over 14 cores, ~35 s, run beside them) + link, ptxas report, install ~15 s:
+#   ~150-185 s at this machine's per-core speed, within the 220 s maximum. Splitting each *_sm90.cu per tile
+#   configuration (3 TUs each) would cut the critical path to about 40-50 s and the build to ~90 s.
 #
 # Pre-flight (CI, no GPU): `make preflight` (tools/preflight_torch_headers.py, run by .ci/run after make test)
 # compiles the torch binding sources against the headers of torch 2.11 -- the lent machine's torch -- so an

@@ -95,7 +95,23 @@ def test_extension_contains_sm80_and_sm90a_cubins():
 # Hopper-only kernels: cuda/src/*_sm90.cu (CUTLASS 3.x TMA + wgmma) are compiled for sm_90a alone.
 SM90_ONLY_SOURCE = "_sm90.cu"
 FP8_SM90_SOURCE = "fp8_gemm_sm90.cu"
-FP8_SM90_MIN_KERNELS = 6  # 3 tile configurations x 2 output dtypes
+INT8_SM90_SOURCE = "int8_gemm_sm90.cu"
+SM90_MIN_KERNELS = 6  # per source: 3 tile configurations x 2 output dtypes
+
+
+def is_cutlass_fp8_gemm(kernel):
+    # cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<..., float_e4m3_t, ...>>
+    return "GemmUniversal" in kernel and "float_e4m3_t" in kernel
+
+
+def is_cutlass_int8_gemm(kernel):
+    # cutlass::device_kernel<GemmUniversal<... TiledMMA<MMA_Atom<SM90_64xNx32_S32S8S8_SS_TN> ...>>>
+    return "GemmUniversal" in kernel and "S32S8S8" in kernel
+
+
+# (source, which kernels it must hold): each sm_90a-only W8A8 GEMM source.
+SM90_GEMMS = [(FP8_SM90_SOURCE, is_cutlass_fp8_gemm), (INT8_SM90_SOURCE, is_cutlass_int8_gemm)]
+SM90_IDS = ["fp8", "int8"]
 
 
 def report_sections(text):
@@ -130,23 +146,19 @@ def test_sm90_only_kernels_found_by_object_name():
     assert sm90_only_kernels(text, FP8_SM90_SOURCE) == {"_Z4gemmv"}
 
 
-def is_cutlass_fp8_gemm(kernel):
-    # cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<..., float_e4m3_t, ...>>
-    return "GemmUniversal" in kernel and "float_e4m3_t" in kernel
-
-
 @needs_cuda_build
-def test_fp8_sm90_kernels_in_ptxas_report_sm90a_only_without_spills():
+@pytest.mark.parametrize("source,is_gemm", SM90_GEMMS, ids=SM90_IDS)
+def test_sm90_gemm_kernels_in_ptxas_report_sm90a_only_without_spills(source, is_gemm):
     assert os.path.exists(REPORT), f"{REPORT} missing: the build must keep the ptxas -v report"
     text = open(REPORT).read()
-    kernels = sm90_only_kernels(text, FP8_SM90_SOURCE)
-    assert len(kernels) >= FP8_SM90_MIN_KERNELS, (
-        f"{FP8_SM90_SOURCE}: {len(kernels)} kernels in the ptxas report, expected >= {FP8_SM90_MIN_KERNELS} "
+    kernels = sm90_only_kernels(text, source)
+    assert len(kernels) >= SM90_MIN_KERNELS, (
+        f"{source}: {len(kernels)} kernels in the ptxas report, expected >= {SM90_MIN_KERNELS} "
         "(it compiles to stubs unless 90a is in FASTINFER_CUDA_ARCHS and CUTLASS headers are found)"
     )
     entries = parse_ptxas_report(text)
     for k in kernels:
-        assert is_cutlass_fp8_gemm(k), f"unexpected kernel in {FP8_SM90_SOURCE}: {k[:200]}"
+        assert is_gemm(k), f"unexpected kernel in {source}: {k[:200]}"
         archs = {a for kk, a in entries if kk == k}
         assert archs == {"sm_90a"}, f"{k[:120]}... built for {sorted(archs)}, expected sm_90a only"
         v = entries[(k, "sm_90a")]
@@ -154,6 +166,19 @@ def test_fp8_sm90_kernels_in_ptxas_report_sm90a_only_without_spills():
         assert (v.get("stack", 1), v.get("spill_stores", 1), v.get("spill_loads", 1)) == (0, 0, 0), (
             f"{k[:120]}...: {v}"
         )
+
+
+def test_sm90_gemm_kernel_names_tell_fp8_from_int8():
+    # Prefixes of the real names (ptxas report, CUTLASS 4.2): the operand types show in the wgmma atom.
+    head = ("_ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversalIN4cute5tupleIJiiiiEEENS1_10collective13"
+            "CollectiveMmaINS1_34MainloopSm90TmaGmmaWarpSpecializedILi13ENS5_IJNS4_1CILi1EEENSA_ILi4EEESB_EEENS1_")
+    int8 = head + ("32KernelTmaWarpSpecializedPingpongEEENS5_IJNSA_ILi64EEESG_NSA_ILi128EEEEEEaNS5_IJlSB_lEEEaSJ_NS4_8"
+                   "TiledMMAINS4_8MMA_AtomIJNS4_4SM904GMMA26MMA_64x64x32_S32S8S8_SS_TNEEEE")
+    fp8 = head + ("44KernelTmaWarpSpecializedPingpongFP8FastAccumEEENS5_IJNSA_ILi64EEESG_NSA_ILi128EEEEEENS_12"
+                  "float_e4m3_tENS5_IJlSB_lEEESJ_SK_NS4_8TiledMMAINS4_8MMA_AtomIJNS4_4SM904GMMA30"
+                  "MMA_64x64x32_F32E4M3E4M3_SS_TNILNSO_7ScaleInE1ELSQ_1EEEEE")
+    assert is_cutlass_fp8_gemm(fp8) and not is_cutlass_int8_gemm(fp8)
+    assert is_cutlass_int8_gemm(int8) and not is_cutlass_fp8_gemm(int8)
 
 
 def parse_resource_usage(text):
@@ -170,18 +195,18 @@ def parse_resource_usage(text):
     return sections
 
 
-def check_fp8_sm90_cubin(tool, path):
+def check_sm90_cubin(tool, path, source, is_gemm):
     usage = subprocess.run([tool, "--dump-resource-usage", path], capture_output=True, text=True, check=True).stdout
-    ours = [s for s in parse_resource_usage(usage) if s[2].endswith(FP8_SM90_SOURCE)]
-    assert ours, f"no code from {FP8_SM90_SOURCE} in {path}"
+    ours = [s for s in parse_resource_usage(usage) if s[2].endswith(source)]
+    assert ours, f"no code from {source} in {path}"
     assert {(kind, arch) for kind, arch, _, _ in ours} == {("elf", "sm_90a")}, (
-        f"{FP8_SM90_SOURCE} must be sm_90a SASS only, found {sorted({(k, a) for k, a, _, _ in ours})} in {path}"
+        f"{source} must be sm_90a SASS only, found {sorted({(k, a) for k, a, _, _ in ours})} in {path}"
     )
     funcs = {name: v for _, _, _, f in ours for name, v in f.items()}
-    gemms = {name: v for name, v in funcs.items() if is_cutlass_fp8_gemm(name)}
-    assert len(gemms) >= FP8_SM90_MIN_KERNELS, f"fp8 GEMM kernels in the sm_90a cubin of {path}: {len(gemms)}"
+    gemms = {name: v for name, v in funcs.items() if is_gemm(name)}
+    assert len(gemms) >= SM90_MIN_KERNELS, f"GEMM kernels of {source} in the sm_90a cubin of {path}: {len(gemms)}"
     bad = {name[:120]: v for name, v in gemms.items() if v["STACK"] or v["LOCAL"]}
-    assert not bad, f"fp8 sm90 kernels with stack or local memory in {path}: {bad}"
+    assert not bad, f"{source} kernels with stack or local memory in {path}: {bad}"
 
 
 def op_has_cuda_kernel(op):
@@ -192,18 +217,20 @@ def op_has_cuda_kernel(op):
 
 
 @needs_cuda_build
-def test_kernel_library_contains_sm90a_fp8_gemm_cubin():
+@pytest.mark.parametrize("source,is_gemm", SM90_GEMMS, ids=SM90_IDS)
+def test_kernel_library_contains_sm90a_gemm_cubin(source, is_gemm):
     """The installed C++ package's fastinfer::kernels (lib/libfastinfer_kernels.a) holds the kernels
     as sm_90a SASS only, without stack or local memory; so does the extension once an op links them
     (a static library contributes only the objects something references)."""
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
-    check_fp8_sm90_cubin(tool, os.path.join(PKG_DIR, "lib", "libfastinfer_kernels.a"))
+    check_sm90_cubin(tool, os.path.join(PKG_DIR, "lib", "libfastinfer_kernels.a"), source, is_gemm)
     ext = importlib.util.find_spec("fastinfer._C").origin
     listing = subprocess.run([tool, "--list-elf", ext], capture_output=True, text=True, check=True).stdout
-    if "fp8_gemm_sm90" in listing or op_has_cuda_kernel("fastinfer::fp8_scaled_mm"):
-        check_fp8_sm90_cubin(tool, ext)
+    op = "fastinfer::fp8_scaled_mm" if source == FP8_SM90_SOURCE else "fastinfer::int8_scaled_mm"
+    if source.removesuffix(".cu") in listing or op_has_cuda_kernel(op):
+        check_sm90_cubin(tool, ext, source, is_gemm)
 
 
 def test_parse_resource_usage():

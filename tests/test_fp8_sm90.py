@@ -2,12 +2,13 @@
 
 The kernels are reached through ``torch.ops.fastinfer.fp8_scaled_mm`` on a CUDA device of compute
 capability 9.0; the shapes below pick each of the three tile configurations of
-``launch_fp8_gemm_sm90`` (by M: <= 64, <= 128, larger) with both output dtypes, both scale modes
-and with/without bias, and compare against an fp64 reference computed here from the same fp8
+``launch_fp8_gemm_sm90`` (by M: <= 64, <= 128, larger) with both output dtypes, every scale mode
+([1] or [M] x [1] or [N]) and with/without bias, and compare against an fp64 reference computed here from the same fp8
 values. Everything is skipped without a GPU (``@pytest.mark.cuda``), on a non-Hopper GPU, or while
 the op is not registered. The build-side checks (the sm_90a cubin holds these kernels, no spills)
-are in tests/test_build.py and run on the CPU, as does test_fp8_sm90_host_checks below (the
-launcher's argument validation, linked from the installed static library, without a GPU).
+are in tests/test_build.py and run on the CPU, as does test_w8a8_sm90_host_checks below (the fp8
+and int8 launchers' argument validation and the int8 backend choice, linked from the installed
+static library, without a GPU).
 
 Error rule (tests/conftest.py, adapted): rel-norm error <= 1e-2 and
 max|out - ref| <= 2 * max|naive - ref| + 2^-9 * max|ref|, ``naive`` being the same product
@@ -91,20 +92,43 @@ SHAPES = [
 ]
 
 
+# Scale modes: (per-token scale_a, per-channel scale_b). Both broadcasts are chosen at run time,
+# each on its own, so the mixed modes run the same kernels (checked on one shape per configuration).
+SCALE_MODES = {"tensor": (False, False), "token_channel": (True, True)}
+MIXED_MODES = {"token_tensor": (True, False), "tensor_channel": (False, True)}
+MIXED_SHAPES = [SHAPES[1], SHAPES[3], SHAPES[5]]
+
+
+def _shape_ids(shapes):
+    return [f"{m}x{n}x{k}-{c.split('_')[0]}" for m, n, k, c in shapes]
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("per_token_channel", [False, True], ids=["tensor", "token_channel"])
+@pytest.mark.parametrize("scales", list(SCALE_MODES))
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
-@pytest.mark.parametrize("m,n,k,config", SHAPES, ids=[f"{m}x{n}x{k}-{c.split('_')[0]}" for m, n, k, c in SHAPES])
-def test_fp8_scaled_mm_sm90(m, n, k, config, with_bias, per_token_channel, out_dtype):
+@pytest.mark.parametrize("m,n,k,config", SHAPES, ids=_shape_ids(SHAPES))
+def test_fp8_scaled_mm_sm90(m, n, k, config, with_bias, scales, out_dtype):
+    check_fp8_scaled_mm_sm90(m, n, k, config, with_bias, SCALE_MODES[scales], out_dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16], ids=["bf16"])
+@pytest.mark.parametrize("scales", list(MIXED_MODES))
+@pytest.mark.parametrize("m,n,k,config", MIXED_SHAPES, ids=_shape_ids(MIXED_SHAPES))
+def test_fp8_scaled_mm_sm90_mixed_scales(m, n, k, config, scales, out_dtype):
+    check_fp8_scaled_mm_sm90(m, n, k, config, True, MIXED_MODES[scales], out_dtype)
+
+
+def check_fp8_scaled_mm_sm90(m, n, k, config, with_bias, per_row_col, out_dtype):
     _require_hopper()
     op = _op()
     g = torch.Generator().manual_seed(m * 131 + n * 7 + k)
     # Rows with different magnitudes so that per-token / per-channel scales matter.
     x = torch.randn(m, k, generator=g) * torch.linspace(0.25, 4.0, m)[:, None]
     w = torch.randn(n, k, generator=g) * torch.linspace(0.5, 2.0, n)[:, None] / k**0.5
-    a, scale_a = quantize(x, per_token_channel)
-    b, scale_b = quantize(w, per_token_channel)
+    a, scale_a = quantize(x, per_row_col[0])
+    b, scale_b = quantize(w, per_row_col[1])
     bias = (torch.randn(n, generator=g)).to(out_dtype) if with_bias else None
 
     ref = reference(a, b, scale_a, scale_b, bias)
@@ -134,17 +158,20 @@ def find_nvcc():
 
 
 @pytest.mark.skipif(not BUILT_WITH_CUDA, reason="extension built without CUDA kernels")
-def test_fp8_sm90_host_checks(tmp_path):
-    """tests/host/fp8_sm90_host_checks.cpp linked against the installed fastinfer::kernels: the
-    sm_90a kernels are in the library, m picks the documented tile configuration, every bad argument
-    gives its documented error, and valid arguments pass CUTLASS's can_implement (on a machine
-    without a GPU the call then fails at the device query; with one, no launch is attempted)."""
+def test_w8a8_sm90_host_checks(tmp_path):
+    """tests/host/w8a8_sm90_host_checks.cpp linked against the installed fastinfer::kernels: the fp8
+    and int8 sm_90a kernels are in the library, m picks the documented tile configuration, every
+    bad argument gives its documented error, valid arguments (every scale mode, int8 zero points)
+    pass CUTLASS's can_implement (on a machine without a GPU the call then fails at the device
+    query; with one, no launch is attempted), and select_int8_gemm_backend / w8a8_gemm_sm90_applies
+    pick the sm_90a kernels exactly where documented (by compute capability, build, forced tiles,
+    FASTINFER_INT8_GEMM, alignment)."""
     nvcc = find_nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found")
-    exe = tmp_path / "fp8_sm90_host_checks"
+    exe = tmp_path / "w8a8_sm90_host_checks"
     cmd = [nvcc, "-std=c++17", "-O1", "-I", os.path.join(PKG_DIR, "include"),
-           os.path.join(HERE, "host", "fp8_sm90_host_checks.cpp"),
+           os.path.join(HERE, "host", "w8a8_sm90_host_checks.cpp"),
            os.path.join(PKG_DIR, "lib", "libfastinfer_kernels.a"), "-o", str(exe)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -6,7 +6,7 @@
 #include "fastinfer/gemm/fp8.h"
 #include "fastinfer/gemm/fp8_gemm.cuh"
 #include "fastinfer/gemm/fp8_quantize.cuh"
-#include "fastinfer/gemm/fp8_sm90.h"
+#include "fastinfer/gemm/w8a8_sm90.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -63,15 +63,12 @@ cudaError_t launch_quantize(const Fp8QuantizeParams& p, cudaStream_t stream) {
 }
 
 // ---- GEMM dispatch ---------------------------------------------------------------------------
-// THE dispatch point between fp8 GEMM kernel families. Today sm_89 and sm_90 run the mma.sync
-// kernel below. DISPATCH POINT (lead): the CUTLASS 3.x sm90a warp-specialised kernels (TMA + wgmma)
-// get an enum value here, are chosen in select_fp8_gemm_backend from the device's compute
-// capability (major == 9) and the problem, and a case in launch_fp8_scaled_mm below calls their
-// launch function with the same Fp8ScaledMmParams.
-// Note for that choice: mma.sync.m16n8k32 e4m3 is native on Ada (sm_89) only; on Hopper ptxas
-// emulates it (conversion to f16 + f16 mma: NVIDIA/cutlass#1986, and our sm_90a builds use ~2x the
-// registers of sm_89), so on sm_90 the wgmma kernels should take every shape they support, and
-// this kernel is the fallback (and the sm_89 path).
+// THE dispatch point between fp8 GEMM kernel families: the CUTLASS 3.x sm_90a kernels (TMA +
+// wgmma, fastinfer/gemm/w8a8_sm90.h) on Hopper wherever w8a8_gemm_sm90_applies (shared with int8)
+// and the scales are not blockwise; the mma.sync kernel below otherwise (and on sm_89).
+// mma.sync.m16n8k32 e4m3 is native on Ada (sm_89) only; on Hopper ptxas emulates it (conversion
+// to f16 + f16 mma: NVIDIA/cutlass#1986, and our sm_90a builds use ~2x the registers of sm_89),
+// so on sm_90 the wgmma kernels take every shape they support and this kernel is the fallback.
 enum class Fp8GemmBackend { kMmaSyncSm89, kCutlassSm90 };
 
 // FASTINFER_FP8_GEMM=mma forces the mma.sync kernel (tests compare both paths on one GPU).
@@ -83,34 +80,12 @@ bool mma_sync_forced() {
   return forced;
 }
 
-Fp8GemmSm90Args sm90_args(const Fp8ScaledMmParams& p) {
-  Fp8GemmSm90Args a{};
-  a.a = p.a;
-  a.b = p.b;
-  a.out = p.out;
-  a.bias = p.bias;
-  a.scale_a = p.scale_a;
-  a.scale_b = p.scale_b;
-  a.m = p.m;
-  a.n = p.n;
-  a.k = p.k;
-  a.per_token_channel = p.scale_a_per_row;
-  a.out_dtype = p.out_dtype;
-  return a;
-}
-
-// The wgmma kernels take per-tensor x per-tensor or per-token x per-channel scales (one runtime
-// flag for both), 16-byte aligned operands and no workspace today; everything else (blockwise
-// scales, mixed [1] x [N] scales, sm_89) runs the mma.sync kernel.
 Fp8GemmBackend select_fp8_gemm_backend(const Fp8ScaledMmParams& p, int cc_major, int cc_minor) {
-  if (cc_major != 9 || cc_minor != 0 || !fp8_gemm_sm90_available() || mma_sync_forced())
-    return Fp8GemmBackend::kMmaSyncSm89;
-  if (p.scale_mode != Fp8ScaleMode::kTensorOrChannel || p.scale_a_per_row != p.scale_b_per_col)
-    return Fp8GemmBackend::kMmaSyncSm89;
-  if (!is_aligned(p.a, 16) || !is_aligned(p.b, 16) || !is_aligned(p.out, 16) || p.k == 0)
-    return Fp8GemmBackend::kMmaSyncSm89;
-  if (fp8_gemm_sm90_workspace_bytes(sm90_args(p)) != 0) return Fp8GemmBackend::kMmaSyncSm89;
-  return Fp8GemmBackend::kCutlassSm90;
+  const Sm90Target target{cc_major, cc_minor, fp8_gemm_sm90_available(), mma_sync_forced()};
+  const W8a8GemmSm90Args args = w8a8_gemm_sm90_args(p);
+  const bool sm90 = p.scale_mode == Fp8ScaleMode::kTensorOrChannel && w8a8_gemm_sm90_applies(target, args) &&
+                    fp8_gemm_sm90_workspace_bytes(args) == 0;
+  return sm90 ? Fp8GemmBackend::kCutlassSm90 : Fp8GemmBackend::kMmaSyncSm89;
 }
 
 template <typename Cfg, typename TOut, bool kBlockwise>
@@ -199,7 +174,7 @@ cudaError_t launch_fp8_scaled_mm(const Fp8ScaledMmParams& p, cudaStream_t stream
   if (major * 10 + minor < 89) return cudaErrorNotSupported;  // no e4m3 mma before Ada (sm_89)
   switch (fp8::select_fp8_gemm_backend(p, major, minor)) {
     case fp8::Fp8GemmBackend::kCutlassSm90:
-      return launch_fp8_gemm_sm90(fp8::sm90_args(p), stream);
+      return launch_fp8_gemm_sm90(w8a8_gemm_sm90_args(p), stream);
     case fp8::Fp8GemmBackend::kMmaSyncSm89:
       return FASTINFER_DISPATCH_HALF(p.out_dtype, TOut, [&] {
         return p.scale_mode == Fp8ScaleMode::kBlockwise ? fp8::launch_mma_sync<TOut, true>(p, stream)

@@ -1,11 +1,15 @@
 // INT8 launchers: dynamic int8 quantisation (fp16/bf16 in: per token symmetric / asymmetric, per
-// tensor given or computed) and the scaled s8 mma.sync GEMM ({small, medium, large} tiles x
-// {fp16, bf16} out = 6 kernels).
+// tensor given or computed) and the scaled s8 GEMM: the mma.sync kernel ({small, medium, large}
+// tiles x {fp16, bf16} out = 6 kernels), or on Hopper the CUTLASS sm_90a kernel (int8_gemm_sm90.cu).
 #include "fastinfer/common/dispatch.cuh"
 #include "fastinfer/common/launch.cuh"
 #include "fastinfer/gemm/int8.h"
 #include "fastinfer/gemm/int8_gemm.cuh"
 #include "fastinfer/gemm/int8_quantize.cuh"
+#include "fastinfer/gemm/w8a8_sm90.h"
+
+#include <cstdlib>
+#include <cstring>
 
 namespace fastinfer {
 namespace int8 {
@@ -78,17 +82,42 @@ cudaError_t launch_gemm(const Int8ScaledMmParams& p, int num_sms, cudaStream_t s
   }
 }
 
-// Compute capability major and SM count of the current device (9 and 132 under the emulator).
-cudaError_t device_info(int& major, int& num_sms) {
+// FASTINFER_INT8_GEMM=mma forces the mma.sync kernel on Hopper (tests compare both paths on one GPU).
+bool mma_sync_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv("FASTINFER_INT8_GEMM");
+    return v != nullptr && std::strcmp(v, "mma") == 0;
+  }();
+  return forced;
+}
+
+// Compute capability and SM count of the current device (9.0 and 132 under the emulator).
+cudaError_t device_info(int& major, int& minor, int& num_sms) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
   return err;
 }
 
 }  // namespace
 }  // namespace int8
+
+W8a8GemmSm90Args int8_gemm_sm90_args(const Int8ScaledMmParams& p) {
+  W8a8GemmSm90Args a = w8a8_gemm_sm90_args(p);
+  a.azp = p.azp;
+  a.azp_adj = p.azp_adj;
+  a.azp_per_row = p.azp_per_row;
+  return a;
+}
+
+Int8GemmBackend select_int8_gemm_backend(const Int8ScaledMmParams& p, const Sm90Target& target) {
+  const W8a8GemmSm90Args args = int8_gemm_sm90_args(p);
+  const bool sm90 = p.tiles == Int8GemmTiles::kAuto && w8a8_gemm_sm90_applies(target, args) &&
+                    int8_gemm_sm90_workspace_bytes(args) == 0;
+  return sm90 ? Int8GemmBackend::kCutlassSm90 : Int8GemmBackend::kMmaSync;
+}
 
 size_t int8_quantize_workspace_size(const Int8QuantizeParams& p) {
   if (p.mode != Int8QuantMode::kTensor || p.given_scale != nullptr) return 0;
@@ -116,10 +145,13 @@ cudaError_t launch_int8_scaled_mm(const Int8ScaledMmParams& p, cudaStream_t stre
     return cudaErrorInvalidValue;
   if (!is_aligned(p.a, 16) || !is_aligned(p.b, 16) || !is_aligned(p.out, 4) || (p.bias && !is_aligned(p.bias, 2)))
     return cudaErrorInvalidValue;
-  int major = 0, num_sms = 0;
-  cudaError_t err = int8::device_info(major, num_sms);
+  int major = 0, minor = 0, num_sms = 0;
+  cudaError_t err = int8::device_info(major, minor, num_sms);
   if (err != cudaSuccess) return err;
   if (major < 8) return cudaErrorNotSupported;  // s8 m16n8k32 mma: Ampere and later
+  const Sm90Target target{major, minor, int8_gemm_sm90_available(), int8::mma_sync_forced()};
+  if (select_int8_gemm_backend(p, target) == Int8GemmBackend::kCutlassSm90)
+    return launch_int8_gemm_sm90(int8_gemm_sm90_args(p), stream);
   return FASTINFER_DISPATCH_HALF(p.out_dtype, TOut, [&] { return int8::launch_gemm<TOut>(p, num_sms, stream); });
 }
 

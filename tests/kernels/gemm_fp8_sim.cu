@@ -8,6 +8,7 @@
 //    (small tiles; ragged N and K blocks);
 //  - per-token quantisation against a host implementation of the same arithmetic, bit for bit.
 // Also builds with nvcc for a GPU (sm_89+): nvcc -std=c++20 -arch=sm_90a -Icuda/include tests/kernels/gemm_fp8_sim.cu
+// cuda/src/fp8_gemm_sm90.cu (the latter compiles to its stubs without -DFASTINFER_SM90A_KERNELS)
 #include "../../cuda/src/gemm_fp8.cu"
 #include "kernel_test_util.h"
 

@@ -5,6 +5,7 @@
 //    tails, per-token x per-channel scales, bias, and the asymmetric correction (azp, azp_adj);
 //  - per-token quantisation (symmetric and asymmetric) and per-tensor against the host arithmetic.
 // Also builds with nvcc for a GPU (sm_80+): nvcc -std=c++20 -arch=sm_80 -Icuda/include tests/kernels/gemm_int8_sim.cu
+// cuda/src/int8_gemm_sm90.cu (the latter compiles to its stubs without -DFASTINFER_SM90A_KERNELS)
 #include "../../cuda/src/gemm_int8.cu"
 #include "kernel_test_util.h"
 
