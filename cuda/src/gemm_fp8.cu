@@ -103,7 +103,7 @@ Fp8GemmSm90Args sm90_args(const Fp8ScaledMmParams& p) {
 // flag for both), 16-byte aligned operands and no workspace today; everything else (blockwise
 // scales, mixed [1] x [N] scales, sm_89) runs the mma.sync kernel.
 Fp8GemmBackend select_fp8_gemm_backend(const Fp8ScaledMmParams& p, int cc_major, int cc_minor) {
-  if (cc_major != 9 || cc_minor != 0 || !fp8_gemm_sm90_available() || mma_sync_forced())
+  if (cc_major != 9 || cc_minor != 0 || !fp8_gemm_sm90_available() || mma_sync_forced() || p.deterministic)
     return Fp8GemmBackend::kMmaSyncSm89;
   if (p.scale_mode != Fp8ScaleMode::kTensorOrChannel || p.scale_a_per_row != p.scale_b_per_col)
     return Fp8GemmBackend::kMmaSyncSm89;
