@@ -4,10 +4,9 @@
 // output element is reduced by the same code, one micro-kernel, with a k-order fixed by K alone.
 //
 // Blocking: columns in chunks of kChunkCols (those rows of b converted to zero-padded fp32 once),
-// rows in blocks of kRows x kCols outputs (8 fp32 lanes each: 8 AVX2 accumulators), missing rows /
-// columns of a block read a zero row, so the tails run the very same instructions. The fma are
-// explicit (never left to the compiler's contraction), so the AVX2 and the portable micro-kernel
-// give the same bits.
+// rows in blocks of kRows x kCols outputs (8 fp32 lanes each: 8 AVX2 accumulators), the last
+// M % kRows rows one at a time. The fma are explicit (never left to the compiler's contraction),
+// so every block shape and both the AVX2 and the portable micro-kernel give the same bits.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -30,55 +29,60 @@ namespace fastinfer::binding {
 namespace {
 
 constexpr int kLanes = 8;
-constexpr int kRows = 4;
-constexpr int kCols = 2;
 constexpr int64_t kChunkCols = 16;
+// Block shapes: kRows x kCols for every full group of 4 rows; the rows past the last full group
+// one at a time against kTailCols columns (M = 1 does no wasted work). Both shapes compute every
+// element with the same sequence of fma and the same final sum, so they give the same bits.
+constexpr int kRows = 4, kCols = 2, kTailCols = 8;
+static_assert(kChunkCols % kTailCols == 0 && kChunkCols % kCols == 0, "chunks hold whole column blocks");
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // out[r][c] = sum over k of a_rows[r][k] * b_rows[c][k] (kp a multiple of kLanes) in the fixed
 // order: lane l accumulates k = l, l + 8, ... by fma, then the lanes are summed pairwise. Two
 // implementations of that one order (AVX2 + FMA, and std::fma per lane), bitwise the same.
-void block_dot_scalar(const float* const (&a_rows)[kRows], const float* const (&b_rows)[kCols], int64_t kp,
-                      float (&out)[kRows][kCols]) {
-  float acc[kRows][kCols][kLanes] = {};
+template <int R, int C>
+void block_dot_scalar(const float* const (&a_rows)[R], const float* const (&b_rows)[C], int64_t kp,
+                      float (&out)[R][C]) {
+  float acc[R][C][kLanes] = {};
   for (int64_t k = 0; k < kp; k += kLanes)
-    for (int r = 0; r < kRows; ++r)
-      for (int c = 0; c < kCols; ++c)
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c)
         for (int l = 0; l < kLanes; ++l) acc[r][c][l] = std::fma(a_rows[r][k + l], b_rows[c][k + l], acc[r][c][l]);
-  for (int r = 0; r < kRows; ++r)
-    for (int c = 0; c < kCols; ++c) out[r][c] = cpu::tree_sum<kLanes>(acc[r][c]);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) out[r][c] = cpu::tree_sum<kLanes>(acc[r][c]);
 }
 
 #if FASTINFER_DENSE_AVX2
-// The compiler does not keep the 8 accumulators of the scalar form in registers (2 GFLOP/s
+// The compiler does not keep the accumulators of the scalar form in registers (2 GFLOP/s
 // measured): written with intrinsics, compiled for AVX2 + FMA whatever the baseline ISA.
-__attribute__((target("avx2,fma"))) void block_dot_avx2(const float* const (&a_rows)[kRows],
-                                                        const float* const (&b_rows)[kCols], int64_t kp,
-                                                        float (&out)[kRows][kCols]) {
-  static_assert(kLanes == 8 && kCols == 2, "one __m256 per output, two columns per step");
-  __m256 acc[kRows][kCols];
-  for (int r = 0; r < kRows; ++r)
-    for (int c = 0; c < kCols; ++c) acc[r][c] = _mm256_setzero_ps();
+template <int R, int C>
+__attribute__((target("avx2,fma"))) void block_dot_avx2(const float* const (&a_rows)[R],
+                                                        const float* const (&b_rows)[C], int64_t kp,
+                                                        float (&out)[R][C]) {
+  static_assert(kLanes == 8, "one __m256 per output");
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   for (int64_t k = 0; k < kp; k += kLanes) {
-    const __m256 b0 = _mm256_loadu_ps(b_rows[0] + k), b1 = _mm256_loadu_ps(b_rows[1] + k);
-    for (int r = 0; r < kRows; ++r) {
+    __m256 bv[C];
+    for (int c = 0; c < C; ++c) bv[c] = _mm256_loadu_ps(b_rows[c] + k);
+    for (int r = 0; r < R; ++r) {
       const __m256 av = _mm256_loadu_ps(a_rows[r] + k);
-      acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(av, bv[c], acc[r][c]);
     }
   }
-  for (int r = 0; r < kRows; ++r)
-    for (int c = 0; c < kCols; ++c) {
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
       alignas(32) float lanes[kLanes];
       _mm256_store_ps(lanes, acc[r][c]);
       out[r][c] = cpu::tree_sum<kLanes>(lanes);
     }
 }
 #else
-void block_dot_avx2(const float* const (&a_rows)[kRows], const float* const (&b_rows)[kCols], int64_t kp,
-                    float (&out)[kRows][kCols]) {
-  block_dot_scalar(a_rows, b_rows, kp, out);  // never called: use_avx2() is false
+template <int R, int C>
+void block_dot_avx2(const float* const (&a_rows)[R], const float* const (&b_rows)[C], int64_t kp, float (&out)[R][C]) {
+  block_dot_scalar<R, C>(a_rows, b_rows, kp, out);  // never called: use_avx2() is false
 }
 #endif
 
@@ -91,25 +95,32 @@ bool use_avx2() {
 #endif
 }
 
-// Columns [n0, n0 + cols) of out from their fp32 rows of b (bc [cols rounded to kCols][kp]).
-void chunk_mm(const float* a, int64_t M, const float* bc, int64_t cols, int64_t kp,
-              const float* zero_row, float* out, int64_t N, int64_t n0) {
-  const bool avx2 = use_avx2();
-  for (int64_t r0 = 0; r0 < M; r0 += kRows) {
-    const float* a_rows[kRows];
-    for (int r = 0; r < kRows; ++r) a_rows[r] = r0 + r < M ? a + (r0 + r) * kp : zero_row;
-    for (int64_t c0 = 0; c0 < cols; c0 += kCols) {
-      const float* b_rows[kCols];
-      for (int c = 0; c < kCols; ++c) b_rows[c] = bc + (c0 + c) * kp;
-      float res[kRows][kCols];
-      if (avx2)
-        block_dot_avx2(a_rows, b_rows, kp, res);
-      else
-        block_dot_scalar(a_rows, b_rows, kp, res);
-      for (int r = 0; r < kRows && r0 + r < M; ++r)
-        for (int c = 0; c < kCols && c0 + c < cols; ++c) out[(r0 + r) * N + n0 + c0 + c] = res[r][c];
-    }
+// Rows [r0, r0 + R) of out against the columns [n0, n0 + cols) of this chunk, C at a time.
+template <int R, int C>
+void rows_mm(const float* a, int64_t r0, const float* bc, int64_t cols, int64_t kp, bool avx2, float* out, int64_t N,
+             int64_t n0) {
+  const float* a_rows[R];
+  for (int r = 0; r < R; ++r) a_rows[r] = a + (r0 + r) * kp;
+  for (int64_t c0 = 0; c0 < cols; c0 += C) {
+    const float* b_rows[C];
+    for (int c = 0; c < C; ++c) b_rows[c] = bc + (c0 + c) * kp;
+    float res[R][C];
+    if (avx2)
+      block_dot_avx2<R, C>(a_rows, b_rows, kp, res);
+    else
+      block_dot_scalar<R, C>(a_rows, b_rows, kp, res);
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C && c0 + c < cols; ++c) out[(r0 + r) * N + n0 + c0 + c] = res[r][c];
   }
+}
+
+// Columns [n0, n0 + cols) of out from their fp32 rows of b (bc [kChunkCols][kp], zero past cols).
+void chunk_mm(const float* a, int64_t M, const float* bc, int64_t cols, int64_t kp, float* out, int64_t N,
+              int64_t n0) {
+  const bool avx2 = use_avx2();
+  const int64_t full = M / kRows * kRows;
+  for (int64_t r0 = 0; r0 < full; r0 += kRows) rows_mm<kRows, kCols>(a, r0, bc, cols, kp, avx2, out, N, n0);
+  for (int64_t r = full; r < M; ++r) rows_mm<1, kTailCols>(a, r, bc, cols, kp, avx2, out, N, n0);
 }
 
 // rows [r0, r0 + rows) of t [R, K] as fp32 into dst [rows][kp] (zero padding past K and past R).
@@ -135,15 +146,14 @@ at::Tensor batch_invariant_mm_f32(const at::Tensor& a, const at::Tensor& b) {
   at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
     rows_to_f32(a, begin, end - begin, kp, af.data() + begin * kp);
   });
-  const std::vector<float> zero_row(static_cast<size_t>(kp), 0.f);
   float* op = out.data_ptr<float>();
   const int64_t chunks = (N + kChunkCols - 1) / kChunkCols;
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> bc(static_cast<size_t>(kChunkCols * kp));
     for (int64_t ch = begin; ch < end; ++ch) {
       const int64_t n0 = ch * kChunkCols, cols = std::min(kChunkCols, N - n0);
-      rows_to_f32(b, n0, round_up(cols, kCols), kp, bc.data());
-      chunk_mm(af.data(), M, bc.data(), cols, kp, zero_row.data(), op, N, n0);
+      rows_to_f32(b, n0, kChunkCols, kp, bc.data());
+      chunk_mm(af.data(), M, bc.data(), cols, kp, op, N, n0);
     }
   });
   return out;
