@@ -107,7 +107,9 @@ def sanitize_cases():
            M.case_int8_quantize(4, 512, "tensor")]
     cs += [M.case_int8_mm(16, 256, 512, "small"), M.case_int8_mm(100, 384, 512, "small")]  # small / large tiles
     cs += [M.case_int4(4, 256, 1024, "small"),  # split-K
-           M.case_int4(512, 256, 512, "small")]  # dequantise + dense
+           M.case_int4(512, 256, 512, "small"),  # dequantise + dense
+           M.case_int4(300, 256, 1024, "small", deterministic=True)]  # fixed split-K, 256-row launches
+    cs += [M.case_dense_mm(4, 256, 512, "small"), M.case_dense_mm(100, 384, 520, "small")]  # small / large tiles
     cs += [M.case_tree_verify(2, 8, mode, v=5000) for mode in ("greedy", "sample", "draft")]
     return cs
 

@@ -24,7 +24,7 @@
 #                          per-launch records attributed to the model's cases (optional metrics filtered by
 #                          `ncu --query-metrics`; a retry with a minimal metric set if no report was written)
 #   bench      40      15  CUDA-event times of the model's cases (gpu_cases.py --time), then bench/ops.py
-#                          --no-compile, attention.py, gemm_fp8.py, gemm_int4.py, gemm_int8.py, tree_verify.py,
+#                          --no-compile, attention.py, gemm_fp8.py, gemm_int4.py, gemm_int8.py, gemm_dense.py, tree_verify.py,
 #                          each with a short --deadline (they stop starting shapes)
 #   then       10       -  bench/compare_model.py (ncu launches vs bench/results/model-after.json) and the summary
 #   total     480          = 8 minutes, never more
@@ -286,6 +286,7 @@ phase_bench() {
   within "$(share 7)" $PY bench/gemm_fp8.py --deadline 1 --json "$d/gemm_fp8.json" | tail -n 6 || rc=1
   within "$(share 7)" $PY bench/gemm_int4.py --deadline 1 --json "$d/gemm_int4.json" | tail -n 6 || rc=1
   within "$(share 6)" $PY bench/gemm_int8.py --deadline 1 --json "$d/gemm_int8.json" | tail -n 6 || rc=1
+  within "$(share 5)" $PY bench/gemm_dense.py --deadline 1 --json "$d/gemm_dense.json" | tail -n 6 || rc=1
   within "$PHASE_DEADLINE" $PY bench/tree_verify.py --deadline 1 --json "$d/tree_verify.json" | tail -n 6 || rc=1
   $REPORT bench --dir "$d" --out "$PHASE_DETAILS"
   return $rc
@@ -299,7 +300,7 @@ declare -A WHAT=(
   [probe]="nvcc cpp/simt/tests/fragment_probe.cu vs python -m fastinfer.simt run (diff)"
   [sanitizer]="compute-sanitizer --tool memcheck|racecheck python bench/gpu_cases.py --sanitize"
   [ncu]="ncu --nvtx --metrics \$(bench/ncu_metrics.py list) python bench/gpu_cases.py --ncu"
-  [bench]="bench/gpu_cases.py --time; bench/{ops,attention,gemm_fp8,gemm_int4,gemm_int8,tree_verify}.py"
+  [bench]="bench/gpu_cases.py --time; bench/{ops,attention,gemm_fp8,gemm_int4,gemm_int8,gemm_dense,tree_verify}.py"
 )
 
 # deadline_of NAME: min(MAXD, TOTAL - FINAL - elapsed - reserves of the selected phases after NAME), at least

@@ -444,22 +444,36 @@ def case_int8_mm(m, n, k, layer, model="8b"):
                 sample=max(1, math.ceil(mma / 4e5)), reuse=True)
 
 
-def case_int4(m, n, k, layer, model="8b"):
+def case_dense_mm(m, n, k, layer, model="8b"):
+    """dense_mm (the batch-invariant bf16 GEMM) against the bf16 roofline."""
+    def build():
+        a, b = _bf16(m, k), _bf16(n, k)
+        ideal = (m * k + n * k + m * n) * 2
+        return dict(fn=lambda: ns().dense_mm(a, b, None), ideal=ideal, flops=2.0 * m * n * k, peak="bf16")
+    bm = 16 if m <= 16 else (64 if m <= 64 else 128)
+    mma = math.ceil(m / bm) * (bm // 16) * (n // 8) * (k // 16)  # warp-level m16n8k16 instructions
+    return Case("dense_mm", f"llama3-{model} {layer} M={m} N={n} K={k}", build,
+                sample=max(1, math.ceil(mma / 3e5)), reuse=True)
+
+
+def case_int4(m, n, k, layer, model="8b", deterministic=False):
     def build():
         w_q = torch.randint(0, 16, (n, k), dtype=torch.uint8)
         packed = torch.ops.fastinfer.int4_pack(w_q)
         scales = (torch.rand(k // 128, n) * 0.01 + 0.001).to(torch.bfloat16)
         a = _bf16(m, k)
-        if m >= 512:  # dequantise kernel + dense matmul (not ours): only the kernel is modelled
+        if m >= 512 and not deterministic:  # dequantise kernel + dense matmul (not ours): the kernel only
             ideal = n * k // 2 + (k // 128) * n * 2 + n * k * 2
             return dict(fn=lambda: ns().int4_gemm(a, packed, scales, None, 128), ideal=ideal)
         ideal = n * k // 2 + (k // 128) * n * 2 + m * k * 2 + m * n * 2
-        return dict(fn=lambda: ns().int4_gemm(a, packed, scales, None, 128), ideal=ideal, flops=2.0 * m * n * k,
-                    peak="bf16")
+        return dict(fn=lambda: ns().int4_gemm(a, packed, scales, None, 128, None, deterministic), ideal=ideal,
+                    flops=2.0 * m * n * k, peak="bf16")
     bm = 16 if m <= 16 else (32 if m <= 32 else 64)
     mma = math.ceil(m / bm) * (bm // 16) * (n // 8) * (k // 16)
     sample = max(1, math.ceil(mma / 3e5)) if m < 512 else max(1, (n * k) // (1 << 22))
     fam = "int4_gemm" if m < 512 else "int4_dequantize (int4_gemm M>=512)"
+    if deterministic:
+        fam = "int4_gemm deterministic"
 
     def split_k_partials(kname, rec):  # fp32 partials [splits, M, N] written by every split, read by the last
         return 2 * rec["grid"][2] * m * n * 4 if "int4_gemm_kernel" in kname and rec["grid"][2] > 1 else 0
@@ -512,6 +526,9 @@ def all_cases(quick=False):
             cases.append(case_int8_mm(m, n, k, layer))
         for m in ((1, 16) if quick else (1, 16, 64, 256, 4096)):
             cases.append(case_int4(m, n, k, layer))
+        for m in ((1,) if quick else (1, 16, 256)):  # batch-invariant mode: split-K from (N, K) only
+            cases.append(case_int4(m, n, k, layer, deterministic=True))
+            cases.append(case_dense_mm(m, n, k, layer))
     if not quick:  # Llama-3-70B layers at decode sizes (the larger M behave like the 8B layers above)
         for layer, n, k in (("qkv", 10240, 8192), ("o", 8192, 8192), ("gate_up", 57344, 8192), ("down", 8192, 28672)):
             for m in (1, 16):

@@ -10,6 +10,7 @@
 
 #include <array>
 
+#include "cpu_dense.h"
 #include "validate_fp8.h"
 
 namespace fastinfer::binding {
@@ -92,18 +93,24 @@ at::Tensor dequantize_e4m3(const at::Tensor& q, const at::Tensor* scale, int64_t
 }
 
 at::Tensor fp8_scaled_mm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
-                             const at::Tensor& scale_b, at::ScalarType out_dtype, const std::optional<at::Tensor>& bias) {
+                             const at::Tensor& scale_b, at::ScalarType out_dtype, const std::optional<at::Tensor>& bias,
+                             bool deterministic) {
   const char* op = "fp8_scaled_mm";
   const bool blockwise = validate_fp8_scaled_mm(op, a, b, scale_a, scale_b, out_dtype, bias, /*allow_fp32=*/true);
   check_on_cpu(a, op, "a");
   check_w8a8_layout(op, a, b, scale_a, scale_b, bias);
+  // deterministic: the batch-invariant fp32 GEMM (cpu_dense.h) instead of ATen's, whose k-order
+  // depends on M; the dequantisation and the epilogue are elementwise already.
+  auto mm = [&](const at::Tensor& x, const at::Tensor& w) {
+    return deterministic ? batch_invariant_mm_f32(x, w) : at::matmul(x, w.t());
+  };
   at::Tensor out;
   if (blockwise) {
     const auto af = dequantize_e4m3(a, &scale_a, 1);
     const auto bf = dequantize_e4m3(b, &scale_b, 128);
-    out = at::matmul(af, bf.t());
+    out = mm(af, bf);
   } else {
-    out = at::matmul(dequantize_e4m3(a, nullptr, 1), dequantize_e4m3(b, nullptr, 1).t());
+    out = mm(dequantize_e4m3(a, nullptr, 1), dequantize_e4m3(b, nullptr, 1));
     out.mul_(scale_a.view({-1, 1})).mul_(scale_b.view({1, -1}));
   }
   if (bias.has_value()) out.add_(bias->to(at::kFloat));

@@ -4,7 +4,9 @@
 //  - M <= kFusedMaxM (decode): a loop over 16-column tiles on ATen's thread pool that decodes each
 //    64 x 16 unit of the packed weight once (through per-group tables of the 16 possible values)
 //    and applies it to every row of a (no weight copy);
-//  - larger M: 256-column chunks of W dequantised to fp32 and multiplied with at::mm.
+//  - larger M: 256-column chunks of W dequantised to fp32 and multiplied with at::mm (ATen's GEMM:
+//    a row's bits depend on M), except with deterministic=True, which keeps the fused loop for
+//    every M (each row's sums run in the same order whatever the other rows: batch invariant).
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -159,7 +161,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_repack_cpu(const at::Tensor&
 
 at::Tensor int4_gemm_cpu(const at::Tensor& a_in, const at::Tensor& packed, const at::Tensor& scales,
                          const std::optional<at::Tensor>& zeros, int64_t group_size,
-                         const std::optional<at::Tensor>& perm) {
+                         const std::optional<at::Tensor>& perm, bool deterministic) {
   const char* op = "int4_gemm";
   validate_int4_gemm(op, a_in, packed, scales, zeros, group_size, perm, /*allow_fp32=*/true);
   check_on_cpu(a_in, op, "a");
@@ -171,7 +173,7 @@ at::Tensor int4_gemm_cpu(const at::Tensor& a_in, const at::Tensor& packed, const
   if (m == 0) return out;
   const uint8_t* zp = zeros.has_value() ? zeros->data_ptr<uint8_t>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "int4_gemm_cpu", [&] {
-    if (m <= kFusedMaxM)
+    if (m <= kFusedMaxM || deterministic)
       int4_gemm_fused<scalar_t>(a, packed, scales, zp, group_size, out);
     else
       int4_gemm_chunked<scalar_t>(a, packed, scales, zp, group_size, out);

@@ -6,7 +6,8 @@
 // chunks of kExactChunk (|a|, |b| <= 128, so a chunk's partial sums stay integers below 2^24, which
 // fp32 holds exactly in any summation order), summed in int32. On CPUs without VNNI/AMX this is
 // several times faster than torch._int_mm (bench/gemm_int8.py); the epilogue is the kernels' (one
-// fma with the bias).
+// fma with the bias). Exact accumulators and an elementwise epilogue make every path batch
+// invariant (a row's bits never depend on M), so deterministic=True changes nothing here.
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -117,7 +118,8 @@ void epilogue(const int32_t* acc, TOut* out, int64_t M, int64_t N, const float* 
 
 at::Tensor int8_scaled_mm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
                               const at::Tensor& scale_b, at::ScalarType out_dtype, const std::optional<at::Tensor>& bias,
-                              const std::optional<at::Tensor>& azp_adj, const std::optional<at::Tensor>& azp) {
+                              const std::optional<at::Tensor>& azp_adj, const std::optional<at::Tensor>& azp,
+                              bool /*deterministic*/) {
   const char* op = "int8_scaled_mm";
   validate_int8_scaled_mm(op, a, b, scale_a, scale_b, out_dtype, bias, azp_adj, azp, /*allow_fp32=*/true);
   check_on_cpu(a, op, "a");

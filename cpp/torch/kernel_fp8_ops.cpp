@@ -37,7 +37,7 @@ std::tuple<at::Tensor, at::Tensor> fp8_quantize(const at::Tensor& x, c10::string
 }
 
 at::Tensor fp8_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
-                         at::ScalarType out_dtype, const std::optional<at::Tensor>& bias) {
+                         at::ScalarType out_dtype, const std::optional<at::Tensor>& bias, bool deterministic) {
   const char* op = "fp8_scaled_mm";
   const bool blockwise = validate_fp8_scaled_mm(op, a, b, scale_a, scale_b, out_dtype, bias, /*allow_fp32=*/false);
   check_device(a, op, "a");
@@ -52,6 +52,7 @@ at::Tensor fp8_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Ten
   p.scale_mode = blockwise ? Fp8ScaleMode::kBlockwise : Fp8ScaleMode::kTensorOrChannel;
   p.scale_a_per_row = !blockwise && scale_a.size(0) == M && M > 1;
   p.scale_b_per_col = !blockwise && scale_b.size(0) == N;
+  p.deterministic = deterministic;
   const cudaError_t err = launch_fp8_scaled_mm(p, scope.stream());
   FI_CHECK(err != cudaErrorNotSupported, op,
            "requires sm_89+ (e4m3 tensor cores: Ada or Hopper) and a build with code for this GPU "

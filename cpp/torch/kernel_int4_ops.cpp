@@ -2,7 +2,10 @@
 // int4_pack / int4_repack are layout conversions done with ATen ops on the tensors' device;
 // int4_gemm launches the W4A16 kernel (split-K with workspace and zeroed tile counters from the
 // caching allocator; no host sync), or for M >= the dense threshold dequantises W to the
-// activation dtype and calls at::matmul (cuBLAS on a GPU).
+// activation dtype and calls at::matmul (cuBLAS on a GPU). deterministic=True: always the W4A16
+// kernel with int4_gemm_deterministic_num_splits (a function of N and K alone), launched over row
+// chunks of kDeterministicRows when it splits (bounded workspace; rows are independent).
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -26,6 +29,8 @@ int64_t dense_min_m() {
   return v;
 }
 
+constexpr int64_t kDeterministicRows = 256;
+
 at::Tensor int4_pack_kernel(const at::Tensor& w_q) {
   const char* op = "int4_pack";
   validate_int4_pack(op, w_q);
@@ -46,7 +51,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_repack_kernel(const at::Tens
 
 at::Tensor int4_gemm_kernel(const at::Tensor& a_in, const at::Tensor& packed, const at::Tensor& scales,
                             const std::optional<at::Tensor>& zeros, int64_t group_size,
-                            const std::optional<at::Tensor>& perm) {
+                            const std::optional<at::Tensor>& perm, bool deterministic) {
   const char* op = "int4_gemm";
   validate_int4_gemm(op, a_in, packed, scales, zeros, group_size, perm, /*allow_fp32=*/false);
   check_device(a_in, op, "a");
@@ -61,7 +66,7 @@ at::Tensor int4_gemm_kernel(const at::Tensor& a_in, const at::Tensor& packed, co
   const int64_t m = a.size(0), k = a.size(1), n = packed.size(1) / 8;
   const DType dtype = to_dtype(a.scalar_type());
   const uint8_t* zp = zeros.has_value() ? zeros->data_ptr<uint8_t>() : nullptr;
-  if (m >= dense_min_m()) {
+  if (m >= dense_min_m() && !deterministic) {
     auto w = at::empty({n, k}, a.options());
     Int4DequantizeParams d;
     d.packed = reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>());
@@ -90,15 +95,24 @@ at::Tensor int4_gemm_kernel(const at::Tensor& a_in, const at::Tensor& packed, co
   p.a_row_stride = a.stride(0);
   p.out_row_stride = out.stride(0);
   p.dtype = dtype;
-  p.num_splits = int4_gemm_num_splits(p, num_sms(a));
+  p.num_splits = deterministic ? int4_gemm_deterministic_num_splits(p.n, p.k) : int4_gemm_num_splits(p, num_sms(a));
+  // Row chunks (deterministic split-K only): each launch is the same kernel on fewer rows.
+  const int64_t rows_per_launch = deterministic && p.num_splits > 1 ? kDeterministicRows : m;
+  Int4GemmParams chunk = p;
+  chunk.m = std::min(m, rows_per_launch);
   at::Tensor workspace, counters;
   if (p.num_splits > 1) {
-    workspace = at::empty({static_cast<int64_t>(int4_gemm_workspace_size(p))}, a.options().dtype(at::kByte));
-    counters = at::zeros({static_cast<int64_t>(int4_gemm_num_counters(p))}, a.options().dtype(at::kInt));
-    p.workspace = workspace.data_ptr();
-    p.counters = counters.data_ptr<int32_t>();
+    workspace = at::empty({static_cast<int64_t>(int4_gemm_workspace_size(chunk))}, a.options().dtype(at::kByte));
+    counters = at::zeros({static_cast<int64_t>(int4_gemm_num_counters(chunk))}, a.options().dtype(at::kInt));
+    chunk.workspace = workspace.data_ptr();
+    chunk.counters = counters.data_ptr<int32_t>();
   }
-  check_launch(launch_int4_gemm(p, scope.stream()), op);
+  for (int64_t r0 = 0; r0 < m; r0 += rows_per_launch) {
+    chunk.m = std::min(rows_per_launch, m - r0);
+    chunk.a = static_cast<const char*>(p.a) + r0 * p.a_row_stride * a.element_size();
+    chunk.out = static_cast<char*>(p.out) + r0 * p.out_row_stride * out.element_size();
+    check_launch(launch_int4_gemm(chunk, scope.stream()), op);
+  }
   return out;
 }
 

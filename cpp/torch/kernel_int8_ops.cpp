@@ -40,7 +40,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_quantize(const at::Tensor& x
 
 at::Tensor int8_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
                           at::ScalarType out_dtype, const std::optional<at::Tensor>& bias,
-                          const std::optional<at::Tensor>& azp_adj, const std::optional<at::Tensor>& azp) {
+                          const std::optional<at::Tensor>& azp_adj, const std::optional<at::Tensor>& azp,
+                          bool deterministic) {
   const char* op = "int8_scaled_mm";
   validate_int8_scaled_mm(op, a, b, scale_a, scale_b, out_dtype, bias, azp_adj, azp, /*allow_fp32=*/false);
   check_device(a, op, "a");
@@ -57,6 +58,7 @@ at::Tensor int8_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Te
   p.scale_a_per_row = scale_a.size(0) == M && M > 1;
   p.scale_b_per_col = scale_b.size(0) == N;
   p.azp_per_row = azp.has_value() && azp->size(0) == M && M > 1;
+  p.deterministic = deterministic;
   const cudaError_t err = launch_int8_scaled_mm(p, scope.stream());
   FI_CHECK(err != cudaErrorNotSupported, op,
            "requires sm_80+ (int8 tensor-core mma: Ampere or later); on an older GPU use the CPU implementation");

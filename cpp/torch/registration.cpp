@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "validate_attention.h"
+#include "validate_dense.h"
 #include "validate_fp8.h"
 #include "validate_spec.h"
 #include "validate_int4.h"
@@ -105,7 +106,8 @@ std::tuple<at::Tensor, at::Tensor> fp8_quantize_meta(const at::Tensor& x, c10::s
 }
 
 at::Tensor fp8_scaled_mm_meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
-                              const at::Tensor& scale_b, at::ScalarType out_dtype, const std::optional<at::Tensor>& bias) {
+                              const at::Tensor& scale_b, at::ScalarType out_dtype, const std::optional<at::Tensor>& bias,
+                              bool deterministic) {
   validate_fp8_scaled_mm("fp8_scaled_mm", a, b, scale_a, scale_b, out_dtype, bias, true);
   return at::empty_symint({a.sym_size(0), b.sym_size(0)}, a.options().dtype(out_dtype));
 }
@@ -123,9 +125,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_quantize_meta(const at::Tens
 
 at::Tensor int8_scaled_mm_meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
                                const at::Tensor& scale_b, at::ScalarType out_dtype, const std::optional<at::Tensor>& bias,
-                               const std::optional<at::Tensor>& azp_adj, const std::optional<at::Tensor>& azp) {
+                               const std::optional<at::Tensor>& azp_adj, const std::optional<at::Tensor>& azp,
+                               bool deterministic) {
   validate_int8_scaled_mm("int8_scaled_mm", a, b, scale_a, scale_b, out_dtype, bias, azp_adj, azp, true);
   return at::empty_symint({a.sym_size(0), b.sym_size(0)}, a.options().dtype(out_dtype));
+}
+
+// ---- dense (batch-invariant) GEMM: out [M, N] in the dtype of a ----
+at::Tensor dense_mm_meta(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias) {
+  validate_dense_mm("dense_mm", a, b, bias, true);
+  return at::empty_symint({a.sym_size(0), b.sym_size(0)}, a.options());
 }
 
 // ---- speculative decoding (tree_verify): outputs have the index dtype of draft_tokens ----------
@@ -170,13 +179,14 @@ FASTINFER_LIBRARY(FASTINFER_NS, m) {
   m.def("merge_attention_states(Tensor v_a, Tensor lse_a, Tensor v_b, Tensor lse_b) -> (Tensor v, Tensor lse)");
   // FP8 W8A8 (DESIGN.md "GEMM"): dynamic e4m3 quantisation and the scaled e4m3 matmul.
   m.def("fp8_quantize(Tensor x, str mode='token', int group_size=128, Tensor? scale=None) -> (Tensor x_fp8, Tensor scale)");
-  m.def("fp8_scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, ScalarType out_dtype, Tensor? bias=None) -> Tensor");
+  m.def("fp8_scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, ScalarType out_dtype, Tensor? bias=None, "
+        "bool deterministic=False) -> Tensor");
   // INT8 W8A8 (DESIGN.md "GEMM"): dynamic int8 quantisation (zero points when symmetric=False; azp is
   // an empty [0] tensor otherwise) and the scaled int8 matmul (int32 accumulation).
   m.def("int8_quantize(Tensor x, str mode='token', Tensor? scale=None, bool symmetric=True) -> (Tensor x_int8, "
         "Tensor scale, Tensor azp)");
   m.def("int8_scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, ScalarType out_dtype, Tensor? bias=None, "
-        "Tensor? azp_adj=None, Tensor? azp=None) -> Tensor");
+        "Tensor? azp_adj=None, Tensor? azp=None, bool deterministic=False) -> Tensor");
   // Speculative decoding (DESIGN.md "Speculative decoding").
   m.def("tree_verify(Tensor draft_tokens, Tensor parents, Tensor target_logits, Tensor? draft_probs, "
         "Tensor temperature, Tensor uniforms, bool greedy) -> (Tensor accepted_nodes, Tensor num_accepted, "
@@ -187,8 +197,11 @@ FASTINFER_LIBRARY(FASTINFER_NS, m) {
   m.def("int4_pack(Tensor w_q) -> Tensor");
   m.def("int4_repack(Tensor qweight, Tensor qzeros, str fmt, Tensor? g_idx=None) -> (Tensor packed, Tensor zeros, "
         "Tensor perm)");
-  m.def("int4_gemm(Tensor a, Tensor packed, Tensor scales, Tensor? zeros, int group_size=128, Tensor? perm=None) "
-        "-> Tensor");
+  m.def("int4_gemm(Tensor a, Tensor packed, Tensor scales, Tensor? zeros, int group_size=128, Tensor? perm=None, "
+        "bool deterministic=False) -> Tensor");
+  // Dense fp16 / bf16 (fp32 on CPU) GEMM, b [N, K] in nn.Linear layout, fp32 accumulation: batch
+  // invariant (a row's bits never depend on M), the float linears of the deterministic mode.
+  m.def("dense_mm(Tensor a, Tensor b, Tensor? bias=None) -> Tensor");
 }
 
 FASTINFER_LIBRARY_IMPL(FASTINFER_NS, Meta, m) {
@@ -213,4 +226,5 @@ FASTINFER_LIBRARY_IMPL(FASTINFER_NS, Meta, m) {
   m.impl("int4_pack", &int4_pack_meta);
   m.impl("int4_repack", &int4_repack_meta);
   m.impl("int4_gemm", &int4_gemm_meta);
+  m.impl("dense_mm", &dense_mm_meta);
 }

@@ -227,7 +227,7 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_repack_meta(const at:
 
 inline at::Tensor int4_gemm_meta(const at::Tensor& a, const at::Tensor& packed, const at::Tensor& scales,
                                  const std::optional<at::Tensor>& zeros, int64_t group_size,
-                                 const std::optional<at::Tensor>& perm) {
+                                 const std::optional<at::Tensor>& perm, bool deterministic) {
   validate_int4_gemm("int4_gemm", a, packed, scales, zeros, group_size, perm, /*allow_fp32=*/true);
   return at::empty_symint({a.sym_size(0), packed.sym_size(1) / 8}, a.options());
 }

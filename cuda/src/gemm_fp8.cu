@@ -83,8 +83,9 @@ bool mma_sync_forced() {
 Fp8GemmBackend select_fp8_gemm_backend(const Fp8ScaledMmParams& p, int cc_major, int cc_minor) {
   const Sm90Target target{cc_major, cc_minor, fp8_gemm_sm90_available(), mma_sync_forced()};
   const W8a8GemmSm90Args args = w8a8_gemm_sm90_args(p);
-  const bool sm90 = p.scale_mode == Fp8ScaleMode::kTensorOrChannel && w8a8_gemm_sm90_applies(target, args) &&
-                    fp8_gemm_sm90_workspace_bytes(args) == 0;
+  // deterministic: the wgmma kernels choose tiles by M; the mma.sync kernel's k-order is fixed by K
+  const bool sm90 = !p.deterministic && p.scale_mode == Fp8ScaleMode::kTensorOrChannel &&
+                    w8a8_gemm_sm90_applies(target, args) && fp8_gemm_sm90_workspace_bytes(args) == 0;
   return sm90 ? Fp8GemmBackend::kCutlassSm90 : Fp8GemmBackend::kMmaSyncSm89;
 }
 

@@ -74,6 +74,20 @@ int32_t int4_gemm_num_splits(const Int4GemmParams& p, int32_t num_sms) {
   return static_cast<int32_t>(ceil_div(units, ups));
 }
 
+int32_t int4_gemm_deterministic_num_splits(int32_t n, int32_t k) {
+  if (!shape_ok(1, n, k, kInt4TileK)) return 1;
+  const int64_t tiles = ceil_div(n, i4::kBlockN);
+  const int64_t units = k / kInt4TileK;
+  int64_t s = ceil_div(kInt4DeterministicCtas, tiles);
+  int64_t cap = k / 256;
+  if (cap > units) cap = units;
+  if (cap > kMaxSplits) cap = kMaxSplits;
+  if (cap < 1) cap = 1;
+  if (s > cap) s = cap;
+  const int64_t ups = ceil_div(units, s);
+  return static_cast<int32_t>(ceil_div(units, ups));
+}
+
 size_t int4_gemm_workspace_size(const Int4GemmParams& p) {
   if (p.num_splits <= 1 || p.m <= 0 || p.n <= 0) return 0;
   return static_cast<size_t>(p.num_splits) * static_cast<size_t>(p.m) * static_cast<size_t>(p.n) * sizeof(float);

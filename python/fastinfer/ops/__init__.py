@@ -35,6 +35,7 @@ from .attention import (  # noqa: F401
     prefill_attention,
 )
 
+from .gemm_dense import dense_mm  # noqa: F401
 from .gemm_fp8 import fp8_quantize, fp8_scaled_mm  # noqa: F401
 from .gemm_int4 import Int4Weight, int4_gemm, int4_pack, int4_repack  # noqa: F401
 from .gemm_int8 import int8_azp_adj, int8_quantize, int8_scaled_mm  # noqa: F401
@@ -45,7 +46,7 @@ _OPS = {
     for f in (rms_norm, fused_add_rms_norm, silu_and_mul, rotary_embedding, reshape_and_cache,
               prefill_attention, paged_prefill_attention, paged_decode_attention, merge_attention_states,
               move_kv_slots, fp8_quantize, fp8_scaled_mm, int4_pack, int4_repack, int4_gemm, int8_quantize,
-              int8_scaled_mm, tree_verify)
+              int8_scaled_mm, dense_mm, tree_verify)
 }
 
 NAMESPACES = ("fastinfer", "fastinfer_sim")

@@ -55,6 +55,7 @@ def fp8_scaled_mm(
     scale_b: Tensor,
     out_dtype: torch.dtype = torch.bfloat16,
     bias: Optional[Tensor] = None,
+    deterministic: bool = False,
     *,
     lib=None,
 ) -> Tensor:
@@ -78,8 +79,11 @@ def fp8_scaled_mm(
         scale_a, scale_b: see above.
         out_dtype: ``torch.bfloat16`` or ``torch.float16`` (``torch.float32`` too on CPU).
         bias: optional ``[N]`` of ``out_dtype``, added after scaling (fp32), before the rounding.
+        deterministic: batch invariance: a row's bits do not depend on M. CUDA: always the
+            mma.sync kernel (no split-K, k-order fixed by K; never the CUTLASS sm90 kernels, whose
+            tiles follow M); CPU: a fixed-order fp32 GEMM instead of ATen's.
 
     Returns:
         A new ``[M, N]`` tensor of ``out_dtype``.
     """
-    return (lib or torch.ops.fastinfer).fp8_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias)
+    return (lib or torch.ops.fastinfer).fp8_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, bool(deterministic))

@@ -100,6 +100,7 @@ def int4_gemm(
     zeros: Optional[Tensor] = None,
     group_size: int = 128,
     perm: Optional[Tensor] = None,
+    deterministic: bool = False,
     *,
     lib=None,
 ) -> Tensor:
@@ -114,6 +115,9 @@ def int4_gemm(
         perm: optional int64/int32 ``[K]`` act-order permutation from :func:`int4_repack`;
             the op then multiplies ``a[:, perm]``. Index values (perm, zeros <= 15) are checked
             on CPU tensors, on CUDA tensors only with ``FASTINFER_CHECK_INDICES=1``.
+        deterministic: batch invariance (a row's bits do not depend on M): the fused kernel for
+            every M, with a split-K count from (N, K) alone (never the SM count), and on CPU the
+            fused loop for every M.
 
     Returns:
         ``[M, N]`` in the dtype of ``a``.
@@ -122,5 +126,6 @@ def int4_gemm(
     dequantises W and calls a dense matmul (threshold not measured; ``FASTINFER_INT4_DENSE_MIN_M``
     overrides it). On CPU, M <= 16 runs a fused decode loop, larger M dense chunks of W.
     """
-    return (lib or torch.ops.fastinfer).int4_gemm(a, packed, scales, zeros, int(group_size), perm)
+    return (lib or torch.ops.fastinfer).int4_gemm(a, packed, scales, zeros, int(group_size), perm,
+                                                  bool(deterministic))
 

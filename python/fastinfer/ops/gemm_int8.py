@@ -60,6 +60,7 @@ def int8_scaled_mm(
     bias: Optional[Tensor] = None,
     azp_adj: Optional[Tensor] = None,
     azp: Optional[Tensor] = None,
+    deterministic: bool = False,
     *,
     lib=None,
 ) -> Tensor:
@@ -83,8 +84,12 @@ def int8_scaled_mm(
         bias: optional ``[N]`` of ``out_dtype``.
         azp_adj: ``[N]`` int32, ``sum_k b[n, k]`` (:func:`int8_azp_adj`); with ``azp`` only.
         azp: ``[M]`` or ``[1]`` int32 zero points of ``a`` (from ``int8_quantize(..., symmetric=False)``).
+        deterministic: batch invariance (a row's bits do not depend on M). The int32 sums are exact
+            and never split, so every backend here is batch invariant already; the flag pins that
+            for backends that would split K by M.
 
     Returns:
         A new ``[M, N]`` tensor of ``out_dtype``.
     """
-    return (lib or torch.ops.fastinfer).int8_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, azp_adj, azp)
+    return (lib or torch.ops.fastinfer).int8_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, azp_adj, azp,
+                                                       bool(deterministic))

@@ -63,6 +63,7 @@ __all__ = [
 
 from .gemm import (  # noqa: F401,E402
     awq_pack,
+    dense_mm,
     awq_unpack,
     gptq_pack,
     gptq_unpack,
@@ -75,6 +76,7 @@ from .gemm import (  # noqa: F401,E402
 
 __all__ += [
     "awq_pack",
+    "dense_mm",
     "awq_unpack",
     "gptq_pack",
     "gptq_unpack",

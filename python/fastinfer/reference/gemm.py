@@ -1,5 +1,7 @@
 """Oracles for the GEMM ops.
 
+``dense_mm``: ``a @ b^T (+ bias)`` in fp64 (the op accumulates in fp32 and rounds once).
+
 INT4 (W4A16) section: the executable spec of ``int4_pack`` / ``int4_repack`` / ``int4_gemm``
 (layout and conventions in :mod:`fastinfer.ops.gemm_int4`), pure-python packers/unpackers of the
 AutoAWQ and AutoGPTQ v1 checkpoint formats (written from the upstream packers, cited at
@@ -24,6 +26,7 @@ AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
 assert all(AWQ_ORDER[AWQ_REVERSE_ORDER[c]] == c for c in range(8))
 
 __all__ = [
+    "dense_mm",
     "AWQ_ORDER",
     "AWQ_REVERSE_ORDER",
     "int4_dequantize",
@@ -109,6 +112,12 @@ def int4_dequantize(w_q: Tensor, scales: Tensor, zeros: Optional[Tensor], group_
     if dtype is not None:
         w = w.to(dtype).to(torch.float64)
     return w
+
+
+def dense_mm(a: Tensor, b: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """fp64 oracle of ``dense_mm``: ``a [M, K] @ b [N, K]^T (+ bias [N])``."""
+    out = a.to(torch.float64) @ b.to(torch.float64).t()
+    return out if bias is None else out + bias.to(torch.float64)
 
 
 def int4_gemm(a: Tensor, w_q: Tensor, scales: Tensor, zeros: Optional[Tensor], group_size: int = 128,

@@ -61,6 +61,10 @@ struct Fp8ScaledMmParams {
   bool scale_a_per_row = false;  // kTensorOrChannel: scale_a has M entries (else 1)
   bool scale_b_per_col = false;  // kTensorOrChannel: scale_b has N entries (else 1)
   DType out_dtype = DType::kBFloat16;  // float16 or bfloat16
+  // Batch invariance: always the mma.sync kernel, whose k-order (k-tiles of 128 in order, no
+  // split-K, any tile configuration) depends on K alone, so a row's bits do not depend on M. The
+  // CUTLASS sm90 kernels pick tile shapes (and so their wgmma k-grouping) by M: never used then.
+  bool deterministic = false;
 };
 
 // Needs sm_89+ (e4m3 tensor-core mma): returns cudaErrorNotSupported on an older device.

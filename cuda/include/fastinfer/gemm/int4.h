@@ -58,6 +58,12 @@ int32_t int4_gemm_block_m(int64_t m);
 // Split count that fills num_sms for the shape (1 when the tiles alone fill the GPU); bounded so
 // that the fp32 partials stay small next to the weight bytes. A heuristic; not measured on a GPU.
 int32_t int4_gemm_num_splits(const Int4GemmParams& params, int32_t num_sms);
+// Batch-invariant split count (deterministic mode): a function of (N, K) only, never of M or the
+// SM count, so a row's k-order (the units of each split, then the partials summed in split order)
+// is the same for every M. Aims at kInt4DeterministicCtas CTAs for one row block, capped at
+// K / 256 (at least 4 units of 64 per split) and 64. A first guess, not measured on a GPU.
+constexpr int32_t kInt4DeterministicCtas = 256;
+int32_t int4_gemm_deterministic_num_splits(int32_t n, int32_t k);
 size_t int4_gemm_workspace_size(const Int4GemmParams& params);
 size_t int4_gemm_num_counters(const Int4GemmParams& params);
 cudaError_t launch_int4_gemm(const Int4GemmParams& params, cudaStream_t stream);

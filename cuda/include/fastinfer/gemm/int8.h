@@ -66,6 +66,11 @@ struct Int8ScaledMmParams {
   bool azp_per_row = false;         // azp has M entries (else 1)
   DType out_dtype = DType::kBFloat16;  // float16 or bfloat16
   Int8GemmTiles tiles = Int8GemmTiles::kAuto;
+  // Batch invariance. The mma.sync kernel never splits K and its int32 sums are exact, so every
+  // tile configuration gives a row the same bits: it holds with or without the flag. A backend
+  // that rounds partial sums or splits K by M (e.g. an sm90 path) must pick its split-K count and
+  // k-order from (N, K) alone when it is set, or leave the shape to the mma.sync kernel.
+  bool deterministic = false;
 };
 
 // The kernel family launch_int8_scaled_mm runs: the CUTLASS sm_90a kernel (TMA + wgmma,

@@ -1,0 +1,180 @@
+// CPU implementation of dense_mm and the batch-invariant fp32 GEMM behind it (cpu_dense.h).
+// ATen's GEMM (MKL / oneDNN / OpenBLAS) picks its blocking and k-splits from M, so a row's bits
+// change with the batch (tests/test_deterministic_gemm.py shows it); this one does not: every
+// output element is reduced by the same code, one micro-kernel, with a k-order fixed by K alone.
+//
+// Blocking: columns in chunks of kChunkCols (those rows of b converted to zero-padded fp32 once),
+// rows in blocks of kRows x kCols outputs (8 fp32 lanes each: 8 AVX2 accumulators), the last
+// M % kRows rows one at a time. The fma are explicit (never left to the compiler's contraction),
+// so every block shape and both the AVX2 and the portable micro-kernel give the same bits.
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cpu_dense.h"
+#include "cpu_simd.h"
+#include "validate_dense.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define FASTINFER_DENSE_AVX2 1
+#else
+#define FASTINFER_DENSE_AVX2 0
+#endif
+
+namespace fastinfer::binding {
+namespace {
+
+constexpr int kLanes = 8;
+constexpr int64_t kChunkCols = 16;
+// Block shapes: kRows x kCols for every full group of 4 rows; the rows past the last full group
+// one at a time against kTailCols columns (M = 1 does no wasted work). Both shapes compute every
+// element with the same sequence of fma and the same final sum, so they give the same bits.
+constexpr int kRows = 4, kCols = 2, kTailCols = 8;
+static_assert(kChunkCols % kTailCols == 0 && kChunkCols % kCols == 0, "chunks hold whole column blocks");
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// out[r][c] = sum over k of a_rows[r][k] * b_rows[c][k] (kp a multiple of kLanes) in the fixed
+// order: lane l accumulates k = l, l + 8, ... by fma, then the lanes are summed pairwise. Two
+// implementations of that one order (AVX2 + FMA, and std::fma per lane), bitwise the same.
+template <int R, int C>
+void block_dot_scalar(const float* const (&a_rows)[R], const float* const (&b_rows)[C], int64_t kp,
+                      float (&out)[R][C]) {
+  float acc[R][C][kLanes] = {};
+  for (int64_t k = 0; k < kp; k += kLanes)
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c)
+        for (int l = 0; l < kLanes; ++l) acc[r][c][l] = std::fma(a_rows[r][k + l], b_rows[c][k + l], acc[r][c][l]);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) out[r][c] = cpu::tree_sum<kLanes>(acc[r][c]);
+}
+
+#if FASTINFER_DENSE_AVX2
+// The compiler does not keep the accumulators of the scalar form in registers (2 GFLOP/s
+// measured): written with intrinsics, compiled for AVX2 + FMA whatever the baseline ISA.
+template <int R, int C>
+__attribute__((target("avx2,fma"))) void block_dot_avx2(const float* const (&a_rows)[R],
+                                                        const float* const (&b_rows)[C], int64_t kp,
+                                                        float (&out)[R][C]) {
+  static_assert(kLanes == 8, "one __m256 per output");
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < kp; k += kLanes) {
+    __m256 bv[C];
+    for (int c = 0; c < C; ++c) bv[c] = _mm256_loadu_ps(b_rows[c] + k);
+    for (int r = 0; r < R; ++r) {
+      const __m256 av = _mm256_loadu_ps(a_rows[r] + k);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(av, bv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      alignas(32) float lanes[kLanes];
+      _mm256_store_ps(lanes, acc[r][c]);
+      out[r][c] = cpu::tree_sum<kLanes>(lanes);
+    }
+}
+#else
+template <int R, int C>
+void block_dot_avx2(const float* const (&a_rows)[R], const float* const (&b_rows)[C], int64_t kp, float (&out)[R][C]) {
+  block_dot_scalar<R, C>(a_rows, b_rows, kp, out);  // never called: use_avx2() is false
+}
+#endif
+
+bool use_avx2() {
+#if FASTINFER_DENSE_AVX2
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+// Rows [r0, r0 + R) of out against the columns [n0, n0 + cols) of this chunk, C at a time.
+template <int R, int C>
+void rows_mm(const float* a, int64_t r0, const float* bc, int64_t cols, int64_t kp, bool avx2, float* out, int64_t N,
+             int64_t n0) {
+  const float* a_rows[R];
+  for (int r = 0; r < R; ++r) a_rows[r] = a + (r0 + r) * kp;
+  for (int64_t c0 = 0; c0 < cols; c0 += C) {
+    const float* b_rows[C];
+    for (int c = 0; c < C; ++c) b_rows[c] = bc + (c0 + c) * kp;
+    float res[R][C];
+    if (avx2)
+      block_dot_avx2<R, C>(a_rows, b_rows, kp, res);
+    else
+      block_dot_scalar<R, C>(a_rows, b_rows, kp, res);
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C && c0 + c < cols; ++c) out[(r0 + r) * N + n0 + c0 + c] = res[r][c];
+  }
+}
+
+// Columns [n0, n0 + cols) of out from their fp32 rows of b (bc [kChunkCols][kp], zero past cols).
+void chunk_mm(const float* a, int64_t M, const float* bc, int64_t cols, int64_t kp, float* out, int64_t N,
+              int64_t n0) {
+  const bool avx2 = use_avx2();
+  const int64_t full = M / kRows * kRows;
+  for (int64_t r0 = 0; r0 < full; r0 += kRows) rows_mm<kRows, kCols>(a, r0, bc, cols, kp, avx2, out, N, n0);
+  for (int64_t r = full; r < M; ++r) rows_mm<1, kTailCols>(a, r, bc, cols, kp, avx2, out, N, n0);
+}
+
+// rows [r0, r0 + rows) of t [R, K] as fp32 into dst [rows][kp] (zero padding past K and past R).
+void rows_to_f32(const at::Tensor& t, int64_t r0, int64_t rows, int64_t kp, float* dst) {
+  const int64_t R = t.size(0), K = t.size(1);
+  std::fill(dst, dst + rows * kp, 0.f);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.scalar_type(), "rows_to_f32", [&] {
+    const scalar_t* src = t.data_ptr<scalar_t>();
+    for (int64_t r = 0; r < rows && r0 + r < R; ++r)
+      for (int64_t k = 0; k < K; ++k) dst[r * kp + k] = static_cast<float>(src[(r0 + r) * K + k]);
+  });
+}
+
+}  // namespace
+
+at::Tensor batch_invariant_mm_f32(const at::Tensor& a, const at::Tensor& b) {
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
+  auto out = at::empty({M, N}, a.options().dtype(at::kFloat));
+  if (M == 0 || N == 0) return out;
+  if (K == 0) return out.zero_();
+  const int64_t kp = round_up(K, kLanes);
+  std::vector<float> af(static_cast<size_t>(M * kp));
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    rows_to_f32(a, begin, end - begin, kp, af.data() + begin * kp);
+  });
+  float* op = out.data_ptr<float>();
+  const int64_t chunks = (N + kChunkCols - 1) / kChunkCols;
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> bc(static_cast<size_t>(kChunkCols * kp));
+    for (int64_t ch = begin; ch < end; ++ch) {
+      const int64_t n0 = ch * kChunkCols, cols = std::min(kChunkCols, N - n0);
+      rows_to_f32(b, n0, kChunkCols, kp, bc.data());
+      chunk_mm(af.data(), M, bc.data(), cols, kp, op, N, n0);
+    }
+  });
+  return out;
+}
+
+namespace {
+
+at::Tensor dense_mm_cpu(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias) {
+  const char* op = "dense_mm";
+  validate_dense_mm(op, a, b, bias, /*allow_fp32=*/true);
+  check_on_cpu(a, op, "a");
+  check_dense_mm_layout(op, a, b, bias);
+  auto acc = batch_invariant_mm_f32(a, b);
+  if (bias.has_value()) acc.add_(bias->to(at::kFloat).unsqueeze(0));  // elementwise: fp32, then one rounding
+  return acc.to(a.scalar_type()).contiguous();
+}
+
+}  // namespace
+}  // namespace fastinfer::binding
+
+FASTINFER_LIBRARY_IMPL(FASTINFER_NS, CPU, m) {
+  using namespace fastinfer::binding;
+  m.impl("dense_mm", &dense_mm_cpu);
+}

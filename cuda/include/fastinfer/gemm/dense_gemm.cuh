@@ -1,0 +1,161 @@
+#pragma once
+// Dense fp16 / bf16 GEMM on mma.sync.m16n8k16 (sm_80+): out = a @ b^T (+ bias), fp32 accumulation.
+//
+// The tile geometry, shared-memory layout and pipeline are the fp8 kernel's (gemm/fp8_gemm.cuh,
+// whose header explains them; the same fp8::GemmConfig tiles, a k-tile being 128 bytes = 64
+// fp16/bf16 elements): 128-byte k-tile rows with the chunk ^ (row & 7) swizzle, so every
+// ldmatrix phase and every cp.async store covers all 32 banks once; a kStages-deep cp.async ring
+// with one __syncthreads per k-tile; ldmatrix.x4 fragments (16-bit A / B layouts of m16n8k16:
+// a 16-byte chunk is 8 elements of k, two chunks one k16 step). The int4 kernel without the
+// dequantisation: b is read as it is.
+//
+// Batch invariance (gemm/dense.h): no split-K; each accumulator runs over the k16 steps of the
+// k-tiles in order, whatever the configuration, so a row's bits do not depend on M.
+#include "fastinfer/common/platform.cuh"
+#include "fastinfer/common/ptx.cuh"
+#include "fastinfer/common/smem.cuh"
+#include "fastinfer/common/vec.cuh"
+#include "fastinfer/gemm/dense.h"
+#include "fastinfer/gemm/fp8_gemm.cuh"
+
+#include <cstdint>
+#include <type_traits>
+
+namespace fastinfer::dense {
+
+constexpr int kElemsPerKTile = fp8::kBlockK / 2;  // 64 fp16 / bf16 per 128-byte row
+constexpr int kChunkElems = 8;                    // elements per 16-byte chunk
+
+// M buckets (launcher: cuda/src/gemm_dense.cu). M <= 16 (decode): 2 warps of 16 x 16, 32-column
+// tiles (a 4096-wide layer is 128 CTAs) and 8 stages (48 KiB) so that ~42 KiB of weights are in
+// flight per SM; M <= 64: 8 warps of 32 x 32, 4 stages (96 KiB); larger: 8 warps of 64 x 32, 96 KiB.
+using DenseConfigSmall = fp8::GemmConfig<16, 32, 1, 2, 8>;
+using DenseConfigMedium = fp8::GemmConfig<64, 128, 2, 4, 4>;
+using DenseConfigLarge = fp8::GemmConfig<128, 128, 2, 4, 3>;
+
+template <typename T>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  if constexpr (std::is_same_v<T, __half>)
+    ptx::mma_m16n8k16_f16(d, a, b, d);
+  else
+    ptx::mma_m16n8k16_bf16(d, a, b, d);
+}
+
+// grid (ceil(N / kBlockN), ceil(M / kBlockM)), block Cfg::kThreads, dynamic smem Cfg::kSmemBytes.
+template <typename Cfg, typename T>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) dense_mm_kernel(const DenseMmParams p) {
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
+  constexpr int kMi = Cfg::kMi, kNi = Cfg::kNi, kCPR = Cfg::kChunksPerRow;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  const int warp_m = warp / Cfg::kWarpsN, warp_n = warp % Cfg::kWarpsN;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBlockM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBlockN;
+  const int64_t M = p.m, N = p.n, K = p.k;
+  const int num_k_tiles = static_cast<int>((K + kElemsPerKTile - 1) / kElemsPerKTile);
+
+  const T* __restrict__ a_ptr = static_cast<const T*>(p.a);
+  const T* __restrict__ b_ptr = static_cast<const T*>(p.b);
+  uint8_t* smem = dynamic_smem<uint8_t>();
+
+  auto load_tile = [&](int kt, int stage) {
+    uint8_t* sa = smem + stage * Cfg::kStageBytes;
+    uint8_t* sb = sa + Cfg::kABytes;
+    const int64_t k0 = static_cast<int64_t>(kt) * kElemsPerKTile;
+#pragma unroll
+    for (int i = 0; i < kBlockM * kCPR / Cfg::kThreads; ++i) {
+      const int idx = tid + i * Cfg::kThreads;
+      const int r = idx / kCPR, c = idx % kCPR;
+      const int64_t k = k0 + c * kChunkElems;
+      // K % 8 == 0: a chunk is all in or all out; zero-filled chunks add exact zeros.
+      const bool pred = m0 + r < M && k < K;
+      ptx::cp_async_cg_16(sa + fp8::swizzle128(r, c), pred ? a_ptr + (m0 + r) * K + k : a_ptr, pred);
+    }
+#pragma unroll
+    for (int i = 0; i < kBlockN * kCPR / Cfg::kThreads; ++i) {
+      const int idx = tid + i * Cfg::kThreads;
+      const int r = idx / kCPR, c = idx % kCPR;
+      const int64_t k = k0 + c * kChunkElems;
+      const bool pred = n0 + r < N && k < K;
+      ptx::cp_async_cg_16(sb + fp8::swizzle128(r, c), pred ? b_ptr + (n0 + r) * K + k : b_ptr, pred);
+    }
+  };
+
+  float acc[kMi][kNi][4];
+#pragma unroll
+  for (int i = 0; i < kMi; ++i)
+#pragma unroll
+    for (int j = 0; j < kNi; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_k_tiles) load_tile(s, s);
+    ptx::cp_async_commit();
+  }
+
+  // ldmatrix lane roles: matrix mat = lane / 8 takes its row address from lane % 8.
+  const int mat = lane / 8, mrow = lane % 8;
+  const int a_row = warp_m * Cfg::kWarpM + mrow + 8 * (mat & 1);  // A: mats = (rows 0-7 | 8-15) x (k lo | hi)
+  const int a_chunk_hi = mat >> 1;
+  const int b_row = warp_n * Cfg::kWarpN + mrow + 8 * (mat >> 1);  // B: mats = (k lo | hi) x (n 0-7 | 8-15)
+  const int b_chunk_hi = mat & 1;
+
+  for (int kt = 0; kt < num_k_tiles; ++kt) {
+    ptx::cp_async_wait<kStages - 2>();
+    __syncthreads();
+    {
+      const int next = kt + kStages - 1;
+      if (next < num_k_tiles) load_tile(next, next % kStages);
+      ptx::cp_async_commit();
+    }
+    const uint8_t* sa = smem + (kt % kStages) * Cfg::kStageBytes;
+    const uint8_t* sb = sa + Cfg::kABytes;
+#pragma unroll
+    for (int ks = 0; ks < kElemsPerKTile / 16; ++ks) {
+      uint32_t af[kMi][4];
+      uint32_t bf[kNi][2];
+#pragma unroll
+      for (int i = 0; i < kMi; ++i) ptx::ldmatrix_x4(af[i], sa + fp8::swizzle128(a_row + 16 * i, 2 * ks + a_chunk_hi));
+#pragma unroll
+      for (int j = 0; j < kNi / 2; ++j) {
+        uint32_t r[4];
+        ptx::ldmatrix_x4(r, sb + fp8::swizzle128(b_row + 16 * j, 2 * ks + b_chunk_hi));
+        bf[2 * j][0] = r[0];
+        bf[2 * j][1] = r[1];
+        bf[2 * j + 1][0] = r[2];
+        bf[2 * j + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int i = 0; i < kMi; ++i)
+#pragma unroll
+        for (int j = 0; j < kNi; ++j) mma<T>(acc[i][j], af[i], bf[j]);
+    }
+  }
+  ptx::cp_async_wait<0>();  // only empty groups can be pending; keeps the emulator's bookkeeping clean
+
+  // Epilogue in the mma C layout (see fp8_gemm.cuh for the store pattern): + bias in fp32, one rounding.
+  T* __restrict__ out = static_cast<T*>(p.out);
+  const T* __restrict__ bias = static_cast<const T*>(p.bias);
+#pragma unroll
+  for (int i = 0; i < kMi; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t m = m0 + warp_m * Cfg::kWarpM + i * 16 + g + 8 * h;
+      if (m >= M) continue;
+#pragma unroll
+      for (int j = 0; j < kNi; ++j) {
+        const int64_t n = n0 + warp_n * Cfg::kWarpN + j * 8 + 2 * t;
+        if (n >= N) continue;  // N is even: the pair (n, n + 1) is all in or all out
+        float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+        if (bias != nullptr) {
+          v0 += to_float(bias[n]);
+          v1 += to_float(bias[n + 1]);
+        }
+        *reinterpret_cast<uint32_t*>(out + m * N + n) = fp8::pack2<T>(v0, v1);
+      }
+    }
+  }
+}
+
+}  // namespace fastinfer::dense
