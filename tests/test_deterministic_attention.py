@@ -13,6 +13,7 @@ input for the new argument."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import pytest
@@ -160,6 +161,37 @@ def test_default_mode_differs(backend):
     _, out0, _ = rows[0]
     differing = [name for name, out, _ in rows[1:] if not torch.equal(out, out0)]
     assert differing, "the default mode gave the same bits everywhere: the invariance test would prove nothing"
+
+
+@pytest.mark.sim
+def test_decode_split_launches_do_not_change_bits(monkeypatch):
+    """Split-parallel decode folds its chunks over several launches (running fp32 state) when the
+    partials of one launch would pass a bound (256 MiB; large batches): forcing one chunk per launch
+    on a small shape must give the same bits."""
+    be = get_backend("sim")
+    w = World(torch.bfloat16, 64, seed=23)
+    kc, vc, table, lens = w.paged([w.noise(n) for n in (300, 7, 151)], extra_width=3)
+    q = w.noise_q(3)
+
+    def run():
+        return be.ns.paged_decode_attention(q, kc, vc, table, lens, w.scale, -1, 0.0, 0, True, None, None, 64)
+
+    def merge_launches():
+        import fastinfer.simt as simt
+
+        rep = simt.profile(lambda: torch.ops.fastinfer_sim.paged_decode_attention(
+            q, kc, vc, table, lens, w.scale, -1, 0.0, 0, True, None, None, 64), launch_only=True)
+        return sum(len(k["records"]) for k in rep["kernels"] if "prefill_merge_splits_kernel" in k["name"])
+
+    out, lse = run()
+    have_prof = importlib.util.find_spec("fastinfer._simprof") is not None
+    if have_prof:
+        assert merge_launches() == 1
+    monkeypatch.setenv("FASTINFER_FIXED_SPLIT_PARTIAL_BYTES", "1")
+    if have_prof:
+        assert merge_launches() == math.ceil(table.shape[1] * BS / 64)  # one chunk per launch
+    out1, lse1 = run()
+    assert torch.equal(out1, out) and torch.equal(lse1, lse)
 
 
 # ---------------------------------------------------------------------------------------------

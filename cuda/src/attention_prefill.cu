@@ -7,6 +7,8 @@
 #include "fastinfer/common/launch.cuh"
 #include "fastinfer/common/vec.cuh"
 
+#include <cstdlib>
+
 namespace fastinfer {
 namespace attention {
 namespace {
@@ -43,6 +45,13 @@ int64_t num_key_splits(const PrefillAttentionParams& p) {
 }
 constexpr int64_t kSplitPartialBytes = int64_t{256} << 20;  // partials of one launch, at most
 constexpr int64_t kMaxSplitsPerLaunch = 65535;               // grid.z
+// FASTINFER_FIXED_SPLIT_PARTIAL_BYTES overrides the bound (tests: small shapes then take several
+// launches and the running state, as large batches do).
+int64_t split_partial_bytes() {
+  const char* v = std::getenv("FASTINFER_FIXED_SPLIT_PARTIAL_BYTES");
+  const long long bytes = v != nullptr ? std::atoll(v) : 0;
+  return bytes > 0 ? static_cast<int64_t>(bytes) : kSplitPartialBytes;
+}
 int64_t split_row_bytes(const PrefillAttentionParams& p) {  // one chunk's partials
   return p.num_q_tokens * p.num_q_heads * (static_cast<int64_t>(p.head_dim) + 1) * static_cast<int64_t>(sizeof(float));
 }
@@ -50,7 +59,7 @@ int64_t splits_per_launch(const PrefillAttentionParams& p) {
   const int64_t z = num_key_splits(p);
   if (z <= 0) return 0;
   const int64_t row = split_row_bytes(p);
-  int64_t g = row > 0 ? kSplitPartialBytes / row : z;
+  int64_t g = row > 0 ? split_partial_bytes() / row : z;
   if (g < 1) g = 1;
   if (g > kMaxSplitsPerLaunch) g = kMaxSplitsPerLaunch;
   return g < z ? g : z;

@@ -627,6 +627,7 @@ __global__ void __launch_bounds__(kSplitMergeWarps * 32)
   if (!last) {
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) running_out[row * D + lane + 32 * i] = acc[i];
+    __syncwarp();  // every lane of the row has read running_lse before lane 0 overwrites it
     if (lane == 0) running_lse[row] = lse;
     return;
   }
