@@ -104,6 +104,15 @@ HIDDEN, FFN, HQ, HKV, HEAD_DIM, BLOCK = 4096, 14336, 32, 8, 128, 16
 _OPS = None
 
 
+# --fixed-split F: run the attention cases in the deterministic mode (fixed_split_size = F) to
+# model its cost against a default run of the same cases (--compare of the two JSON files).
+FIXED_SPLIT = 0
+
+
+def _fixed():
+    return dict(fixed_split_size=FIXED_SPLIT) if FIXED_SPLIT > 0 else {}
+
+
 def ns():
     if _OPS is not None:
         return _OPS
@@ -329,7 +338,8 @@ def case_decode(b, ctx, hq, hkv, sample=1):
         lens = torch.full((b,), ctx, dtype=torch.int32)
         q = _bf16(b, hq, HEAD_DIM)
         ideal = 2 * b * ctx * hkv * HEAD_DIM * 2 + 2 * b * hq * HEAD_DIM * 2 + b * nbs * 4
-        return dict(fn=lambda: ns().paged_decode_attention(q, kc, vc, table, lens, HEAD_DIM ** -0.5), ideal=ideal)
+        return dict(fn=lambda: ns().paged_decode_attention(q, kc, vc, table, lens, HEAD_DIM ** -0.5, **_fixed()),
+                    ideal=ideal)
     return Case("paged_decode_attention", f"B={b} ctx={ctx} Hq/Hkv={hq}/{hkv} D={HEAD_DIM} BS={BLOCK}", build,
                 sample=sample)
 
@@ -341,14 +351,15 @@ def case_prefill(t, hq, hkv, d, causal, paged=False):
         flops = 4 * hq * d * (t * (t + 1) / 2 if causal else t * t)
         ideal = (2 * t * hq * d + 2 * t * hkv * d) * 2
         if not paged:
-            fn = lambda: ns().prefill_attention(q, k, v, cu, cu, t, t, d ** -0.5, causal)  # noqa: E731
+            fn = lambda: ns().prefill_attention(q, k, v, cu, cu, t, t, d ** -0.5, causal, **_fixed())  # noqa: E731
         else:
             nbs = math.ceil(t / BLOCK)
             kc = k.view(nbs, BLOCK, hkv, d).contiguous()
             vc = v.view(nbs, BLOCK, hkv, d).contiguous()
             table = torch.arange(nbs, dtype=torch.int32).view(1, nbs)
             lens = torch.tensor([t], dtype=torch.int32)
-            fn = lambda: ns().paged_prefill_attention(q, kc, vc, table, cu, lens, t, d ** -0.5, causal)  # noqa: E731
+            fn = lambda: ns().paged_prefill_attention(q, kc, vc, table, cu, lens, t, d ** -0.5, causal,  # noqa: E731
+                                                      **_fixed())
         return dict(fn=fn, ideal=ideal, flops=flops, peak="bf16")
     ctas = math.ceil(t / 64) * hq
     return Case("paged_prefill_attention" if paged else "prefill_attention",
@@ -686,7 +697,12 @@ def main(argv=None):
     p.add_argument("--only", default=None, help="comma-separated families (prefix match)")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--label", default=None, help="free text stored in the JSON (e.g. before / after)")
+    p.add_argument("--match", default=None, help="only the cases whose label matches this regular expression")
+    p.add_argument("--fixed-split", type=int, default=0, metavar="F",
+                   help="attention cases in the deterministic mode, fixed_split_size=F (compare with a default run)")
     args = p.parse_args(argv)
+    global FIXED_SPLIT
+    FIXED_SPLIT = args.fixed_split
     if args.compare:
         compare(*args.compare)
         return
@@ -699,6 +715,8 @@ def main(argv=None):
     if args.only:
         keys = args.only.split(",")
         cases = [c for c in cases if any(c.family.startswith(k) for k in keys)]
+    if args.match:
+        cases = [c for c in cases if re.search(args.match, c.label)]
     print(LABEL)
     print(HEADER)
     rows = []

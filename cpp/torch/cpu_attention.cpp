@@ -88,6 +88,10 @@ void store(at::Tensor& out, at::Tensor& lse, int64_t row, const std::pair<at::Te
   if (lse.numel() > 0) lse.narrow(0, row, n).copy_(result.second);
 }
 
+void prefill_fixed_split(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::vector<int64_t>& cq, const std::vector<int64_t>& ck, double scale, bool causal,
+                         int64_t window_left, double softcap, int64_t fixed_split, at::Tensor& out, at::Tensor& lse);
+
 // ATen's CPU flash attention (blocked GEMMs in the input dtype, fp32 softmax, GQA without
 // repeating K/V) for one sequence; q [ql, Hq, D], k/v [kl, Hkv, D]. Only where every query sees
 // a key (kl >= ql) and there is no softcap or custom mask: attend() handles the rest.
@@ -118,9 +122,9 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention_cpu(const at::Tensor& q, co
                                                          const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                                                          int64_t max_seqlen_q, int64_t max_seqlen_k, double scale,
                                                          bool causal, int64_t window_left, double softcap,
-                                                         bool return_lse) {
+                                                         bool return_lse, int64_t fixed_split_size) {
   const char* op = "prefill_attention";
-  validate_prefill_attention(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, true);
+  validate_prefill_attention(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, true, fixed_split_size);
   for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check_on_cpu(*t, op, name);
   check_packed_heads(q, op, "q");
   check_packed_heads(k, op, "k");
@@ -129,6 +133,10 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention_cpu(const at::Tensor& q, co
   check_cu_seqlens(op, cu_seqlens_k, "cu_seqlens_k", k.size(0), max_seqlen_k, "max_seqlen_k");
   auto [out, lse] = make_outputs(q, return_lse);
   const auto cq = host_indices(cu_seqlens_q), ck = host_indices(cu_seqlens_k);
+  if (fixed_split_size > 0) {
+    prefill_fixed_split(op, q, k, v, cq, ck, scale, causal, window_left, softcap, fixed_split_size, out, lse);
+    return {out, lse};
+  }
   at::Tensor qf, kf, vf;  // float32 copies, made only if some sequence needs the general path
   for (size_t b = 0; b + 1 < cq.size(); ++b) {
     const int64_t qs = cq[b], ql = cq[b + 1] - qs;
@@ -169,6 +177,9 @@ struct DecodeArgs {
   int64_t q_row_stride;
   int64_t num_q_heads, num_kv_heads, head_dim, block_size;
   float scale, softcap, k_scale, v_scale;
+  int64_t fixed_split = 0;  // > 0: the deterministic mode (attend_items_fixed)
+  bool contiguous = false;  // K/V rows are [Tk, Hkv, D] contiguous (prefill_attention), key j of
+                            // item it at row it.k_start + j; else paged through block_table
 };
 
 // One query row against the keys [start, end) of sequence b (the caller applies the causal and
@@ -181,6 +192,7 @@ struct QueryItem {
   int64_t mask_key0 = 0;
   const int64_t* mask_pos = nullptr;
   int64_t pos_lo = 0;
+  int64_t k_start = 0;  // contiguous K/V only: row of the sequence's key 0
 };
 
 // Work items [begin, end) of (query item, KV head): online softmax over the visible keys for the
@@ -268,12 +280,102 @@ FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* ite
   }
 }
 
+// The deterministic mode (fixed_split > 0): the one per-row routine of all three ops. A row's
+// keys are reduced in chunks [c * F, (c + 1) * F) from absolute key 0 (F = fixed_split, a
+// multiple of kKeys), each chunk by an online softmax over kKeys-key tiles aligned at absolute
+// multiples of kKeys (keys outside [start, end) or hidden by the mask score -inf and add exact
+// zeros), and the chunks' (out, lse) are merged left to right. The arithmetic of a row therefore
+// depends only on its query, its visible keys and their indices: not on which op built the item,
+// the batch, q_len or where the item's [start, end) was cut.
+template <typename QT, typename CT>
+FASTINFER_CPU_INLINE void attend_items_fixed(const DecodeArgs& a, const QueryItem* items, int64_t begin, int64_t end) {
+  constexpr int64_t kKeys = 32;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const int64_t d = a.head_dim, hkv = a.num_kv_heads, group = a.num_q_heads / hkv, bs = a.block_size;
+  const int64_t row_stride = hkv * d, split = a.fixed_split;
+  alignas(64) float acc[256], qf[256], st[256], s[kKeys], lanes[kKeys];
+  int64_t rows[kKeys];
+  for (int64_t w = begin; w < end; ++w) {
+    const QueryItem& it = items[w / hkv];
+    const int64_t h = w % hkv;
+    const CT* k_base = static_cast<const CT*>(a.k_cache) + h * d;
+    const CT* v_base = static_cast<const CT*>(a.v_cache) + h * d;
+    const int32_t* table = a.contiguous ? nullptr : a.block_table + it.b * a.table_stride;
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t head = h * group + g;
+      const QT* q = static_cast<const QT*>(a.q) + it.row * a.q_row_stride + head * d;
+      for (int64_t i = 0; i < d; ++i) qf[i] = static_cast<float>(q[i]) * (a.scale * a.k_scale);
+      for (int64_t i = 0; i < d; ++i) st[i] = 0;
+      float st_lse = kNegInf;  // merged state of the chunks so far
+      for (int64_t c0 = it.start > 0 ? it.start / split * split : 0; c0 < it.end; c0 += split) {
+        const int64_t c1 = std::min(c0 + split, it.end);
+        float m = kNegInf, l = 0;
+        for (int64_t i = 0; i < d; ++i) acc[i] = 0;
+        for (int64_t j0 = std::max(c0, it.start / kKeys * kKeys); j0 < c1; j0 += kKeys) {
+          const int64_t n = std::min<int64_t>(kKeys, c1 - j0);
+          for (int64_t jj = 0; jj < n; ++jj) {
+            const int64_t j = j0 + jj;
+            rows[jj] = table != nullptr ? (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * row_stride
+                                        : (it.k_start + j) * row_stride;
+          }
+          for (int64_t jj = 0; jj < n; ++jj) s[jj] = dot(qf, k_base + rows[jj], d);
+          if (a.softcap > 0)
+            for (int64_t jj = 0; jj < n; ++jj) s[jj] = a.softcap * std::tanh(s[jj] / a.softcap);
+          for (int64_t jj = 0; jj < n; ++jj) {
+            const int64_t mk = j0 + jj - it.mask_key0;
+            if (j0 + jj < it.start ||
+                (it.mask != nullptr && mk >= 0 &&
+                 (!it.mask[mk] || (it.mask_pos != nullptr && it.mask_pos[mk] < it.pos_lo))))
+              s[jj] = kNegInf;
+          }
+          for (int64_t jj = n; jj < kKeys; ++jj) s[jj] = kNegInf;
+          for (int64_t jj = 0; jj < kKeys; ++jj) lanes[jj] = s[jj];
+          const float tile_max = cpu::tree_max<kKeys>(lanes);
+          if (tile_max == kNegInf) continue;  // nothing visible in this tile: the identity
+          if (tile_max > m) {
+            const float r = cpu::fast_exp(m - tile_max);
+            l *= r;
+            for (int64_t i = 0; i < d; ++i) acc[i] *= r;
+            m = tile_max;
+          }
+          for (int64_t jj = 0; jj < kKeys; ++jj) lanes[jj] = s[jj] = cpu::fast_exp(s[jj] - m);
+          l += cpu::tree_sum<kKeys>(lanes);
+          for (int64_t jj = 0; jj < n; ++jj) {
+            const CT* v = v_base + rows[jj];
+            const float pv = s[jj] * a.v_scale;
+            for (int64_t i = 0; i < d; ++i) acc[i] += pv * static_cast<float>(v[i]);
+          }
+        }
+        if (!(l > 0)) continue;  // an empty chunk merges as the identity
+        const float inv = 1.0f / l, lse_c = m + std::log(l);
+        if (st_lse == kNegInf) {
+          for (int64_t i = 0; i < d; ++i) st[i] = acc[i] * inv;
+          st_lse = lse_c;
+          continue;
+        }
+        const float mx = std::max(st_lse, lse_c);
+        const float ea = std::exp(st_lse - mx), eb = std::exp(lse_c - mx), sum = ea + eb;
+        const float wa = ea / sum, wb = eb / sum;
+        for (int64_t i = 0; i < d; ++i) st[i] = wa * st[i] + wb * (acc[i] * inv);
+        st_lse = mx + std::log(sum);
+      }
+      QT* out = static_cast<QT*>(a.out) + (it.row * a.num_q_heads + head) * d;
+      for (int64_t i = 0; i < d; ++i) out[i] = static_cast<QT>(st[i]);
+      if (a.lse != nullptr) a.lse[it.row * a.num_q_heads + head] = st_lse;
+    }
+  }
+}
+
 // One ISA-cloned entry per (query dtype, cache dtype): target_clones does not apply to templates.
 using AttendEntry = void (*)(const DecodeArgs&, const QueryItem*, int64_t, int64_t);
 #define FASTINFER_ATTEND_ENTRY(NAME, QT, CT)                                                 \
   FASTINFER_CPU_CLONES void NAME(const DecodeArgs& a, const QueryItem* items, int64_t begin, \
                                  int64_t end) {                                              \
-    attend_items<QT, CT>(a, items, begin, end);                                              \
+    if (a.fixed_split > 0) {                                                                 \
+      attend_items_fixed<QT, CT>(a, items, begin, end);                                      \
+    } else {                                                                                 \
+      attend_items<QT, CT>(a, items, begin, end);                                            \
+    }                                                                                        \
   }
 FASTINFER_ATTEND_ENTRY(attend_f32, float, float)
 FASTINFER_ATTEND_ENTRY(attend_f16, c10::Half, c10::Half)
@@ -302,11 +404,36 @@ void run_items(const char* op, const at::Tensor& q, const at::Tensor& k_cache, c
                    [&](int64_t begin, int64_t end) { entry(a, items.data(), begin, end); });
 }
 
+// prefill_attention in the deterministic mode: every query row is an item of attend_items_fixed,
+// reading the contiguous K/V rows of its sequence.
+void prefill_fixed_split(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::vector<int64_t>& cq, const std::vector<int64_t>& ck, double scale, bool causal,
+                         int64_t window_left, double softcap, int64_t fixed_split, at::Tensor& out, at::Tensor& lse) {
+  const auto kc = k.contiguous(), vc = v.contiguous();
+  std::vector<QueryItem> items;
+  for (size_t b = 0; b + 1 < cq.size(); ++b) {
+    const int64_t qs = cq[b], ql = cq[b + 1] - qs, kl = ck[b + 1] - ck[b];
+    for (int64_t i = 0; i < ql; ++i) {
+      const int64_t p = kl - ql + i;
+      QueryItem it{static_cast<int64_t>(b), qs + i, window_left >= 0 ? std::max<int64_t>(0, p - window_left) : 0,
+                   causal ? std::min(kl, std::max<int64_t>(0, p + 1)) : kl};
+      it.k_start = ck[b];
+      items.push_back(it);
+    }
+  }
+  if (items.empty()) return;
+  DecodeArgs a{q.const_data_ptr(), kc.const_data_ptr(), vc.const_data_ptr(), out.data_ptr(),
+               lse.numel() > 0 ? lse.data_ptr<float>() : nullptr, nullptr, 0, q.stride(0), q.size(1), kc.size(1),
+               q.size(2), 1, static_cast<float>(scale), static_cast<float>(softcap), 1.0f, 1.0f, fixed_split, true};
+  run_items(op, q, kc, a, items);
+}
+
 std::tuple<at::Tensor, at::Tensor> paged_attention_cpu(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
                                                        const at::Tensor& v_cache, const at::Tensor& block_table,
                                                        const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k,
                                                        bool causal, int64_t window_left, double softcap, double scale,
-                                                       const std::optional<at::Tensor>& custom_mask, bool return_lse) {
+                                                       const std::optional<at::Tensor>& custom_mask, bool return_lse,
+                                                       int64_t fixed_split) {
   auto [out, lse] = make_outputs(q, return_lse);
   const auto cq = host_indices(cu_seqlens_q), lens = host_indices(seq_lens_k);
   // Short chunks (speculative verification, small prefill chunks): one decode-style pass per query
@@ -325,7 +452,7 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_cpu(const char* op, const at:
     const int64_t qs = cq[b], ql = cq[b + 1] - qs, kl = lens[b];
     const int64_t mask_at = mask_offset;
     if (custom_mask.has_value()) mask_offset += ql * ql;
-    if (ql <= kShortChunk) {
+    if (ql <= kShortChunk || fixed_split > 0) {  // the deterministic mode: every row an item
       const bool* rows = custom_mask.has_value() ? mask_c.const_data_ptr<bool>() + mask_at : nullptr;
       const bool tree_window = rows != nullptr && window_left >= 0;
       if (tree_window)  // node i: prefix + depth, depth = (trailing keys its row sees) - 1
@@ -366,7 +493,7 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_cpu(const char* op, const at:
     const DecodeArgs a{q.const_data_ptr(), k_cache.const_data_ptr(), v_cache.const_data_ptr(), out.data_ptr(),
                        return_lse ? lse.data_ptr<float>() : nullptr, block_table.const_data_ptr<int32_t>(), table_w,
                        q.stride(0), q.size(1), k_cache.size(2), q.size(2), k_cache.size(1),
-                       static_cast<float>(scale), static_cast<float>(softcap), 1.0f, 1.0f};
+                       static_cast<float>(scale), static_cast<float>(softcap), 1.0f, 1.0f, fixed_split};
     run_items(op, q, k_cache, a, items);
   }
   return {out, lse};
@@ -396,10 +523,10 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention_cpu(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
     const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
     int64_t window_left, double softcap, const std::optional<at::Tensor>& custom_mask, bool return_lse,
-    const std::optional<at::Tensor>& packed_custom_mask) {
+    const std::optional<at::Tensor>& packed_custom_mask, int64_t fixed_split_size) {
   const char* op = "paged_prefill_attention";
   validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
-                                   custom_mask, packed_custom_mask, true);
+                                   custom_mask, packed_custom_mask, true, fixed_split_size);
   check_paged_inputs_on_cpu(op, q, k_cache, v_cache, block_table);
   check_cu_seqlens(op, cu_seqlens_q, "cu_seqlens_q", q.size(0), max_seqlen_q, "max_seqlen_q");
   check_paged_indices(op, block_table, seq_lens_k, "seq_lens_k", k_cache.size(0), k_cache.size(1), &cu_seqlens_q);
@@ -411,15 +538,17 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention_cpu(
     mask = unpack_custom_mask(*packed_custom_mask, custom_mask_entries(cu_seqlens_q));
   }
   return paged_attention_cpu(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, causal, window_left,
-                             softcap, scale, mask, return_lse);
+                             softcap, scale, mask, return_lse, fixed_split_size);
 }
 
 std::tuple<at::Tensor, at::Tensor> paged_decode_attention_cpu(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
     const at::Tensor& seq_lens, double scale, int64_t window_left, double softcap, int64_t num_splits,
-    bool return_lse, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
+    bool return_lse, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+    int64_t fixed_split_size) {
   const char* op = "paged_decode_attention";
-  validate_paged_decode_attention(op, q, k_cache, v_cache, block_table, seq_lens, num_splits, k_scale, v_scale, true);
+  validate_paged_decode_attention(op, q, k_cache, v_cache, block_table, seq_lens, num_splits, k_scale, v_scale, true,
+                                  fixed_split_size);
   check_paged_inputs_on_cpu(op, q, k_cache, v_cache, block_table);
   check_paged_indices(op, block_table, seq_lens, "seq_lens", k_cache.size(0), k_cache.size(1), nullptr);
   auto out = at::empty_like(q, at::MemoryFormat::Contiguous);
@@ -431,7 +560,7 @@ std::tuple<at::Tensor, at::Tensor> paged_decode_attention_cpu(
                return_lse ? lse.data_ptr<float>() : nullptr, table.const_data_ptr<int32_t>(), table.size(1),
                q.stride(0), q.size(1), k_cache.size(2), q.size(2), k_cache.size(1),
                static_cast<float>(scale), static_cast<float>(softcap),
-               k_scale ? k_scale->item<float>() : 1.0f, v_scale ? v_scale->item<float>() : 1.0f};
+               k_scale ? k_scale->item<float>() : 1.0f, v_scale ? v_scale->item<float>() : 1.0f, fixed_split_size};
   std::vector<QueryItem> items(q.size(0));
   const int64_t* len = lens.const_data_ptr<int64_t>();
   for (int64_t b = 0; b < q.size(0); ++b)  // the query is the last token (position len - 1)

@@ -45,13 +45,23 @@ void fill_common(PrefillAttentionParams& p, const at::Tensor& q, at::Tensor& out
   p.dtype = to_dtype(q.scalar_type());
 }
 
+// The deterministic mode's split workspace (attention.h), from the caching allocator; returned so
+// it lives until the launch is enqueued.
+at::Tensor attach_split_workspace(PrefillAttentionParams& p, const at::Tensor& q, int64_t fixed_split_size) {
+  if (fixed_split_size <= 0) return {};
+  p.fixed_split_size = static_cast<int32_t>(fixed_split_size);
+  auto ws = at::empty({static_cast<int64_t>(prefill_attention_split_workspace_size(p))}, q.options().dtype(at::kByte));
+  p.split_workspace = ws.data_ptr();
+  return ws;
+}
+
 std::tuple<at::Tensor, at::Tensor> prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                      const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                                                      int64_t max_seqlen_q, int64_t max_seqlen_k, double scale,
                                                      bool causal, int64_t window_left, double softcap,
-                                                     bool return_lse) {
+                                                     bool return_lse, int64_t fixed_split_size) {
   const char* op = "prefill_attention";
-  validate_prefill_attention(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, false);
+  validate_prefill_attention(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, false, fixed_split_size);
   check_device(q, op, "q");
   check_kernel_head_dim(op, q);
   check_packed_heads(q, op, "q");
@@ -77,6 +87,8 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention(const at::Tensor& q, const 
   p.k_token_stride = k.stride(0);
   p.v_token_stride = v.stride(0);
   p.num_q_tokens = q.size(0);
+  p.max_seqlen_k = static_cast<int32_t>(max_seqlen_k);
+  const at::Tensor split_ws = attach_split_workspace(p, q, fixed_split_size);
   check_launch(launch_prefill_attention(p, scope.stream()), op);
   return {out, lse};
 }
@@ -98,10 +110,10 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
     const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
     int64_t window_left, double softcap, const std::optional<at::Tensor>& custom_mask, bool return_lse,
-    const std::optional<at::Tensor>& packed_custom_mask) {
+    const std::optional<at::Tensor>& packed_custom_mask, int64_t fixed_split_size) {
   const char* op = "paged_prefill_attention";
   validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
-                                   custom_mask, packed_custom_mask, false);
+                                   custom_mask, packed_custom_mask, false, fixed_split_size);
   check_paged_kernel_inputs(op, q, k_cache, v_cache, block_table, seq_lens_k);
   check_contiguous(cu_seqlens_q, op, "cu_seqlens_q");
   if (custom_mask.has_value()) check_contiguous(*custom_mask, op, "custom_mask");
@@ -143,22 +155,54 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
       p.tree_depth = tree_depth.data_ptr<int32_t>();
     }
   }
+  const at::Tensor split_ws = attach_split_workspace(p, q, fixed_split_size);
   check_launch(launch_prefill_attention(p, scope.stream()), op);
   return {out, lse};
+}
+
+// paged_decode_attention in the deterministic mode: the prefill kernel on q_len = 1 rows (the query
+// is the last of seq_lens[b] keys: causal, bottom-right aligned), so decode and prefill of a row
+// share one arithmetic (attention.h).
+void decode_fixed_split(const char* op, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                        const at::Tensor& block_table, const at::Tensor& seq_lens, double scale, int64_t window_left,
+                        double softcap, int64_t fixed_split_size, at::Tensor& out, at::Tensor& lse,
+                        const KernelScope& scope) {
+  const auto cu_seqlens_q = at::arange(q.size(0) + 1, q.options().dtype(at::kInt));
+  PrefillAttentionParams p;
+  fill_common(p, q, out, lse, q.size(0), 1, scale, /*causal=*/true, window_left, softcap);
+  p.k = k_cache.data_ptr();
+  p.v = v_cache.data_ptr();
+  p.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
+  p.seq_lens_k = seq_lens.data_ptr<int32_t>();
+  p.block_table = block_table.data_ptr<int32_t>();
+  p.block_table_stride = block_table.stride(0);
+  p.block_size = static_cast<int32_t>(k_cache.size(1));
+  p.num_kv_heads = static_cast<int32_t>(k_cache.size(2));
+  p.num_q_tokens = q.size(0);
+  p.split_parallel = true;  // a CTA per chunk: decode's parallelism over the keys
+  const at::Tensor split_ws = attach_split_workspace(p, q, fixed_split_size);
+  check_launch(launch_prefill_attention(p, scope.stream()), op);
 }
 
 std::tuple<at::Tensor, at::Tensor> paged_decode_attention(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
     const at::Tensor& seq_lens, double scale, int64_t window_left, double softcap, int64_t num_splits,
-    bool return_lse, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
+    bool return_lse, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+    int64_t fixed_split_size) {
   const char* op = "paged_decode_attention";
-  validate_paged_decode_attention(op, q, k_cache, v_cache, block_table, seq_lens, num_splits, k_scale, v_scale, false);
+  validate_paged_decode_attention(op, q, k_cache, v_cache, block_table, seq_lens, num_splits, k_scale, v_scale, false,
+                                  fixed_split_size);
   check_paged_kernel_inputs(op, q, k_cache, v_cache, block_table, seq_lens);
   if (check_indices_enabled(q))
     check_paged_indices(op, block_table, seq_lens, "seq_lens", k_cache.size(0), k_cache.size(1), nullptr);
   auto [out, lse] = allocate_outputs(q, return_lse);
   if (q.numel() == 0) return {out, lse};
   KernelScope scope(op, q);
+  if (fixed_split_size > 0) {
+    decode_fixed_split(op, q, k_cache, v_cache, block_table, seq_lens, scale, window_left, softcap, fixed_split_size,
+                       out, lse, scope);
+    return {out, lse};
+  }
   DecodeAttentionParams p;
   p.q = q.data_ptr();
   p.k_cache = k_cache.data_ptr();

@@ -62,8 +62,9 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention_meta(const at::Tensor& q, c
                                                           const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                                                           int64_t max_seqlen_q, int64_t max_seqlen_k, double scale,
                                                           bool causal, int64_t window_left, double softcap,
-                                                          bool return_lse) {
-  validate_prefill_attention("prefill_attention", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, true);
+                                                          bool return_lse, int64_t fixed_split_size) {
+  validate_prefill_attention("prefill_attention", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, true,
+                             fixed_split_size);
   return attention_outputs_meta(q, return_lse);
 }
 
@@ -71,18 +72,19 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention_meta(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
     const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
     int64_t window_left, double softcap, const std::optional<at::Tensor>& custom_mask, bool return_lse,
-    const std::optional<at::Tensor>& packed_custom_mask) {
+    const std::optional<at::Tensor>& packed_custom_mask, int64_t fixed_split_size) {
   validate_paged_prefill_attention("paged_prefill_attention", q, k_cache, v_cache, block_table, cu_seqlens_q,
-                                   seq_lens_k, max_seqlen_q, custom_mask, packed_custom_mask, true);
+                                   seq_lens_k, max_seqlen_q, custom_mask, packed_custom_mask, true, fixed_split_size);
   return attention_outputs_meta(q, return_lse);
 }
 
 std::tuple<at::Tensor, at::Tensor> paged_decode_attention_meta(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
     const at::Tensor& seq_lens, double scale, int64_t window_left, double softcap, int64_t num_splits,
-    bool return_lse, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
+    bool return_lse, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+    int64_t fixed_split_size) {
   validate_paged_decode_attention("paged_decode_attention", q, k_cache, v_cache, block_table, seq_lens, num_splits,
-                                  k_scale, v_scale, true);
+                                  k_scale, v_scale, true, fixed_split_size);
   return attention_outputs_meta(q, return_lse);
 }
 
@@ -168,14 +170,14 @@ FASTINFER_LIBRARY(FASTINFER_NS, m) {
   // Attention (DESIGN.md "Attention"). lse is float32 [rows, Hq] when return_lse, else empty [0].
   m.def("prefill_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
         "int max_seqlen_q, int max_seqlen_k, float scale, bool causal, int window_left=-1, float softcap=0.0, "
-        "bool return_lse=False) -> (Tensor out, Tensor lse)");
+        "bool return_lse=False, int fixed_split_size=0) -> (Tensor out, Tensor lse)");
   m.def("paged_prefill_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
         "Tensor cu_seqlens_q, Tensor seq_lens_k, int max_seqlen_q, float scale, bool causal, int window_left=-1, "
-        "float softcap=0.0, Tensor? custom_mask=None, bool return_lse=False, Tensor? packed_custom_mask=None) -> "
-        "(Tensor out, Tensor lse)");
+        "float softcap=0.0, Tensor? custom_mask=None, bool return_lse=False, Tensor? packed_custom_mask=None, "
+        "int fixed_split_size=0) -> (Tensor out, Tensor lse)");
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
         "float scale, int window_left=-1, float softcap=0.0, int num_splits=0, bool return_lse=False, "
-        "Tensor? k_scale=None, Tensor? v_scale=None) -> (Tensor out, Tensor lse)");
+        "Tensor? k_scale=None, Tensor? v_scale=None, int fixed_split_size=0) -> (Tensor out, Tensor lse)");
   m.def("merge_attention_states(Tensor v_a, Tensor lse_a, Tensor v_b, Tensor lse_b) -> (Tensor v, Tensor lse)");
   // FP8 W8A8 (DESIGN.md "GEMM"): dynamic e4m3 quantisation and the scaled e4m3 matmul.
   m.def("fp8_quantize(Tensor x, str mode='token', int group_size=128, Tensor? scale=None) -> (Tensor x_fp8, Tensor scale)");

@@ -31,9 +31,19 @@ inline void validate_index_vector(const char* op, const at::Tensor& t, const cha
   check_same_device(t, anchor, op, name, "q");
 }
 
+// Deterministic mode (attention.h): 0, or a positive multiple of the kernels' key tile.
+constexpr int64_t kFixedSplitTile = 64;
+
+inline void validate_fixed_split_size(const char* op, int64_t fixed_split_size) {
+  FI_CHECK(fixed_split_size == 0 || (fixed_split_size > 0 && fixed_split_size % kFixedSplitTile == 0 &&
+                                     fixed_split_size <= (int64_t{1} << 30)),
+           op, "fixed_split_size must be 0 (default, batch-dependent splits) or a positive multiple of ",
+           kFixedSplitTile, " (the kernels' key tile, at most 2^30) for the deterministic mode, got ", fixed_split_size);
+}
+
 inline void validate_prefill_attention(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
-                                       int64_t max_seqlen_q, bool allow_fp32) {
+                                       int64_t max_seqlen_q, bool allow_fp32, int64_t fixed_split_size) {
   validate_attention_q(op, q, allow_fp32);
   check_dim(k, 3, op, "k", "[num_key_tokens, num_kv_heads, head_dim]");
   validate_kv_heads(op, q, k.sym_size(1), k.sym_size(2), "k", k);
@@ -46,6 +56,7 @@ inline void validate_prefill_attention(const char* op, const at::Tensor& q, cons
            "cu_seqlens_q and cu_seqlens_k must both have batch + 1 entries, got ", shape_str(cu_seqlens_q), " and ",
            shape_str(cu_seqlens_k));
   FI_CHECK(max_seqlen_q >= 0, op, "max_seqlen_q must be >= 0, got ", max_seqlen_q);
+  validate_fixed_split_size(op, fixed_split_size);
 }
 
 inline void validate_paged_kv(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
@@ -85,7 +96,8 @@ inline void validate_paged_prefill_attention(const char* op, const at::Tensor& q
                                              const at::Tensor& v_cache, const at::Tensor& block_table,
                                              const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k,
                                              int64_t max_seqlen_q, const std::optional<at::Tensor>& custom_mask,
-                                             const std::optional<at::Tensor>& packed_custom_mask, bool allow_fp32) {
+                                             const std::optional<at::Tensor>& packed_custom_mask, bool allow_fp32,
+                                             int64_t fixed_split_size) {
   validate_attention_q(op, q, allow_fp32);
   validate_paged_kv(op, q, k_cache, v_cache, block_table, /*allow_fp8=*/false);
   validate_index_vector(op, cu_seqlens_q, "cu_seqlens_q", "[batch + 1]", q);
@@ -109,13 +121,15 @@ inline void validate_paged_prefill_attention(const char* op, const at::Tensor& q
              "packed_custom_mask must be uint8 (8 mask entries per byte), got ", packed_custom_mask->scalar_type());
     check_same_device(*packed_custom_mask, q, op, "packed_custom_mask", "q");
   }
+  validate_fixed_split_size(op, fixed_split_size);
 }
 
 inline void validate_paged_decode_attention(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
                                             const at::Tensor& v_cache, const at::Tensor& block_table,
                                             const at::Tensor& seq_lens, int64_t num_splits,
                                             const std::optional<at::Tensor>& k_scale,
-                                            const std::optional<at::Tensor>& v_scale, bool allow_fp32) {
+                                            const std::optional<at::Tensor>& v_scale, bool allow_fp32,
+                                            int64_t fixed_split_size) {
   validate_attention_q(op, q, allow_fp32);
   validate_paged_kv(op, q, k_cache, v_cache, block_table, /*allow_fp8=*/true);
   validate_index_vector(op, seq_lens, "seq_lens", "[batch]", q);
@@ -125,6 +139,13 @@ inline void validate_paged_decode_attention(const char* op, const at::Tensor& q,
            " rows, got shape ", shape_str(block_table));
   FI_CHECK(num_splits >= 0 && num_splits <= 256, op, "num_splits must be in [0, 256] (0 = automatic), got ", num_splits);
   validate_fp8_scales(op, k_cache, q, k_scale, v_scale);
+  validate_fixed_split_size(op, fixed_split_size);
+  FI_CHECK(fixed_split_size == 0 || num_splits == 0, op,
+           "num_splits must be 0 when fixed_split_size > 0 (the keys are then split every fixed_split_size keys), got ",
+           num_splits);
+  FI_CHECK(fixed_split_size == 0 || k_cache.scalar_type() != at::kFloat8_e4m3fn, op,
+           "fixed_split_size > 0 needs a k_cache in the dtype of q (the deterministic mode shares the prefill "
+           "path, which has no float8_e4m3fn cache); use fixed_split_size=0 with an fp8 cache");
 }
 
 inline void validate_merge_attention_states(const char* op, const at::Tensor& v_a, const at::Tensor& lse_a,

@@ -7,6 +7,8 @@
 #include "fastinfer/common/launch.cuh"
 #include "fastinfer/common/vec.cuh"
 
+#include <cstdlib>
+
 namespace fastinfer {
 namespace attention {
 namespace {
@@ -32,15 +34,76 @@ int64_t work_items_bound(const PrefillAttentionParams& p, int rows) {
   return items;
 }
 
+// Fixed mode (attention.h): keys per sequence at most, chunks, chunks per launch.
+int64_t key_bound(const PrefillAttentionParams& p) {
+  return p.block_table != nullptr ? p.block_table_stride * p.block_size : static_cast<int64_t>(p.max_seqlen_k);
+}
+int64_t num_key_splits(const PrefillAttentionParams& p) {
+  if (p.fixed_split_size <= 0 || !p.split_parallel) return 0;
+  const int64_t keys = key_bound(p);
+  return keys <= 0 ? 1 : (keys + p.fixed_split_size - 1) / p.fixed_split_size;
+}
+constexpr int64_t kSplitPartialBytes = int64_t{256} << 20;  // partials of one launch, at most
+constexpr int64_t kMaxSplitsPerLaunch = 65535;               // grid.z
+// FASTINFER_FIXED_SPLIT_PARTIAL_BYTES overrides the bound (tests: small shapes then take several
+// launches and the running state, as large batches do).
+int64_t split_partial_bytes() {
+  const char* v = std::getenv("FASTINFER_FIXED_SPLIT_PARTIAL_BYTES");
+  const long long bytes = v != nullptr ? std::atoll(v) : 0;
+  return bytes > 0 ? static_cast<int64_t>(bytes) : kSplitPartialBytes;
+}
+int64_t split_row_bytes(const PrefillAttentionParams& p) {  // one chunk's partials
+  return p.num_q_tokens * p.num_q_heads * (static_cast<int64_t>(p.head_dim) + 1) * static_cast<int64_t>(sizeof(float));
+}
+int64_t splits_per_launch(const PrefillAttentionParams& p) {
+  const int64_t z = num_key_splits(p);
+  if (z <= 0) return 0;
+  const int64_t row = split_row_bytes(p);
+  int64_t g = row > 0 ? split_partial_bytes() / row : z;
+  if (g < 1) g = 1;
+  if (g > kMaxSplitsPerLaunch) g = kMaxSplitsPerLaunch;
+  return g < z ? g : z;
+}
+int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
 template <typename T, int D, bool kPaged>
 cudaError_t launch_mma_sync(const PrefillAttentionParams& p, cudaStream_t stream) {
   using Traits = PrefillTraitsSm80<T, D>;
   const int64_t items = work_items_bound(p, Traits::kBlockM);
   if (items <= 0) return cudaSuccess;
   if (items > 0x7fffffff) return cudaErrorInvalidValue;  // grid.x
-  const dim3 grid(static_cast<unsigned>(items), static_cast<unsigned>(p.num_kv_heads));
-  return launch_kernel(prefill_attention_kernel<Traits, kPaged>, grid, dim3(Traits::kThreads),
-                       static_cast<size_t>(Traits::kSmemBytes), stream, p);
+  if (p.fixed_split_size <= 0 || !p.split_parallel) {  // default, or the in-kernel fold
+    PrefillAttentionParams q = p;
+    if (p.fixed_split_size > 0) q.split_state = static_cast<float*>(p.split_workspace);
+    const dim3 grid(static_cast<unsigned>(items), static_cast<unsigned>(p.num_kv_heads));
+    return launch_kernel(prefill_attention_kernel<Traits, kPaged>, grid, dim3(Traits::kThreads),
+                         static_cast<size_t>(Traits::kSmemBytes), stream, q);
+  }
+  // Fixed mode: groups of chunks, each a kernel launch (grid.z = chunks of the group) writing the
+  // partials, then a fold of the group into the running state (the last one into out / lse).
+  const int64_t splits = num_key_splits(p), group = splits_per_launch(p);
+  const int64_t rows = p.num_q_tokens * p.num_q_heads;
+  unsigned char* ws = static_cast<unsigned char*>(p.split_workspace);
+  float* running_out = reinterpret_cast<float*>(ws + align16(group * rows * D * 4) + align16(group * rows * 4));
+  float* running_lse = running_out + rows * D;
+  PrefillAttentionParams q = p;
+  q.split_out = reinterpret_cast<float*>(ws);
+  q.split_lse = reinterpret_cast<float*>(ws + align16(group * rows * D * 4));
+  const int64_t merge_blocks = (rows + kSplitMergeWarps - 1) / kSplitMergeWarps;
+  if (merge_blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  for (int64_t z0 = 0; z0 < splits; z0 += group) {
+    const int64_t n = splits - z0 < group ? splits - z0 : group;
+    q.split_begin = static_cast<int32_t>(z0);
+    const dim3 grid(static_cast<unsigned>(items), static_cast<unsigned>(p.num_kv_heads), static_cast<unsigned>(n));
+    cudaError_t err = launch_kernel(prefill_attention_kernel<Traits, kPaged>, grid, dim3(Traits::kThreads),
+                                    static_cast<size_t>(Traits::kSmemBytes), stream, q);
+    if (err != cudaSuccess) return err;
+    err = launch_kernel(prefill_merge_splits_kernel<T, D>, dim3(static_cast<unsigned>(merge_blocks)),
+                        dim3(kSplitMergeWarps * 32), 0, stream, q, running_out, running_lse, static_cast<int>(n),
+                        z0 == 0, z0 + n >= splits);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 // Head dims the dispatch macro offers but no kernel is built for are refused here (a template, so
@@ -87,6 +150,20 @@ size_t prefill_attention_workspace_size(const PrefillAttentionParams& p) {
   return static_cast<size_t>(p.batch_size) * static_cast<size_t>(p.max_seqlen_q) * sizeof(int32_t);
 }
 
+int64_t prefill_attention_num_key_splits(const PrefillAttentionParams& p) { return attention::num_key_splits(p); }
+int64_t prefill_attention_splits_per_launch(const PrefillAttentionParams& p) { return attention::splits_per_launch(p); }
+
+size_t prefill_attention_split_workspace_size(const PrefillAttentionParams& p) {
+  using attention::align16;
+  if (p.fixed_split_size <= 0 || p.num_q_tokens <= 0 || p.num_q_heads <= 0 || p.head_dim <= 0) return 0;
+  const int64_t rows = p.num_q_tokens * p.num_q_heads;
+  if (!p.split_parallel) return static_cast<size_t>(align16(rows * p.head_dim * 4));
+  const int64_t splits = attention::num_key_splits(p), group = attention::splits_per_launch(p);
+  int64_t bytes = align16(group * rows * p.head_dim * 4) + align16(group * rows * 4);
+  if (splits > group) bytes += align16(rows * p.head_dim * 4) + align16(rows * 4);
+  return static_cast<size_t>(bytes);
+}
+
 int32_t prefill_attention_rows_per_cta(const PrefillAttentionParams& p) {
   int32_t rows = 0;
   FASTINFER_DISPATCH_HEAD_DIM(p.head_dim, D, [&] {
@@ -131,6 +208,11 @@ cudaError_t launch_prefill_attention(const PrefillAttentionParams& p, cudaStream
         p.k_token_stride < 0 || p.v_token_stride < 0)
       return cudaErrorInvalidValue;
   }
+  if (p.fixed_split_size < 0 || (p.fixed_split_size > 0 && (p.fixed_split_size % 64 != 0 || p.num_q_tokens <= 0 ||
+                                                            p.split_workspace == nullptr ||
+                                                            !is_aligned(p.split_workspace, 16) ||
+                                                            (p.split_parallel && !paged && p.max_seqlen_k < 0))))
+    return cudaErrorInvalidValue;
   if (paged && attention::needs_tree_depth(p)) {
     if (p.batch_size > 65535) return cudaErrorInvalidValue;  // the depth kernel's grid.y
     const cudaError_t err = attention::launch_tree_depth(p, stream);

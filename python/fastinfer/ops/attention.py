@@ -34,6 +34,17 @@ __all__ = [
 ]
 
 
+#: The deterministic mode of the three attention ops (``fixed_split_size = F > 0``).
+FIXED_SPLIT_DOC = """``F`` a positive multiple of 64 (the kernels' key tile). Every query row's keys are
+reduced in chunks of ``F`` keys from absolute key 0, each chunk in the same tile order with the same
+arithmetic, and the chunks' (out, lse) merged left to right; on CUDA decode then runs the prefill
+kernel (q_len = 1 rows) so all three ops share one arithmetic. A row's out and lse are bitwise the
+same through ``prefill_attention``, ``paged_prefill_attention`` (any q_len, chunked or prefix-cached,
+a tree mask that leaves its visible keys at the same indices) and ``paged_decode_attention``,
+whatever the batch around it. Bits still differ between backends (CPU, CUDA) and between ``F``
+values. ``F = 0`` keeps the default kernels (batch-dependent split counts on decode)."""
+
+
 def _result(out_lse: Tuple[Tensor, Tensor], return_lse: bool) -> _Result:
     return (out_lse[0], out_lse[1]) if return_lse else out_lse[0]
 
@@ -51,6 +62,7 @@ def prefill_attention(
     window_left: int = -1,
     softcap: float = 0.0,
     return_lse: bool = False,
+    fixed_split_size: int = 0,
     *,
     lib=None,
 ) -> _Result:
@@ -61,6 +73,7 @@ def prefill_attention(
         cu_seqlens_q, cu_seqlens_k: ``[B + 1]`` int32 prefix sums of the per-sequence lengths.
         max_seqlen_q, max_seqlen_k: upper bounds of the lengths (size the launch grid).
         scale: defaults to ``1 / sqrt(D)``.
+        fixed_split_size: 0 (default) or the deterministic mode (:data:`FIXED_SPLIT_DOC`).
 
     Returns:
         ``out [T, Hq, D]`` (dtype of q), and ``lse [T, Hq]`` float32 when ``return_lse``.
@@ -68,7 +81,7 @@ def prefill_attention(
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     res = (lib or torch.ops.fastinfer).prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
                                                 int(max_seqlen_k), float(scale), bool(causal), int(window_left),
-                                                float(softcap), bool(return_lse))
+                                                float(softcap), bool(return_lse), int(fixed_split_size))
     return _result(res, return_lse)
 
 
@@ -87,6 +100,7 @@ def paged_prefill_attention(
     custom_mask: Optional[Tensor] = None,
     return_lse: bool = False,
     packed_custom_mask: Optional[Tensor] = None,
+    fixed_split_size: int = 0,
     *,
     lib=None,
 ) -> _Result:
@@ -112,6 +126,8 @@ def paged_prefill_attention(
     out; a tree node always sees itself. CPU, CUDA and sim implement it (on CUDA a small kernel
     derives the depths first, into a scratch buffer from the caching allocator).
 
+    ``fixed_split_size``: 0 (default) or the deterministic mode (:data:`FIXED_SPLIT_DOC`).
+
     Returns:
         ``out [T, Hq, D]``, and ``lse [T, Hq]`` float32 when ``return_lse``.
     """
@@ -119,7 +135,7 @@ def paged_prefill_attention(
     res = (lib or torch.ops.fastinfer).paged_prefill_attention(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k,
                                                       int(max_seqlen_q), float(scale), bool(causal),
                                                       int(window_left), float(softcap), custom_mask,
-                                                      bool(return_lse), packed_custom_mask)
+                                                      bool(return_lse), packed_custom_mask, int(fixed_split_size))
     return _result(res, return_lse)
 
 
@@ -149,12 +165,15 @@ def paged_decode_attention(
     return_lse: bool = False,
     k_scale: Optional[Tensor] = None,
     v_scale: Optional[Tensor] = None,
+    fixed_split_size: int = 0,
     *,
     lib=None,
 ) -> _Result:
     """Decode: one query per sequence (its newest token, position ``seq_lens[b] - 1``) against its
     paged KV. ``num_splits = 0`` picks split-KV automatically from the SM count and the table size.
     An fp8 e4m3 cache needs ``k_scale``/``v_scale`` (float32, one element: stored = x / scale).
+    ``fixed_split_size > 0``: the deterministic mode (:data:`FIXED_SPLIT_DOC`; ``num_splits`` must
+    be 0 and the cache in q's dtype).
 
     Returns:
         ``out [B, Hq, D]``, and ``lse [B, Hq]`` float32 when ``return_lse``.
@@ -162,7 +181,7 @@ def paged_decode_attention(
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     res = (lib or torch.ops.fastinfer).paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, float(scale),
                                                      int(window_left), float(softcap), int(num_splits),
-                                                     bool(return_lse), k_scale, v_scale)
+                                                     bool(return_lse), k_scale, v_scale, int(fixed_split_size))
     return _result(res, return_lse)
 
 

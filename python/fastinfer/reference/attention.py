@@ -98,6 +98,31 @@ def attention_one_sequence(
     return out, lse.transpose(0, 1).contiguous()
 
 
+def attention_fixed_splits(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    visible: Tensor,
+    softcap: float = 0.0,
+    fixed_split_size: int = 0,
+) -> Tuple[Tensor, Tensor]:
+    """:func:`attention_one_sequence` as the deterministic mode defines it: with
+    ``fixed_split_size = F > 0`` the keys are reduced in chunks ``[cF, (c + 1)F)`` from key 0 and
+    the chunks' (out, lse) merged left to right (:func:`merge_attention_states`); in fp64 the same
+    value up to rounding as the unsplit attention (0 = unsplit)."""
+    if fixed_split_size <= 0:
+        return attention_one_sequence(q, k, v, scale, visible, softcap)
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float64)
+    for c0 in range(0, k.shape[0], fixed_split_size):
+        chunk = torch.zeros_like(visible)
+        chunk[:, c0 : c0 + fixed_split_size] = visible[:, c0 : c0 + fixed_split_size]
+        o_c, lse_c = attention_one_sequence(q, k, v, scale, chunk, softcap)
+        out, lse = merge_attention_states(out, lse, o_c, lse_c)
+    return out, lse
+
+
 def _lens(cu: Tensor) -> list:
     cu = cu.tolist()
     return [(cu[b], cu[b + 1]) for b in range(len(cu) - 1)]
@@ -113,13 +138,15 @@ def prefill_attention(
     causal: bool,
     window_left: int = -1,
     softcap: float = 0.0,
+    fixed_split_size: int = 0,
 ) -> Tuple[Tensor, Tensor]:
     """Varlen attention over contiguous ragged K/V. Returns (out [T, Hq, D], lse [T, Hq]) fp64."""
     out = torch.zeros(q.shape, dtype=torch.float64)
     lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float64)
     for (qs, qe), (ks, ke) in zip(_lens(cu_seqlens_q), _lens(cu_seqlens_k)):
         vis = visibility_mask(qe - qs, ke - ks, causal, window_left)
-        out[qs:qe], lse[qs:qe] = attention_one_sequence(q[qs:qe], k[ks:ke], v[ks:ke], scale, vis, softcap)
+        out[qs:qe], lse[qs:qe] = attention_fixed_splits(q[qs:qe], k[ks:ke], v[ks:ke], scale, vis, softcap,
+                                                        fixed_split_size)
     return out, lse
 
 
@@ -151,6 +178,7 @@ def paged_prefill_attention(
     k_scale: Optional[Tensor] = None,
     v_scale: Optional[Tensor] = None,
     packed_custom_mask: Optional[Tensor] = None,
+    fixed_split_size: int = 0,
 ) -> Tuple[Tensor, Tensor]:
     """Queries are the last q_len tokens of each sequence (already in the cache). custom_mask:
     bool, per sequence a flattened [q_len, q_len] block, concatenated over the batch;
@@ -171,7 +199,7 @@ def paged_prefill_attention(
         vis = visibility_mask(q_len, k_len, causal, window_left, m)
         kb = gather_paged(k_cache, block_table[b], k_len, k_scale)
         vb = gather_paged(v_cache, block_table[b], k_len, v_scale)
-        out[qs:qe], lse[qs:qe] = attention_one_sequence(q[qs:qe], kb, vb, scale, vis, softcap)
+        out[qs:qe], lse[qs:qe] = attention_fixed_splits(q[qs:qe], kb, vb, scale, vis, softcap, fixed_split_size)
     return out, lse
 
 
@@ -186,12 +214,14 @@ def paged_decode_attention(
     softcap: float = 0.0,
     k_scale: Optional[Tensor] = None,
     v_scale: Optional[Tensor] = None,
+    fixed_split_size: int = 0,
 ) -> Tuple[Tensor, Tensor]:
     """One query per sequence (its last token) against its paged KV. q [B, Hq, D]."""
     b = q.shape[0]
     cu = torch.arange(b + 1, dtype=torch.int32)
     return paged_prefill_attention(q, k_cache, v_cache, block_table, cu, seq_lens, scale, True,
-                                   window_left, softcap, None, k_scale, v_scale)
+                                   window_left, softcap, None, k_scale, v_scale,
+                                   fixed_split_size=fixed_split_size)
 
 
 def merge_attention_states(v_a: Tensor, lse_a: Tensor, v_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:

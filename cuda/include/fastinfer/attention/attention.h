@@ -17,6 +17,25 @@
 //    >= p_i - W.
 //  - lse (optional, float32 [tokens, num_q_heads]): natural log of the sum of exp(s) over the
 //    visible keys. A query that sees no key gets out = 0 and lse = -inf (never NaN).
+//
+// Deterministic mode (fixed_split_size = F > 0, the ops' `fixed_split_size`). The default kernels
+// reduce a query row's keys in an order that depends on the call: decode splits the keys by a
+// count chosen from B x Hkv and the SM count and sums them with CUDA-core FMAs, prefill sums all
+// keys in one mma.sync pass. With F > 0 every row's keys are reduced the same way in all three
+// ops: in chunks [c F, (c + 1) F) from absolute key 0, each chunk by one prefill-kernel CTA (its
+// 64-key tiles aligned at absolute multiples of 64, so a tile's keys sit in the same fragment
+// lanes whatever the row's q_len, window start or tile), written as an fp32 partial (out / l,
+// lse), and the partials folded left to right by prefill_merge_splits_kernel (an empty chunk is
+// skipped, so the number of splits launched does not matter). Decode in this mode is the same
+// kernel on q_len = 1 rows (launch_decode_attention is not used). What a row's bits depend on:
+// its query, its visible keys and their indices, scale / softcap / window, F, dtype and the
+// architecture; not the batch, the CTA's other rows (GQA packing, other tokens, padding rows: a
+// row's scores, softmax and P V accumulation only read its own fragment row, and tiles it sees
+// nothing of are exact identities), q_len, chunking or split counts. Limits: keys hidden by a
+// tree mask still occupy their indices, so a tree row equals a linear row only where its visible
+// keys have the same indices (a chain laid out first); an fp8 cache and head_dim 256 are not
+// supported; the cost is the split workspace traffic and, for decode, CTAs of 128 rows holding
+// `group` rows (bench/model.py, "model").
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -77,6 +96,24 @@ struct PrefillAttentionParams {
   int32_t window_left = -1;               // < 0: no window
   float softcap = 0.0f;                   // <= 0: none
   DType dtype = DType::kBFloat16;         // q, k, v, out: float16 or bfloat16
+
+  // Deterministic mode (see above): F > 0, a multiple of 64. Needs num_q_tokens > 0 and
+  // split_workspace of prefill_attention_split_workspace_size bytes (16-byte aligned). Two ways to
+  // run it with the same bits: one CTA folds all chunks of its rows (split_parallel = false: the
+  // prefill shapes) or a CTA per chunk plus a merge kernel (split_parallel = true: decode, where
+  // one CTA per (sequence, KV head) would leave the GPU idle; needs the key bound: contiguous
+  // max_seqlen_k, paged block_table_stride * block_size).
+  int32_t fixed_split_size = 0;
+  bool split_parallel = false;
+  int32_t max_seqlen_k = 0;               // contiguous K/V, split-parallel: upper bound of k_len
+  void* split_workspace = nullptr;
+  // Set by launch_prefill_attention (not by callers). In-kernel fold: split_state [num_q_tokens *
+  // Hq][D] fp32. Split-parallel, per launch: blockIdx.z + split_begin is the chunk, split_out
+  // [z][num_q_tokens * Hq][D] and split_lse [z][num_q_tokens * Hq] receive the partials.
+  float* split_state = nullptr;
+  int32_t split_begin = 0;
+  float* split_out = nullptr;
+  float* split_lse = nullptr;
 };
 
 // Bytes of params.tree_depth scratch launch_prefill_attention needs (batch_size * max_seqlen_q
@@ -89,6 +126,13 @@ size_t prefill_attention_workspace_size(const PrefillAttentionParams& params);
 // min(B * ceil(max_seqlen_q * group / rows), floor((num_q_tokens * group + min(B, num_q_tokens) *
 // (rows - 1)) / rows)) (the second term only when num_q_tokens > 0); the CTAs past the real count
 // exit at once.
+// Deterministic mode, split-parallel: chunks of the key bound and chunks per kernel launch
+// (bounded so the partials take at most ~256 MiB); the workspace bytes of either way (in-kernel
+// fold: the fp32 state; split-parallel: the partials, plus a running state when several launches
+// are needed); 0 when fixed_split_size == 0.
+int64_t prefill_attention_num_key_splits(const PrefillAttentionParams& params);
+int64_t prefill_attention_splits_per_launch(const PrefillAttentionParams& params);
+size_t prefill_attention_split_workspace_size(const PrefillAttentionParams& params);
 int32_t prefill_attention_rows_per_cta(const PrefillAttentionParams& params);
 int64_t prefill_attention_work_items(const PrefillAttentionParams& params);
 cudaError_t launch_prefill_attention(const PrefillAttentionParams& params, cudaStream_t stream);

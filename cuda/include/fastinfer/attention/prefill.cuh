@@ -417,6 +417,12 @@ __device__ __forceinline__ void pv_tile(float (&o)[Traits::kHeadDim / 8][4], con
 }
 
 // ---- epilogue ----------------------------------------------------------------------------------
+// The lse of a row (or of a deterministic-mode chunk) from its log2-domain max and quad-reduced
+// sum (-inf when it saw no key).
+__device__ __forceinline__ float chunk_lse(float row_max, float l) {
+  return l > 0.f ? (row_max + log2f(l)) * kLn2 : -INFINITY;
+}
+
 // Normalise, stage the warp's 16 rows in its own Q rows of smem, store them with 16-byte coalesced
 // writes (rows past the sequence are dropped), lse per valid row. Only this warp ever read those
 // Q rows (its ldmatrix completed before), so a __syncwarp between the fragment writes and the
@@ -424,7 +430,8 @@ __device__ __forceinline__ void pv_tile(float (&o)[Traits::kHeadDim / 8][4], con
 template <typename Traits>
 __device__ __forceinline__ void epilogue(unsigned char* s_q, const PrefillAttentionParams& p, const PrefillTile& tile,
                                          const SequenceMask& mask, const float (&o)[Traits::kHeadDim / 8][4],
-                                         const float (&row_max)[2], const float (&row_sum)[2], int warp, int lane) {
+                                         const float (&row_max)[2], const float (&row_sum)[2], int warp, int lane,
+                                         const float* folded_lse = nullptr) {
   using T = typename Traits::T;
   constexpr int D = Traits::kHeadDim, kCPR = Traits::kChunksPerRow;
   const int g = lane / 4, t = lane % 4;
@@ -443,7 +450,7 @@ __device__ __forceinline__ void epilogue(unsigned char* s_q, const PrefillAttent
       const int row = tile.row0 + r;
       const int head = tile.kv_head * tile.group + (row - rows.token[h] * tile.group);
       p.lse[(tile.q_start + rows.token[h]) * static_cast<int64_t>(p.num_q_heads) + head] =
-          l > 0.f ? (row_max[h] + log2f(l)) * kLn2 : -INFINITY;
+          folded_lse != nullptr ? folded_lse[h] : chunk_lse(row_max[h], l);
     }
   }
   __syncwarp();
@@ -461,6 +468,175 @@ __device__ __forceinline__ void epilogue(unsigned char* s_q, const PrefillAttent
                                 chunk * Traits::kElemsPerChunk) = val;
     }
   }
+}
+
+// ---- deterministic mode (attention.h, fixed_split_size) -----------------------------------------
+// One arithmetic for a chunk's partial and for folding partials, shared by the in-kernel fold
+// (prefill: one CTA walks all chunks) and prefill_merge_splits_kernel (decode: a CTA per chunk):
+// the same expressions, fmaf spelled out so contraction cannot differ between the two places.
+struct ChunkMerge {
+  float wa, wb, lse;
+};
+// Weights of state a and partial b (both lse finite) and the merged lse.
+__device__ __forceinline__ ChunkMerge chunk_merge(float lse_a, float lse_b) {
+  const float m = fmaxf(lse_a, lse_b);
+  const float ea = expf(lse_a - m), eb = expf(lse_b - m);
+  const float sum = ea + eb;
+  return {ea / sum, eb / sum, m + logf(sum)};
+}
+__device__ __forceinline__ float chunk_merge_value(const ChunkMerge& w, float a, float b) {
+  return fmaf(w.wa, a, w.wb * b);
+}
+
+// Row index (token * Hq + head) of fragment half h, or -1 past the sequence.
+__device__ __forceinline__ int64_t fragment_row_index(const PrefillAttentionParams& p, const PrefillTile& tile,
+                                                      const FragmentRows& rows, int warp, int lane, int h) {
+  if (!rows.valid[h]) return -1;
+  const int row = tile.row0 + warp * 16 + lane / 4 + 8 * h;
+  const int head = tile.kv_head * tile.group + (row - rows.token[h] * tile.group);
+  return (tile.q_start + rows.token[h]) * static_cast<int64_t>(p.num_q_heads) + head;
+}
+
+// Split-parallel mode (decode): the chunk's normalised fp32 output and lse of each valid row go
+// to split slot blockIdx.z (a row that saw no key of the chunk: zeros and -inf, skipped by the merge).
+template <typename Traits>
+__device__ __forceinline__ void epilogue_split(const PrefillAttentionParams& p, const PrefillTile& tile,
+                                               const SequenceMask& mask, const float (&o)[Traits::kHeadDim / 8][4],
+                                               const float (&row_max)[2], const float (&row_sum)[2], int warp,
+                                               int lane) {
+  constexpr int D = Traits::kHeadDim;
+  const FragmentRows rows = fragment_rows(tile, mask, warp, lane);
+  const int64_t slot = static_cast<int64_t>(blockIdx.z) * p.num_q_tokens * p.num_q_heads;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = warp_reduce_sum<4>(row_sum[h]);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int64_t r = fragment_row_index(p, tile, rows, warp, lane, h);
+    if (r >= 0) {
+      float* dst = p.split_out + (slot + r) * D + 2 * (lane % 4);
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        dst[dt * 8] = o[dt][2 * h] * inv;
+        dst[dt * 8 + 1] = o[dt][2 * h + 1] * inv;
+      }
+      if (lane % 4 == 0) p.split_lse[slot + r] = chunk_lse(row_max[h], l);
+    }
+  }
+}
+
+// In-kernel fold (prefill): at the end of each chunk, its partial (o / l, lse) is merged into the
+// row's state (fp32 in p.split_state, each thread its own fragment elements, so no barrier; the
+// state's lse in registers, st_lse) and the online-softmax accumulators restart. A chunk the row
+// saw nothing of is skipped; the first one the row sees becomes the state as it is. Warp-uniform.
+template <typename Traits>
+__device__ __forceinline__ void fold_chunk(const PrefillAttentionParams& p, const PrefillTile& tile,
+                                           const SequenceMask& mask, float (&o)[Traits::kHeadDim / 8][4],
+                                           float (&row_max)[2], float (&row_sum)[2], float (&st_lse)[2], int warp,
+                                           int lane) {
+  constexpr int D = Traits::kHeadDim;
+  const FragmentRows rows = fragment_rows(tile, mask, warp, lane);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = warp_reduce_sum<4>(row_sum[h]);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float lse_c = chunk_lse(row_max[h], l);
+    const int64_t r = fragment_row_index(p, tile, rows, warp, lane, h);
+    if (r >= 0 && lse_c != -INFINITY) {
+      float* st = p.split_state + r * D + 2 * (lane % 4);
+      if (st_lse[h] == -INFINITY) {
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          st[dt * 8] = o[dt][2 * h] * inv;
+          st[dt * 8 + 1] = o[dt][2 * h + 1] * inv;
+        }
+        st_lse[h] = lse_c;
+      } else {
+        const ChunkMerge w = chunk_merge(st_lse[h], lse_c);
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          st[dt * 8] = chunk_merge_value(w, st[dt * 8], o[dt][2 * h] * inv);
+          st[dt * 8 + 1] = chunk_merge_value(w, st[dt * 8 + 1], o[dt][2 * h + 1] * inv);
+        }
+        st_lse[h] = w.lse;
+      }
+    }
+    row_max[h] = -INFINITY;
+    row_sum[h] = 0.f;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) o[dt][2 * h] = o[dt][2 * h + 1] = 0.f;
+  }
+}
+
+// In-kernel fold, after the last chunk: the state back into the accumulators with row_sum such
+// that the epilogue's quad sum is exactly 1 (4 x 0.25), so it stores the state rounded once.
+template <typename Traits>
+__device__ __forceinline__ void load_folded_state(const PrefillAttentionParams& p, const PrefillTile& tile,
+                                                  const SequenceMask& mask, float (&o)[Traits::kHeadDim / 8][4],
+                                                  float (&row_sum)[2], const float (&st_lse)[2], int warp, int lane) {
+  constexpr int D = Traits::kHeadDim;
+  const FragmentRows rows = fragment_rows(tile, mask, warp, lane);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r = fragment_row_index(p, tile, rows, warp, lane, h);
+    const bool seen = r >= 0 && st_lse[h] != -INFINITY;
+    const float* st = p.split_state + (seen ? r : 0) * D + 2 * (lane % 4);
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      o[dt][2 * h] = seen ? st[dt * 8] : 0.f;
+      o[dt][2 * h + 1] = seen ? st[dt * 8 + 1] : 0.f;
+    }
+    row_sum[h] = 0.25f;
+  }
+}
+
+// Split-parallel mode: folds the `splits` partials of this launch, in split order, into each
+// (token, head) row's state: from the running state (or empty when `first`) to the running state
+// (or, when `last`, out in dtype and lse), with fold_chunk's arithmetic. One warp per row, lane i
+// owning elements i, i + 32, ... grid ceil(rows / kSplitMergeWarps), block kSplitMergeWarps * 32.
+constexpr int kSplitMergeWarps = 4;
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kSplitMergeWarps * 32)
+    prefill_merge_splits_kernel(const PrefillAttentionParams p, float* running_out, float* running_lse, int splits,
+                                bool first, bool last) {
+  constexpr int kPerLane = D / 32;
+  const int64_t num_rows = p.num_q_tokens * p.num_q_heads;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kSplitMergeWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= num_rows) return;
+  float acc[kPerLane];
+  float lse = first ? -INFINITY : running_lse[row];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) acc[i] = lse == -INFINITY ? 0.f : running_out[row * D + lane + 32 * i];
+  for (int z = 0; z < splits; ++z) {
+    const int64_t r = static_cast<int64_t>(z) * num_rows + row;
+    const float lb = p.split_lse[r];
+    const float* vb = p.split_out + r * D + lane;
+    if (lb == -INFINITY) continue;
+    if (lse == -INFINITY) {
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) acc[i] = vb[32 * i];
+      lse = lb;
+      continue;
+    }
+    const ChunkMerge w = chunk_merge(lse, lb);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) acc[i] = chunk_merge_value(w, acc[i], vb[32 * i]);
+    lse = w.lse;
+  }
+  if (!last) {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) running_out[row * D + lane + 32 * i] = acc[i];
+    __syncwarp();  // every lane of the row has read running_lse before lane 0 overwrites it
+    if (lane == 0) running_lse[row] = lse;
+    return;
+  }
+  const int64_t token = row / p.num_q_heads;
+  const int head = static_cast<int>(row - token * p.num_q_heads);
+  T* out = static_cast<T*>(p.out) + token * p.out_token_stride + static_cast<int64_t>(head) * D + lane;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) out[32 * i] = from_float<T>(acc[i]);
+  if (lane == 0 && p.lse != nullptr) p.lse[row] = lse;
 }
 
 // ---- kernel ----------------------------------------------------------------------------------
@@ -513,11 +689,21 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const PrefillTile& tile = s_tile;
   const SequenceMask& mask = s_mask;
 
-  // The CTA's key range (tokens of its valid rows) and this warp's tokens.
+  // The CTA's key range (tokens of its valid rows; in the fixed mode only its chunk's keys, chunk
+  // edges being tile edges) and this warp's tokens.
   int tile_lo, num_tiles;
   {
     const int last_row = min(tile.row0 + kBlockM, tile.rows) - 1;
-    const KeyRange keys = mask.key_range(tile.row0 / tile.group, last_row / tile.group);
+    KeyRange keys = mask.key_range(tile.row0 / tile.group, last_row / tile.group);
+    if (p.split_out != nullptr) {  // split-parallel: chunk split_begin + blockIdx.z only
+      const int64_t c0 = static_cast<int64_t>(p.split_begin + blockIdx.z) * p.fixed_split_size;
+      if (c0 >= keys.hi) {
+        keys.hi = keys.lo;  // empty
+      } else {
+        keys.lo = max(keys.lo, static_cast<int>(c0));
+        keys.hi = static_cast<int>(min(static_cast<int64_t>(keys.hi), c0 + p.fixed_split_size));
+      }
+    }
     tile_lo = keys.lo / kBlockN;
     num_tiles = keys.empty() ? 0 : (keys.hi + kBlockN - 1) / kBlockN - tile_lo;
   }
@@ -537,6 +723,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
   for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
   float row_max[2] = {-INFINITY, -INFINITY};  // log2 domain, rows g and g + 8
   float row_sum[2] = {0.f, 0.f};              // this thread's partial sums (reduced at the end)
+  // In-kernel fold of the deterministic mode: chunks of tiles_per_chunk tiles, the state's lse.
+  const bool fold = p.fixed_split_size > 0 && p.split_out == nullptr;
+  const int tiles_per_chunk = fold ? p.fixed_split_size / kBlockN : 1;
+  float st_lse[2] = {-INFINITY, -INFINITY};
 
   if (num_tiles > 0) {
     // ---- prologue: Q (group 0), then K/V tiles 0 .. kStages-2 (one group each, maybe empty) ----
@@ -575,6 +765,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
         ptx::cp_async_commit();  // always commit: keeps the group count uniform
       }
       const int n0 = (tile_lo + it) * kBlockN;
+      if (fold && it > 0 && (tile_lo + it) % tiles_per_chunk == 0)  // a chunk ends: uniform over the CTA
+        fold_chunk<Traits>(p, tile, mask, o, row_max, row_sum, st_lse, warp, lane);
       // Warp-uniform: skip a tile none of the warp's rows sees (its update would be the identity).
       if (!warp_has_rows || mask.none_visible(n0, n0 + kBlockN, warp_first, warp_last)) continue;
       const int stage = it % kStages;
@@ -590,7 +782,15 @@ __global__ void __launch_bounds__(Traits::kThreads)
     ptx::cp_async_wait<0>();  // only empty groups remain; keeps the invariant explicit
   }
 
-  epilogue<Traits>(s_q, p, tile, mask, o, row_max, row_sum, warp, lane);
+  if (p.split_out != nullptr) {
+    epilogue_split<Traits>(p, tile, mask, o, row_max, row_sum, warp, lane);
+  } else if (fold) {
+    fold_chunk<Traits>(p, tile, mask, o, row_max, row_sum, st_lse, warp, lane);
+    load_folded_state<Traits>(p, tile, mask, o, row_sum, st_lse, warp, lane);
+    epilogue<Traits>(s_q, p, tile, mask, o, row_max, row_sum, warp, lane, st_lse);
+  } else {
+    epilogue<Traits>(s_q, p, tile, mask, o, row_max, row_sum, warp, lane);
+  }
 }
 
 }  // namespace fastinfer::attention
