@@ -13,7 +13,7 @@ TINY = ["--num-prompts", "2", "--batch", "2", "--output-len", "8", "--compare-re
 
 def test_spec_methods_table_and_json(tmp_path, capsys):
     out = tmp_path / "results" / "spec.json"
-    names = ["draft-tree", "medusa", "eagle-chain", "eagle3-tree"]
+    names = ["draft-tree", "medusa", "eagle-chain:3", "eagle3-tree"]
     assert main(["bench", "--spec-methods", ",".join(names), "--spec-json", str(out)] + TINY) == 0
     printed = capsys.readouterr().out
     res = json.loads(out.read_text())
@@ -21,7 +21,7 @@ def test_spec_methods_table_and_json(tmp_path, capsys):
     ran = [m["name"] for m in res["methods"]]
     skipped = {s["name"]: s["reason"] for s in res["skipped"]}
     assert sorted(ran + list(skipped)) == sorted(names)
-    assert {"draft-tree", "medusa", "eagle-chain"} <= set(ran)
+    assert {"draft-tree", "medusa", "eagle-chain:3"} <= set(ran)
     if "eagle3" not in SPEC_METHODS:  # the guard: an entry for a method the runner lacks is skipped, named
         assert "eagle3-tree" in skipped and "eagle3" in skipped["eagle3-tree"]
     for m in res["methods"]:
@@ -33,7 +33,7 @@ def test_spec_methods_table_and_json(tmp_path, capsys):
         assert 0 < lo <= m["speedup_median"] <= hi
         assert f"| {m['name']} | {m['spec_mode']} |" in printed
     by = {m["name"]: m for m in res["methods"]}
-    assert by["draft-tree"]["spec_tree_topk"] == 2 and by["eagle-chain"]["num_spec_tokens"] == 4
+    assert by["draft-tree"]["spec_tree_topk"] == 2 and by["eagle-chain:3"]["num_spec_tokens"] == 3
     assert res["no_spec"]["output_tokens_per_s"] > 0 and "| no-spec |" in printed
 
 
@@ -49,6 +49,8 @@ def test_spec_methods_guards(tmp_path, capsys):
     assert "skipping eagle-tree" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="unknown medusa2"):
         main(["bench", "--spec-methods", "medusa,medusa2"] + TINY)
+    with pytest.raises(SystemExit, match="are ints"):
+        main(["bench", "--spec-methods", "eagle-tree:8:x"] + TINY)
     with pytest.raises(SystemExit, match="METHOD=PATH"):
         main(["bench", "--spec-methods", "medusa", "--spec-method-model", "eagle"] + TINY)
     with pytest.raises(SystemExit, match="drop --preset"):

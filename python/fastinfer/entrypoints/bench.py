@@ -277,7 +277,7 @@ def add_bench_parser(sub) -> None:
                         "(median, min, max; default: 1)")
     b.add_argument("--spec-methods", default=None,
                    help="compare these speculative methods with no speculation in one run, comma-separated "
-                        f"({', '.join(SPEC_ENTRIES)}); code prompts, --batch at once, --compare-repeats "
+                        f"({', '.join(SPEC_ENTRIES)}; NAME:N[:TOPK[:DEPTH]] sets the sizes); code prompts, --batch at once, --compare-repeats "
                         "alternated runs (default: off)")
     b.add_argument("--spec-method-model", action="append", default=None, metavar="METHOD=PATH",
                    help="with --spec-methods: the spec model of a spec_method, e.g. eagle=DIR (repeatable; "

@@ -2,6 +2,7 @@
 
     fastinfer bench --spec-methods draft-chain,draft-tree,medusa,eagle-chain,eagle-tree \\
         --batch 1 --output-len 64 --compare-repeats 3 --spec-json bench/results/spec-cpu.json
+    fastinfer bench --spec-methods eagle-tree:8:2,eagle-tree:16:4:3,eagle-chain:6   # sizes N[:TOPK[:DEPTH]]
 
 Each entry of :data:`SPEC_ENTRIES` is a method with its sizes and its spec model (default: the asset
 shipped next to the target, ``fastinfer/assets``; ``--spec-method-model METHOD=PATH`` replaces it).
@@ -93,9 +94,22 @@ def _timed(llm, groups, sp) -> tuple:
     return time.perf_counter() - t, outs
 
 
+def _shown(path: str) -> str:
+    """``path`` relative to the working directory when it is below it (results that travel)."""
+    rel = os.path.relpath(os.path.abspath(path))
+    return path if rel.startswith("..") else rel
+
+
 def _entry(name: str, overrides: Dict[str, str], assets: str):
-    """(method, path, kwargs) of an entry, or (None, reason) when it cannot run here."""
-    method, asset, kw = SPEC_ENTRIES[name]
+    """(method, path, kwargs) of an entry ``NAME[:N[:TOPK[:DEPTH]]]`` (sizes replacing the entry's:
+    draft tokens, tree top-k, tree depth), or (None, reason) when it cannot run here."""
+    base, *sizes = name.split(":")
+    method, asset, kw = SPEC_ENTRIES[base]
+    try:
+        vals = [int(v) for v in sizes]
+    except ValueError:
+        raise SystemExit(f"--spec-methods: {name!r}: sizes after NAME: are ints (N[:TOPK[:DEPTH]])") from None
+    kw = dict(kw, **dict(zip(("num_spec_tokens", "spec_tree_topk", "spec_tree_depth"), vals)))
     if method not in SPEC_METHODS:
         return None, f"spec_method {method!r} is not in this runner (one of {', '.join(SPEC_METHODS)})"
     path = overrides.get(method, os.path.join(assets, asset))
@@ -106,7 +120,7 @@ def _entry(name: str, overrides: Dict[str, str], assets: str):
 
 def run_spec_comparison(args, engine_kw: Dict[str, Any]) -> int:
     names = [n.strip() for n in args.spec_methods.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SPEC_ENTRIES]
+    unknown = [n for n in names if n.split(":")[0] not in SPEC_ENTRIES or n.count(":") > 3]
     if unknown or not names:
         raise SystemExit(f"--spec-methods: unknown {', '.join(unknown) or '(none)'} (choose from "
                          f"{', '.join(SPEC_ENTRIES)})")
@@ -117,7 +131,7 @@ def run_spec_comparison(args, engine_kw: Dict[str, Any]) -> int:
     overrides = _parse_overrides(args.spec_method_model)
     sp = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    res: Dict[str, Any] = {"label": None, "model": model, "batch": args.batch, "output_len": args.output_len,
+    res: Dict[str, Any] = {"label": None, "model": _shown(model), "batch": args.batch, "output_len": args.output_len,
                            "repeats": args.compare_repeats, "methods": [], "skipped": []}
     base_runs: List[float] = []
     for name in names:
@@ -154,7 +168,7 @@ def run_spec_comparison(args, engine_kw: Dict[str, Any]) -> int:
             no_s.append(e0)
             ratios.append(e0 / e1)
         base_runs += no_s
-        row = {"name": name, "spec_method": method, "spec_model": path, "spec_mode": spec.mode,
+        row = {"name": name, "spec_method": method, "spec_model": _shown(path), "spec_mode": spec.mode,
                "num_spec_tokens": spec.num_tokens,
                "spec_tree_topk": spec.tree_topk if spec.mode == "tree" and method != "medusa" else None,
                "spec_tree_depth": spec.tree_depth if spec.mode == "tree" and method != "medusa" else None,
