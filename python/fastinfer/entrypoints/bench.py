@@ -9,7 +9,8 @@ token after the first, mean), output tokens/s and total (prompt + output) tokens
 submitted at once (offline throughput); greedy, EOS ignored. With ``--draft-model`` (speculative
 decoding) it also reports the mean accepted length, the acceptance rate per depth and target
 forwards per generated token; ``--compare-no-spec`` runs the same prompts again with speculation
-off (same engine) and reports the speedup.
+off (same engine) and reports the speedup. ``--spec-methods a,b,..`` compares several speculative
+methods against no speculation in one run (:mod:`.bench_spec`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import torch
 
@@ -28,6 +29,7 @@ from ..engine.config import parse_dtype
 from ..layers import TensorDictReader
 from ..models import ModelConfig, find_gguf, load_model, random_weights
 from ..engine.worker import serve_torchrun_worker
+from .bench_spec import SPEC_ENTRIES, run_spec_comparison, spec_metrics
 from .args import add_quant_args, add_spec_args, add_tp_args, quant_kwargs, spec_kwargs, tp_kwargs
 
 __all__ = ["PRESETS", "add_bench_parser", "build_random_model"]
@@ -98,6 +100,14 @@ def _timed_run(llm, prompts, sp, speculative: Optional[bool] = None):
 
 
 def cmd_bench(args) -> int:
+    if args.spec_methods:
+        if args.preset or args.draft_model or args.spec_model or args.spec_method:
+            raise SystemExit("--spec-methods runs its own methods on --model (default: the shipped model); "
+                             "drop --preset / --draft-model / --spec-model / --spec-method")
+        return run_spec_comparison(args, dict(
+            dtype=args.dtype, device=args.device, max_num_seqs=max(args.batch, 1),
+            max_model_len=args.max_model_len or 1024, max_num_batched_tokens=args.max_num_batched_tokens,
+            num_kv_blocks=args.num_kv_blocks, enable_prefix_caching=False, seed=args.seed))
     if bool(args.model) == bool(args.preset):
         raise SystemExit("give exactly one of --model PATH or --preset NAME --random-weights")
     if args.preset and not args.random_weights:
@@ -159,26 +169,12 @@ def cmd_bench(args) -> int:
         "num_preemptions": llm.stats()["num_preemptions"], "num_kv_blocks": llm.stats()["num_kv_blocks"],
     }
     if spec is not None:
-        nv = st1["spec_num_verify"] - st0["spec_num_verify"]
-        acc = st1["spec_num_accepted_tokens"] - st0["spec_num_accepted_tokens"]
-        drafted = st1["spec_num_draft_tokens"] - st0["spec_num_draft_tokens"]
-
-        def since(key: str) -> List[int]:
-            before = st0[key]
-            return [a - (before[i] if i < len(before) else 0) for i, a in enumerate(st1[key])]
-
-        reached, offered = since("spec_depth_reached"), since("spec_depth_offered")
-        rates = [r / o if o else 0.0 for r, o in zip(reached, offered)]
         res.update({
             "draft_model": args.draft_model, "spec_method": spec.method, "spec_model": args.spec_model or args.draft_model,
             "spec_mode": spec.mode, "num_spec_tokens": spec.num_tokens,
             "spec_tree_topk": spec.tree_topk if spec.mode == "tree" else None,
             "spec_tree_depth": spec.tree_depth if spec.mode == "tree" else None,
-            "spec_verifications": nv,
-            "mean_accepted_length": round(acc / nv, 4) if nv else 0.0,
-            "mean_tokens_per_verification": round((acc + nv) / nv, 4) if nv else 0.0,
-            "draft_acceptance_rate": round(acc / drafted, 4) if drafted else 0.0,
-            "acceptance_rate_per_depth": [round(r, 4) for r in rates],
+            **spec_metrics(st0, st1),
             # per request: target forward passes that computed its tokens / its generated tokens
             "target_forwards_per_generated_token": round(
                 sum(o.metrics["target_forwards_per_token"] for o in outs) / len(outs), 4),
@@ -277,8 +273,19 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--compare-no-spec", action="store_true",
                    help="with --draft-model: run the same prompts again without speculation, report the speedup")
     b.add_argument("--compare-repeats", type=int, default=1,
-                   help="with --compare-no-spec: alternate spec / no-spec runs this many times (median, min, "
-                        "max; default: 1)")
+                   help="with --compare-no-spec / --spec-methods: alternate spec / no-spec runs this many times "
+                        "(median, min, max; default: 1)")
+    b.add_argument("--spec-methods", default=None,
+                   help="compare these speculative methods with no speculation in one run, comma-separated "
+                        f"({', '.join(SPEC_ENTRIES)}; NAME:N[:TOPK[:DEPTH]] sets the sizes); code prompts, --batch at once, --compare-repeats "
+                        "alternated runs (default: off)")
+    b.add_argument("--spec-method-model", action="append", default=None, metavar="METHOD=PATH",
+                   help="with --spec-methods: the spec model of a spec_method, e.g. eagle=DIR (repeatable; "
+                        "default: the shipped fastinfer/assets/tiny-llama-{draft,medusa,eagle,eagle3})")
+    b.add_argument("--num-prompts", type=int, default=8,
+                   help="with --spec-methods: code prompts per run, in groups of --batch (default: 8)")
+    b.add_argument("--spec-json", default=None,
+                   help="with --spec-methods: also write the results to this JSON file (default: none)")
     add_quant_args(b, on_load=True)
     b.set_defaults(func=cmd_bench)
 
