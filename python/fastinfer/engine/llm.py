@@ -88,6 +88,10 @@ class LLM:
             ``llm.model`` is then rank 0's shard: run forwards through the engine (or
             ``llm.executor.runner.forward(plan)``), never by calling the shard alone (its
             collectives would wait for workers that are not there, until the deadline).
+        deterministic: batch-invariant mode: a token's logits (and a seeded request's tokens)
+            depend only on the model, the tokens before it and the sampling parameters, bit for
+            bit, whatever the batch, prefill chunking, prefix cache or speculation (README,
+            "Deterministic inference"). Off by default: it costs speed.
     """
 
     def __init__(
@@ -119,17 +123,11 @@ class LLM:
         quantization: Optional[str] = None,
         quantization_config: Optional[Dict[str, Any]] = None,
         tensor_parallel_size: int = 1,
+        deterministic: bool = False,
     ):
-        self.config = config = EngineConfig.from_llm_args(
-            model=model, tokenizer=tokenizer, dtype=dtype, device=device, max_model_len=max_model_len,
-            block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=enable_prefix_caching, num_kv_blocks=num_kv_blocks, kv_cache_bytes=kv_cache_bytes,
-            gpu_memory_utilization=gpu_memory_utilization, seed=seed, load_progress=load_progress,
-            enforce_eager=enforce_eager, static_batching=static_batching, draft_model=draft_model,
-            spec_method=spec_method, spec_model=spec_model, spec_mode=spec_mode, num_spec_tokens=num_spec_tokens,
-            spec_tree_topk=spec_tree_topk, spec_tree_depth=spec_tree_depth, spec_tree=spec_tree,
-            quantization=quantization, quantization_config=quantization_config,
-            tensor_parallel_size=tensor_parallel_size)
+        args = dict(locals())  # every argument above is an EngineConfig field (or a spec / quant one)
+        del args["self"]
+        self.config = config = EngineConfig.from_llm_args(**args)
         self.model_path: Optional[str] = config.model_path
         self.tokenizer = self._load_tokenizer(tokenizer)
         spec = config.speculative

@@ -113,6 +113,8 @@ class ModelRunner:
                                    config=model.config, dtype=model.dtype, device=model.device,
                                    max_positions=model.max_positions, quant_config=qc,
                                    op_namespace=model.op_namespace)
+        if c.deterministic:
+            model.set_op_namespace(model.op_namespace, deterministic=True)
         model.pack_linears_for_cpu()  # CPU bf16 only: oneDNN-blocked weights
         return model
 

@@ -119,6 +119,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="admit new requests only into a batch still forming, not a running one (a baseline "
                         "for benchmarks; default: continuous batching)")
     p.add_argument("--seed", type=int, default=0, help="engine seed, for requests without their own (default: 0)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="batch-invariant mode: a token's logits (and seeded tokens) do not depend on the batch, "
+                        "prefill chunking, prefix cache or speculation, bit for bit (slower)")
 
 
 def engine_kwargs(args) -> Dict[str, Any]:
@@ -128,7 +131,7 @@ def engine_kwargs(args) -> Dict[str, Any]:
                 block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                 gpu_memory_utilization=args.gpu_memory_utilization,
                 enable_prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager,
-                static_batching=args.static_batching, seed=args.seed)
+                static_batching=args.static_batching, seed=args.seed, deterministic=args.deterministic)
 
 
 def tp_kwargs(args) -> Dict[str, Any]:

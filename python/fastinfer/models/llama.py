@@ -222,7 +222,10 @@ class LlamaForCausalLM(nn.Module):
 
     def pack_linears_for_cpu(self) -> bool:
         """Pre-pack every float linear's weight for oneDNN when running bf16 on a CPU with mkldnn;
-        returns whether it did (a no-op elsewhere). Costs one extra copy of the linear weights."""
+        returns whether it did (a no-op elsewhere, and in the deterministic mode). Costs one extra
+        copy of the linear weights."""
+        if self.ops.deterministic:
+            return False
         if self.device.type != "cpu" or self.dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available():
             return False
         if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
@@ -237,12 +240,17 @@ class LlamaForCausalLM(nn.Module):
                 raise
         return True
 
-    def set_op_namespace(self, namespace: str) -> None:
-        """Route every op call to ``torch.ops.<namespace>`` (``fastinfer`` or ``fastinfer_sim``)."""
-        self.ops = backend(namespace)
+    def set_op_namespace(self, namespace: str, deterministic: Optional[bool] = None) -> None:
+        """Route every op call to ``torch.ops.<namespace>`` (``fastinfer`` or ``fastinfer_sim``);
+        ``deterministic``: switch the batch-invariant mode of :class:`~fastinfer.ops.Backend` on or
+        off (None: keep it). The mode drops the oneDNN-packed copies (they are not batch invariant)."""
+        det = self.ops.deterministic if deterministic is None else bool(deterministic)
+        self.ops = backend(namespace, det)
         for m in self.modules():
             if hasattr(m, "ops"):
                 m.ops = self.ops
+            if det and getattr(m, "packed", None) is not None:
+                m.packed = None
 
     @property
     def op_namespace(self) -> str:

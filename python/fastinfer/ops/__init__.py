@@ -51,6 +51,17 @@ _OPS = {
 
 NAMESPACES = ("fastinfer", "fastinfer_sim")
 
+#: keys per split of the attention ops in the deterministic mode (``fixed_split_size``): one
+#: reduction order per query row, whatever the batch (a multiple of the kernels' 64-key tile)
+DETERMINISTIC_SPLIT_SIZE = 256
+
+# what a deterministic Backend binds into each op (see Backend)
+_DETERMINISTIC_ARGS = {
+    **{f: {"fixed_split_size": DETERMINISTIC_SPLIT_SIZE}
+       for f in ("prefill_attention", "paged_prefill_attention", "paged_decode_attention")},
+    **{f: {"deterministic": True} for f in ("fp8_scaled_mm", "int8_scaled_mm", "int4_gemm")},
+}
+
 
 class Backend:
     """The op wrappers of this module bound to one op library (``torch.ops.<namespace>``).
@@ -58,38 +69,52 @@ class Backend:
     ``fastinfer``: the compiled CPU / CUDA kernels. ``fastinfer_sim``: the CUDA kernel sources run
     by the simt emulator on CPU tensors (tests; fp16/bf16; slow by design). Attribute access
     returns the wrapper with ``lib`` bound (``Backend.rms_norm(x, weight, eps)``).
+
+    ``deterministic=True`` (the runner's deterministic mode) also binds the batch-invariant options:
+    the attention ops get ``fixed_split_size=DETERMINISTIC_SPLIT_SIZE``, the quantised GEMMs
+    ``deterministic=True``, and :meth:`linear` multiplies with ``dense_mm`` instead of
+    ``torch.nn.functional.linear``; so a row's result depends on that row's inputs alone.
     """
 
-    def __init__(self, namespace: str):
+    def __init__(self, namespace: str, deterministic: bool = False):
         if namespace not in NAMESPACES:
             raise ValueError(f"unknown op namespace {namespace!r} (one of {', '.join(NAMESPACES)})")
         if namespace == "fastinfer_sim":
             importlib.import_module("fastinfer._sim")  # registers torch.ops.fastinfer_sim
         self.namespace = namespace
+        self.deterministic = bool(deterministic)
         self.lib = getattr(torch.ops, namespace)
 
     def __getattr__(self, name: str):
         fn = _OPS.get(name)
         if fn is None:
             raise AttributeError(f"fastinfer.ops has no op {name!r}")
-        bound = functools.partial(fn, lib=self.lib)
+        bound = functools.partial(fn, lib=self.lib, **(_DETERMINISTIC_ARGS.get(name, {}) if self.deterministic else {}))
         functools.update_wrapper(bound, fn)
         setattr(self, name, bound)  # resolved once per backend
         return bound
 
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+        """``x W^T + b`` over the last dim of ``x`` (``weight [N, K]``)."""
+        if not self.deterministic:
+            return torch.nn.functional.linear(x, weight, bias)
+        y = dense_mm(x.reshape(-1, x.shape[-1]), weight, bias, lib=self.lib)
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+
     def __repr__(self) -> str:
-        return f"Backend({self.namespace!r})"
+        return f"Backend({self.namespace!r}{', deterministic=True' if self.deterministic else ''})"
 
 
-_BACKENDS: Dict[str, Backend] = {}
+_BACKENDS: Dict[tuple, Backend] = {}
 
 
-def backend(namespace: str = "fastinfer") -> Backend:
+def backend(namespace: str = "fastinfer", deterministic: bool = False) -> Backend:
     """The (cached) :class:`Backend` of ``namespace`` ("fastinfer" or "fastinfer_sim")."""
-    b = _BACKENDS.get(namespace)
+    key = (namespace, bool(deterministic))
+    b = _BACKENDS.get(key)
     if b is None:
-        b = _BACKENDS[namespace] = Backend(namespace)
+        b = _BACKENDS[key] = Backend(namespace, deterministic)
     return b
 
 
-__all__ = sorted(_OPS) + ["Int4Weight", "int8_azp_adj", "build_rope_cache", "pack_custom_mask", "Backend", "backend", "NAMESPACES"]
+__all__ = sorted(_OPS) + ["Int4Weight", "int8_azp_adj", "build_rope_cache", "pack_custom_mask", "Backend", "backend", "NAMESPACES", "DETERMINISTIC_SPLIT_SIZE"]
