@@ -451,8 +451,8 @@ def test_train_eagle3_smoke(tmp_path):
     assert train_draft_heads.main(["--out", str(tmp_path), "--smoke", "--threads", "1", "--only", "eagle3"]) == 0
     head = str(tmp_path / "tiny-llama-eagle3")
     sd = load_file(os.path.join(head, "model.safetensors"))
-    assert sd["fc.weight"].dtype == torch.float16 and sd["lm_head.weight"].shape[0] == 2048
-    assert int(sd["t2d"].sum()) == 2048 and sd["d2t"].dtype == torch.int64
+    assert sd["fc.weight"].dtype == torch.float16 and sd["lm_head.weight"].shape[0] == 1024  # --eagle3-vocab
+    assert int(sd["t2d"].sum()) == 1024 and sd["d2t"].dtype == torch.int64
     sp = SamplingParams(max_tokens=12, **GREEDY)
     base = LLM(seed=0).generate("def main(", sp)[0].outputs[0].token_ids
     llm = LLM(spec_method="eagle3", spec_model=head, seed=0)
