@@ -26,12 +26,11 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
 from fastinfer import LLM, SamplingParams  # noqa: E402
+from fastinfer.engine import default_model_path  # noqa: E402
 
 
 def assets(name: str) -> str:
-    import fastinfer
-
-    return os.path.join(os.path.dirname(fastinfer.__file__), "assets", name)
+    return os.path.join(os.path.dirname(default_model_path()), name)
 
 
 def workload(batch: int, output_len: int, seed: int = 0):

@@ -9,12 +9,14 @@ these tests would catch a batch-dependent reduction.
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
 import torch
 
 from fastinfer import LLM, SamplingParams
+from fastinfer.engine import default_model_path
 from fastinfer.engine.sampler import position_noise
 from fastinfer.ops import DETERMINISTIC_SPLIT_SIZE, backend
 
@@ -22,7 +24,7 @@ from test_spec_decode import _assert_no_leak
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
-ASSETS = "python/fastinfer/assets"
+ASSETS = os.path.dirname(default_model_path())
 rng = random.Random(18)
 PROBE = [rng.randrange(3, 4096) for _ in range(45)]
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=2)
@@ -30,11 +32,7 @@ SEEDED = SamplingParams(max_tokens=10, temperature=0.9, seed=1234, ignore_eos=Tr
 
 
 def _assets(name):
-    import fastinfer
-
-    import os
-
-    return os.path.join(os.path.dirname(fastinfer.__file__), "assets", name)
+    return os.path.join(ASSETS, name)
 
 
 def _result(out):
