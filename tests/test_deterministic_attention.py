@@ -2,7 +2,8 @@
 
 A query row's out and lse must be bitwise the same (``torch.equal``, never a tolerance) through
 ``paged_decode_attention``, ``paged_prefill_attention`` with q_len 1..17 (its prefix already in the
-cache: chunked prefill / prefix-cache hits), a tree mask whose chain holds the row, and
+cache: chunked prefill / prefix-cache hits), a tree mask whose chain holds the row (laid out first,
+or its ancestors scattered among 50 nodes: keys by rank), and
 ``prefill_attention`` (whole prompt or a chunk after a prefix), whatever the batch around it (other
 sequences before and after it, empty and padding sequences, wider block tables so more key splits
 are launched) -- on the CPU impls and on the CUDA kernel sources in the simt emulator. Small odd
@@ -22,6 +23,7 @@ import torch
 from conftest import get_backend, make_gen, poison_, randn
 from test_attention import check_out_lse, cu, naive_attention, naive_paged
 import fastinfer.reference.attention as R
+from fastinfer.ops import pack_custom_mask
 
 HQ, HKV, BS = 6, 2, 16
 POS = 150  # the probe row: position 150 of its sequence (151 keys)
@@ -123,6 +125,29 @@ def probe_rows(world, be, split, window, softcap):
     out, lse = ns.paged_prefill_attention(q, kc, vc, table, cu([3, 7]), lens, 7, w.scale, True, window, softcap, mask,
                                           True, None, split)
     rows.append(("tree node on the chain", out[3 + 3], lse[3 + 3]))
+
+    # tree verification with the probe's ancestors scattered: 50 nodes, the chain (positions
+    # POS-3..POS) at nodes 0, 20, 35, 49, so by index its keys cross 32- and 64-key tile edges and
+    # the 192-key split edge that it does not cross in the plain sequence; the keys are taken by
+    # rank. Behind a 5-node tree (the mask then starts mid-byte in the packed form).
+    chain = [0, 20, 35, 49]
+    gen = torch.Generator().manual_seed(11)
+    parents = [-1] + [chain[chain.index(i) - 1] if i in chain else int(torch.randint(0, i, (1,), generator=gen))
+                      for i in range(1, 50)]
+    bk, bv = w.noise(50)
+    for depth, node in enumerate(chain):
+        bk[node], bv[node] = w.k[POS - 3 + depth], w.v[POS - 3 + depth]
+    tk, tv = torch.cat([w.k[: POS - 3], bk]), torch.cat([w.v[: POS - 3], bv])
+    kc, vc, table, lens = w.paged([w.noise(12), (tk, tv)])
+    mask = torch.cat([R.tree_mask([-1, 0, 0, 1, 2]).reshape(-1), R.tree_mask(parents).reshape(-1)])
+    tq = w.noise_q(50)
+    tq[chain] = w.q[POS - 3 :]
+    q = torch.cat([w.noise_q(5), tq])
+    for form, m in (("bool", mask), ("packed", pack_custom_mask(mask))):
+        bool_mask, packed = (m, None) if form == "bool" else (None, m)
+        out, lse = ns.paged_prefill_attention(q, kc, vc, table, cu([5, 50]), lens, 50, w.scale, True, window,
+                                              softcap, bool_mask, True, packed, split)
+        rows.append((f"tree node with scattered ancestors ({form} mask)", out[5 + 49], lse[5 + 49]))
 
     # contiguous prefill: the whole prompt alone, and a 7-token chunk after a prefix in a batch
     out, lse = ns.prefill_attention(w.q, w.k, w.v, cu([POS + 1]), cu([POS + 1]), POS + 1, POS + 1, w.scale, True,

@@ -1,7 +1,7 @@
 """The runner's deterministic mode (issue 18), CPU: a probe request's tokens and logprobs are bitwise
 the same alone, inside a busy batch with preemption, after a prefix-cache hit, under every prefill
-chunk size tried, and with chain speculation (draft model, EAGLE-3), greedy and seeded; fp32 and
-bf16. ``torch.equal``-strict: logprobs are compared as floats with ``==``.
+chunk size tried, and with speculation in chain mode (draft model, EAGLE-3) and tree mode (draft
+model, EAGLE-2 and EAGLE-3 trees, Medusa's static tree), greedy and seeded; fp32 and bf16. ``torch.equal``-strict: logprobs are compared as floats with ``==``.
 
 The last test runs the same scenarios with the mode off and shows that some of them differ, so
 these tests would catch a batch-dependent reduction.
@@ -63,7 +63,10 @@ def _busy_batch(llm, params):
 
 
 SCENARIOS = ["batch+preemption", "prefix-cache-hit", "chunk-1", "chunk-7", "chunk-16", "chunk-33",
-             "draft-chain", "eagle3-chain"]
+             "draft-chain", "eagle3-chain", "draft-tree", "eagle-tree", "eagle3-tree", "medusa"]
+# speculative method and asset of each speculation scenario (tree: top-2 children, depth 3)
+SPEC = {"draft": "tiny-llama-draft", "eagle": "tiny-llama-eagle", "eagle3": "tiny-llama-eagle3",
+        "medusa": "tiny-llama-medusa"}
 
 
 def run_scenario(name, dtype, params, deterministic=True):
@@ -79,15 +82,14 @@ def run_scenario(name, dtype, params, deterministic=True):
     elif name.startswith("chunk-"):
         llm = _llm(dtype, deterministic, max_num_batched_tokens=int(name[6:]), enable_prefix_caching=False)
         out = llm.generate([PROBE], params)[0]
-    elif name == "draft-chain":
-        llm = _llm(dtype, deterministic, spec_method="draft", spec_model=_assets("tiny-llama-draft"),
-                   spec_mode="chain", num_spec_tokens=3)
+    elif name.split("-")[0] in SPEC:
+        method, _, mode = name.partition("-")
+        kw = {} if method == "medusa" else dict(spec_mode=mode, num_spec_tokens=3)
+        if mode == "tree":
+            kw["spec_tree_topk"] = 2
+        llm = _llm(dtype, deterministic, spec_method=method, spec_model=_assets(SPEC[method]), **kw)
         out = llm.generate([PROBE], params)[0]
         assert llm.stats()["spec_num_draft_tokens"] > 0
-    elif name == "eagle3-chain":
-        llm = _llm(dtype, deterministic, spec_method="eagle3", spec_model=_assets("tiny-llama-eagle3"),
-                   spec_mode="chain", num_spec_tokens=3)
-        out = llm.generate([PROBE], params)[0]
     else:
         raise AssertionError(name)
     _assert_no_leak(llm)

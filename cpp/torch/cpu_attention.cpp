@@ -193,6 +193,11 @@ struct QueryItem {
   const int64_t* mask_pos = nullptr;
   int64_t pos_lo = 0;
   int64_t k_start = 0;  // contiguous K/V only: row of the sequence's key 0
+  // The deterministic mode with a custom mask: the row's keys by rank (its visible keys in index
+  // order, attention.h): key j < key_map_lo is key j, key j >= key_map_lo is key key_map_lo +
+  // key_map[j - key_map_lo] (the row's visible trailing keys); [start, end) are ranks.
+  const int64_t* key_map = nullptr;
+  int64_t key_map_lo = 0;
 };
 
 // Work items [begin, end) of (query item, KV head): online softmax over the visible keys for the
@@ -284,16 +289,25 @@ FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* ite
 // keys are reduced in chunks [c * F, (c + 1) * F) from absolute key 0 (F = fixed_split, a
 // multiple of kKeys), each chunk by an online softmax over kKeys-key tiles aligned at absolute
 // multiples of kKeys (keys outside [start, end) or hidden by the mask score -inf and add exact
-// zeros), and the chunks' (out, lse) are merged left to right. The arithmetic of a row therefore
-// depends only on its query, its visible keys and their indices: not on which op built the item,
-// the batch, q_len or where the item's [start, end) was cut.
+// zeros), and the chunks' (out, lse) are merged left to right. Under a custom mask the keys are
+// taken by rank (QueryItem::key_map: a tree row's ancestors at the indices they have in a plain
+// sequence). The arithmetic of a row therefore depends only on its query and its visible keys in
+// order: not on which op built the item, the batch, q_len, the tree around it or where the item's
+// [start, end) was cut.
 template <typename QT, typename CT>
 FASTINFER_CPU_INLINE void attend_items_fixed(const DecodeArgs& a, const QueryItem* items, int64_t begin, int64_t end) {
   constexpr int64_t kKeys = 32;
+  constexpr int64_t kMaxGroup = 16;  // query heads of a KV head done together: one K/V row read each
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t d = a.head_dim, hkv = a.num_kv_heads, group = a.num_q_heads / hkv, bs = a.block_size;
   const int64_t row_stride = hkv * d, split = a.fixed_split;
-  alignas(64) float acc[256], qf[256], st[256], s[kKeys], lanes[kKeys];
+  // Per head g of the group: its query, chunk accumulators (acc, m, l), merged state (st, st_lse)
+  // and tile scores. Every head runs the same sequence of operations on its own arrays as it would
+  // alone, so grouping changes no bits.
+  alignas(64) float acc[kMaxGroup * 256], qf[kMaxGroup * 256], st[kMaxGroup * 256], s[kMaxGroup * kKeys];
+  alignas(64) float lanes[kKeys];
+  float m[kMaxGroup], l[kMaxGroup], st_lse[kMaxGroup];
+  bool seen[kMaxGroup];
   int64_t rows[kKeys];
   for (int64_t w = begin; w < end; ++w) {
     const QueryItem& it = items[w / hkv];
@@ -301,67 +315,85 @@ FASTINFER_CPU_INLINE void attend_items_fixed(const DecodeArgs& a, const QueryIte
     const CT* k_base = static_cast<const CT*>(a.k_cache) + h * d;
     const CT* v_base = static_cast<const CT*>(a.v_cache) + h * d;
     const int32_t* table = a.contiguous ? nullptr : a.block_table + it.b * a.table_stride;
-    for (int64_t g = 0; g < group; ++g) {
-      const int64_t head = h * group + g;
-      const QT* q = static_cast<const QT*>(a.q) + it.row * a.q_row_stride + head * d;
-      for (int64_t i = 0; i < d; ++i) qf[i] = static_cast<float>(q[i]) * (a.scale * a.k_scale);
-      for (int64_t i = 0; i < d; ++i) st[i] = 0;
-      float st_lse = kNegInf;  // merged state of the chunks so far
+    for (int64_t g0 = 0; g0 < group; g0 += kMaxGroup) {
+      const int64_t ng = std::min(kMaxGroup, group - g0);
+      const int64_t head0 = h * group + g0;
+      const QT* q = static_cast<const QT*>(a.q) + it.row * a.q_row_stride + head0 * d;
+      for (int64_t i = 0; i < ng * d; ++i) qf[i] = static_cast<float>(q[i]) * (a.scale * a.k_scale);
+      for (int64_t i = 0; i < ng * d; ++i) st[i] = 0;
+      for (int64_t g = 0; g < ng; ++g) st_lse[g] = kNegInf;  // merged state of the chunks so far
       for (int64_t c0 = it.start > 0 ? it.start / split * split : 0; c0 < it.end; c0 += split) {
         const int64_t c1 = std::min(c0 + split, it.end);
-        float m = kNegInf, l = 0;
-        for (int64_t i = 0; i < d; ++i) acc[i] = 0;
+        for (int64_t g = 0; g < ng; ++g) {
+          m[g] = kNegInf;
+          l[g] = 0;
+        }
+        for (int64_t i = 0; i < ng * d; ++i) acc[i] = 0;
         for (int64_t j0 = std::max(c0, it.start / kKeys * kKeys); j0 < c1; j0 += kKeys) {
           const int64_t n = std::min<int64_t>(kKeys, c1 - j0);
           for (int64_t jj = 0; jj < n; ++jj) {
-            const int64_t j = j0 + jj;
+            int64_t j = j0 + jj;
+            if (it.key_map != nullptr && j >= it.key_map_lo) j = it.key_map_lo + it.key_map[j - it.key_map_lo];
             rows[jj] = table != nullptr ? (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * row_stride
                                         : (it.k_start + j) * row_stride;
           }
-          for (int64_t jj = 0; jj < n; ++jj) s[jj] = dot(qf, k_base + rows[jj], d);
-          if (a.softcap > 0)
-            for (int64_t jj = 0; jj < n; ++jj) s[jj] = a.softcap * std::tanh(s[jj] / a.softcap);
-          for (int64_t jj = 0; jj < n; ++jj) {
-            const int64_t mk = j0 + jj - it.mask_key0;
-            if (j0 + jj < it.start ||
-                (it.mask != nullptr && mk >= 0 &&
-                 (!it.mask[mk] || (it.mask_pos != nullptr && it.mask_pos[mk] < it.pos_lo))))
-              s[jj] = kNegInf;
+          for (int64_t g = 0; g < ng; ++g) {
+            float* sg = s + g * kKeys;
+            for (int64_t jj = 0; jj < n; ++jj) sg[jj] = dot(qf + g * d, k_base + rows[jj], d);
+            if (a.softcap > 0)
+              for (int64_t jj = 0; jj < n; ++jj) sg[jj] = a.softcap * std::tanh(sg[jj] / a.softcap);
+            for (int64_t jj = 0; jj < n; ++jj) {
+              const int64_t mk = j0 + jj - it.mask_key0;
+              if (j0 + jj < it.start ||
+                  (it.mask != nullptr && mk >= 0 &&
+                   (!it.mask[mk] || (it.mask_pos != nullptr && it.mask_pos[mk] < it.pos_lo))))
+                sg[jj] = kNegInf;
+            }
+            for (int64_t jj = n; jj < kKeys; ++jj) sg[jj] = kNegInf;
+            for (int64_t jj = 0; jj < kKeys; ++jj) lanes[jj] = sg[jj];
+            const float tile_max = cpu::tree_max<kKeys>(lanes);
+            seen[g] = tile_max != kNegInf;
+            if (!seen[g]) continue;  // nothing visible in this tile: the identity for this head
+            if (tile_max > m[g]) {
+              const float r = cpu::fast_exp(m[g] - tile_max);
+              l[g] *= r;
+              for (int64_t i = 0; i < d; ++i) acc[g * d + i] *= r;
+              m[g] = tile_max;
+            }
+            for (int64_t jj = 0; jj < kKeys; ++jj) lanes[jj] = sg[jj] = cpu::fast_exp(sg[jj] - m[g]);
+            l[g] += cpu::tree_sum<kKeys>(lanes);
           }
-          for (int64_t jj = n; jj < kKeys; ++jj) s[jj] = kNegInf;
-          for (int64_t jj = 0; jj < kKeys; ++jj) lanes[jj] = s[jj];
-          const float tile_max = cpu::tree_max<kKeys>(lanes);
-          if (tile_max == kNegInf) continue;  // nothing visible in this tile: the identity
-          if (tile_max > m) {
-            const float r = cpu::fast_exp(m - tile_max);
-            l *= r;
-            for (int64_t i = 0; i < d; ++i) acc[i] *= r;
-            m = tile_max;
-          }
-          for (int64_t jj = 0; jj < kKeys; ++jj) lanes[jj] = s[jj] = cpu::fast_exp(s[jj] - m);
-          l += cpu::tree_sum<kKeys>(lanes);
           for (int64_t jj = 0; jj < n; ++jj) {
             const CT* v = v_base + rows[jj];
-            const float pv = s[jj] * a.v_scale;
-            for (int64_t i = 0; i < d; ++i) acc[i] += pv * static_cast<float>(v[i]);
+            for (int64_t g = 0; g < ng; ++g) {
+              if (!seen[g]) continue;
+              const float pv = s[g * kKeys + jj] * a.v_scale;
+              float* acc_g = acc + g * d;
+              for (int64_t i = 0; i < d; ++i) acc_g[i] += pv * static_cast<float>(v[i]);
+            }
           }
         }
-        if (!(l > 0)) continue;  // an empty chunk merges as the identity
-        const float inv = 1.0f / l, lse_c = m + std::log(l);
-        if (st_lse == kNegInf) {
-          for (int64_t i = 0; i < d; ++i) st[i] = acc[i] * inv;
-          st_lse = lse_c;
-          continue;
+        for (int64_t g = 0; g < ng; ++g) {
+          if (!(l[g] > 0)) continue;  // an empty chunk merges as the identity
+          float* st_g = st + g * d;
+          const float* acc_g = acc + g * d;
+          const float inv = 1.0f / l[g], lse_c = m[g] + std::log(l[g]);
+          if (st_lse[g] == kNegInf) {
+            for (int64_t i = 0; i < d; ++i) st_g[i] = acc_g[i] * inv;
+            st_lse[g] = lse_c;
+            continue;
+          }
+          const float mx = std::max(st_lse[g], lse_c);
+          const float ea = std::exp(st_lse[g] - mx), eb = std::exp(lse_c - mx), sum = ea + eb;
+          const float wa = ea / sum, wb = eb / sum;
+          for (int64_t i = 0; i < d; ++i) st_g[i] = wa * st_g[i] + wb * (acc_g[i] * inv);
+          st_lse[g] = mx + std::log(sum);
         }
-        const float mx = std::max(st_lse, lse_c);
-        const float ea = std::exp(st_lse - mx), eb = std::exp(lse_c - mx), sum = ea + eb;
-        const float wa = ea / sum, wb = eb / sum;
-        for (int64_t i = 0; i < d; ++i) st[i] = wa * st[i] + wb * (acc[i] * inv);
-        st_lse = mx + std::log(sum);
       }
-      QT* out = static_cast<QT*>(a.out) + (it.row * a.num_q_heads + head) * d;
-      for (int64_t i = 0; i < d; ++i) out[i] = static_cast<QT>(st[i]);
-      if (a.lse != nullptr) a.lse[it.row * a.num_q_heads + head] = st_lse;
+      QT* out = static_cast<QT*>(a.out) + (it.row * a.num_q_heads + head0) * d;
+      for (int64_t i = 0; i < ng * d; ++i) out[i] = static_cast<QT>(st[i]);
+      if (a.lse != nullptr)
+        for (int64_t g = 0; g < ng; ++g) a.lse[it.row * a.num_q_heads + head0 + g] = st_lse[g];
     }
   }
 }
@@ -446,14 +478,34 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_cpu(const char* op, const at:
   std::vector<int64_t> tree_pos;
   if (custom_mask.has_value() && window_left >= 0) tree_pos.resize(static_cast<size_t>(q.size(0)));
   const int64_t table_w = block_table.size(1);
+  // The deterministic mode with a custom mask: each row's visible trailing keys, in index order
+  // (its keys by rank; sized once so the items' pointers stay valid).
+  std::vector<int64_t> rank_keys;
+  if (custom_mask.has_value() && fixed_split > 0) rank_keys.reserve(static_cast<size_t>(mask_c.sum().item<int64_t>()));
   at::Tensor qf;
   int64_t mask_offset = 0;
   for (size_t b = 0; b < lens.size(); ++b) {
     const int64_t qs = cq[b], ql = cq[b + 1] - qs, kl = lens[b];
     const int64_t mask_at = mask_offset;
     if (custom_mask.has_value()) mask_offset += ql * ql;
+    const bool* rows = custom_mask.has_value() ? mask_c.const_data_ptr<bool>() + mask_at : nullptr;
+    if (fixed_split > 0 && rows != nullptr) {  // deterministic tree rows: keys by rank (attention.h)
+      const int64_t prefix = kl - ql;
+      for (int64_t i = 0; i < ql; ++i) {
+        const int64_t first = static_cast<int64_t>(rank_keys.size());
+        for (int64_t m = 0; m < ql; ++m)
+          if (rows[i * ql + m]) rank_keys.push_back(m);
+        const int64_t count = static_cast<int64_t>(rank_keys.size()) - first;
+        const int64_t p = prefix + count - 1;  // the query's position: its rank (tree depth)
+        QueryItem it{static_cast<int64_t>(b), qs + i, window_left >= 0 ? std::max<int64_t>(0, p - window_left) : 0,
+                     prefix + count};
+        it.key_map = rank_keys.data() + first;
+        it.key_map_lo = prefix;
+        items.push_back(it);
+      }
+      continue;
+    }
     if (ql <= kShortChunk || fixed_split > 0) {  // the deterministic mode: every row an item
-      const bool* rows = custom_mask.has_value() ? mask_c.const_data_ptr<bool>() + mask_at : nullptr;
       const bool tree_window = rows != nullptr && window_left >= 0;
       if (tree_window)  // node i: prefix + depth, depth = (trailing keys its row sees) - 1
         for (int64_t i = 0; i < ql; ++i)

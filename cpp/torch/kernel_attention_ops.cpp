@@ -145,14 +145,16 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
   p.block_size = static_cast<int32_t>(k_cache.size(1));
   p.num_kv_heads = static_cast<int32_t>(k_cache.size(2));
   p.num_q_tokens = q.size(0);
-  at::Tensor tree_depth;  // tree attention with a window: one int32 per query row, filled by the launcher
+  at::Tensor tree_scratch;  // tree depths (window) / keys by rank (fixed mode), filled by the launcher
   if (has_mask) {
     if (custom_mask.has_value()) p.custom_mask = custom_mask->data_ptr<bool>();
     if (packed_custom_mask.has_value()) p.packed_custom_mask = packed_custom_mask->data_ptr<uint8_t>();
     p.mask_offsets = mask_offsets.data_ptr<int64_t>();
-    if (window_left >= 0) {
-      tree_depth = at::empty({q.size(0)}, q.options().dtype(at::kInt));
-      p.tree_depth = tree_depth.data_ptr<int32_t>();
+    p.fixed_split_size = static_cast<int32_t>(fixed_split_size);
+    const int64_t bytes = static_cast<int64_t>(prefill_attention_workspace_size(p));
+    if (bytes > 0) {
+      tree_scratch = at::empty({(bytes + 3) / 4}, q.options().dtype(at::kInt));
+      p.tree_depth = tree_scratch.data_ptr<int32_t>();
     }
   }
   const at::Tensor split_ws = attach_split_workspace(p, q, fixed_split_size);

@@ -20,9 +20,18 @@ enum class PrefillBackend { kMmaSyncSm80 };
 
 inline PrefillBackend select_prefill_backend(const PrefillAttentionParams&) { return PrefillBackend::kMmaSyncSm80; }
 
+bool has_custom_mask(const PrefillAttentionParams& p) { return p.custom_mask != nullptr || p.packed_custom_mask != nullptr; }
+bool needs_tree_depth(const PrefillAttentionParams& p) { return has_custom_mask(p) && p.window_left >= 0; }
+// The deterministic mode under a custom mask takes each row's keys by rank (attention.h): one work
+// item per query token.
+bool keys_by_rank(const PrefillAttentionParams& p) {
+  return p.fixed_split_size > 0 && p.block_table != nullptr && has_custom_mask(p);
+}
+
 // Upper bound of the work items (attention.h, prefill_attention_work_items) for tiles of `rows`.
 int64_t work_items_bound(const PrefillAttentionParams& p, int rows) {
   const int64_t group = p.num_q_heads / p.num_kv_heads;
+  if (keys_by_rank(p)) return p.num_q_tokens * ((group + rows - 1) / rows);
   const int64_t batch = p.batch_size;
   const int64_t per_seq = (static_cast<int64_t>(p.max_seqlen_q) * group + rows - 1) / rows;
   int64_t items = batch * per_seq;
@@ -139,14 +148,23 @@ cudaError_t launch_tree_depth(const PrefillAttentionParams& p, cudaStream_t stre
   return launch_kernel(tree_depth_kernel, grid, dim3(kTreeDepthWarps * 32), 0, stream, p);
 }
 
-bool has_custom_mask(const PrefillAttentionParams& p) { return p.custom_mask != nullptr || p.packed_custom_mask != nullptr; }
-bool needs_tree_depth(const PrefillAttentionParams& p) { return has_custom_mask(p) && p.window_left >= 0; }
+// Keys by rank: each row's visible trailing keys (and depth, sequence) into the tree scratch.
+cudaError_t launch_tree_rank(const PrefillAttentionParams& p, int32_t* seq, int32_t* keys, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((p.max_seqlen_q + kTreeDepthWarps - 1) / kTreeDepthWarps),
+                  static_cast<unsigned>(p.batch_size));
+  return launch_kernel(tree_rank_kernel, grid, dim3(kTreeDepthWarps * 32), 0, stream, p, seq, keys);
+}
 
 }  // namespace
 }  // namespace attention
 
 size_t prefill_attention_workspace_size(const PrefillAttentionParams& p) {
-  if (!attention::needs_tree_depth(p) || p.batch_size <= 0 || p.max_seqlen_q <= 0) return 0;
+  if (p.batch_size <= 0 || p.max_seqlen_q <= 0) return 0;
+  if (attention::keys_by_rank(p))  // depth | sequence | keys of each query row
+    return p.num_q_tokens <= 0 ? 0
+                               : static_cast<size_t>(p.num_q_tokens) * (2 + static_cast<size_t>(p.max_seqlen_q)) *
+                                     sizeof(int32_t);
+  if (!attention::needs_tree_depth(p)) return 0;
   return static_cast<size_t>(p.batch_size) * static_cast<size_t>(p.max_seqlen_q) * sizeof(int32_t);
 }
 
@@ -202,7 +220,8 @@ cudaError_t launch_prefill_attention(const PrefillAttentionParams& p, cudaStream
         (p.block_size & (p.block_size - 1)) != 0)
       return cudaErrorInvalidValue;
     if (custom && p.mask_offsets == nullptr) return cudaErrorInvalidValue;
-    if (attention::needs_tree_depth(p) && p.tree_depth == nullptr) return cudaErrorInvalidValue;
+    if ((attention::needs_tree_depth(p) || attention::keys_by_rank(p)) && p.tree_depth == nullptr)
+      return cudaErrorInvalidValue;
   } else {
     if (p.cu_seqlens_k == nullptr || custom || p.k_token_stride % 8 != 0 || p.v_token_stride % 8 != 0 ||
         p.k_token_stride < 0 || p.v_token_stride < 0)
@@ -213,13 +232,22 @@ cudaError_t launch_prefill_attention(const PrefillAttentionParams& p, cudaStream
                                                             !is_aligned(p.split_workspace, 16) ||
                                                             (p.split_parallel && !paged && p.max_seqlen_k < 0))))
     return cudaErrorInvalidValue;
-  if (paged && attention::needs_tree_depth(p)) {
+  PrefillAttentionParams r = p;
+  if (paged && attention::keys_by_rank(p)) {
+    if (p.batch_size > 65535) return cudaErrorInvalidValue;  // the rank kernel's grid.y
+    int32_t* seq = p.tree_depth + p.num_q_tokens;
+    int32_t* keys = seq + p.num_q_tokens;
+    const cudaError_t err = attention::launch_tree_rank(p, seq, keys, stream);
+    if (err != cudaSuccess) return err;
+    r.tree_rank_seq = seq;
+    r.tree_rank_keys = keys;
+  } else if (paged && attention::needs_tree_depth(p)) {
     if (p.batch_size > 65535) return cudaErrorInvalidValue;  // the depth kernel's grid.y
     const cudaError_t err = attention::launch_tree_depth(p, stream);
     if (err != cudaSuccess) return err;
   }
-  return FASTINFER_DISPATCH_HALF(p.dtype, T, [&] {
-    return FASTINFER_DISPATCH_HEAD_DIM(p.head_dim, D, [&] { return attention::launch_head_dim<T, D>(p, stream); });
+  return FASTINFER_DISPATCH_HALF(r.dtype, T, [&] {
+    return FASTINFER_DISPATCH_HEAD_DIM(r.head_dim, D, [&] { return attention::launch_head_dim<T, D>(r, stream); });
   });
 }
 

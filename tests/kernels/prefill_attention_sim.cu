@@ -383,6 +383,10 @@ static int check_validation() {
     q.custom_mask = reinterpret_cast<const bool*>(d); q.mask_offsets = reinterpret_cast<const int64_t*>(d);
     q.window_left = 3; expect_invalid(q, "custom mask + window without tree_depth scratch"); }
   { auto q = p; q.block_table = cu; q.seq_lens_k = cu; q.block_table_stride = 1; q.block_size = 16;
+    q.custom_mask = reinterpret_cast<const bool*>(d); q.mask_offsets = reinterpret_cast<const int64_t*>(d);
+    q.fixed_split_size = 64; q.num_q_tokens = 4; q.split_workspace = d;
+    expect_invalid(q, "fixed mode + custom mask without the tree scratch (keys by rank)"); }
+  { auto q = p; q.block_table = cu; q.seq_lens_k = cu; q.block_table_stride = 1; q.block_size = 16;
     q.custom_mask = reinterpret_cast<const bool*>(d); q.packed_custom_mask = reinterpret_cast<const uint8_t*>(d);
     q.mask_offsets = reinterpret_cast<const int64_t*>(d); expect_invalid(q, "both custom mask forms"); }
   { auto q = p; q.num_q_tokens = -1; expect_invalid(q, "num_q_tokens < 0"); }

@@ -31,11 +31,16 @@
 // its query, its visible keys and their indices, scale / softcap / window, F, dtype and the
 // architecture; not the batch, the CTA's other rows (GQA packing, other tokens, padding rows: a
 // row's scores, softmax and P V accumulation only read its own fragment row, and tiles it sees
-// nothing of are exact identities), q_len, chunking or split counts. Limits: keys hidden by a
-// tree mask still occupy their indices, so a tree row equals a linear row only where its visible
-// keys have the same indices (a chain laid out first); an fp8 cache and head_dim 256 are not
-// supported; the cost is the split workspace traffic and, for decode, CTAs of 128 rows holding
-// `group` rows (bench/model.py, "model").
+// nothing of are exact identities), q_len, chunking or split counts. Under a custom mask (tree
+// verification) the keys are taken by rank: a row's visible keys in index order, the prefix keys
+// then the trailing keys its mask row sees, so a tree node's ancestors occupy the indices they
+// have in the plain sequence, whatever the tree's layout (tree_rank_kernel lists them; each query
+// token is then a work item of its own, q_len = 1 against its prefix + count keys, as in decode).
+// The row's position is its rank (prefix + depth), the window applies by rank: for a tree mask
+// (a row sees its ancestors and itself) that is the tree position rule above. Limits: an fp8
+// cache and head_dim 256 are not supported; the cost is the split workspace traffic, for decode
+// CTAs of 128 rows holding `group` rows, and for tree rows the prefix read once per node instead
+// of once per tree (bench/model.py, "model").
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -72,12 +77,18 @@ struct PrefillAttentionParams {
   const bool* custom_mask = nullptr;
   const uint8_t* packed_custom_mask = nullptr;
   const int64_t* mask_offsets = nullptr;  // [B + 1], device: prefix sums of q_len^2 (entries)
-  // Tree attention with a window (custom_mask and window_left >= 0) needs the nodes' depths:
-  // device scratch of one int32 per query token row (at least cu_seqlens_q[B] entries;
-  // prefill_attention_workspace_size says how many bytes always suffice). launch_prefill_attention
-  // fills it (depth of query row t = popcount of its mask row - 1) in a first small kernel on the
-  // same stream, then the attention kernel reads it. Not used (may be nullptr) otherwise.
+  // Tree scratch, device, prefill_attention_workspace_size(params) bytes (int32 entries): needed
+  // by tree attention with a window (custom mask and window_left >= 0: the nodes' depths) and by
+  // the deterministic mode with a custom mask (depths, then each query row's sequence and its
+  // visible trailing keys: tree_rank_seq / tree_rank_keys). launch_prefill_attention fills it
+  // (depth of query row t = popcount of its mask row - 1) in a first small kernel on the same
+  // stream, then the attention kernel reads it. Not used (may be nullptr) otherwise.
   int32_t* tree_depth = nullptr;
+  // Set by launch_prefill_attention in the deterministic mode with a custom mask (not by callers):
+  // tree_rank_seq [num_q_tokens] the sequence of query row t, tree_rank_keys [num_q_tokens]
+  // [max_seqlen_q] its visible trailing keys in index order (tree_depth[t] + 1 of them).
+  const int32_t* tree_rank_seq = nullptr;
+  const int32_t* tree_rank_keys = nullptr;
 
   int32_t batch_size = 0;
   int32_t num_q_heads = 0;
@@ -116,8 +127,9 @@ struct PrefillAttentionParams {
   float* split_lse = nullptr;
 };
 
-// Bytes of params.tree_depth scratch launch_prefill_attention needs (batch_size * max_seqlen_q
-// int32 when a custom mask (either form) is given and window_left >= 0, else 0).
+// Bytes of params.tree_depth scratch launch_prefill_attention needs: with a custom mask (either
+// form), in the deterministic mode num_q_tokens * (2 + max_seqlen_q) int32, else with a window
+// batch_size * max_seqlen_q int32; 0 otherwise.
 size_t prefill_attention_workspace_size(const PrefillAttentionParams& params);
 // The launch grid of the attention kernel: (work items, num_kv_heads). A work item is one tile of
 // prefill_attention_rows_per_cta() rows of one sequence, a row being a (query token, query head of

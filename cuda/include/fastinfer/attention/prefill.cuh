@@ -138,6 +138,35 @@ __global__ void __launch_bounds__(kTreeDepthWarps * 32) tree_depth_kernel(const 
   if (lane == 0) p.tree_depth[q_start + row] = count - 1;
 }
 
+// ---- keys by rank (deterministic mode with a custom mask) -------------------------------------
+// One warp per query row of a sequence: keys[t][0 .. count) = the trailing keys mask row t sees, in
+// index order (ballot + popcount compaction: exact), tree_depth[t] = count - 1, seq[t] = b.
+// grid (ceil(max_seqlen_q / kTreeDepthWarps), batch), block kTreeDepthWarps * 32, no smem.
+__global__ void __launch_bounds__(kTreeDepthWarps * 32)
+    tree_rank_kernel(const PrefillAttentionParams p, int32_t* seq, int32_t* keys) {
+  const int b = blockIdx.y;
+  const int q_start = p.cu_seqlens_q[b];
+  const int q_len = p.cu_seqlens_q[b + 1] - q_start;
+  const int row = blockIdx.x * kTreeDepthWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= q_len) return;  // uniform over the warp: the ballots below see all 32 lanes
+  const CustomMask mask = custom_mask_of(p, b);
+  int32_t* dst = keys + static_cast<int64_t>(q_start + row) * p.max_seqlen_q;
+  int count = 0;
+  for (int c0 = 0; c0 < q_len; c0 += 32) {
+    const int c = c0 + lane;
+    const bool sees = c < q_len && mask.sees(row, c, q_len);
+    const unsigned bits = __ballot_sync(kFullWarpMask, sees);
+    const int at = count + __popc(bits & ((1u << lane) - 1u));
+    if (sees && at < p.max_seqlen_q) dst[at] = c;  // (q_len <= max_seqlen_q is the caller's promise)
+    count += __popc(bits);
+  }
+  if (lane == 0) {
+    p.tree_depth[q_start + row] = count - 1;
+    seq[q_start + row] = b;
+  }
+}
+
 // ---- work items ------------------------------------------------------------------------------
 // The (sequence, tile) of work item `item`: sequence b has tiles_b = ceil(q_len_b * group /
 // rows_per_tile) items, numbered sequence after sequence. One warp computes it alone (32 sequences
@@ -189,6 +218,10 @@ struct PrefillTile {
   int group, kv_head;
   int rows;         // rows of the sequence: q_len * group
   int row0;         // first row of this tile
+  // Keys by rank (deterministic tree rows; nullptr otherwise): key j >= key_map_lo is the
+  // sequence's key key_map_lo + key_map[j - key_map_lo].
+  const int32_t* key_map;
+  int key_map_lo;
 };
 
 // The fragment rows of a thread (rows g and g + 8 of its warp's 16): token, position, validity.
@@ -256,8 +289,10 @@ __device__ __forceinline__ void load_kv_tile(unsigned char* sk, unsigned char* s
     if (pred) {
       if constexpr (kPaged) {
         const int shift = __ffs(p.block_size) - 1;
-        const int64_t block = p.block_table[static_cast<int64_t>(tile.b) * p.block_table_stride + (j >> shift)];
-        k_off = ((block << shift) + (j & (p.block_size - 1))) * static_cast<int64_t>(p.num_kv_heads) * D +
+        const int jk = tile.key_map != nullptr && j >= tile.key_map_lo ? tile.key_map_lo + tile.key_map[j - tile.key_map_lo]
+                                                                       : j;
+        const int64_t block = p.block_table[static_cast<int64_t>(tile.b) * p.block_table_stride + (jk >> shift)];
+        k_off = ((block << shift) + (jk & (p.block_size - 1))) * static_cast<int64_t>(p.num_kv_heads) * D +
                 static_cast<int64_t>(tile.kv_head) * D;
         v_off = k_off;
       } else {
@@ -663,26 +698,53 @@ __global__ void __launch_bounds__(Traits::kThreads)
   __shared__ SequenceMask s_mask;
   {
     const int group = p.num_q_heads / p.num_kv_heads;
-    const WorkItem w = find_work_item(p.cu_seqlens_q, p.batch_size, group, kBlockM, blockIdx.x, lane);
-    if (w.b < 0) return;  // past the last item: every warp found the same, before any barrier
-    if (tid == 0) {
-      PrefillTile tile;
-      tile.b = w.b;
-      tile.group = group;
-      tile.kv_head = blockIdx.y;
-      tile.row0 = (w.tiles - 1 - w.index) * kBlockM;  // the sequence's last tile first
-      tile.q_start = p.cu_seqlens_q[w.b];
-      tile.q_len = p.cu_seqlens_q[w.b + 1] - tile.q_start;
-      if constexpr (kPaged) {
+    if (p.tree_rank_keys != nullptr) {  // deterministic tree rows: one query token (q_len 1) per item
+      const int per_token = (group + kBlockM - 1) / kBlockM;
+      const int64_t token = blockIdx.x / per_token;
+      if (token >= p.num_q_tokens) return;  // uniform over the CTA, before any barrier
+      if (tid == 0) {
+        PrefillTile tile;
+        tile.b = p.tree_rank_seq[token];
+        const int prefix = p.seq_lens_k[tile.b] - (p.cu_seqlens_q[tile.b + 1] - p.cu_seqlens_q[tile.b]);
+        tile.group = group;
+        tile.kv_head = blockIdx.y;
+        tile.row0 = static_cast<int>(blockIdx.x % per_token) * kBlockM;
+        tile.q_start = static_cast<int>(token);
+        tile.q_len = 1;
         tile.k_start = 0;
-        tile.k_len = p.seq_lens_k[w.b];
-      } else {
-        tile.k_start = p.cu_seqlens_k[w.b];
-        tile.k_len = p.cu_seqlens_k[w.b + 1] - static_cast<int>(tile.k_start);
+        tile.k_len = prefix + p.tree_depth[token] + 1;  // the prefix and the keys its mask row sees
+        tile.rows = group;
+        tile.key_map = p.tree_rank_keys + token * p.max_seqlen_q;
+        tile.key_map_lo = prefix;
+        s_tile = tile;
+        SequenceMask m = sequence_mask<false>(p, tile.b, tile.q_start, 1, tile.k_len);
+        m.causal = true;  // the last of its keys by rank: position prefix + depth, as in decode
+        s_mask = m;
       }
-      tile.rows = tile.q_len * group;
-      s_tile = tile;
-      s_mask = sequence_mask<kPaged>(p, tile.b, tile.q_start, tile.q_len, tile.k_len);
+    } else {
+      const WorkItem w = find_work_item(p.cu_seqlens_q, p.batch_size, group, kBlockM, blockIdx.x, lane);
+      if (w.b < 0) return;  // past the last item: every warp found the same, before any barrier
+      if (tid == 0) {
+        PrefillTile tile;
+        tile.key_map = nullptr;
+        tile.key_map_lo = 0;
+        tile.b = w.b;
+        tile.group = group;
+        tile.kv_head = blockIdx.y;
+        tile.row0 = (w.tiles - 1 - w.index) * kBlockM;  // the sequence's last tile first
+        tile.q_start = p.cu_seqlens_q[w.b];
+        tile.q_len = p.cu_seqlens_q[w.b + 1] - tile.q_start;
+        if constexpr (kPaged) {
+          tile.k_start = 0;
+          tile.k_len = p.seq_lens_k[w.b];
+        } else {
+          tile.k_start = p.cu_seqlens_k[w.b];
+          tile.k_len = p.cu_seqlens_k[w.b + 1] - static_cast<int>(tile.k_start);
+        }
+        tile.rows = tile.q_len * group;
+        s_tile = tile;
+        s_mask = sequence_mask<kPaged>(p, tile.b, tile.q_start, tile.q_len, tile.k_len);
+      }
     }
   }
   __syncthreads();
