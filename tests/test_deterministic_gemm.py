@@ -111,7 +111,7 @@ def test_default_sim_int4_split_k_depends_on_m():
 
 # ---- invariance -------------------------------------------------------------------------------------
 
-# (N, K): CPU cases with K tails of the 8-lane micro-kernel and N tails of its 2-column blocks;
+# (N, K): CPU cases with K tails of the 8-lane micro-kernel and N tails of its 3-column blocks;
 # sim cases small (the emulator is slow) but crossing the 16 / 64 / 128-row tile configurations.
 DENSE_CPU = [(64, 256), (46, 200)]
 DENSE_SIM = [(32, 136)]

@@ -3,9 +3,9 @@
 // change with the batch (tests/test_deterministic_gemm.py shows it); this one does not: every
 // output element is reduced by the same code, one micro-kernel, with a k-order fixed by K alone.
 //
-// Blocking: columns in chunks of kChunkCols (those rows of b converted to zero-padded fp32 once),
-// rows in blocks of kRows x kCols outputs (8 fp32 lanes each: 8 AVX2 accumulators), the last
-// M % kRows rows one at a time. The fma are explicit (never left to the compiler's contraction),
+// Blocking: columns in chunks of kChunkCols (those rows of b read in place when b is fp32 and K a
+// multiple of 8, else converted to zero-padded fp32 once; a likewise), rows in blocks of kRows x
+// kCols outputs (8 fp32 lanes each: 12 AVX2 accumulators), the last M % kRows rows one at a time. The fma are explicit (never left to the compiler's contraction),
 // so every block shape and both the AVX2 and the portable micro-kernel give the same bits.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -29,11 +29,11 @@ namespace fastinfer::binding {
 namespace {
 
 constexpr int kLanes = 8;
-constexpr int64_t kChunkCols = 16;
+constexpr int64_t kChunkCols = 24;
 // Block shapes: kRows x kCols for every full group of 4 rows; the rows past the last full group
 // one at a time against kTailCols columns (M = 1 does no wasted work). Both shapes compute every
 // element with the same sequence of fma and the same final sum, so they give the same bits.
-constexpr int kRows = 4, kCols = 2, kTailCols = 8;
+constexpr int kRows = 4, kCols = 3, kTailCols = 8;
 static_assert(kChunkCols % kTailCols == 0 && kChunkCols % kCols == 0, "chunks hold whole column blocks");
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -95,7 +95,8 @@ bool use_avx2() {
 #endif
 }
 
-// Rows [r0, r0 + R) of out against the columns [n0, n0 + cols) of this chunk, C at a time.
+// Rows [r0, r0 + R) of out against the columns [n0, n0 + cols) of this chunk, C at a time (a
+// block past `cols` reads the chunk's last column again and drops those results).
 template <int R, int C>
 void rows_mm(const float* a, int64_t r0, const float* bc, int64_t cols, int64_t kp, bool avx2, float* out, int64_t N,
              int64_t n0) {
@@ -103,7 +104,7 @@ void rows_mm(const float* a, int64_t r0, const float* bc, int64_t cols, int64_t 
   for (int r = 0; r < R; ++r) a_rows[r] = a + (r0 + r) * kp;
   for (int64_t c0 = 0; c0 < cols; c0 += C) {
     const float* b_rows[C];
-    for (int c = 0; c < C; ++c) b_rows[c] = bc + (c0 + c) * kp;
+    for (int c = 0; c < C; ++c) b_rows[c] = bc + std::min<int64_t>(c0 + c, cols - 1) * kp;
     float res[R][C];
     if (avx2)
       block_dot_avx2<R, C>(a_rows, b_rows, kp, res);
@@ -114,7 +115,7 @@ void rows_mm(const float* a, int64_t r0, const float* bc, int64_t cols, int64_t 
   }
 }
 
-// Columns [n0, n0 + cols) of out from their fp32 rows of b (bc [kChunkCols][kp], zero past cols).
+// Columns [n0, n0 + cols) of out from their fp32 rows of b (bc [cols][kp]).
 void chunk_mm(const float* a, int64_t M, const float* bc, int64_t cols, int64_t kp, float* out, int64_t N,
               int64_t n0) {
   const bool avx2 = use_avx2();
@@ -142,18 +143,30 @@ at::Tensor batch_invariant_mm_f32(const at::Tensor& a, const at::Tensor& b) {
   if (M == 0 || N == 0) return out;
   if (K == 0) return out.zero_();
   const int64_t kp = round_up(K, kLanes);
-  std::vector<float> af(static_cast<size_t>(M * kp));
-  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-    rows_to_f32(a, begin, end - begin, kp, af.data() + begin * kp);
-  });
+  // fp32 operands whose rows need no padding are read where they are (the same values and fma
+  // sequence as a converted copy: the bits do not depend on which).
+  const auto in_place = [&](const at::Tensor& t) { return t.scalar_type() == at::kFloat && kp == K && t.is_contiguous(); };
+  std::vector<float> af;
+  const float* ap = nullptr;
+  if (in_place(a)) {
+    ap = a.const_data_ptr<float>();
+  } else {
+    af.resize(static_cast<size_t>(M * kp));
+    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+      rows_to_f32(a, begin, end - begin, kp, af.data() + begin * kp);
+    });
+    ap = af.data();
+  }
+  const bool b_in_place = in_place(b);
   float* op = out.data_ptr<float>();
   const int64_t chunks = (N + kChunkCols - 1) / kChunkCols;
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> bc(static_cast<size_t>(kChunkCols * kp));
+    std::vector<float> bc(b_in_place ? 0 : static_cast<size_t>(kChunkCols * kp));
     for (int64_t ch = begin; ch < end; ++ch) {
       const int64_t n0 = ch * kChunkCols, cols = std::min(kChunkCols, N - n0);
-      rows_to_f32(b, n0, kChunkCols, kp, bc.data());
-      chunk_mm(af.data(), M, bc.data(), cols, kp, op, N, n0);
+      const float* bp = b_in_place ? b.const_data_ptr<float>() + n0 * K : bc.data();
+      if (!b_in_place) rows_to_f32(b, n0, cols, kp, bc.data());
+      chunk_mm(ap, M, bp, cols, kp, op, N, n0);
     }
   });
   return out;
