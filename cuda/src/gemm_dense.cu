@@ -24,15 +24,19 @@ cudaError_t launch_dense_mm(const DenseMmParams& p, cudaStream_t stream) {
   if ((p.k > 0 && (p.a == nullptr || p.b == nullptr)) || p.out == nullptr) return cudaErrorInvalidValue;
   if (!is_aligned(p.a, 16) || !is_aligned(p.b, 16) || !is_aligned(p.out, 4) || (p.bias && !is_aligned(p.bias, 2)))
     return cudaErrorInvalidValue;
-  int dev = 0, major = 0;
+  int dev = 0, major = 0, num_sms = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return err;
   if (major < 8) return cudaErrorNotSupported;  // mma.m16n8k16 bf16 needs sm_80
-  // The tile configuration changes with M, the result of a row does not (gemm/dense.h).
+  // The tile configuration changes with M (and the SM count), the result of a row does not
+  // (gemm/dense.h). The 128-row tiles only where they still fill the SMs: M = 256 on a 4096-wide
+  // layer is 64 of them (half the GPU idle) but 128 of the 64-row tiles.
+  const int64_t large_ctas = ceil_div(p.n, dense::DenseConfigLarge::kBlockN) * ceil_div(p.m, dense::DenseConfigLarge::kBlockM);
   return FASTINFER_DISPATCH_HALF(p.dtype, T, [&] {
     if (p.m <= 16) return launch_cfg<dense::DenseConfigSmall, T>(p, stream);
-    if (p.m <= 64) return launch_cfg<dense::DenseConfigMedium, T>(p, stream);
+    if (p.m <= 64 || large_ctas < num_sms) return launch_cfg<dense::DenseConfigMedium, T>(p, stream);
     return launch_cfg<dense::DenseConfigLarge, T>(p, stream);
   });
 }

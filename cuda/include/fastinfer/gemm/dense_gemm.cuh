@@ -28,7 +28,8 @@ constexpr int kChunkElems = 8;                    // elements per 16-byte chunk
 
 // M buckets (launcher: cuda/src/gemm_dense.cu). M <= 16 (decode): 2 warps of 16 x 16, 32-column
 // tiles (a 4096-wide layer is 128 CTAs) and 8 stages (48 KiB) so that ~42 KiB of weights are in
-// flight per SM; M <= 64: 8 warps of 32 x 32, 4 stages (96 KiB); larger: 8 warps of 64 x 32, 96 KiB.
+// flight per SM; M <= 64: 8 warps of 32 x 32, 4 stages (96 KiB); larger: 8 warps of 64 x 32, 96 KiB,
+// where those 128-row tiles fill the SMs (else the M <= 64 tiles: gemm_dense.cu).
 using DenseConfigSmall = fp8::GemmConfig<16, 32, 1, 2, 8>;
 using DenseConfigMedium = fp8::GemmConfig<64, 128, 2, 4, 4>;
 using DenseConfigLarge = fp8::GemmConfig<128, 128, 2, 4, 3>;
