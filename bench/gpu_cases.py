@@ -98,7 +98,8 @@ def sanitize_cases():
           M.case_move_kv_slots(moves=16, nb=16), M.case_merge(32),
           M.case_decode(2, 300, 32, 8),  # split-KV: the attention and the merge-splits kernels
           M.case_prefill(200, 4, 2, 128, True), M.case_prefill(130, 2, 2, 64, False),
-          M.case_prefill(96, 4, 2, 128, True, paged=True)]
+          M.case_prefill(96, 4, 2, 128, True, paged=True),
+          M.case_tree_attention(2, 9, 150, 4, 2, 64, fixed_split=64)]  # deterministic tree rows: keys by rank
     cs += [M.case_fp8_quantize(4, 512, mode) for mode in ("token", "group", "tensor")]
     cs += [M.case_fp8_mm(16, 256, 512, "small"),  # CUTLASS sm_90a (per-token x per-channel)
            M.case_fp8_mm(100, 384, 512, "small"),  # ragged M

@@ -404,6 +404,33 @@ def case_prefill_ragged(long_len=1024, trees=15, nodes=8, ctx=1024, hq=HQ, hkv=H
                 f"Hq/Hkv={hq}/{hkv} D={d} mask", build, sample=1, reuse=True)
 
 
+def case_tree_attention(b, nodes, ctx, hq=HQ, hkv=HKV, d=HEAD_DIM, sample=1, fixed_split=None):
+    """Speculative verification alone: b sequences, each a random tree of `nodes` nodes behind
+    ctx - nodes cached keys, in one paged prefill with the tree masks (with --fixed-split or
+    fixed_split, the keys by rank: a work item per node, each reading its prefix)."""
+    fixed = _fixed() if fixed_split is None else dict(fixed_split_size=fixed_split)
+    def build():
+        from fastinfer.reference.attention import random_tree_parents, tree_mask
+
+        g = torch.Generator().manual_seed(0)
+        nbs = math.ceil(ctx / BLOCK)
+        kc = _bf16(b * nbs, BLOCK, hkv, d, gen=g)
+        vc = _bf16(b * nbs, BLOCK, hkv, d, gen=g)
+        table = torch.randperm(b * nbs, generator=g).to(torch.int32).view(b, nbs)
+        lens = torch.full((b,), ctx, dtype=torch.int32)
+        q = _bf16(b * nodes, hq, d, gen=g)
+        cu = torch.arange(0, b * nodes + 1, nodes, dtype=torch.int32)
+        masks = [tree_mask(random_tree_parents(nodes, g)) for _ in range(b)]
+        mask = torch.cat([m.reshape(-1) for m in masks])
+        visible = sum(int(m.sum()) + nodes * (ctx - nodes) for m in masks)
+        ideal = (2 * b * nodes * hq * d + 2 * b * ctx * hkv * d) * 2 + mask.numel() + table.numel() * 4
+        fn = lambda: ns().paged_prefill_attention(q, kc, vc, table, cu, lens, nodes, d ** -0.5, True,  # noqa: E731
+                                                  -1, 0.0, mask, **fixed)
+        return dict(fn=fn, ideal=ideal, flops=4.0 * hq * d * visible, peak="bf16")
+    return Case("paged_prefill_attention", f"tree verify: B={b} x {nodes} nodes ctx={ctx} Hq/Hkv={hq}/{hkv} D={d}"
+                + (f" F={fixed_split}" if fixed_split else ""), build, sample=sample, reuse=True)
+
+
 def case_fp8_quantize(m, k, mode):
     def build():
         x = _bf16(m, k)
@@ -522,6 +549,8 @@ def all_cases(quick=False):
         for c in (True, False)]
     cases += [case_prefill(*p) for p in pre]
     cases += [case_prefill(1024, 32, 8, 128, True, paged=True), case_prefill_ragged()]
+    cases += [case_tree_attention(*c) for c in ([(16, 8, 1024)] if quick else [(1, 16, 4096), (16, 8, 1024),
+                                                                                (16, 16, 4096)])]
     cases += [case_fp8_quantize(m, 4096, mode) for m in ((16, 4096) if not quick else (16,))
               for mode in ("token", "group", "tensor")]
     cases += [case_int8_quantize(m, 4096, mode, sym) for m in ((16, 4096) if not quick else (16,))

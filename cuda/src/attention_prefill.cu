@@ -1,6 +1,6 @@
 // Prefill attention launcher and its instantiations: {fp16, bf16} x head dim {64, 128} x
-// {contiguous ragged K/V, paged K/V} = 8 kernels, plus the tree-depth kernel that tree attention
-// with a window runs first. The grid walks work items (prefill.cuh): (items, num_kv_heads).
+// {contiguous ragged K/V, paged K/V} = 8 kernels, plus the tree-rows kernel that tree attention
+// with a window or in the deterministic mode runs first. The grid walks work items (prefill.cuh): (items, num_kv_heads).
 #include "fastinfer/attention/attention.h"
 #include "fastinfer/attention/prefill.cuh"
 #include "fastinfer/common/dispatch.cuh"
@@ -140,19 +140,14 @@ constexpr int32_t rows_per_cta_for() {
   }
 }
 
-// Tree attention with a window: the nodes' depths first (same stream, so the attention kernel
-// sees them).
-cudaError_t launch_tree_depth(const PrefillAttentionParams& p, cudaStream_t stream) {
+// The tree rows' depths (tree attention with a window) and, with seq / keys, their keys by rank
+// (the deterministic mode under a custom mask) into the tree scratch, first on the same stream so
+// the attention kernel sees them.
+cudaError_t launch_tree_rows(const PrefillAttentionParams& p, int32_t* seq, int32_t* keys, cudaStream_t stream) {
+  if (p.batch_size > 65535) return cudaErrorInvalidValue;  // grid.y
   const dim3 grid(static_cast<unsigned>((p.max_seqlen_q + kTreeDepthWarps - 1) / kTreeDepthWarps),
                   static_cast<unsigned>(p.batch_size));
-  return launch_kernel(tree_depth_kernel, grid, dim3(kTreeDepthWarps * 32), 0, stream, p);
-}
-
-// Keys by rank: each row's visible trailing keys (and depth, sequence) into the tree scratch.
-cudaError_t launch_tree_rank(const PrefillAttentionParams& p, int32_t* seq, int32_t* keys, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((p.max_seqlen_q + kTreeDepthWarps - 1) / kTreeDepthWarps),
-                  static_cast<unsigned>(p.batch_size));
-  return launch_kernel(tree_rank_kernel, grid, dim3(kTreeDepthWarps * 32), 0, stream, p, seq, keys);
+  return launch_kernel(tree_rows_kernel, grid, dim3(kTreeDepthWarps * 32), 0, stream, p, seq, keys);
 }
 
 }  // namespace
@@ -233,17 +228,15 @@ cudaError_t launch_prefill_attention(const PrefillAttentionParams& p, cudaStream
                                                             (p.split_parallel && !paged && p.max_seqlen_k < 0))))
     return cudaErrorInvalidValue;
   PrefillAttentionParams r = p;
-  if (paged && attention::keys_by_rank(p)) {
-    if (p.batch_size > 65535) return cudaErrorInvalidValue;  // the rank kernel's grid.y
+  if (paged && attention::keys_by_rank(p)) {  // scratch: depth | sequence | keys of each query row
     int32_t* seq = p.tree_depth + p.num_q_tokens;
     int32_t* keys = seq + p.num_q_tokens;
-    const cudaError_t err = attention::launch_tree_rank(p, seq, keys, stream);
+    const cudaError_t err = attention::launch_tree_rows(p, seq, keys, stream);
     if (err != cudaSuccess) return err;
     r.tree_rank_seq = seq;
     r.tree_rank_keys = keys;
   } else if (paged && attention::needs_tree_depth(p)) {
-    if (p.batch_size > 65535) return cudaErrorInvalidValue;  // the depth kernel's grid.y
-    const cudaError_t err = attention::launch_tree_depth(p, stream);
+    const cudaError_t err = attention::launch_tree_rows(p, nullptr, nullptr, stream);
     if (err != cudaSuccess) return err;
   }
   return FASTINFER_DISPATCH_HALF(r.dtype, T, [&] {

@@ -40,8 +40,9 @@ reduced in chunks of ``F`` keys from absolute key 0, each chunk in the same tile
 arithmetic, and the chunks' (out, lse) merged left to right; on CUDA decode then runs the prefill
 kernel (q_len = 1 rows) so all three ops share one arithmetic. A row's out and lse are bitwise the
 same through ``prefill_attention``, ``paged_prefill_attention`` (any q_len, chunked or prefix-cached,
-a tree mask that leaves its visible keys at the same indices) and ``paged_decode_attention``,
-whatever the batch around it. Bits still differ between backends (CPU, CUDA) and between ``F``
+or a tree node under a custom mask, wherever its ancestors sit: the keys are then taken by rank, the
+prefix and then the trailing keys the row sees in index order, as if contiguous) and
+``paged_decode_attention``, whatever the batch around it. Bits still differ between backends (CPU, CUDA) and between ``F``
 values. ``F = 0`` keeps the default kernels (batch-dependent split counts on decode)."""
 
 

@@ -34,7 +34,7 @@
 // nothing of are exact identities), q_len, chunking or split counts. Under a custom mask (tree
 // verification) the keys are taken by rank: a row's visible keys in index order, the prefix keys
 // then the trailing keys its mask row sees, so a tree node's ancestors occupy the indices they
-// have in the plain sequence, whatever the tree's layout (tree_rank_kernel lists them; each query
+// have in the plain sequence, whatever the tree's layout (tree_rows_kernel lists them; each query
 // token is then a work item of its own, q_len = 1 against its prefix + count keys, as in decode).
 // The row's position is its rank (prefix + depth), the window applies by rank: for a tree mask
 // (a row sees its ancestors and itself) that is the tree position rule above. Limits: an fp8

@@ -9,7 +9,7 @@
 // pos_offset + m (0 <= m < q_len) are tree node i / m when a custom mask is given.
 //  - positions: query i is at pos_offset + i (pos_offset = k_len - q_len: bottom-right aligned);
 //    with a custom mask AND a window at pos_offset + depth(i) (tree positions; depth from
-//    tree_depth, written by tree_depth_kernel), trailing key m at pos_offset + depth(m), prefix
+//    tree_depth, written by tree_rows_kernel), trailing key m at pos_offset + depth(m), prefix
 //    key j at j.
 //  - visible(i, j) = j < k_len
 //                    and (causal: j <= pos(i))                      [not with a custom mask]

@@ -39,7 +39,7 @@
 // element masks only when the tile crosses a boundary for its rows (sequence end, causal
 // diagonal, window edge, custom-mask region). Rows that see no key produce out = 0 and lse = -inf
 // (safe max of 0 while the running max is -inf). Tree attention with a window reads the nodes'
-// depths from p.tree_depth (tree_depth_kernel, launched just before).
+// depths from p.tree_depth (tree_rows_kernel, launched just before).
 //
 // Requirements checked by the launcher: q/k/v/out 16-byte aligned, token strides multiples of 8
 // elements (cp.async and the epilogue move 16-byte chunks); max_seqlen_q >= every q_len.
@@ -117,33 +117,17 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
   }
 }
 
-// ---- tree depths (tree attention with a window) ---------------------------------------------
-// One warp per query row of a sequence: tree_depth[q_start + i] = (number of true entries of mask
-// row i) - 1, the node's depth when the row sees exactly its ancestors and itself. The lanes read
-// the row coalesced and sum with a butterfly (fixed order: the result is an exact integer anyway).
+// ---- tree rows: depths (tree attention with a window) and keys by rank (deterministic mode) ---
+// One warp per query row t of a sequence: tree_depth[t] = (number of true entries of mask row t)
+// - 1, the node's depth when the row sees exactly its ancestors and itself; with `keys` (the
+// deterministic mode under a custom mask) also keys[t][0 .. count) = the trailing keys the row
+// sees in index order and seq[t] = b. The lanes read the row coalesced, 32 entries a step, and
+// count / place them with a ballot and popcounts (exact integers).
 constexpr int kTreeDepthWarps = 4;
 
 // grid (ceil(max_seqlen_q / kTreeDepthWarps), batch), block kTreeDepthWarps * 32, no smem.
-__global__ void __launch_bounds__(kTreeDepthWarps * 32) tree_depth_kernel(const PrefillAttentionParams p) {
-  const int b = blockIdx.y;
-  const int q_start = p.cu_seqlens_q[b];
-  const int q_len = p.cu_seqlens_q[b + 1] - q_start;
-  const int row = blockIdx.x * kTreeDepthWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= q_len) return;  // uniform over the warp: the shuffles below see all 32 lanes
-  const CustomMask mask = custom_mask_of(p, b);
-  int count = 0;
-  for (int c = lane; c < q_len; c += 32) count += mask.sees(row, c, q_len) ? 1 : 0;
-  count = warp_reduce_sum(count);
-  if (lane == 0) p.tree_depth[q_start + row] = count - 1;
-}
-
-// ---- keys by rank (deterministic mode with a custom mask) -------------------------------------
-// One warp per query row of a sequence: keys[t][0 .. count) = the trailing keys mask row t sees, in
-// index order (ballot + popcount compaction: exact), tree_depth[t] = count - 1, seq[t] = b.
-// grid (ceil(max_seqlen_q / kTreeDepthWarps), batch), block kTreeDepthWarps * 32, no smem.
 __global__ void __launch_bounds__(kTreeDepthWarps * 32)
-    tree_rank_kernel(const PrefillAttentionParams p, int32_t* seq, int32_t* keys) {
+    tree_rows_kernel(const PrefillAttentionParams p, int32_t* seq, int32_t* keys) {
   const int b = blockIdx.y;
   const int q_start = p.cu_seqlens_q[b];
   const int q_len = p.cu_seqlens_q[b + 1] - q_start;
@@ -151,19 +135,19 @@ __global__ void __launch_bounds__(kTreeDepthWarps * 32)
   const int lane = threadIdx.x % 32;
   if (row >= q_len) return;  // uniform over the warp: the ballots below see all 32 lanes
   const CustomMask mask = custom_mask_of(p, b);
-  int32_t* dst = keys + static_cast<int64_t>(q_start + row) * p.max_seqlen_q;
+  int32_t* dst = keys != nullptr ? keys + static_cast<int64_t>(q_start + row) * p.max_seqlen_q : nullptr;
   int count = 0;
   for (int c0 = 0; c0 < q_len; c0 += 32) {
     const int c = c0 + lane;
     const bool sees = c < q_len && mask.sees(row, c, q_len);
     const unsigned bits = __ballot_sync(kFullWarpMask, sees);
     const int at = count + __popc(bits & ((1u << lane) - 1u));
-    if (sees && at < p.max_seqlen_q) dst[at] = c;  // (q_len <= max_seqlen_q is the caller's promise)
+    if (dst != nullptr && sees && at < p.max_seqlen_q) dst[at] = c;  // (q_len <= max_seqlen_q: the caller's promise)
     count += __popc(bits);
   }
   if (lane == 0) {
     p.tree_depth[q_start + row] = count - 1;
-    seq[q_start + row] = b;
+    if (seq != nullptr) seq[q_start + row] = b;
   }
 }
 
