@@ -168,12 +168,37 @@ def probe_rows(world, be, split, window, softcap):
 def test_row_is_bitwise_invariant(backend, dtype, d, split, window, softcap):
     be = get_backend(backend)
     world = World(dtype, d, seed=d + split)
-    rows = probe_rows(world, be, split, window, softcap)
+    _assert_rows_equal(probe_rows(world, be, split, window, softcap), split)
+
+
+def _assert_rows_equal(rows, split):
     name0, out0, lse0 = rows[0]
     assert torch.isfinite(out0.float()).all() and out0.float().abs().sum() > 0
     for name, out, lse in rows[1:]:
         assert torch.equal(out, out0), f"{name}: out differs from {name0} in fixed_split_size={split} mode"
         assert torch.equal(lse, lse0), f"{name}: lse differs from {name0} in fixed_split_size={split} mode"
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("plan", ["shared", "per-token"])
+def test_tree_rows_either_launch_plan(monkeypatch, plan):
+    """Under a custom mask the CUDA fold runs either as one launch of per-token work items or as two
+    (the sequences' own items over the whole chunks of the prefix, then per-token items over the
+    rest from that state), chosen by how many CTAs the sequences' items give; forcing each plan
+    gives the decode bits (F = 64: the 150-key prefix spans two whole chunks)."""
+    monkeypatch.setenv("FASTINFER_FIXED_TREE_PREFIX", plan)
+    be = get_backend("sim")
+    _assert_rows_equal(probe_rows(World(torch.bfloat16, 64, seed=31), be, 64, 40, 30.0), 64)
+    if importlib.util.find_spec("fastinfer._simprof") is not None:
+        import fastinfer.simt as simt
+
+        w = World(torch.bfloat16, 64, seed=32)
+        kc, vc, table, lens = w.paged([w.noise(150)])
+        q, mask = w.noise_q(4), R.tree_mask([-1, 0, 0, 1]).reshape(-1)
+        rep = simt.profile(lambda: torch.ops.fastinfer_sim.paged_prefill_attention(
+            q, kc, vc, table, cu([4]), lens, 4, w.scale, True, -1, 0.0, mask, False, None, 64), launch_only=True)
+        launches = sum(len(k["records"]) for k in rep["kernels"] if "prefill_attention_kernel" in k["name"])
+        assert launches == (2 if plan == "shared" else 1)
 
 
 @pytest.mark.parametrize("backend", ["cpu", pytest.param("sim", marks=SIM)])

@@ -8,6 +8,7 @@
 #include "fastinfer/common/vec.cuh"
 
 #include <cstdlib>
+#include <cstring>
 
 namespace fastinfer {
 namespace attention {
@@ -28,10 +29,11 @@ bool keys_by_rank(const PrefillAttentionParams& p) {
   return p.fixed_split_size > 0 && p.block_table != nullptr && has_custom_mask(p);
 }
 
-// Upper bound of the work items (attention.h, prefill_attention_work_items) for tiles of `rows`.
-int64_t work_items_bound(const PrefillAttentionParams& p, int rows) {
+// Upper bound of the work items (attention.h, prefill_attention_work_items) for tiles of `rows`:
+// the sequences' tiles or, per_token, ceil(group / rows) per query token.
+int64_t work_items_bound(const PrefillAttentionParams& p, int rows, bool per_token) {
   const int64_t group = p.num_q_heads / p.num_kv_heads;
-  if (keys_by_rank(p)) return p.num_q_tokens * ((group + rows - 1) / rows);
+  if (per_token) return p.num_q_tokens * ((group + rows - 1) / rows);
   const int64_t batch = p.batch_size;
   const int64_t per_seq = (static_cast<int64_t>(p.max_seqlen_q) * group + rows - 1) / rows;
   int64_t items = batch * per_seq;
@@ -75,16 +77,48 @@ int64_t splits_per_launch(const PrefillAttentionParams& p) {
 }
 int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
+// The in-kernel fold under a custom mask in two launches (attention.h, tree_phase) when the
+// sequences' own work items would give at least half the SMs a CTA; FASTINFER_FIXED_TREE_PREFIX=
+// shared / per-token forces either way (tests: both give the same bits).
+bool share_tree_prefix(int64_t sequence_ctas) {
+  const char* v = std::getenv("FASTINFER_FIXED_TREE_PREFIX");
+  if (v != nullptr && std::strcmp(v, "shared") == 0) return true;
+  if (v != nullptr && std::strcmp(v, "per-token") == 0) return false;
+  int dev = 0, num_sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev) !=
+                                                 cudaSuccess)
+    return false;
+  return 2 * sequence_ctas >= num_sms;
+}
+
 template <typename T, int D, bool kPaged>
 cudaError_t launch_mma_sync(const PrefillAttentionParams& p, cudaStream_t stream) {
   using Traits = PrefillTraitsSm80<T, D>;
-  const int64_t items = work_items_bound(p, Traits::kBlockM);
+  const bool per_token = p.tree_rank_keys != nullptr;
+  const int64_t items = work_items_bound(p, Traits::kBlockM, per_token);
   if (items <= 0) return cudaSuccess;
   if (items > 0x7fffffff) return cudaErrorInvalidValue;  // grid.x
   if (p.fixed_split_size <= 0 || !p.split_parallel) {  // default, or the in-kernel fold
     PrefillAttentionParams q = p;
     if (p.fixed_split_size > 0) q.split_state = static_cast<float*>(p.split_workspace);
     const dim3 grid(static_cast<unsigned>(items), static_cast<unsigned>(p.num_kv_heads));
+    if (per_token) {
+      const int64_t seq_items = work_items_bound(p, Traits::kBlockM, false);
+      if (seq_items <= 0x7fffffff && share_tree_prefix(seq_items * p.num_kv_heads)) {
+        PrefillAttentionParams q1 = q;  // phase 1: the sequences' work items over their prefix chunks
+        q1.tree_rank_keys = nullptr;
+        q1.tree_rank_seq = nullptr;
+        q1.tree_phase = 1;
+        q1.split_state_lse = reinterpret_cast<float*>(static_cast<unsigned char*>(p.split_workspace) +
+                                                      align16(p.num_q_tokens * p.num_q_heads * D * 4));
+        const cudaError_t err = launch_kernel(prefill_attention_kernel<Traits, kPaged>,
+                                              dim3(static_cast<unsigned>(seq_items), static_cast<unsigned>(p.num_kv_heads)),
+                                              dim3(Traits::kThreads), static_cast<size_t>(Traits::kSmemBytes), stream, q1);
+        if (err != cudaSuccess) return err;
+        q.tree_phase = 2;  // phase 2: a work item per token over the rest, by rank
+        q.split_state_lse = q1.split_state_lse;
+      }
+    }
     return launch_kernel(prefill_attention_kernel<Traits, kPaged>, grid, dim3(Traits::kThreads),
                          static_cast<size_t>(Traits::kSmemBytes), stream, q);
   }
@@ -170,7 +204,8 @@ size_t prefill_attention_split_workspace_size(const PrefillAttentionParams& p) {
   using attention::align16;
   if (p.fixed_split_size <= 0 || p.num_q_tokens <= 0 || p.num_q_heads <= 0 || p.head_dim <= 0) return 0;
   const int64_t rows = p.num_q_tokens * p.num_q_heads;
-  if (!p.split_parallel) return static_cast<size_t>(align16(rows * p.head_dim * 4));
+  if (!p.split_parallel)  // the fold's state; under a custom mask also its lse (two-launch fold)
+    return static_cast<size_t>(align16(rows * p.head_dim * 4) + (attention::keys_by_rank(p) ? align16(rows * 4) : 0));
   const int64_t splits = attention::num_key_splits(p), group = attention::splits_per_launch(p);
   int64_t bytes = align16(group * rows * p.head_dim * 4) + align16(group * rows * 4);
   if (splits > group) bytes += align16(rows * p.head_dim * 4) + align16(rows * 4);
@@ -191,7 +226,7 @@ int64_t prefill_attention_work_items(const PrefillAttentionParams& p) {
   if (rows == 0 || p.batch_size <= 0 || p.max_seqlen_q <= 0 || p.num_q_heads <= 0 || p.num_kv_heads <= 0 ||
       p.num_q_heads % p.num_kv_heads != 0)
     return 0;
-  return attention::work_items_bound(p, rows);
+  return attention::work_items_bound(p, rows, attention::keys_by_rank(p));
 }
 
 cudaError_t launch_prefill_attention(const PrefillAttentionParams& p, cudaStream_t stream) {

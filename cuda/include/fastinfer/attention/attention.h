@@ -35,7 +35,8 @@
 // verification) the keys are taken by rank: a row's visible keys in index order, the prefix keys
 // then the trailing keys its mask row sees, so a tree node's ancestors occupy the indices they
 // have in the plain sequence, whatever the tree's layout (tree_rows_kernel lists them; each query
-// token is then a work item of its own, q_len = 1 against its prefix + count keys, as in decode).
+// token is then a work item of its own, q_len = 1 against its prefix + count keys, as in decode;
+// the whole chunks of the prefix may be folded first by the sequence's work items: tree_phase).
 // The row's position is its rank (prefix + depth), the window applies by rank: for a tree mask
 // (a row sees its ancestors and itself) that is the tree position rule above. Limits: an fp8
 // cache and head_dim 256 are not supported; the cost is the split workspace traffic, for decode
@@ -89,6 +90,14 @@ struct PrefillAttentionParams {
   // [max_seqlen_q] its visible trailing keys in index order (tree_depth[t] + 1 of them).
   const int32_t* tree_rank_seq = nullptr;
   const int32_t* tree_rank_keys = nullptr;
+  // Set by launch_prefill_attention: the in-kernel fold under a custom mask in two launches, where
+  // the sequences' own work items fill the GPU (else one launch of per-token items). Phase 1: the
+  // sequence's work items over the whole chunks of its prefix, [0, floor(P / F) F) with P = k_len -
+  // q_len (every row sees those keys at the same ranks: one K/V read per tree and KV head), leaving
+  // each row's state in split_state / split_state_lse; phase 2: a work item per query token over the
+  // rest of its keys by rank, from that state. The fold is left to right either way: same bits.
+  int32_t tree_phase = 0;            // 0: one launch; 1, 2: the phases
+  float* split_state_lse = nullptr;  // [num_q_tokens * Hq], phases 1 and 2
 
   int32_t batch_size = 0;
   int32_t num_q_heads = 0;
@@ -137,7 +146,8 @@ size_t prefill_attention_workspace_size(const PrefillAttentionParams& params);
 // know the q_len_b (they are on the device), so the item count is the bound
 // min(B * ceil(max_seqlen_q * group / rows), floor((num_q_tokens * group + min(B, num_q_tokens) *
 // (rows - 1)) / rows)) (the second term only when num_q_tokens > 0); the CTAs past the real count
-// exit at once.
+// exit at once. In the deterministic mode under a custom mask a work item is one query token's
+// ceil(group / rows) tiles: num_q_tokens * ceil(group / rows) (phase 2, or the only launch).
 // Deterministic mode, split-parallel: chunks of the key bound and chunks per kernel launch
 // (bounded so the partials take at most ~256 MiB); the workspace bytes of either way (in-kernel
 // fold: the fp32 state; split-parallel: the partials, plus a running state when several launches

@@ -608,6 +608,28 @@ __device__ __forceinline__ void load_folded_state(const PrefillAttentionParams& 
   }
 }
 
+// The two-launch fold (PrefillAttentionParams::tree_phase): each valid row's state lse, stored by
+// phase 1 (one lane of the row's quad: all four hold it) and loaded by phase 2.
+__device__ __forceinline__ void store_state_lse(const PrefillAttentionParams& p, const PrefillTile& tile,
+                                                const SequenceMask& mask, const float (&st_lse)[2], int warp,
+                                                int lane) {
+  const FragmentRows rows = fragment_rows(tile, mask, warp, lane);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r = fragment_row_index(p, tile, rows, warp, lane, h);
+    if (r >= 0 && lane % 4 == 0) p.split_state_lse[r] = st_lse[h];
+  }
+}
+__device__ __forceinline__ void load_state_lse(const PrefillAttentionParams& p, const PrefillTile& tile,
+                                               const SequenceMask& mask, float (&st_lse)[2], int warp, int lane) {
+  const FragmentRows rows = fragment_rows(tile, mask, warp, lane);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r = fragment_row_index(p, tile, rows, warp, lane, h);
+    st_lse[h] = r >= 0 ? p.split_state_lse[r] : -INFINITY;
+  }
+}
+
 // Split-parallel mode: folds the `splits` partials of this launch, in split order, into each
 // (token, head) row's state: from the running state (or empty when `first`) to the running state
 // (or, when `last`, out in dtype and lse), with fold_chunk's arithmetic. One warp per row, lane i
@@ -671,8 +693,6 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const int g = lane / 4;  // mma groupID: fragment rows g and g + 8
-  const int t = lane % 4;  // thread in group: fragment columns 2t, 2t + 1
 
   // ---- work item -> tile geometry and masking rule, kept in shared memory ----
   // Uniform over the CTA but, being read from memory, not in ptxas's uniform registers: kept in
@@ -750,6 +770,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
         keys.hi = static_cast<int>(min(static_cast<int64_t>(keys.hi), c0 + p.fixed_split_size));
       }
     }
+    if (p.tree_phase == 1)  // the whole chunks of the prefix (tile: the sequence's own)
+      keys.hi = min(keys.hi, (tile.k_len - tile.q_len) / p.fixed_split_size * p.fixed_split_size);
+    else if (p.tree_phase == 2)  // the rest, by rank (tile: one query token)
+      keys.lo = max(keys.lo, tile.key_map_lo / p.fixed_split_size * p.fixed_split_size);
     tile_lo = keys.lo / kBlockN;
     num_tiles = keys.empty() ? 0 : (keys.hi + kBlockN - 1) / kBlockN - tile_lo;
   }
@@ -773,6 +797,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const bool fold = p.fixed_split_size > 0 && p.split_out == nullptr;
   const int tiles_per_chunk = fold ? p.fixed_split_size / kBlockN : 1;
   float st_lse[2] = {-INFINITY, -INFINITY};
+  if (p.tree_phase == 2) load_state_lse(p, tile, mask, st_lse, warp, lane);  // phase 1's fold
 
   if (num_tiles > 0) {
     // ---- prologue: Q (group 0), then K/V tiles 0 .. kStages-2 (one group each, maybe empty) ----
@@ -832,6 +857,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
     epilogue_split<Traits>(p, tile, mask, o, row_max, row_sum, warp, lane);
   } else if (fold) {
     fold_chunk<Traits>(p, tile, mask, o, row_max, row_sum, st_lse, warp, lane);
+    if (p.tree_phase == 1) {  // the state stays for phase 2 (split_state written by fold_chunk)
+      store_state_lse(p, tile, mask, st_lse, warp, lane);
+      return;
+    }
     load_folded_state<Traits>(p, tile, mask, o, row_sum, st_lse, warp, lane);
     epilogue<Traits>(s_q, p, tile, mask, o, row_max, row_sum, warp, lane, st_lse);
   } else {
