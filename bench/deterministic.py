@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The cost of the runner's deterministic mode (issue 18): tokens/s of the same workload with
 ``LLM(deterministic=False)`` and ``deterministic=True``, batch 1 and 16, without speculation and
-with draft-model chain speculation, on the shipped tiny model; median of alternated repeats.
+with draft-model chain and tree speculation, on the shipped tiny model; median of alternated repeats.
 
     python bench/deterministic.py [--repeats 5] [--dtype float32] [--json bench/results/deterministic-cpu.json]
 
@@ -53,7 +53,11 @@ def main(argv=None) -> int:
              ("batch 1, draft chain 4", 1, dict(spec_method="draft", spec_model=assets("tiny-llama-draft"),
                                                  spec_mode="chain", num_spec_tokens=4)),
              ("batch 16, draft chain 4", 16, dict(spec_method="draft", spec_model=assets("tiny-llama-draft"),
-                                                   spec_mode="chain", num_spec_tokens=4))]
+                                                   spec_mode="chain", num_spec_tokens=4)),
+             ("batch 1, draft tree 3 x top-2", 1, dict(spec_method="draft", spec_model=assets("tiny-llama-draft"),
+                                                        spec_mode="tree", num_spec_tokens=3, spec_tree_topk=2)),
+             ("batch 16, draft tree 3 x top-2", 16, dict(spec_method="draft", spec_model=assets("tiny-llama-draft"),
+                                                          spec_mode="tree", num_spec_tokens=3, spec_tree_topk=2))]
     rows = []
     for name, batch, kw in cases:
         prompts, sp = workload(batch, args.output_len)
@@ -72,7 +76,7 @@ def main(argv=None) -> int:
         base, det = statistics.median(rates[False]), statistics.median(rates[True])
         rows.append(dict(case=name, tokens_per_s_default=round(base, 1), tokens_per_s_deterministic=round(det, 1),
                          cost=round(1.0 - det / base, 3), same_greedy_tokens=outs[False] == outs[True]))
-        print(f"{name:26s} default {base:8.1f} tok/s  deterministic {det:8.1f} tok/s  "
+        print(f"{name:31s} default {base:8.1f} tok/s  deterministic {det:8.1f} tok/s  "
               f"cost {100 * (1 - det / base):5.1f}%  same tokens: {outs[False] == outs[True]}", flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -188,6 +188,22 @@ def naive_dense(a, b, bias):
     return acc if bias is None else (acc.double() + bias.double()).to(a.dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dense_mm_cpu_kernels_agree(monkeypatch, dtype):
+    """The CPU micro-kernel's AVX2 form (intrinsics, bf16 / fp16 weights converted in registers, lane
+    sums transposed in registers) and its portable form (an fp32 copy of the weights, std::fma per
+    lane, cpu::tree_sum) are one arithmetic: the same bits at every M
+    (FASTINFER_CPU_DENSE_PORTABLE=1 forces the portable one)."""
+    be = get_backend("cpu")
+    a, b, bv = dense_inputs(46, 200, dtype, seed=9)
+    fast = be.ns.dense_mm(a, b, bv)
+    monkeypatch.setenv("FASTINFER_CPU_DENSE_PORTABLE", "1")
+    portable = be.ns.dense_mm(a, b, bv)
+    assert torch.equal(fast, portable)
+    for m in (1, 3, 5):  # the 1 x 8 tail blocks and a 4 x 3 block
+        assert torch.equal(be.ns.dense_mm(a[:m], b, bv), fast[:m])
+
+
 REL_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
 # (M, N, K, bias): M across the tile configurations, N / K tails (N even, K % 8 == 0).
 PARITY_SIM = [(1, 32, 64, True), (5, 48, 72, False), (17, 130, 128, True), (100, 16, 200, True)]

@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_dense.h"
@@ -56,40 +58,71 @@ void block_dot_scalar(const float* const (&a_rows)[R], const float* const (&b_ro
 #if FASTINFER_DENSE_AVX2
 // The compiler does not keep the accumulators of the scalar form in registers (2 GFLOP/s
 // measured): written with intrinsics, compiled for AVX2 + FMA whatever the baseline ISA.
-template <int R, int C>
-__attribute__((target("avx2,fma"))) void block_dot_avx2(const float* const (&a_rows)[R],
-                                                        const float* const (&b_rows)[C], int64_t kp,
-                                                        float (&out)[R][C]) {
+// Eight elements of a b row as fp32 (exact conversions: bf16 by a shift, fp16 by F16C), so bf16 /
+// fp16 weights are read where they are instead of converted to an fp32 copy on every call.
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+template <int R, int C, typename BT>
+__attribute__((target("avx2,fma,f16c"))) void block_dot_avx2(const float* const (&a_rows)[R],
+                                                             const BT* const (&b_rows)[C], int64_t kp,
+                                                             float (&out)[R][C]) {
   static_assert(kLanes == 8, "one __m256 per output");
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   for (int64_t k = 0; k < kp; k += kLanes) {
     __m256 bv[C];
-    for (int c = 0; c < C; ++c) bv[c] = _mm256_loadu_ps(b_rows[c] + k);
+    for (int c = 0; c < C; ++c) bv[c] = load8(b_rows[c] + k);
     for (int r = 0; r < R; ++r) {
       const __m256 av = _mm256_loadu_ps(a_rows[r] + k);
       for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(av, bv[c], acc[r][c]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) {
-      alignas(32) float lanes[kLanes];
-      _mm256_store_ps(lanes, acc[r][c]);
-      out[r][c] = cpu::tree_sum<kLanes>(lanes);
+  // The lane sums of eight accumulators at a time, transposed into registers: the additions of
+  // cpu::tree_sum<8> ((x0 + x4) + (x2 + x6)) + ((x1 + x5) + (x3 + x7)) on the same operands, so the
+  // same bits, without a store and seven scalar adds per output (a quarter of the work at K = 256).
+  constexpr int kOutputs = R * C, kGroups = (kOutputs + 7) / 8;
+  __m256 flat[kGroups * 8];
+  for (int i = 0; i < kGroups * 8; ++i) flat[i] = i < kOutputs ? acc[i / C][i % C] : _mm256_setzero_ps();
+  for (int g = 0; g < kGroups; ++g) {
+    const __m256* x = flat + 8 * g;
+    __m256 s[4], t[2];
+    for (int i = 0; i < 4; ++i)  // [x_j + x_{j+4}] of accumulators 2i (low half) and 2i + 1 (high half)
+      s[i] = _mm256_add_ps(_mm256_permute2f128_ps(x[2 * i], x[2 * i + 1], 0x20),
+                           _mm256_permute2f128_ps(x[2 * i], x[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; ++i)  // + the pair two lanes up: [s_0 + s_2, s_1 + s_3] of two accumulators per half
+      t[i] = _mm256_add_ps(_mm256_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm256_shuffle_ps(s[2 * i], s[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 sum = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    alignas(32) float lanes[8];  // accumulators 0 2 4 6 | 1 3 5 7 of the group
+    _mm256_store_ps(lanes, sum);
+    for (int j = 0; j < 8; ++j) {
+      const int i = 8 * g + (j < 4 ? 2 * j : 2 * (j - 4) + 1);
+      if (i < kOutputs) out[i / C][i % C] = lanes[j];
     }
+  }
 }
 #else
-template <int R, int C>
-void block_dot_avx2(const float* const (&a_rows)[R], const float* const (&b_rows)[C], int64_t kp, float (&out)[R][C]) {
-  block_dot_scalar<R, C>(a_rows, b_rows, kp, out);  // never called: use_avx2() is false
-}
+template <int R, int C, typename BT>
+void block_dot_avx2(const float* const (&)[R], const BT* const (&)[C], int64_t, float (&)[R][C]) {}  // never called
 #endif
 
+// FASTINFER_CPU_DENSE_PORTABLE=1 takes the portable micro-kernel on an AVX2 machine too (tests:
+// both give the same bits).
 bool use_avx2() {
 #if FASTINFER_DENSE_AVX2
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return ok;
+  static const bool ok =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  const char* portable = std::getenv("FASTINFER_CPU_DENSE_PORTABLE");
+  return ok && !(portable != nullptr && portable[0] == '1');
 #else
   return false;
 #endif
@@ -97,31 +130,36 @@ bool use_avx2() {
 
 // Rows [r0, r0 + R) of out against the columns [n0, n0 + cols) of this chunk, C at a time (a
 // block past `cols` reads the chunk's last column again and drops those results).
-template <int R, int C>
-void rows_mm(const float* a, int64_t r0, const float* bc, int64_t cols, int64_t kp, bool avx2, float* out, int64_t N,
+// b rows of type BT (fp32, or bf16 / fp16 read in place: AVX2 only).
+template <int R, int C, typename BT>
+void rows_mm(const float* a, int64_t r0, const BT* bc, int64_t cols, int64_t kp, bool avx2, float* out, int64_t N,
              int64_t n0) {
   const float* a_rows[R];
   for (int r = 0; r < R; ++r) a_rows[r] = a + (r0 + r) * kp;
   for (int64_t c0 = 0; c0 < cols; c0 += C) {
-    const float* b_rows[C];
+    const BT* b_rows[C];
     for (int c = 0; c < C; ++c) b_rows[c] = bc + std::min<int64_t>(c0 + c, cols - 1) * kp;
     float res[R][C];
-    if (avx2)
-      block_dot_avx2<R, C>(a_rows, b_rows, kp, res);
-    else
-      block_dot_scalar<R, C>(a_rows, b_rows, kp, res);
+    if constexpr (std::is_same_v<BT, float>) {
+      if (avx2)
+        block_dot_avx2<R, C, BT>(a_rows, b_rows, kp, res);
+      else
+        block_dot_scalar<R, C>(a_rows, b_rows, kp, res);
+    } else {
+      block_dot_avx2<R, C, BT>(a_rows, b_rows, kp, res);
+    }
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C && c0 + c < cols; ++c) out[(r0 + r) * N + n0 + c0 + c] = res[r][c];
   }
 }
 
-// Columns [n0, n0 + cols) of out from their fp32 rows of b (bc [cols][kp]).
-void chunk_mm(const float* a, int64_t M, const float* bc, int64_t cols, int64_t kp, float* out, int64_t N,
+// Columns [n0, n0 + cols) of out from their rows of b (bc [cols][kp]).
+template <typename BT>
+void chunk_mm(const float* a, int64_t M, const BT* bc, int64_t cols, int64_t kp, bool avx2, float* out, int64_t N,
               int64_t n0) {
-  const bool avx2 = use_avx2();
   const int64_t full = M / kRows * kRows;
-  for (int64_t r0 = 0; r0 < full; r0 += kRows) rows_mm<kRows, kCols>(a, r0, bc, cols, kp, avx2, out, N, n0);
-  for (int64_t r = full; r < M; ++r) rows_mm<1, kTailCols>(a, r, bc, cols, kp, avx2, out, N, n0);
+  for (int64_t r0 = 0; r0 < full; r0 += kRows) rows_mm<kRows, kCols, BT>(a, r0, bc, cols, kp, avx2, out, N, n0);
+  for (int64_t r = full; r < M; ++r) rows_mm<1, kTailCols, BT>(a, r, bc, cols, kp, avx2, out, N, n0);
 }
 
 // rows [r0, r0 + rows) of t [R, K] as fp32 into dst [rows][kp] (zero padding past K and past R).
@@ -157,16 +195,26 @@ at::Tensor batch_invariant_mm_f32(const at::Tensor& a, const at::Tensor& b) {
     });
     ap = af.data();
   }
-  const bool b_in_place = in_place(b);
+  const bool avx2 = use_avx2();
+  // b read where it is: fp32 always, bf16 / fp16 with the AVX2 kernel (else an fp32 copy per chunk).
+  const bool half_b = b.scalar_type() == at::kBFloat16 || b.scalar_type() == at::kHalf;
+  const bool b_in_place = in_place(b) || (avx2 && half_b && kp == K && b.is_contiguous());
   float* op = out.data_ptr<float>();
   const int64_t chunks = (N + kChunkCols - 1) / kChunkCols;
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> bc(b_in_place ? 0 : static_cast<size_t>(kChunkCols * kp));
     for (int64_t ch = begin; ch < end; ++ch) {
       const int64_t n0 = ch * kChunkCols, cols = std::min(kChunkCols, N - n0);
-      const float* bp = b_in_place ? b.const_data_ptr<float>() + n0 * K : bc.data();
-      if (!b_in_place) rows_to_f32(b, n0, cols, kp, bc.data());
-      chunk_mm(ap, M, bp, cols, kp, op, N, n0);
+      if (!b_in_place) {
+        rows_to_f32(b, n0, cols, kp, bc.data());
+        chunk_mm<float>(ap, M, bc.data(), cols, kp, avx2, op, N, n0);
+      } else if (b.scalar_type() == at::kBFloat16) {
+        chunk_mm<c10::BFloat16>(ap, M, b.const_data_ptr<c10::BFloat16>() + n0 * K, cols, kp, avx2, op, N, n0);
+      } else if (b.scalar_type() == at::kHalf) {
+        chunk_mm<c10::Half>(ap, M, b.const_data_ptr<c10::Half>() + n0 * K, cols, kp, avx2, op, N, n0);
+      } else {
+        chunk_mm<float>(ap, M, b.const_data_ptr<float>() + n0 * K, cols, kp, avx2, op, N, n0);
+      }
     }
   });
   return out;
