@@ -31,8 +31,8 @@ from fastinfer.engine import LLM, SamplingParams, default_model_path
 from fastinfer.engine.speculative.eagle3 import default_aux_layers, load_eagle3
 from fastinfer.layers import BatchBuilder
 from fastinfer.layers.weights import CheckpointModule
-from test_spec_decode import (GREEDY, _assert_no_leak, _exact_marginals, _gather, _gof_pvalue, _save_llama,
-                              _two_sample_pvalue, mixed_batch_workload)
+from test_spec_decode import (GREEDY, _assert_no_leak, _exact_marginals, _gather, _save_llama, assert_marginals_match,
+                              assert_matches_workload, mixed_batch_workload, sample_with_and_without_speculation)
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -177,12 +177,7 @@ def test_greedy_identical_batch_with_preemption(target, mode, k, topk, depth):
     llm = LLM(tgt, spec_method="eagle3", spec_model=head, spec_mode=mode, num_spec_tokens=k, spec_tree_topk=topk,
               spec_tree_depth=depth, num_kv_blocks=24, max_num_seqs=16, max_num_batched_tokens=96, seed=0)
     outs = llm.generate(prompts, params)
-    for o, r in zip(outs, ref):
-        assert [c.token_ids for c in o.outputs] == [c.token_ids for c in r.outputs]
-        assert [c.finish_reason for c in o.outputs] == [c.finish_reason for c in r.outputs]
-    st = llm.stats()
-    assert st["num_preemptions"] > 0, st
-    assert st["spec_num_verify"] > 0 and 0 < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"], st
+    assert_matches_workload(llm, outs, ref)
     _assert_no_leak(llm)
 
 
@@ -306,20 +301,10 @@ def test_sampling_distribution_matches(tmp_path, mode):
     _save_eagle3(head, tgt, _near_copy_head(hf, (0, 0, 0), 12, seed=3), aux=(0, 0, 0))
     temp, steps, n = 0.8, 4, 1500
     prompt = [3, 7, 11, 2, 9]
-    kw = dict(num_kv_blocks=1200, max_num_seqs=256, seed=0)
-    llm = LLM(tgt, spec_method="eagle3", spec_model=head, spec_mode=mode, num_spec_tokens=3,
-              spec_tree_topk=2, spec_tree_depth=3, **kw)
-    params = [SamplingParams(temperature=temp, max_tokens=steps, seed=s, ignore_eos=True) for s in range(n)]
-    spec = torch.tensor([o.outputs[0].token_ids for o in llm.generate([prompt] * n, params)])
-    st = llm.stats()
-    assert st["spec_num_verify"] >= n and 0 < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"], st
-    base = torch.tensor([o.outputs[0].token_ids for o in LLM(tgt, **kw).generate([prompt] * n, params)])
-    exact = _exact_marginals(hf, prompt, steps, temp)
-    for i in range(1, steps):
-        cs = torch.bincount(spec[:, i], minlength=16)
-        cb = torch.bincount(base[:, i], minlength=16)
-        assert _gof_pvalue(cs, exact[i]) > 1e-3, (i, cs, exact[i] * n)
-        assert _two_sample_pvalue(cs, cb) > 1e-3, (i, cs, cb)
+    spec, base, llm = sample_with_and_without_speculation(tgt, prompt, n, steps, temp, spec_method="eagle3",
+                                                          spec_model=head, spec_mode=mode, num_spec_tokens=3,
+                                                          spec_tree_topk=2, spec_tree_depth=3)
+    assert_marginals_match(spec, base, _exact_marginals(hf, prompt, steps, temp))
     _assert_no_leak(llm)
 
 

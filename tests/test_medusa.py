@@ -28,8 +28,8 @@ from fastinfer.engine import LLM, SamplingParams, default_model_path
 from fastinfer.engine.speculative.medusa import load_medusa_heads
 from fastinfer.engine.speculative.trees import DEFAULT_MEDUSA_TREE, check_tree, tree_structure
 from model_helpers import make_forward_batch
-from test_spec_decode import (GREEDY, _assert_no_leak, _exact_marginals, _gof_pvalue, _save_llama, _two_sample_pvalue,
-                              mixed_batch_workload)
+from test_spec_decode import (GREEDY, _assert_no_leak, _exact_marginals, _save_llama, assert_marginals_match,
+                              assert_matches_workload, mixed_batch_workload, sample_with_and_without_speculation)
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
@@ -140,12 +140,7 @@ def test_greedy_identical_batch_with_preemption(target, layout, tree):
     llm = LLM(tgt, spec_method="medusa", spec_model=repo if layout == "repo" else vllm, num_kv_blocks=20,
               max_num_seqs=16, max_num_batched_tokens=96, seed=0, **kw)
     outs = llm.generate(prompts, params)
-    for o, r in zip(outs, ref):
-        assert [c.token_ids for c in o.outputs] == [c.token_ids for c in r.outputs]
-        assert [c.finish_reason for c in o.outputs] == [c.finish_reason for c in r.outputs]
-    st = llm.stats()
-    assert st["num_preemptions"] > 0, st
-    assert st["spec_num_verify"] > 0 and 0 < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"], st
+    assert_matches_workload(llm, outs, ref)
     for o, p in zip(outs, params):
         if p.speculative is False:
             assert o.metrics["spec_num_verify"] == 0
@@ -194,19 +189,9 @@ def test_sampling_distribution_matches(tmp_path):
     _save_medusa_repo(str(tmp_path / "heads"), heads)
     temp, steps, n = 0.8, 4, 1500
     prompt = [3, 7, 11, 2, 9]
-    kw = dict(num_kv_blocks=1200, max_num_seqs=256, seed=0)
-    llm = LLM(tgt, spec_method="medusa", spec_model=str(tmp_path / "heads"), **kw)
-    params = [SamplingParams(temperature=temp, max_tokens=steps, seed=s, ignore_eos=True) for s in range(n)]
-    spec = torch.tensor([o.outputs[0].token_ids for o in llm.generate([prompt] * n, params)])
-    st = llm.stats()
-    assert st["spec_num_verify"] >= n and 0 < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"], st
-    base = torch.tensor([o.outputs[0].token_ids for o in LLM(tgt, **kw).generate([prompt] * n, params)])
-    exact = _exact_marginals(hf, prompt, steps, temp)
-    for i in range(1, steps):  # token 0 comes from the prefill's ordinary sampling
-        cs = torch.bincount(spec[:, i], minlength=16)
-        cb = torch.bincount(base[:, i], minlength=16)
-        assert _gof_pvalue(cs, exact[i]) > 1e-3, (i, cs, exact[i] * n)
-        assert _two_sample_pvalue(cs, cb) > 1e-3, (i, cs, cb)
+    spec, base, llm = sample_with_and_without_speculation(tgt, prompt, n, steps, temp, spec_method="medusa",
+                                                          spec_model=str(tmp_path / "heads"))
+    assert_marginals_match(spec, base, _exact_marginals(hf, prompt, steps, temp))
     _assert_no_leak(llm)
 
 

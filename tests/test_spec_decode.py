@@ -87,6 +87,18 @@ def mixed_batch_workload(target: str):
     return prompts, params, base.generate(prompts, params)
 
 
+def assert_matches_workload(llm, outs, ref):
+    """A mixed_batch_workload run: every request's tokens and finish reasons as the reference's, with
+    preemption on the way, and speculation that drafted, accepted and rejected."""
+    for o, r in zip(outs, ref):
+        assert [c.token_ids for c in o.outputs] == [c.token_ids for c in r.outputs]
+        assert [c.finish_reason for c in o.outputs] == [c.finish_reason for c in r.outputs]
+    st = llm.stats()
+    assert st["num_preemptions"] > 0, st
+    assert st["spec_num_verify"] > 0 and 0 < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"], st
+    return st
+
+
 def _assert_no_leak(llm):
     st = llm.stats()
     assert st["num_free_blocks"] == st["num_kv_blocks"], st
@@ -123,12 +135,7 @@ def test_greedy_identical_mixed_batch_preemption(pair, mode, k, topk, depth):
     llm = LLM(tgt, draft_model=dft, spec_mode=mode, num_spec_tokens=k, spec_tree_topk=topk, spec_tree_depth=depth,
               num_kv_blocks=24, max_num_seqs=16, max_num_batched_tokens=96, seed=0)
     outs = llm.generate(prompts, params)
-    for o, r in zip(outs, ref):
-        assert [c.token_ids for c in o.outputs] == [c.token_ids for c in r.outputs]
-        assert [c.finish_reason for c in o.outputs] == [c.finish_reason for c in r.outputs]
-    st = llm.stats()
-    assert st["num_preemptions"] > 0, st
-    assert st["spec_num_verify"] > 0 and 0 < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"], st
+    assert_matches_workload(llm, outs, ref)
     for o, p in zip(outs, params):
         if p.speculative is False:
             assert o.metrics["spec_num_verify"] == 0
@@ -285,6 +292,30 @@ def small_vocab_pair(tmp_path_factory):
     return tgt, dft, t, d
 
 
+def sample_with_and_without_speculation(target, prompt, n, steps, temperature, **spec):
+    """n seeded samples of `steps` tokens after `prompt` with speculation (the LLM arguments `spec`)
+    and without: (spec_tokens [n, steps], base_tokens, the speculative LLM); the speculation must have
+    verified every request and accepted and rejected some drafts."""
+    kw = dict(num_kv_blocks=1200, max_num_seqs=256, seed=0)
+    llm = LLM(target, **spec, **kw)
+    params = [SamplingParams(temperature=temperature, max_tokens=steps, seed=s, ignore_eos=True) for s in range(n)]
+    spec_tokens = torch.tensor([o.outputs[0].token_ids for o in llm.generate([prompt] * n, params)])
+    st = llm.stats()
+    assert st["spec_num_verify"] >= n and 0 < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"], st
+    base = torch.tensor([o.outputs[0].token_ids for o in LLM(target, **kw).generate([prompt] * n, params)])
+    return spec_tokens, base, llm
+
+
+def assert_marginals_match(spec, base, exact, vocab=16):
+    """Per position after the first (token 0 comes from the prefill's ordinary sampling): the
+    speculative samples fit the exact marginals and the non-speculative samples."""
+    for i in range(1, spec.shape[1]):
+        cs = torch.bincount(spec[:, i], minlength=vocab)
+        cb = torch.bincount(base[:, i], minlength=vocab)
+        assert _gof_pvalue(cs, exact[i]) > 1e-3, (i, cs, exact[i] * spec.shape[0])
+        assert _two_sample_pvalue(cs, cb) > 1e-3, (i, cs, cb)
+
+
 def _exact_marginals(hf, prompt, steps, temperature):
     """Exact marginal distribution of each of the first ``steps`` generated tokens (fp64)."""
     V = hf.config.vocab_size
@@ -307,22 +338,11 @@ def test_sampling_distribution_matches(small_vocab_pair, mode):
     tgt, dft, hf_t, hf_d = small_vocab_pair
     temp, steps, n = 0.8, 4, 1500
     prompt = [3, 7, 11, 2, 9]
-    kw = dict(num_kv_blocks=1200, max_num_seqs=256, seed=0)
-    llm = LLM(tgt, draft_model=dft, spec_mode=mode, num_spec_tokens=3, spec_tree_topk=2, spec_tree_depth=3, **kw)
-    params = [SamplingParams(temperature=temp, max_tokens=steps, seed=s, ignore_eos=True) for s in range(n)]
-    spec = torch.tensor([o.outputs[0].token_ids for o in llm.generate([prompt] * n, params)])
-    st = llm.stats()
-    assert st["spec_num_verify"] >= n and 0 < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"], st
-    base = torch.tensor([o.outputs[0].token_ids for o in LLM(tgt, **kw).generate([prompt] * n, params)])
-    exact = _exact_marginals(hf_t, prompt, steps, temp)
+    spec, base, llm = sample_with_and_without_speculation(tgt, prompt, n, steps, temp, draft_model=dft, spec_mode=mode,
+                                                          num_spec_tokens=3, spec_tree_topk=2, spec_tree_depth=3)
+    assert_marginals_match(spec, base, _exact_marginals(hf_t, prompt, steps, temp))
     draft_m = _exact_marginals(hf_d, prompt, steps, temp)
-    worst_draft = 1.0
-    for i in range(1, steps):  # token 0 comes from the prefill's ordinary sampling
-        cs = torch.bincount(spec[:, i], minlength=16)
-        cb = torch.bincount(base[:, i], minlength=16)
-        assert _gof_pvalue(cs, exact[i]) > 1e-3, (i, cs, exact[i] * n)
-        assert _two_sample_pvalue(cs, cb) > 1e-3, (i, cs, cb)
-        worst_draft = min(worst_draft, _gof_pvalue(cs, draft_m[i]))
+    worst_draft = min(_gof_pvalue(torch.bincount(spec[:, i], minlength=16), draft_m[i]) for i in range(1, steps))
     assert worst_draft < 1e-6  # the test can tell the draft's distribution from the target's
     _assert_no_leak(llm)
 
