@@ -8,8 +8,9 @@ back in each :class:`Draft` (``draft_computed``), for the core's proposer to kee
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence as Seq, Tuple
+from typing import Dict, List, Optional, Sequence as Seq, Tuple
 
 import torch
 
@@ -283,3 +284,17 @@ def move_slots(ops, kv_caches, src: List[int], dst: List[int], device) -> None:
     d = host_to_device(dst, torch.int64, device)
     for k, v in kv_caches:
         ops.move_kv_slots(k, v, s, d)
+
+
+def read_head_weights(path: str, names: Seq[str] = ("model.safetensors",)) -> Tuple[str, Dict[str, torch.Tensor]]:
+    """The first of the safetensors files `names` in a speculative head's directory: (its path, its
+    tensors). Never a pickle: when only .pt / .bin / .pth files are there the error names them."""
+    for name in names:
+        wfile = os.path.join(path, name)
+        if os.path.isfile(wfile):
+            from safetensors.torch import load_file
+
+            return wfile, load_file(wfile)
+    pickles = sorted(f for f in os.listdir(path) if f.endswith((".pt", ".bin", ".pth")))
+    hint = f" (only pickles: {', '.join(pickles)}; convert them to safetensors)" if pickles else ""
+    raise ValueError(f"no {' or '.join(names)} in {path!r}{hint}")

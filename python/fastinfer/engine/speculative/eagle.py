@@ -39,7 +39,7 @@ from ...layers.weights import CheckpointModule
 from ...models.config import ModelConfig
 from ...models.llama import LlamaDecoderLayer
 from ..sequence import Sequence
-from .drafter import Draft, DraftModelDrafter, _Chunk
+from .drafter import Draft, DraftModelDrafter, _Chunk, read_head_weights
 
 Tensor = torch.Tensor
 
@@ -89,14 +89,7 @@ def load_eagle(path: str, target) -> EagleDraftModel:
     for key in ("hidden_size", "vocab_size"):
         if getattr(cfg, key) != getattr(tc, key):
             raise ValueError(f"{path}: the EAGLE head has {key}={getattr(cfg, key)}, the target {getattr(tc, key)}")
-    wfile = os.path.join(path, "model.safetensors")
-    if not os.path.isfile(wfile):
-        pickles = sorted(f for f in os.listdir(path) if f.endswith((".pt", ".bin", ".pth")))
-        hint = f" (only pickles: {', '.join(pickles)}; convert them to safetensors)" if pickles else ""
-        raise ValueError(f"no model.safetensors in {path!r}{hint}")
-    from safetensors.torch import load_file
-
-    raw = load_file(wfile)
+    wfile, raw = read_head_weights(path)
     tensors = {n if n.startswith("model.") else "model." + n: t for n, t in raw.items()}
     reader = TensorDictReader(tensors, repr(wfile))
     layer = LlamaDecoderLayer(cfg, 0, dtype=target.dtype, device=target.device, ops=target.ops, quant_config=None)

@@ -47,6 +47,7 @@ from ...layers import ColumnParallelLinear, RMSNorm, TensorDictReader, VocabEmbe
 from ...layers.weights import CheckpointModule
 from ...models.config import ModelConfig
 from ...models.llama import LlamaDecoderLayer
+from .drafter import read_head_weights
 from .eagle import EagleDraftModel, EagleDrafter
 
 Tensor = torch.Tensor
@@ -202,14 +203,7 @@ def load_eagle3(path: str, target) -> Eagle3DraftModel:
     if not isinstance(Vd, int) or not 1 <= Vd <= V:
         raise ValueError(f"{path}: draft_vocab_size must be an int in [1, vocab_size={V}], got {Vd!r}")
     aux = _aux_layer_ids(d, int(tc.num_hidden_layers), path)
-    wfile = os.path.join(path, "model.safetensors")
-    if not os.path.isfile(wfile):
-        pickles = sorted(f for f in os.listdir(path) if f.endswith((".pt", ".bin", ".pth")))
-        hint = f" (only pickles: {', '.join(pickles)}; convert them to safetensors)" if pickles else ""
-        raise ValueError(f"no model.safetensors in {path!r}{hint}")
-    from safetensors.torch import load_file
-
-    raw = load_file(wfile)
+    wfile, raw = read_head_weights(path)
     layout, to_file = _name_map(list(raw))
     reader = _LayoutReader(raw, f"{wfile!r} ({layout} layout)", to_file)
     kw = dict(dtype=target.dtype, device=target.device, ops=target.ops)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from ...layers import TensorDictReader, WeightReader
 from ...spec import tree_mask
 from ..sequence import Sequence
-from .drafter import Draft, Drafter
+from .drafter import Draft, Drafter, read_head_weights
 from .trees import Path, tree_for_heads, tree_structure
 
 Tensor = torch.Tensor
@@ -75,14 +75,8 @@ def _read_dir(path: str) -> Tuple[dict, WeightReader]:
         raise ValueError(f"Medusa heads directory {path!r} has no config.json")
     with open(cfg_file, "r", encoding="utf-8") as f:
         cfg = json.load(f)
-    files = [f for f in ("medusa_lm_head.safetensors", "model.safetensors") if os.path.isfile(os.path.join(path, f))]
-    if not files:
-        pickles = sorted(f for f in os.listdir(path) if f.endswith((".pt", ".bin", ".pth")))
-        hint = f" (only pickles: {', '.join(pickles)}; convert them to safetensors)" if pickles else ""
-        raise ValueError(f"no medusa_lm_head.safetensors or model.safetensors in {path!r}{hint}")
-    from safetensors.torch import load_file
-
-    return cfg, TensorDictReader(load_file(os.path.join(path, files[0])), repr(os.path.join(path, files[0])))
+    wfile, raw = read_head_weights(path, ("medusa_lm_head.safetensors", "model.safetensors"))
+    return cfg, TensorDictReader(raw, repr(wfile))
 
 
 def _int_field(cfg: dict, key: str, where: str) -> int:
