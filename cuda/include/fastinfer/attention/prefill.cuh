@@ -108,15 +108,6 @@ template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, f
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-template <typename T>
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  if constexpr (std::is_same_v<T, __half>) {
-    ptx::mma_m16n8k16_f16(d, a, b, d);
-  } else {
-    ptx::mma_m16n8k16_bf16(d, a, b, d);
-  }
-}
-
 // ---- tree rows: depths (tree attention with a window) and keys by rank (deterministic mode) ---
 // One warp per query row t of a sequence: tree_depth[t] = (number of true entries of mask row t)
 // - 1, the node's depth when the row sees exactly its ancestors and itself; with `keys` (the
@@ -324,8 +315,8 @@ __device__ __forceinline__ void qk_tile(float (&s)[Traits::kBlockN / 8][4],
       ptx::ldmatrix_x4(kb, sk + swizzle<Traits::kChunksPerRow>(np * 16 + r + 8 * (mat >> 1), 2 * kk + (mat & 1)));
       const uint32_t b0[2] = {kb[0], kb[1]};
       const uint32_t b1[2] = {kb[2], kb[3]};
-      mma16816<T>(s[2 * np], qf[kk], b0);
-      mma16816<T>(s[2 * np + 1], qf[kk], b1);
+      ptx::mma_m16n8k16<T>(s[2 * np], qf[kk], b0);
+      ptx::mma_m16n8k16<T>(s[2 * np + 1], qf[kk], b1);
     }
   }
 }
@@ -429,8 +420,8 @@ __device__ __forceinline__ void pv_tile(float (&o)[Traits::kHeadDim / 8][4], con
       ptx::ldmatrix_x4_trans(vb, sv + swizzle<Traits::kChunksPerRow>(kk * 16 + r + 8 * (mat & 1), 2 * dp + (mat >> 1)));
       const uint32_t b0[2] = {vb[0], vb[1]};
       const uint32_t b1[2] = {vb[2], vb[3]};
-      mma16816<T>(o[2 * dp], pa, b0);
-      mma16816<T>(o[2 * dp + 1], pa, b1);
+      ptx::mma_m16n8k16<T>(o[2 * dp], pa, b0);
+      ptx::mma_m16n8k16<T>(o[2 * dp + 1], pa, b1);
     }
   }
 }

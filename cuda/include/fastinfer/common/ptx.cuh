@@ -20,6 +20,7 @@
 #include "fastinfer/common/platform.cuh"
 
 #include <cstdint>
+#include <type_traits>
 
 #if defined(FASTINFER_SIMT)
 #include <fastinfer/simt/ptx.h>
@@ -71,6 +72,16 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t 
 #else
   __trap();
 #endif
+}
+
+// d += a b for 16-bit inputs of type T (__half or __nv_bfloat16): the kernels' one spelling.
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "fp16 / bf16 only");
+  if constexpr (std::is_same_v<T, __half>)
+    mma_m16n8k16_f16(d, a, b, d);
+  else
+    mma_m16n8k16_bf16(d, a, b, d);
 }
 
 // e4m3 x e4m3 -> f32, sm_89+ (traps when compiled for an older architecture).

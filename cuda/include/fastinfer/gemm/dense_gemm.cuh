@@ -24,7 +24,6 @@
 namespace fastinfer::dense {
 
 constexpr int kElemsPerKTile = fp8::kBlockK / 2;  // 64 fp16 / bf16 per 128-byte row
-constexpr int kChunkElems = 8;                    // elements per 16-byte chunk
 
 // M buckets (launcher: cuda/src/gemm_dense.cu). M <= 16 (decode): 2 warps of 16 x 16, 32-column
 // tiles (a 4096-wide layer is 128 CTAs) and 8 stages (48 KiB) so that ~42 KiB of weights are in
@@ -34,19 +33,11 @@ using DenseConfigSmall = fp8::GemmConfig<16, 32, 1, 2, 8>;
 using DenseConfigMedium = fp8::GemmConfig<64, 128, 2, 4, 4>;
 using DenseConfigLarge = fp8::GemmConfig<128, 128, 2, 4, 3>;
 
-template <typename T>
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  if constexpr (std::is_same_v<T, __half>)
-    ptx::mma_m16n8k16_f16(d, a, b, d);
-  else
-    ptx::mma_m16n8k16_bf16(d, a, b, d);
-}
-
 // grid (ceil(N / kBlockN), ceil(M / kBlockM)), block Cfg::kThreads, dynamic smem Cfg::kSmemBytes.
 template <typename Cfg, typename T>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) dense_mm_kernel(const DenseMmParams p) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
-  constexpr int kMi = Cfg::kMi, kNi = Cfg::kNi, kCPR = Cfg::kChunksPerRow;
+  constexpr int kMi = Cfg::kMi, kNi = Cfg::kNi;
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const int warp_m = warp / Cfg::kWarpsN, warp_n = warp % Cfg::kWarpsN;
@@ -56,32 +47,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dense_mm_kernel(const DenseM
   const int64_t M = p.m, N = p.n, K = p.k;
   const int num_k_tiles = static_cast<int>((K + kElemsPerKTile - 1) / kElemsPerKTile);
 
-  const T* __restrict__ a_ptr = static_cast<const T*>(p.a);
-  const T* __restrict__ b_ptr = static_cast<const T*>(p.b);
+  const uint8_t* __restrict__ a_bytes = static_cast<const uint8_t*>(p.a);
+  const uint8_t* __restrict__ b_bytes = static_cast<const uint8_t*>(p.b);
   uint8_t* smem = dynamic_smem<uint8_t>();
 
+  // K % 8 == 0: rows of 2 K bytes, a 16-byte chunk all in or all out.
   auto load_tile = [&](int kt, int stage) {
-    uint8_t* sa = smem + stage * Cfg::kStageBytes;
-    uint8_t* sb = sa + Cfg::kABytes;
-    const int64_t k0 = static_cast<int64_t>(kt) * kElemsPerKTile;
-#pragma unroll
-    for (int i = 0; i < kBlockM * kCPR / Cfg::kThreads; ++i) {
-      const int idx = tid + i * Cfg::kThreads;
-      const int r = idx / kCPR, c = idx % kCPR;
-      const int64_t k = k0 + c * kChunkElems;
-      // K % 8 == 0: a chunk is all in or all out; zero-filled chunks add exact zeros.
-      const bool pred = m0 + r < M && k < K;
-      ptx::cp_async_cg_16(sa + fp8::swizzle128(r, c), pred ? a_ptr + (m0 + r) * K + k : a_ptr, pred);
-    }
-#pragma unroll
-    for (int i = 0; i < kBlockN * kCPR / Cfg::kThreads; ++i) {
-      const int idx = tid + i * Cfg::kThreads;
-      const int r = idx / kCPR, c = idx % kCPR;
-      const int64_t k = k0 + c * kChunkElems;
-      const bool pred = n0 + r < N && k < K;
-      ptx::cp_async_cg_16(sb + fp8::swizzle128(r, c), pred ? b_ptr + (n0 + r) * K + k : b_ptr, pred);
-    }
+    fp8::load_ab_stage<Cfg>(smem + stage * Cfg::kStageBytes, a_bytes, b_bytes, m0, n0, M, N, 2 * K, kt, tid);
   };
+
 
   float acc[kMi][kNi][4];
 #pragma unroll
@@ -95,12 +69,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dense_mm_kernel(const DenseM
     ptx::cp_async_commit();
   }
 
-  // ldmatrix lane roles: matrix mat = lane / 8 takes its row address from lane % 8.
-  const int mat = lane / 8, mrow = lane % 8;
-  const int a_row = warp_m * Cfg::kWarpM + mrow + 8 * (mat & 1);  // A: mats = (rows 0-7 | 8-15) x (k lo | hi)
-  const int a_chunk_hi = mat >> 1;
-  const int b_row = warp_n * Cfg::kWarpN + mrow + 8 * (mat >> 1);  // B: mats = (k lo | hi) x (n 0-7 | 8-15)
-  const int b_chunk_hi = mat & 1;
+  const fp8::FragmentLanes lanes = fp8::fragment_lanes<Cfg>(warp_m, warp_n, lane);
 
   for (int kt = 0; kt < num_k_tiles; ++kt) {
     ptx::cp_async_wait<kStages - 2>();
@@ -110,27 +79,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dense_mm_kernel(const DenseM
       if (next < num_k_tiles) load_tile(next, next % kStages);
       ptx::cp_async_commit();
     }
-    const uint8_t* sa = smem + (kt % kStages) * Cfg::kStageBytes;
-    const uint8_t* sb = sa + Cfg::kABytes;
+    const uint8_t* stage = smem + (kt % kStages) * Cfg::kStageBytes;
 #pragma unroll
     for (int ks = 0; ks < kElemsPerKTile / 16; ++ks) {
       uint32_t af[kMi][4];
       uint32_t bf[kNi][2];
-#pragma unroll
-      for (int i = 0; i < kMi; ++i) ptx::ldmatrix_x4(af[i], sa + fp8::swizzle128(a_row + 16 * i, 2 * ks + a_chunk_hi));
-#pragma unroll
-      for (int j = 0; j < kNi / 2; ++j) {
-        uint32_t r[4];
-        ptx::ldmatrix_x4(r, sb + fp8::swizzle128(b_row + 16 * j, 2 * ks + b_chunk_hi));
-        bf[2 * j][0] = r[0];
-        bf[2 * j][1] = r[1];
-        bf[2 * j + 1][0] = r[2];
-        bf[2 * j + 1][1] = r[3];
-      }
+      fp8::load_ab_fragments<Cfg>(af, bf, stage, lanes, ks);
 #pragma unroll
       for (int i = 0; i < kMi; ++i)
 #pragma unroll
-        for (int j = 0; j < kNi; ++j) mma<T>(acc[i][j], af[i], bf[j]);
+        for (int j = 0; j < kNi; ++j) ptx::mma_m16n8k16<T>(acc[i][j], af[i], bf[j]);
     }
   }
   ptx::cp_async_wait<0>();  // only empty groups can be pending; keeps the emulator's bookkeeping clean

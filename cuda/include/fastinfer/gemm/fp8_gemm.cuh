@@ -82,6 +82,68 @@ using Fp8ConfigLarge = GemmConfig<128, 128, 2, 4, 3>;   // 8 warps of 64 x 32, 9
 
 __device__ __forceinline__ int swizzle128(int row, int chunk) { return row * kBlockK + ((chunk ^ (row & 7)) << 4); }
 
+// ---- the pipeline pieces of the mma.sync GEMMs (fp8 here, int8_gemm.cuh, dense_gemm.cuh) -------
+// k-tile kt (kBlockK bytes of every row) of the A rows [m0, m0 + kBlockM) and the B rows
+// [n0, n0 + kBlockN) into a pipeline stage (A then B, swizzled) by 16-byte cp.async chunks; rows
+// past M / N and chunks past row_bytes are zero-filled (row_bytes, K times the element size, is a
+// multiple of 16: a chunk is all in or all out, and zeros add nothing to the products). No commit.
+template <typename Cfg>
+__device__ __forceinline__ void load_ab_stage(uint8_t* stage, const uint8_t* __restrict__ a,
+                                              const uint8_t* __restrict__ b, int64_t m0, int64_t n0, int64_t M,
+                                              int64_t N, int64_t row_bytes, int kt, int tid) {
+  constexpr int kCPR = Cfg::kChunksPerRow;
+  uint8_t* sa = stage;
+  uint8_t* sb = stage + Cfg::kABytes;
+  const int64_t k0 = static_cast<int64_t>(kt) * kBlockK;
+#pragma unroll
+  for (int i = 0; i < Cfg::kBlockM * kCPR / Cfg::kThreads; ++i) {
+    const int idx = tid + i * Cfg::kThreads;
+    const int r = idx / kCPR, c = idx % kCPR;
+    const int64_t k = k0 + c * 16;
+    const bool pred = m0 + r < M && k < row_bytes;
+    ptx::cp_async_cg_16(sa + swizzle128(r, c), pred ? a + (m0 + r) * row_bytes + k : a, pred);
+  }
+#pragma unroll
+  for (int i = 0; i < Cfg::kBlockN * kCPR / Cfg::kThreads; ++i) {
+    const int idx = tid + i * Cfg::kThreads;
+    const int r = idx / kCPR, c = idx % kCPR;
+    const int64_t k = k0 + c * 16;
+    const bool pred = n0 + r < N && k < row_bytes;
+    ptx::cp_async_cg_16(sb + swizzle128(r, c), pred ? b + (n0 + r) * row_bytes + k : b, pred);
+  }
+}
+
+// ldmatrix lane roles of a warp: matrix mat = lane / 8 takes its row address from lane % 8.
+struct FragmentLanes {
+  int a_row, a_chunk_hi;  // A: mats = (rows 0-7 | 8-15) x (k lo | hi)
+  int b_row, b_chunk_hi;  // B: mats = (k lo | hi) x (n 0-7 | 8-15)
+};
+template <typename Cfg>
+__device__ __forceinline__ FragmentLanes fragment_lanes(int warp_m, int warp_n, int lane) {
+  const int mat = lane / 8, mrow = lane % 8;
+  return {warp_m * Cfg::kWarpM + mrow + 8 * (mat & 1), mat >> 1, warp_n * Cfg::kWarpN + mrow + 8 * (mat >> 1),
+          mat & 1};
+}
+
+// The warp's A and B fragments of k-step ks (32 bytes of k: chunks 2 ks and 2 ks + 1) from a stage.
+template <typename Cfg>
+__device__ __forceinline__ void load_ab_fragments(uint32_t (&af)[Cfg::kMi][4], uint32_t (&bf)[Cfg::kNi][2],
+                                                  const uint8_t* stage, const FragmentLanes& l, int ks) {
+  const uint8_t* sa = stage;
+  const uint8_t* sb = stage + Cfg::kABytes;
+#pragma unroll
+  for (int i = 0; i < Cfg::kMi; ++i) ptx::ldmatrix_x4(af[i], sa + swizzle128(l.a_row + 16 * i, 2 * ks + l.a_chunk_hi));
+#pragma unroll
+  for (int j = 0; j < Cfg::kNi / 2; ++j) {
+    uint32_t r[4];
+    ptx::ldmatrix_x4(r, sb + swizzle128(l.b_row + 16 * j, 2 * ks + l.b_chunk_hi));
+    bf[2 * j][0] = r[0];
+    bf[2 * j][1] = r[1];
+    bf[2 * j + 1][0] = r[2];
+    bf[2 * j + 1][1] = r[3];
+  }
+}
+
 template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
 template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   __half2 h = __floats2half2_rn(lo, hi);
@@ -97,7 +159,7 @@ template <typename Cfg, typename TOut, bool kBlockwise>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_scaled_mm_kernel(const Fp8ScaledMmParams p) {
 #if FASTINFER_FP8_MMA_ENABLED
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
-  constexpr int kMi = Cfg::kMi, kNi = Cfg::kNi, kCPR = Cfg::kChunksPerRow;
+  constexpr int kMi = Cfg::kMi, kNi = Cfg::kNi;
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const int warp_m = warp / Cfg::kWarpsN, warp_n = warp % Cfg::kWarpsN;
@@ -111,28 +173,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_scaled_mm_kernel(const F
   const uint8_t* __restrict__ b_ptr = static_cast<const uint8_t*>(p.b);
   uint8_t* smem = dynamic_smem<uint8_t>();
 
-  auto load_tile = [&](int kt, int stage) {
-    uint8_t* sa = smem + stage * Cfg::kStageBytes;
-    uint8_t* sb = sa + Cfg::kABytes;
-    const int64_t k0 = static_cast<int64_t>(kt) * kBlockK;
-#pragma unroll
-    for (int i = 0; i < kBlockM * kCPR / Cfg::kThreads; ++i) {
-      const int idx = tid + i * Cfg::kThreads;
-      const int r = idx / kCPR, c = idx % kCPR;
-      const int64_t k = k0 + c * 16;
-      const bool pred = m0 + r < M && k < K;  // K % 16 == 0: a chunk is all in or all out
-      const uint8_t* src = pred ? a_ptr + (m0 + r) * K + k : a_ptr;
-      ptx::cp_async_cg_16(sa + swizzle128(r, c), src, pred);
-    }
-#pragma unroll
-    for (int i = 0; i < kBlockN * kCPR / Cfg::kThreads; ++i) {
-      const int idx = tid + i * Cfg::kThreads;
-      const int r = idx / kCPR, c = idx % kCPR;
-      const int64_t k = k0 + c * 16;
-      const bool pred = n0 + r < N && k < K;
-      const uint8_t* src = pred ? b_ptr + (n0 + r) * K + k : b_ptr;
-      ptx::cp_async_cg_16(sb + swizzle128(r, c), src, pred);
-    }
+  auto load_tile = [&](int kt, int stage) {  // K % 16 == 0 (one byte per element)
+    load_ab_stage<Cfg>(smem + stage * Cfg::kStageBytes, a_ptr, b_ptr, m0, n0, M, N, K, kt, tid);
   };
 
   float acc[kMi][kNi][4];
@@ -152,12 +194,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_scaled_mm_kernel(const F
     ptx::cp_async_commit();
   }
 
-  // ldmatrix lane roles: matrix mat = lane / 8 takes its row address from lane % 8.
-  const int mat = lane / 8, mrow = lane % 8;
-  const int a_row = warp_m * Cfg::kWarpM + mrow + 8 * (mat & 1);  // A: mats = (rows 0-7 | 8-15) x (k lo | hi)
-  const int a_chunk_hi = mat >> 1;
-  const int b_row = warp_n * Cfg::kWarpN + mrow + 8 * (mat >> 1);  // B: mats = (k lo | hi) x (n 0-7 | 8-15)
-  const int b_chunk_hi = mat & 1;
+  const FragmentLanes lanes = fragment_lanes<Cfg>(warp_m, warp_n, lane);
 
   for (int kt = 0; kt < num_k_tiles; ++kt) {
     ptx::cp_async_wait<kStages - 2>();
@@ -190,23 +227,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_scaled_mm_kernel(const F
         for (int j = 0; j < kNi; ++j) part[i][j][0] = part[i][j][1] = part[i][j][2] = part[i][j][3] = 0.f;
     }
 
-    const uint8_t* sa = smem + (kt % kStages) * Cfg::kStageBytes;
-    const uint8_t* sb = sa + Cfg::kABytes;
+    const uint8_t* stage = smem + (kt % kStages) * Cfg::kStageBytes;
 #pragma unroll
     for (int ks = 0; ks < kBlockK / 32; ++ks) {
       uint32_t af[kMi][4];
       uint32_t bf[kNi][2];
-#pragma unroll
-      for (int i = 0; i < kMi; ++i) ptx::ldmatrix_x4(af[i], sa + swizzle128(a_row + 16 * i, 2 * ks + a_chunk_hi));
-#pragma unroll
-      for (int j = 0; j < kNi / 2; ++j) {
-        uint32_t r[4];
-        ptx::ldmatrix_x4(r, sb + swizzle128(b_row + 16 * j, 2 * ks + b_chunk_hi));
-        bf[2 * j][0] = r[0];
-        bf[2 * j][1] = r[1];
-        bf[2 * j + 1][0] = r[2];
-        bf[2 * j + 1][1] = r[3];
-      }
+      load_ab_fragments<Cfg>(af, bf, stage, lanes, ks);
 #pragma unroll
       for (int i = 0; i < kMi; ++i)
 #pragma unroll

@@ -105,14 +105,6 @@ __device__ __forceinline__ void dequant_word(uint32_t q, uint32_t zs0, uint32_t 
 }
 
 template <typename T>
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  if constexpr (std::is_same_v<T, __half>)
-    ptx::mma_m16n8k16_f16(d, a, b, d);
-  else
-    ptx::mma_m16n8k16_bf16(d, a, b, d);
-}
-
-template <typename T>
 __device__ __forceinline__ uint32_t pack_out(float lo, float hi) {
   using T2 = typename Half2Of<T>::type;
   if constexpr (std::is_same_v<T, __half>)
@@ -240,8 +232,8 @@ __global__ void __launch_bounds__(kThreads, Config<BM>::kMinCtas)
         const int ch = 2 * j + a_chunk_hi;
         uint32_t af[4];
         ptx::ldmatrix_x4(af, st + Cfg::kAOffset + row * 128 + ((ch ^ (row & 7)) * 16));
-        mma<T>(acc[mt][0], af, b0);
-        mma<T>(acc[mt][1], af, b1);
+        ptx::mma_m16n8k16<T>(acc[mt][0], af, b0);
+        ptx::mma_m16n8k16<T>(acc[mt][1], af, b1);
       }
     }
   }

@@ -32,7 +32,7 @@ using Int8ConfigLarge = fp8::GemmConfig<128, 128, 2, 4, 3>;  // 8 warps of 64 x 
 template <typename Cfg, typename TOut>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) int8_scaled_mm_kernel(const Int8ScaledMmParams p) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
-  constexpr int kMi = Cfg::kMi, kNi = Cfg::kNi, kCPR = Cfg::kChunksPerRow;
+  constexpr int kMi = Cfg::kMi, kNi = Cfg::kNi;
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const int warp_m = warp / Cfg::kWarpsN, warp_n = warp % Cfg::kWarpsN;
@@ -46,27 +46,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) int8_scaled_mm_kernel(const 
   const uint8_t* __restrict__ b_ptr = static_cast<const uint8_t*>(p.b);
   uint8_t* smem = dynamic_smem<uint8_t>();
 
-  auto load_tile = [&](int kt, int stage) {
-    uint8_t* sa = smem + stage * Cfg::kStageBytes;
-    uint8_t* sb = sa + Cfg::kABytes;
-    const int64_t k0 = static_cast<int64_t>(kt) * kBlockK;
-#pragma unroll
-    for (int i = 0; i < kBlockM * kCPR / Cfg::kThreads; ++i) {
-      const int idx = tid + i * Cfg::kThreads;
-      const int r = idx / kCPR, c = idx % kCPR;
-      const int64_t k = k0 + c * 16;
-      const bool pred = m0 + r < M && k < K;  // K % 16 == 0: a chunk is all in or all out; zeros add nothing
-      ptx::cp_async_cg_16(sa + fp8::swizzle128(r, c), pred ? a_ptr + (m0 + r) * K + k : a_ptr, pred);
-    }
-#pragma unroll
-    for (int i = 0; i < kBlockN * kCPR / Cfg::kThreads; ++i) {
-      const int idx = tid + i * Cfg::kThreads;
-      const int r = idx / kCPR, c = idx % kCPR;
-      const int64_t k = k0 + c * 16;
-      const bool pred = n0 + r < N && k < K;
-      ptx::cp_async_cg_16(sb + fp8::swizzle128(r, c), pred ? b_ptr + (n0 + r) * K + k : b_ptr, pred);
-    }
+  auto load_tile = [&](int kt, int stage) {  // K % 16 == 0 (one byte per element)
+    fp8::load_ab_stage<Cfg>(smem + stage * Cfg::kStageBytes, a_ptr, b_ptr, m0, n0, M, N, K, kt, tid);
   };
+
 
   int32_t acc[kMi][kNi][4];
 #pragma unroll
@@ -80,12 +63,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) int8_scaled_mm_kernel(const 
     ptx::cp_async_commit();
   }
 
-  // ldmatrix lane roles (as in the fp8 kernel): matrix mat = lane / 8 takes its row from lane % 8.
-  const int mat = lane / 8, mrow = lane % 8;
-  const int a_row = warp_m * Cfg::kWarpM + mrow + 8 * (mat & 1);
-  const int a_chunk_hi = mat >> 1;
-  const int b_row = warp_n * Cfg::kWarpN + mrow + 8 * (mat >> 1);
-  const int b_chunk_hi = mat & 1;
+  const fp8::FragmentLanes lanes = fp8::fragment_lanes<Cfg>(warp_m, warp_n, lane);
 
   for (int kt = 0; kt < num_k_tiles; ++kt) {
     ptx::cp_async_wait<kStages - 2>();
@@ -95,23 +73,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) int8_scaled_mm_kernel(const 
       if (next < num_k_tiles) load_tile(next, next % kStages);
       ptx::cp_async_commit();
     }
-    const uint8_t* sa = smem + (kt % kStages) * Cfg::kStageBytes;
-    const uint8_t* sb = sa + Cfg::kABytes;
+    const uint8_t* stage = smem + (kt % kStages) * Cfg::kStageBytes;
 #pragma unroll
     for (int ks = 0; ks < kBlockK / 32; ++ks) {
       uint32_t af[kMi][4];
       uint32_t bf[kNi][2];
-#pragma unroll
-      for (int i = 0; i < kMi; ++i) ptx::ldmatrix_x4(af[i], sa + fp8::swizzle128(a_row + 16 * i, 2 * ks + a_chunk_hi));
-#pragma unroll
-      for (int j = 0; j < kNi / 2; ++j) {
-        uint32_t r[4];
-        ptx::ldmatrix_x4(r, sb + fp8::swizzle128(b_row + 16 * j, 2 * ks + b_chunk_hi));
-        bf[2 * j][0] = r[0];
-        bf[2 * j][1] = r[1];
-        bf[2 * j + 1][0] = r[2];
-        bf[2 * j + 1][1] = r[3];
-      }
+      fp8::load_ab_fragments<Cfg>(af, bf, stage, lanes, ks);
 #pragma unroll
       for (int i = 0; i < kMi; ++i)
 #pragma unroll
