@@ -106,6 +106,20 @@ void check_paged_kernel_inputs(const char* op, const at::Tensor& q, const at::Te
            block_table.strides());
 }
 
+// The paged K/V of the prefill kernel's launch (paged_prefill_attention and fixed-mode decode).
+void fill_paged(PrefillAttentionParams& p, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                const at::Tensor& block_table, const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k) {
+  p.k = k_cache.data_ptr();
+  p.v = v_cache.data_ptr();
+  p.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
+  p.seq_lens_k = seq_lens_k.data_ptr<int32_t>();
+  p.block_table = block_table.data_ptr<int32_t>();
+  p.block_table_stride = block_table.stride(0);
+  p.block_size = static_cast<int32_t>(k_cache.size(1));
+  p.num_kv_heads = static_cast<int32_t>(k_cache.size(2));
+  p.num_q_tokens = q.size(0);
+}
+
 std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
     const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
@@ -136,15 +150,7 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
   }
   PrefillAttentionParams p;
   fill_common(p, q, out, lse, seq_lens_k.size(0), max_seqlen_q, scale, causal, window_left, softcap);
-  p.k = k_cache.data_ptr();
-  p.v = v_cache.data_ptr();
-  p.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
-  p.seq_lens_k = seq_lens_k.data_ptr<int32_t>();
-  p.block_table = block_table.data_ptr<int32_t>();
-  p.block_table_stride = block_table.stride(0);
-  p.block_size = static_cast<int32_t>(k_cache.size(1));
-  p.num_kv_heads = static_cast<int32_t>(k_cache.size(2));
-  p.num_q_tokens = q.size(0);
+  fill_paged(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k);
   at::Tensor tree_scratch;  // tree depths (window) / keys by rank (fixed mode), filled by the launcher
   if (has_mask) {
     if (custom_mask.has_value()) p.custom_mask = custom_mask->data_ptr<bool>();
@@ -172,15 +178,7 @@ void decode_fixed_split(const char* op, const at::Tensor& q, const at::Tensor& k
   const auto cu_seqlens_q = at::arange(q.size(0) + 1, q.options().dtype(at::kInt));
   PrefillAttentionParams p;
   fill_common(p, q, out, lse, q.size(0), 1, scale, /*causal=*/true, window_left, softcap);
-  p.k = k_cache.data_ptr();
-  p.v = v_cache.data_ptr();
-  p.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
-  p.seq_lens_k = seq_lens.data_ptr<int32_t>();
-  p.block_table = block_table.data_ptr<int32_t>();
-  p.block_table_stride = block_table.stride(0);
-  p.block_size = static_cast<int32_t>(k_cache.size(1));
-  p.num_kv_heads = static_cast<int32_t>(k_cache.size(2));
-  p.num_q_tokens = q.size(0);
+  fill_paged(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens);
   p.split_parallel = true;  // a CTA per chunk: decode's parallelism over the keys
   const at::Tensor split_ws = attach_split_workspace(p, q, fixed_split_size);
   check_launch(launch_prefill_attention(p, scope.stream()), op);
