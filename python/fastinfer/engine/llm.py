@@ -90,7 +90,7 @@ class LLM:
             collectives would wait for workers that are not there, until the deadline).
         deterministic: batch-invariant mode: a token's logits (and a seeded request's tokens)
             depend only on the model, the tokens before it and the sampling parameters, bit for
-            bit, whatever the batch, prefill chunking, prefix cache or chain speculation (README,
+            bit, whatever the batch, prefill chunking, prefix cache or speculation (README,
             "Deterministic inference"). Off by default: it costs speed.
     """
 

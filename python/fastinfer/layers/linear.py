@@ -92,8 +92,8 @@ class UnquantizedLinearMethod(LinearMethod):
     def apply(self, layer: "Linear", x: Tensor, bias: Optional[Tensor]) -> Tensor:
         if layer.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, layer.packed, bias, "none", [], "")
-        if layer.ops is not None and layer.ops.deterministic:
-            return layer.ops.linear(x, layer.weight, bias)  # dense_mm: batch invariant
+        if layer.ops is not None:  # F.linear, or dense_mm in the deterministic mode (batch invariant)
+            return layer.ops.linear(x, layer.weight, bias)
         return torch.nn.functional.linear(x, layer.weight, bias)
 
     def checkpoint_tensors(self, layer: "Linear") -> Iterable[Tuple[str, Tensor]]:
