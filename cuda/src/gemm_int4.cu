@@ -48,6 +48,19 @@ size_t int4_gemm_num_counters(const Int4GemmParams& p) {
   return static_cast<size_t>(ceil_div(p.n, i4::kBlockN) * ceil_div(p.m, int4_gemm_block_m(p.m)));
 }
 
+namespace {
+// s splits of `units` k-units, s at most cap (at least 1, at most units and kMaxSplits), then the
+// count recomputed from the units per split so that no split is empty.
+int32_t clamp_splits(int64_t s, int64_t cap, int64_t units) {
+  if (cap > units) cap = units;
+  if (cap > kMaxSplits) cap = kMaxSplits;
+  if (cap < 1) cap = 1;
+  if (s > cap) s = cap;
+  const int64_t ups = ceil_div(units, s);
+  return static_cast<int32_t>(ceil_div(units, ups));
+}
+}  // namespace
+
 // Splits so that about two CTAs per SM are resident (the 16/32-row kernels fit two per SM),
 // capped by: at least one 64-wide unit of K per split; the fp32 partials no larger than half of the
 // weight bytes per row block (splits * rows * N * 4 <= N * K / 2, i.e. splits <= K / (16 * rows));
@@ -64,28 +77,14 @@ int32_t int4_gemm_num_splits(const Int4GemmParams& p, int32_t num_sms) {
   int64_t s = ceil_div(target, tiles);
   const int64_t units = p.k / kInt4TileK;
   const int64_t rows = p.m < 64 ? p.m : 64;
-  int64_t cap = p.k / (16 * rows);
-  if (cap > units) cap = units;
-  if (cap > kMaxSplits) cap = kMaxSplits;
-  if (cap < 1) cap = 1;
-  if (s > cap) s = cap;
-  // No empty split: recompute the count from the units per split.
-  const int64_t ups = ceil_div(units, s);
-  return static_cast<int32_t>(ceil_div(units, ups));
+  return clamp_splits(s, p.k / (16 * rows), units);
 }
 
 int32_t int4_gemm_deterministic_num_splits(int32_t n, int32_t k) {
   if (!shape_ok(1, n, k, kInt4TileK)) return 1;
   const int64_t tiles = ceil_div(n, i4::kBlockN);
   const int64_t units = k / kInt4TileK;
-  int64_t s = ceil_div(kInt4DeterministicCtas, tiles);
-  int64_t cap = k / 256;
-  if (cap > units) cap = units;
-  if (cap > kMaxSplits) cap = kMaxSplits;
-  if (cap < 1) cap = 1;
-  if (s > cap) s = cap;
-  const int64_t ups = ceil_div(units, s);
-  return static_cast<int32_t>(ceil_div(units, ups));
+  return clamp_splits(ceil_div(kInt4DeterministicCtas, tiles), k / 256, units);
 }
 
 size_t int4_gemm_workspace_size(const Int4GemmParams& p) {

@@ -28,9 +28,11 @@ alignas(256) static unsigned char buffer[1024];
 static const int32_t* const kAzp = reinterpret_cast<const int32_t*>(buffer + 800);
 static const int32_t* const kAzpAdj = reinterpret_cast<const int32_t*>(buffer + 816);
 
-static W8a8GemmSm90Args valid_args(int64_t m, DType out_dtype) {
-  W8a8GemmSm90Args p;
-  p.a = buffer;  // never dereferenced by the host checks
+// Operands in `buffer` (aligned, never dereferenced by the host checks), M x 272 x 528.
+template <typename Params>
+static Params buffer_params(int64_t m) {
+  Params p;
+  p.a = buffer;
   p.b = buffer + 256;
   p.out = buffer + 512;
   p.scale_a = reinterpret_cast<const float*>(buffer + 768);
@@ -38,6 +40,11 @@ static W8a8GemmSm90Args valid_args(int64_t m, DType out_dtype) {
   p.m = m;
   p.n = 272;
   p.k = 528;
+  return p;
+}
+
+static W8a8GemmSm90Args valid_args(int64_t m, DType out_dtype) {
+  auto p = buffer_params<W8a8GemmSm90Args>(m);
   p.out_dtype = out_dtype;
   return p;
 }
@@ -147,18 +154,7 @@ static void check_launcher(const Launcher& l, bool have_gpu) {
   }
 }
 
-static Int8ScaledMmParams int8_params(int64_t m) {
-  Int8ScaledMmParams p;
-  p.a = buffer;
-  p.b = buffer + 256;
-  p.out = buffer + 512;
-  p.scale_a = reinterpret_cast<const float*>(buffer + 768);
-  p.scale_b = reinterpret_cast<const float*>(buffer + 784);
-  p.m = m;
-  p.n = 272;
-  p.k = 528;
-  return p;
-}
+static Int8ScaledMmParams int8_params(int64_t m) { return buffer_params<Int8ScaledMmParams>(m); }
 
 // When launch_int8_scaled_mm runs the sm_90a kernel: pure host code, so every branch is checked here.
 static void check_int8_backend_selection() {
