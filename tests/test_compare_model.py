@@ -53,7 +53,7 @@ MODEL = dict(kind="model", rows=[
          **{"global": dict(sectors_per_request=8.0)}),
     dict(family="tree_verify", case="B=1 N=8 greedy", model_time_us=5.0, model_dram_bytes=1000, model_roofline_us=1.0,
          ideal_bytes=1000,
-         launches=[_launch("void fastinfer::spec::tree_verify_kernel<float, 4>(P)", 5.0, 1000, [1, 1, 1])]),
+         launches=[_launch("void fastinfer::speculative::tree_verify_kernel<float, 4>(P)", 5.0, 1000, [1, 1, 1])]),
     dict(family="silu_and_mul", case="broken", error="RuntimeError: x"),
 ])
 

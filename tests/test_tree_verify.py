@@ -1,5 +1,5 @@
 """tree_verify (speculative-decoding tree verification) against the fp64 walk of
-``fastinfer.reference.spec``: CPU impl, the CUDA kernel in the simt emulator (two schedule seeds,
+``fastinfer.reference.speculative``: CPU impl, the CUDA kernel in the simt emulator (two schedule seeds,
 bit-identical) and the GPU (-m cuda). Random trees (parents < child), N = 1..16, greedy and
 sampling, with and without draft probabilities, small/odd/large vocabularies, int32 and int64.
 
@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from conftest import get_backend, make_gen
-import fastinfer.reference.spec as RS
+import fastinfer.reference.speculative as RS
 from fastinfer.reference.attention import random_tree_parents
 from fastinfer.reference.attention import tree_mask as ref_tree_mask
 
@@ -404,40 +404,34 @@ def test_python_wrapper():
 
 
 # ---------------------------------------------------------------------------------------------
-# tree helpers (fastinfer.spec.tree)
+# tree helpers (fastinfer.engine.speculative.trees)
 @pytest.mark.parametrize("n", [1, 2, 7, 16, 33])
 def test_tree_helpers(n):
-    from fastinfer.spec import flatten_tree_masks, tree_depths, tree_mask, tree_positions
+    from fastinfer.engine.speculative.trees import tree_depths, tree_mask
 
     g = make_gen(n)
-    trees = [random_tree_parents(n, g) for _ in range(3)]
-    for par in trees:
-        m = tree_mask(par)
+    for par in [random_tree_parents(n, g) for _ in range(3)]:
+        m = torch.tensor(tree_mask(par))
         assert torch.equal(m, ref_tree_mask(par))
-        d = tree_depths(par)
+        d = torch.tensor(tree_depths(par))
         assert torch.equal(d, m.sum(-1) - 1)  # depth = number of strict ancestors
-        assert torch.equal(tree_positions(par, 10), d + 10)
-    batch = torch.tensor(trees, dtype=torch.int32)
-    mb = tree_mask(batch)
-    assert mb.shape == (3, n, n) and all(torch.equal(mb[i], ref_tree_mask(t)) for i, t in enumerate(trees))
-    pos = tree_positions(batch, torch.tensor([5, 0, 100]))
-    assert torch.equal(pos[2], tree_depths(trees[2]) + 100)
-    flat = flatten_tree_masks([ref_tree_mask(trees[0]), ref_tree_mask(trees[1][: max(1, n // 2)])])
-    assert flat.dtype == torch.bool and flat.numel() == n * n + max(1, n // 2) ** 2
+    assert tree_mask(torch.tensor(par)) == tree_mask(par)  # a 1-D tensor of parents works too
 
 
 def test_tree_helpers_reject_bad_trees():
-    from fastinfer.spec import tree_mask
+    from fastinfer.engine.speculative.trees import tree_depths, tree_mask
 
-    for bad, msg in [([0, 0], "root"), ([-1, 1], "topological"), ([-1, 0, 5], "topological"), ([-1, -1], "topological")]:
-        with pytest.raises(ValueError, match=msg):
-            tree_mask(bad)
+    for bad, msg in [([], "root"), ([0, 0], "root"), ([-1, 1], "topological"), ([-1, 0, 5], "topological"),
+                     ([-1, -1], "topological")]:
+        for helper in (tree_mask, tree_depths):
+            with pytest.raises(ValueError, match=msg):
+                helper(bad)
 
 
 def test_tree_mask_drives_tree_attention():
     """The helper's mask is what paged_prefill_attention(custom_mask=...) takes: a node's output
     equals plain causal attention over its root-to-node path."""
-    from fastinfer.spec import flatten_tree_masks, tree_mask
+    from fastinfer.engine.speculative.trees import tree_mask
 
     g = make_gen(2)
     par = random_tree_parents(9, g)
@@ -454,8 +448,8 @@ def test_tree_mask_drives_tree_attention():
     table = torch.arange(nb, dtype=torch.int32).view(1, -1)
     out = torch.ops.fastinfer.paged_prefill_attention(
         q, k_cache, v_cache, table, torch.tensor([0, n], dtype=torch.int32), torch.tensor([total], dtype=torch.int32),
-        n, D ** -0.5, True, -1, 0.0, flatten_tree_masks(tree_mask(par)), False)[0]
-    m = tree_mask(par)
+        n, D ** -0.5, True, -1, 0.0, torch.tensor(tree_mask(par)).reshape(-1), False)[0]
+    m = torch.tensor(tree_mask(par))
     for i in range(n):
         keys = list(range(prefix)) + [prefix + j for j in range(n) if m[i, j]]
         s = torch.einsum("hd,khd->hk", q[i].double(), k[keys].double()) * D ** -0.5

@@ -7,7 +7,7 @@
 #include "validate_attention.h"
 #include "validate_dense.h"
 #include "validate_fp8.h"
-#include "validate_spec.h"
+#include "validate_tree_verify.h"
 #include "validate_int4.h"
 #include "validate_int8.h"
 

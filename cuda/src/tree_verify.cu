@@ -1,7 +1,7 @@
 // tree_verify launcher: logits {fp32, fp16, bf16} x {16-byte vectors, scalar}. Index dtype
 // (int32/int64) and draft/greedy modes are runtime branches (few instantiations: build time).
 #include "fastinfer/common/launch.cuh"
-#include "fastinfer/spec/tree_verify.cuh"
+#include "fastinfer/speculative/tree_verify.cuh"
 
 #include <type_traits>
 
@@ -20,9 +20,9 @@ cudaError_t launch_tree_verify_typed(const TreeVerifyParams& p, cudaStream_t str
     const int64_t num_vecs = (static_cast<int64_t>(p.vocab_size) + VEC - 1) / VEC;
     int64_t warps = (num_vecs + 32 * 4 - 1) / (32 * 4);
     if (warps < 1) warps = 1;
-    if (warps > spec::kMaxWarps) warps = spec::kMaxWarps;
+    if (warps > speculative::kMaxWarps) warps = speculative::kMaxWarps;
     const size_t smem = static_cast<size_t>(p.num_nodes) * sizeof(int);  // rejected-token list
-    return launch_kernel(spec::tree_verify_kernel<T, VEC>, dim3(static_cast<unsigned>(p.batch_size)),
+    return launch_kernel(speculative::tree_verify_kernel<T, VEC>, dim3(static_cast<unsigned>(p.batch_size)),
                          dim3(static_cast<unsigned>(warps * 32)), smem, stream, p);
   };
   if (vectorizable) return launch(std::integral_constant<int, kVec>{});

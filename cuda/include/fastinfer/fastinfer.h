@@ -12,4 +12,4 @@
 #include "fastinfer/gemm/w8a8_sm90.h"
 #include "fastinfer/norm/rms_norm.h"
 #include "fastinfer/rope/rotary_embedding.h"
-#include "fastinfer/spec/spec.h"
+#include "fastinfer/speculative/tree_verify.h"

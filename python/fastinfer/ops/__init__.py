@@ -39,7 +39,7 @@ from .gemm_dense import dense_mm  # noqa: F401
 from .gemm_fp8 import fp8_quantize, fp8_scaled_mm  # noqa: F401
 from .gemm_int4 import Int4Weight, int4_gemm, int4_pack, int4_repack  # noqa: F401
 from .gemm_int8 import int8_azp_adj, int8_quantize, int8_scaled_mm  # noqa: F401
-from .spec import tree_verify  # noqa: F401
+from .speculative import tree_verify  # noqa: F401
 
 _OPS = {
     f.__name__: f

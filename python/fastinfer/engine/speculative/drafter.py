@@ -15,9 +15,9 @@ from typing import Dict, List, Optional, Sequence as Seq, Tuple
 import torch
 
 from ...layers import BatchBuilder, host_to_device
-from ...spec import tree_mask
 from ..sampler import position_noise, race_scores
 from ..sequence import Sequence
+from .trees import tree_mask
 
 Tensor = torch.Tensor
 
@@ -247,7 +247,7 @@ class DraftModelDrafter(Drafter):
                 nodes = fed_nodes[b]
                 # fed node a sees the fed slots of its ancestors (not the root: a committed token);
                 # a virtual root 0 makes the fed forest a tree for tree_mask
-                mask = tree_mask([-1] + [fed[b][par[b][j]] + 1 for j in nodes])[1:, 1:]
+                mask = torch.tensor(tree_mask([-1] + [fed[b][par[b][j]] + 1 for j in nodes]))[1:, 1:]
                 n = s.num_tokens + self.position_shift
                 new = [a for a, j in enumerate(nodes) if dep[b][j] == d]
                 chunks.append((s, [tok[b][j] for j in nodes], [n - 1 + dep[b][j] for j in nodes],
@@ -267,7 +267,7 @@ class DraftModelDrafter(Drafter):
             nodes = [0] + keep
             parents = [-1] + [new_idx[par[b][j]] for j in keep]
             out.append(Draft(s, [tok[b][j] for j in nodes], parents, [dep[b][j] for j in nodes],
-                             tree_mask(parents), None, [fed[b][j] for j in nodes], s.num_tokens))
+                             torch.tensor(tree_mask(parents)), None, [fed[b][j] for j in nodes], s.num_tokens))
         return out
 
     # ------------------------------------------------------------------------------------------

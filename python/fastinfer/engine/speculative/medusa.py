@@ -33,10 +33,9 @@ import torch
 import torch.nn.functional as F
 
 from ...layers import TensorDictReader, WeightReader
-from ...spec import tree_mask
 from ..sequence import Sequence
 from .drafter import Draft, Drafter, read_head_weights
-from .trees import Path, tree_for_heads, tree_structure
+from .trees import Path, tree_for_heads, tree_mask, tree_structure
 
 Tensor = torch.Tensor
 
@@ -201,7 +200,8 @@ class MedusaDrafter(Drafter):
             paths = [p for p in self.paths if len(p) <= size] if r is not None else []
             parents, depths = tree_structure(paths)
             tokens = [s.token_ids[-1]] + [top[len(p) - 1][r][p[-1]] for p in paths]
-            out.append(Draft(s, tokens, parents, depths, tree_mask(parents), None, [-1] * len(tokens), s.num_tokens))
+            out.append(Draft(s, tokens, parents, depths, torch.tensor(tree_mask(parents)), None, [-1] * len(tokens),
+                             s.num_tokens))
         return out
 
 

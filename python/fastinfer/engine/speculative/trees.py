@@ -1,4 +1,12 @@
-"""Static candidate trees of draft heads (Medusa), as lists of paths. Token-free, tensor-free.
+"""Draft trees, token- and tensor-free: the parents layout of a draft, and the static candidate trees
+of draft heads (Medusa) as lists of paths.
+
+A draft of ``N`` nodes is given by ``parents``: node 0 is the root (the last committed token,
+``parents[0] = -1``) and every other node's parent has a smaller index (``0 <= parents[i] < i``,
+topological order; the layout :func:`fastinfer.ops.tree_verify` expects). For tree attention the
+``N`` nodes are the last ``N`` tokens of the sequence in the KV cache; node ``i`` sees its
+ancestors and itself (:func:`tree_mask`, the ``custom_mask`` block of ``paged_prefill_attention``)
+and sits at position ``start + depth(i)`` (:func:`tree_depths`, for rotary embeddings).
 
 A path ``(i_1, .., i_d)`` names the node at depth d whose token is the ``i_d``-th most probable
 token of head ``d - 1`` (head 0 predicts the token after the root), and whose parent is the path
@@ -10,7 +18,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
-__all__ = ["DEFAULT_MEDUSA_TREE", "Path", "check_tree", "chain_tree", "tree_for_heads", "tree_structure"]
+__all__ = ["DEFAULT_MEDUSA_TREE", "Path", "check_tree", "chain_tree", "tree_for_heads", "tree_structure",
+           "validate_parents", "tree_depths", "tree_mask"]
 
 Path = Tuple[int, ...]
 
@@ -73,3 +82,36 @@ def tree_structure(paths: Sequence[Path]) -> Tuple[List[int], List[int]]:
         parents.append(index[p[:-1]])
         depths.append(len(p))
     return parents, depths
+
+
+def validate_parents(parents: Sequence[int]) -> List[int]:
+    """``parents`` as a list of ints, or a ValueError unless ``parents[0] == -1`` and
+    ``0 <= parents[i] < i`` for ``i >= 1``."""
+    p = [int(x) for x in parents]
+    if not p or p[0] != -1:
+        raise ValueError("parents[0] must be -1 (node 0 is the root)")
+    for i, x in enumerate(p[1:], 1):
+        if not 0 <= x < i:
+            raise ValueError(f"parents[{i}] = {x} must be in [0, {i}): nodes must be in topological order "
+                             "(parent index < child index) forming a tree rooted at node 0")
+    return p
+
+
+def tree_depths(parents: Sequence[int]) -> List[int]:
+    """The depth of every node (the root has depth 0)."""
+    p = validate_parents(parents)
+    depth = [0] * len(p)
+    for i in range(1, len(p)):  # parents precede children: one pass
+        depth[i] = depth[p[i]] + 1
+    return depth
+
+
+def tree_mask(parents: Sequence[int]) -> List[List[bool]]:
+    """``N`` rows of ``N`` bools: ``mask[i][j]`` iff node j is node i or an ancestor of it."""
+    p = validate_parents(parents)
+    mask: List[List[bool]] = []
+    for i, par in enumerate(p):  # a node sees what its parent sees, and itself
+        row = list(mask[par]) if par >= 0 else [False] * len(p)
+        row[i] = True
+        mask.append(row)
+    return mask

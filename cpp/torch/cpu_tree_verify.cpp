@@ -1,6 +1,7 @@
-// CPU implementation of tree_verify: the walk of spec.h per sequence on ATen's thread pool,
-// computed in float64 from the stored logits (it then agrees with the fp64 reference except for
-// summation order). Dense residual vectors (p, q) per sequence, renormalised after every rejection.
+// CPU implementation of tree_verify: the walk of speculative/tree_verify.h per sequence on ATen's
+// thread pool, computed in float64 from the stored logits (it then agrees with the fp64 reference
+// except for summation order). Dense residual vectors (p, q) per sequence, renormalised after
+// every rejection.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -10,7 +11,7 @@
 #include <limits>
 #include <vector>
 
-#include "validate_spec.h"
+#include "validate_tree_verify.h"
 
 namespace fastinfer::binding {
 namespace {

@@ -1,6 +1,6 @@
 #pragma once
 // tree_verify kernel: one CTA per sequence walks the draft tree from the root (semantics in
-// spec.h). Only the nodes the walk visits are read.
+// tree_verify.h). Only the nodes the walk visits are read.
 //
 // Layout: the vocabulary is cut into one contiguous segment per warp (a multiple of 32 * VEC
 // elements); inside its segment a warp reads 32 * VEC consecutive elements per step (lane l the
@@ -35,11 +35,11 @@
 #include "fastinfer/common/math.cuh"
 #include "fastinfer/common/smem.cuh"
 #include "fastinfer/common/vec.cuh"
-#include "fastinfer/spec/spec.h"
+#include "fastinfer/speculative/tree_verify.h"
 
 #include <cmath>
 
-namespace fastinfer::spec {
+namespace fastinfer::speculative {
 
 constexpr int kMaxWarps = 32;
 constexpr int kMaxThreads = kMaxWarps * 32;
@@ -475,4 +475,4 @@ __global__ void __launch_bounds__(kMaxThreads) tree_verify_kernel(const TreeVeri
   }
 }
 
-}  // namespace fastinfer::spec
+}  // namespace fastinfer::speculative
