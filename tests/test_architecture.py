@@ -4,7 +4,13 @@ layers (ops <- layers <- models <- quant <- engine <- entry points), has no cycl
 (``fastinfer.reference``). Engine modules stay short enough to read.
 ``distributed`` (tensor-parallel groups, collectives) sits at the bottom with the ops: torch only.
 
-Parsed from the sources (``ast``), so function-level imports count too.
+Inside the engine, the token side (core, scheduler, block manager, sequences, params, output
+processor, the step messages, the speculative proposer and trees) imports no torch and nothing of
+the tensor side (executor, workers, runner, drafters): it talks to the executor through
+:mod:`fastinfer.engine.messages` only.
+
+Parsed from the sources (``ast``), so function-level imports count too; imports under
+``if TYPE_CHECKING:`` (annotations only, never executed) do not.
 """
 
 from __future__ import annotations
@@ -92,7 +98,7 @@ IMPORTS = _imports(_modules())
 def test_parser_sees_known_imports():
     """The checks below are only as good as the parser: it must see these."""
     edges = {(a, b, n) for a, b, n, _ in IMPORTS}
-    assert ("engine.core", "engine.executor", "Executor") in edges
+    assert ("engine.core", "engine.messages", "StepExecutor") in edges
     assert ("models.llama", "layers", "ColumnParallelLinear") in edges
     assert ("", "ops", "") in edges  # fastinfer/__init__.py: from . import ops
     assert any(a == "" and b == "engine" and f for a, b, _, f in IMPORTS)  # the lazy LLM import
@@ -175,3 +181,128 @@ def test_import_fastinfer_stays_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True"], out.stdout
+
+
+# ---- the engine's seam: the token side ------------------------------------------------------------
+TOKEN_SIDE = {"engine.core", "engine.scheduler", "engine.block_manager", "engine.sequence", "engine.params",
+              "engine.output_processor", "engine.messages", "engine.speculative.proposer",
+              "engine.speculative.trees"}
+# what the token side may import besides itself: the detokenizer of the output processor (text)
+TOKEN_SIDE_MAY_IMPORT = {"engine.tokenizer"}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_imports(source: str, mod: str, is_pkg: bool, known: Set[str]) -> List[Tuple[int, str]]:
+    """``(line, module)`` for every import that runs (function bodies included, ``if
+    TYPE_CHECKING:`` bodies not); modules of the package as ``fastinfer.<name>``."""
+    out: List[Tuple[int, str]] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if not node.level:
+                out.append((node.lineno, node.module or ""))
+            else:
+                target = _resolve(mod, is_pkg, node.level, node.module or "")
+                for a in node.names:  # "from . import x" imports the module x
+                    sub = f"{target}.{a.name}" if target else a.name
+                    out.append((node.lineno, "fastinfer." + (sub if sub in known else target)))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(source))
+    return list(dict.fromkeys(out))  # "from .x import a, b": one import
+
+
+def _token_side_violations(mod: str, source: str, is_pkg: bool, known: Set[str]) -> List[str]:
+    bad = []
+    for line, name in _runtime_imports(source, mod, is_pkg, known):
+        inner = name[len("fastinfer."):] if name.startswith("fastinfer.") else None
+        if name == "torch" or name.startswith("torch."):
+            bad.append(f"{mod}:{line} imports {name}")
+        elif name == "fastinfer" or (inner is not None and inner not in TOKEN_SIDE | TOKEN_SIDE_MAY_IMPORT):
+            bad.append(f"{mod}:{line} imports {name} (not on the token side)")
+    return bad
+
+
+def test_token_side_imports_no_torch_and_no_tensor_side():
+    mods = _modules()
+    missing = sorted(TOKEN_SIDE - set(mods))
+    assert not missing, f"token-side modules not found (renamed?): {missing}"
+    bad = []
+    for mod in sorted(TOKEN_SIDE):
+        path = mods[mod]
+        bad += _token_side_violations(mod, open(path, encoding="utf-8").read(), path.endswith("__init__.py"),
+                                      set(mods))
+    assert not bad, "\n".join(bad)
+
+
+def test_token_side_check_names_the_offending_import():
+    """The check above catches torch and the tensor side, at any depth, and skips annotations."""
+    source = ("from typing import TYPE_CHECKING\n"
+              "from .scheduler import Scheduler\n"
+              "import torch.nn\n"
+              "if TYPE_CHECKING:\n"
+              "    from .config import EngineConfig\n"
+              "else:\n"
+              "    from .workers import TensorParallelRunner\n"
+              "def build():\n"
+              "    from .executor import Executor\n"
+              "    from .speculative import drafter\n")
+    known = set(_modules())
+    assert _token_side_violations("engine.core", source, False, known) == [
+        "engine.core:3 imports torch.nn",
+        "engine.core:7 imports fastinfer.engine.workers (not on the token side)",
+        "engine.core:9 imports fastinfer.engine.executor (not on the token side)",
+        "engine.core:10 imports fastinfer.engine.speculative.drafter (not on the token side)",
+    ]
+
+
+def test_engine_core_drives_any_step_executor():
+    """The core needs a StepExecutor, nothing more: a token-only stand-in (next token = last + 1)
+    runs requests to their end, prefill chunks and decode rows included."""
+    from types import SimpleNamespace
+
+    from fastinfer.engine.core import EngineCore
+    from fastinfer.engine.messages import ModelOutput, SampledToken, StepInput
+    from fastinfer.engine.params import SamplingParams
+
+    class CountingExecutor:
+        max_model_len, num_kv_blocks, vocab_size, draft_tree = 64, 16, 100, None
+
+        def __init__(self):
+            self.steps = []
+
+        def execute(self, step: StepInput) -> ModelOutput:
+            self.steps.append(step)
+            sched = step.scheduled
+            rows = [s for s, n in sched.prefills if s.num_computed_tokens + n == s.num_tokens] + sched.decodes
+            return ModelOutput(sampled=[SampledToken(s, (s.token_ids[-1] + 1) % self.vocab_size, None) for s in rows])
+
+        def stats(self):
+            return {}
+
+    config = SimpleNamespace(block_size=4, max_num_seqs=4, max_num_batched_tokens=8, enable_prefix_caching=True,
+                             speculative=None, static_batching=False)
+    ex = CountingExecutor()
+    core = EngineCore(config, ex, eos_token_ids=[99])
+    assert core.add_request("a", list(range(10)), SamplingParams(max_tokens=5)) is None
+    assert core.add_request("b", [97], SamplingParams(max_tokens=5)) is None
+    assert core.add_request("c", [100], SamplingParams()) == "prompt token id 100 is outside the vocabulary [0, 100)"
+    got = {}
+    while core.has_unfinished_requests() and len(ex.steps) < 50:
+        for o in core.step():
+            got.setdefault(o.request_id, []).extend(o.new_token_ids)
+            if o.finish_reason:
+                got[o.request_id].append(o.finish_reason)
+    assert got == {"a": [10, 11, 12, 13, 14, "length"], "b": [98, 99, "stop"]}
+    assert any(s.scheduled.prefills and s.scheduled.prefills[0][1] < 10 for s in ex.steps)  # "a" came in chunks

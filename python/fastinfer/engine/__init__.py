@@ -2,7 +2,8 @@
 
 Request path: :class:`LLM` (``llm.py``, the offline driver) -> :class:`EngineCore` (``core.py``:
 scheduler -> block manager, speculative proposer; token ids only) -> :class:`Executor`
-(``executor.py``: models, KV pools, CUDA graphs, sampler, drafter; the only owner of tensors) ->
+(``executor.py``: models, KV pools, CUDA graphs, sampler, drafter; the only owner of tensors; the
+core sees it as a ``StepExecutor`` and both speak the step messages of ``messages.py``) ->
 :class:`OutputProcessor` (``output_processor.py``: detokenisation, stop strings, outputs). The target
 forward is a :class:`~.model_runner.ForwardPlan` run by a ``ModelRunner`` (``model_runner.py``); under
 tensor parallelism on every rank (``workers.py``: rank 0's side; ``worker.py``: ranks > 0).

@@ -1,59 +1,44 @@
 """The engine core: requests as token ids, one scheduling step at a time.
 
 ``EngineCore`` owns the scheduler, the block manager and (with speculation) the proposer, and
-drives the executor: ``add_request`` (prompt token ids + params), ``abort_request``, ``step() ->``
-one :class:`SeqOutput` per sequence the step touched (its new token ids, and a finish reason when
-it finished), ``has_unfinished_requests``. It never touches a device tensor and knows no text:
-detokenisation and stop strings belong to the output processor, which stops sequences through
-:meth:`EngineCore.stop_sequence`. Finished requests leave the core at once.
+drives an executor (any :class:`~.messages.StepExecutor`; its caller builds it): ``add_request``
+(prompt token ids + params), ``abort_request``, ``step() ->`` one
+:class:`~.messages.SeqOutput` per sequence the step touched (its new token ids, and a finish
+reason when it finished), ``has_unfinished_requests``. It never touches a device tensor and knows
+no text: detokenisation and stop strings belong to the output processor, which stops sequences
+through :meth:`EngineCore.stop_sequence`. Finished requests leave the core at once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Union
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional
 
 from .block_manager import BlockManager
-from .config import EngineConfig
-from .executor import Executor, SpecWork, StepInput
+from .messages import SeqOutput, SpecWork, StepExecutor, StepInput
 from .params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Request, Sequence
-from .speculative import DraftModelProposer, make_proposer
+from .speculative.proposer import DraftModelProposer, make_proposer
 
-__all__ = ["EngineCore", "SeqOutput"]
+if TYPE_CHECKING:  # the config module imports torch and the model loader; the core reads fields only
+    from .config import EngineConfig
 
-
-@dataclass
-class SeqOutput:
-    """What one engine step did to one sequence (completion ``index`` of request ``request_id``)."""
-
-    request_id: str
-    index: int
-    new_token_ids: List[int] = field(default_factory=list)
-    new_logprobs: Optional[List[dict]] = None
-    finish_reason: Optional[str] = None  # of the last new token: "stop" (EOS / stop token), "length", ...
-    stop_reason: Union[int, str, None] = None
-    error: Optional[str] = None
-    num_cached_tokens: int = 0
-    num_forwards: int = 0  # target forward passes that computed its tokens (0 or 1)
-    spec_num_draft: int = 0  # speculative step: draft tokens verified, and accepted
-    spec_num_accepted: int = 0
-    spec_verified: int = 0
+__all__ = ["EngineCore"]
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, executor: Executor, eos_token_ids: Iterable[int]):
+    def __init__(self, config: EngineConfig, executor: StepExecutor, eos_token_ids: Iterable[int]):
         self.executor = executor
         self.block_size = config.block_size
         self.max_num_seqs = config.max_num_seqs
         self.max_model_len = executor.max_model_len
-        self.vocab_size = int(executor.model.config.vocab_size)
+        self.vocab_size = executor.vocab_size
         self.eos_token_ids = set(eos_token_ids)
         self.block_manager = BlockManager(executor.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.proposer: Optional[DraftModelProposer] = None
         if config.speculative is not None:
-            self.proposer = make_proposer(config.speculative, self.block_manager, self.max_model_len, executor.drafter)
+            self.proposer = make_proposer(config.speculative, self.block_manager, self.max_model_len,
+                                          executor.draft_tree)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len, lookahead=self.proposer.plan if self.proposer else None,
                                    static_batching=config.static_batching)

@@ -13,61 +13,20 @@ shard, the logits come back gathered on rank 0, where drafting, verification and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence as Seq, Tuple
 
 import torch
 
 from ..models import load_config
 from .config import EngineConfig
+from .messages import ModelOutput, SampledToken, StepInput, VerifiedDraft
 from .model_runner import Chunk, ForwardPlan, ModelRunner, load_checkpoint, num_kv_blocks_for, nvtx_range
 from .sampler import Sampler, logprob_dict
-from .scheduler import SchedulerOutput, SpecPlan
 from .sequence import Sequence
 from .speculative import Draft, Drafter, build_drafter, commit_moves, load_eagle_head, plan_slots, verify
+from .speculative.trees import Path
 
-__all__ = ["Executor", "StepInput", "SpecWork", "ModelOutput", "SampledToken", "VerifiedDraft", "nvtx_range",
-           "num_kv_blocks_for"]
-
-
-@dataclass
-class SpecWork:
-    seq: Sequence
-    plan: SpecPlan
-    draft_computed: int  # leading tokens the draft has K/V for (the proposer's state)
-
-
-@dataclass
-class StepInput:
-    scheduled: SchedulerOutput
-    spec: List[SpecWork] = field(default_factory=list)
-    # parent seq_id -> the new sequences (n > 1) whose first token is sampled from the parent's row
-    forks: Dict[int, List[Sequence]] = field(default_factory=dict)
-    finished_seq_ids: List[int] = field(default_factory=list)  # since the last step
-
-
-@dataclass
-class SampledToken:
-    seq: Sequence
-    token: int
-    logprobs: Optional[Dict[int, float]]
-
-
-@dataclass
-class VerifiedDraft:
-    seq: Sequence
-    tokens: List[int]  # the accepted draft tokens, then the bonus / residual sample
-    logprobs: Optional[List[Dict[int, float]]]
-    num_draft: int
-    num_accepted: int
-    max_depth: int
-    draft_computed: int  # leading tokens with draft K/V after the commit
-
-
-@dataclass
-class ModelOutput:
-    sampled: List[SampledToken] = field(default_factory=list)
-    verified: List[VerifiedDraft] = field(default_factory=list)
+__all__ = ["Executor", "nvtx_range", "num_kv_blocks_for"]
 
 
 def _seed_for(seed: int, index: int) -> int:
@@ -75,7 +34,8 @@ def _seed_for(seed: int, index: int) -> int:
 
 
 class Executor:
-    """Runs the models of an :class:`EngineConfig` (see the module docstring).
+    """Runs the models of an :class:`EngineConfig` (see the module docstring); the engine core's
+    :class:`~.messages.StepExecutor`.
 
     After construction: ``runner`` (the target's :class:`~.model_runner.ModelRunner`, or under
     tensor parallelism the driver of all ranks' runners), ``model`` (rank 0's target), ``draft_model``
@@ -118,6 +78,14 @@ class Executor:
         gen.manual_seed(int(config.seed))
         self.sampler = Sampler(gen, deterministic=config.deterministic)
         self._generators: Dict[int, torch.Generator] = {}  # seq_id -> generator of a seeded request
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    @property
+    def draft_tree(self) -> Optional[List[Path]]:
+        return self.drafter.paths if self.drafter is not None else None
 
     @property
     def kv_caches(self):

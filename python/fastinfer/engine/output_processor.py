@@ -1,7 +1,7 @@
 """Output processing: the request registry, incremental detokenisation, stop strings, logprobs,
 :class:`~fastinfer.engine.params.RequestOutput` and per-request metrics.
 
-The engine core reports token ids (:class:`~fastinfer.engine.core.SeqOutput`); this module turns
+The engine core reports token ids (:class:`~fastinfer.engine.messages.SeqOutput`); this module turns
 them into what users read. A request lives in the registry from ``add_request`` until its final
 output is built: then it leaves (a long-running server keeps a bounded registry and can reuse ids).
 A stop string found in a completion's text ends that completion here; :meth:`OutputProcessor.process`
@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
-from .core import SeqOutput
+from .messages import SeqOutput
 from .params import CompletionOutput, RequestOutput, SamplingParams
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 

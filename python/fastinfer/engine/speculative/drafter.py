@@ -17,7 +17,7 @@ import torch
 from ...layers import BatchBuilder, host_to_device
 from ..sampler import position_noise, race_scores
 from ..sequence import Sequence
-from .trees import tree_mask
+from .trees import Path, tree_mask
 
 Tensor = torch.Tensor
 
@@ -62,6 +62,9 @@ class Drafter:
     #: with ``wants_hidden_states``: hand over the inputs of these target layers, concatenated
     #: (:meth:`~fastinfer.models.llama.LlamaForCausalLM.aux_hidden_states`), not the final states
     hidden_layers: Tuple[int, ...] = ()
+    #: the static tree of draft heads (Medusa), which the core's proposer plans with; None: the
+    #: drafter builds its trees step by step
+    paths: Optional[List[Path]] = None
 
     def propose(self, items: Seq[Tuple[Sequence, int, int]], gens: Seq[torch.Generator]) -> List[Draft]:
         raise NotImplementedError
