@@ -14,13 +14,15 @@ draft's recomputation too.
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence as Seq
+from typing import TYPE_CHECKING, Dict, List, Sequence as Seq
 
 from ..block_manager import BlockManager
-from ..config import SpeculativeConfig
 from ..scheduler import SchedulerOutput, SpecPlan
 from ..sequence import Sequence
 from .trees import Path
+
+if TYPE_CHECKING:  # the config imports this package (its method registry)
+    from ..config import SpeculativeConfig
 
 __all__ = ["Proposer", "DraftModelProposer", "StaticTreeProposer", "EagleProposer", "make_proposer",
            "speculation_supported"]
@@ -189,7 +191,4 @@ class EagleProposer(DraftModelProposer):
 def make_proposer(config: SpeculativeConfig, block_manager: BlockManager, max_model_len: int,
                   drafter) -> DraftModelProposer:
     """The core-side proposer of ``config.method`` (``drafter``: the executor's, for its tree)."""
-    if config.method in ("draft", "eagle", "eagle3"):
-        cls = DraftModelProposer if config.method == "draft" else EagleProposer
-        return cls(config, block_manager, max_model_len)
-    return StaticTreeProposer(config, block_manager, max_model_len, drafter.paths)
+    return config.entry.make_proposer(config, block_manager, max_model_len, drafter)
