@@ -13,6 +13,8 @@ What the fields derive, after validation: :attr:`EngineConfig.speculative` (a
 and :meth:`EngineConfig.ops_backend` (the op backend every model, the sampler, the drafter and the
 verifier run with). What the executor derives from the model and the device (KV blocks, the final
 ``max_model_len``) is reported by the executor.
+
+This module is longer than the engine's others: it holds the help text of every option, once.
 """
 
 from __future__ import annotations

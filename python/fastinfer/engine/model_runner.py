@@ -20,9 +20,9 @@ import torch
 
 from ..distributed import SINGLE, ParallelInfo
 from ..layers import BatchBuilder, TensorDictReader
-from ..models import LlamaForCausalLM, load_config, load_model
-from ..ops import Backend
+from ..models import LlamaForCausalLM, load_model
 from ..quant import resolve_quantization
+from .checkpoints import load_checkpoint
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs
 from .speculative.drafter import move_slots
@@ -67,17 +67,6 @@ class ForwardPlan:
     @property
     def is_empty(self) -> bool:
         return not self.chunks and not self.decodes and not self.trees
-
-
-def load_checkpoint(path: str, dtype, device, max_positions, ops: Backend, quantization=None,
-                    progress: bool = False, tp: ParallelInfo = SINGLE) -> LlamaForCausalLM:
-    """Build and load checkpoint ``path`` (its quantisation resolved) on the op backend ``ops``,
-    this rank's shard under TP."""
-    cfg = load_config(path)  # a Hugging Face directory or a GGUF file
-    qc = resolve_quantization(cfg, quantization, path)
-    return load_model(path, dtype=dtype, device=device, progress=progress,
-                      max_positions=cfg.max_model_len if max_positions is None else max_positions,
-                      config=cfg, quant_config=qc, ops=ops, tp=tp)
 
 
 class ModelRunner:

@@ -6,8 +6,8 @@ exponential-race form ``argmax(p / E)`` with ``E ~ Exp(1)`` drawn from the row's
 ``torch.Generator`` when the request has a seed, so a seeded completion does not depend on what else
 is in the batch. Log-probabilities reported to the user are the log-softmax of the raw logits.
 
-Deterministic mode (``Sampler(generator, backend(..., deterministic=True))``): a seeded row's noise is a function of its seed
-and the position of the token being drawn only (:func:`position_noise`), not of how many draws the
+Deterministic mode (``Sampler(generator, backend(..., deterministic=True))``): a seeded row's noise
+is a function of its seed and the position of the token being drawn only (:func:`position_noise`), not of how many draws the
 request's generator made before, so the speculative verifier can reproduce the exact draw plain
 decoding would make at every position (:func:`race_scores`) and seeded tokens do not depend on
 whether, or how, the request speculated.

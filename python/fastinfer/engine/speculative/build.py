@@ -16,7 +16,7 @@ def load_draft_model(spec, target, max_model_len: int, ops):
     """Load / check the draft model of ``spec``: same vocabulary, the target's dtype and device,
     built on the op backend ``ops`` (the config's mode). It runs on rank 0 only, unsharded (its
     proposals are token ids that travel in the step's plan)."""
-    from ..model_runner import load_checkpoint
+    from ..checkpoints import load_checkpoint
     from ...models import load_config
 
     device = target.device

@@ -14,16 +14,12 @@ draft's recomputation too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Sequence as Seq
+from typing import Any, Dict, List, Sequence as Seq
 
 from ..block_manager import BlockManager
 from ..scheduler import SchedulerOutput, SpecPlan
 from ..sequence import Sequence
 from .trees import Path
-
-if TYPE_CHECKING:  # the config imports this package (its method registry)
-    from ..config import SpeculativeConfig
-
 __all__ = ["Proposer", "DraftModelProposer", "StaticTreeProposer", "EagleProposer", "make_proposer",
            "speculation_supported"]
 
@@ -65,7 +61,7 @@ class Proposer:
 class DraftModelProposer(Proposer):
     """Plans for a draft model (chain or tree) and tracks its KV coverage (module docstring)."""
 
-    def __init__(self, config: SpeculativeConfig, block_manager: BlockManager, max_model_len: int):
+    def __init__(self, config: Any, block_manager: BlockManager, max_model_len: int):
         self.mode = config.mode
         self.k = int(config.num_tokens or 0)
         self.topk = int(config.tree_topk)
@@ -167,7 +163,7 @@ class StaticTreeProposer(DraftModelProposer):
     """Plans for draft heads with a static tree of ``paths`` (Medusa): the tree cut at the depth
     the sequence may still generate; the drafter keeps no KV of its own."""
 
-    def __init__(self, config: SpeculativeConfig, block_manager: BlockManager, max_model_len: int,
+    def __init__(self, config: Any, block_manager: BlockManager, max_model_len: int,
                  paths: Seq[Path]):
         super().__init__(config, block_manager, max_model_len)
         self.paths = list(paths)
@@ -188,7 +184,8 @@ class EagleProposer(DraftModelProposer):
             self._computed[seq.seq_id] = max(0, self._computed[seq.seq_id] - 1)
 
 
-def make_proposer(config: SpeculativeConfig, block_manager: BlockManager, max_model_len: int,
+def make_proposer(config: Any, block_manager: BlockManager, max_model_len: int,
                   drafter) -> DraftModelProposer:
-    """The core-side proposer of ``config.method`` (``drafter``: the executor's, for its tree)."""
+    """The core-side proposer of ``config.method`` (``config``: a :class:`~..config.SpeculativeConfig`;
+    ``drafter``: the executor's, for its tree)."""
     return config.entry.make_proposer(config, block_manager, max_model_len, drafter)
