@@ -367,12 +367,13 @@ def default_text(f: dataclasses.Field) -> str:
     return "none" if f.default is None else repr(f.default)
 
 
-def options_doc(indent: str = "    ", width: int = 100) -> str:
-    """The ``Options:`` section of ``help(LLM)``: every option with its type, default and help."""
+def options_doc(base: str = "    ", width: int = 100) -> str:
+    """The ``Options:`` section of ``help(LLM)``: every option with its type, default and help
+    (``base``: the indentation of the docstring it goes in)."""
     import textwrap
 
-    lines = ["Options (keyword arguments; each is a field of fastinfer.EngineConfig):"]
+    lines = [base + "Options (keyword arguments; each is a field of fastinfer.EngineConfig):"]
     for f in option_fields():
         head = f"{f.name} ({f.type}; default: {default_text(f)}): {f.metadata['help']}."
-        lines += textwrap.wrap(head, width, initial_indent=indent, subsequent_indent=indent * 3)
+        lines += textwrap.wrap(head, width, initial_indent=base + "    ", subsequent_indent=base + "        ")
     return "\n".join(lines)

@@ -266,7 +266,7 @@ def _signature() -> inspect.Signature:
     return inspect.Signature(params)
 
 
-LLM.__doc__ = LLM.__doc__.replace("{options}", options_doc().lstrip())
+LLM.__doc__ = LLM.__doc__.replace("    {options}", options_doc())
 LLM.__init__.__signature__ = _signature()
 
 
