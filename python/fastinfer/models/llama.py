@@ -158,8 +158,8 @@ class LlamaForCausalLM(nn.Module):
             ``config.max_model_len``.
         ops: the :class:`~fastinfer.ops.Backend` every layer calls (default ``backend("fastinfer")``;
             ``backend("fastinfer_sim")``: the CUDA kernel sources run by the CPU emulator, fp16/bf16
-            only, slow: tests; ``deterministic=True``: the batch-invariant mode, fixed for the model's
-            life). See :meth:`set_op_namespace`.
+            only, slow: tests; ``deterministic=True``: the batch-invariant mode). Fixed for the
+            model's life: every layer holds this one backend.
         quant_config: chooses each linear's method (:mod:`fastinfer.quant`); None: float.
         tp: this rank's place in the tensor-parallel group (the model is then its shard).
     """
@@ -241,15 +241,6 @@ class LlamaForCausalLM(nn.Module):
                     return False
                 raise
         return True
-
-    def set_op_namespace(self, namespace: str) -> None:
-        """Route every op call to ``torch.ops.<namespace>`` (``fastinfer`` or ``fastinfer_sim``), in
-        the mode the model was built with (the mode is given once, at construction: ``ops=``): tests
-        compare the emulated kernels with the compiled ones on one set of weights."""
-        self.ops = backend(namespace, self.ops.deterministic)
-        for m in self.modules():
-            if hasattr(m, "ops"):
-                m.ops = self.ops
 
     @property
     def op_namespace(self) -> str:
