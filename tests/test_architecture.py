@@ -58,6 +58,11 @@ def _resolve(mod: str, is_pkg: bool, level: int, target: str) -> str:
     return ".".join(base + ([target] if target else []))
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
 def _imports(mods: Dict[str, str]) -> List[Tuple[str, str, str, bool]]:
     """``(importer, imported module, imported name or "", inside a function)`` for every import."""
     out = []
@@ -66,7 +71,11 @@ def _imports(mods: Dict[str, str]) -> List[Tuple[str, str, str, bool]]:
         is_pkg = path.endswith("__init__.py")
         funcs = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                  for n in ast.walk(f)}
+        type_only = {id(n) for b in ast.walk(tree) if isinstance(b, ast.If) and _is_type_checking(b.test)
+                     for stmt in b.body for n in ast.walk(stmt)}
         for node in ast.walk(tree):
+            if id(node) in type_only:
+                continue  # annotations only: never executed
             in_func = id(node) in funcs
             if isinstance(node, ast.Import):
                 for a in node.names:
@@ -189,11 +198,6 @@ TOKEN_SIDE = {"engine.core", "engine.scheduler", "engine.block_manager", "engine
               "engine.speculative.trees"}
 # what the token side may import besides itself: the detokenizer of the output processor (text)
 TOKEN_SIDE_MAY_IMPORT = {"engine.tokenizer"}
-
-
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def _runtime_imports(source: str, mod: str, is_pkg: bool, known: Set[str]) -> List[Tuple[int, str]]:

@@ -18,6 +18,9 @@ from fastinfer.engine.params import SamplingParams
 from fastinfer.engine.sampler import Sampler, position_noise
 from fastinfer.engine.speculative.drafter import Draft
 from fastinfer.engine.speculative.verifier import verify
+from fastinfer.ops import backend
+
+DETERMINISTIC = backend("fastinfer", deterministic=True)  # the mode is the op backend's
 
 V = 50
 
@@ -52,13 +55,13 @@ def test_deterministic_sampler_ignores_batch_and_earlier_draws():
     prompt = [1, 2, 3]
     p = SamplingParams(temperature=1.0, seed=5)
     row = target_logits(prompt)
-    alone, _ = Sampler(torch.Generator(), deterministic=True)(row[None], [p], [prompt], [seeded(5)])
+    alone, _ = Sampler(torch.Generator(), DETERMINISTIC)(row[None], [p], [prompt], [seeded(5)])
     gen = seeded(5)
     torch.rand(3, generator=gen)  # a generator that drew before (a step without speculation, a draft proposal)
     others = torch.randn(3, V)
     batch = torch.cat([others[:1], row[None], others[1:]])
     params = [SamplingParams(temperature=0.7, top_k=5, seed=1), p, SamplingParams(temperature=1.3)]
-    mixed, _ = Sampler(torch.Generator(), deterministic=True)(batch, params, [[9], prompt, [8]],
+    mixed, _ = Sampler(torch.Generator(), DETERMINISTIC)(batch, params, [[9], prompt, [8]],
                                                              [seeded(1), gen, None])
     assert mixed[1] == alone[0]
 
@@ -110,7 +113,7 @@ def tree_rows(context, tokens, parents):
 @pytest.mark.parametrize("temperature", [0.6, 1.0, 1.7])
 def test_deterministic_verify_emits_the_plain_decode_tokens(temperature):
     rng = random.Random(int(temperature * 10))
-    sampler = Sampler(torch.Generator(), deterministic=True)
+    sampler = Sampler(torch.Generator(), DETERMINISTIC)
     trials = 0
     for seed in range(12):
         p = SamplingParams(temperature=temperature, seed=seed)
@@ -122,7 +125,7 @@ def test_deterministic_verify_emits_the_plain_decode_tokens(temperature):
             tokens[0] = context[-1]
             seq = SimpleNamespace(params=p, num_computed_tokens=len(context) - 1)
             d = Draft(seq, tokens, parents, depths, None, None, [-1] * len(tokens), 0)
-            verify([d], tree_rows(context, tokens, parents), [seeded(seed)], deterministic=True)
+            verify([d], tree_rows(context, tokens, parents), [seeded(seed)], DETERMINISTIC)
             emitted = [tokens[a] for a in d.path[1:]] + [d.next_token]
             assert emitted == truth[cut:cut + len(emitted)], (seed, cut, tokens, parents)
             trials += 1
@@ -133,7 +136,7 @@ def test_default_verify_does_not_reproduce_plain_decode():
     """By default verification draws its own uniforms (rejection sampling), which is exact in
     distribution but not token for token: over these trials some emitted token differs."""
     rng = random.Random(3)
-    sampler = Sampler(torch.Generator(), deterministic=True)
+    sampler = Sampler(torch.Generator(), DETERMINISTIC)
     differs = 0
     for seed in range(12):
         p = SamplingParams(temperature=1.0, seed=seed)

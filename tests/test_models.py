@@ -227,8 +227,7 @@ def test_sim_kernels_end_to_end(ckpts, name, dtype, tol):
     _, path = ckpts(name)
     ids = _prompt(50, seed=6)
     ref = prefill_logits(load_model(path), ids)
-    model = load_model(path, dtype=dtype)
-    model.set_op_namespace("fastinfer_sim")
+    model = load_model(path, dtype=dtype, ops=fastinfer.ops.backend("fastinfer_sim"))
     blocks = [3, 0, 2, 1]
     results = []
     for seed in SIM_SEEDS:

@@ -29,6 +29,7 @@ import fastinfer  # noqa: F401  (loads the ops)
 from fastinfer import reference as ref
 from fastinfer.entrypoints.cli import main as cli_main
 from fastinfer.engine import LLM, SamplingParams
+from fastinfer.engine.checkpoints import load_checkpoint
 from fastinfer.layers import UnquantizedLinearMethod
 from fastinfer.quant import Fp8LinearMethod, Int4LinearMethod, Int8LinearMethod, unpack_nibbles
 from model_helpers import make_forward_batch, prefill_logits
@@ -646,7 +647,8 @@ def test_sim_quantized_model(float_ckpt, quant_ckpts, tmp_path, kind):
     a = model(make_forward_batch(prefill=[(ids[:-1], 0, [1, 0])], all_logits=True), caches)
     b = model(make_forward_batch(decode=[(ids[-1], len(ids) - 1, [1, 0])]), caches)
     naive = torch.cat([a, b])  # the CPU ops in bf16
-    model.set_op_namespace("fastinfer_sim")
+    # the same checkpoint loaded as the engine loads it, on the emulated kernels
+    model = load_checkpoint(path, torch.bfloat16, "cpu", None, fastinfer.ops.backend("fastinfer_sim"))
     assert model.layers[0].qkv_proj.ops.namespace == "fastinfer_sim"
     results = []
     for seed in SIM_SEEDS:
@@ -655,7 +657,6 @@ def test_sim_quantized_model(float_ckpt, quant_ckpts, tmp_path, kind):
             a = model(make_forward_batch(prefill=[(ids[:-1], 0, [1, 0])], all_logits=True), caches)
             b = model(make_forward_batch(decode=[(ids[-1], len(ids) - 1, [1, 0])]), caches)
             results.append(torch.cat([a, b]))
-    model.set_op_namespace("fastinfer")
     err, err_naive = rel_norm(results[0], ref), rel_norm(naive, ref)
     print(f"sim {kind}: rel err {err:.4f} (cpu bf16: {err_naive:.4f})")
     assert 0 < err_naive < 0.1 and err <= 2 * err_naive, (err, err_naive)

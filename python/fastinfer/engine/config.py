@@ -1,32 +1,42 @@
-"""Engine configuration: everything :class:`~fastinfer.LLM` accepts, validated in one place.
+"""Engine configuration: every option :class:`~fastinfer.LLM` accepts, stated once.
 
-:class:`EngineConfig` holds what the user asked for; what the executor derives from the model and
-the device (KV blocks, the final ``max_model_len``) is reported by the executor. Sub-configs:
-:class:`SpeculativeConfig` (draft model) and :class:`~fastinfer.quant.QuantOptions` (quantise on
-load). ``tensor_parallel_size`` N > 1 shards the target over N processes (:mod:`.workers`).
+Each option is one field of :class:`EngineConfig` with its default, its type and its help text
+(``field(metadata=...)``); the validation is :meth:`EngineConfig.__post_init__`. What is built from
+the fields: ``LLM(model, **options)``'s check of the option names (:func:`check_options`: an unknown
+one is a TypeError naming the closest), the option list of ``help(LLM)`` (:func:`options_doc`) and
+the command-line flags of ``fastinfer generate | serve | bench | eval``
+(:func:`fastinfer.entrypoints.args.add_cli_args`).
+
+What the fields derive, after validation: :attr:`EngineConfig.speculative` (a
+:class:`SpeculativeConfig`, the method's defaults filled in from
+:mod:`.speculative.registry`), :attr:`EngineConfig.quant_options` (:class:`~fastinfer.quant.QuantOptions`)
+and :meth:`EngineConfig.ops_backend` (the op backend every model, the sampler, the drafter and the
+verifier run with). What the executor derives from the model and the device (KV blocks, the final
+``max_model_len``) is reported by the executor.
+
+This module is longer than the engine's others: it holds the help text of every option, once.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from ..models import find_gguf
 from ..quant import QuantOptions
+from .speculative.registry import SPEC_METHODS, SPEC_MODES, SpecMethod, spec_method
 
 __all__ = ["EngineConfig", "SpeculativeConfig", "SPEC_MODES", "SPEC_METHODS", "DTYPES", "parse_dtype",
-           "default_model_path",
-           "is_checkpoint_path"]
+           "default_model_path", "is_checkpoint_path", "option_fields", "check_options", "options_doc"]
 
 DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
           "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "auto": None}
-
-SPEC_MODES = ("chain", "tree")
-SPEC_METHODS = ("draft", "medusa", "eagle", "eagle3")
 
 
 def parse_dtype(dtype: Any) -> Optional[torch.dtype]:
@@ -49,13 +59,37 @@ def is_checkpoint_path(path: str) -> bool:
     return os.path.isdir(path) or (os.path.isfile(path) and find_gguf(path) is not None)
 
 
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _option(default: Any, group: str, help: str, *, default_doc: Optional[str] = None, cli: bool = True,
+            choices: Optional[Tuple[str, ...]] = None, parse=None, cli_default_doc: Optional[str] = None):
+    """An :class:`EngineConfig` field: its default, and in ``metadata`` what documentation and the
+    command line need: ``help`` (what it does, its unit), ``group`` (speculative / quantization /
+    ...), ``default_doc`` (the default in words when the value alone does not say it), ``cli``
+    (whether commands may offer it as a flag), ``choices``, ``parse`` (command-line text -> value)
+    and ``cli_default_doc`` (the default of the flag when it is not the option's, e.g. torchrun's
+    world size)."""
+    return field(default=default, metadata=dict(help=help, group=group, default_doc=default_doc, cli=cli,
+                                                 choices=choices, parse=parse, cli_default_doc=cli_default_doc))
+
+
+def _json_paths(text: str) -> List[List[int]]:
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"--spec-tree must be JSON, e.g. '[[0], [1], [0, 0]]': {e}") from None
+
+
 @dataclass
 class SpeculativeConfig:
-    """Speculative decoding (see :mod:`fastinfer.engine.speculative`).
+    """Speculative decoding (see :mod:`fastinfer.engine.speculative`), built by :class:`EngineConfig`
+    from the ``spec_*`` options with the method's defaults (:mod:`.speculative.registry`).
 
     ``method`` "draft": ``draft_model`` is a draft model (checkpoint directory or model object);
     ``mode`` "chain" (default): ``num_tokens`` draft tokens in a row (default 4); "tree": an
@@ -74,28 +108,28 @@ class SpeculativeConfig:
     """
 
     draft_model: Any
-    mode: Optional[str] = None
-    num_tokens: Optional[int] = None
-    tree_topk: int = 2
-    tree_depth: Optional[int] = None
-    method: str = "draft"
-    tree: Optional[Any] = None
+    method: str
+    mode: Optional[str]
+    num_tokens: Optional[int]
+    tree_topk: int
+    tree_depth: Optional[int]
+    tree: Optional[Any]
 
     def __post_init__(self):
         from .speculative.trees import check_tree
 
-        if self.method not in SPEC_METHODS:
-            raise ValueError(f"spec_method must be one of {SPEC_METHODS}, got {self.method!r}")
+        entry = self.entry
         if self.mode is None:
-            self.mode = "tree" if self.method == "medusa" else "chain"
+            self.mode = entry.default_mode
         if self.mode not in SPEC_MODES:
             raise ValueError(f"spec_mode must be one of {SPEC_MODES}, got {self.mode!r}")
         if self.tree is not None:
-            if self.method != "medusa" or self.mode != "tree":
-                raise ValueError("spec_tree (a static tree of top-k paths) needs spec_method='medusa' in tree mode")
+            if not entry.static_tree or self.mode != "tree":
+                statics = " or ".join(f"spec_method={m!r}" for m in SPEC_METHODS if spec_method(m).static_tree)
+                raise ValueError(f"spec_tree (a static tree of top-k paths) needs {statics} in tree mode")
             self.tree = check_tree(self.tree)
-        if self.num_tokens is None and self.method != "medusa":
-            self.num_tokens = 4 if self.mode == "chain" else 8
+        if self.num_tokens is None:
+            self.num_tokens = entry.default_num_tokens[self.mode]
         k, topk, depth = self.num_tokens, self.tree_topk, self.tree_depth
         if k is not None and (not _is_int(k) or not 1 <= k <= 1024):
             raise ValueError(f"num_spec_tokens must be an int in [1, 1024], got {k!r}")
@@ -106,61 +140,126 @@ class SpeculativeConfig:
         if self.tree_depth is None and k is not None:
             # one draft forward per level; deeper levels rarely survive the best-N cut
             self.tree_depth = min(k, max(2, k // (2 * topk) + 1))
-        what = "draft_model" if self.method == "draft" else "spec_model"
-        if isinstance(self.draft_model, str) and not (is_checkpoint_path(self.draft_model) if self.method == "draft"
-                                                      else os.path.isdir(self.draft_model)):
-            raise ValueError(f"{what} directory not found: {self.draft_model!r}"
-                             + (" (nor a .gguf file)" if self.method == "draft" else ""))
+        if isinstance(self.draft_model, str):
+            found = (is_checkpoint_path(self.draft_model) if entry.spec_model_is_checkpoint
+                     else os.path.isdir(self.draft_model))
+            if not found:
+                raise ValueError(f"{entry.option} directory not found: {self.draft_model!r}"
+                                 + (" (nor a .gguf file)" if entry.spec_model_is_checkpoint else ""))
+
+    @property
+    def entry(self) -> SpecMethod:
+        """The method's registry entry (:mod:`.speculative.registry`)."""
+        return spec_method(self.method)
 
     @property
     def spec_model(self) -> Any:
         """The draft model or the heads (one field for every method)."""
         return self.draft_model
 
-    @classmethod
-    def from_llm_args(cls, draft_model=None, spec_method=None, spec_model=None, spec_mode=None, num_spec_tokens=None,
-                      spec_tree_topk: int = 2, spec_tree_depth=None, spec_tree=None) -> Optional["SpeculativeConfig"]:
-        """The config of ``LLM(...)``'s speculative arguments (None: no speculation; the arguments
-        are validated either way). ``draft_model=X`` is ``spec_method="draft", spec_model=X``."""
-        method = spec_method or "draft"
-        if draft_model is not None:
-            if spec_model is not None and spec_model is not draft_model:
-                raise ValueError("give draft_model= or spec_model=, not both (draft_model=X is spec_model=X with "
-                                 "spec_method='draft')")
-            if method != "draft":
-                raise ValueError(f"draft_model= means spec_method='draft'; for spec_method={method!r} pass the "
-                                 "heads as spec_model=")
-            spec_model = draft_model
-        if spec_method is not None and spec_model is None:
-            raise ValueError(f"spec_method={spec_method!r} needs spec_model= (a checkpoint / heads directory)")
-        spec = cls(spec_model, spec_mode, num_spec_tokens, spec_tree_topk, spec_tree_depth, method, spec_tree)
-        return spec if spec_model is not None else None
+
+_SPEC = "speculative"
+_QUANT = "quantization"
 
 
 @dataclass
 class EngineConfig:
-    """See :class:`fastinfer.LLM` for the meaning of each field."""
+    """Every option of :class:`fastinfer.LLM` (``LLM(model, **options)``), with its default and
+    help text; validated on construction (a ValueError naming the option). See the module docstring."""
 
-    model: Any = None
-    tokenizer: Optional[str] = None
-    dtype: Optional[torch.dtype] = None
-    device: Optional[torch.device] = None
-    max_model_len: Optional[int] = None
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: Optional[int] = None
-    enable_prefix_caching: bool = True
-    num_kv_blocks: Optional[int] = None
-    kv_cache_bytes: Optional[int] = None
-    gpu_memory_utilization: float = 0.9
-    seed: int = 0
-    load_progress: bool = False
-    enforce_eager: bool = False
-    static_batching: bool = False
-    speculative: Optional[SpeculativeConfig] = None
-    quantization: Optional[QuantOptions] = None
-    tensor_parallel_size: int = 1
-    deterministic: bool = False
+    # ---- the model ------------------------------------------------------------------------------
+    model: Any = _option(
+        None, "model",
+        "a Hugging Face checkpoint directory (safetensors, Llama/Mistral/Qwen2/Qwen3), a GGUF file (or a "
+        "directory holding one; weights dequantised on load, tokenizer and chat template from its metadata), "
+        "an already built model object (LlamaForCausalLM), or None for the shipped tiny model",
+        default_doc="the shipped tiny model")
+    tokenizer: Optional[str] = _option(
+        None, "model",
+        "directory with tokenizer.json, or a GGUF file (without one, prompts must be token ids and outputs "
+        "have empty text)", default_doc="the model's", cli=False)
+    dtype: Any = _option(
+        None, "model", "float32 | bfloat16 | float16 (or a torch dtype); auto / None: the loader's choice",
+        default_doc="float32 on CPU; the checkpoint's fp16/bf16, else bf16, on CUDA")
+    device: Any = _option(
+        None, "model", "cpu | cuda",
+        default_doc="cuda when fastinfer's CUDA kernels and a GPU are present, else cpu")
+    max_model_len: Optional[int] = _option(
+        None, "model", "longest prompt + completion, in tokens", default_doc="the model's, capped by the KV pool")
+    # ---- scheduler and KV cache -------------------------------------------------------------------
+    block_size: int = _option(16, "kv cache", "tokens per KV-cache block, a power of two in 8..256")
+    max_num_seqs: int = _option(256, "scheduler", "sequences in flight at most")
+    max_num_batched_tokens: Optional[int] = _option(
+        None, "scheduler", "new tokens per engine step, prefill chunks included (chunked prefill)",
+        default_doc="2048 on CPU, 8192 on CUDA")
+    enable_prefix_caching: bool = _option(True, "kv cache", "reuse the KV blocks of identical prompt prefixes")
+    num_kv_blocks: Optional[int] = _option(
+        None, "kv cache", "KV-cache blocks in the pool (the first given of num_kv_blocks / kv_cache_bytes / "
+        "gpu_memory_utilization sizes it; see fastinfer.engine.executor.num_kv_blocks_for)",
+        default_doc="sized from gpu_memory_utilization (CUDA) or max_model_len x min(max_num_seqs, 16) (CPU)")
+    kv_cache_bytes: Optional[int] = _option(None, "kv cache", "bytes of the KV pool", cli=False)
+    gpu_memory_utilization: float = _option(0.9, "kv cache", "fraction of GPU memory for weights + KV cache, in (0, 1]")
+    seed: int = _option(0, "scheduler", "engine seed: the generator of requests without their own seed")
+    load_progress: bool = _option(False, "model", "show a progress bar while the weights load", cli=False)
+    enforce_eager: bool = _option(
+        False, "scheduler", "CUDA: no CUDA graphs for decode steps (by default one graph per batch bucket 1, "
+        "2, 4, ... up to min(max_num_seqs, 256) is captured at start-up and replayed for decode-only steps)")
+    static_batching: bool = _option(
+        False, "scheduler", "admit new requests only into a batch still forming, not into a running one "
+        "(a baseline for comparisons; default: continuous batching)")
+    # ---- speculative decoding ---------------------------------------------------------------------
+    draft_model: Any = _option(
+        None, _SPEC, "speculative decoding with this draft model (a checkpoint directory or a model object; "
+        "same vocabulary, and the same tokenizer when both directories have one); the same as "
+        "spec_method='draft', spec_model=DIR. Requests opt out with SamplingParams(speculative=False)",
+        default_doc="off")
+    spec_method: Optional[str] = _option(
+        None, _SPEC, "; ".join(f"{m}: {spec_method(m).description}" for m in SPEC_METHODS)
+        + " (needs spec_model; see fastinfer.engine.speculative)", choices=SPEC_METHODS,
+        default_doc="draft when draft_model is given")
+    spec_model: Any = _option(
+        None, _SPEC, "the draft model / heads directory of spec_method", default_doc="none")
+    spec_mode: Optional[str] = _option(
+        None, _SPEC, "chain: num_spec_tokens draft tokens in a row; tree: an EAGLE-2-style tree of "
+        "num_spec_tokens nodes, spec_tree_topk children per expanded node, spec_tree_depth levels (Medusa: "
+        "its static tree)", choices=SPEC_MODES,
+        default_doc=", ".join(f"{m}: {spec_method(m).default_mode}" for m in SPEC_METHODS))
+    num_spec_tokens: Optional[int] = _option(
+        None, _SPEC, "draft tokens per step: chain length / tree node budget (without the root)",
+        default_doc="4 chain, 8 tree; Medusa: every head / the whole tree")
+    spec_tree_topk: int = _option(2, _SPEC, "tree mode: children per expanded node")
+    spec_tree_depth: Optional[int] = _option(
+        None, _SPEC, "tree mode: levels, one draft forward each", default_doc="min(N, max(2, N // (2 * topk) + 1))")
+    spec_tree: Optional[List[List[int]]] = _option(
+        None, _SPEC, "Medusa: the static tree as paths of top-k ranks, e.g. [[0], [1], [0, 0]] (JSON on the "
+        "command line)", default_doc="fastinfer.engine.speculative.trees.DEFAULT_MEDUSA_TREE", parse=_json_paths)
+    # ---- quantisation ------------------------------------------------------------------------------
+    quantization: Optional[str] = _option(
+        None, _QUANT, "fp8 (W8A8: e4m3 weights per channel, dynamic per-token e4m3 activations) | int4 "
+        "(W4A16, group-wise) | int8 (W8A8): quantise a float checkpoint's decoder linears on load; lm_head "
+        "stays unquantised (see fastinfer.quant)",
+        default_doc="run the checkpoint as stored; quantised checkpoints (fastinfer, AutoAWQ, AutoGPTQ) are "
+        "detected from config.json")
+    quantization_config: Optional[Dict[str, Any]] = _option(
+        None, _QUANT, "int4 options for quantisation on load: group_size (128), symmetric (False), pad_groups "
+        "(True: zero-pad a layer whose input size the group size does not divide); on the command line "
+        "--group-size / --symmetric / --no-pad-groups", default_doc="none", cli=False)
+    # ---- parallelism and modes ---------------------------------------------------------------------
+    tensor_parallel_size: int = _option(
+        1, "parallel", "shard the target over this many processes (fastinfer.engine.workers; rank r on "
+        "cuda:r, or CPU gloo ranks), started with the spawn method (guard a script's top level with "
+        "if __name__ == '__main__':), or under torchrun its processes; LLM.shutdown() stops them. "
+        "llm.model is then rank 0's shard: run forwards through the engine",
+        cli_default_doc="WORLD_SIZE under torchrun, else 1")
+    deterministic: bool = _option(
+        False, "mode", "batch-invariant mode: a token's logits (and a seeded request's tokens) depend only "
+        "on the model, the tokens before it and the sampling parameters, bit for bit, whatever the batch, "
+        "prefill chunking, prefix cache or speculation (chain or tree); costs speed (README, "
+        "\"Deterministic inference\")")
+
+    # ---- derived on validation (not options) ------------------------------------------------------
+    speculative: Optional[SpeculativeConfig] = field(default=None, init=False)
+    quant_options: Optional[QuantOptions] = field(default=None, init=False)
 
     def __post_init__(self):
         from .. import cuda_available
@@ -188,25 +287,93 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be >= 1")
         if self.max_model_len is not None:
             self.max_model_len = max(int(self.max_model_len), 1)
+        self.speculative = self._speculative()
+        self.quant_options = QuantOptions.from_any(self.quantization, self.quantization_config)
         tp = self.tensor_parallel_size
         if not _is_int(tp) or tp < 1:
             raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tp!r}")
         if tp > 1 and not isinstance(self.model, str):
             raise ValueError("tensor_parallel_size > 1 needs a checkpoint path (every rank loads its own shard), "
                              "not a model object")
-        if tp > 1 and self.speculative is not None and self.speculative.method != "draft":
+        if tp > 1 and self.speculative is not None and not self.speculative.entry.tensor_parallel:
             raise ValueError(f"spec_method={self.speculative.method!r} needs the target's hidden states, which "
                              "tensor_parallel_size > 1 does not return yet: use tensor_parallel_size=1")
+
+    def _speculative(self) -> Optional[SpeculativeConfig]:
+        """The :class:`SpeculativeConfig` of the ``spec_*`` options (None: no speculation; the
+        options are validated either way). ``draft_model=X`` is ``spec_method="draft", spec_model=X``."""
+        draft = "draft"  # the method draft_model= names
+        method, model = self.spec_method or draft, self.spec_model
+        spec_method(method)  # a ValueError listing the methods
+        if self.draft_model is not None:
+            if model is not None and model is not self.draft_model:
+                raise ValueError("give draft_model= or spec_model=, not both (draft_model=X is spec_model=X with "
+                                 f"spec_method={draft!r})")
+            if method != draft:
+                raise ValueError(f"draft_model= means spec_method={draft!r}; for spec_method={method!r} pass the "
+                                 "heads as spec_model=")
+            model = self.draft_model
+        if self.spec_method is not None and model is None:
+            raise ValueError(f"spec_method={self.spec_method!r} needs spec_model= (a checkpoint / heads directory)")
+        spec = SpeculativeConfig(draft_model=model, method=method, mode=self.spec_mode,
+                                 num_tokens=self.num_spec_tokens, tree_topk=self.spec_tree_topk,
+                                 tree_depth=self.spec_tree_depth, tree=self.spec_tree)
+        return spec if model is not None else None
 
     @property
     def model_path(self) -> Optional[str]:
         return self.model if isinstance(self.model, str) else None
 
+    def ops_backend(self, namespace: str = "fastinfer"):
+        """The :class:`~fastinfer.ops.Backend` of this config's mode: what the models are built with
+        (:func:`~fastinfer.models.load_model`) and what the sampler, the drafter and the verifier
+        are given. ``namespace``: the op library ("fastinfer_sim" for a model built on the emulator)."""
+        from ..ops import backend
+
+        return backend(namespace, self.deterministic)
+
+    def without_speculation(self) -> "EngineConfig":
+        """The same config with every speculative option at its default (a tensor-parallel worker's:
+        the draft runs on rank 0 only)."""
+        return dataclasses.replace(self, **{f.name: f.default for f in option_fields() if f.metadata["group"] == _SPEC})
+
     @classmethod
-    def from_llm_args(cls, *, draft_model=None, spec_method=None, spec_model=None, spec_mode=None,
-                      num_spec_tokens=None, spec_tree_topk: int = 2, spec_tree_depth=None, spec_tree=None,
-                      quantization=None, quantization_config=None, **kw) -> "EngineConfig":
-        """The config of ``LLM(**kw)`` (its flat keyword arguments)."""
-        spec = SpeculativeConfig.from_llm_args(draft_model, spec_method, spec_model, spec_mode, num_spec_tokens,
-                                               spec_tree_topk, spec_tree_depth, spec_tree)
-        return cls(speculative=spec, quantization=QuantOptions.from_any(quantization, quantization_config), **kw)
+    def from_options(cls, **options: Any) -> "EngineConfig":
+        """The config of ``LLM(**options)``: an unknown option name is a TypeError naming the closest."""
+        check_options(options)
+        return cls(**options)
+
+
+def option_fields() -> List[dataclasses.Field]:
+    """The :class:`EngineConfig` fields that are options (what ``LLM(...)`` accepts), in order."""
+    return [f for f in dataclasses.fields(EngineConfig) if f.init]
+
+
+def check_options(options) -> None:
+    """A TypeError for the first name in ``options`` that is not an option, naming the closest one."""
+    valid = [f.name for f in option_fields()]
+    for name in options:
+        if name not in valid:
+            close = difflib.get_close_matches(name, valid, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f" (options: {', '.join(valid)})"
+            raise TypeError(f"unknown option {name!r}{hint}")
+
+
+def default_text(f: dataclasses.Field) -> str:
+    """An option's default as documentation shows it."""
+    doc = f.metadata.get("default_doc")
+    if doc is not None:
+        return doc
+    return "none" if f.default is None else repr(f.default)
+
+
+def options_doc(base: str = "    ", width: int = 100) -> str:
+    """The ``Options:`` section of ``help(LLM)``: every option with its type, default and help
+    (``base``: the indentation of the docstring it goes in)."""
+    import textwrap
+
+    lines = [base + "Options (keyword arguments; each is a field of fastinfer.EngineConfig):"]
+    for f in option_fields():
+        head = f"{f.name} ({f.type}; default: {default_text(f)}): {f.metadata['help']}."
+        lines += textwrap.wrap(head, width, initial_indent=base + "    ", subsequent_indent=base + "        ")
+    return "\n".join(lines)

@@ -17,13 +17,12 @@ from typing import Dict, List, Optional, Sequence as Seq, Tuple
 
 import torch
 
-from ..models import load_config
 from .config import EngineConfig
 from .messages import ModelOutput, SampledToken, StepInput, VerifiedDraft
-from .model_runner import Chunk, ForwardPlan, ModelRunner, load_checkpoint, num_kv_blocks_for, nvtx_range
+from .model_runner import Chunk, ForwardPlan, ModelRunner, num_kv_blocks_for, nvtx_range
 from .sampler import Sampler, logprob_dict
 from .sequence import Sequence
-from .speculative import Draft, Drafter, build_drafter, commit_moves, load_eagle_head, plan_slots, verify
+from .speculative import Draft, Drafter, commit_moves, plan_slots, verify
 from .speculative.trees import Path
 
 __all__ = ["Executor", "nvtx_range", "num_kv_blocks_for"]
@@ -56,12 +55,13 @@ class Executor:
         self.device = self.runner.device
         self.use_nvtx = self.device.type == "cuda"
         spec = config.speculative
+        # the one backend of the config's mode: the target was built with it (the runner), the
+        # draft model is, and the sampler, the drafter and the verifier are given it
+        self.ops = config.ops_backend(self.model.op_namespace)
         try:
             self.draft_model = None  # a draft with its own KV pool: a draft model or an EAGLE head
-            if spec is not None and spec.method == "draft":
-                self.draft_model = self._load_draft(spec)
-            elif spec is not None and spec.method in ("eagle", "eagle3"):
-                self.draft_model = load_eagle_head(spec, self.model)
+            if spec is not None and spec.entry.load_draft is not None:
+                self.draft_model = spec.entry.load_draft(spec, self.model, self.runner.max_model_len, self.ops)
             extra = self.draft_model.kv_cache_bytes_per_block(self.block_size) if self.draft_model is not None else 0
             self.runner.init_kv(self.runner.agreed_num_kv_blocks(extra))
         except BaseException:
@@ -71,12 +71,12 @@ class Executor:
         self.max_model_len = self.runner.max_model_len
         self.drafter: Optional[Drafter] = None
         if spec is not None:
-            self.drafter = build_drafter(spec, self.model, self.draft_model, self.num_kv_blocks, self.block_size,
-                                         self.device, config.max_num_batched_tokens,
-                                         config.deterministic)
+            self.drafter = spec.entry.build_drafter(spec, self.model, self.draft_model, self.num_kv_blocks,
+                                                    self.block_size, self.device, config.max_num_batched_tokens,
+                                                    self.ops)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(int(config.seed))
-        self.sampler = Sampler(gen, deterministic=config.deterministic)
+        self.sampler = Sampler(gen, self.ops)
         self._generators: Dict[int, torch.Generator] = {}  # seq_id -> generator of a seeded request
 
     @property
@@ -103,29 +103,6 @@ class Executor:
         close = getattr(self.runner, "shutdown", None)
         if close is not None:
             close()
-
-    # ------------------------------------------------------------------------------------------
-    # loading
-    # ------------------------------------------------------------------------------------------
-    def _load_draft(self, spec):
-        """Load / check the draft model: same vocabulary, the target's dtype and device. It runs on
-        rank 0 only, unsharded (its proposals are token ids that travel in the step's plan)."""
-        target = self.model
-        max_len = self.runner.max_model_len
-        if isinstance(spec.draft_model, str):
-            dcfg = load_config(spec.draft_model)
-            _check_draft_vocab(int(dcfg.vocab_size), int(target.config.vocab_size))
-            draft = load_checkpoint(spec.draft_model, target.dtype, self.device, self.runner.model_max_len)
-        else:
-            draft = spec.draft_model
-            _check_draft_vocab(int(draft.config.vocab_size), int(target.config.vocab_size))
-            if torch.device(getattr(draft, "device", self.device)) != self.device:
-                raise ValueError(f"draft_model is on {draft.device}, the target on {self.device}")
-            if int(getattr(draft, "max_positions", max_len)) < max_len:
-                raise ValueError(f"draft_model accepts {draft.max_positions} positions, fewer than "
-                                 f"max_model_len={max_len}")
-        draft.pack_linears_for_cpu()
-        return draft
 
     # ------------------------------------------------------------------------------------------
     # one step
@@ -200,8 +177,7 @@ class Executor:
 
     def _verify(self, drafts: List[Draft], logits: torch.Tensor) -> List[VerifiedDraft]:
         """tree_verify, then compact the accepted K/V of both pools; the verdicts as data."""
-        verify(drafts, logits, [self._gen(d.seq) for d in drafts], lib=self.model.ops.lib,
-               deterministic=self.sampler.deterministic)
+        verify(drafts, logits, [self._gen(d.seq) for d in drafts], self.ops)
         self.drafter.on_verified(drafts)
         ts, td, ds, dd, computed = commit_moves(drafts, self.block_size)
         self.runner.move_slots(ts, td)
@@ -237,8 +213,3 @@ class Executor:
     def stats(self) -> Dict[str, object]:
         return {"spec_num_draft_forwards": self.drafter.num_draft_forwards} if self.drafter is not None else {}
 
-
-def _check_draft_vocab(draft_vocab: int, target_vocab: int) -> None:
-    if draft_vocab != target_vocab:
-        raise ValueError(f"draft_model has vocab_size {draft_vocab}, the target {target_vocab}: speculative "
-                         "decoding needs a draft with the target's tokenizer and vocabulary")

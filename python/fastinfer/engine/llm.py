@@ -17,10 +17,11 @@ graphs, sampling) and :mod:`.core` (scheduler, block manager, proposer; token id
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence as Seq, Tuple, Union
 
-from .config import EngineConfig
+from .config import EngineConfig, option_fields, options_doc
 from .core import EngineCore
 from .executor import Executor
 from .output_processor import OutputProcessor
@@ -34,102 +35,20 @@ PromptType = Union[str, List[int], Dict[str, Any]]
 
 
 class LLM:
-    """Offline inference engine.
+    """Offline inference engine: ``LLM(model, **options)``.
 
-    Args:
-        model: a Hugging Face checkpoint directory (safetensors, Llama/Mistral/Qwen2), a GGUF file
-            (or a directory holding one; weights dequantised on load, tokenizer and chat template
-            from its metadata), an already built model object (``LlamaForCausalLM``), or None for
-            the shipped tiny model.
-        tokenizer: directory with ``tokenizer.json``, or a GGUF file (default: the model; without
-            one, prompts must be token ids and outputs have empty text).
-        dtype: "auto"/None (float32 on CPU; the checkpoint's fp16/bf16, else bf16, on CUDA), a
-            torch dtype or its name.
-        device: "cuda" when fastinfer's CUDA kernels and a GPU are available, else "cpu".
-        max_model_len: longest prompt + completion (default: the model's, capped by the KV pool).
-        block_size: tokens per KV block.
-        max_num_seqs: sequences in flight at most.
-        max_num_batched_tokens: new tokens per step (chunked prefill); default 2048 (CPU) / 8192.
-        enable_prefix_caching: reuse KV blocks of identical prompt prefixes.
-        num_kv_blocks / kv_cache_bytes / gpu_memory_utilization: KV pool size (first given wins;
-            see :func:`fastinfer.engine.executor.num_kv_blocks_for`).
-        seed: seeds the generator of requests without their own seed.
-        static_batching: admit new requests only into a batch still forming, not into a running one
-            (a baseline for comparisons; see :mod:`fastinfer.engine.scheduler`).
-        enforce_eager: on CUDA, do not capture CUDA graphs for decode steps (by default one graph
-            per batch bucket 1, 2, 4, 8, 16, 32, ... up to min(max_num_seqs, 256) is captured at
-            start-up and replayed for decode-only steps).
-        draft_model: speculative decoding with this draft model (a checkpoint directory or a model
-            object; same vocabulary, and the same tokenizer when both directories have one). See
-            :mod:`fastinfer.engine.speculative`; requests opt out with
-            ``SamplingParams(speculative=False)``. The draft's KV pool uses the target's block ids.
-        spec_method / spec_model: "draft" (``spec_model`` a draft model, as ``draft_model=``),
-            "medusa" (a Medusa heads directory, Medusa or vLLM layout: a static tree ``spec_tree`` of
-            top-k rank paths on the target's hidden states), "eagle" (an EAGLE-1/2 head directory:
-            chain or EAGLE-2 tree) or "eagle3" (an EAGLE-3 head directory, EAGLE repository or vLLM
-            layout: the same drafting on three target layers). See :class:`~.config.SpeculativeConfig`.
-        spec_mode: "chain" (``num_spec_tokens`` draft tokens in a row; the draft model's default)
-            or "tree" (draft model: EAGLE-2-style tree of ``num_spec_tokens`` nodes,
-            ``spec_tree_topk`` children per expanded node, ``spec_tree_depth`` levels; Medusa's
-            default: its static tree).
-        num_spec_tokens: chain length k / tree node budget N (without the root); draft model
-            default 4 (chain) or 8 (tree); Medusa: every head / the whole tree.
-        quantization: "fp8" (W8A8: e4m3 weights per channel, dynamic per-token e4m3 activations)
-            or "int4" (W4A16, group-wise) quantises a float checkpoint's decoder linears on load;
-            None runs the checkpoint as stored (a quantised one, fastinfer / AutoAWQ / AutoGPTQ,
-            is detected from its config.json). ``lm_head`` stays unquantised. See :mod:`fastinfer.quant`.
-        quantization_config: int4 options for on-the-fly quantisation: ``group_size`` (128),
-            ``symmetric`` (False), ``pad_groups`` (True: zero-pad a layer whose input size the
-            group size does not divide).
-        tensor_parallel_size: shard the target over this many processes (:mod:`.workers`; rank r
-            on ``cuda:r``, or on a CPU gloo ranks), started with the ``spawn`` method (guard a
-            script's top level with ``if __name__ == "__main__":``), or under ``torchrun`` its
-            processes. :meth:`shutdown` stops them (also done at garbage collection and exit).
-            ``llm.model`` is then rank 0's shard: run forwards through the engine (or
-            ``llm.executor.runner.forward(plan)``), never by calling the shard alone (its
-            collectives would wait for workers that are not there, until the deadline).
-        deterministic: batch-invariant mode: a token's logits (and a seeded request's tokens)
-            depend only on the model, the tokens before it and the sampling parameters, bit for
-            bit, whatever the batch, prefill chunking, prefix cache or speculation (README,
-            "Deterministic inference"). Off by default: it costs speed.
+    ``model`` and every option below are the fields of :class:`~fastinfer.engine.config.EngineConfig`
+    (their defaults, types and help text are stated there once); an unknown option name is a
+    TypeError naming the closest valid one. ``fastinfer <command> --help`` shows the same options
+    as flags (``block_size`` is ``--block-size``).
+
+    {options}
     """
 
-    def __init__(
-        self,
-        model: Any = None,
-        tokenizer: Optional[str] = None,
-        dtype: Any = None,
-        device: Any = None,
-        max_model_len: Optional[int] = None,
-        block_size: int = 16,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: Optional[int] = None,
-        enable_prefix_caching: bool = True,
-        num_kv_blocks: Optional[int] = None,
-        kv_cache_bytes: Optional[int] = None,
-        gpu_memory_utilization: float = 0.9,
-        seed: int = 0,
-        load_progress: bool = False,
-        enforce_eager: bool = False,
-        static_batching: bool = False,
-        draft_model: Any = None,
-        spec_method: Optional[str] = None,
-        spec_model: Any = None,
-        spec_mode: Optional[str] = None,
-        num_spec_tokens: Optional[int] = None,
-        spec_tree_topk: int = 2,
-        spec_tree_depth: Optional[int] = None,
-        spec_tree: Optional[List[List[int]]] = None,
-        quantization: Optional[str] = None,
-        quantization_config: Optional[Dict[str, Any]] = None,
-        tensor_parallel_size: int = 1,
-        deterministic: bool = False,
-    ):
-        args = dict(locals())  # every argument above is an EngineConfig field (or a spec / quant one)
-        del args["self"]
-        self.config = config = EngineConfig.from_llm_args(**args)
+    def __init__(self, model: Any = None, **options: Any):
+        self.config = config = EngineConfig.from_options(model=model, **options)
         self.model_path: Optional[str] = config.model_path
-        self.tokenizer = self._load_tokenizer(tokenizer)
+        self.tokenizer = self._load_tokenizer(config.tokenizer)
         spec = config.speculative
         check_draft_tokenizer(spec, self.tokenizer)
         self.executor = Executor(config)
@@ -336,6 +255,19 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def _signature() -> inspect.Signature:
+    """``LLM(self, model=None, *, <every other option>=<its default>)``, for help() and editors."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for f in option_fields():
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD if f.name == "model" else inspect.Parameter.KEYWORD_ONLY
+        params.append(inspect.Parameter(f.name, kind, default=f.default, annotation=f.type))
+    return inspect.Signature(params)
+
+
+LLM.__doc__ = LLM.__doc__.replace("    {options}", options_doc())
+LLM.__init__.__signature__ = _signature()
 
 
 def _as_prompt_list(prompts: Any) -> List[PromptType]:

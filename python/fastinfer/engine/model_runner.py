@@ -20,8 +20,9 @@ import torch
 
 from ..distributed import SINGLE, ParallelInfo
 from ..layers import BatchBuilder, TensorDictReader
-from ..models import LlamaForCausalLM, load_config, load_model
+from ..models import LlamaForCausalLM, load_model
 from ..quant import resolve_quantization
+from .checkpoints import load_checkpoint
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs
 from .speculative.drafter import move_slots
@@ -68,16 +69,6 @@ class ForwardPlan:
         return not self.chunks and not self.decodes and not self.trees
 
 
-def load_checkpoint(path: str, dtype, device, max_positions, quantization=None, progress: bool = False,
-                    tp: ParallelInfo = SINGLE) -> LlamaForCausalLM:
-    """Build and load checkpoint ``path`` (its quantisation resolved), this rank's shard under TP."""
-    cfg = load_config(path)  # a Hugging Face directory or a GGUF file
-    qc = resolve_quantization(cfg, quantization, path)
-    return load_model(path, dtype=dtype, device=device, progress=progress,
-                      max_positions=cfg.max_model_len if max_positions is None else max_positions,
-                      config=cfg, quant_config=qc, tp=tp)
-
-
 class ModelRunner:
     """One rank's target model, KV pool and decode graphs (see the module docstring).
 
@@ -103,18 +94,18 @@ class ModelRunner:
         if dev.type == "cuda" and self.tp.world_size > 1:
             dev = torch.device("cuda", torch.cuda.current_device())
         if isinstance(c.model, str):
-            model = load_checkpoint(c.model, c.dtype, dev, c.max_model_len, c.quantization,
+            model = load_checkpoint(c.model, c.dtype, dev, c.max_model_len, c.ops_backend(), c.quant_options,
                                     c.load_progress and self.tp.rank == 0, self.tp)
         else:
             model = c.model
-            if c.quantization is not None:  # an already built float model: rebuild it quantised
-                qc = resolve_quantization(model.config, c.quantization)
+            ops = c.ops_backend(model.op_namespace)
+            if c.quant_options is not None or model.ops is not ops:
+                # an already built float model, to quantise or of another mode: rebuilt (the mode
+                # is fixed when a model is built), the given one left as it is
+                qc = resolve_quantization(model.config, c.quant_options) if c.quant_options is not None else None
                 model = load_model(TensorDictReader(dict(model.checkpoint_tensors()), "the given model"),
                                    config=model.config, dtype=model.dtype, device=model.device,
-                                   max_positions=model.max_positions, quant_config=qc,
-                                   op_namespace=model.op_namespace)
-        if c.deterministic:
-            model.set_op_namespace(model.op_namespace, deterministic=True)
+                                   max_positions=model.max_positions, quant_config=qc, ops=ops)
         model.pack_linears_for_cpu()  # CPU bf16 only: oneDNN-blocked weights
         return model
 

@@ -6,8 +6,8 @@ exponential-race form ``argmax(p / E)`` with ``E ~ Exp(1)`` drawn from the row's
 ``torch.Generator`` when the request has a seed, so a seeded completion does not depend on what else
 is in the batch. Log-probabilities reported to the user are the log-softmax of the raw logits.
 
-Deterministic mode (``Sampler(deterministic=True)``): a seeded row's noise is a function of its seed
-and the position of the token being drawn only (:func:`position_noise`), not of how many draws the
+Deterministic mode (``Sampler(generator, backend(..., deterministic=True))``): a seeded row's noise
+is a function of its seed and the position of the token being drawn only (:func:`position_noise`), not of how many draws the
 request's generator made before, so the speculative verifier can reproduce the exact draw plain
 decoding would make at every position (:func:`race_scores`) and seeded tokens do not depend on
 whether, or how, the request speculated.
@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Sequence as Seq, Tuple
 
 import torch
 
+from ..ops import Backend, backend
 from .params import SamplingParams
 
 
@@ -97,9 +98,13 @@ def race_scores(scaled_logits: torch.Tensor, noise: torch.Tensor) -> torch.Tenso
 
 
 class Sampler:
-    def __init__(self, generator: Optional[torch.Generator] = None, deterministic: bool = False):
+    """``ops``: the engine's op backend; its mode is the sampler's (deterministic: seeded rows draw
+    :func:`position_noise`, see the module docstring). Default: the compiled ops, default mode."""
+
+    def __init__(self, generator: Optional[torch.Generator] = None, ops: Optional[Backend] = None):
         self.generator = generator  # for rows without a seed
-        self.deterministic = deterministic  # seeded rows draw position_noise (see the module docstring)
+        self.ops = backend() if ops is None else ops
+        self.deterministic = self.ops.deterministic
 
     @torch.inference_mode()
     def __call__(

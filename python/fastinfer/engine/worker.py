@@ -56,7 +56,7 @@ def worker_threads(world_size: int) -> int:
 
 def worker_config(config: EngineConfig) -> EngineConfig:
     """What a worker builds: the target only (the draft runs on rank 0), no progress bar."""
-    return dataclasses.replace(config, speculative=None, load_progress=False)
+    return dataclasses.replace(config.without_speculation(), load_progress=False)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -188,7 +188,7 @@ def serve_torchrun_worker(llm_kwargs: Dict[str, Any]) -> bool:
     env = torchrun_env()
     if env is None or env["world_size"] == 1 or env["rank"] == 0:
         return False
-    config = worker_config(EngineConfig.from_llm_args(**llm_kwargs))
+    config = worker_config(EngineConfig.from_options(**llm_kwargs))
     if config.tensor_parallel_size != env["world_size"]:
         raise ValueError(f"torchrun started {env['world_size']} processes but tensor_parallel_size is "
                          f"{config.tensor_parallel_size}: they must be equal")

@@ -1,65 +1,103 @@
-"""Command-line options shared by the entry points, and their translation to :class:`~fastinfer.LLM`
-keyword arguments. Every option says what it does, its unit and its default."""
+"""Command-line options of the entry points, generated from :class:`~fastinfer.engine.config.EngineConfig`.
+
+Each engine option a command offers is one :class:`EngineConfig` field: :func:`add_cli_args` makes
+its flag (``block_size`` -> ``--block-size``; a bool option that is on by default ->
+``--no-<name>``, off by default -> ``--<name>``) with the field's help text and default, and
+:func:`llm_kwargs` turns the parsed flags back into ``LLM(...)`` keyword arguments: only the flags
+given, so every default is the field's. The option lists of the commands are below; what only a
+command has (``--prompt``, ``--host``, ``--batch`` ...) is declared by the command.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict
+import dataclasses
+import os
+from typing import Any, Dict, Mapping, Optional, Sequence
 
-__all__ = ["add_model_args", "add_spec_args", "add_quant_args", "spec_kwargs", "quant_kwargs", "add_engine_args",
-           "engine_kwargs", "tp_kwargs", "add_tp_args"]
+from ..engine.config import default_text, option_fields
 
+__all__ = ["add_cli_args", "llm_kwargs", "add_quant_args", "flag_of", "MODEL_OPTIONS", "SPEC_OPTIONS",
+           "ENGINE_OPTIONS", "GENERATE_OPTIONS", "SERVE_OPTIONS", "BENCH_OPTIONS", "EVAL_OPTIONS"]
 
-def add_model_args(p: argparse.ArgumentParser, model_help: str) -> None:
-    p.add_argument("--model", default=None, help=model_help)
-    p.add_argument("--device", default=None,
-                   help="cpu | cuda (default: cuda when a GPU and fastinfer's CUDA kernels are present, else cpu)")
-    p.add_argument("--dtype", default=None,
-                   help="float32 | bfloat16 | float16 (default: float32 on CPU; the checkpoint's fp16/bf16, "
-                        "else bf16, on CUDA)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="longest prompt + completion, in tokens (default: the model's, capped by the KV pool)")
-    add_tp_args(p)
+MODEL_OPTIONS = ("model", "device", "dtype", "max_model_len", "tensor_parallel_size")
+SPEC_OPTIONS = ("draft_model", "spec_method", "spec_model", "spec_mode", "num_spec_tokens", "spec_tree_topk",
+                "spec_tree_depth", "spec_tree")
+ENGINE_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "gpu_memory_utilization",
+                  "enable_prefix_caching", "enforce_eager", "static_batching", "seed", "deterministic")
 
-
-def add_tp_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tensor-parallel-size", type=int, default=None,
-                   help="shard the model over this many processes / GPUs (default: WORLD_SIZE under torchrun, "
-                        "else 1)")
-
-
-def add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft-model", default=None,
-                   help="speculative decoding with this draft model directory (same tokenizer; default: off); "
-                        "the same as --spec-method draft --spec-model DIR")
-    p.add_argument("--spec-method", default=None, choices=["draft", "medusa", "eagle", "eagle3"],
-                   help="draft: a draft model; medusa: Medusa heads / eagle: an EAGLE head / eagle3: an EAGLE-3 "
-                        "head on the target's hidden states (needs --spec-model; default: draft when "
-                        "--draft-model is given)")
-    p.add_argument("--spec-model", default=None,
-                   help="the draft model / heads directory of --spec-method (Medusa: Medusa or vLLM layout; "
-                        "EAGLE: the EAGLE repository's layout; EAGLE-3: EAGLE repository or vLLM layout; "
-                        "default: none)")
-    p.add_argument("--spec-mode", default=None, choices=["chain", "tree"],
-                   help="chain: draft tokens in a row; tree: EAGLE-2-style tree of draft tokens (Medusa: its "
-                        "static tree) (default: chain for a draft model, tree for Medusa)")
-    p.add_argument("--num-spec-tokens", type=int, default=None,
-                   help="draft tokens per step: chain length / tree node budget (default: 4 chain, 8 tree; "
-                        "Medusa: every head / the whole tree)")
-    p.add_argument("--spec-tree-topk", type=int, default=2,
-                   help="tree mode: children per expanded node (default: 2)")
-    p.add_argument("--spec-tree-depth", type=int, default=None,
-                   help="tree mode: levels, one draft forward each (default: min(N, max(2, N // (2 * topk) + 1)))")
-    p.add_argument("--spec-tree", default=None,
-                   help="Medusa: the static tree as JSON paths of top-k ranks, e.g. '[[0], [1], [0, 0]]' "
-                        "(default: the built-in tree, fastinfer.engine.speculative.trees.DEFAULT_MEDUSA_TREE)")
+#: the engine options each command offers as flags
+GENERATE_OPTIONS = MODEL_OPTIONS + ("seed",) + SPEC_OPTIONS + ("quantization",)
+SERVE_OPTIONS = MODEL_OPTIONS + ENGINE_OPTIONS + SPEC_OPTIONS + ("quantization",)
+BENCH_OPTIONS = ("model", "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "gpu_memory_utilization",
+                 "enforce_eager", "device", "dtype") + SPEC_OPTIONS + ("tensor_parallel_size", "quantization")
+EVAL_OPTIONS = ("model", "dtype", "device", "quantization")
 
 
-def add_quant_args(p: argparse.ArgumentParser, on_load: bool) -> None:
-    if on_load:
-        p.add_argument("--quantization", default=None,
-                       help="fp8 | int4 | int8: quantise a float checkpoint's linear layers on load (default: run the "
-                            "checkpoint as stored; quantised checkpoints are detected from config.json)")
+def flag_of(name: str) -> str:
+    """The flag of option ``name`` (a bool option on by default is switched off: ``--no-...``)."""
+    f = _fields()[name]
+    return f"--no-{name.replace('_', '-')}" if f.default is True else f"--{name.replace('_', '-')}"
+
+
+def _fields() -> Dict[str, dataclasses.Field]:
+    return {f.name: f for f in option_fields()}
+
+
+def add_cli_args(p: argparse.ArgumentParser, names: Sequence[str], help_overrides: Optional[Mapping[str, str]] = None
+                 ) -> None:
+    """Add the flags of the options ``names`` (:class:`EngineConfig` fields) to ``p``: help text and
+    default from the field; ``help_overrides``: a command's own help for an option whose meaning it
+    narrows (e.g. bench's default ``--max-model-len``). Every flag parses to None when not given."""
+    fields = _fields()
+    for name in names:
+        f = fields[name]
+        if not f.metadata.get("cli"):
+            raise ValueError(f"option {name!r} is not offered on the command line")
+        meta = f.metadata
+        text = (help_overrides or {}).get(name)
+        if text is None:
+            default = meta.get("cli_default_doc") or default_text(f)
+            text = meta["help"] + ("" if isinstance(f.default, bool) else f" (default: {default})")
+        flag = flag_of(name)
+        if isinstance(f.default, bool):
+            action = "store_false" if f.default else "store_true"
+            p.add_argument(flag, dest=name, action=action, default=None, help=text)
+            continue
+        kind = type(f.default) if f.default is not None and not isinstance(f.default, str) else _cli_type(f)
+        p.add_argument(flag, dest=name, type=kind, default=None, choices=meta.get("choices"), help=text)
+
+
+def _cli_type(f: dataclasses.Field):
+    """int / float for the options annotated so (``Optional[int]``), else str."""
+    t = str(f.type)
+    return {"int": int, "Optional[int]": int, "float": float, "Optional[float]": float}.get(t, str)
+
+
+def llm_kwargs(args: argparse.Namespace, names: Sequence[str]) -> Dict[str, Any]:
+    """``LLM(...)`` keyword arguments of the options ``names`` given on the command line, plus
+    ``quantization_config`` (:func:`add_quant_args`' int4 options, when the parser has them) and,
+    under torchrun without ``--tensor-parallel-size``, ``tensor_parallel_size=WORLD_SIZE``."""
+    fields = _fields()
+    out: Dict[str, Any] = {}
+    for name in names:
+        v = getattr(args, name)
+        if v is not None:
+            parse = fields[name].metadata.get("parse")
+            out[name] = parse(v) if parse is not None and isinstance(v, str) else v
+    if "tensor_parallel_size" in names and "tensor_parallel_size" not in out \
+            and "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        out["tensor_parallel_size"] = int(os.environ["WORLD_SIZE"])
+    if hasattr(args, "pad_groups"):
+        qc = quant_config(args, out.get("quantization"))
+        if qc is not None:
+            out["quantization_config"] = qc
+    return out
+
+
+def add_quant_args(p: argparse.ArgumentParser) -> None:
+    """The int4 options of ``quantization_config`` (``--quantization`` on load, ``--method`` for
+    ``fastinfer quantize``)."""
     p.add_argument("--group-size", type=int, default=None,
                    help="int4: input features per scale / zero point, a multiple of 32 (default: 128)")
     p.add_argument("--symmetric", action="store_true",
@@ -69,29 +107,13 @@ def add_quant_args(p: argparse.ArgumentParser, on_load: bool) -> None:
                         "zero-pad its last group, which is exact)")
 
 
-def spec_kwargs(args) -> Dict[str, Any]:
-    """LLM(...) speculative keyword arguments of :func:`add_spec_args` options (none: no speculation)."""
-    import json
-
-    if not args.draft_model and not args.spec_model and not args.spec_method:
-        return {}
-    tree = None
-    if args.spec_tree is not None:
-        try:
-            tree = json.loads(args.spec_tree)
-        except ValueError as e:
-            raise ValueError(f"--spec-tree must be JSON, e.g. '[[0], [1], [0, 0]]': {e}") from None
-    return dict(draft_model=args.draft_model, spec_method=args.spec_method, spec_model=args.spec_model,
-                spec_mode=args.spec_mode, num_spec_tokens=args.num_spec_tokens, spec_tree_topk=args.spec_tree_topk,
-                spec_tree_depth=args.spec_tree_depth, spec_tree=tree)
-
-
-def quant_kwargs(args) -> Dict[str, Any]:
-    """``quantization`` / ``quantization_config`` for LLM(...) from --quantization and its options."""
-    if args.quantization is None:
+def quant_config(args: argparse.Namespace, quantization: Optional[str]) -> Optional[Dict[str, Any]]:
+    """``quantization_config`` of :func:`add_quant_args`' options (None: none given); they need
+    ``--quantization``."""
+    if quantization is None:
         if args.group_size is not None or args.symmetric or not args.pad_groups:
             raise ValueError("--group-size / --symmetric / --no-pad-groups need --quantization int4")
-        return {}
+        return None
     qc: Dict[str, Any] = {}
     if args.group_size is not None:
         qc["group_size"] = args.group_size
@@ -99,46 +121,4 @@ def quant_kwargs(args) -> Dict[str, Any]:
         qc["symmetric"] = True
     if not args.pad_groups:
         qc["pad_groups"] = False
-    return {"quantization": args.quantization, "quantization_config": qc or None}
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """Scheduler and KV-cache options (``fastinfer serve``), named as vLLM names them."""
-    p.add_argument("--max-num-seqs", type=int, default=256, help="sequences in flight at most (default: 256)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="new tokens per engine step, prefill chunks included (default: 2048 on CPU, 8192 on CUDA)")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default: 16)")
-    p.add_argument("--num-kv-blocks", type=int, default=None,
-                   help="KV-cache blocks in the pool (default: sized from --gpu-memory-utilization)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="fraction of GPU memory for weights + KV cache (default: 0.9)")
-    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
-                   help="do not reuse the KV blocks of identical prompt prefixes (default: reuse them)")
-    p.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps")
-    p.add_argument("--static-batching", action="store_true",
-                   help="admit new requests only into a batch still forming, not a running one (a baseline "
-                        "for benchmarks; default: continuous batching)")
-    p.add_argument("--seed", type=int, default=0, help="engine seed, for requests without their own (default: 0)")
-    p.add_argument("--deterministic", action="store_true",
-                   help="batch-invariant mode: a token's logits (and seeded tokens) do not depend on the batch, "
-                        "prefill chunking, prefix cache or speculation, bit for bit (slower)")
-
-
-def engine_kwargs(args) -> Dict[str, Any]:
-    """LLM(...) keyword arguments of :func:`add_model_args` + :func:`add_engine_args` options."""
-    return dict(dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
-                gpu_memory_utilization=args.gpu_memory_utilization,
-                enable_prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager,
-                static_batching=args.static_batching, seed=args.seed, deterministic=args.deterministic)
-
-
-def tp_kwargs(args) -> Dict[str, Any]:
-    """``tensor_parallel_size`` for LLM(...): the option, else torchrun's WORLD_SIZE, else nothing (1)."""
-    import os
-
-    n = args.tensor_parallel_size
-    if n is None and "WORLD_SIZE" in os.environ and "RANK" in os.environ:
-        n = int(os.environ["WORLD_SIZE"])
-    return {"tensor_parallel_size": n} if n is not None and n != 1 else {}
+    return qc or None

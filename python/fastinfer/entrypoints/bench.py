@@ -30,7 +30,7 @@ from ..layers import TensorDictReader
 from ..models import ModelConfig, find_gguf, load_model, random_weights
 from ..engine.worker import serve_torchrun_worker
 from .bench_spec import SPEC_ENTRIES, run_spec_comparison, spec_metrics
-from .args import add_quant_args, add_spec_args, add_tp_args, quant_kwargs, spec_kwargs, tp_kwargs
+from .args import BENCH_OPTIONS, add_cli_args, add_quant_args, llm_kwargs
 
 __all__ = ["PRESETS", "add_bench_parser", "build_random_model"]
 
@@ -104,10 +104,10 @@ def cmd_bench(args) -> int:
         if args.preset or args.draft_model or args.spec_model or args.spec_method:
             raise SystemExit("--spec-methods runs its own methods on --model (default: the shipped model); "
                              "drop --preset / --draft-model / --spec-model / --spec-method")
-        return run_spec_comparison(args, dict(
-            dtype=args.dtype, device=args.device, max_num_seqs=max(args.batch, 1),
-            max_model_len=args.max_model_len or 1024, max_num_batched_tokens=args.max_num_batched_tokens,
-            num_kv_blocks=args.num_kv_blocks, enable_prefix_caching=False, seed=args.seed))
+        opts = llm_kwargs(args, ("dtype", "device", "max_num_batched_tokens", "num_kv_blocks"))
+        return run_spec_comparison(args, dict(opts, max_num_seqs=max(args.batch, 1),
+                                              max_model_len=args.max_model_len or 1024,
+                                              enable_prefix_caching=False, seed=args.seed))
     if bool(args.model) == bool(args.preset):
         raise SystemExit("give exactly one of --model PATH or --preset NAME --random-weights")
     if args.preset and not args.random_weights:
@@ -119,21 +119,18 @@ def cmd_bench(args) -> int:
     max_len = args.max_model_len or (args.input_len + args.output_len + 16)
     t0 = time.perf_counter()
     tensors = None
+    # the options given, with what this command fixes: one batch of prompts, no prefix reuse
+    opts = dict(llm_kwargs(args, BENCH_OPTIONS), device=device, max_model_len=max_len,
+                max_num_seqs=max(args.batch, 1), enable_prefix_caching=False)
     if args.preset:
         model, tensors = build_random_model(args.preset, dtype, device, max_len)
         if not args.compare_transformers:
             tensors = None
-        llm = LLM(model, device=device, max_model_len=max_len, max_num_seqs=max(args.batch, 1),
-                  max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
-                  gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False,
-                  enforce_eager=args.enforce_eager, **spec_kwargs(args), **quant_kwargs(args), **tp_kwargs(args))
+        opts.pop("dtype", None)  # the model is built in it
+        llm = LLM(model, **opts)
         del model  # quantisation rebuilds it: do not keep the float copy alive
     else:
-        kw = dict(model=args.model, dtype=dtype, device=device, max_model_len=max_len, max_num_seqs=max(args.batch, 1),
-                  max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
-                  gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False,
-                  load_progress=True, enforce_eager=args.enforce_eager, **spec_kwargs(args), **quant_kwargs(args),
-                  **tp_kwargs(args))
+        kw = dict(opts, dtype=dtype, load_progress=True)
         if serve_torchrun_worker(kw):  # torchrun rank > 0: served rank 0's engine
             return 0
         llm = LLM(**kw)
@@ -244,32 +241,21 @@ def cmd_bench(args) -> int:
 def add_bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="end-to-end throughput / latency (TTFT, TPOT, tokens/s)",
                        description=__doc__.split("\n\n")[0])
-    b.add_argument("--model", default=None,
-                   help="checkpoint directory or .gguf file (default: none; give it or --preset with --random-weights)")
     b.add_argument("--preset", default=None, choices=sorted(PRESETS),
                    help="a model shape instead of a checkpoint, with --random-weights (default: none)")
     b.add_argument("--random-weights", action="store_true", help="fill the --preset model with random weights")
     b.add_argument("--batch", type=int, default=8, help="requests submitted at once (default: 8)")
     b.add_argument("--input-len", type=int, default=128, help="prompt length, tokens (random ids; default: 128)")
     b.add_argument("--output-len", type=int, default=64, help="generated tokens per request (default: 64)")
-    b.add_argument("--max-model-len", type=int, default=None,
-                   help="longest prompt + completion, tokens (default: input + output + 16)")
-    b.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="new tokens per engine step (chunked prefill; default: 2048 CPU / 8192 CUDA)")
-    b.add_argument("--num-kv-blocks", type=int, default=None,
-                   help="KV pool size in blocks of 16 tokens (default: sized from memory)")
-    b.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="fraction of GPU memory the engine may use, weights + KV pool (default: 0.9)")
-    b.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (default: graphs)")
     b.add_argument("--warmup", type=int, default=1, help="warm-up generate() calls before timing (default: 1)")
     b.add_argument("--seed", type=int, default=0, help="seed of the random prompts and weights (default: 0)")
-    b.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
-    b.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: float32 CPU, bfloat16 CUDA)")
     b.add_argument("--compare-transformers", action="store_true",
                    help="also time transformers generate() on the same model and prompts (default: off)")
     b.add_argument("--json", action="store_true", help="print the results as JSON (default: a table)")
-    add_spec_args(b)
-    add_tp_args(b)
+    add_cli_args(b, BENCH_OPTIONS, {
+        "model": "checkpoint directory or .gguf file (default: none; give it or --preset with --random-weights)",
+        "max_model_len": "longest prompt + completion, tokens (default: input + output + 16)",
+        "dtype": "float32 | bfloat16 | float16 (default: float32 CPU, bfloat16 CUDA)"})
     b.add_argument("--compare-no-spec", action="store_true",
                    help="with --draft-model: run the same prompts again without speculation, report the speedup")
     b.add_argument("--compare-repeats", type=int, default=1,
@@ -286,6 +272,6 @@ def add_bench_parser(sub) -> None:
                    help="with --spec-methods: code prompts per run, in groups of --batch (default: 8)")
     b.add_argument("--spec-json", default=None,
                    help="with --spec-methods: also write the results to this JSON file (default: none)")
-    add_quant_args(b, on_load=True)
+    add_quant_args(b)
     b.set_defaults(func=cmd_bench)
 

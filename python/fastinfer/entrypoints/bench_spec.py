@@ -31,15 +31,16 @@ from ..engine.config import SPEC_METHODS, default_model_path
 
 __all__ = ["SPEC_ENTRIES", "CODE_PROMPTS", "run_spec_comparison", "spec_metrics"]
 
-#: name -> (spec_method, default spec model under fastinfer/assets, LLM speculative keyword arguments)
+#: name -> (spec_method, default spec model under fastinfer/assets, LLM speculative keyword arguments;
+#: the sizes not given are the method's defaults, see fastinfer.engine.speculative.registry)
 SPEC_ENTRIES: Dict[str, tuple] = {
-    "draft-chain": ("draft", "tiny-llama-draft", dict(spec_mode="chain", num_spec_tokens=4)),
-    "draft-tree": ("draft", "tiny-llama-draft", dict(spec_mode="tree", num_spec_tokens=8)),
+    "draft-chain": ("draft", "tiny-llama-draft", dict(spec_mode="chain")),
+    "draft-tree": ("draft", "tiny-llama-draft", dict(spec_mode="tree")),
     "medusa": ("medusa", "tiny-llama-medusa", dict(spec_mode="tree")),
-    "eagle-chain": ("eagle", "tiny-llama-eagle", dict(spec_mode="chain", num_spec_tokens=4)),
-    "eagle-tree": ("eagle", "tiny-llama-eagle", dict(spec_mode="tree", num_spec_tokens=8)),
-    "eagle3-chain": ("eagle3", "tiny-llama-eagle3", dict(spec_mode="chain", num_spec_tokens=4)),
-    "eagle3-tree": ("eagle3", "tiny-llama-eagle3", dict(spec_mode="tree", num_spec_tokens=8)),
+    "eagle-chain": ("eagle", "tiny-llama-eagle", dict(spec_mode="chain")),
+    "eagle-tree": ("eagle", "tiny-llama-eagle", dict(spec_mode="tree")),
+    "eagle3-chain": ("eagle3", "tiny-llama-eagle3", dict(spec_mode="chain")),
+    "eagle3-tree": ("eagle3", "tiny-llama-eagle3", dict(spec_mode="tree")),
 }
 
 #: Python code prompts (none of them from the training corpus' files verbatim)
@@ -168,10 +169,11 @@ def run_spec_comparison(args, engine_kw: Dict[str, Any]) -> int:
             no_s.append(e0)
             ratios.append(e0 / e1)
         base_runs += no_s
+        drafted_tree = spec.mode == "tree" and not spec.entry.static_tree  # top-k / depth apply
         row = {"name": name, "spec_method": method, "spec_model": _shown(path), "spec_mode": spec.mode,
                "num_spec_tokens": spec.num_tokens,
-               "spec_tree_topk": spec.tree_topk if spec.mode == "tree" and method != "medusa" else None,
-               "spec_tree_depth": spec.tree_depth if spec.mode == "tree" and method != "medusa" else None,
+               "spec_tree_topk": spec.tree_topk if drafted_tree else None,
+               "spec_tree_depth": spec.tree_depth if drafted_tree else None,
                "tokens_per_target_forward": figs["mean_tokens_per_verification"], **figs,
                "speedup_median": round(statistics.median(ratios), 3),
                "speedup_min_max": [round(min(ratios), 3), round(max(ratios), 3)],

@@ -26,8 +26,7 @@ from ..engine import LLM, SamplingParams
 from ..engine.worker import serve_torchrun_worker
 from ..quant import QuantOptions, quantize_checkpoint
 from . import eval as eval_cmd
-from .args import (add_engine_args, add_model_args, add_quant_args, add_spec_args, engine_kwargs, quant_kwargs,
-                   spec_kwargs, tp_kwargs)
+from .args import GENERATE_OPTIONS, SERVE_OPTIONS, add_cli_args, add_quant_args, llm_kwargs
 from .bench import add_bench_parser
 
 __all__ = ["main", "build_parser"]
@@ -57,8 +56,7 @@ def cmd_generate(args) -> int:
     sp = SamplingParams(n=args.n, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                         min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed_request,
                         max_tokens=args.max_tokens, stop=args.stop or None, ignore_eos=args.ignore_eos)
-    kw = dict(model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-              seed=args.seed, load_progress=True, **spec_kwargs(args), **quant_kwargs(args), **tp_kwargs(args))
+    kw = dict(llm_kwargs(args, GENERATE_OPTIONS), load_progress=True)
     if serve_torchrun_worker(kw):  # torchrun rank > 0: this process was a worker of rank 0's engine
         return 0
     llm = LLM(**kw)
@@ -122,8 +120,7 @@ def cmd_serve(args) -> int:
             raise ValueError(f"{field} must be >= 1, got {v}")
     if args.max_waiting < 0:
         raise ValueError(f"--max-waiting must be >= 0, got {args.max_waiting}")
-    kw = dict(model=model, load_progress=True, **engine_kwargs(args), **spec_kwargs(args), **quant_kwargs(args),
-              **tp_kwargs(args))
+    kw = dict(llm_kwargs(args, SERVE_OPTIONS), model=model, load_progress=True)
     if serve_torchrun_worker(kw):  # torchrun rank > 0: this process was a worker of rank 0's engine
         return 0
     engine = AsyncLLM(**kw)
@@ -137,7 +134,6 @@ def add_serve_parser(sub) -> None:
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, ...)")
     s.add_argument("model_tag", nargs="?", metavar="MODEL", default=None,
                    help="checkpoint directory or .gguf file (default: the shipped tiny model)")
-    add_model_args(s, "the same as MODEL (default: the shipped tiny model)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes it (default: 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
     s.add_argument("--api-key", default=None,
@@ -154,9 +150,8 @@ def add_serve_parser(sub) -> None:
                    help="largest request body, in bytes; beyond: 413 (default: 4194304)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default: info)")
-    add_engine_args(s)
-    add_spec_args(s)
-    add_quant_args(s, on_load=True)
+    add_cli_args(s, SERVE_OPTIONS, {"model": "the same as MODEL (default: the shipped tiny model)"})
+    add_quant_args(s)
     s.set_defaults(func=cmd_serve)
 
 
@@ -165,7 +160,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     g = sub.add_parser("generate", help="generate text (no --model: the shipped tiny model)")
-    add_model_args(g, "checkpoint directory or .gguf file (default: the shipped tiny model)")
     g.add_argument("--prompt", action="append", help="a prompt; repeatable (default: read one from stdin)")
     g.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
     g.add_argument("--system", default=None, help="system message for --chat (default: none)")
@@ -180,13 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--n", type=int, default=1, help="completions per prompt (default: 1)")
     g.add_argument("--stop", action="append", help="stop string; repeatable (default: none)")
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
-    g.add_argument("--seed", type=int, default=0, help="engine seed, for requests without --seed-request (default: 0)")
     g.add_argument("--seed-request", type=int, default=None,
                    help="per-request seed: the same completion whatever else runs (default: none)")
     g.add_argument("--stream", action="store_true", help="print text as it is generated")
     g.add_argument("--json", action="store_true", help="print the outputs as JSON")
-    add_spec_args(g)
-    add_quant_args(g, on_load=True)
+    add_cli_args(g, GENERATE_OPTIONS)
+    add_quant_args(g)
     g.set_defaults(func=cmd_generate)
 
     add_serve_parser(sub)
@@ -196,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "fastinfer.quant)")
     q.add_argument("--method", required=True, help="fp8 (e4m3 weights per channel) | int4 (group-wise W4A16) | "
                                                    "int8 (int8 weights per channel, W8A8)")
-    add_quant_args(q, on_load=False)
+    add_quant_args(q)
     q.add_argument("--smoothquant", type=float, default=None, metavar="ALPHA",
                    help="int8: SmoothQuant migration strength in [0, 1] (0.5 is the paper's default; default: off)")
     q.add_argument("--calibration", default=None, metavar="FILE",

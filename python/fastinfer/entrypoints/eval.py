@@ -25,10 +25,10 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ..engine import LLM
+from ..engine import LLM, EngineConfig
 from ..layers import BatchBuilder
 from ..quant import describe_quantization
-from .args import add_quant_args, quant_kwargs
+from .args import EVAL_OPTIONS, add_cli_args, add_quant_args, llm_kwargs
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 CONTEXT = 256
@@ -112,7 +112,7 @@ def token_stream(tokenizer, files: Sequence[Tuple[str, str]]) -> torch.Tensor:
 
 @torch.inference_mode()
 def perplexity(model, stream: torch.Tensor, context: int = CONTEXT, max_tokens: Optional[int] = None,
-               windows_per_batch: int = 8, block_size: int = 16) -> Tuple[float, int]:
+               windows_per_batch: int = 8, block_size: int = EngineConfig.block_size) -> Tuple[float, int]:
     """Token-level perplexity of ``model`` (a :class:`~fastinfer.models.LlamaForCausalLM`) over
     non-overlapping windows of ``context`` predictions; returns ``(ppl, predicted tokens)``."""
     n = (len(stream) - 1) // context
@@ -134,21 +134,18 @@ def perplexity(model, stream: torch.Tensor, context: int = CONTEXT, max_tokens: 
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--model", default=os.path.join(ASSETS, "tiny-llama"),
-                    help="checkpoint directory (default: the shipped tiny model)")
-    ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: float32 on CPU)")
-    ap.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    add_cli_args(ap, EVAL_OPTIONS)
     ap.add_argument("--max-tokens", type=int, default=None,
                     help="evaluate at most this many predicted tokens (default: all 72,704)")
-    add_quant_args(ap, on_load=True)
+    add_quant_args(ap)
     ap.add_argument("--json", action="store_true", help="print the result as one JSON line")
 
 
 def run(args) -> int:
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, num_kv_blocks=1, **quant_kwargs(args))
+    llm = LLM(**llm_kwargs(args, EVAL_OPTIONS), num_kv_blocks=1)
     stream = token_stream(llm.tokenizer, heldout_files())
     ppl, n = perplexity(llm.model, stream, max_tokens=args.max_tokens)
-    res = {"model": args.model, "dtype": str(llm.model.dtype).replace("torch.", ""),
+    res = {"model": llm.model_path, "dtype": str(llm.model.dtype).replace("torch.", ""),
            "quantization": describe_quantization(llm.model), "heldout_ppl": round(ppl, 4), "tokens": n}
     print(json.dumps(res) if args.json else "  ".join(f"{k}={v}" for k, v in res.items()))
     return 0

@@ -46,7 +46,7 @@ from ..layers import (
     WeightReader,
 )
 from ..distributed import SINGLE, ParallelInfo
-from ..ops import backend
+from ..ops import Backend, backend
 from .config import ModelConfig
 from .rope import build_cos_sin_cache
 
@@ -156,14 +156,16 @@ class LlamaForCausalLM(nn.Module):
         device: where weights, RoPE table and (via :meth:`allocate_kv_cache`) caches live.
         max_positions: rows of the RoPE table (largest position + 1 the model accepts); default
             ``config.max_model_len``.
-        op_namespace: ``"fastinfer"`` (default) or ``"fastinfer_sim"`` (the CUDA kernel sources
-            run by the CPU emulator; fp16/bf16 only, slow: tests). See :meth:`set_op_namespace`.
+        ops: the :class:`~fastinfer.ops.Backend` every layer calls (default ``backend("fastinfer")``;
+            ``backend("fastinfer_sim")``: the CUDA kernel sources run by the CPU emulator, fp16/bf16
+            only, slow: tests; ``deterministic=True``: the batch-invariant mode). Fixed for the
+            model's life: every layer holds this one backend.
         quant_config: chooses each linear's method (:mod:`fastinfer.quant`); None: float.
         tp: this rank's place in the tensor-parallel group (the model is then its shard).
     """
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32, device=None,
-                 max_positions: Optional[int] = None, op_namespace: str = "fastinfer",
+                 max_positions: Optional[int] = None, ops: Optional[Backend] = None,
                  quant_config: Optional[QuantizationConfig] = None, tp: ParallelInfo = SINGLE):
         super().__init__()
         if config.head_dim not in (64, 128, 256):
@@ -175,7 +177,7 @@ class LlamaForCausalLM(nn.Module):
         self.device = device
         self.quant_config = quant_config
         self.tp = tp
-        self.ops = backend(op_namespace)
+        self.ops = backend() if ops is None else ops
         c = config
         kw = dict(dtype=dtype, device=device)
         self.num_local_kv_heads = attention_shards(c, tp)[1]
@@ -239,18 +241,6 @@ class LlamaForCausalLM(nn.Module):
                     return False
                 raise
         return True
-
-    def set_op_namespace(self, namespace: str, deterministic: Optional[bool] = None) -> None:
-        """Route every op call to ``torch.ops.<namespace>`` (``fastinfer`` or ``fastinfer_sim``);
-        ``deterministic``: switch the batch-invariant mode of :class:`~fastinfer.ops.Backend` on or
-        off (None: keep it). The mode drops the oneDNN-packed copies (they are not batch invariant)."""
-        det = self.ops.deterministic if deterministic is None else bool(deterministic)
-        self.ops = backend(namespace, det)
-        for m in self.modules():
-            if hasattr(m, "ops"):
-                m.ops = self.ops
-            if det and getattr(m, "packed", None) is not None:
-                m.packed = None
 
     @property
     def op_namespace(self) -> str:

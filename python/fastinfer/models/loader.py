@@ -24,6 +24,7 @@ import torch
 
 from ..distributed import SINGLE, ParallelInfo
 from ..layers import QuantizationConfig, SafetensorsReader, WeightReader
+from ..ops import Backend
 from .config import ModelConfig
 from .gguf import GGUFWeightReader, find_gguf, gguf_model_config
 from .llama import LlamaForCausalLM
@@ -63,12 +64,14 @@ def load_model(
     max_positions: Optional[int] = None,
     config: Optional[ModelConfig] = None,
     quant_config: Optional[QuantizationConfig] = None,
-    op_namespace: str = "fastinfer",
+    ops: Optional[Backend] = None,
     tp: ParallelInfo = SINGLE,
 ) -> LlamaForCausalLM:
     """Build the model of checkpoint ``source`` (a directory, a GGUF file, or a reader with
     ``config`` given) and load its weights. ``dtype`` defaults to :func:`default_dtype`, ``device``
-    to the CPU. ``tp``: build and load this rank's shard only."""
+    to the CPU. ``ops``: the op backend every layer calls (:func:`fastinfer.ops.backend`: its
+    library and its mode, e.g. ``backend("fastinfer", deterministic=True)``; default: the compiled
+    ops, default mode). ``tp``: build and load this rank's shard only."""
     if isinstance(source, str):
         config = load_config(source) if config is None else config
         reader: WeightReader = checkpoint_reader(source, config)
@@ -79,7 +82,7 @@ def load_model(
     device = torch.device("cpu" if device is None else device)
     dtype = default_dtype(config, device) if dtype is None else dtype
     model = LlamaForCausalLM(config, dtype=dtype, device=device, max_positions=max_positions,
-                             op_namespace=op_namespace, quant_config=quant_config, tp=tp)
+                             ops=ops, quant_config=quant_config, tp=tp)
     model.load_weights(reader, progress=progress)
     return model.eval()
 

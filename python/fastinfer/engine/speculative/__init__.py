@@ -48,8 +48,8 @@ come from the request's generator. A step in which a sequence cannot speculate (
 blocks short, see the scheduler's lookahead) samples it the ordinary way, which consumes its generator
 differently: under such pressure a seeded completion may depend on the load (it stays exact).
 
-Draft heads (``spec_method``, :mod:`.build` picks the drafter, :func:`.proposer.make_proposer` the
-proposer): :mod:`.medusa` (static trees of :mod:`.trees` from heads on the hidden state that produced
+Draft heads (``spec_method``; :mod:`.registry` holds each method's defaults, head loader, drafter
+and proposer): :mod:`.medusa` (static trees of :mod:`.trees` from heads on the hidden state that produced
 the root: the executor hands the drafter the target's hidden states of the logits rows) and
 :mod:`.eagle` (the drafting above, one row earlier, on a decoder layer fed with the target's features
 of every row, kept in a feature pool by KV slot) and :mod:`.eagle3` (the same on ``fc`` of three target
@@ -61,12 +61,13 @@ plain temperature distribution only), requests with fewer than 2 tokens left to 
 sequences whose tree would not fit ``max_model_len``.
 """
 
-from .build import build_drafter, load_eagle_head, plan_slots  # noqa: F401
+from .build import load_draft_model, load_eagle_head, plan_slots  # noqa: F401
 from .drafter import Draft, Drafter, DraftModelDrafter  # noqa: F401
 from .proposer import (DraftModelProposer, EagleProposer, Proposer, StaticTreeProposer,  # noqa: F401
                        make_proposer, speculation_supported)
+from .registry import SPEC_REGISTRY, SpecMethod, spec_method  # noqa: F401
 from .verifier import commit_moves, verify  # noqa: F401
 
 __all__ = ["Draft", "Drafter", "DraftModelDrafter", "DraftModelProposer", "Proposer", "StaticTreeProposer",
-           "EagleProposer", "make_proposer", "speculation_supported", "commit_moves", "verify", "build_drafter",
-           "load_eagle_head", "plan_slots"]
+           "EagleProposer", "make_proposer", "speculation_supported", "commit_moves", "verify",
+           "load_draft_model", "load_eagle_head", "plan_slots", "SPEC_REGISTRY", "SpecMethod", "spec_method"]

@@ -1,4 +1,5 @@
-"""The executor's drafter for each ``spec_method``, and the KV slots of a forward plan's rows."""
+"""The loaders of the heads with their own KV pool (a draft model, an EAGLE / EAGLE-3 head), which
+the method registry (:mod:`.registry`) names, and the KV slots of a forward plan's rows."""
 
 from __future__ import annotations
 
@@ -7,18 +8,43 @@ from typing import List
 import torch
 
 from ...layers import slot_of
-from .drafter import Drafter, DraftModelDrafter
 
-__all__ = ["build_drafter", "load_eagle_head", "plan_slots"]
+__all__ = ["load_draft_model", "load_eagle_head", "plan_slots"]
 
 
-def load_eagle_head(spec, target):
-    """The EAGLE / EAGLE-3 head of ``spec`` (a directory, or an already built ``EagleDraftModel`` /
-    ``Eagle3DraftModel``, as ``spec.method`` says)."""
-    from .eagle import EagleDraftModel, load_eagle
-    from .eagle3 import Eagle3DraftModel, load_eagle3
+def load_draft_model(spec, target, max_model_len: int, ops):
+    """Load / check the draft model of ``spec``: same vocabulary, the target's dtype and device,
+    built on the op backend ``ops`` (the config's mode). It runs on rank 0 only, unsharded (its
+    proposals are token ids that travel in the step's plan)."""
+    from ..checkpoints import load_checkpoint
+    from ...models import load_config
 
-    cls, load = (Eagle3DraftModel, load_eagle3) if spec.method == "eagle3" else (EagleDraftModel, load_eagle)
+    device = target.device
+    if isinstance(spec.draft_model, str):
+        dcfg = load_config(spec.draft_model)
+        _check_draft_vocab(int(dcfg.vocab_size), int(target.config.vocab_size))
+        draft = load_checkpoint(spec.draft_model, target.dtype, device, int(target.max_positions), ops)
+    else:
+        draft = spec.draft_model
+        _check_draft_vocab(int(draft.config.vocab_size), int(target.config.vocab_size))
+        if torch.device(getattr(draft, "device", device)) != device:
+            raise ValueError(f"draft_model is on {draft.device}, the target on {device}")
+        if int(getattr(draft, "max_positions", max_model_len)) < max_model_len:
+            raise ValueError(f"draft_model accepts {draft.max_positions} positions, fewer than "
+                             f"max_model_len={max_model_len}")
+    draft.pack_linears_for_cpu()
+    return draft
+
+
+def _check_draft_vocab(draft_vocab: int, target_vocab: int) -> None:
+    if draft_vocab != target_vocab:
+        raise ValueError(f"draft_model has vocab_size {draft_vocab}, the target {target_vocab}: speculative "
+                         "decoding needs a draft with the target's tokenizer and vocabulary")
+
+
+def load_eagle_head(spec, target, cls, load):
+    """The EAGLE / EAGLE-3 head of ``spec``: ``load(directory, target)``, or an already built
+    ``cls`` (``EagleDraftModel`` / ``Eagle3DraftModel``). It calls the target's op backend."""
     head = spec.draft_model
     if isinstance(head, str):
         return load(head, target)
@@ -26,33 +52,6 @@ def load_eagle_head(spec, target):
         raise ValueError(f"spec_model for spec_method={spec.method!r} must be a head directory or {cls.__name__}, "
                          f"got {type(head).__name__}")
     return head
-
-
-def build_drafter(spec, target, draft_model, num_kv_blocks: int, block_size: int, device: torch.device,
-                  max_num_batched_tokens: int, deterministic: bool = False) -> Drafter:
-    """``draft_model``: the loaded draft model / EAGLE head (None for Medusa); its KV pool is
-    allocated here, with the target's block count. ``deterministic``: see :attr:`Drafter.deterministic`."""
-    drafter = _build(spec, target, draft_model, num_kv_blocks, block_size, device, max_num_batched_tokens)
-    drafter.deterministic = deterministic
-    return drafter
-
-
-def _build(spec, target, draft_model, num_kv_blocks, block_size, device, max_num_batched_tokens) -> Drafter:
-    if spec.method == "medusa":
-        from .medusa import build_medusa_drafter
-
-        return build_medusa_drafter(spec, target, device)
-    kv = draft_model.allocate_kv_cache(num_kv_blocks, block_size)
-    args = (draft_model, kv, block_size, device, spec.mode, spec.num_tokens, spec.tree_topk, max_num_batched_tokens)
-    if spec.method == "eagle":
-        from .eagle import EagleDrafter
-
-        return EagleDrafter(*args, num_kv_blocks)
-    if spec.method == "eagle3":
-        from .eagle3 import Eagle3Drafter
-
-        return Eagle3Drafter(*args, num_kv_blocks)
-    return DraftModelDrafter(*args)
 
 
 def plan_slots(plan, block_size: int) -> List[int]:

@@ -56,9 +56,6 @@ class Drafter:
     #: ask the executor for the target's final hidden states: True: of every logits row of each
     #: step (:meth:`observe_hidden_states`); "all": of every row (:meth:`observe_slot_hidden_states`)
     wants_hidden_states: object = False
-    #: deterministic mode: a seeded chain draws its tokens with the verifier's position noise
-    #: (coupled draws: a draft token is accepted whenever the draft's draw equals the target's)
-    deterministic: bool = False
     #: with ``wants_hidden_states``: hand over the inputs of these target layers, concatenated
     #: (:meth:`~fastinfer.models.llama.LlamaForCausalLM.aux_hidden_states`), not the final states
     hidden_layers: Tuple[int, ...] = ()
@@ -94,8 +91,12 @@ class DraftModelDrafter(Drafter):
     position_shift = 0
 
     def __init__(self, model, kv_caches, block_size: int, device: torch.device, mode: str, num_tokens: int,
-                 tree_topk: int, max_num_batched_tokens: int):
+                 tree_topk: int, max_num_batched_tokens: int, ops):
         self.model = model
+        # the mode of the config's backend ``ops``: in the deterministic mode a seeded chain draws its
+        # tokens with the verifier's position noise (coupled draws: a draft token is accepted
+        # whenever the draft's draw equals the target's)
+        self.deterministic = ops.deterministic
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device

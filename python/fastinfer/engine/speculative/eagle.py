@@ -119,8 +119,9 @@ class EagleDrafter(DraftModelDrafter):
     position_shift = -1  # a token's draft row is one before its position
 
     def __init__(self, model: EagleDraftModel, kv_caches, block_size: int, device, mode: str, num_tokens: int,
-                 tree_topk: int, max_num_batched_tokens: int, num_blocks: int):
-        super().__init__(model, kv_caches, block_size, device, mode, num_tokens, tree_topk, max_num_batched_tokens)
+                 tree_topk: int, max_num_batched_tokens: int, ops, num_blocks: int):
+        super().__init__(model, kv_caches, block_size, device, mode, num_tokens, tree_topk, max_num_batched_tokens,
+                         ops)
         self.features = torch.zeros(num_blocks * block_size, model.hidden_size, dtype=model.dtype, device=device)
         self._out: Dict[Tuple[int, int], Tensor] = {}  # (seq_id, row) -> output feature, this propose()
 

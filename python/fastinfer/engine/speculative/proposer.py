@@ -192,7 +192,4 @@ def make_proposer(config: SpeculativeConfig, block_manager: BlockManager, max_mo
                   draft_tree: Optional[Seq[Path]]) -> DraftModelProposer:
     """The core-side proposer of ``config.method`` (``draft_tree``: the executor's static tree of
     draft heads, for ``medusa``)."""
-    if config.method in ("draft", "eagle", "eagle3"):
-        cls = DraftModelProposer if config.method == "draft" else EagleProposer
-        return cls(config, block_manager, max_model_len)
-    return StaticTreeProposer(config, block_manager, max_model_len, draft_tree)
+    return config.entry.make_proposer(config, block_manager, max_model_len, draft_tree)

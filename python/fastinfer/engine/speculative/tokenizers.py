@@ -8,9 +8,11 @@ __all__ = ["check_draft_tokenizer"]
 
 
 def check_draft_tokenizer(spec, target_tok) -> None:
-    """With ``spec_method="draft"`` and a draft directory holding a tokenizer: the same vocabulary
-    as ``target_tok`` (a ValueError naming the first differing token otherwise)."""
-    if spec is None or spec.method != "draft" or not isinstance(spec.draft_model, str) or target_tok is None \
+    """With a draft checkpoint (``spec_method="draft"``: the registry's ``spec_model_is_checkpoint``)
+    holding a tokenizer: the same vocabulary as ``target_tok`` (a ValueError naming the first
+    differing token otherwise)."""
+    if spec is None or not spec.entry.spec_model_is_checkpoint or not isinstance(spec.draft_model, str) \
+            or target_tok is None \
             or not has_tokenizer(spec.draft_model):
         return
     dv = Tokenizer(spec.draft_model).get_vocab()

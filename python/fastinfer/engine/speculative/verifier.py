@@ -6,8 +6,8 @@ into data: the slot moves that compact the accepted nodes' K/V to consecutive po
 pool, and the draft pool for nodes the draft was fed) and the draft's new KV coverage. The
 executor applies the moves; the engine core applies the rest.
 
-Deterministic mode (``verify(..., deterministic=True)``), for seeded sampling: every node's row is
-turned into the race scores plain decoding would draw the next position's token from
+Deterministic mode (``verify(..., ops=backend(..., deterministic=True))``), for seeded sampling:
+every node's row is turned into the race scores plain decoding would draw the next position's token from
 (:func:`~fastinfer.engine.sampler.race_scores` with that position's
 :func:`~fastinfer.engine.sampler.position_noise`), and the tree is verified greedily on them: a
 child is accepted when it is the token plain decoding would draw there, and ``next_token`` is that
@@ -18,12 +18,12 @@ draft may accept fewer tokens than with rejection sampling.
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence as Seq, Tuple
+from typing import Dict, List, Optional, Sequence as Seq, Tuple
 
 import torch
 
 from ...layers import slot_of
-from ...ops import tree_verify
+from ...ops import Backend, backend
 from ..sampler import position_noise, race_scores
 from .drafter import Draft
 
@@ -32,10 +32,13 @@ Tensor = torch.Tensor
 __all__ = ["verify", "commit_moves"]
 
 
-def verify(drafts: List[Draft], logits: Tensor, gens: Seq[torch.Generator], lib=None,
-           deterministic: bool = False) -> None:
+def verify(drafts: List[Draft], logits: Tensor, gens: Seq[torch.Generator], ops: Optional[Backend] = None) -> None:
     """``logits``: the target's rows of every node, draft by draft; ``gens``: each draft's generator
-    (deterministic mode: seeded ones give their seed). Sets ``path`` / ``next_token``."""
+    (deterministic mode: seeded ones give their seed); ``ops``: the engine's op backend (its
+    ``tree_verify`` and its mode; default: the compiled ops, default mode). Sets ``path`` /
+    ``next_token``."""
+    ops = backend() if ops is None else ops
+    deterministic = ops.deterministic
     offs = [0]
     for d in drafts:
         offs.append(offs[-1] + d.num_nodes)
@@ -60,7 +63,7 @@ def verify(drafts: List[Draft], logits: Tensor, gens: Seq[torch.Generator], lib=
             u = torch.zeros(len(idx), N + 1, dtype=torch.float32, device=dev)
         else:
             u = torch.stack([torch.rand(N + 1, generator=gens[i], device=gens[i].device).to(dev) for i in idx])
-        acc, num, nxt = tree_verify(dt, pa, tl, dp, temp, u, greedy, lib=lib)
+        acc, num, nxt = ops.tree_verify(dt, pa, tl, dp, temp, u, greedy)
         acc, num, nxt = acc.tolist(), num.tolist(), nxt.tolist()
         for r, i in enumerate(idx):
             drafts[i].path = acc[r][: num[r] + 1]

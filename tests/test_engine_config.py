@@ -1,0 +1,239 @@
+"""EngineConfig states every LLM option once: names checked, help and flags generated from its fields,
+validation in one place; the speculative-method registry; the op backend given at construction."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import os
+import pydoc
+import re
+
+import pytest
+import torch
+
+from fastinfer import LLM
+from fastinfer.engine.config import EngineConfig, default_model_path, option_fields
+from fastinfer.engine.speculative.registry import SPEC_METHODS, SPEC_REGISTRY, spec_method
+from fastinfer.entrypoints import args as cli_args
+from fastinfer.entrypoints.cli import build_parser
+from fastinfer.ops import backend
+
+ASSETS = os.path.dirname(default_model_path())
+DRAFT = os.path.join(ASSETS, "tiny-llama-draft")
+MEDUSA = os.path.join(ASSETS, "tiny-llama-medusa")
+EAGLE = os.path.join(ASSETS, "tiny-llama-eagle")
+PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python", "fastinfer")
+
+# the flags each command had before they were generated (they must keep working, spelled so)
+OLD_FLAGS = {
+    "generate": ["--model", "--device", "--dtype", "--max-model-len", "--tensor-parallel-size", "--seed",
+                 "--draft-model", "--spec-method", "--spec-model", "--spec-mode", "--num-spec-tokens",
+                 "--spec-tree-topk", "--spec-tree-depth", "--spec-tree", "--quantization", "--group-size",
+                 "--symmetric", "--no-pad-groups"],
+    "serve": ["--model", "--device", "--dtype", "--max-model-len", "--tensor-parallel-size", "--max-num-seqs",
+              "--max-num-batched-tokens", "--block-size", "--num-kv-blocks", "--gpu-memory-utilization",
+              "--no-enable-prefix-caching", "--enforce-eager", "--static-batching", "--seed", "--deterministic",
+              "--draft-model", "--spec-method", "--spec-model", "--spec-mode", "--num-spec-tokens",
+              "--spec-tree-topk", "--spec-tree-depth", "--spec-tree", "--quantization", "--group-size",
+              "--symmetric", "--no-pad-groups"],
+    "bench": ["--model", "--max-model-len", "--max-num-batched-tokens", "--num-kv-blocks",
+              "--gpu-memory-utilization", "--enforce-eager", "--device", "--dtype", "--draft-model",
+              "--spec-method", "--spec-model", "--spec-mode", "--num-spec-tokens", "--spec-tree-topk",
+              "--spec-tree-depth", "--spec-tree", "--tensor-parallel-size", "--quantization", "--seed"],
+    "eval": ["--model", "--dtype", "--device", "--quantization", "--group-size", "--symmetric", "--no-pad-groups"],
+}
+COMMAND_OPTIONS = {"generate": cli_args.GENERATE_OPTIONS, "serve": cli_args.SERVE_OPTIONS,
+                   "bench": cli_args.BENCH_OPTIONS, "eval": cli_args.EVAL_OPTIONS}
+
+
+def _subparsers():
+    ap = build_parser()
+    return next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def _config(**kw) -> EngineConfig:
+    return EngineConfig(device="cpu", **kw)
+
+
+# ---- option names ---------------------------------------------------------------------------------
+
+def test_unknown_option_is_a_type_error_naming_the_closest():
+    with pytest.raises(TypeError, match=r"^unknown option 'blok_size'; did you mean 'block_size'\?$"):
+        LLM(blok_size=16)  # raised before anything loads
+    with pytest.raises(TypeError, match="did you mean 'spec_tree_topk'"):
+        LLM(spec_tree_top_k=3)
+    with pytest.raises(TypeError, match=r"unknown option 'zzz' \(options: model, tokenizer, "):
+        EngineConfig.from_options(zzz=1)
+    with pytest.raises(TypeError, match="unknown option 'speculative'"):  # derived, not an option
+        EngineConfig.from_options(speculative=None)
+
+
+def test_help_and_signature_list_every_option_with_its_default():
+    text = pydoc.render_doc(LLM)
+    sig = inspect.signature(LLM)
+    assert list(sig.parameters) == [f.name for f in option_fields()]
+    for f in option_fields():
+        assert sig.parameters[f.name].default == f.default
+        assert re.search(rf"\b{f.name} \(", text), f.name
+        assert f.metadata["help"].split()[0] in text
+    assert "block_size (int; default: 16): tokens per KV-cache block" in " ".join(text.split())
+
+
+# ---- validation -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(block_size=12), "block_size must be a power of two in 8..256, got 12"),
+    (dict(block_size=512), "block_size must be a power of two"),
+    (dict(max_num_seqs=0), "max_num_seqs must be >= 1"),
+    (dict(gpu_memory_utilization=1.5), r"gpu_memory_utilization must be in \(0, 1\]"),
+    (dict(max_num_batched_tokens=0), "max_num_batched_tokens must be >= 1"),
+    (dict(tensor_parallel_size=0), "tensor_parallel_size must be an int >= 1"),
+    (dict(dtype="fp12"), "unknown dtype 'fp12'"),
+    (dict(model="/nonexistent/model"), "model directory not found"),
+    (dict(spec_method="ngram", spec_model=DRAFT),
+     re.escape("spec_method must be one of ('draft', 'medusa', 'eagle', 'eagle3'), got 'ngram'")),
+    (dict(spec_method="eagle"), "needs spec_model"),
+    (dict(draft_model=DRAFT, spec_tree_topk=0), "spec_tree_topk must be an int >= 1"),
+    (dict(draft_model=DRAFT, spec_tree=[[0]]), "spec_tree .* needs spec_method='medusa' in tree mode"),
+    (dict(spec_method="eagle", spec_model=EAGLE, tensor_parallel_size=2), "needs the target's hidden states"),
+    (dict(quantization_config={"group_size": 64}), "quantization_config given without quantization"),
+])
+def test_validation_names_the_option(kw, message):
+    with pytest.raises(ValueError, match=message):
+        _config(**kw)
+
+
+# ---- the method registry ------------------------------------------------------------------------------
+
+def test_spec_registry_defaults():
+    assert SPEC_METHODS == tuple(SPEC_REGISTRY) == ("draft", "medusa", "eagle", "eagle3")
+    with pytest.raises(ValueError, match="spec_method must be one of"):
+        spec_method("ngram")
+    assert [m for m in SPEC_METHODS if spec_method(m).tensor_parallel] == ["draft"]
+    assert [m for m in SPEC_METHODS if spec_method(m).static_tree] == ["medusa"]
+    s = _config(draft_model=DRAFT).speculative
+    assert (s.method, s.mode, s.num_tokens, s.tree_topk) == ("draft", "chain", 4, 2)
+    s = _config(draft_model=DRAFT, spec_mode="tree").speculative
+    assert (s.mode, s.num_tokens, s.tree_depth) == ("tree", 8, min(8, max(2, 8 // 4 + 1)))
+    s = _config(spec_method="medusa", spec_model=MEDUSA).speculative
+    assert (s.mode, s.num_tokens) == ("tree", None)
+    s = _config(spec_method="eagle", spec_model=EAGLE).speculative
+    assert (s.entry, s.mode, s.num_tokens) == (spec_method("eagle"), "chain", 4)
+    assert _config().speculative is None
+
+
+def test_registry_builds_the_method_proposer():
+    from fastinfer.engine.block_manager import BlockManager
+    from fastinfer.engine.speculative import DraftModelProposer, EagleProposer, StaticTreeProposer
+
+    bm = BlockManager(16, 16)
+    draft_tree = [(0,), (1,)]
+    for method, path, cls in (("draft", DRAFT, DraftModelProposer), ("eagle", EAGLE, EagleProposer),
+                              ("medusa", MEDUSA, StaticTreeProposer)):
+        spec = _config(spec_method=method, spec_model=path).speculative
+        assert type(spec.entry.make_proposer(spec, bm, 64, draft_tree)) is cls
+
+
+# ---- command-line flags ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", sorted(OLD_FLAGS))
+def test_cli_flags_are_generated_from_the_fields(command):
+    p = _subparsers()[command]
+    flags = {s for a in p._actions for s in a.option_strings}
+    assert set(OLD_FLAGS[command]) <= flags
+    by_dest = {a.dest: a for a in p._actions if a.option_strings}
+    fields = {f.name: f for f in option_fields()}
+    for name in COMMAND_OPTIONS[command]:
+        a, f = by_dest[name], fields[name]
+        assert cli_args.flag_of(name) in a.option_strings
+        assert a.default is None  # not given: the field's default applies
+        assert a.help.startswith(f.metadata["help"]) or name in ("model", "max_model_len", "dtype")
+        if isinstance(f.default, bool):
+            assert isinstance(a, argparse._StoreFalseAction if f.default else argparse._StoreTrueAction)
+
+
+def _parsed(command, argv):
+    p = argparse.ArgumentParser()
+    cli_args.add_cli_args(p, COMMAND_OPTIONS[command])
+    if command != "bench":
+        cli_args.add_quant_args(p)
+    return cli_args.llm_kwargs(p.parse_args(argv), COMMAND_OPTIONS[command])
+
+
+def test_cli_flags_parse_to_the_same_config():
+    argv = ["--device", "cpu", "--block-size", "32", "--max-num-seqs", "7", "--no-enable-prefix-caching",
+            "--deterministic", "--gpu-memory-utilization", "0.5", "--seed", "3", "--draft-model", DRAFT,
+            "--spec-mode", "tree", "--num-spec-tokens", "6", "--spec-tree-topk", "3",
+            "--quantization", "int4", "--group-size", "64", "--symmetric"]
+    kw = dict(device="cpu", block_size=32, max_num_seqs=7, enable_prefix_caching=False, deterministic=True,
+              gpu_memory_utilization=0.5, seed=3, draft_model=DRAFT, spec_mode="tree", num_spec_tokens=6,
+              spec_tree_topk=3, quantization="int4", quantization_config={"group_size": 64, "symmetric": True})
+    got = _parsed("serve", argv)
+    assert got == kw
+    assert EngineConfig.from_options(**got) == EngineConfig(**kw)
+    assert _parsed("generate", ["--device", "cpu"]) == {"device": "cpu"}
+    assert EngineConfig.from_options(**_parsed("eval", ["--device", "cpu"])) == _config()
+    tree = _parsed("generate", ["--spec-method", "medusa", "--spec-model", MEDUSA, "--spec-tree", "[[0], [1, 0]]"])
+    assert tree["spec_tree"] == [[0], [1, 0]]
+    with pytest.raises(ValueError, match="--spec-tree must be JSON"):
+        _parsed("generate", ["--spec-tree", "[[0]"])
+    with pytest.raises(ValueError, match="need --quantization int4"):
+        _parsed("eval", ["--symmetric"])
+
+
+def test_torchrun_world_size_is_the_default_tp(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert _parsed("generate", [])["tensor_parallel_size"] == 2
+    assert _parsed("generate", ["--tensor-parallel-size", "1"])["tensor_parallel_size"] == 1
+
+
+# ---- each default stated once ---------------------------------------------------------------------------
+
+def test_each_default_is_declared_once():
+    """The engine's options are defaulted in EngineConfig only: no other module of the engine or the
+    entry points restates ``block_size=16`` / ``spec_tree_topk=2`` (or ``tree_topk``) as a default."""
+    pattern = re.compile(r"\b(block_size|spec_tree_topk|tree_topk)\s*(:\s*[\w\[\], ]+)?=\s*(16|2)\b")
+    hits = []
+    for sub in ("engine", "entrypoints"):
+        for root, _, names in os.walk(os.path.join(PACKAGE, sub)):
+            for n in names:
+                path = os.path.join(root, n)
+                if not n.endswith(".py") or path.endswith(os.path.join("engine", "config.py")):
+                    continue
+                with open(path, encoding="utf-8") as f:
+                    hits += [f"{path}:{i}: {line.strip()}" for i, line in enumerate(f, 1) if pattern.search(line)]
+    assert not hits, "\n".join(hits)
+    assert pattern.search("    block_size: int = 16,") and pattern.search("spec_tree_topk=2")  # the pattern bites
+
+
+# ---- the op backend, given at construction -------------------------------------------------------------
+
+def test_deterministic_mode_is_the_backend_built_from_the_config():
+    llm = LLM(device="cpu", num_kv_blocks=16, deterministic=True, draft_model=DRAFT)
+    ops = backend("fastinfer", deterministic=True)
+    assert llm.config.ops_backend() is ops
+    ex = llm.executor
+    assert llm.model.ops is ops and ex.draft_model.ops is ops and ex.sampler.ops is ops and ex.ops is ops
+    assert ex.drafter.deterministic and ex.sampler.deterministic
+    assert all(m.ops is ops for m in llm.model.modules() if hasattr(m, "ops"))
+
+
+def test_a_given_model_of_another_mode_is_rebuilt_not_changed():
+    from fastinfer.models import load_model
+
+    model = load_model(default_model_path(), dtype=torch.float32)
+    llm = LLM(model, device="cpu", num_kv_blocks=16, deterministic=True)
+    assert model.ops is backend() and not model.ops.deterministic  # the caller's model is left alone
+    assert llm.model is not model and llm.model.ops is backend("fastinfer", deterministic=True)
+    same = LLM(model, device="cpu", num_kv_blocks=16)
+    assert same.model is model
+
+
+def test_without_speculation_resets_every_spec_option():
+    c = _config(draft_model=DRAFT, spec_mode="tree", spec_tree_topk=3, block_size=32)
+    w = c.without_speculation()
+    assert w.speculative is None and w.block_size == 32 and w.spec_tree_topk == EngineConfig.spec_tree_topk
+    assert dataclasses.replace(c) == c  # validation is idempotent
