@@ -1,6 +1,6 @@
 """INT4 weight-only (W4A16) GEMM: packing, checkpoint repacking and the GEMM.
 
-Quantisation convention (DESIGN.md "GEMM")
+Quantisation convention (docs/design.md "GEMM")
 ------------------------------------------
 A linear layer ``out = a @ W.T`` with ``W[N, K]`` (N output features, K input features) is stored
 as 4-bit integers ``q[N, K]`` in ``0..15`` with one scale and one zero point per group of
