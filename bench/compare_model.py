@@ -47,7 +47,7 @@ RESULTS = os.path.join(HERE, "results")
 
 NO_GPU_MESSAGE = (
     "compare_model: no GPU results file yet ({where}).\n"
-    "  Run bench/gpu_check.sh on a GPU machine (make gpu-check; on a lent machine see the script's header),\n"
+    "  Run bench/gpu_check.sh on a GPU machine (make gpu-check; see the script's header),\n"
     "  commit its $OUT/gpu_check.json as bench/results/gpu_check-<date>.json, then run\n"
     "  python bench/compare_model.py [--gpu FILE] [--model bench/results/model-after.json]")
 

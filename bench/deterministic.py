@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The cost of the runner's deterministic mode (issue 18): tokens/s of the same workload with
+"""The cost of the runner's deterministic mode: tokens/s of the same workload with
 ``LLM(deterministic=False)`` and ``deterministic=True``, batch 1 and 16, without speculation and
 with draft-model chain and tree speculation, on the shipped tiny model; median of alternated repeats.
 

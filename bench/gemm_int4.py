@@ -4,7 +4,7 @@
 Shapes: the linear layers of Llama-3-8B and Llama-3-70B (fused qkv, o, fused gate_up, down;
 out = a[M, K] @ W[N, K].T) at M in {1, 4, 16, 64, 256, 4096}, group size 128, symmetric,
 bf16 activations. Reported per case: µs of int4_gemm and of torch.matmul on the bf16 weight,
-their ratio (``speedup`` = bf16 time / int4 time; DESIGN.md's goal is >= 3.7x at M = 1..16),
+their ratio (``speedup`` = bf16 time / int4 time; docs/design.md's goal is >= 3.7x at M = 1..16),
 the effective GB/s of int4_gemm (packed weight + scales + a + out bytes, each read or written
 once) and that as a fraction of the measured copy bandwidth, and which int4 path ran (the fused
 kernel, or dequantise + dense for M >= 512; FASTINFER_INT4_DENSE_MIN_M changes the threshold).

@@ -12,7 +12,7 @@ b = [N, K]) at M in {1, 16, 64, 256, 4096}. For every shape, in the same run:
 * ``torch_bf16``       torch.matmul in bf16 (what the int8 path replaces).
 
 Reported: µs (median) and TOP/s (2 M N K / time); ``speedup_of_fastinfer`` = peer time / fastinfer
-time. GPU goals (issue 16): >= 1.0x torch_int_mm + epilogue, >= 1.6x bf16 at M >= 256. torch._int_mm
+time. GPU goals: >= 1.0x torch_int_mm + epilogue, >= 1.6x bf16 at M >= 256. torch._int_mm
 needs M > 16 on CUDA (a row marks the error otherwise). Without a GPU the script times the CPU
 implementations on shapes scaled down by 16 in N and K (``--quick``: two shapes, M in {1, 16});
 every such row is labelled CPU and says nothing about GPU performance.

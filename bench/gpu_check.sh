@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/gpu_check.sh: the whole GPU check in one call on a lent GPU machine, in phases that each run
+# bench/gpu_check.sh: the whole GPU check in one call on a GPU machine, in phases that each run
 # under their own deadline; a failing (or timed-out) phase never stops the later ones. JSON under $OUT.
 #
 # Phases, in order (seconds):
@@ -54,7 +54,7 @@
 #   configuration (3 TUs each) would cut the critical path to about 40-50 s and the build to ~90 s.
 #
 # Pre-flight (CI, no GPU): `make preflight` (tools/preflight_torch_headers.py, run by .ci/run after make test)
-# compiles the torch binding sources against the headers of torch 2.11 -- the lent machine's torch -- so an
+# compiles the torch binding sources against the headers of torch 2.11 -- the GPU machine's torch -- so an
 # API newer than 2.11 cannot break this build.
 #
 # The device call, from the repository root of a session (prepare the CUTLASS wheel once; the machine has

@@ -521,7 +521,7 @@ def case_int4(m, n, k, layer, model="8b", deterministic=False):
 
 
 def case_tree_verify(b, n, mode, v=128256):
-    def build():  # ideal: the visited nodes' logits read once (DESIGN.md's baseline; draft mode also reads q)
+    def build():  # ideal: the visited nodes' logits read once (docs/design.md's baseline; draft mode also reads q)
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from tree_verify import make_case
 

@@ -17,7 +17,7 @@ warm-up, the per-call time is the median over ``--reps`` batches. GB/s counts th
 must move (inputs read + outputs written, once). The speedup column is ``peer_us / fastinfer_us``.
 
 Every row carries the device label; CPU rows say "CPU": CPU figures say nothing about GPU
-performance (see DESIGN.md, "Nothing here counts until measured on a GPU").
+performance (see docs/design.md, "Nothing here counts until measured on a GPU").
 
 Usage::
 

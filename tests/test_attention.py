@@ -270,7 +270,7 @@ def test_prefill_ragged_batch_launches_no_idle_ctas():
 
 # ---------------------------------------------------------------------------------------------
 # tree attention with a sliding window: the window applies on top of the mask by absolute
-# position, node i being at (k_len - q_len) + depth(i) (DESIGN.md; R.tree_positions).
+# position, node i being at (k_len - q_len) + depth(i) (docs/design.md; R.tree_positions).
 def test_reference_tree_window_by_hand():
     """The oracle's rule on a small tree, written out by hand. Prefix of 3 keys (positions 0..2),
     tree parents [-1, 0, 0, 1, 3]: depths 0, 1, 1, 2, 3, so nodes 0..4 (keys 3..7) are at

@@ -1,4 +1,4 @@
-"""The deterministic mode of the attention ops (``fixed_split_size = F > 0``, issue 18).
+"""The deterministic mode of the attention ops (``fixed_split_size = F > 0``).
 
 A query row's out and lse must be bitwise the same (``torch.equal``, never a tolerance) through
 ``paged_decode_attention``, ``paged_prefill_attention`` with q_len 1..17 (its prefix already in the

@@ -1,4 +1,4 @@
-"""Batch-invariant GEMMs (issue 18): dense_mm, and fp8_scaled_mm / int8_scaled_mm / int4_gemm with
+"""Batch-invariant GEMMs: dense_mm, and fp8_scaled_mm / int8_scaled_mm / int4_gemm with
 deterministic=True.
 
 Invariance is bit for bit (``torch.equal`` of the raw bits, never a tolerance): a probe row's

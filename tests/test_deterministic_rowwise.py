@@ -1,4 +1,4 @@
-"""The row-wise ops behind the deterministic mode (issue 18): rms_norm, fused_add_rms_norm,
+"""The row-wise ops behind the deterministic mode: rms_norm, fused_add_rms_norm,
 silu_and_mul and rotary_embedding compute each token row on its own, so a row's bits do not depend
 on the batch. The same check as tests/test_deterministic_gemm.py (``torch.equal`` of the raw bits):
 a probe row placed last behind M - 1 other rows, M = 1, 3, 17, 64, 300, equals its result in the

@@ -1,4 +1,4 @@
-"""The runner's deterministic mode (issue 18), CPU: a probe request's tokens and logprobs are bitwise
+"""The runner's deterministic mode, CPU: a probe request's tokens and logprobs are bitwise
 the same alone, inside a busy batch with preemption, after a prefix-cache hit, under every prefill
 chunk size tried, and with speculation in chain mode (draft model, EAGLE-3) and tree mode (draft
 model, EAGLE-2 and EAGLE-3 trees, Medusa's static tree), greedy and seeded; fp32 and bf16. ``torch.equal``-strict: logprobs are compared as floats with ``==``.

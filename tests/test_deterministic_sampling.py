@@ -1,4 +1,4 @@
-"""Deterministic-mode sampling (issue 18): a seeded token depends on the seed, the position and the
+"""Deterministic-mode sampling: a seeded token depends on the seed, the position and the
 logits alone, so the speculative verifier reproduces plain decoding's draws token for token.
 
 The target here is a synthetic one, ``logits = f(prefix)`` (random logits seeded by the prefix), so

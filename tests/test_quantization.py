@@ -521,7 +521,7 @@ def test_heldout_perplexity_within_target(heldout_stream, bf16_ppl, quant, qcfg,
 
 def test_heldout_perplexity_int8_smoothquant(heldout_stream, bf16_ppl, tmp_path):
     """``fastinfer quantize --method int8 --smoothquant 0.5`` on the shipped model, calibrated on its
-    training split (the default): within +1% of bf16 (issue 16's target)."""
+    training split (the default): within +1% of bf16 (the quantisation target)."""
     path = str(tmp_path / "sq")
     assert cli_main(["quantize", "--quiet", "--method", "int8", "--smoothquant", "0.5", ASSETS, path]) == 0
     ppl = _ppl(heldout_stream, path)

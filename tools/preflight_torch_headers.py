@@ -1,4 +1,4 @@
-"""Pre-flight for the lent GPU machine: compile the torch binding sources against ANOTHER torch's
+"""Pre-flight for a GPU machine with an older torch: compile the torch binding sources against ANOTHER torch's
 headers (the GPU machine has torch 2.11; this project builds against 2.14), so an API newer than
 that torch can never break the one GPU build we get.
 

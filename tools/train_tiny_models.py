@@ -63,7 +63,7 @@ MAX_POSITIONS = 1024
 SAMPLE_PROMPTS = ["def fibonacci(n):", "import os\n\n\ndef read_file(path):"]
 
 # head_dim 64 everywhere: fastinfer's attention kernels are built for head_dim 64 and 128 (the
-# DESIGN.md op contract), so the shipped models must use one of them to run on a GPU too.
+# docs/design.md op contract), so the shipped models must use one of them to run on a GPU too.
 MODEL_SPECS = {
     "target": dict(
         dirname="tiny-llama",

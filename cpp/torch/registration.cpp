@@ -99,7 +99,7 @@ void move_kv_slots_meta(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tens
   validate_move_kv_slots("move_kv_slots", k_cache, v_cache, src_slots, dst_slots);
 }
 
-// ---- FP8 GEMM (DESIGN.md "GEMM") ----
+// ---- FP8 GEMM (docs/design.md "GEMM") ----
 std::tuple<at::Tensor, at::Tensor> fp8_quantize_meta(const at::Tensor& x, c10::string_view mode, int64_t group_size,
                                                      const std::optional<at::Tensor>& scale) {
   const Fp8Mode m = validate_fp8_quantize("fp8_quantize", x, mode, group_size, scale, true);
@@ -115,7 +115,7 @@ at::Tensor fp8_scaled_mm_meta(const at::Tensor& a, const at::Tensor& b, const at
 }
 // ---- end FP8 GEMM ----
 
-// ---- INT8 GEMM (DESIGN.md "GEMM"): azp is int32 [M] when symmetric=False, else an empty [0] ----
+// ---- INT8 GEMM (docs/design.md "GEMM"): azp is int32 [M] when symmetric=False, else an empty [0] ----
 std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_quantize_meta(const at::Tensor& x, c10::string_view mode,
                                                                   const std::optional<at::Tensor>& scale, bool symmetric) {
   const Int8Mode m = validate_int8_quantize("int8_quantize", x, mode, scale, symmetric, true);
@@ -156,7 +156,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_meta(const at::Tensor
 }  // namespace fastinfer::binding
 
 FASTINFER_LIBRARY(FASTINFER_NS, m) {
-  // Fused elementwise ops around the big kernels (DESIGN.md "Fused elementwise").
+  // Fused elementwise ops around the big kernels (docs/design.md "Fused elementwise").
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rms_norm_out(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()");
   m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
@@ -167,7 +167,7 @@ FASTINFER_LIBRARY(FASTINFER_NS, m) {
   m.def("reshape_and_cache(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, "
         "Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
   m.def("move_kv_slots(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor src_slots, Tensor dst_slots) -> ()");
-  // Attention (DESIGN.md "Attention"). lse is float32 [rows, Hq] when return_lse, else empty [0].
+  // Attention (docs/design.md "Attention"). lse is float32 [rows, Hq] when return_lse, else empty [0].
   m.def("prefill_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
         "int max_seqlen_q, int max_seqlen_k, float scale, bool causal, int window_left=-1, float softcap=0.0, "
         "bool return_lse=False, int fixed_split_size=0) -> (Tensor out, Tensor lse)");
@@ -179,21 +179,21 @@ FASTINFER_LIBRARY(FASTINFER_NS, m) {
         "float scale, int window_left=-1, float softcap=0.0, int num_splits=0, bool return_lse=False, "
         "Tensor? k_scale=None, Tensor? v_scale=None, int fixed_split_size=0) -> (Tensor out, Tensor lse)");
   m.def("merge_attention_states(Tensor v_a, Tensor lse_a, Tensor v_b, Tensor lse_b) -> (Tensor v, Tensor lse)");
-  // FP8 W8A8 (DESIGN.md "GEMM"): dynamic e4m3 quantisation and the scaled e4m3 matmul.
+  // FP8 W8A8 (docs/design.md "GEMM"): dynamic e4m3 quantisation and the scaled e4m3 matmul.
   m.def("fp8_quantize(Tensor x, str mode='token', int group_size=128, Tensor? scale=None) -> (Tensor x_fp8, Tensor scale)");
   m.def("fp8_scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, ScalarType out_dtype, Tensor? bias=None, "
         "bool deterministic=False) -> Tensor");
-  // INT8 W8A8 (DESIGN.md "GEMM"): dynamic int8 quantisation (zero points when symmetric=False; azp is
+  // INT8 W8A8 (docs/design.md "GEMM"): dynamic int8 quantisation (zero points when symmetric=False; azp is
   // an empty [0] tensor otherwise) and the scaled int8 matmul (int32 accumulation).
   m.def("int8_quantize(Tensor x, str mode='token', Tensor? scale=None, bool symmetric=True) -> (Tensor x_int8, "
         "Tensor scale, Tensor azp)");
   m.def("int8_scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, ScalarType out_dtype, Tensor? bias=None, "
         "Tensor? azp_adj=None, Tensor? azp=None, bool deterministic=False) -> Tensor");
-  // Speculative decoding (DESIGN.md "Speculative decoding").
+  // Speculative decoding (docs/design.md "Speculative decoding").
   m.def("tree_verify(Tensor draft_tokens, Tensor parents, Tensor target_logits, Tensor? draft_probs, "
         "Tensor temperature, Tensor uniforms, bool greedy) -> (Tensor accepted_nodes, Tensor num_accepted, "
         "Tensor next_token)");
-  // INT4 W4A16 GEMM (DESIGN.md "GEMM"; layout in cuda/include/fastinfer/gemm/int4.h). Extensions:
+  // INT4 W4A16 GEMM (docs/design.md "GEMM"; layout in cuda/include/fastinfer/gemm/int4.h). Extensions:
   // int4_repack takes g_idx (GPTQ act-order) and also returns perm (int64 [K], empty without g_idx);
   // int4_gemm takes perm and multiplies a[:, perm].
   m.def("int4_pack(Tensor w_q) -> Tensor");

@@ -1,5 +1,5 @@
 #pragma once
-// Shape / dtype / device rules of int8_quantize and int8_scaled_mm (DESIGN.md "GEMM"), shared by
+// Shape / dtype / device rules of int8_quantize and int8_scaled_mm (docs/design.md "GEMM"), shared by
 // the Meta, CPU and CUDA/sim impls (symbolic sizes), plus the layout checks the real impls add.
 #include <string>
 

@@ -1,6 +1,6 @@
 """Python wrappers for the attention ops (``torch.ops.fastinfer.*``).
 
-Conventions (DESIGN.md "Attention"): scores ``s = (q . k) * scale``, then
+Conventions (docs/design.md "Attention"): scores ``s = (q . k) * scale``, then
 ``s = softcap * tanh(s / softcap)`` when ``softcap > 0``. Query ``i`` of a sequence with ``q_len``
 queries and ``k_len`` keys sits at absolute position ``p = k_len - q_len + i``; causal masks are
 bottom-right aligned (it sees keys ``j <= p``); ``window_left = W >= 0`` restricts it to keys

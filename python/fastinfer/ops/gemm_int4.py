@@ -1,7 +1,7 @@
 """INT4 weight-only (W4A16) GEMM: packing, checkpoint repacking and the GEMM.
 
-Quantisation convention (DESIGN.md "GEMM")
-------------------------------------------
+Quantisation convention (docs/design.md "GEMM")
+-----------------------------------------------
 A linear layer ``out = a @ W.T`` with ``W[N, K]`` (N output features, K input features) is stored
 as 4-bit integers ``q[N, K]`` in ``0..15`` with one scale and one zero point per group of
 ``group_size`` consecutive input features and per output feature::
@@ -14,7 +14,7 @@ activation dtype (exactly: ``q - z`` is a small integer, so the product is round
 products are accumulated in fp32; ``out`` is rounded once.
 
 Packed layout (``int4_pack``; the kernel's own, see ``cuda/include/fastinfer/gemm/int4.h``)
------------------------------------------------------------------------------------------
+-------------------------------------------------------------------------------------------
 ``int32 [K / 64, 8 * N]``: W is cut into units of 64 (k) x 16 (n) (so **N must be a multiple of
 16 and K of 64**), unit ``(kt, nt)`` is 128 words at offset ``(kt * N / 16 + nt) * 128``. Word
 ``4 * lane + j`` (``lane = 4 g + t``) holds the 8 nibbles that warp lane ``lane`` feeds to the two

@@ -50,7 +50,7 @@ Methods (round to nearest; calibration data only for int8 with SmoothQuant)
   dequantise to exactly 0, and the runner zero-pads the activations of that layer.
 
 On-disk format (``quantization_config.quant_method == "fastinfer"``, ``format_version`` 1)
------------------------------------------------------------------------------------------------
+------------------------------------------------------------------------------------------
 A Hugging Face checkpoint directory: ``config.json`` (the source's, plus ``quantization_config``),
 safetensors weights (``model.safetensors``, or shards + ``model.safetensors.index.json``), the
 source's tokenizer files and ``generation_config.json``. Never pickle. Tensor names are the source's
@@ -162,7 +162,7 @@ int8 channel, input activations none, ...) of config group 'group_0' is not supp
 refused when the config is read.
 
 Hugging Face fine-grained FP8 (transformers' ``FineGrainedFP8Config``)
----------------------------------------------------------------------
+----------------------------------------------------------------------
 ``quantization_config.quant_method == "fp8"`` with ``weight_block_size [128, 128]``,
 ``activation_scheme "dynamic"`` (the official Qwen3 / DeepSeek-V3 FP8 releases): per quantised
 linear ``P.weight`` float8_e4m3fn ``[N, K]`` and ``P.weight_scale_inv`` float32

@@ -1,4 +1,4 @@
-"""fp64 oracles of the attention ops (DESIGN.md "Attention"): the executable spec.
+"""fp64 oracles of the attention ops (docs/design.md "Attention"): the executable spec.
 
 Conventions (shared with the kernels, see cuda/include/fastinfer/attention/attention.h):
 scores s = (q . k) * scale, then s = softcap * tanh(s / softcap) when softcap > 0. Query i of a

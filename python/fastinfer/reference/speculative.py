@@ -1,4 +1,4 @@
-"""fp64 oracle of ``tree_verify`` (DESIGN.md "Speculative decoding"): a readable walk per sequence.
+"""fp64 oracle of ``tree_verify`` (docs/design.md "Speculative decoding"): a readable walk per sequence.
 
 Semantics (the executable specification):
 
