@@ -372,8 +372,11 @@ def options_doc(base: str = "    ", width: int = 100) -> str:
     (``base``: the indentation of the docstring it goes in)."""
     import textwrap
 
+    # a blank line after the heading and between options: each option reads as one
+    # reStructuredText definition (its first line the term), so the API docs render it too
     lines = [base + "Options (keyword arguments; each is a field of fastinfer.EngineConfig):"]
     for f in option_fields():
         head = f"{f.name} ({f.type}; default: {default_text(f)}): {f.metadata['help']}."
-        lines += textwrap.wrap(head, width, initial_indent=base + "    ", subsequent_indent=base + "        ")
+        lines += [""] + textwrap.wrap(head, width, initial_indent=base + "    ",
+                                      subsequent_indent=base + "        ")
     return "\n".join(lines)
