@@ -25,7 +25,7 @@ PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 
 # top-level package -> layer; a package may import its own layer and the ones below
 LAYERS = {
-    "ops": 0, "reference": 0, "simt": 0, "_C": 0, "_sim": 0, "": 0,  # "": fastinfer/__init__.py
+    "ops": 0, "reference": 0, "simt": 0, "_C": 0, "_sim": 0, "_optional": 0, "": 0,  # "": fastinfer/__init__.py
     "distributed": 0,  # process groups and collectives: torch only
     "layers": 1,
     "models": 2,

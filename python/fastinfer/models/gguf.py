@@ -34,6 +34,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 import numpy as np
 import torch
 
+from .._optional import require
 from ..layers import WeightReader
 from .config import ModelConfig
 
@@ -79,11 +80,7 @@ _KNOWN_ARCH_KEYS = {
 
 
 def _gguf_module():
-    try:
-        import gguf
-    except ImportError as e:  # pragma: no cover - gguf is a dependency
-        raise ImportError("loading a GGUF checkpoint needs the `gguf` package (pip install gguf)") from e
-    return gguf
+    return require("gguf", "gguf", "loading a GGUF checkpoint")
 
 
 def _is_gguf_file(path: str) -> bool:
