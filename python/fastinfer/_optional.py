@@ -11,8 +11,11 @@ __all__ = ["require"]
 
 
 def require(module: str, extra: str, feature: str) -> ModuleType:
-    """``import module``, or an ImportError saying that ``feature`` needs ``fastinfer[extra]``."""
+    """``import module``, or an ImportError saying that ``feature`` needs ``fastinfer[extra]``
+    (an ImportError from inside an installed package, a broken install, propagates unchanged)."""
     try:
         return importlib.import_module(module)
     except ImportError as e:
+        if e.name != module:
+            raise
         raise ImportError(f"{feature} needs the '{module}' package: pip install 'fastinfer[{extra}]'") from e

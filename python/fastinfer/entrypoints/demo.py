@@ -40,11 +40,11 @@ def smollm2_path() -> Optional[str]:
 
 
 def chat(llm, max_tokens: int = 16) -> Tuple[List[int], str]:
-    """Stream the model's answer to QUESTION; returns (prompt token ids, answer text)."""
+    """Stream the model's greedy answer to QUESTION; returns (prompt token ids, answer text)."""
     prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], tokenize=True)
     print(f"user: {QUESTION}\nSmolLM2-135M-Instruct: ", end="", flush=True)
     printed, text = 0, ""
-    for out in llm.stream({"prompt_token_ids": prompt}, SamplingParams(max_tokens=max_tokens)):
+    for out in llm.stream({"prompt_token_ids": prompt}, SamplingParams(max_tokens=max_tokens, temperature=0.0)):
         text = out.outputs[0].text
         print(text[printed:], end="", flush=True)
         printed = len(text)
@@ -130,7 +130,7 @@ def check_ops() -> bool:
 
 def speed(llm, path: str, prompt: List[int], tokens: int = 16) -> None:
     """tokens/s of fastinfer and of transformers, the same greedy tokens from the same prompt, CPU."""
-    sp = SamplingParams(max_tokens=tokens, ignore_eos=True)
+    sp = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     llm.reset_prefix_cache()  # the chat cached this prompt's KV: time its whole prefill, as transformers runs it
     start = time.perf_counter()
     ours = llm.generate([{"prompt_token_ids": prompt}], sp)[0].outputs[0].token_ids
@@ -145,9 +145,12 @@ def speed(llm, path: str, prompt: List[int], tokens: int = 16) -> None:
                                                            dtype=torch.float32)
     ids = torch.tensor([prompt])
     with torch.no_grad():
+        hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False)  # warm-up, as
+        # fastinfer's chat answer warmed its own path up
         start = time.perf_counter()
-        theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens,
-                             do_sample=False)[0, len(prompt):].tolist()
+        # no end-of-sequence token: past it both keep taking the argmax (ignore_eos on our side)
+        theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
         hf_tps = len(theirs) / (time.perf_counter() - start)
     same = next((i for i, (x, y) in enumerate(zip(ours, theirs)) if x != y), min(len(ours), len(theirs)))
     print(f"\nCPU speed, {tokens} greedy tokens from the chat prompt ({len(prompt)} tokens), batch 1: "
