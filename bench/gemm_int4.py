@@ -7,7 +7,7 @@ bf16 activations. Reported per case: µs of int4_gemm and of torch.matmul on the
 their ratio (``speedup`` = bf16 time / int4 time; docs/design.md's goal is >= 3.7x at M = 1..16),
 the effective GB/s of int4_gemm (packed weight + scales + a + out bytes, each read or written
 once) and that as a fraction of the measured copy bandwidth, and which int4 path ran (the fused
-kernel, or dequantise + dense for M >= 512; FASTINFER_INT4_DENSE_MIN_M changes the threshold).
+kernel, or dequantise + dense for M >= 512; FASTINFER_TEST_INT4_DENSE_MIN_M changes the threshold).
 Weights rotate over enough copies to exceed the L2 cache, so small layers are not timed from L2.
 Marlin (``marlin`` package, fp16 only) is timed too when importable.
 
@@ -46,7 +46,7 @@ GROUP = 128
 
 def dense_min_m() -> int:
     try:
-        v = int(os.environ.get("FASTINFER_INT4_DENSE_MIN_M", "512"))
+        v = int(os.environ.get("FASTINFER_TEST_INT4_DENSE_MIN_M", "512"))
         return v if v > 0 else 512
     except ValueError:
         return 512

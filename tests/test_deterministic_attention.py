@@ -186,7 +186,7 @@ def test_tree_rows_either_launch_plan(monkeypatch, plan):
     (the sequences' own items over the whole chunks of the prefix, then per-token items over the
     rest from that state), chosen by how many CTAs the sequences' items give; forcing each plan
     gives the decode bits (F = 64: the 150-key prefix spans two whole chunks)."""
-    monkeypatch.setenv("FASTINFER_FIXED_TREE_PREFIX", plan)
+    monkeypatch.setenv("FASTINFER_TEST_FIXED_TREE_PREFIX", plan)
     be = get_backend("sim")
     _assert_rows_equal(probe_rows(World(torch.bfloat16, 64, seed=31), be, 64, 40, 30.0), 64)
     if importlib.util.find_spec("fastinfer._simprof") is not None:
@@ -237,7 +237,7 @@ def test_decode_split_launches_do_not_change_bits(monkeypatch):
     have_prof = importlib.util.find_spec("fastinfer._simprof") is not None
     if have_prof:
         assert merge_launches() == 1
-    monkeypatch.setenv("FASTINFER_FIXED_SPLIT_PARTIAL_BYTES", "1")
+    monkeypatch.setenv("FASTINFER_TEST_FIXED_SPLIT_PARTIAL_BYTES", "1")
     if have_prof:
         assert merge_launches() == math.ceil(table.shape[1] * BS / 64)  # one chunk per launch
     out1, lse1 = run()

@@ -193,11 +193,11 @@ def test_dense_mm_cpu_kernels_agree(monkeypatch, dtype):
     """The CPU micro-kernel's AVX2 form (intrinsics, bf16 / fp16 weights converted in registers, lane
     sums transposed in registers) and its portable form (an fp32 copy of the weights, std::fma per
     lane, cpu::tree_sum) are one arithmetic: the same bits at every M
-    (FASTINFER_CPU_DENSE_PORTABLE=1 forces the portable one)."""
+    (FASTINFER_TEST_CPU_DENSE_PORTABLE=1 forces the portable one)."""
     be = get_backend("cpu")
     a, b, bv = dense_inputs(46, 200, dtype, seed=9)
     fast = be.ns.dense_mm(a, b, bv)
-    monkeypatch.setenv("FASTINFER_CPU_DENSE_PORTABLE", "1")
+    monkeypatch.setenv("FASTINFER_TEST_CPU_DENSE_PORTABLE", "1")
     portable = be.ns.dense_mm(a, b, bv)
     assert torch.equal(fast, portable)
     for m in (1, 3, 5):  # the 1 x 8 tail blocks and a 4 x 3 block

@@ -165,7 +165,7 @@ def test_w8a8_sm90_host_checks(tmp_path):
     pass CUTLASS's can_implement (on a machine without a GPU the call then fails at the device
     query; with one, no launch is attempted), and select_int8_gemm_backend / w8a8_gemm_sm90_applies
     pick the sm_90a kernels exactly where documented (by compute capability, build, forced tiles,
-    FASTINFER_INT8_GEMM, alignment)."""
+    FASTINFER_TEST_INT8_GEMM, alignment)."""
     nvcc = find_nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found")

@@ -107,12 +107,12 @@ def test_int8_scaled_mm_sm90(m, n, k, config, scales, bias, azp, out_dtype):
 @pytest.mark.cuda
 def test_int8_scaled_mm_sm90_is_the_kernel_that_runs():
     """The parity test above would pass on the mma.sync kernel too: check by kernel name that the
-    CUTLASS kernel ran (16-byte aligned operands, default tiles, FASTINFER_INT8_GEMM unset)."""
+    CUTLASS kernel ran (16-byte aligned operands, default tiles, FASTINFER_TEST_INT8_GEMM unset)."""
     _require_hopper()
     import os
 
-    if os.environ.get("FASTINFER_INT8_GEMM") == "mma":
-        pytest.skip("FASTINFER_INT8_GEMM=mma forces the mma.sync kernel")
+    if os.environ.get("FASTINFER_TEST_INT8_GEMM") == "mma":
+        pytest.skip("FASTINFER_TEST_INT8_GEMM=mma forces the mma.sync kernel")
     args = _inputs(100, 512, 256, "tc", True, "row", BF, seed=5)
     _run(args, BF, "cuda")  # warm-up
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

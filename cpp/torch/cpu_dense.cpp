@@ -18,6 +18,7 @@
 
 #include "cpu_dense.h"
 #include "cpu_simd.h"
+#include "overrides.h"
 #include "validate_dense.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -115,14 +116,13 @@ template <int R, int C, typename BT>
 void block_dot_avx2(const float* const (&)[R], const BT* const (&)[C], int64_t, float (&)[R][C]) {}  // never called
 #endif
 
-// FASTINFER_CPU_DENSE_PORTABLE=1 takes the portable micro-kernel on an AVX2 machine too (tests:
-// both give the same bits).
+// FASTINFER_TEST_CPU_DENSE_PORTABLE=1 (overrides.h) takes the portable micro-kernel on an AVX2
+// machine too (tests: both give the same bits).
 bool use_avx2() {
 #if FASTINFER_DENSE_AVX2
   static const bool ok =
       __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-  const char* portable = std::getenv("FASTINFER_CPU_DENSE_PORTABLE");
-  return ok && !(portable != nullptr && portable[0] == '1');
+  return ok && !binding::cpu_dense_portable();
 #else
   return false;
 #endif

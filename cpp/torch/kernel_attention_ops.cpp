@@ -2,6 +2,7 @@
 // validate, allocate outputs and workspaces through the caching allocator (no host sync, so the
 // calls can be captured in CUDA graphs), fill the Params structs, launch.
 #include "kernel_backend.h"
+#include "overrides.h"
 #include "validate_attention.h"
 
 namespace fastinfer::binding {
@@ -47,10 +48,11 @@ void fill_common(PrefillAttentionParams& p, const at::Tensor& q, at::Tensor& out
 
 // The deterministic mode's split workspace (attention.h), from the caching allocator; returned so
 // it lives until the launch is enqueued.
-at::Tensor attach_split_workspace(PrefillAttentionParams& p, const at::Tensor& q, int64_t fixed_split_size) {
+at::Tensor attach_split_workspace(PrefillAttentionParams& p, const at::Tensor& q, int64_t fixed_split_size,
+                                  const PrefillOverrides& overrides) {
   if (fixed_split_size <= 0) return {};
   p.fixed_split_size = static_cast<int32_t>(fixed_split_size);
-  auto ws = at::empty({static_cast<int64_t>(prefill_attention_split_workspace_size(p))}, q.options().dtype(at::kByte));
+  auto ws = at::empty({static_cast<int64_t>(prefill_attention_split_workspace_size(p, overrides))}, q.options().dtype(at::kByte));
   p.split_workspace = ws.data_ptr();
   return ws;
 }
@@ -78,6 +80,7 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention(const at::Tensor& q, const 
   if (q.numel() == 0) return {out, lse};
   KernelScope scope(op, q);
   PrefillAttentionParams p;
+  const PrefillOverrides overrides = prefill_overrides();
   fill_common(p, q, out, lse, cu_seqlens_q.size(0) - 1, max_seqlen_q, scale, causal, window_left, softcap);
   p.k = k.data_ptr();
   p.v = v.data_ptr();
@@ -88,8 +91,8 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention(const at::Tensor& q, const 
   p.v_token_stride = v.stride(0);
   p.num_q_tokens = q.size(0);
   p.max_seqlen_k = static_cast<int32_t>(max_seqlen_k);
-  const at::Tensor split_ws = attach_split_workspace(p, q, fixed_split_size);
-  check_launch(launch_prefill_attention(p, scope.stream()), op);
+  const at::Tensor split_ws = attach_split_workspace(p, q, fixed_split_size, overrides);
+  check_launch(launch_prefill_attention(p, scope.stream(), overrides), op);
   return {out, lse};
 }
 
@@ -149,6 +152,7 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
     mask_offsets = at::cat({at::zeros({1}, q_lens.options()), (q_lens * q_lens).cumsum(0)});
   }
   PrefillAttentionParams p;
+  const PrefillOverrides overrides = prefill_overrides();
   fill_common(p, q, out, lse, seq_lens_k.size(0), max_seqlen_q, scale, causal, window_left, softcap);
   fill_paged(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k);
   at::Tensor tree_scratch;  // tree depths (window) / keys by rank (fixed mode), filled by the launcher
@@ -163,8 +167,8 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
       p.tree_depth = tree_scratch.data_ptr<int32_t>();
     }
   }
-  const at::Tensor split_ws = attach_split_workspace(p, q, fixed_split_size);
-  check_launch(launch_prefill_attention(p, scope.stream()), op);
+  const at::Tensor split_ws = attach_split_workspace(p, q, fixed_split_size, overrides);
+  check_launch(launch_prefill_attention(p, scope.stream(), overrides), op);
   return {out, lse};
 }
 
@@ -177,11 +181,12 @@ void decode_fixed_split(const char* op, const at::Tensor& q, const at::Tensor& k
                         const KernelScope& scope) {
   const auto cu_seqlens_q = at::arange(q.size(0) + 1, q.options().dtype(at::kInt));
   PrefillAttentionParams p;
+  const PrefillOverrides overrides = prefill_overrides();
   fill_common(p, q, out, lse, q.size(0), 1, scale, /*causal=*/true, window_left, softcap);
   fill_paged(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens);
   p.split_parallel = true;  // a CTA per chunk: decode's parallelism over the keys
-  const at::Tensor split_ws = attach_split_workspace(p, q, fixed_split_size);
-  check_launch(launch_prefill_attention(p, scope.stream()), op);
+  const at::Tensor split_ws = attach_split_workspace(p, q, fixed_split_size, overrides);
+  check_launch(launch_prefill_attention(p, scope.stream(), overrides), op);
 }
 
 std::tuple<at::Tensor, at::Tensor> paged_decode_attention(

@@ -2,6 +2,7 @@
 // validate, allocate outputs (and the per-tensor reduction workspace) through the caching allocator,
 // fill the Params, launch. No host synchronisation (CUDA-graph capturable).
 #include "kernel_w8a8.h"
+#include "overrides.h"
 #include "validate_fp8.h"
 
 namespace fastinfer::binding {
@@ -53,7 +54,7 @@ at::Tensor fp8_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Ten
   p.scale_a_per_row = !blockwise && scale_a.size(0) == M && M > 1;
   p.scale_b_per_col = !blockwise && scale_b.size(0) == N;
   p.deterministic = deterministic;
-  const cudaError_t err = launch_fp8_scaled_mm(p, scope.stream());
+  const cudaError_t err = launch_fp8_scaled_mm(p, scope.stream(), fp8_gemm_overrides());
   FI_CHECK(err != cudaErrorNotSupported, op,
            "requires sm_89+ (e4m3 tensor cores: Ada or Hopper) and a build with code for this GPU "
            "(FASTINFER_CUDA_ARCHS); on an older GPU dequantise and call torch.matmul, or use the CPU implementation");

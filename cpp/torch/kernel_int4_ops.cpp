@@ -6,28 +6,14 @@
 // kernel with int4_gemm_deterministic_num_splits (a function of N and K alone), launched over row
 // chunks of kDeterministicRows when it splits (bounded workspace; rows are independent).
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "kernel_backend.h"
+#include "overrides.h"
 #include "validate_int4.h"
 
 namespace fastinfer::binding {
 namespace {
-
-// M from which int4_gemm takes the dequantise + dense matmul path. 512 is a guess, NOT measured
-// on a GPU; override with FASTINFER_INT4_DENSE_MIN_M (e.g. for benchmarking both paths).
-int64_t dense_min_m() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("FASTINFER_INT4_DENSE_MIN_M");
-    if (e != nullptr && *e != '\0') {
-      const long long x = std::atoll(e);
-      if (x > 0) return static_cast<int64_t>(x);
-    }
-    return int64_t{512};
-  }();
-  return v;
-}
 
 constexpr int64_t kDeterministicRows = 256;
 
@@ -66,7 +52,7 @@ at::Tensor int4_gemm_kernel(const at::Tensor& a_in, const at::Tensor& packed, co
   const int64_t m = a.size(0), k = a.size(1), n = packed.size(1) / 8;
   const DType dtype = to_dtype(a.scalar_type());
   const uint8_t* zp = zeros.has_value() ? zeros->data_ptr<uint8_t>() : nullptr;
-  if (m >= dense_min_m() && !deterministic) {
+  if (m >= int4_dense_min_m() && !deterministic) {
     auto w = at::empty({n, k}, a.options());
     Int4DequantizeParams d;
     d.packed = reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>());

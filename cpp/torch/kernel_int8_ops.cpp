@@ -2,6 +2,7 @@
 // kernel_backend.h): validate, allocate outputs (and the per-tensor reduction workspace) through
 // the caching allocator, fill the Params, launch. No host synchronisation (CUDA-graph capturable).
 #include "kernel_w8a8.h"
+#include "overrides.h"
 #include "validate_int8.h"
 
 namespace fastinfer::binding {
@@ -59,7 +60,7 @@ at::Tensor int8_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Te
   p.scale_b_per_col = scale_b.size(0) == N;
   p.azp_per_row = azp.has_value() && azp->size(0) == M && M > 1;
   p.deterministic = deterministic;
-  const cudaError_t err = launch_int8_scaled_mm(p, scope.stream());
+  const cudaError_t err = launch_int8_scaled_mm(p, scope.stream(), int8_gemm_overrides());
   FI_CHECK(err != cudaErrorNotSupported, op,
            "requires sm_80+ (int8 tensor-core mma: Ampere or later); on an older GPU use the CPU implementation");
   check_launch(err, op);

@@ -7,9 +7,6 @@
 #include "fastinfer/common/launch.cuh"
 #include "fastinfer/common/vec.cuh"
 
-#include <cstdlib>
-#include <cstring>
-
 namespace fastinfer {
 namespace attention {
 namespace {
@@ -56,21 +53,19 @@ int64_t num_key_splits(const PrefillAttentionParams& p) {
 }
 constexpr int64_t kSplitPartialBytes = int64_t{256} << 20;  // partials of one launch, at most
 constexpr int64_t kMaxSplitsPerLaunch = 65535;               // grid.z
-// FASTINFER_FIXED_SPLIT_PARTIAL_BYTES overrides the bound (tests: small shapes then take several
-// launches and the running state, as large batches do).
-int64_t split_partial_bytes() {
-  const char* v = std::getenv("FASTINFER_FIXED_SPLIT_PARTIAL_BYTES");
-  const long long bytes = v != nullptr ? std::atoll(v) : 0;
-  return bytes > 0 ? static_cast<int64_t>(bytes) : kSplitPartialBytes;
+// PrefillOverrides::fixed_split_partial_bytes overrides the bound (tests: small shapes then take
+// several launches and the running state, as large batches do).
+int64_t split_partial_bytes(const PrefillOverrides& o) {
+  return o.fixed_split_partial_bytes > 0 ? o.fixed_split_partial_bytes : kSplitPartialBytes;
 }
 int64_t split_row_bytes(const PrefillAttentionParams& p) {  // one chunk's partials
   return p.num_q_tokens * p.num_q_heads * (static_cast<int64_t>(p.head_dim) + 1) * static_cast<int64_t>(sizeof(float));
 }
-int64_t splits_per_launch(const PrefillAttentionParams& p) {
+int64_t splits_per_launch(const PrefillAttentionParams& p, const PrefillOverrides& o) {
   const int64_t z = num_key_splits(p);
   if (z <= 0) return 0;
   const int64_t row = split_row_bytes(p);
-  int64_t g = row > 0 ? split_partial_bytes() / row : z;
+  int64_t g = row > 0 ? split_partial_bytes(o) / row : z;
   if (g < 1) g = 1;
   if (g > kMaxSplitsPerLaunch) g = kMaxSplitsPerLaunch;
   return g < z ? g : z;
@@ -78,12 +73,11 @@ int64_t splits_per_launch(const PrefillAttentionParams& p) {
 int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
 // The in-kernel fold under a custom mask in two launches (attention.h, tree_phase) when the
-// sequences' own work items would give at least half the SMs a CTA; FASTINFER_FIXED_TREE_PREFIX=
-// shared / per-token forces either way (tests: both give the same bits).
-bool share_tree_prefix(int64_t sequence_ctas) {
-  const char* v = std::getenv("FASTINFER_FIXED_TREE_PREFIX");
-  if (v != nullptr && std::strcmp(v, "shared") == 0) return true;
-  if (v != nullptr && std::strcmp(v, "per-token") == 0) return false;
+// sequences' own work items would give at least half the SMs a CTA; PrefillOverrides::
+// tree_prefix_plan forces either way (tests: both give the same bits).
+bool share_tree_prefix(int64_t sequence_ctas, const PrefillOverrides& o) {
+  if (o.tree_prefix_plan == TreePrefixPlan::kShared) return true;
+  if (o.tree_prefix_plan == TreePrefixPlan::kPerToken) return false;
   int dev = 0, num_sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev) !=
                                                  cudaSuccess)
@@ -92,7 +86,7 @@ bool share_tree_prefix(int64_t sequence_ctas) {
 }
 
 template <typename T, int D, bool kPaged>
-cudaError_t launch_mma_sync(const PrefillAttentionParams& p, cudaStream_t stream) {
+cudaError_t launch_mma_sync(const PrefillAttentionParams& p, const PrefillOverrides& o, cudaStream_t stream) {
   using Traits = PrefillTraitsSm80<T, D>;
   const bool per_token = p.tree_rank_keys != nullptr;
   const int64_t items = work_items_bound(p, Traits::kBlockM, per_token);
@@ -104,7 +98,7 @@ cudaError_t launch_mma_sync(const PrefillAttentionParams& p, cudaStream_t stream
     const dim3 grid(static_cast<unsigned>(items), static_cast<unsigned>(p.num_kv_heads));
     if (per_token) {
       const int64_t seq_items = work_items_bound(p, Traits::kBlockM, false);
-      if (seq_items <= 0x7fffffff && share_tree_prefix(seq_items * p.num_kv_heads)) {
+      if (seq_items <= 0x7fffffff && share_tree_prefix(seq_items * p.num_kv_heads, o)) {
         PrefillAttentionParams q1 = q;  // phase 1: the sequences' work items over their prefix chunks
         q1.tree_rank_keys = nullptr;
         q1.tree_rank_seq = nullptr;
@@ -124,7 +118,7 @@ cudaError_t launch_mma_sync(const PrefillAttentionParams& p, cudaStream_t stream
   }
   // Fixed mode: groups of chunks, each a kernel launch (grid.z = chunks of the group) writing the
   // partials, then a fold of the group into the running state (the last one into out / lse).
-  const int64_t splits = num_key_splits(p), group = splits_per_launch(p);
+  const int64_t splits = num_key_splits(p), group = splits_per_launch(p, o);
   const int64_t rows = p.num_q_tokens * p.num_q_heads;
   unsigned char* ws = static_cast<unsigned char*>(p.split_workspace);
   float* running_out = reinterpret_cast<float*>(ws + align16(group * rows * D * 4) + align16(group * rows * 4));
@@ -152,14 +146,14 @@ cudaError_t launch_mma_sync(const PrefillAttentionParams& p, cudaStream_t stream
 // Head dims the dispatch macro offers but no kernel is built for are refused here (a template, so
 // `if constexpr` keeps their kernels from being instantiated).
 template <typename T, int D>
-cudaError_t launch_head_dim(const PrefillAttentionParams& p, cudaStream_t stream) {
+cudaError_t launch_head_dim(const PrefillAttentionParams& p, const PrefillOverrides& o, cudaStream_t stream) {
   if constexpr (!prefill_supports_head_dim(D)) {
     return cudaErrorInvalidValue;
   } else {
     switch (select_prefill_backend(p)) {
       case PrefillBackend::kMmaSyncSm80:
-        return p.block_table != nullptr ? launch_mma_sync<T, D, true>(p, stream)
-                                        : launch_mma_sync<T, D, false>(p, stream);
+        return p.block_table != nullptr ? launch_mma_sync<T, D, true>(p, o, stream)
+                                        : launch_mma_sync<T, D, false>(p, o, stream);
     }
     return cudaErrorInvalidValue;
   }
@@ -198,15 +192,17 @@ size_t prefill_attention_workspace_size(const PrefillAttentionParams& p) {
 }
 
 int64_t prefill_attention_num_key_splits(const PrefillAttentionParams& p) { return attention::num_key_splits(p); }
-int64_t prefill_attention_splits_per_launch(const PrefillAttentionParams& p) { return attention::splits_per_launch(p); }
+int64_t prefill_attention_splits_per_launch(const PrefillAttentionParams& p, const PrefillOverrides& o) {
+  return attention::splits_per_launch(p, o);
+}
 
-size_t prefill_attention_split_workspace_size(const PrefillAttentionParams& p) {
+size_t prefill_attention_split_workspace_size(const PrefillAttentionParams& p, const PrefillOverrides& o) {
   using attention::align16;
   if (p.fixed_split_size <= 0 || p.num_q_tokens <= 0 || p.num_q_heads <= 0 || p.head_dim <= 0) return 0;
   const int64_t rows = p.num_q_tokens * p.num_q_heads;
   if (!p.split_parallel)  // the fold's state; under a custom mask also its lse (two-launch fold)
     return static_cast<size_t>(align16(rows * p.head_dim * 4) + (attention::keys_by_rank(p) ? align16(rows * 4) : 0));
-  const int64_t splits = attention::num_key_splits(p), group = attention::splits_per_launch(p);
+  const int64_t splits = attention::num_key_splits(p), group = attention::splits_per_launch(p, o);
   int64_t bytes = align16(group * rows * p.head_dim * 4) + align16(group * rows * 4);
   if (splits > group) bytes += align16(rows * p.head_dim * 4) + align16(rows * 4);
   return static_cast<size_t>(bytes);
@@ -229,7 +225,7 @@ int64_t prefill_attention_work_items(const PrefillAttentionParams& p) {
   return attention::work_items_bound(p, rows, attention::keys_by_rank(p));
 }
 
-cudaError_t launch_prefill_attention(const PrefillAttentionParams& p, cudaStream_t stream) {
+cudaError_t launch_prefill_attention(const PrefillAttentionParams& p, cudaStream_t stream, const PrefillOverrides& o) {
   if (p.batch_size == 0 || p.max_seqlen_q == 0) return cudaSuccess;
   if (p.batch_size < 0 || p.max_seqlen_q < 0 || p.num_q_tokens < 0 || p.num_q_heads <= 0 || p.num_kv_heads <= 0 ||
       p.num_q_heads % p.num_kv_heads != 0)
@@ -275,7 +271,7 @@ cudaError_t launch_prefill_attention(const PrefillAttentionParams& p, cudaStream
     if (err != cudaSuccess) return err;
   }
   return FASTINFER_DISPATCH_HALF(r.dtype, T, [&] {
-    return FASTINFER_DISPATCH_HEAD_DIM(r.head_dim, D, [&] { return attention::launch_head_dim<T, D>(r, stream); });
+    return FASTINFER_DISPATCH_HEAD_DIM(r.head_dim, D, [&] { return attention::launch_head_dim<T, D>(r, o, stream); });
   });
 }
 

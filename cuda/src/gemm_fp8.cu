@@ -71,17 +71,8 @@ cudaError_t launch_quantize(const Fp8QuantizeParams& p, cudaStream_t stream) {
 // so on sm_90 the wgmma kernels take every shape they support and this kernel is the fallback.
 enum class Fp8GemmBackend { kMmaSyncSm89, kCutlassSm90 };
 
-// FASTINFER_FP8_GEMM=mma forces the mma.sync kernel (tests compare both paths on one GPU).
-bool mma_sync_forced() {
-  static const bool forced = [] {
-    const char* v = std::getenv("FASTINFER_FP8_GEMM");
-    return v != nullptr && std::strcmp(v, "mma") == 0;
-  }();
-  return forced;
-}
-
-Fp8GemmBackend select_fp8_gemm_backend(const Fp8ScaledMmParams& p, int cc_major, int cc_minor) {
-  const Sm90Target target{cc_major, cc_minor, fp8_gemm_sm90_available(), mma_sync_forced()};
+Fp8GemmBackend select_fp8_gemm_backend(const Fp8ScaledMmParams& p, int cc_major, int cc_minor, bool force_mma_sync) {
+  const Sm90Target target{cc_major, cc_minor, fp8_gemm_sm90_available(), force_mma_sync};
   const W8a8GemmSm90Args args = w8a8_gemm_sm90_args(p);
   // deterministic: the wgmma kernels choose tiles by M; the mma.sync kernel's k-order is fixed by K
   const bool sm90 = !p.deterministic && p.scale_mode == Fp8ScaleMode::kTensorOrChannel &&
@@ -160,7 +151,7 @@ cudaError_t launch_fp8_quantize(const Fp8QuantizeParams& p, cudaStream_t stream)
   return FASTINFER_DISPATCH_HALF(p.dtype, T, [&] { return fp8::launch_quantize<T>(p, stream); });
 }
 
-cudaError_t launch_fp8_scaled_mm(const Fp8ScaledMmParams& p, cudaStream_t stream) {
+cudaError_t launch_fp8_scaled_mm(const Fp8ScaledMmParams& p, cudaStream_t stream, const W8a8GemmOverrides& overrides) {
   if (p.m < 0 || p.n < 0 || p.k < 0 || p.n % 16 != 0 || p.k % 16 != 0) return cudaErrorInvalidValue;
   if (p.m == 0 || p.n == 0) return cudaSuccess;
   // K == 0 is legal (out = bias, or 0): a and b are then empty and may be null.
@@ -173,7 +164,7 @@ cudaError_t launch_fp8_scaled_mm(const Fp8ScaledMmParams& p, cudaStream_t stream
   cudaError_t err = fp8::device_cc(major, minor);
   if (err != cudaSuccess) return err;
   if (major * 10 + minor < 89) return cudaErrorNotSupported;  // no e4m3 mma before Ada (sm_89)
-  switch (fp8::select_fp8_gemm_backend(p, major, minor)) {
+  switch (fp8::select_fp8_gemm_backend(p, major, minor, overrides.force_mma_sync)) {
     case fp8::Fp8GemmBackend::kCutlassSm90:
       return launch_fp8_gemm_sm90(w8a8_gemm_sm90_args(p), stream);
     case fp8::Fp8GemmBackend::kMmaSyncSm89:

@@ -82,15 +82,6 @@ cudaError_t launch_gemm(const Int8ScaledMmParams& p, int num_sms, cudaStream_t s
   }
 }
 
-// FASTINFER_INT8_GEMM=mma forces the mma.sync kernel on Hopper (tests compare both paths on one GPU).
-bool mma_sync_forced() {
-  static const bool forced = [] {
-    const char* v = std::getenv("FASTINFER_INT8_GEMM");
-    return v != nullptr && std::strcmp(v, "mma") == 0;
-  }();
-  return forced;
-}
-
 // Compute capability and SM count of the current device (9.0 and 132 under the emulator).
 cudaError_t device_info(int& major, int& minor, int& num_sms) {
   int dev = 0;
@@ -136,7 +127,7 @@ cudaError_t launch_int8_quantize(const Int8QuantizeParams& p, cudaStream_t strea
   return FASTINFER_DISPATCH_HALF(p.dtype, T, [&] { return int8::launch_quantize<T>(p, stream); });
 }
 
-cudaError_t launch_int8_scaled_mm(const Int8ScaledMmParams& p, cudaStream_t stream) {
+cudaError_t launch_int8_scaled_mm(const Int8ScaledMmParams& p, cudaStream_t stream, const W8a8GemmOverrides& overrides) {
   if (p.m < 0 || p.n < 0 || p.k < 0 || p.n % 16 != 0 || p.k % 16 != 0) return cudaErrorInvalidValue;
   if (p.m == 0 || p.n == 0) return cudaSuccess;
   // K == 0 is legal (out = bias, or 0): a and b are then empty and may be null.
@@ -149,7 +140,7 @@ cudaError_t launch_int8_scaled_mm(const Int8ScaledMmParams& p, cudaStream_t stre
   cudaError_t err = int8::device_info(major, minor, num_sms);
   if (err != cudaSuccess) return err;
   if (major < 8) return cudaErrorNotSupported;  // s8 m16n8k32 mma: Ampere and later
-  const Sm90Target target{major, minor, int8_gemm_sm90_available(), int8::mma_sync_forced()};
+  const Sm90Target target{major, minor, int8_gemm_sm90_available(), overrides.force_mma_sync};
   if (select_int8_gemm_backend(p, target) == Int8GemmBackend::kCutlassSm90)
     return launch_int8_gemm_sm90(int8_gemm_sm90_args(p), stream);
   return FASTINFER_DISPATCH_HALF(p.out_dtype, TOut, [&] { return int8::launch_gemm<TOut>(p, num_sms, stream); });

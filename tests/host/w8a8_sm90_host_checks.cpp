@@ -185,7 +185,7 @@ static void check_int8_backend_selection() {
   CHECK(!sm90(p, Sm90Target{10, 0, true, false}));  // sm_90a SASS does not run on Blackwell
   CHECK(!sm90(p, Sm90Target{9, 1, true, false}));
   CHECK(!sm90(p, Sm90Target{9, 0, false, false}));  // built without the kernels
-  CHECK(!sm90(p, Sm90Target{9, 0, true, true}));    // FASTINFER_INT8_GEMM=mma
+  CHECK(!sm90(p, Sm90Target{9, 0, true, true}));    // FASTINFER_TEST_INT8_GEMM=mma
   auto with = [](void (*mutate)(Int8ScaledMmParams&)) {
     Int8ScaledMmParams q = int8_params(100);
     mutate(q);

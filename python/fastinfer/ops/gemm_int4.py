@@ -123,7 +123,7 @@ def int4_gemm(
         ``[M, N]`` in the dtype of ``a``.
 
     On a GPU, M < 512 runs the fused W4A16 kernel (split-K chosen from the SM count); M >= 512
-    dequantises W and calls a dense matmul (threshold not measured; ``FASTINFER_INT4_DENSE_MIN_M``
+    dequantises W and calls a dense matmul (threshold not measured; ``FASTINFER_TEST_INT4_DENSE_MIN_M``
     overrides it). On CPU, M <= 16 runs a fused decode loop, larger M dense chunks of W.
     """
     return (lib or torch.ops.fastinfer).int4_gemm(a, packed, scales, zeros, int(group_size), perm,

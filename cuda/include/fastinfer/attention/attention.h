@@ -136,6 +136,18 @@ struct PrefillAttentionParams {
   float* split_lse = nullptr;
 };
 
+// Test overrides of launch_prefill_attention's own choices in the deterministic mode (the bindings
+// fill them; the launcher never reads the environment). Each choice gives the same bits.
+enum class TreePrefixPlan {
+  kBySmCount,  // two launches when the sequences' work items give at least half the SMs a CTA
+  kShared,     // always the two launches (phase 1 over the shared prefix chunks, then per token)
+  kPerToken,   // always one launch of per-token work items
+};
+struct PrefillOverrides {
+  int64_t fixed_split_partial_bytes = 0;  // > 0: bound of one split-parallel launch's partials (else 256 MiB)
+  TreePrefixPlan tree_prefix_plan = TreePrefixPlan::kBySmCount;
+};
+
 // Bytes of params.tree_depth scratch launch_prefill_attention needs: with a custom mask (either
 // form), in the deterministic mode num_q_tokens * (2 + max_seqlen_q) int32, else with a window
 // batch_size * max_seqlen_q int32; 0 otherwise.
@@ -153,11 +165,14 @@ size_t prefill_attention_workspace_size(const PrefillAttentionParams& params);
 // fold: the fp32 state; split-parallel: the partials, plus a running state when several launches
 // are needed); 0 when fixed_split_size == 0.
 int64_t prefill_attention_num_key_splits(const PrefillAttentionParams& params);
-int64_t prefill_attention_splits_per_launch(const PrefillAttentionParams& params);
-size_t prefill_attention_split_workspace_size(const PrefillAttentionParams& params);
+int64_t prefill_attention_splits_per_launch(const PrefillAttentionParams& params, const PrefillOverrides& overrides = {});
+size_t prefill_attention_split_workspace_size(const PrefillAttentionParams& params,
+                                              const PrefillOverrides& overrides = {});
 int32_t prefill_attention_rows_per_cta(const PrefillAttentionParams& params);
 int64_t prefill_attention_work_items(const PrefillAttentionParams& params);
-cudaError_t launch_prefill_attention(const PrefillAttentionParams& params, cudaStream_t stream);
+// overrides must be those the split workspace was sized with.
+cudaError_t launch_prefill_attention(const PrefillAttentionParams& params, cudaStream_t stream,
+                                     const PrefillOverrides& overrides = {});
 
 // Decode: one query per sequence against its paged KV (seq_lens[b] keys, the query being the
 // last token, absolute position seq_lens[b] - 1). Split-KV: num_splits CTAs per (sequence, KV

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "fastinfer/common/types.h"
+#include "fastinfer/gemm/w8a8_sm90.h"
 
 namespace fastinfer {
 
@@ -68,6 +69,7 @@ struct Fp8ScaledMmParams {
 };
 
 // Needs sm_89+ (e4m3 tensor-core mma): returns cudaErrorNotSupported on an older device.
-cudaError_t launch_fp8_scaled_mm(const Fp8ScaledMmParams& params, cudaStream_t stream);
+cudaError_t launch_fp8_scaled_mm(const Fp8ScaledMmParams& params, cudaStream_t stream,
+                                 const W8a8GemmOverrides& overrides = {});
 
 }  // namespace fastinfer

@@ -75,7 +75,7 @@ struct Int8ScaledMmParams {
 
 // The kernel family launch_int8_scaled_mm runs: the CUTLASS sm_90a kernel (TMA + wgmma,
 // fastinfer/gemm/w8a8_sm90.h) where w8a8_gemm_sm90_applies (a 9.0 device, a build with the
-// kernels, FASTINFER_INT8_GEMM not "mma", 16-byte aligned a/b/out, k > 0) with tiles == kAuto and
+// kernels, W8a8GemmOverrides::force_mma_sync not set, 16-byte aligned a/b/out, k > 0) with tiles == kAuto and
 // no workspace; every scale mode, bias and azp included. Else the mma.sync kernel (sm_80+; also
 // what forced tiles select). Pure host code (no device call): the launcher queries `target`.
 enum class Int8GemmBackend : int32_t { kMmaSync = 0, kCutlassSm90 = 1 };
@@ -85,6 +85,7 @@ Int8GemmBackend select_int8_gemm_backend(const Int8ScaledMmParams& params, const
 W8a8GemmSm90Args int8_gemm_sm90_args(const Int8ScaledMmParams& params);
 
 // Returns cudaErrorNotSupported on a device older than sm_80 (no s8 mma.sync).
-cudaError_t launch_int8_scaled_mm(const Int8ScaledMmParams& params, cudaStream_t stream);
+cudaError_t launch_int8_scaled_mm(const Int8ScaledMmParams& params, cudaStream_t stream,
+                                  const W8a8GemmOverrides& overrides = {});
 
 }  // namespace fastinfer

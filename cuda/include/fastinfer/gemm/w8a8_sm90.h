@@ -102,7 +102,13 @@ inline const char* gemm_sm90_config_name(GemmSm90Config config) {
 struct Sm90Target {
   int cc_major = 0, cc_minor = 0;  // of the current device
   bool kernels_built = false;      // *_gemm_sm90_available()
-  bool mma_sync_forced = false;    // FASTINFER_FP8_GEMM=mma / FASTINFER_INT8_GEMM=mma
+  bool mma_sync_forced = false;    // W8a8GemmOverrides::force_mma_sync
+};
+
+// Test overrides of the fp8 / int8 launchers (the bindings fill them; launchers never read the
+// environment): force_mma_sync runs the mma.sync kernel where the sm_90a kernels would.
+struct W8a8GemmOverrides {
+  bool force_mma_sync = false;
 };
 
 // Whether the sm_90a kernels take a W8A8 GEMM (pure host code, no device call; the op-specific

@@ -1,0 +1,62 @@
+#pragma once
+// The test overrides of the launchers' choices, the one place that reads them from the
+// environment. Each op reads its family's overrides on every call (a test may change them between
+// calls) and passes them to the torch-free launchers, which never read the environment:
+//   FASTINFER_TEST_FIXED_SPLIT_PARTIAL_BYTES=N  deterministic attention, split-parallel: the partials
+//       of one launch take at most N bytes (small shapes then take several launches);
+//   FASTINFER_TEST_FIXED_TREE_PREFIX=shared|per-token  deterministic attention under a custom mask:
+//       the two-launch or the one-launch fold, whatever the SM count;
+//   FASTINFER_TEST_FP8_GEMM=mma, FASTINFER_TEST_INT8_GEMM=mma  the mma.sync kernel on Hopper too;
+//   FASTINFER_TEST_INT4_DENSE_MIN_M=M  int4_gemm dequantises + dense matmul from M rows on;
+//   FASTINFER_TEST_CPU_DENSE_PORTABLE=1  the CPU dense_mm takes its portable micro-kernel on AVX2.
+// Every pair of choices gives the same bits; the overrides exist to test that.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "fastinfer/attention/attention.h"
+#include "fastinfer/gemm/w8a8_sm90.h"
+
+namespace fastinfer::binding {
+
+inline const char* test_override(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+inline PrefillOverrides prefill_overrides() {
+  PrefillOverrides o;
+  if (const char* v = test_override("FASTINFER_TEST_FIXED_SPLIT_PARTIAL_BYTES")) {
+    const long long bytes = std::atoll(v);
+    if (bytes > 0) o.fixed_split_partial_bytes = bytes;
+  }
+  if (const char* v = test_override("FASTINFER_TEST_FIXED_TREE_PREFIX")) {
+    if (std::strcmp(v, "shared") == 0) o.tree_prefix_plan = TreePrefixPlan::kShared;
+    if (std::strcmp(v, "per-token") == 0) o.tree_prefix_plan = TreePrefixPlan::kPerToken;
+  }
+  return o;
+}
+
+inline W8a8GemmOverrides w8a8_gemm_overrides(const char* name) {
+  const char* v = test_override(name);
+  return W8a8GemmOverrides{v != nullptr && std::strcmp(v, "mma") == 0};
+}
+inline W8a8GemmOverrides fp8_gemm_overrides() { return w8a8_gemm_overrides("FASTINFER_TEST_FP8_GEMM"); }
+inline W8a8GemmOverrides int8_gemm_overrides() { return w8a8_gemm_overrides("FASTINFER_TEST_INT8_GEMM"); }
+
+// int4_gemm's dequantise + dense matmul threshold: 512 (a guess, not measured on a GPU) unless
+// overridden (e.g. to benchmark both paths).
+inline int64_t int4_dense_min_m() {
+  if (const char* v = test_override("FASTINFER_TEST_INT4_DENSE_MIN_M")) {
+    const long long m = std::atoll(v);
+    if (m > 0) return m;
+  }
+  return 512;
+}
+
+inline bool cpu_dense_portable() {
+  const char* v = test_override("FASTINFER_TEST_CPU_DENSE_PORTABLE");
+  return v != nullptr && v[0] == '1';
+}
+
+}  // namespace fastinfer::binding
