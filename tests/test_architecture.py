@@ -63,37 +63,49 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+def _walk_imports(source: str, mod: str, is_pkg: bool, known: Set[str]) -> List[Tuple[int, str, str, bool]]:
+    """``(line, module, imported name or "", inside a function)`` for every import that runs:
+    function bodies included, ``if TYPE_CHECKING:`` bodies not (annotations only, never executed).
+    Modules of the package are ``fastinfer.<name>``; ``from . import x`` of a module x is x itself."""
+    out: List[Tuple[int, str, str, bool]] = []
+
+    def visit(node: ast.AST, in_func: bool) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child, in_func)
+            return
+        in_func = in_func or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, a.name, "", in_func) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                target = _resolve(mod, is_pkg, node.level, node.module or "")
+                base = "fastinfer." + target if target else "fastinfer"
+            else:
+                base = node.module or ""
+            for a in node.names:
+                inner = base[len("fastinfer."):] if base.startswith("fastinfer.") else ("" if base == "fastinfer" else None)
+                sub = None if inner is None else (f"{inner}.{a.name}" if inner else a.name)
+                if sub is not None and sub in known:
+                    out.append((node.lineno, "fastinfer." + sub, "", in_func))
+                else:
+                    out.append((node.lineno, base, a.name, in_func))
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_func)
+
+    visit(ast.parse(source), False)
+    return out
+
+
 def _imports(mods: Dict[str, str]) -> List[Tuple[str, str, str, bool]]:
-    """``(importer, imported module, imported name or "", inside a function)`` for every import."""
+    """``(importer, imported module, imported name or "", inside a function)`` for every import of
+    the package's own modules (names relative to fastinfer, "" = the root)."""
     out = []
     for mod, path in mods.items():
-        tree = ast.parse(open(path, encoding="utf-8").read())
-        is_pkg = path.endswith("__init__.py")
-        funcs = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 for n in ast.walk(f)}
-        type_only = {id(n) for b in ast.walk(tree) if isinstance(b, ast.If) and _is_type_checking(b.test)
-                     for stmt in b.body for n in ast.walk(stmt)}
-        for node in ast.walk(tree):
-            if id(node) in type_only:
-                continue  # annotations only: never executed
-            in_func = id(node) in funcs
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    if a.name == "fastinfer" or a.name.startswith("fastinfer."):
-                        out.append((mod, a.name[len("fastinfer."):] if "." in a.name else "", "", in_func))
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    target = _resolve(mod, is_pkg, node.level, node.module or "")
-                elif node.module and (node.module == "fastinfer" or node.module.startswith("fastinfer.")):
-                    target = node.module[len("fastinfer."):] if "." in node.module else ""
-                else:
-                    continue
-                for a in node.names:
-                    sub = f"{target}.{a.name}" if target else a.name
-                    if sub in mods:  # "from . import ops": the module itself
-                        out.append((mod, sub, "", in_func))
-                    else:
-                        out.append((mod, target, a.name, in_func))
+        for _, name, imported, in_func in _walk_imports(open(path, encoding="utf-8").read(), mod,
+                                                        path.endswith("__init__.py"), set(mods)):
+            if name == "fastinfer" or name.startswith("fastinfer."):
+                out.append((mod, name[len("fastinfer."):] if "." in name else "", imported, in_func))
     return out
 
 
@@ -201,30 +213,8 @@ TOKEN_SIDE_MAY_IMPORT = {"engine.tokenizer"}
 
 
 def _runtime_imports(source: str, mod: str, is_pkg: bool, known: Set[str]) -> List[Tuple[int, str]]:
-    """``(line, module)`` for every import that runs (function bodies included, ``if
-    TYPE_CHECKING:`` bodies not); modules of the package as ``fastinfer.<name>``."""
-    out: List[Tuple[int, str]] = []
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            for child in node.orelse:
-                visit(child)
-            return
-        if isinstance(node, ast.Import):
-            out.extend((node.lineno, a.name) for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if not node.level:
-                out.append((node.lineno, node.module or ""))
-            else:
-                target = _resolve(mod, is_pkg, node.level, node.module or "")
-                for a in node.names:  # "from . import x" imports the module x
-                    sub = f"{target}.{a.name}" if target else a.name
-                    out.append((node.lineno, "fastinfer." + (sub if sub in known else target)))
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(ast.parse(source))
-    return list(dict.fromkeys(out))  # "from .x import a, b": one import
+    """``(line, module)`` of every import that runs (:func:`_walk_imports`)."""
+    return list(dict.fromkeys((line, name) for line, name, _, _ in _walk_imports(source, mod, is_pkg, known)))
 
 
 def _token_side_violations(mod: str, source: str, is_pkg: bool, known: Set[str]) -> List[str]:
