@@ -55,9 +55,9 @@ class Executor:
         self.device = self.runner.device
         self.use_nvtx = self.device.type == "cuda"
         spec = config.speculative
-        # the one backend of the config's mode: the target was built with it (the runner), the
-        # draft model is, and the sampler, the drafter and the verifier are given it
-        self.ops = config.ops_backend(self.model.op_namespace)
+        # the one backend of the config's mode, the one the runner built the target with: the draft
+        # model, the sampler, the drafter and the verifier are given it
+        self.ops = self.model.ops
         try:
             self.draft_model = None  # a draft with its own KV pool: a draft model or an EAGLE head
             if spec is not None and spec.entry.load_draft is not None:
