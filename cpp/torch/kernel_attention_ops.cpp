@@ -80,7 +80,7 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention(const at::Tensor& q, const 
   if (q.numel() == 0) return {out, lse};
   KernelScope scope(op, q);
   PrefillAttentionParams p;
-  const PrefillOverrides overrides = prefill_overrides();
+  const PrefillOverrides overrides = fixed_split_size > 0 ? prefill_overrides() : PrefillOverrides{};
   fill_common(p, q, out, lse, cu_seqlens_q.size(0) - 1, max_seqlen_q, scale, causal, window_left, softcap);
   p.k = k.data_ptr();
   p.v = v.data_ptr();
@@ -152,7 +152,7 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
     mask_offsets = at::cat({at::zeros({1}, q_lens.options()), (q_lens * q_lens).cumsum(0)});
   }
   PrefillAttentionParams p;
-  const PrefillOverrides overrides = prefill_overrides();
+  const PrefillOverrides overrides = fixed_split_size > 0 ? prefill_overrides() : PrefillOverrides{};
   fill_common(p, q, out, lse, seq_lens_k.size(0), max_seqlen_q, scale, causal, window_left, softcap);
   fill_paged(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k);
   at::Tensor tree_scratch;  // tree depths (window) / keys by rank (fixed mode), filled by the launcher
@@ -181,7 +181,7 @@ void decode_fixed_split(const char* op, const at::Tensor& q, const at::Tensor& k
                         const KernelScope& scope) {
   const auto cu_seqlens_q = at::arange(q.size(0) + 1, q.options().dtype(at::kInt));
   PrefillAttentionParams p;
-  const PrefillOverrides overrides = prefill_overrides();
+  const PrefillOverrides overrides = fixed_split_size > 0 ? prefill_overrides() : PrefillOverrides{};
   fill_common(p, q, out, lse, q.size(0), 1, scale, /*causal=*/true, window_left, softcap);
   fill_paged(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens);
   p.split_parallel = true;  // a CTA per chunk: decode's parallelism over the keys

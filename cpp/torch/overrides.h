@@ -1,7 +1,8 @@
 #pragma once
 // The test overrides of the launchers' choices, the one place that reads them from the
-// environment. Each op reads its family's overrides on every call (a test may change them between
-// calls) and passes them to the torch-free launchers, which never read the environment:
+// environment, passed to the torch-free launchers, which never read it. The GEMM overrides are read
+// once per process (they are set before it starts); the attention and CPU dense ones on each call
+// that can use them, since tests switch them between calls:
 //   FASTINFER_TEST_FIXED_SPLIT_PARTIAL_BYTES=N  deterministic attention, split-parallel: the partials
 //       of one launch take at most N bytes (small shapes then take several launches);
 //   FASTINFER_TEST_FIXED_TREE_PREFIX=shared|per-token  deterministic attention under a custom mask:
@@ -41,17 +42,26 @@ inline W8a8GemmOverrides w8a8_gemm_overrides(const char* name) {
   const char* v = test_override(name);
   return W8a8GemmOverrides{v != nullptr && std::strcmp(v, "mma") == 0};
 }
-inline W8a8GemmOverrides fp8_gemm_overrides() { return w8a8_gemm_overrides("FASTINFER_TEST_FP8_GEMM"); }
-inline W8a8GemmOverrides int8_gemm_overrides() { return w8a8_gemm_overrides("FASTINFER_TEST_INT8_GEMM"); }
+inline W8a8GemmOverrides fp8_gemm_overrides() {
+  static const W8a8GemmOverrides o = w8a8_gemm_overrides("FASTINFER_TEST_FP8_GEMM");
+  return o;
+}
+inline W8a8GemmOverrides int8_gemm_overrides() {
+  static const W8a8GemmOverrides o = w8a8_gemm_overrides("FASTINFER_TEST_INT8_GEMM");
+  return o;
+}
 
 // int4_gemm's dequantise + dense matmul threshold: 512 (a guess, not measured on a GPU) unless
 // overridden (e.g. to benchmark both paths).
 inline int64_t int4_dense_min_m() {
-  if (const char* v = test_override("FASTINFER_TEST_INT4_DENSE_MIN_M")) {
-    const long long m = std::atoll(v);
-    if (m > 0) return m;
-  }
-  return 512;
+  static const int64_t min_m = [] {
+    if (const char* v = test_override("FASTINFER_TEST_INT4_DENSE_MIN_M")) {
+      const long long m = std::atoll(v);
+      if (m > 0) return static_cast<int64_t>(m);
+    }
+    return int64_t{512};
+  }();
+  return min_m;
 }
 
 inline bool cpu_dense_portable() {
