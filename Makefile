@@ -22,7 +22,7 @@ JOBS ?= $(shell nproc)
 # CUTLASS/CuTe headers unpacked from the pinned nvidia-cutlass wheel (third_party/cutlass_headers.py).
 CUTLASS_DIR := $(abspath $(VENV)/cutlass)
 
-.PHONY: venv install demo test docs preflight bench gpu-check clean
+.PHONY: venv install demo test docs wheel abi-check bench gpu-check clean
 
 venv: $(DEPS_STAMP)
 
@@ -53,20 +53,27 @@ $(DOCS_STAMP): $(DEPS_STAMP)
 docs: install $(DOCS_STAMP)
 	$(PY) -m sphinx -W --keep-going -q -b html docs build/docs
 
-# The GPU machine has torch $(GPU_TORCH_VERSION): compile the torch bindings against its headers too
-# (tools/preflight_torch_headers.py), so an API newer than it can never break the one GPU build.
-GPU_TORCH_VERSION := 2.11.0
-PREFLIGHT_DIR := $(VENV)/preflight
-PREFLIGHT_WHEEL := $(PREFLIGHT_DIR)/.wheel-$(GPU_TORCH_VERSION)
+# The wheel: the same build tree as `make install` (scikit-build-core's build/<wheel tag>), so
+# nothing is compiled twice.
+WHEEL_DIR := $(VENV)/wheel
+wheel: install
+	rm -rf $(WHEEL_DIR)
+	CUTLASS_DIR=$(CUTLASS_DIR) CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PIP) wheel --no-build-isolation --no-deps -q \
+		-w $(WHEEL_DIR) .
 
-$(PREFLIGHT_WHEEL):
-	mkdir -p $(PREFLIGHT_DIR)
-	$(PIP) download -q --no-deps --only-binary=:all: -d $(PREFLIGHT_DIR) torch==$(GPU_TORCH_VERSION)
-	touch $@
-
-preflight: install $(PREFLIGHT_WHEEL)
-	$(PY) tools/preflight_torch_headers.py --wheel "$(PREFLIGHT_DIR)/torch-$(GPU_TORCH_VERSION)-*.whl" \
-		--build-dir build -j $(JOBS)
+# One build for every torch from the stable-ABI target on (cmake/torch.cmake): the wheel built
+# against torch $(TORCH_VERSION), installed without rebuilding next to torch $(ABI_TORCH_VERSION) (the
+# oldest it targets) in a second environment, where the CPU and sim op tests run.
+ABI_TORCH_VERSION := 2.11.0
+ABI_VENV := $(VENV)/torch-$(ABI_TORCH_VERSION)
+ABI_TESTS := test_elementwise_ops.py test_elementwise_errors.py test_elementwise_opcheck.py test_attention.py \
+	test_gemm_fp8.py test_gemm_int8.py test_gemm_int4.py test_deterministic_gemm.py test_tree_verify.py
+abi-check: wheel
+	test -x $(ABI_VENV)/bin/python || $(PYTHON) -m venv $(ABI_VENV)
+	$(ABI_VENV)/bin/python -m pip install -q torch==$(ABI_TORCH_VERSION) numpy pytest==9.2.0
+	$(ABI_VENV)/bin/python -m pip install -q --no-deps --force-reinstall $(WHEEL_DIR)/fastinfer-*.whl
+	cd tests && ../$(ABI_VENV)/bin/python -c "import torch, fastinfer; print('fastinfer under torch', torch.__version__)"
+	cd tests && ../$(ABI_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not cuda" $(ABI_TESTS)
 
 bench: install
 	$(PY) bench/ops.py --json bench/results/ops-$$(hostname).json

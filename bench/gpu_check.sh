@@ -53,9 +53,9 @@
 #   ~150-185 s at this machine's per-core speed, within the 220 s maximum. Splitting each *_sm90.cu per tile
 #   configuration (3 TUs each) would cut the critical path to about 40-50 s and the build to ~90 s.
 #
-# Pre-flight (CI, no GPU): `make preflight` (tools/preflight_torch_headers.py, run by .ci/run after make test)
-# compiles the torch binding sources against the headers of torch 2.11 -- the GPU machine's torch -- so an
-# API newer than 2.11 cannot break this build.
+# The GPU machine's torch (2.11) is the oldest the extension targets: the bindings use only the LibTorch
+# stable ABI at version 2.11 (cmake/torch.cmake), and CI (`make abi-check`, run by .ci/run after make
+# test) installs the wheel built against the pinned torch next to torch 2.11 and runs the op tests there.
 #
 # The device call, from the repository root of a session (prepare the CUTLASS wheel once; the machine has
 # no network):

@@ -244,3 +244,29 @@ def test_parse_resource_usage():
         ("elf", "sm_90a", "/src/cuda/src/fp8_gemm_sm90.cu", {"_Z1kv": {"REG": 168, "STACK": 0, "LOCAL": 8}}),
         ("ptx", "sm_80", "/src/cuda/src/norm.cu", {}),
     ]
+
+
+def test_extensions_use_only_the_stable_torch_abi():
+    """fastinfer._C / _sim / _simprof call torch through the stable C shim alone: an undefined C++
+    symbol of libtorch or c10 would pin the extension to the torch it was built with."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm not found")
+    pkg = os.path.dirname(fastinfer.__file__)
+    modules = [f for f in os.listdir(pkg) if re.match(r"_(C|sim|simprof)\..*\.so$", f)]
+    assert any(f.startswith("_C.") for f in modules), modules
+    for name in modules:
+        out = subprocess.run([nm, "-D", "--undefined-only", os.path.join(pkg, name)], capture_output=True,
+                             text=True, check=True).stdout
+        symbols = [line.split()[-1] for line in out.splitlines() if line.strip()]
+        cxx_torch = [s for s in symbols if re.match(r"_ZN?K?(3c10|2at|5torch)", s)]
+        assert not cxx_torch, f"{name} uses torch C++ symbols: {cxx_torch[:5]}"
+        assert any(s.startswith("aoti_torch_") for s in symbols), name
+
+
+def test_build_info_names_the_torch_it_was_built_with():
+    from fastinfer import _build_info
+
+    assert _build_info.TORCH_BUILT_WITH == torch.__version__
+    major, minor = (int(x) for x in _build_info.TORCH_ABI_TARGET.split("."))
+    assert (major, minor) == (2, 11)

@@ -62,7 +62,7 @@ def test_header_documents_phases_and_budget():
         d = max(min(maxd[p], total - final - t - sum(reserve[q] for q in PHASES[i + 1:])), min(reserve[p], maxd[p]))
         t += d
     assert t + final <= total
-    assert "Critical path" in head and "fp8_gemm_sm90.cu" in head and "make preflight" in head
+    assert "Critical path" in head and "fp8_gemm_sm90.cu" in head and "make abi-check" in head
 
 
 def _run(tmp_path, env_extra, expect_rc=None):

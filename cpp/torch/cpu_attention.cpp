@@ -1,13 +1,11 @@
-// CPU implementations of the attention ops (fp32 inside). Prefill: a loop over the sequences of
-// the batch with grouped-query matmuls (K/V are never repeated per query head). Decode: a direct
-// loop over (sequence, KV head) pairs on ATen's thread pool, reading each paged K/V row once for
+// CPU implementations of the attention ops (fp32 inside). Prefill: ATen's CPU flash kernel per
+// sequence where it applies (long chunks, no softcap or custom mask), else the per-row items of
+// decode (K/V are never repeated per query head). Decode: a direct
+// loop over (sequence, KV head) pairs on torch's thread pool, reading each paged K/V row once for
 // the whole query-head group (no gather, no per-sequence op overhead: the CPU runner's hot path).
 // Exact masking rules of the contract; checked against the fp64 reference.
-#include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
-
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -18,111 +16,85 @@
 namespace fastinfer::binding {
 namespace {
 
-// Bool [q_len, k_len]: which keys each query sees (see attention.h for the rules). With a custom
-// mask and a window, query i and trailing key prefix + m are at the tree positions of nodes i and
-// m: prefix + (number of trailing keys the node's mask row sees) - 1 (its depth in a tree).
-at::Tensor visibility(int64_t q_len, int64_t k_len, bool causal, int64_t window_left, const at::Tensor* custom) {
-  const auto i = at::arange(q_len, at::kLong).unsqueeze(1);
-  const auto j = at::arange(k_len, at::kLong).unsqueeze(0);
-  auto pos = i + (k_len - q_len);
-  auto key_pos = j;
-  const int64_t prefix = k_len - q_len;
-  at::Tensor visible = at::ones({q_len, k_len}, at::kBool);
-  if (custom != nullptr) {
-    const auto rows = custom->reshape({q_len, q_len});
-    auto tail = at::zeros({q_len, k_len}, at::kBool);
-    tail.narrow(1, prefix, q_len).copy_(rows);
-    visible = j.lt(prefix).logical_or(tail);
-    if (window_left >= 0) {
-      const auto node_pos = rows.to(at::kLong).sum(1).add(prefix - 1);  // [q_len]
-      pos = node_pos.unsqueeze(1);
-      key_pos = at::cat({at::arange(prefix, at::kLong), node_pos}).unsqueeze(0);
-    }
-  } else if (causal) {
-    visible = j.le(pos).expand({q_len, k_len});
-  }
-  if (window_left >= 0) visible = visible.logical_and(key_pos.ge(pos - window_left));
-  return visible;
+// A row's keys in a paged cache: token j of sequence b is row table[j / BS] * BS + j % BS.
+// The first `length` rows [length, Hkv, D] of a sequence, gathered contiguously (the flash path).
+Tensor gather_paged(const Tensor& cache, const int32_t* table_row, int64_t length) {
+  const int64_t bs = cache.size(1), row_bytes = cache.size(2) * cache.size(3) * static_cast<int64_t>(cache.element_size());
+  auto out = empty_on(cache, {length, cache.size(2), cache.size(3)});
+  const auto* src = static_cast<const unsigned char*>(cache.const_data_ptr());
+  auto* dst = static_cast<unsigned char*>(out.mutable_data_ptr());
+  for (int64_t j = 0; j < length; ++j)
+    std::memcpy(dst + j * row_bytes, src + (static_cast<int64_t>(table_row[j / bs]) * bs + j % bs) * row_bytes,
+                static_cast<size_t>(row_bytes));
+  return out;
 }
 
-// q [q_len, Hq, D], k/v [k_len, Hkv, D] (float32) -> out [q_len, Hq, D], lse [q_len, Hq].
-std::pair<at::Tensor, at::Tensor> attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                                         double softcap, const at::Tensor& visible) {
-  const int64_t q_len = q.size(0), hq = q.size(1), d = q.size(2), hkv = k.size(1), group = hq / hkv;
-  // [Hkv, group * q_len, D] x [Hkv, D, k_len]: each KV head serves its group of query heads.
-  const auto qg = q.reshape({q_len, hkv, group, d}).permute({1, 2, 0, 3}).reshape({hkv, group * q_len, d});
-  auto s = at::bmm(qg, k.permute({1, 2, 0})).mul_(scale).view({hq, q_len, -1});
-  if (softcap > 0) s = s.div(softcap).tanh_().mul_(softcap);
-  s.masked_fill_(visible.logical_not().unsqueeze(0), -std::numeric_limits<float>::infinity());
-  const auto lse = at::logsumexp(s, -1);  // [Hq, q_len]; -inf where nothing is visible
-  const auto p = at::where(lse.isfinite().unsqueeze(-1), (s - lse.unsqueeze(-1)).exp(), at::zeros({}, s.options()));
-  const auto out = at::bmm(p.view({hkv, group * q_len, -1}), v.permute({1, 0, 2}));  // [Hkv, group * q_len, D]
-  return {out.view({hq, q_len, d}).transpose(0, 1), lse.transpose(0, 1)};
-}
-
-// The first `length` rows [length, Hkv, D] of sequence b from a paged cache, in the cache dtype.
-at::Tensor gather_paged(const at::Tensor& cache, const at::Tensor& table_row, int64_t length) {
-  const int64_t bs = cache.size(1);
-  const auto j = at::arange(length, at::kLong);
-  const auto slots = table_row.to(at::kLong).index_select(0, j.div(bs, "floor")).mul(bs).add(j.remainder(bs));
-  return cache.view({-1, cache.size(2), cache.size(3)}).index_select(0, slots);
-}
-
-// A small int index tensor as a host vector (read once, not with an .item() per sequence).
-std::vector<int64_t> host_indices(const at::Tensor& t) {
-  const auto c = t.to(at::kCPU, at::kLong).contiguous();
-  return {c.const_data_ptr<int64_t>(), c.const_data_ptr<int64_t>() + c.numel()};
-}
-
-std::tuple<at::Tensor, at::Tensor> make_outputs(const at::Tensor& q, bool return_lse) {
-  auto out = at::zeros_like(q, at::MemoryFormat::Contiguous);
-  auto lse = return_lse ? at::full({q.size(0), q.size(1)}, -std::numeric_limits<float>::infinity(), q.options().dtype(at::kFloat))
-                        : at::empty({0}, q.options().dtype(at::kFloat));
+std::tuple<Tensor, Tensor> make_outputs(const Tensor& q, bool return_lse) {
+  auto out = zeros_on(q, shape_of(q));
+  auto lse = return_lse ? full_on(q, {q.size(0), q.size(1)}, -std::numeric_limits<double>::infinity(), kFloat)
+                        : empty_on(q, {0}, kFloat);
   return {out, lse};
 }
 
-void store(at::Tensor& out, at::Tensor& lse, int64_t row, const std::pair<at::Tensor, at::Tensor>& result) {
-  const int64_t n = result.first.size(0);
-  if (n == 0) return;
-  out.narrow(0, row, n).copy_(result.first);
-  if (lse.numel() > 0) lse.narrow(0, row, n).copy_(result.second);
-}
-
-void prefill_fixed_split(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const std::vector<int64_t>& cq, const std::vector<int64_t>& ck, double scale, bool causal,
-                         int64_t window_left, double softcap, int64_t fixed_split, at::Tensor& out, at::Tensor& lse);
+void prefill_items(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const std::vector<int64_t>& cq, const std::vector<int64_t>& ck, double scale, bool causal,
+                   int64_t window_left, double softcap, int64_t fixed_split, Tensor& out, Tensor& lse,
+                   const std::vector<bool>& done);
 
 // ATen's CPU flash attention (blocked GEMMs in the input dtype, fp32 softmax, GQA without
-// repeating K/V) for one sequence; q [ql, Hq, D], k/v [kl, Hkv, D]. Only where every query sees
-// a key (kl >= ql) and there is no softcap or custom mask: attend() handles the rest.
+// repeating K/V, called through the dispatcher) for one sequence; q [ql, Hq, D], k/v [kl, Hkv, D].
+// Only where every query sees a key (kl >= ql) and there is no softcap or custom mask: the per-row
+// items (attend_items) do the rest.
 bool flash_applies(int64_t ql, int64_t kl, double softcap, bool custom_mask) {
   return ql > 0 && kl >= ql && softcap <= 0 && !custom_mask;
 }
 
-void attend_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, bool causal,
-                  int64_t window_left, at::Tensor& out, at::Tensor& lse, int64_t row) {
+template <typename T>
+void fill_window_mask(T* m, int64_t ql, int64_t kl, bool causal, int64_t window_left) {
+  const T zero = static_cast<T>(0.0f), neg_inf = static_cast<T>(-std::numeric_limits<float>::infinity());
+  for (int64_t i = 0; i < ql; ++i) {
+    const int64_t p = kl - ql + i;  // bottom-right aligned (attention.h)
+    for (int64_t j = 0; j < kl; ++j) {
+      const bool visible = (!causal || j <= p) && (window_left < 0 || j >= p - window_left);
+      m[i * kl + j] = visible ? zero : neg_inf;
+    }
+  }
+}
+
+void attend_flash(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
+                  int64_t window_left, Tensor& out, Tensor& lse, int64_t row) {
+  using torch::stable::transpose;
+  using torch::stable::unsqueeze;
   const int64_t ql = q.size(0), kl = k.size(0);
-  std::optional<at::Tensor> mask;  // additive, in q's dtype (what the kernel takes)
-  bool is_causal = false;          // its own causal flag is top-left aligned: only when ql == kl
+  std::optional<Tensor> mask;  // additive, in q's dtype (what the kernel takes)
+  bool is_causal = false;      // its own causal flag is top-left aligned: only when ql == kl
   if (window_left >= 0 || (causal && kl != ql)) {
-    mask = at::zeros({ql, kl}, q.options())
-               .masked_fill_(visibility(ql, kl, causal, window_left, nullptr).logical_not(),
-                             -std::numeric_limits<double>::infinity());
+    mask = empty_on(q, {ql, kl});
+    switch (q.scalar_type()) {
+      case kHalf: fill_window_mask(mask->mutable_data_ptr<Half>(), ql, kl, causal, window_left); break;
+      case kBFloat16: fill_window_mask(mask->mutable_data_ptr<BFloat16>(), ql, kl, causal, window_left); break;
+      default: fill_window_mask(mask->mutable_data_ptr<float>(), ql, kl, causal, window_left);
+    }
   } else {
     is_causal = causal;
   }
-  const auto [o, l] = at::_scaled_dot_product_flash_attention_for_cpu(
-      q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0), 0.0,
-      is_causal, mask, scale);
-  out.narrow(0, row, ql).copy_(o[0].transpose(0, 1));
-  if (lse.numel() > 0) lse.narrow(0, row, ql).copy_(l[0].transpose(0, 1));
+  const auto [o, l] = aten_call<2>("aten::_scaled_dot_product_flash_attention_for_cpu", "",
+                                   unsqueeze(transpose(q, 0, 1), 0), unsqueeze(transpose(k, 0, 1), 0),
+                                   unsqueeze(transpose(v, 0, 1), 0), 0.0, is_causal, mask,
+                                   std::optional<double>(scale));
+  auto out_rows = slice(out, 0, row, ql);
+  torch::stable::copy_(out_rows, transpose(torch::stable::select(o, 0, 0), 0, 1));
+  if (lse.numel() > 0) {
+    auto lse_rows = slice(lse, 0, row, ql);
+    torch::stable::copy_(lse_rows, transpose(torch::stable::select(l, 0, 0), 0, 1));
+  }
 }
 
-std::tuple<at::Tensor, at::Tensor> prefill_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                         const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
-                                                         int64_t max_seqlen_q, int64_t max_seqlen_k, double scale,
-                                                         bool causal, int64_t window_left, double softcap,
-                                                         bool return_lse, int64_t fixed_split_size) {
+std::tuple<Tensor, Tensor> prefill_attention_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                                 int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, bool causal,
+                                                 int64_t window_left, double softcap, bool return_lse,
+                                                 int64_t fixed_split_size) {
   const char* op = "prefill_attention";
   validate_prefill_attention(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, true, fixed_split_size);
   for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check_on_cpu(*t, op, name);
@@ -133,27 +105,18 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention_cpu(const at::Tensor& q, co
   check_cu_seqlens(op, cu_seqlens_k, "cu_seqlens_k", k.size(0), max_seqlen_k, "max_seqlen_k");
   auto [out, lse] = make_outputs(q, return_lse);
   const auto cq = host_indices(cu_seqlens_q), ck = host_indices(cu_seqlens_k);
-  if (fixed_split_size > 0) {
-    prefill_fixed_split(op, q, k, v, cq, ck, scale, causal, window_left, softcap, fixed_split_size, out, lse);
-    return {out, lse};
-  }
-  at::Tensor qf, kf, vf;  // float32 copies, made only if some sequence needs the general path
-  for (size_t b = 0; b + 1 < cq.size(); ++b) {
-    const int64_t qs = cq[b], ql = cq[b + 1] - qs;
-    const int64_t ks = ck[b], kl = ck[b + 1] - ks;
-    if (ql == 0) continue;  // no queries (keys or not): nothing to write
-    if (flash_applies(ql, kl, softcap, false)) {
-      attend_flash(q.narrow(0, qs, ql), k.narrow(0, ks, kl), v.narrow(0, ks, kl), scale, causal, window_left, out, lse, qs);
-      continue;
+  std::vector<bool> done(cq.size(), false);  // sequences the flash path wrote
+  if (fixed_split_size <= 0) {
+    for (size_t b = 0; b + 1 < cq.size(); ++b) {
+      const int64_t qs = cq[b], ql = cq[b + 1] - qs;
+      const int64_t ks = ck[b], kl = ck[b + 1] - ks;
+      if (!flash_applies(ql, kl, softcap, false)) continue;
+      attend_flash(slice(q, 0, qs, ql), slice(k, 0, ks, kl),
+                   slice(v, 0, ks, kl), scale, causal, window_left, out, lse, qs);
+      done[b] = true;
     }
-    if (!qf.defined()) {
-      qf = q.to(at::kFloat);
-      kf = k.to(at::kFloat);
-      vf = v.to(at::kFloat);
-    }
-    const auto vis = visibility(ql, kl, causal, window_left, nullptr);
-    store(out, lse, qs, attend(qf.narrow(0, qs, ql), kf.narrow(0, ks, kl), vf.narrow(0, ks, kl), scale, softcap, vis));
   }
+  prefill_items(op, q, k, v, cq, ck, scale, causal, window_left, softcap, fixed_split_size, out, lse, done);
   return {out, lse};
 }
 
@@ -220,7 +183,7 @@ FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* ite
       const QT* q = static_cast<const QT*>(a.q) + it.row * a.q_row_stride + head0 * d;
       const CT* k_base = static_cast<const CT*>(a.k_cache) + h * d;
       const CT* v_base = static_cast<const CT*>(a.v_cache) + h * d;
-      const int32_t* table = a.block_table + it.b * a.table_stride;
+      const int32_t* table = a.contiguous ? nullptr : a.block_table + it.b * a.table_stride;
       for (int64_t g = 0; g < ng; ++g) {
         m[g] = kNegInf;
         l[g] = 0;
@@ -232,11 +195,15 @@ FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* ite
       int64_t rows[kKeys];
       for (int64_t j0 = it.start; j0 < it.end; j0 += kKeys) {
         const int64_t n = std::min<int64_t>(kKeys, it.end - j0);
-        for (int64_t jj = 0, blk = j0 / bs, off = j0 % bs; jj < n; ++jj) {  // no division per key
-          rows[jj] = (static_cast<int64_t>(table[blk]) * bs + off) * row_stride;
-          if (++off == bs) {
-            off = 0;
-            ++blk;
+        if (table == nullptr) {
+          for (int64_t jj = 0; jj < n; ++jj) rows[jj] = (it.k_start + j0 + jj) * row_stride;
+        } else {
+          for (int64_t jj = 0, blk = j0 / bs, off = j0 % bs; jj < n; ++jj) {  // no division per key
+            rows[jj] = (static_cast<int64_t>(table[blk]) * bs + off) * row_stride;
+            if (++off == bs) {
+              off = 0;
+              ++blk;
+            }
           }
         }
         for (int64_t g = 0; g < ng; ++g) {
@@ -410,40 +377,41 @@ using AttendEntry = void (*)(const DecodeArgs&, const QueryItem*, int64_t, int64
     }                                                                                        \
   }
 FASTINFER_ATTEND_ENTRY(attend_f32, float, float)
-FASTINFER_ATTEND_ENTRY(attend_f16, c10::Half, c10::Half)
-FASTINFER_ATTEND_ENTRY(attend_bf16, c10::BFloat16, c10::BFloat16)
-FASTINFER_ATTEND_ENTRY(attend_f32_fp8, float, c10::Float8_e4m3fn)
-FASTINFER_ATTEND_ENTRY(attend_f16_fp8, c10::Half, c10::Float8_e4m3fn)
-FASTINFER_ATTEND_ENTRY(attend_bf16_fp8, c10::BFloat16, c10::Float8_e4m3fn)
+FASTINFER_ATTEND_ENTRY(attend_f16, Half, Half)
+FASTINFER_ATTEND_ENTRY(attend_bf16, BFloat16, BFloat16)
+FASTINFER_ATTEND_ENTRY(attend_f32_fp8, float, Float8_e4m3fn)
+FASTINFER_ATTEND_ENTRY(attend_f16_fp8, Half, Float8_e4m3fn)
+FASTINFER_ATTEND_ENTRY(attend_bf16_fp8, BFloat16, Float8_e4m3fn)
 #undef FASTINFER_ATTEND_ENTRY
 
-AttendEntry attend_entry(const char* op, at::ScalarType q_dtype, at::ScalarType cache_dtype) {
-  const bool fp8 = cache_dtype == at::kFloat8_e4m3fn;
+AttendEntry attend_entry(const char* op, ScalarType q_dtype, ScalarType cache_dtype) {
+  const bool fp8 = cache_dtype == kFloat8_e4m3fn;
   switch (q_dtype) {
-    case at::kFloat: return fp8 ? attend_f32_fp8 : attend_f32;
-    case at::kHalf: return fp8 ? attend_f16_fp8 : attend_f16;
-    case at::kBFloat16: return fp8 ? attend_bf16_fp8 : attend_bf16;
+    case kFloat: return fp8 ? attend_f32_fp8 : attend_f32;
+    case kHalf: return fp8 ? attend_f16_fp8 : attend_f16;
+    case kBFloat16: return fp8 ? attend_bf16_fp8 : attend_bf16;
     default: FI_CHECK(false, op, "q must be float32, float16 or bfloat16, got ", q_dtype);
   }
   return nullptr;
 }
 
-// Runs the items over ATen's thread pool (an item reads ~len * D * 2 cache elements per KV head).
-void run_items(const char* op, const at::Tensor& q, const at::Tensor& k_cache, const DecodeArgs& a,
+// Runs the items over torch's thread pool (an item reads ~len * D * 2 cache elements per KV head).
+void run_items(const char* op, const Tensor& q, const Tensor& k_cache, const DecodeArgs& a,
                const std::vector<QueryItem>& items) {
   const AttendEntry entry = attend_entry(op, q.scalar_type(), k_cache.scalar_type());
-  at::parallel_for(0, static_cast<int64_t>(items.size()) * a.num_kv_heads, 1,
+  torch::stable::parallel_for(0, static_cast<int64_t>(items.size()) * a.num_kv_heads, 1,
                    [&](int64_t begin, int64_t end) { entry(a, items.data(), begin, end); });
 }
 
-// prefill_attention in the deterministic mode: every query row is an item of attend_items_fixed,
-// reading the contiguous K/V rows of its sequence.
-void prefill_fixed_split(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const std::vector<int64_t>& cq, const std::vector<int64_t>& ck, double scale, bool causal,
-                         int64_t window_left, double softcap, int64_t fixed_split, at::Tensor& out, at::Tensor& lse) {
-  const auto kc = k.contiguous(), vc = v.contiguous();
+// prefill_attention through the per-row items (the deterministic mode: every row; else the
+// sequences the flash path did not take), reading the contiguous K/V rows of their sequence.
+void prefill_items(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const std::vector<int64_t>& cq, const std::vector<int64_t>& ck, double scale, bool causal,
+                   int64_t window_left, double softcap, int64_t fixed_split, Tensor& out, Tensor& lse,
+                   const std::vector<bool>& done) {
   std::vector<QueryItem> items;
   for (size_t b = 0; b + 1 < cq.size(); ++b) {
+    if (done[b]) continue;
     const int64_t qs = cq[b], ql = cq[b + 1] - qs, kl = ck[b + 1] - ck[b];
     for (int64_t i = 0; i < ql; ++i) {
       const int64_t p = kl - ql + i;
@@ -454,41 +422,46 @@ void prefill_fixed_split(const char* op, const at::Tensor& q, const at::Tensor& 
     }
   }
   if (items.empty()) return;
-  DecodeArgs a{q.const_data_ptr(), kc.const_data_ptr(), vc.const_data_ptr(), out.data_ptr(),
-               lse.numel() > 0 ? lse.data_ptr<float>() : nullptr, nullptr, 0, q.stride(0), q.size(1), kc.size(1),
+  const auto kc = torch::stable::contiguous(k), vc = torch::stable::contiguous(v);
+  DecodeArgs a{q.const_data_ptr(), kc.const_data_ptr(), vc.const_data_ptr(), out.mutable_data_ptr(),
+               lse.numel() > 0 ? lse.mutable_data_ptr<float>() : nullptr, nullptr, 0, q.stride(0), q.size(1), kc.size(1),
                q.size(2), 1, static_cast<float>(scale), static_cast<float>(softcap), 1.0f, 1.0f, fixed_split, true};
   run_items(op, q, kc, a, items);
 }
 
-std::tuple<at::Tensor, at::Tensor> paged_attention_cpu(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
-                                                       const at::Tensor& v_cache, const at::Tensor& block_table,
-                                                       const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k,
+std::tuple<Tensor, Tensor> paged_attention_cpu(const char* op, const Tensor& q, const Tensor& k_cache,
+                                                       const Tensor& v_cache, const Tensor& block_table,
+                                                       const Tensor& cu_seqlens_q, const Tensor& seq_lens_k,
                                                        bool causal, int64_t window_left, double softcap, double scale,
-                                                       const std::optional<at::Tensor>& custom_mask, bool return_lse,
+                                                       const std::optional<Tensor>& custom_mask, bool return_lse,
                                                        int64_t fixed_split) {
   auto [out, lse] = make_outputs(q, return_lse);
   const auto cq = host_indices(cu_seqlens_q), lens = host_indices(seq_lens_k);
-  // Short chunks (speculative verification, small prefill chunks): one decode-style pass per query
-  // straight from the paged cache, no gather. Longer ones: ATen's flash kernel or the general path.
+  // Short chunks (speculative verification, small prefill chunks), custom masks and softcap: one
+  // decode-style pass per query straight from the paged cache, no gather. Longer ones: the flash
+  // kernel on the gathered keys.
   constexpr int64_t kShortChunk = 16;
   std::vector<QueryItem> items;
-  at::Tensor mask_c;
-  if (custom_mask.has_value()) mask_c = custom_mask->contiguous();
-  // Tree attention with a window, short chunks: tree positions of every query row (by token row).
+  Tensor mask_c;
+  if (custom_mask.has_value()) mask_c = torch::stable::contiguous(*custom_mask);
+  const bool* mask_data = custom_mask.has_value() ? mask_c.const_data_ptr<bool>() : nullptr;
+  // Tree attention with a window: tree positions of every query row (by token row).
   std::vector<int64_t> tree_pos;
   if (custom_mask.has_value() && window_left >= 0) tree_pos.resize(static_cast<size_t>(q.size(0)));
+  const auto table_c = torch::stable::contiguous(block_table);
+  const int32_t* table = table_c.const_data_ptr<int32_t>();
   const int64_t table_w = block_table.size(1);
   // The deterministic mode with a custom mask: each row's visible trailing keys, in index order
   // (its keys by rank; sized once so the items' pointers stay valid).
   std::vector<int64_t> rank_keys;
-  if (custom_mask.has_value() && fixed_split > 0) rank_keys.reserve(static_cast<size_t>(mask_c.sum().item<int64_t>()));
-  at::Tensor qf;
+  if (mask_data != nullptr && fixed_split > 0)
+    rank_keys.reserve(static_cast<size_t>(std::count(mask_data, mask_data + mask_c.numel(), true)));
   int64_t mask_offset = 0;
   for (size_t b = 0; b < lens.size(); ++b) {
     const int64_t qs = cq[b], ql = cq[b + 1] - qs, kl = lens[b];
     const int64_t mask_at = mask_offset;
     if (custom_mask.has_value()) mask_offset += ql * ql;
-    const bool* rows = custom_mask.has_value() ? mask_c.const_data_ptr<bool>() + mask_at : nullptr;
+    const bool* rows = mask_data != nullptr ? mask_data + mask_at : nullptr;
     if (fixed_split > 0 && rows != nullptr) {  // deterministic tree rows: keys by rank (attention.h)
       const int64_t prefix = kl - ql;
       for (int64_t i = 0; i < ql; ++i) {
@@ -505,45 +478,37 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_cpu(const char* op, const at:
       }
       continue;
     }
-    if (ql <= kShortChunk || fixed_split > 0) {  // the deterministic mode: every row an item
-      const bool tree_window = rows != nullptr && window_left >= 0;
-      if (tree_window)  // node i: prefix + depth, depth = (trailing keys its row sees) - 1
-        for (int64_t i = 0; i < ql; ++i)
-          tree_pos[qs + i] = (kl - ql - 1) + std::count(rows + i * ql, rows + (i + 1) * ql, true);
-      for (int64_t i = 0; i < ql; ++i) {
-        const int64_t p = tree_window ? tree_pos[qs + i] : kl - ql + i;  // the query's position
-        // A window cuts prefix keys by index; every trailing key is scanned (the tree-window test
-        // is by position, per key, below).
-        const int64_t lo = tree_window ? std::min(kl - ql, p - window_left) : p - window_left;
-        QueryItem it{static_cast<int64_t>(b), qs + i, window_left >= 0 ? std::max<int64_t>(0, lo) : 0,
-                     causal && rows == nullptr ? p + 1 : kl};
-        if (rows != nullptr) {
-          it.mask = rows + i * ql;
-          it.mask_key0 = kl - ql;
-        }
-        if (tree_window) {
-          it.mask_pos = tree_pos.data() + qs;
-          it.pos_lo = p - window_left;
-        }
-        items.push_back(it);
+    if (ql > kShortChunk && fixed_split <= 0 && flash_applies(ql, kl, softcap, rows != nullptr)) {
+      const int32_t* row = table + static_cast<int64_t>(b) * table_w;
+      attend_flash(slice(q, 0, qs, ql), gather_paged(k_cache, row, kl), gather_paged(v_cache, row, kl),
+                   scale, causal, window_left, out, lse, qs);
+      continue;
+    }
+    const bool tree_window = rows != nullptr && window_left >= 0;
+    if (tree_window)  // node i: prefix + depth, depth = (trailing keys its row sees) - 1
+      for (int64_t i = 0; i < ql; ++i)
+        tree_pos[qs + i] = (kl - ql - 1) + std::count(rows + i * ql, rows + (i + 1) * ql, true);
+    for (int64_t i = 0; i < ql; ++i) {
+      const int64_t p = tree_window ? tree_pos[qs + i] : kl - ql + i;  // the query's position
+      // A window cuts prefix keys by index; every trailing key is scanned (the tree-window test
+      // is by position, per key, in attend_items).
+      const int64_t lo = tree_window ? std::min(kl - ql, p - window_left) : p - window_left;
+      QueryItem it{static_cast<int64_t>(b), qs + i, window_left >= 0 ? std::max<int64_t>(0, lo) : 0,
+                   causal && rows == nullptr ? p + 1 : kl};
+      if (rows != nullptr) {
+        it.mask = rows + i * ql;
+        it.mask_key0 = kl - ql;
       }
-      continue;
+      if (tree_window) {
+        it.mask_pos = tree_pos.data() + qs;
+        it.pos_lo = p - window_left;
+      }
+      items.push_back(it);
     }
-    const auto kb = gather_paged(k_cache, block_table[static_cast<int64_t>(b)], kl);
-    const auto vb = gather_paged(v_cache, block_table[static_cast<int64_t>(b)], kl);
-    if (flash_applies(ql, kl, softcap, custom_mask.has_value())) {
-      attend_flash(q.narrow(0, qs, ql), kb, vb, scale, causal, window_left, out, lse, qs);
-      continue;
-    }
-    at::Tensor mask;
-    if (custom_mask.has_value()) mask = custom_mask->narrow(0, mask_at, ql * ql);
-    if (!qf.defined()) qf = q.to(at::kFloat);
-    const auto vis = visibility(ql, kl, causal, window_left, custom_mask.has_value() ? &mask : nullptr);
-    store(out, lse, qs, attend(qf.narrow(0, qs, ql), kb.to(at::kFloat), vb.to(at::kFloat), scale, softcap, vis));
   }
   if (!items.empty()) {
-    const DecodeArgs a{q.const_data_ptr(), k_cache.const_data_ptr(), v_cache.const_data_ptr(), out.data_ptr(),
-                       return_lse ? lse.data_ptr<float>() : nullptr, block_table.const_data_ptr<int32_t>(), table_w,
+    const DecodeArgs a{q.const_data_ptr(), k_cache.const_data_ptr(), v_cache.const_data_ptr(), out.mutable_data_ptr(),
+                       return_lse ? lse.mutable_data_ptr<float>() : nullptr, table, table_w,
                        q.stride(0), q.size(1), k_cache.size(2), q.size(2), k_cache.size(1),
                        static_cast<float>(scale), static_cast<float>(softcap), 1.0f, 1.0f, fixed_split};
     run_items(op, q, k_cache, a, items);
@@ -551,8 +516,8 @@ std::tuple<at::Tensor, at::Tensor> paged_attention_cpu(const char* op, const at:
   return {out, lse};
 }
 
-void check_paged_inputs_on_cpu(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
-                               const at::Tensor& v_cache, const at::Tensor& block_table) {
+void check_paged_inputs_on_cpu(const char* op, const Tensor& q, const Tensor& k_cache,
+                               const Tensor& v_cache, const Tensor& block_table) {
   for (const auto& [t, name] : {std::pair{&q, "q"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&block_table, "block_table"}})
     check_on_cpu(*t, op, name);
   check_packed_heads(q, op, "q");
@@ -562,20 +527,20 @@ void check_paged_inputs_on_cpu(const char* op, const at::Tensor& q, const at::Te
 }
 
 // The bool form of a bit-packed custom mask (entry e = bit e % 8 of byte e / 8).
-at::Tensor unpack_custom_mask(const at::Tensor& packed, int64_t entries) {
-  const auto bytes = packed.contiguous();
+Tensor unpack_custom_mask(const Tensor& packed, int64_t entries) {
+  const auto bytes = torch::stable::contiguous(packed);
   const uint8_t* src = bytes.const_data_ptr<uint8_t>();
-  auto mask = at::empty({entries}, bytes.options().dtype(at::kBool));
-  bool* dst = mask.data_ptr<bool>();
+  auto mask = empty_on(bytes, {entries}, kBool);
+  bool* dst = mask.mutable_data_ptr<bool>();
   for (int64_t e = 0; e < entries; ++e) dst[e] = ((src[e >> 3] >> (e & 7)) & 1) != 0;
   return mask;
 }
 
-std::tuple<at::Tensor, at::Tensor> paged_prefill_attention_cpu(
-    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
-    const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
-    int64_t window_left, double softcap, const std::optional<at::Tensor>& custom_mask, bool return_lse,
-    const std::optional<at::Tensor>& packed_custom_mask, int64_t fixed_split_size) {
+std::tuple<Tensor, Tensor> paged_prefill_attention_cpu(
+    const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
+    const Tensor& cu_seqlens_q, const Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
+    int64_t window_left, double softcap, const std::optional<Tensor>& custom_mask, bool return_lse,
+    const std::optional<Tensor>& packed_custom_mask, int64_t fixed_split_size) {
   const char* op = "paged_prefill_attention";
   validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
                                    custom_mask, packed_custom_mask, true, fixed_split_size);
@@ -583,7 +548,7 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention_cpu(
   check_cu_seqlens(op, cu_seqlens_q, "cu_seqlens_q", q.size(0), max_seqlen_q, "max_seqlen_q");
   check_paged_indices(op, block_table, seq_lens_k, "seq_lens_k", k_cache.size(0), k_cache.size(1), &cu_seqlens_q);
   if (custom_mask.has_value()) check_custom_mask_size(op, *custom_mask, cu_seqlens_q);
-  std::optional<at::Tensor> mask = custom_mask;
+  std::optional<Tensor> mask = custom_mask;
   if (packed_custom_mask.has_value()) {
     check_on_cpu(*packed_custom_mask, op, "packed_custom_mask");
     check_packed_custom_mask_size(op, *packed_custom_mask, cu_seqlens_q);
@@ -593,26 +558,26 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention_cpu(
                              softcap, scale, mask, return_lse, fixed_split_size);
 }
 
-std::tuple<at::Tensor, at::Tensor> paged_decode_attention_cpu(
-    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
-    const at::Tensor& seq_lens, double scale, int64_t window_left, double softcap, int64_t num_splits,
-    bool return_lse, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+std::tuple<Tensor, Tensor> paged_decode_attention_cpu(
+    const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
+    const Tensor& seq_lens, double scale, int64_t window_left, double softcap, int64_t num_splits,
+    bool return_lse, const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale,
     int64_t fixed_split_size) {
   const char* op = "paged_decode_attention";
   validate_paged_decode_attention(op, q, k_cache, v_cache, block_table, seq_lens, num_splits, k_scale, v_scale, true,
                                   fixed_split_size);
   check_paged_inputs_on_cpu(op, q, k_cache, v_cache, block_table);
   check_paged_indices(op, block_table, seq_lens, "seq_lens", k_cache.size(0), k_cache.size(1), nullptr);
-  auto out = at::empty_like(q, at::MemoryFormat::Contiguous);
-  auto lse = return_lse ? at::empty({q.size(0), q.size(1)}, q.options().dtype(at::kFloat))
-                        : at::empty({0}, q.options().dtype(at::kFloat));
-  const auto lens = seq_lens.to(at::kLong).contiguous();
-  const auto table = block_table.contiguous();
+  auto out = empty_as(q);
+  auto lse = return_lse ? empty_on(q, {q.size(0), q.size(1)}, kFloat)
+                        : empty_on(q, {0}, kFloat);
+  const auto lens = to_cpu(seq_lens, kLong);
+  const auto table = torch::stable::contiguous(block_table);
   DecodeArgs a{q.const_data_ptr(), k_cache.const_data_ptr(), v_cache.const_data_ptr(), out.data_ptr(),
-               return_lse ? lse.data_ptr<float>() : nullptr, table.const_data_ptr<int32_t>(), table.size(1),
+               return_lse ? lse.mutable_data_ptr<float>() : nullptr, table.const_data_ptr<int32_t>(), table.size(1),
                q.stride(0), q.size(1), k_cache.size(2), q.size(2), k_cache.size(1),
                static_cast<float>(scale), static_cast<float>(softcap),
-               k_scale ? k_scale->item<float>() : 1.0f, v_scale ? v_scale->item<float>() : 1.0f, fixed_split_size};
+               k_scale ? scalar_value(*k_scale) : 1.0f, v_scale ? scalar_value(*v_scale) : 1.0f, fixed_split_size};
   std::vector<QueryItem> items(q.size(0));
   const int64_t* len = lens.const_data_ptr<int64_t>();
   for (int64_t b = 0; b < q.size(0); ++b)  // the query is the last token (position len - 1)
@@ -621,21 +586,49 @@ std::tuple<at::Tensor, at::Tensor> paged_decode_attention_cpu(
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor> merge_attention_states_cpu(const at::Tensor& v_a, const at::Tensor& lse_a,
-                                                              const at::Tensor& v_b, const at::Tensor& lse_b) {
+template <typename T>
+void merge_rows(const T* va, const float* la, const T* vb, const float* lb, T* vo, float* lo, int64_t rows, int64_t d) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float a = la[r], b = lb[r], mx = std::max(a, b);
+    // logaddexp; both -inf: -inf, and the merged value is 0.
+    const float lse = mx == kNegInf ? kNegInf : mx + std::log1p(std::exp(-std::fabs(a - b)));
+    const bool finite = std::isfinite(lse);
+    const float wa = finite ? std::exp(a - lse) : 0.0f, wb = finite ? std::exp(b - lse) : 0.0f;
+    for (int64_t i = 0; i < d; ++i)
+      vo[r * d + i] = static_cast<T>(static_cast<float>(va[r * d + i]) * wa + static_cast<float>(vb[r * d + i]) * wb);
+    lo[r] = lse;
+  }
+}
+
+std::tuple<Tensor, Tensor> merge_attention_states_cpu(const Tensor& v_a, const Tensor& lse_a, const Tensor& v_b,
+                                                      const Tensor& lse_b) {
   const char* op = "merge_attention_states";
   validate_merge_attention_states(op, v_a, lse_a, v_b, lse_b);
   check_on_cpu(v_a, op, "v_a");
-  const auto lse = at::logaddexp(lse_a, lse_b);
-  const auto finite = lse.isfinite();
-  const auto zero = at::zeros({}, lse.options());
-  const auto wa = at::where(finite, (lse_a - lse).exp(), zero).unsqueeze(-1);
-  const auto wb = at::where(finite, (lse_b - lse).exp(), zero).unsqueeze(-1);
-  return {(v_a.to(at::kFloat) * wa + v_b.to(at::kFloat) * wb).to(v_a.scalar_type()), lse};
+  const auto va = torch::stable::contiguous(v_a), vb = torch::stable::contiguous(v_b);
+  const auto la = torch::stable::contiguous(lse_a), lb = torch::stable::contiguous(lse_b);
+  auto v = empty_as(va);
+  auto lse = empty_as(la);
+  const int64_t rows = la.numel(), d = v_a.size(2);
+  const float* pa = la.const_data_ptr<float>();
+  const float* pb = lb.const_data_ptr<float>();
+  float* po = lse.mutable_data_ptr<float>();
+  switch (v_a.scalar_type()) {
+    case kHalf:
+      merge_rows(va.const_data_ptr<Half>(), pa, vb.const_data_ptr<Half>(), pb, v.mutable_data_ptr<Half>(), po, rows, d);
+      break;
+    case kBFloat16:
+      merge_rows(va.const_data_ptr<BFloat16>(), pa, vb.const_data_ptr<BFloat16>(), pb, v.mutable_data_ptr<BFloat16>(),
+                 po, rows, d);
+      break;
+    default:
+      merge_rows(va.const_data_ptr<float>(), pa, vb.const_data_ptr<float>(), pb, v.mutable_data_ptr<float>(), po, rows, d);
+  }
+  return {v, lse};
 }
 
-void move_kv_slots_cpu(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& src_slots,
-                       const at::Tensor& dst_slots) {
+void move_kv_slots_cpu(Tensor& k_cache, Tensor& v_cache, const Tensor& src_slots, const Tensor& dst_slots) {
   const char* op = "move_kv_slots";
   validate_move_kv_slots(op, k_cache, v_cache, src_slots, dst_slots);
   check_on_cpu(k_cache, op, "k_cache");
@@ -644,21 +637,27 @@ void move_kv_slots_cpu(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tenso
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
   check_index_range(src_slots, 0, num_slots, op, "src_slots", "slots < num_blocks * block_size");
   check_index_range(dst_slots, 0, num_slots, op, "dst_slots", "slots < num_blocks * block_size");
-  const auto src = src_slots.to(at::kLong), dst = dst_slots.to(at::kLong);
-  for (at::Tensor* cache : {&k_cache, &v_cache}) {
-    auto flat = cache->view(at::kByte).view({num_slots, -1});  // bytes: any cache dtype, fp8 included
-    flat.index_copy_(0, dst, flat.index_select(0, src));        // index_select copies: sources read first
+  const auto src = host_indices(src_slots), dst = host_indices(dst_slots);
+  if (num_slots == 0 || src.empty()) return;
+  // Bytes of one slot: any cache dtype, fp8 included. Every source is read before any
+  // destination is written (a move may overwrite another move's source).
+  const size_t row = static_cast<size_t>(k_cache.numel() / num_slots) * k_cache.element_size();
+  std::vector<unsigned char> staged(row * src.size());
+  for (Tensor* cache : {&k_cache, &v_cache}) {
+    auto* base = static_cast<unsigned char*>(cache->mutable_data_ptr());
+    for (size_t i = 0; i < src.size(); ++i) std::memcpy(staged.data() + i * row, base + src[i] * row, row);
+    for (size_t i = 0; i < dst.size(); ++i) std::memcpy(base + dst[i] * row, staged.data() + i * row, row);
   }
 }
 
 }  // namespace
 }  // namespace fastinfer::binding
 
-FASTINFER_LIBRARY_IMPL(FASTINFER_NS, CPU, m) {
+FASTINFER_LIBRARY_IMPL(CPU, m) {
   using namespace fastinfer::binding;
-  m.impl("prefill_attention", &prefill_attention_cpu);
-  m.impl("paged_prefill_attention", &paged_prefill_attention_cpu);
-  m.impl("paged_decode_attention", &paged_decode_attention_cpu);
-  m.impl("merge_attention_states", &merge_attention_states_cpu);
-  m.impl("move_kv_slots", &move_kv_slots_cpu);
+  m.impl("prefill_attention", TORCH_BOX(&prefill_attention_cpu));
+  m.impl("paged_prefill_attention", TORCH_BOX(&paged_prefill_attention_cpu));
+  m.impl("paged_decode_attention", TORCH_BOX(&paged_decode_attention_cpu));
+  m.impl("merge_attention_states", TORCH_BOX(&merge_attention_states_cpu));
+  m.impl("move_kv_slots", TORCH_BOX(&move_kv_slots_cpu));
 }

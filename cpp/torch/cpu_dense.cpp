@@ -7,8 +7,6 @@
 // multiple of 8, else converted to zero-padded fp32 once; a likewise), rows in blocks of kRows x
 // kCols outputs (8 fp32 lanes each: 12 AVX2 accumulators), the last M % kRows rows one at a time. The fma are explicit (never left to the compiler's contraction),
 // so every block shape and both the AVX2 and the portable micro-kernel give the same bits.
-#include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -62,11 +60,11 @@ void block_dot_scalar(const float* const (&a_rows)[R], const float* const (&b_ro
 // Eight elements of a b row as fp32 (exact conversions: bf16 by a shift, fp16 by F16C), so bf16 /
 // fp16 weights are read where they are instead of converted to an fp32 copy on every call.
 __attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const c10::BFloat16* p) {
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const BFloat16* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const c10::Half* p) {
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
@@ -163,11 +161,11 @@ void chunk_mm(const float* a, int64_t M, const BT* bc, int64_t cols, int64_t kp,
 }
 
 // rows [r0, r0 + rows) of t [R, K] as fp32 into dst [rows][kp] (zero padding past K and past R).
-void rows_to_f32(const at::Tensor& t, int64_t r0, int64_t rows, int64_t kp, float* dst) {
+void rows_to_f32(const Tensor& t, int64_t r0, int64_t rows, int64_t kp, float* dst) {
   const int64_t R = t.size(0), K = t.size(1);
   std::fill(dst, dst + rows * kp, 0.f);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.scalar_type(), "rows_to_f32", [&] {
-    const scalar_t* src = t.data_ptr<scalar_t>();
+  FASTINFER_DISPATCH_FLOAT_TYPES(t.scalar_type(), "rows_to_f32", [&] {
+    const scalar_t* src = t.mutable_data_ptr<scalar_t>();
     for (int64_t r = 0; r < rows && r0 + r < R; ++r)
       for (int64_t k = 0; k < K; ++k) dst[r * kp + k] = static_cast<float>(src[(r0 + r) * K + k]);
   });
@@ -175,43 +173,43 @@ void rows_to_f32(const at::Tensor& t, int64_t r0, int64_t rows, int64_t kp, floa
 
 }  // namespace
 
-at::Tensor batch_invariant_mm_f32(const at::Tensor& a, const at::Tensor& b) {
+Tensor batch_invariant_mm_f32(const Tensor& a, const Tensor& b) {
   const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
-  auto out = at::empty({M, N}, a.options().dtype(at::kFloat));
+  auto out = empty_on(a, {M, N}, kFloat);
   if (M == 0 || N == 0) return out;
-  if (K == 0) return out.zero_();
+  if (K == 0) return torch::stable::zero_(out);
   const int64_t kp = round_up(K, kLanes);
   // fp32 operands whose rows need no padding are read where they are (the same values and fma
   // sequence as a converted copy: the bits do not depend on which).
-  const auto in_place = [&](const at::Tensor& t) { return t.scalar_type() == at::kFloat && kp == K && t.is_contiguous(); };
+  const auto in_place = [&](const Tensor& t) { return t.scalar_type() == kFloat && kp == K && t.is_contiguous(); };
   std::vector<float> af;
   const float* ap = nullptr;
   if (in_place(a)) {
     ap = a.const_data_ptr<float>();
   } else {
     af.resize(static_cast<size_t>(M * kp));
-    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    torch::stable::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
       rows_to_f32(a, begin, end - begin, kp, af.data() + begin * kp);
     });
     ap = af.data();
   }
   const bool avx2 = use_avx2();
   // b read where it is: fp32 always, bf16 / fp16 with the AVX2 kernel (else an fp32 copy per chunk).
-  const bool half_b = b.scalar_type() == at::kBFloat16 || b.scalar_type() == at::kHalf;
+  const bool half_b = b.scalar_type() == kBFloat16 || b.scalar_type() == kHalf;
   const bool b_in_place = in_place(b) || (avx2 && half_b && kp == K && b.is_contiguous());
-  float* op = out.data_ptr<float>();
+  float* op = out.mutable_data_ptr<float>();
   const int64_t chunks = (N + kChunkCols - 1) / kChunkCols;
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> bc(b_in_place ? 0 : static_cast<size_t>(kChunkCols * kp));
     for (int64_t ch = begin; ch < end; ++ch) {
       const int64_t n0 = ch * kChunkCols, cols = std::min(kChunkCols, N - n0);
       if (!b_in_place) {
         rows_to_f32(b, n0, cols, kp, bc.data());
         chunk_mm<float>(ap, M, bc.data(), cols, kp, avx2, op, N, n0);
-      } else if (b.scalar_type() == at::kBFloat16) {
-        chunk_mm<c10::BFloat16>(ap, M, b.const_data_ptr<c10::BFloat16>() + n0 * K, cols, kp, avx2, op, N, n0);
-      } else if (b.scalar_type() == at::kHalf) {
-        chunk_mm<c10::Half>(ap, M, b.const_data_ptr<c10::Half>() + n0 * K, cols, kp, avx2, op, N, n0);
+      } else if (b.scalar_type() == kBFloat16) {
+        chunk_mm<BFloat16>(ap, M, b.const_data_ptr<BFloat16>() + n0 * K, cols, kp, avx2, op, N, n0);
+      } else if (b.scalar_type() == kHalf) {
+        chunk_mm<Half>(ap, M, b.const_data_ptr<Half>() + n0 * K, cols, kp, avx2, op, N, n0);
       } else {
         chunk_mm<float>(ap, M, b.const_data_ptr<float>() + n0 * K, cols, kp, avx2, op, N, n0);
       }
@@ -222,20 +220,20 @@ at::Tensor batch_invariant_mm_f32(const at::Tensor& a, const at::Tensor& b) {
 
 namespace {
 
-at::Tensor dense_mm_cpu(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias) {
+Tensor dense_mm_cpu(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias) {
   const char* op = "dense_mm";
   validate_dense_mm(op, a, b, bias, /*allow_fp32=*/true);
   check_on_cpu(a, op, "a");
   check_dense_mm_layout(op, a, b, bias);
   auto acc = batch_invariant_mm_f32(a, b);
-  if (bias.has_value()) acc.add_(bias->to(at::kFloat).unsqueeze(0));  // elementwise: fp32, then one rounding
-  return acc.to(a.scalar_type()).contiguous();
+  if (bias.has_value()) add_bias_f32(acc, *bias);  // elementwise: fp32, then one rounding
+  return contiguous_as(acc, a.scalar_type());
 }
 
 }  // namespace
 }  // namespace fastinfer::binding
 
-FASTINFER_LIBRARY_IMPL(FASTINFER_NS, CPU, m) {
+FASTINFER_LIBRARY_IMPL(CPU, m) {
   using namespace fastinfer::binding;
-  m.impl("dense_mm", &dense_mm_cpu);
+  m.impl("dense_mm", TORCH_BOX(&dense_mm_cpu));
 }

@@ -1,14 +1,13 @@
-// CPU implementations of fp8_quantize and fp8_scaled_mm (ATen, fp32 inside). Quantisation uses
+// CPU implementations of fp8_quantize and fp8_scaled_mm (fp32 inside). Quantisation uses
 // exactly the arithmetic of the kernels and of fastinfer.reference.fp8_quantize (fp32 amax,
 // scale = max(amax, 1e-12) / 448, IEEE fp32 division, clamp, round-to-nearest-even cast), so all
 // three agree bit for bit. The matmul dequantises a and b to fp32 through a 256-entry table (ATen's
 // elementwise fp8 -> fp32 cast is ~10x slower and dominated the time at small M), folding the
 // blockwise scales in, and calls ATen's fp32 GEMM; per-token / per-channel scales scale the output.
-#include <ATen/Parallel.h>
-#include <c10/util/Float8_e4m3fn.h>
-#include <torch/library.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 
 #include "cpu_dense.h"
 #include "validate_fp8.h"
@@ -19,49 +18,69 @@ namespace {
 constexpr double kE4m3Max = 448.0;
 constexpr double kMinAmax = 1e-12;
 
-at::Tensor scale_from_amax(const at::Tensor& amax) { return amax.clamp_min(kMinAmax) / kE4m3Max; }
+float scale_from_amax(float amax) { return std::max(amax, static_cast<float>(kMinAmax)) / static_cast<float>(kE4m3Max); }
 
-std::tuple<at::Tensor, at::Tensor> fp8_quantize_cpu(const at::Tensor& x, c10::string_view mode_str, int64_t group_size,
-                                                    const std::optional<at::Tensor>& scale) {
+// max |x| over n values (NaN propagates, as ATen's amax).
+float abs_max(const float* x, int64_t n) {
+  float m = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = std::fabs(x[i]);
+    if (v > m || std::isnan(v)) m = v;
+  }
+  return m;
+}
+
+Float8_e4m3fn to_e4m3(float v, float s) {
+  const float q = v / s;  // IEEE fp32 division, then clamp and a round-to-nearest-even cast
+  return Float8_e4m3fn(std::min(std::max(q, static_cast<float>(-kE4m3Max)), static_cast<float>(kE4m3Max)));
+}
+
+std::tuple<Tensor, Tensor> fp8_quantize_cpu(const Tensor& x, std::string_view mode_str, int64_t group_size,
+                                            const std::optional<Tensor>& scale) {
   const char* op = "fp8_quantize";
   const Fp8Mode mode = validate_fp8_quantize(op, x, mode_str, group_size, scale, /*allow_fp32=*/true);
   check_on_cpu(x, op, "x");
   check_contiguous(x, op, "x");  // the kernels' layout rule, kept here so code moves between backends unchanged
   const int64_t M = x.size(0), K = x.size(1);
-  const auto xf = x.to(at::kFloat).contiguous();
-  at::Tensor s, q;
+  const auto xf_t = contiguous_as(x, kFloat);
+  const float* xf = xf_t.const_data_ptr<float>();
+  auto q_t = empty_on(x, {M, K}, kFloat8_e4m3fn);
+  Float8_e4m3fn* q = q_t.mutable_data_ptr<Float8_e4m3fn>();
+  Tensor s_t;
   switch (mode) {
     case Fp8Mode::kTensor: {
-      if (scale.has_value()) {
-        check_on_cpu(*scale, op, "scale");
-        s = scale->reshape({1}).clone();
-      } else {
-        const auto amax = xf.numel() > 0 ? xf.abs().amax() : at::zeros({}, xf.options());
-        s = scale_from_amax(amax).reshape({1});
-      }
-      q = xf / s;
+      if (scale.has_value()) check_on_cpu(*scale, op, "scale");
+      const float s = scale.has_value() ? scalar_value(*scale) : scale_from_amax(abs_max(xf, M * K));
+      s_t = full_on(x, {1}, s, kFloat);
+      for (int64_t i = 0; i < M * K; ++i) q[i] = to_e4m3(xf[i], s);
       break;
     }
-    case Fp8Mode::kToken: {
-      s = K > 0 ? scale_from_amax(xf.abs().amax(1)) : scale_from_amax(at::zeros({M}, xf.options()));
-      q = xf / s.unsqueeze(1);
-      break;
-    }
+    case Fp8Mode::kToken:
     case Fp8Mode::kGroup: {
-      const auto xg = xf.view({M, K / group_size, group_size});
-      s = scale_from_amax(xg.abs().amax(2));
-      q = (xg / s.unsqueeze(2)).view({M, K});
+      const int64_t g = mode == Fp8Mode::kToken ? std::max<int64_t>(K, 1) : group_size;
+      const int64_t groups = mode == Fp8Mode::kToken ? 1 : K / group_size;
+      s_t = mode == Fp8Mode::kToken ? empty_on(x, {M}, kFloat) : empty_on(x, {M, groups}, kFloat);
+      float* sp = s_t.mutable_data_ptr<float>();
+      torch::stable::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t c = 0; c < groups; ++c) {
+            const int64_t k0 = c * g, n = std::min(g, K - k0);
+            const float s = scale_from_amax(n > 0 ? abs_max(xf + r * K + k0, n) : 0.0f);
+            sp[r * groups + c] = s;
+            for (int64_t k = k0; k < k0 + n; ++k) q[r * K + k] = to_e4m3(xf[r * K + k], s);
+          }
+      });
       break;
     }
   }
-  return {q.clamp(-kE4m3Max, kE4m3Max).to(at::kFloat8_e4m3fn).contiguous(), s.contiguous()};
+  return {q_t, s_t};
 }
 
 const std::array<float, 256>& e4m3_table() {
   static const std::array<float, 256> table = [] {
     std::array<float, 256> t{};
     for (int i = 0; i < 256; ++i)
-      t[i] = static_cast<float>(c10::Float8_e4m3fn(static_cast<uint8_t>(i), c10::Float8_e4m3fn::from_bits()));
+      t[i] = static_cast<float>(Float8_e4m3fn(static_cast<uint8_t>(i), Float8_e4m3fn::from_bits()));
     return t;
   }();
   return table;
@@ -69,15 +88,15 @@ const std::array<float, 256>& e4m3_table() {
 
 // fp32 values of q [R, K] (contiguous e4m3); with `scale` [ceil(R / rows_per_block), ceil(K / 128)],
 // element (r, k) is multiplied by scale[r / rows_per_block][k / 128] (one fp32 multiply).
-at::Tensor dequantize_e4m3(const at::Tensor& q, const at::Tensor* scale, int64_t rows_per_block) {
+Tensor dequantize_e4m3(const Tensor& q, const Tensor* scale, int64_t rows_per_block) {
   const int64_t R = q.size(0), K = q.size(1);
-  auto out = at::empty({R, K}, q.options().dtype(at::kFloat));
+  auto out = empty_on(q, {R, K}, kFloat);
   const auto& lut = e4m3_table();
-  const uint8_t* src = reinterpret_cast<const uint8_t*>(q.data_ptr());
-  float* dst = out.data_ptr<float>();
-  const float* s = scale != nullptr ? scale->data_ptr<float>() : nullptr;
+  const uint8_t* src = static_cast<const uint8_t*>(q.const_data_ptr());
+  float* dst = out.mutable_data_ptr<float>();
+  const float* s = scale != nullptr ? scale->const_data_ptr<float>() : nullptr;
   const int64_t s_stride = scale != nullptr ? scale->size(1) : 0;
-  at::parallel_for(0, R, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(K, 1)), [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, R, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(K, 1)), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const uint8_t* qr = src + r * K;
       float* dr = dst + r * K;
@@ -92,8 +111,8 @@ at::Tensor dequantize_e4m3(const at::Tensor& q, const at::Tensor* scale, int64_t
   return out;
 }
 
-at::Tensor fp8_scaled_mm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
-                             const at::Tensor& scale_b, at::ScalarType out_dtype, const std::optional<at::Tensor>& bias,
+Tensor fp8_scaled_mm_cpu(const Tensor& a, const Tensor& b, const Tensor& scale_a,
+                             const Tensor& scale_b, ScalarType out_dtype, const std::optional<Tensor>& bias,
                              bool deterministic) {
   const char* op = "fp8_scaled_mm";
   const bool blockwise = validate_fp8_scaled_mm(op, a, b, scale_a, scale_b, out_dtype, bias, /*allow_fp32=*/true);
@@ -101,27 +120,33 @@ at::Tensor fp8_scaled_mm_cpu(const at::Tensor& a, const at::Tensor& b, const at:
   check_w8a8_layout(op, a, b, scale_a, scale_b, bias);
   // deterministic: the batch-invariant fp32 GEMM (cpu_dense.h) instead of ATen's, whose k-order
   // depends on M; the dequantisation and the epilogue are elementwise already.
-  auto mm = [&](const at::Tensor& x, const at::Tensor& w) {
-    return deterministic ? batch_invariant_mm_f32(x, w) : at::matmul(x, w.t());
+  auto mm = [&](const Tensor& x, const Tensor& w) {
+    return deterministic ? batch_invariant_mm_f32(x, w) : matmul_nt(x, w);
   };
-  at::Tensor out;
+  Tensor out;
   if (blockwise) {
     const auto af = dequantize_e4m3(a, &scale_a, 1);
     const auto bf = dequantize_e4m3(b, &scale_b, 128);
-    out = mm(af, bf);
+    out = torch::stable::contiguous(mm(af, bf));
   } else {
-    out = mm(dequantize_e4m3(a, nullptr, 1), dequantize_e4m3(b, nullptr, 1));
-    out.mul_(scale_a.view({-1, 1})).mul_(scale_b.view({1, -1}));
+    out = torch::stable::contiguous(mm(dequantize_e4m3(a, nullptr, 1), dequantize_e4m3(b, nullptr, 1)));
+    const int64_t M = out.size(0), N = out.size(1);
+    const float* sa = scale_a.const_data_ptr<float>();
+    const float* sb = scale_b.const_data_ptr<float>();
+    const bool sa_rows = scale_a.numel() > 1, sb_cols = scale_b.numel() > 1;
+    float* o = out.mutable_data_ptr<float>();
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) o[m * N + n] = o[m * N + n] * sa[sa_rows ? m : 0] * sb[sb_cols ? n : 0];
   }
-  if (bias.has_value()) out.add_(bias->to(at::kFloat));
-  return out.to(out_dtype).contiguous();
+  if (bias.has_value()) add_bias_f32(out, *bias);
+  return contiguous_as(out, out_dtype);
 }
 
 }  // namespace
 }  // namespace fastinfer::binding
 
-FASTINFER_LIBRARY_IMPL(FASTINFER_NS, CPU, m) {
+FASTINFER_LIBRARY_IMPL(CPU, m) {
   using namespace fastinfer::binding;
-  m.impl("fp8_quantize", &fp8_quantize_cpu);
-  m.impl("fp8_scaled_mm", &fp8_scaled_mm_cpu);
+  m.impl("fp8_quantize", TORCH_BOX(&fp8_quantize_cpu));
+  m.impl("fp8_scaled_mm", TORCH_BOX(&fp8_scaled_mm_cpu));
 }

@@ -1,14 +1,12 @@
-// CPU implementations of the int4 (W4A16) ops: int4_pack / int4_repack (ATen layout conversions,
-// shared with the CUDA/sim bindings) and int4_gemm. int4_gemm dequantises with the kernels'
+// CPU implementations of the int4 (W4A16) ops: int4_pack / int4_repack (the layout conversions
+// shared with the CUDA/sim bindings, validate_int4.h) and int4_gemm. int4_gemm dequantises with the kernels'
 // rounding (w = (q - z) * s rounded once to a's dtype) and accumulates in fp32:
-//  - M <= kFusedMaxM (decode): a loop over 16-column tiles on ATen's thread pool that decodes each
+//  - M <= kFusedMaxM (decode): a loop over 16-column tiles on torch's thread pool that decodes each
 //    64 x 16 unit of the packed weight once (through per-group tables of the 16 possible values)
 //    and applies it to every row of a (no weight copy);
-//  - larger M: 256-column chunks of W dequantised to fp32 and multiplied with at::mm (ATen's GEMM:
+//  - larger M: 256-column chunks of W dequantised to fp32 and multiplied with ATen's matmul (its GEMM:
 //    a row's bits depend on M), except with deterministic=True, which keeps the fused loop for
 //    every M (each row's sums run in the same order whatever the other rows: batch invariant).
-#include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 
@@ -73,15 +71,15 @@ void decode_unit(const int32_t* packed, const std::vector<float>& lut, int64_t n
 // Decode path: per 16-column tile (ATen's thread pool), each 64 x 16 unit is decoded once into a
 // small fp32 buffer and dotted with the 64 matching activations of every row (no weight copy).
 template <typename T>
-void int4_gemm_fused(const at::Tensor& a, const at::Tensor& packed, const at::Tensor& scales, const uint8_t* zp,
-                     int64_t group_size, at::Tensor& out) {
+void int4_gemm_fused(const Tensor& a, const Tensor& packed, const Tensor& scales, const uint8_t* zp,
+                     int64_t group_size, Tensor& out) {
   const int64_t m = a.size(0), k = a.size(1), n = out.size(1);
-  const auto af = a.to(at::kFloat).contiguous();
-  const float* ap = af.data_ptr<float>();
-  const int32_t* pp = packed.data_ptr<int32_t>();
-  const T* sp = scales.data_ptr<T>();
-  T* op = out.data_ptr<T>();
-  at::parallel_for(0, n / 16, 1, [&](int64_t begin, int64_t end) {
+  const auto af = contiguous_as(a, kFloat);
+  const float* ap = af.mutable_data_ptr<float>();
+  const int32_t* pp = packed.mutable_data_ptr<int32_t>();
+  const T* sp = scales.mutable_data_ptr<T>();
+  T* op = out.mutable_data_ptr<T>();
+  torch::stable::parallel_for(0, n / 16, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> acc(static_cast<size_t>(m) * 16);
     std::vector<float> lut;
     float w[16][64];
@@ -109,13 +107,13 @@ void int4_gemm_fused(const at::Tensor& a, const at::Tensor& packed, const at::Te
 
 // w[n0 : n0 + rows, :] as fp32 (values rounded to T), rows a multiple of 16.
 template <typename T>
-at::Tensor dequantize_rows(const at::Tensor& packed, const at::Tensor& scales, const uint8_t* zeros, int64_t n,
+Tensor dequantize_rows(const Tensor& packed, const Tensor& scales, const uint8_t* zeros, int64_t n,
                            int64_t k, int64_t group_size, int64_t n0, int64_t rows) {
-  auto w = at::empty({rows, k}, scales.options().dtype(at::kFloat));
-  float* wp = w.data_ptr<float>();
-  const int32_t* pp = packed.data_ptr<int32_t>();
-  const T* sp = scales.data_ptr<T>();
-  at::parallel_for(0, rows / 16, 1, [&](int64_t begin, int64_t end) {
+  auto w = empty_on(scales, {rows, k}, kFloat);
+  float* wp = w.mutable_data_ptr<float>();
+  const int32_t* pp = packed.mutable_data_ptr<int32_t>();
+  const T* sp = scales.mutable_data_ptr<T>();
+  torch::stable::parallel_for(0, rows / 16, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> lut;
     float buf[16][64];
     for (int64_t tile = begin; tile < end; ++tile) {
@@ -130,18 +128,19 @@ at::Tensor dequantize_rows(const at::Tensor& packed, const at::Tensor& scales, c
 }
 
 template <typename T>
-void int4_gemm_chunked(const at::Tensor& a, const at::Tensor& packed, const at::Tensor& scales, const uint8_t* zeros,
-                       int64_t group_size, at::Tensor& out) {
+void int4_gemm_chunked(const Tensor& a, const Tensor& packed, const Tensor& scales, const uint8_t* zeros,
+                       int64_t group_size, Tensor& out) {
   const int64_t k = a.size(1), n = out.size(1);
-  const auto af = a.to(at::kFloat);
+  const auto af = to_dtype_of(a, kFloat);
   for (int64_t n0 = 0; n0 < n; n0 += kChunkN) {
     const int64_t rows = std::min(kChunkN, n - n0);
     const auto w = dequantize_rows<T>(packed, scales, zeros, n, k, group_size, n0, rows);
-    out.narrow(1, n0, rows).copy_(at::mm(af, w.t()));
+    auto cols = slice(out, 1, n0, rows);
+    torch::stable::copy_(cols, matmul_nt(af, w));
   }
 }
 
-at::Tensor int4_pack_cpu(const at::Tensor& w_q) {
+Tensor int4_pack_cpu(const Tensor& w_q) {
   const char* op = "int4_pack";
   validate_int4_pack(op, w_q);
   check_on_cpu(w_q, op, "w_q");
@@ -149,9 +148,9 @@ at::Tensor int4_pack_cpu(const at::Tensor& w_q) {
   return int4_pack_impl(w_q);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_repack_cpu(const at::Tensor& qweight, const at::Tensor& qzeros,
-                                                               c10::string_view fmt,
-                                                               const std::optional<at::Tensor>& g_idx) {
+std::tuple<Tensor, Tensor, Tensor> int4_repack_cpu(const Tensor& qweight, const Tensor& qzeros,
+                                                               std::string_view fmt,
+                                                               const std::optional<Tensor>& g_idx) {
   const char* op = "int4_repack";
   validate_int4_repack(op, qweight, qzeros, fmt, g_idx);
   check_on_cpu(qweight, op, "qweight");
@@ -159,20 +158,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int4_repack_cpu(const at::Tensor&
   return int4_repack_impl(op, qweight, qzeros, fmt, g_idx);
 }
 
-at::Tensor int4_gemm_cpu(const at::Tensor& a_in, const at::Tensor& packed, const at::Tensor& scales,
-                         const std::optional<at::Tensor>& zeros, int64_t group_size,
-                         const std::optional<at::Tensor>& perm, bool deterministic) {
+Tensor int4_gemm_cpu(const Tensor& a_in, const Tensor& packed, const Tensor& scales,
+                         const std::optional<Tensor>& zeros, int64_t group_size,
+                         const std::optional<Tensor>& perm, bool deterministic) {
   const char* op = "int4_gemm";
   validate_int4_gemm(op, a_in, packed, scales, zeros, group_size, perm, /*allow_fp32=*/true);
   check_on_cpu(a_in, op, "a");
   check_int4_gemm_layout(op, a_in, packed, scales, zeros, perm);
   check_int4_gemm_values(op, a_in, zeros, perm);
-  const auto a = perm.has_value() ? a_in.index_select(1, *perm) : a_in;
+  const auto a = perm.has_value() ? torch::stable::index_select(a_in, 1, *perm) : a_in;
   const int64_t m = a.size(0), n = packed.size(1) / 8;
-  auto out = at::empty({m, n}, a.options());
+  auto out = empty_on(a, {m, n});
   if (m == 0) return out;
-  const uint8_t* zp = zeros.has_value() ? zeros->data_ptr<uint8_t>() : nullptr;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "int4_gemm_cpu", [&] {
+  const uint8_t* zp = zeros.has_value() ? zeros->mutable_data_ptr<uint8_t>() : nullptr;
+  FASTINFER_DISPATCH_FLOAT_TYPES(a.scalar_type(), "int4_gemm_cpu", [&] {
     if (m <= kFusedMaxM || deterministic)
       int4_gemm_fused<scalar_t>(a, packed, scales, zp, group_size, out);
     else
@@ -184,9 +183,9 @@ at::Tensor int4_gemm_cpu(const at::Tensor& a_in, const at::Tensor& packed, const
 }  // namespace
 }  // namespace fastinfer::binding
 
-FASTINFER_LIBRARY_IMPL(FASTINFER_NS, CPU, m) {
+FASTINFER_LIBRARY_IMPL(CPU, m) {
   using namespace fastinfer::binding;
-  m.impl("int4_pack", &int4_pack_cpu);
-  m.impl("int4_repack", &int4_repack_cpu);
-  m.impl("int4_gemm", &int4_gemm_cpu);
+  m.impl("int4_pack", TORCH_BOX(&int4_pack_cpu));
+  m.impl("int4_repack", TORCH_BOX(&int4_repack_cpu));
+  m.impl("int4_gemm", TORCH_BOX(&int4_gemm_cpu));
 }

@@ -8,12 +8,10 @@
 // several times faster than torch._int_mm (bench/gemm_int8.py); the epilogue is the kernels' (one
 // fma with the bias). Exact accumulators and an elementwise epilogue make every path batch
 // invariant (a row's bits never depend on M), so deterministic=True changes nothing here.
-#include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-#include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "cpu_simd.h"
 #include "validate_int8.h"
@@ -25,37 +23,62 @@ constexpr double kMinRange = 1e-12;
 constexpr int64_t kExactChunk = 1024;  // 1024 * 128 * 128 = 2^24
 constexpr int64_t kDotRows = 4;        // M up to this: direct dot products
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_quantize_cpu(const at::Tensor& x, c10::string_view mode_str,
-                                                                 const std::optional<at::Tensor>& scale, bool symmetric) {
+float clamp(float v, float lo, float hi) { return std::min(std::max(v, lo), hi); }
+// max over n values (NaN propagates, as ATen's amax); of |x| with `absolute`.
+float max_of(const float* x, int64_t n, bool absolute, float sign = 1.0f) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = absolute ? std::fabs(x[i]) : sign * x[i];
+    if (v > m || std::isnan(v)) m = v;
+  }
+  return m;
+}
+
+std::tuple<Tensor, Tensor, Tensor> int8_quantize_cpu(const Tensor& x, std::string_view mode_str,
+                                                     const std::optional<Tensor>& scale, bool symmetric) {
   const char* op = "int8_quantize";
   const Int8Mode mode = validate_int8_quantize(op, x, mode_str, scale, symmetric, /*allow_fp32=*/true);
   check_on_cpu(x, op, "x");
   check_contiguous(x, op, "x");
   const int64_t M = x.size(0), K = x.size(1);
-  const auto xf = x.to(at::kFloat).contiguous();
-  at::Tensor s, q, azp = at::empty({0}, x.options().dtype(at::kInt));
+  const auto xf_t = contiguous_as(x, kFloat);
+  const float* xf = xf_t.const_data_ptr<float>();
+  auto q_t = empty_on(x, {M, K}, kChar);
+  int8_t* q = q_t.mutable_data_ptr<int8_t>();
+  const float min_range = static_cast<float>(kMinRange);
+  // fp32 throughout: IEEE division, clamp, round half to even (std::nearbyint), as the kernels.
   if (mode == Int8Mode::kTensor) {
-    if (scale.has_value()) {
-      check_on_cpu(*scale, op, "scale");
-      s = scale->reshape({1}).clone();
-    } else {
-      const auto amax = xf.numel() > 0 ? xf.abs().amax() : at::zeros({}, xf.options());
-      s = (amax.clamp_min(kMinRange) / 127.0).reshape({1});
-    }
-    q = (xf / s).clamp(-127, 127).round();
-  } else if (symmetric) {
-    const auto amax = K > 0 ? xf.abs().amax(1) : at::zeros({M}, xf.options());
-    s = amax.clamp_min(kMinRange) / 127.0;
-    q = (xf / s.unsqueeze(1)).clamp(-127, 127).round();
-  } else {
-    const auto hi = K > 0 ? xf.amax(1).clamp_min(0) : at::zeros({M}, xf.options());
-    const auto lo = K > 0 ? (-xf).amax(1).clamp_min(0) : at::zeros({M}, xf.options());
-    s = (hi + lo).clamp_min(kMinRange) / 255.0;
-    const auto z = ((lo / s).round() - 128).clamp(-128, 127);
-    q = ((xf / s.unsqueeze(1)).clamp(-256, 256).round() + z.unsqueeze(1)).clamp(-128, 127);
-    azp = z.to(at::kInt);
+    if (scale.has_value()) check_on_cpu(*scale, op, "scale");
+    const float amax = M * K > 0 ? max_of(xf, M * K, true) : 0.0f;
+    const float s = scale.has_value() ? scalar_value(*scale) : std::max(amax, min_range) / 127.0f;
+    for (int64_t i = 0; i < M * K; ++i) q[i] = static_cast<int8_t>(std::nearbyint(clamp(xf[i] / s, -127.0f, 127.0f)));
+    return {q_t, full_on(x, {1}, s, kFloat), empty_on(x, {0}, kInt)};
   }
-  return {q.to(at::kChar).contiguous(), s.contiguous(), azp};
+  auto s_t = empty_on(x, {M}, kFloat);
+  float* sp = s_t.mutable_data_ptr<float>();
+  Tensor azp_t = symmetric ? empty_on(x, {0}, kInt) : empty_on(x, {M}, kInt);
+  int32_t* zp = symmetric ? nullptr : azp_t.mutable_data_ptr<int32_t>();
+  torch::stable::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = xf + r * K;
+      int8_t* qr = q + r * K;
+      if (symmetric) {
+        const float s = std::max(K > 0 ? max_of(xr, K, true) : 0.0f, min_range) / 127.0f;
+        sp[r] = s;
+        for (int64_t k = 0; k < K; ++k) qr[k] = static_cast<int8_t>(std::nearbyint(clamp(xr[k] / s, -127.0f, 127.0f)));
+      } else {
+        const float hi = K > 0 ? std::max(max_of(xr, K, false), 0.0f) : 0.0f;
+        const float lo = K > 0 ? std::max(max_of(xr, K, false, -1.0f), 0.0f) : 0.0f;
+        const float s = std::max(hi + lo, min_range) / 255.0f;
+        const float z = clamp(std::nearbyint(lo / s) - 128.0f, -128.0f, 127.0f);
+        sp[r] = s;
+        zp[r] = static_cast<int32_t>(z);
+        for (int64_t k = 0; k < K; ++k)
+          qr[k] = static_cast<int8_t>(clamp(std::nearbyint(clamp(xr[k] / s, -256.0f, 256.0f)) + z, -128.0f, 127.0f));
+      }
+    }
+  });
+  return {q_t, s_t, azp_t};
 }
 
 // acc[m][n] = sum_k a[m][k] * b[n][k] for rows n in [n0, n1) of b, M <= kDotRows rows of a. The
@@ -75,25 +98,29 @@ FASTINFER_CPU_CLONES void int8_dot_rows(const int8_t* a, const int8_t* b, int32_
 }
 
 // Exact int32 a @ b^T (a [M, K], b [N, K] int8, contiguous).
-at::Tensor int8_mm_exact(const at::Tensor& a, const at::Tensor& b) {
+Tensor int8_mm_exact(const Tensor& a, const Tensor& b) {
   const int64_t M = a.size(0), N = b.size(0), K = a.size(1);
-  if (K == 0) return at::zeros({M, N}, a.options().dtype(at::kInt));
+  if (K == 0) return zeros_on(a, {M, N}, kInt);
   if (M <= kDotRows) {
-    auto acc = at::empty({M, N}, a.options().dtype(at::kInt));
-    const int8_t* pa = a.data_ptr<int8_t>();
-    const int8_t* pb = b.data_ptr<int8_t>();
-    int32_t* pc = acc.data_ptr<int32_t>();
-    at::parallel_for(0, N, std::max<int64_t>(1, (1 << 16) / K), [&](int64_t n0, int64_t n1) {
+    auto acc = empty_on(a, {M, N}, kInt);
+    const int8_t* pa = a.mutable_data_ptr<int8_t>();
+    const int8_t* pb = b.mutable_data_ptr<int8_t>();
+    int32_t* pc = acc.mutable_data_ptr<int32_t>();
+    torch::stable::parallel_for(0, N, std::max<int64_t>(1, (1 << 16) / K), [&](int64_t n0, int64_t n1) {
       int8_dot_rows(pa, pb, pc, M, N, K, n0, n1);
     });
     return acc;
   }
-  const auto af = a.to(at::kFloat), bf = b.to(at::kFloat);
-  at::Tensor acc;
+  const auto af = to_dtype_of(a, kFloat), bf = to_dtype_of(b, kFloat);
+  auto acc = zeros_on(a, {M, N}, kInt);
+  int32_t* pc = acc.mutable_data_ptr<int32_t>();
   for (int64_t k0 = 0; k0 < K; k0 += kExactChunk) {
     const int64_t kc = std::min(kExactChunk, K - k0);
-    const auto part = at::mm(af.narrow(1, k0, kc), bf.narrow(1, k0, kc).t()).to(at::kInt);
-    acc = acc.defined() ? acc.add_(part) : part;
+    const auto part = torch::stable::contiguous(
+        matmul_nt(slice(af, 1, k0, kc), slice(bf, 1, k0, kc)));
+    const float* pp = part.const_data_ptr<float>();
+    for (int64_t i = 0; i < M * N; ++i)  // exact integers < 2^24, summed modulo 2^32 as the kernels
+      pc[i] = static_cast<int32_t>(static_cast<uint32_t>(pc[i]) + static_cast<uint32_t>(static_cast<int32_t>(pp[i])));
   }
   return acc;
 }
@@ -101,7 +128,7 @@ at::Tensor int8_mm_exact(const at::Tensor& a, const at::Tensor& b) {
 template <typename TOut>
 void epilogue(const int32_t* acc, TOut* out, int64_t M, int64_t N, const float* sa, bool sa_rows, const float* sb,
               bool sb_cols, const TOut* bias, const int32_t* azp, bool azp_rows, const int32_t* adj) {
-  at::parallel_for(0, M, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(N, 1)), [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, M, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(N, 1)), [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
       const float sam = sa[sa_rows ? m : 0];
       const uint32_t zm = azp != nullptr ? static_cast<uint32_t>(azp[azp_rows ? m : 0]) : 0u;
@@ -116,25 +143,25 @@ void epilogue(const int32_t* acc, TOut* out, int64_t M, int64_t N, const float* 
   });
 }
 
-at::Tensor int8_scaled_mm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
-                              const at::Tensor& scale_b, at::ScalarType out_dtype, const std::optional<at::Tensor>& bias,
-                              const std::optional<at::Tensor>& azp_adj, const std::optional<at::Tensor>& azp,
+Tensor int8_scaled_mm_cpu(const Tensor& a, const Tensor& b, const Tensor& scale_a,
+                              const Tensor& scale_b, ScalarType out_dtype, const std::optional<Tensor>& bias,
+                              const std::optional<Tensor>& azp_adj, const std::optional<Tensor>& azp,
                               bool /*deterministic*/) {
   const char* op = "int8_scaled_mm";
   validate_int8_scaled_mm(op, a, b, scale_a, scale_b, out_dtype, bias, azp_adj, azp, /*allow_fp32=*/true);
   check_on_cpu(a, op, "a");
   check_int8_scaled_mm_layout(op, a, b, scale_a, scale_b, bias, azp_adj, azp);
   const int64_t M = a.size(0), N = b.size(0);
-  auto out = at::empty({M, N}, a.options().dtype(out_dtype));
+  auto out = empty_on(a, {M, N}, out_dtype);
   if (out.numel() == 0) return out;
-  const auto acc = int8_mm_exact(a, b).contiguous();
+  const auto acc = int8_mm_exact(a, b);
   const bool sa_rows = scale_a.size(0) == M && M > 1, sb_cols = scale_b.size(0) == N;
-  const int32_t* z = azp.has_value() ? azp->data_ptr<int32_t>() : nullptr;
-  const int32_t* adj = azp_adj.has_value() ? azp_adj->data_ptr<int32_t>() : nullptr;
+  const int32_t* z = azp.has_value() ? azp->mutable_data_ptr<int32_t>() : nullptr;
+  const int32_t* adj = azp_adj.has_value() ? azp_adj->mutable_data_ptr<int32_t>() : nullptr;
   const bool z_rows = azp.has_value() && azp->size(0) == M && M > 1;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out_dtype, "int8_scaled_mm_cpu", [&] {
-    epilogue<scalar_t>(acc.data_ptr<int32_t>(), out.data_ptr<scalar_t>(), M, N, scale_a.data_ptr<float>(), sa_rows,
-                       scale_b.data_ptr<float>(), sb_cols, bias.has_value() ? bias->data_ptr<scalar_t>() : nullptr, z,
+  FASTINFER_DISPATCH_FLOAT_TYPES(out_dtype, "int8_scaled_mm_cpu", [&] {
+    epilogue<scalar_t>(acc.mutable_data_ptr<int32_t>(), out.mutable_data_ptr<scalar_t>(), M, N, scale_a.mutable_data_ptr<float>(), sa_rows,
+                       scale_b.mutable_data_ptr<float>(), sb_cols, bias.has_value() ? bias->mutable_data_ptr<scalar_t>() : nullptr, z,
                        z_rows, adj);
   });
   return out;
@@ -143,8 +170,8 @@ at::Tensor int8_scaled_mm_cpu(const at::Tensor& a, const at::Tensor& b, const at
 }  // namespace
 }  // namespace fastinfer::binding
 
-FASTINFER_LIBRARY_IMPL(FASTINFER_NS, CPU, m) {
+FASTINFER_LIBRARY_IMPL(CPU, m) {
   using namespace fastinfer::binding;
-  m.impl("int8_quantize", &int8_quantize_cpu);
-  m.impl("int8_scaled_mm", &int8_scaled_mm_cpu);
+  m.impl("int8_quantize", TORCH_BOX(&int8_quantize_cpu));
+  m.impl("int8_scaled_mm", TORCH_BOX(&int8_scaled_mm_cpu));
 }

@@ -1,8 +1,5 @@
 // CPU implementations (C++ row loops or ATen, fp32 inside) of the fastinfer ops: they make the runner usable on a
 // CPU-only machine and accept float32 as well as float16/bfloat16.
-#include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,9 +18,9 @@ namespace {
 constexpr int64_t kGrainElems = 1 << 15;
 constexpr int kLanes = 16;
 
-std::vector<float> to_float_vector(const at::Tensor& t) {
-  const auto f = t.to(at::kFloat).contiguous();
-  return {f.data_ptr<float>(), f.data_ptr<float>() + f.numel()};
+std::vector<float> to_float_vector(const Tensor& t) {
+  const auto f = contiguous_as(t, kFloat);
+  return {f.mutable_data_ptr<float>(), f.mutable_data_ptr<float>() + f.numel()};
 }
 
 // out may alias x (each row is fully read before it is written).
@@ -116,8 +113,8 @@ FASTINFER_CPU_INLINE void rotary_range(T* x, int64_t stride, int64_t heads, int6
     rotary_range(x, stride, heads, d, pos, cache, rot, neox, b, e);                                          \
   }
 FASTINFER_ROW_ENTRIES(f32, float)
-FASTINFER_ROW_ENTRIES(f16, c10::Half)
-FASTINFER_ROW_ENTRIES(bf16, c10::BFloat16)
+FASTINFER_ROW_ENTRIES(f16, Half)
+FASTINFER_ROW_ENTRIES(bf16, BFloat16)
 #undef FASTINFER_ROW_ENTRIES
 
 // The entries for dtype T, picked at compile time inside AT_DISPATCH.
@@ -130,26 +127,26 @@ template <typename T> struct RowEntries;
     static constexpr auto rotary = rotary_##SUFFIX;                      \
   };
 FASTINFER_ROW_TABLE(f32, float)
-FASTINFER_ROW_TABLE(f16, c10::Half)
-FASTINFER_ROW_TABLE(bf16, c10::BFloat16)
+FASTINFER_ROW_TABLE(f16, Half)
+FASTINFER_ROW_TABLE(bf16, BFloat16)
 #undef FASTINFER_ROW_TABLE
 
 int64_t grain_rows(int64_t row_elems) { return std::max<int64_t>(1, kGrainElems / std::max<int64_t>(row_elems, 1)); }
 
-void rms_norm_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
+void rms_norm_into(Tensor& out, const Tensor& x, const Tensor& weight, double eps) {
   const int64_t h = x.size(-1);
   if (x.numel() == 0 || h == 0) return;
   const auto w = to_float_vector(weight);
   FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), "rms_norm", [&] {
-    scalar_t* o = out.data_ptr<scalar_t>();
+    scalar_t* o = out.mutable_data_ptr<scalar_t>();
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
-    at::parallel_for(0, x.numel() / h, grain_rows(h), [&](int64_t b, int64_t e) {
+    torch::stable::parallel_for(0, x.numel() / h, grain_rows(h), [&](int64_t b, int64_t e) {
       RowEntries<scalar_t>::rms_norm(o, xp, w.data(), b, e, h, static_cast<float>(eps));
     });
   });
 }
 
-void check_rms_norm_inputs(const char* op, const at::Tensor& x, const at::Tensor& weight, const at::Tensor* other,
+void check_rms_norm_inputs(const char* op, const Tensor& x, const Tensor& weight, const Tensor* other,
                            const char* other_name) {
   check_on_cpu(x, op, "x");
   check_on_cpu(weight, op, "weight");
@@ -157,22 +154,22 @@ void check_rms_norm_inputs(const char* op, const at::Tensor& x, const at::Tensor
   check_rms_norm_layout(op, x, weight, other, other_name);
 }
 
-void rms_norm_out_cpu(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
+void rms_norm_out_cpu(Tensor& out, const Tensor& x, const Tensor& weight, double eps) {
   validate_rms_norm("rms_norm_out", x, weight, eps, true);
   validate_like("rms_norm_out", out, "out", x, "x");
   check_rms_norm_inputs("rms_norm_out", x, weight, &out, "out");
   rms_norm_into(out, x, weight, eps);
 }
 
-at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps) {
+Tensor rms_norm_cpu(const Tensor& x, const Tensor& weight, double eps) {
   validate_rms_norm("rms_norm", x, weight, eps, true);
   check_rms_norm_inputs("rms_norm", x, weight, nullptr, nullptr);
-  auto out = at::empty_like(x, at::MemoryFormat::Contiguous);
+  auto out = empty_as(x);
   rms_norm_into(out, x, weight, eps);
   return out;
 }
 
-void fused_add_rms_norm_cpu(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
+void fused_add_rms_norm_cpu(Tensor& x, Tensor& residual, const Tensor& weight, double eps) {
   const char* op = "fused_add_rms_norm";
   validate_rms_norm(op, x, weight, eps, true);
   validate_like(op, residual, "residual", x, "x");
@@ -181,36 +178,36 @@ void fused_add_rms_norm_cpu(at::Tensor& x, at::Tensor& residual, const at::Tenso
   if (x.numel() == 0 || h == 0) return;
   const auto w = to_float_vector(weight);
   FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), "fused_add_rms_norm", [&] {
-    scalar_t* xp = x.data_ptr<scalar_t>();
-    scalar_t* rp = residual.data_ptr<scalar_t>();
-    at::parallel_for(0, x.numel() / h, grain_rows(h), [&](int64_t b, int64_t e) {
+    scalar_t* xp = x.mutable_data_ptr<scalar_t>();
+    scalar_t* rp = residual.mutable_data_ptr<scalar_t>();
+    torch::stable::parallel_for(0, x.numel() / h, grain_rows(h), [&](int64_t b, int64_t e) {
       RowEntries<scalar_t>::add_rms_norm(xp, rp, w.data(), b, e, h, static_cast<float>(eps));
     });
   });
 }
 
-void silu_and_mul_into(at::Tensor& out, const at::Tensor& x) {
+void silu_and_mul_into(Tensor& out, const Tensor& x) {
   const int64_t f = x.size(-1) / 2;
   if (out.numel() == 0) return;
   FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), "silu_and_mul", [&] {
-    scalar_t* o = out.data_ptr<scalar_t>();
+    scalar_t* o = out.mutable_data_ptr<scalar_t>();
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
-    at::parallel_for(0, out.numel() / f, grain_rows(2 * f), [&](int64_t b, int64_t e) {
+    torch::stable::parallel_for(0, out.numel() / f, grain_rows(2 * f), [&](int64_t b, int64_t e) {
       RowEntries<scalar_t>::silu_and_mul(o, xp, b, e, f);
     });
   });
 }
 
-at::Tensor silu_and_mul_cpu(const at::Tensor& x) {
+Tensor silu_and_mul_cpu(const Tensor& x) {
   validate_silu_and_mul("silu_and_mul", x, true);
   check_on_cpu(x, "silu_and_mul", "x");
   check_silu_and_mul_layout("silu_and_mul", x, nullptr);
-  auto out = at::empty_symint(silu_and_mul_out_shape(x), x.options());
+  auto out = empty_on(x, silu_and_mul_out_shape(x));
   silu_and_mul_into(out, x);
   return out;
 }
 
-void silu_and_mul_out_cpu(at::Tensor& out, const at::Tensor& x) {
+void silu_and_mul_out_cpu(Tensor& out, const Tensor& x) {
   const char* op = "silu_and_mul_out";
   validate_silu_and_mul_out(op, out, x, true);
   check_on_cpu(x, op, "x");
@@ -219,8 +216,8 @@ void silu_and_mul_out_cpu(at::Tensor& out, const at::Tensor& x) {
   silu_and_mul_into(out, x);
 }
 
-void rotary_embedding_cpu(const at::Tensor& positions, at::Tensor& q, at::Tensor& k,
-                          const at::Tensor& cos_sin_cache, bool is_neox) {
+void rotary_embedding_cpu(const Tensor& positions, Tensor& q, Tensor& k,
+                          const Tensor& cos_sin_cache, bool is_neox) {
   const char* op = "rotary_embedding";
   validate_rotary_embedding(op, positions, q, k, cos_sin_cache, true);
   for (const auto& [t, name] : {std::pair{&positions, "positions"}, {&q, "q"}, {&k, "k"}, {&cos_sin_cache, "cos_sin_cache"}})
@@ -229,21 +226,21 @@ void rotary_embedding_cpu(const at::Tensor& positions, at::Tensor& q, at::Tensor
   check_index_range(positions, 0, cos_sin_cache.size(0), op, "positions", "rows of cos_sin_cache");
   const int64_t rot = cos_sin_cache.size(1), T = q.size(0);
   if (T == 0) return;
-  const auto cache = cos_sin_cache.to(at::kFloat).contiguous();
-  const auto pos = positions.to(at::kLong).contiguous();
+  const auto cache = contiguous_as(cos_sin_cache, kFloat);
+  const auto pos = contiguous_as(positions, kLong);
   FASTINFER_DISPATCH_ACT_TYPES(q.scalar_type(), "rotary_embedding", [&] {
     const int64_t d = q.size(2);
-    at::parallel_for(0, T, grain_rows((q.size(1) + k.size(1)) * d), [&](int64_t b, int64_t e) {
-      for (at::Tensor* x : {&q, &k})
-        RowEntries<scalar_t>::rotary(x->data_ptr<scalar_t>(), x->stride(0), x->size(1), d, pos.const_data_ptr<int64_t>(),
+    torch::stable::parallel_for(0, T, grain_rows((q.size(1) + k.size(1)) * d), [&](int64_t b, int64_t e) {
+      for (Tensor* x : {&q, &k})
+        RowEntries<scalar_t>::rotary(x->mutable_data_ptr<scalar_t>(), x->stride(0), x->size(1), d, pos.const_data_ptr<int64_t>(),
                                      cache.const_data_ptr<float>(), rot, is_neox, b, e);
     });
   });
 }
 
-void reshape_and_cache_cpu(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
-                           const at::Tensor& slot_mapping, const std::optional<at::Tensor>& k_scale,
-                           const std::optional<at::Tensor>& v_scale) {
+void reshape_and_cache_cpu(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
+                           const Tensor& slot_mapping, const std::optional<Tensor>& k_scale,
+                           const std::optional<Tensor>& v_scale) {
   const char* op = "reshape_and_cache";
   validate_reshape_and_cache(op, k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, true);
   for (const auto& [t, name] : {std::pair{&k, "k"}, {&v, "v"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"},
@@ -254,29 +251,29 @@ void reshape_and_cache_cpu(const at::Tensor& k, const at::Tensor& v, at::Tensor&
   check_index_range(slot_mapping, -1, num_slots, op, "slot_mapping", "-1 or a slot < num_blocks * block_size");
   const int64_t T = k.size(0), row = k_cache.size(2) * k_cache.size(3);
   if (T == 0) return;
-  const auto slots_t = slot_mapping.to(at::kLong).contiguous();
+  const auto slots_t = contiguous_as(slot_mapping, kLong);
   const int64_t* slots = slots_t.const_data_ptr<int64_t>();
-  auto store = [&](const at::Tensor& src, at::Tensor& cache, const std::optional<at::Tensor>& scale) {
+  auto store = [&](const Tensor& src, Tensor& cache, const std::optional<Tensor>& scale) {
     const int64_t stride = src.stride(0), el = cache.element_size();
     if (cache.scalar_type() == src.scalar_type()) {  // rows [Hkv * D] are contiguous: one memcpy each
       const auto* s = static_cast<const char*>(src.const_data_ptr());
       auto* c = static_cast<char*>(cache.data_ptr());
-      at::parallel_for(0, T, grain_rows(row), [&](int64_t b, int64_t e) {
+      torch::stable::parallel_for(0, T, grain_rows(row), [&](int64_t b, int64_t e) {
         for (int64_t t = b; t < e; ++t)
           if (slots[t] >= 0) std::memcpy(c + slots[t] * row * el, s + t * stride * el, row * el);
       });
       return;
     }
     // fp8 e4m3 cache: x / scale, saturated to the finite range, rounded to nearest.
-    const float inv = 1.0f / (scale.has_value() ? scale->item<float>() : 1.0f);
-    auto* c = static_cast<c10::Float8_e4m3fn*>(cache.data_ptr());
+    const float inv = 1.0f / (scale.has_value() ? scalar_value(*scale) : 1.0f);
+    auto* c = static_cast<Float8_e4m3fn*>(cache.data_ptr());
     FASTINFER_DISPATCH_ACT_TYPES(src.scalar_type(), "reshape_and_cache", [&] {
       const scalar_t* s = src.const_data_ptr<scalar_t>();
-      at::parallel_for(0, T, grain_rows(row), [&](int64_t b, int64_t e) {
+      torch::stable::parallel_for(0, T, grain_rows(row), [&](int64_t b, int64_t e) {
         for (int64_t t = b; t < e; ++t) {
           if (slots[t] < 0) continue;
           for (int64_t i = 0; i < row; ++i)
-            c[slots[t] * row + i] = static_cast<c10::Float8_e4m3fn>(
+            c[slots[t] * row + i] = static_cast<Float8_e4m3fn>(
                 std::clamp(static_cast<float>(s[t * stride + i]) * inv, -448.0f, 448.0f));
         }
       });
@@ -289,13 +286,13 @@ void reshape_and_cache_cpu(const at::Tensor& k, const at::Tensor& v, at::Tensor&
 }  // namespace
 }  // namespace fastinfer::binding
 
-FASTINFER_LIBRARY_IMPL(FASTINFER_NS, CPU, m) {
+FASTINFER_LIBRARY_IMPL(CPU, m) {
   using namespace fastinfer::binding;
-  m.impl("rms_norm", &rms_norm_cpu);
-  m.impl("rms_norm_out", &rms_norm_out_cpu);
-  m.impl("fused_add_rms_norm", &fused_add_rms_norm_cpu);
-  m.impl("silu_and_mul", &silu_and_mul_cpu);
-  m.impl("silu_and_mul_out", &silu_and_mul_out_cpu);
-  m.impl("rotary_embedding", &rotary_embedding_cpu);
-  m.impl("reshape_and_cache", &reshape_and_cache_cpu);
+  m.impl("rms_norm", TORCH_BOX(&rms_norm_cpu));
+  m.impl("rms_norm_out", TORCH_BOX(&rms_norm_out_cpu));
+  m.impl("fused_add_rms_norm", TORCH_BOX(&fused_add_rms_norm_cpu));
+  m.impl("silu_and_mul", TORCH_BOX(&silu_and_mul_cpu));
+  m.impl("silu_and_mul_out", TORCH_BOX(&silu_and_mul_out_cpu));
+  m.impl("rotary_embedding", TORCH_BOX(&rotary_embedding_cpu));
+  m.impl("reshape_and_cache", TORCH_BOX(&reshape_and_cache_cpu));
 }

@@ -4,8 +4,6 @@
 // (x86-64-v4) and AVX2+FMA (x86-64-v3), picked once at load time by the dynamic linker (ifunc).
 // Everything a cloned function calls must be FASTINFER_CPU_INLINE so it is compiled into each
 // clone with that clone's ISA; a lambda body is a separate function and is not cloned.
-#include <ATen/Dispatch.h>
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -16,11 +14,6 @@
 #define FASTINFER_CPU_CLONES
 #endif
 #define FASTINFER_CPU_INLINE inline __attribute__((always_inline))
-
-// AT_DISPATCH over the activation dtypes of the contract (float32, float16, bfloat16).
-#define FASTINFER_DISPATCH_ACT_TYPES(TYPE, NAME, ...)                                       \
-  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__)                   \
-                     AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__) AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
 
 namespace fastinfer::binding::cpu {
 

@@ -2,9 +2,6 @@
 // thread pool, computed in float64 from the stored logits (it then agrees with the fp64 reference
 // except for summation order). Dense residual vectors (p, q) per sequence, renormalised after
 // every rejection.
-#include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -42,7 +39,7 @@ template <typename T>
 void tree_verify_rows(const int64_t* tokens, const int64_t* parents, const T* logits, const float* draft_probs,
                       const float* temperature, const float* uniforms, bool greedy, int64_t B, int64_t N, int64_t V,
                       int64_t* accepted, int64_t* num_accepted, int64_t* next_token) {
-  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     std::vector<double> p(static_cast<size_t>(V)), q;
     for (int64_t b = begin; b < end; ++b) {
       const int64_t* tok = tokens + b * N;
@@ -114,39 +111,39 @@ void tree_verify_rows(const int64_t* tokens, const int64_t* parents, const T* lo
   });
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify_cpu(const at::Tensor& draft_tokens,
-                                                               const at::Tensor& parents,
-                                                               const at::Tensor& target_logits,
-                                                               const std::optional<at::Tensor>& draft_probs,
-                                                               const at::Tensor& temperature,
-                                                               const at::Tensor& uniforms, bool greedy) {
+std::tuple<Tensor, Tensor, Tensor> tree_verify_cpu(const Tensor& draft_tokens,
+                                                               const Tensor& parents,
+                                                               const Tensor& target_logits,
+                                                               const std::optional<Tensor>& draft_probs,
+                                                               const Tensor& temperature,
+                                                               const Tensor& uniforms, bool greedy) {
   const char* op = "tree_verify";
   validate_tree_verify(op, draft_tokens, parents, target_logits, draft_probs, temperature, uniforms);
   check_on_cpu(draft_tokens, op, "draft_tokens");
   check_tree_verify_layout(op, draft_tokens, parents, target_logits, draft_probs, temperature, uniforms);
   const int64_t B = draft_tokens.size(0), N = draft_tokens.size(1), V = target_logits.size(2);
   check_tree_verify_values(op, draft_tokens, parents, V, temperature, uniforms, greedy);
-  const auto tokens = draft_tokens.to(at::kLong).contiguous();
-  const auto par = parents.to(at::kLong).contiguous();
-  auto accepted = at::empty({B, N}, draft_tokens.options().dtype(at::kLong));
-  auto num = at::empty({B}, draft_tokens.options().dtype(at::kLong));
-  auto next = at::empty({B}, draft_tokens.options().dtype(at::kLong));
+  const auto tokens = contiguous_as(draft_tokens, kLong);
+  const auto par = contiguous_as(parents, kLong);
+  auto accepted = empty_on(draft_tokens, {B, N}, kLong);
+  auto num = empty_on(draft_tokens, {B}, kLong);
+  auto next = empty_on(draft_tokens, {B}, kLong);
   if (B > 0) {
     const float* dp = draft_probs.has_value() && !greedy ? draft_probs->const_data_ptr<float>() : nullptr;
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, target_logits.scalar_type(), "tree_verify", [&] {
+    FASTINFER_DISPATCH_FLOAT_TYPES(target_logits.scalar_type(), "tree_verify", [&] {
       tree_verify_rows<scalar_t>(tokens.const_data_ptr<int64_t>(), par.const_data_ptr<int64_t>(),
                                  target_logits.const_data_ptr<scalar_t>(), dp, temperature.const_data_ptr<float>(),
-                                 uniforms.const_data_ptr<float>(), greedy, B, N, V, accepted.data_ptr<int64_t>(),
-                                 num.data_ptr<int64_t>(), next.data_ptr<int64_t>());
+                                 uniforms.const_data_ptr<float>(), greedy, B, N, V, accepted.mutable_data_ptr<int64_t>(),
+                                 num.mutable_data_ptr<int64_t>(), next.mutable_data_ptr<int64_t>());
     });
   }
   const auto dt = draft_tokens.scalar_type();
-  return {accepted.to(dt), num.to(dt), next.to(dt)};
+  return {to_dtype_of(accepted, dt), to_dtype_of(num, dt), to_dtype_of(next, dt)};
 }
 
 }  // namespace
 }  // namespace fastinfer::binding
 
-FASTINFER_LIBRARY_IMPL(FASTINFER_NS, CPU, m) {
-  m.impl("tree_verify", &fastinfer::binding::tree_verify_cpu);
+FASTINFER_LIBRARY_IMPL(CPU, m) {
+  m.impl("tree_verify", TORCH_BOX(&fastinfer::binding::tree_verify_cpu));
 }

@@ -9,30 +9,30 @@ namespace fastinfer::binding {
 namespace {
 
 // Head dims the kernels are instantiated for.
-void check_kernel_head_dim(const char* op, const at::Tensor& q) {
+void check_kernel_head_dim(const char* op, const Tensor& q) {
   FI_CHECK(q.size(2) == 64 || q.size(2) == 128, op, "q must have head_dim 64 or 128 for the CUDA kernels, got ",
            q.size(2), " (head_dim 256 runs on the CPU implementation only)");
 }
 
 // The kernels move rows with 16-byte loads: base 16-byte aligned, token stride a multiple of 8.
-void check_vector_aligned(const at::Tensor& t, const char* op, const char* name) {
+void check_vector_aligned(const Tensor& t, const char* op, const char* name) {
   FI_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(0) % 8 == 0, op, name,
            " must start 16-byte aligned and have a token stride that is a multiple of 8 elements (the kernels use "
            "16-byte loads), got stride(0) = ", t.stride(0), " (call .contiguous())");
 }
 
-std::tuple<at::Tensor, at::Tensor> allocate_outputs(const at::Tensor& q, bool return_lse) {
-  auto out = at::empty_like(q, at::MemoryFormat::Contiguous);
-  auto lse = return_lse ? at::empty({q.size(0), q.size(1)}, q.options().dtype(at::kFloat))
-                        : at::empty({0}, q.options().dtype(at::kFloat));
+std::tuple<Tensor, Tensor> allocate_outputs(const Tensor& q, bool return_lse) {
+  auto out = empty_as(q);
+  auto lse = return_lse ? empty_on(q, {q.size(0), q.size(1)}, kFloat)
+                        : empty_on(q, {0}, kFloat);
   return {out, lse};
 }
 
-void fill_common(PrefillAttentionParams& p, const at::Tensor& q, at::Tensor& out, at::Tensor& lse, int64_t batch,
+void fill_common(PrefillAttentionParams& p, const Tensor& q, Tensor& out, Tensor& lse, int64_t batch,
                  int64_t max_seqlen_q, double scale, bool causal, int64_t window_left, double softcap) {
   p.q = q.data_ptr();
   p.out = out.data_ptr();
-  p.lse = lse.numel() > 0 ? lse.data_ptr<float>() : nullptr;
+  p.lse = lse.numel() > 0 ? lse.mutable_data_ptr<float>() : nullptr;
   p.batch_size = static_cast<int32_t>(batch);
   p.num_q_heads = static_cast<int32_t>(q.size(1));
   p.head_dim = static_cast<int32_t>(q.size(2));
@@ -48,17 +48,17 @@ void fill_common(PrefillAttentionParams& p, const at::Tensor& q, at::Tensor& out
 
 // The deterministic mode's split workspace (attention.h), from the caching allocator; returned so
 // it lives until the launch is enqueued.
-at::Tensor attach_split_workspace(PrefillAttentionParams& p, const at::Tensor& q, int64_t fixed_split_size,
+Tensor attach_split_workspace(PrefillAttentionParams& p, const Tensor& q, int64_t fixed_split_size,
                                   const PrefillOverrides& overrides) {
   if (fixed_split_size <= 0) return {};
   p.fixed_split_size = static_cast<int32_t>(fixed_split_size);
-  auto ws = at::empty({static_cast<int64_t>(prefill_attention_split_workspace_size(p, overrides))}, q.options().dtype(at::kByte));
+  auto ws = empty_on(q, {static_cast<int64_t>(prefill_attention_split_workspace_size(p, overrides))}, kByte);
   p.split_workspace = ws.data_ptr();
   return ws;
 }
 
-std::tuple<at::Tensor, at::Tensor> prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                     const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+std::tuple<Tensor, Tensor> prefill_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                     const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                                                      int64_t max_seqlen_q, int64_t max_seqlen_k, double scale,
                                                      bool causal, int64_t window_left, double softcap,
                                                      bool return_lse, int64_t fixed_split_size) {
@@ -84,20 +84,20 @@ std::tuple<at::Tensor, at::Tensor> prefill_attention(const at::Tensor& q, const 
   fill_common(p, q, out, lse, cu_seqlens_q.size(0) - 1, max_seqlen_q, scale, causal, window_left, softcap);
   p.k = k.data_ptr();
   p.v = v.data_ptr();
-  p.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
-  p.cu_seqlens_k = cu_seqlens_k.data_ptr<int32_t>();
+  p.cu_seqlens_q = cu_seqlens_q.mutable_data_ptr<int32_t>();
+  p.cu_seqlens_k = cu_seqlens_k.mutable_data_ptr<int32_t>();
   p.num_kv_heads = static_cast<int32_t>(k.size(1));
   p.k_token_stride = k.stride(0);
   p.v_token_stride = v.stride(0);
   p.num_q_tokens = q.size(0);
   p.max_seqlen_k = static_cast<int32_t>(max_seqlen_k);
-  const at::Tensor split_ws = attach_split_workspace(p, q, fixed_split_size, overrides);
+  const Tensor split_ws = attach_split_workspace(p, q, fixed_split_size, overrides);
   check_launch(launch_prefill_attention(p, scope.stream(), overrides), op);
   return {out, lse};
 }
 
-void check_paged_kernel_inputs(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
-                               const at::Tensor& v_cache, const at::Tensor& block_table, const at::Tensor& lens) {
+void check_paged_kernel_inputs(const char* op, const Tensor& q, const Tensor& k_cache,
+                               const Tensor& v_cache, const Tensor& block_table, const Tensor& lens) {
   check_device(q, op, "q");
   check_kernel_head_dim(op, q);
   check_packed_heads(q, op, "q");
@@ -106,28 +106,28 @@ void check_paged_kernel_inputs(const char* op, const at::Tensor& q, const at::Te
   check_contiguous(v_cache, op, "v_cache");
   check_contiguous(lens, op, "seq_lens");
   FI_CHECK(block_table.stride(1) == 1, op, "block_table must have contiguous rows (stride(1) == 1), got strides ",
-           block_table.strides());
+           strides_of(block_table));
 }
 
 // The paged K/V of the prefill kernel's launch (paged_prefill_attention and fixed-mode decode).
-void fill_paged(PrefillAttentionParams& p, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                const at::Tensor& block_table, const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k) {
+void fill_paged(PrefillAttentionParams& p, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                const Tensor& block_table, const Tensor& cu_seqlens_q, const Tensor& seq_lens_k) {
   p.k = k_cache.data_ptr();
   p.v = v_cache.data_ptr();
-  p.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
-  p.seq_lens_k = seq_lens_k.data_ptr<int32_t>();
-  p.block_table = block_table.data_ptr<int32_t>();
+  p.cu_seqlens_q = cu_seqlens_q.mutable_data_ptr<int32_t>();
+  p.seq_lens_k = seq_lens_k.mutable_data_ptr<int32_t>();
+  p.block_table = block_table.mutable_data_ptr<int32_t>();
   p.block_table_stride = block_table.stride(0);
   p.block_size = static_cast<int32_t>(k_cache.size(1));
   p.num_kv_heads = static_cast<int32_t>(k_cache.size(2));
   p.num_q_tokens = q.size(0);
 }
 
-std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
-    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
-    const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
-    int64_t window_left, double softcap, const std::optional<at::Tensor>& custom_mask, bool return_lse,
-    const std::optional<at::Tensor>& packed_custom_mask, int64_t fixed_split_size) {
+std::tuple<Tensor, Tensor> paged_prefill_attention(
+    const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
+    const Tensor& cu_seqlens_q, const Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
+    int64_t window_left, double softcap, const std::optional<Tensor>& custom_mask, bool return_lse,
+    const std::optional<Tensor>& packed_custom_mask, int64_t fixed_split_size) {
   const char* op = "paged_prefill_attention";
   validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
                                    custom_mask, packed_custom_mask, false, fixed_split_size);
@@ -145,29 +145,32 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
   if (q.numel() == 0) return {out, lse};
   KernelScope scope(op, q);
   const bool has_mask = custom_mask.has_value() || packed_custom_mask.has_value();
-  at::Tensor mask_offsets;
+  Tensor mask_offsets;
   if (has_mask) {  // prefix sums of q_len^2 (entries, both forms), computed on the device (no sync)
-    const auto q_lens = (cu_seqlens_q.narrow(0, 1, cu_seqlens_q.size(0) - 1) -
-                         cu_seqlens_q.narrow(0, 0, cu_seqlens_q.size(0) - 1)).to(at::kLong);
-    mask_offsets = at::cat({at::zeros({1}, q_lens.options()), (q_lens * q_lens).cumsum(0)});
+    const auto q_lens = to_dtype_of(aten_call("aten::diff", "", cu_seqlens_q, int64_t{1}, int64_t{0},
+                                              std::optional<Tensor>(), std::optional<Tensor>())[0], kLong);
+    const auto entries = aten_call("aten::mul", "Tensor", q_lens, q_lens)[0];
+    mask_offsets = zeros_on(q_lens, {q_lens.size(0) + 1}, kLong);
+    auto tail = slice(mask_offsets, 0, 1, q_lens.size(0));
+    torch::stable::copy_(tail, aten_call("aten::cumsum", "", entries, int64_t{0}, std::optional<ScalarType>(kLong))[0]);
   }
   PrefillAttentionParams p;
   const PrefillOverrides overrides = fixed_split_size > 0 ? prefill_overrides() : PrefillOverrides{};
   fill_common(p, q, out, lse, seq_lens_k.size(0), max_seqlen_q, scale, causal, window_left, softcap);
   fill_paged(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k);
-  at::Tensor tree_scratch;  // tree depths (window) / keys by rank (fixed mode), filled by the launcher
+  Tensor tree_scratch;  // tree depths (window) / keys by rank (fixed mode), filled by the launcher
   if (has_mask) {
-    if (custom_mask.has_value()) p.custom_mask = custom_mask->data_ptr<bool>();
-    if (packed_custom_mask.has_value()) p.packed_custom_mask = packed_custom_mask->data_ptr<uint8_t>();
-    p.mask_offsets = mask_offsets.data_ptr<int64_t>();
+    if (custom_mask.has_value()) p.custom_mask = custom_mask->mutable_data_ptr<bool>();
+    if (packed_custom_mask.has_value()) p.packed_custom_mask = packed_custom_mask->mutable_data_ptr<uint8_t>();
+    p.mask_offsets = mask_offsets.mutable_data_ptr<int64_t>();
     p.fixed_split_size = static_cast<int32_t>(fixed_split_size);
     const int64_t bytes = static_cast<int64_t>(prefill_attention_workspace_size(p));
     if (bytes > 0) {
-      tree_scratch = at::empty({(bytes + 3) / 4}, q.options().dtype(at::kInt));
-      p.tree_depth = tree_scratch.data_ptr<int32_t>();
+      tree_scratch = empty_on(q, {(bytes + 3) / 4}, kInt);
+      p.tree_depth = tree_scratch.mutable_data_ptr<int32_t>();
     }
   }
-  const at::Tensor split_ws = attach_split_workspace(p, q, fixed_split_size, overrides);
+  const Tensor split_ws = attach_split_workspace(p, q, fixed_split_size, overrides);
   check_launch(launch_prefill_attention(p, scope.stream(), overrides), op);
   return {out, lse};
 }
@@ -175,24 +178,28 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill_attention(
 // paged_decode_attention in the deterministic mode: the prefill kernel on q_len = 1 rows (the query
 // is the last of seq_lens[b] keys: causal, bottom-right aligned), so decode and prefill of a row
 // share one arithmetic (attention.h).
-void decode_fixed_split(const char* op, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                        const at::Tensor& block_table, const at::Tensor& seq_lens, double scale, int64_t window_left,
-                        double softcap, int64_t fixed_split_size, at::Tensor& out, at::Tensor& lse,
+void decode_fixed_split(const char* op, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                        const Tensor& block_table, const Tensor& seq_lens, double scale, int64_t window_left,
+                        double softcap, int64_t fixed_split_size, Tensor& out, Tensor& lse,
                         const KernelScope& scope) {
-  const auto cu_seqlens_q = at::arange(q.size(0) + 1, q.options().dtype(at::kInt));
+  // [0, 1, ..., B] on the device without a host copy: the cumulative sum of [0, 1, 1, ..., 1].
+  auto ones = full_on(q, {q.size(0) + 1}, 1.0, kInt);
+  auto first = slice(ones, 0, 0, 1);
+  torch::stable::zero_(first);
+  const auto cu_seqlens_q = aten_call("aten::cumsum", "", ones, int64_t{0}, std::optional<ScalarType>(kInt))[0];
   PrefillAttentionParams p;
   const PrefillOverrides overrides = fixed_split_size > 0 ? prefill_overrides() : PrefillOverrides{};
   fill_common(p, q, out, lse, q.size(0), 1, scale, /*causal=*/true, window_left, softcap);
   fill_paged(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens);
   p.split_parallel = true;  // a CTA per chunk: decode's parallelism over the keys
-  const at::Tensor split_ws = attach_split_workspace(p, q, fixed_split_size, overrides);
+  const Tensor split_ws = attach_split_workspace(p, q, fixed_split_size, overrides);
   check_launch(launch_prefill_attention(p, scope.stream(), overrides), op);
 }
 
-std::tuple<at::Tensor, at::Tensor> paged_decode_attention(
-    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
-    const at::Tensor& seq_lens, double scale, int64_t window_left, double softcap, int64_t num_splits,
-    bool return_lse, const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+std::tuple<Tensor, Tensor> paged_decode_attention(
+    const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
+    const Tensor& seq_lens, double scale, int64_t window_left, double softcap, int64_t num_splits,
+    bool return_lse, const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale,
     int64_t fixed_split_size) {
   const char* op = "paged_decode_attention";
   validate_paged_decode_attention(op, q, k_cache, v_cache, block_table, seq_lens, num_splits, k_scale, v_scale, false,
@@ -213,12 +220,12 @@ std::tuple<at::Tensor, at::Tensor> paged_decode_attention(
   p.k_cache = k_cache.data_ptr();
   p.v_cache = v_cache.data_ptr();
   p.out = out.data_ptr();
-  p.lse = lse.numel() > 0 ? lse.data_ptr<float>() : nullptr;
-  p.block_table = block_table.data_ptr<int32_t>();
+  p.lse = lse.numel() > 0 ? lse.mutable_data_ptr<float>() : nullptr;
+  p.block_table = block_table.mutable_data_ptr<int32_t>();
   p.block_table_stride = block_table.stride(0);
-  p.seq_lens = seq_lens.data_ptr<int32_t>();
-  p.k_scale = k_scale ? k_scale->data_ptr<float>() : nullptr;
-  p.v_scale = v_scale ? v_scale->data_ptr<float>() : nullptr;
+  p.seq_lens = seq_lens.mutable_data_ptr<int32_t>();
+  p.k_scale = k_scale ? k_scale->mutable_data_ptr<float>() : nullptr;
+  p.v_scale = v_scale ? v_scale->mutable_data_ptr<float>() : nullptr;
   p.batch_size = static_cast<int32_t>(q.size(0));
   p.num_q_heads = static_cast<int32_t>(q.size(1));
   p.num_kv_heads = static_cast<int32_t>(k_cache.size(2));
@@ -232,33 +239,33 @@ std::tuple<at::Tensor, at::Tensor> paged_decode_attention(
   p.dtype = to_dtype(q.scalar_type());
   p.cache_dtype = to_dtype(k_cache.scalar_type());
   p.num_splits = num_splits > 0 ? static_cast<int32_t>(num_splits) : decode_attention_num_splits(p, num_sms(q));
-  at::Tensor workspace;
+  Tensor workspace;
   if (p.num_splits > 1) {
-    workspace = at::empty({static_cast<int64_t>(decode_attention_workspace_size(p))}, q.options().dtype(at::kByte));
+    workspace = empty_on(q, {static_cast<int64_t>(decode_attention_workspace_size(p))}, kByte);
     p.workspace = workspace.data_ptr();
   }
   check_launch(launch_decode_attention(p, scope.stream()), op);
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor> merge_attention_states(const at::Tensor& v_a, const at::Tensor& lse_a,
-                                                          const at::Tensor& v_b, const at::Tensor& lse_b) {
+std::tuple<Tensor, Tensor> merge_attention_states(const Tensor& v_a, const Tensor& lse_a,
+                                                          const Tensor& v_b, const Tensor& lse_b) {
   const char* op = "merge_attention_states";
   validate_merge_attention_states(op, v_a, lse_a, v_b, lse_b);
   check_device(v_a, op, "v_a");
   for (const auto& [t, name] : {std::pair{&v_a, "v_a"}, {&lse_a, "lse_a"}, {&v_b, "v_b"}, {&lse_b, "lse_b"}})
     check_contiguous(*t, op, name);
-  auto v = at::empty_like(v_a, at::MemoryFormat::Contiguous);
-  auto lse = at::empty_like(lse_a, at::MemoryFormat::Contiguous);
+  auto v = empty_as(v_a);
+  auto lse = empty_as(lse_a);
   if (v_a.numel() == 0) return {v, lse};
   KernelScope scope(op, v_a);
   MergeAttentionStatesParams p;
   p.v_a = v_a.data_ptr();
-  p.lse_a = lse_a.data_ptr<float>();
+  p.lse_a = lse_a.mutable_data_ptr<float>();
   p.v_b = v_b.data_ptr();
-  p.lse_b = lse_b.data_ptr<float>();
+  p.lse_b = lse_b.mutable_data_ptr<float>();
   p.v_out = v.data_ptr();
-  p.lse_out = lse.data_ptr<float>();
+  p.lse_out = lse.mutable_data_ptr<float>();
   p.num_tokens = v_a.size(0);
   p.num_heads = static_cast<int32_t>(v_a.size(1));
   p.head_dim = static_cast<int32_t>(v_a.size(2));
@@ -267,7 +274,7 @@ std::tuple<at::Tensor, at::Tensor> merge_attention_states(const at::Tensor& v_a,
   return {v, lse};
 }
 
-void move_kv_slots(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& src_slots, const at::Tensor& dst_slots) {
+void move_kv_slots(Tensor& k_cache, Tensor& v_cache, const Tensor& src_slots, const Tensor& dst_slots) {
   const char* op = "move_kv_slots";
   validate_move_kv_slots(op, k_cache, v_cache, src_slots, dst_slots);
   check_device(k_cache, op, "k_cache");
@@ -288,7 +295,7 @@ void move_kv_slots(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& s
   p.slot_type = to_index_type(src_slots.scalar_type());
   p.num_moves = src_slots.size(0);
   p.row_bytes = k_cache.size(2) * k_cache.size(3) * k_cache.element_size();
-  auto workspace = at::empty({static_cast<int64_t>(move_kv_slots_workspace_size(p))}, k_cache.options().dtype(at::kByte));
+  auto workspace = empty_on(k_cache, {static_cast<int64_t>(move_kv_slots_workspace_size(p))}, kByte);
   p.workspace = workspace.data_ptr();
   check_launch(launch_move_kv_slots(p, scope.stream()), op);
 }
@@ -296,11 +303,11 @@ void move_kv_slots(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& s
 }  // namespace
 }  // namespace fastinfer::binding
 
-FASTINFER_LIBRARY_IMPL(FASTINFER_NS, FASTINFER_KERNEL_KEY, m) {
+FASTINFER_LIBRARY_IMPL(FASTINFER_KERNEL_KEY, m) {
   using namespace fastinfer::binding;
-  m.impl("prefill_attention", &prefill_attention);
-  m.impl("paged_prefill_attention", &paged_prefill_attention);
-  m.impl("paged_decode_attention", &paged_decode_attention);
-  m.impl("merge_attention_states", &merge_attention_states);
-  m.impl("move_kv_slots", &move_kv_slots);
+  m.impl("prefill_attention", TORCH_BOX(&prefill_attention));
+  m.impl("paged_prefill_attention", TORCH_BOX(&paged_prefill_attention));
+  m.impl("paged_decode_attention", TORCH_BOX(&paged_decode_attention));
+  m.impl("merge_attention_states", TORCH_BOX(&merge_attention_states));
+  m.impl("move_kv_slots", TORCH_BOX(&move_kv_slots));
 }

@@ -3,15 +3,13 @@
 // kernel_attention_ops.cpp. Built twice:
 //   FASTINFER_KERNEL_BACKEND_CUDA: fastinfer._C, CUDA tensors, the current CUDA stream;
 //   FASTINFER_KERNEL_BACKEND_SIMT: fastinfer._sim, CPU tensors, the kernels run in cpp/simt.
-#include <torch/library.h>
-
 #include "fastinfer/fastinfer.h"
 #include "validate.h"
 
 #if defined(FASTINFER_KERNEL_BACKEND_CUDA)
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <nvtx3/nvToolsExt.h>
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>  // aoti_torch_get_current_cuda_stream (USE_CUDA)
+#include <torch/csrc/stable/accelerator.h>
 #define FASTINFER_KERNEL_KEY CUDA
 #elif defined(FASTINFER_KERNEL_BACKEND_SIMT)
 #define FASTINFER_KERNEL_KEY CPU
@@ -23,14 +21,20 @@ namespace fastinfer::binding {
 
 #if defined(FASTINFER_KERNEL_BACKEND_CUDA)
 inline constexpr const char* kKernelDevice = "a CUDA tensor";
-inline bool on_kernel_device(const at::Tensor& t) { return t.is_cuda(); }
+inline bool on_kernel_device(const Tensor& t) { return t.is_cuda(); }
+
+inline cudaStream_t current_stream(int32_t device_index) {
+  void* stream = nullptr;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(device_index, &stream));
+  return static_cast<cudaStream_t>(stream);
+}
 
 // Device guard + current stream of the op's first tensor, and an NVTX range named after the op
 // when FASTINFER_NVTX=1 (one cached getenv otherwise: free when off).
 class KernelScope {
  public:
-  KernelScope(const char* op, const at::Tensor& anchor)
-      : guard_(anchor.device()), stream_(c10::cuda::getCurrentCUDAStream(anchor.device().index()).stream()) {
+  KernelScope(const char* op, const Tensor& anchor)
+      : guard_(anchor.get_device_index()), stream_(current_stream(anchor.get_device_index())) {
     if (nvtx_enabled()) nvtxRangePushA(op);
   }
   ~KernelScope() {
@@ -46,26 +50,26 @@ class KernelScope {
     }();
     return on;
   }
-  c10::cuda::CUDAGuard guard_;
+  torch::stable::accelerator::DeviceGuard guard_;
   cudaStream_t stream_;
 };
 #else
 inline constexpr const char* kKernelDevice = "a CPU tensor (the sim namespace runs the CUDA kernels on the CPU)";
-inline bool on_kernel_device(const at::Tensor& t) { return t.device().is_cpu(); }
+inline bool on_kernel_device(const Tensor& t) { return t.is_cpu(); }
 
 class KernelScope {
  public:
-  KernelScope(const char*, const at::Tensor&) {}
+  KernelScope(const char*, const Tensor&) {}
   cudaStream_t stream() const { return nullptr; }
 };
 #endif
 
-inline void check_device(const at::Tensor& t, const char* op, const char* name) {
+inline void check_device(const Tensor& t, const char* op, const char* name) {
   FI_CHECK(on_kernel_device(t), op, name, " must be ", kKernelDevice, ", got ", t.device());
 }
 
 // The kernels read operands with 16-byte loads (vectors, cp.async): a view at an odd offset fails.
-inline void check_aligned16(const at::Tensor& t, const char* op, const char* name) {
+inline void check_aligned16(const Tensor& t, const char* op, const char* name) {
   FI_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, name,
            " must start 16-byte aligned (the kernels use 16-byte loads; call .contiguous() or .clone())");
 }
@@ -75,9 +79,9 @@ inline void check_launch(cudaError_t err, const char* op) {
 }
 
 // Multiprocessor count of the tensor's device (132 under simt), cached per device.
-inline int32_t num_sms(const at::Tensor& anchor) {
+inline int32_t num_sms(const Tensor& anchor) {
   static int32_t cached[64] = {};
-  const int dev = anchor.is_cuda() ? anchor.device().index() : 0;
+  const int dev = anchor.is_cuda() ? anchor.get_device_index() : 0;
   if (dev < 0 || dev >= 64) return 1;
   if (cached[dev] == 0) {
     int n = 0;

@@ -6,7 +6,7 @@
 namespace fastinfer::binding {
 namespace {
 
-at::Tensor dense_mm_kernel(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias) {
+Tensor dense_mm_kernel(const Tensor& a, const Tensor& b, const std::optional<Tensor>& bias) {
   const char* op = "dense_mm";
   validate_dense_mm(op, a, b, bias, /*allow_fp32=*/false);
   check_device(a, op, "a");
@@ -14,7 +14,7 @@ at::Tensor dense_mm_kernel(const at::Tensor& a, const at::Tensor& b, const std::
   if (a.numel() > 0) check_aligned16(a, op, "a");
   if (b.numel() > 0) check_aligned16(b, op, "b");
   const int64_t M = a.size(0), N = b.size(0);
-  auto out = at::empty({M, N}, a.options());
+  auto out = empty_on(a, {M, N});
   if (out.numel() == 0) return out;
   KernelScope scope(op, a);
   DenseMmParams p;
@@ -36,7 +36,7 @@ at::Tensor dense_mm_kernel(const at::Tensor& a, const at::Tensor& b, const std::
 }  // namespace
 }  // namespace fastinfer::binding
 
-FASTINFER_LIBRARY_IMPL(FASTINFER_NS, FASTINFER_KERNEL_KEY, m) {
+FASTINFER_LIBRARY_IMPL(FASTINFER_KERNEL_KEY, m) {
   using namespace fastinfer::binding;
-  m.impl("dense_mm", &dense_mm_kernel);
+  m.impl("dense_mm", TORCH_BOX(&dense_mm_kernel));
 }

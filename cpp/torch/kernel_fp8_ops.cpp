@@ -8,24 +8,24 @@
 namespace fastinfer::binding {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor> fp8_quantize(const at::Tensor& x, c10::string_view mode_str, int64_t group_size,
-                                                const std::optional<at::Tensor>& scale) {
+std::tuple<Tensor, Tensor> fp8_quantize(const Tensor& x, std::string_view mode_str, int64_t group_size,
+                                                const std::optional<Tensor>& scale) {
   const char* op = "fp8_quantize";
   const Fp8Mode mode = validate_fp8_quantize(op, x, mode_str, group_size, scale, /*allow_fp32=*/false);
   check_device(x, op, "x");
   check_contiguous(x, op, "x");
   if (x.numel() > 0) check_aligned16(x, op, "x");
-  auto q = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
-  auto s = at::empty_symint(fp8_quantize_scale_shape(x, mode, group_size), x.options().dtype(at::kFloat));
+  auto q = empty_on(x, shape_of(x), kFloat8_e4m3fn);
+  auto s = empty_on(x, fp8_quantize_scale_shape(x, mode, group_size), kFloat);
   if (mode != Fp8Mode::kTensor && x.numel() == 0) {
-    if (s.numel() > 0) s.fill_(1e-12f / 448.0f);  // K == 0: rows with no data get the amax-0 scale
+    if (s.numel() > 0) torch::stable::fill_(s, 1e-12f / 448.0f);  // K == 0: rows with no data get the amax-0 scale
     return {q, s};
   }
   KernelScope scope(op, x);
   Fp8QuantizeParams p;
   p.x = x.data_ptr();
   p.out = q.data_ptr();
-  p.scale = s.data_ptr<float>();
+  p.scale = s.mutable_data_ptr<float>();
   p.rows = x.size(0);
   p.cols = x.size(1);
   p.group_size = static_cast<int32_t>(group_size);
@@ -37,8 +37,8 @@ std::tuple<at::Tensor, at::Tensor> fp8_quantize(const at::Tensor& x, c10::string
   return {q, s};
 }
 
-at::Tensor fp8_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
-                         at::ScalarType out_dtype, const std::optional<at::Tensor>& bias, bool deterministic) {
+Tensor fp8_scaled_mm(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
+                         ScalarType out_dtype, const std::optional<Tensor>& bias, bool deterministic) {
   const char* op = "fp8_scaled_mm";
   const bool blockwise = validate_fp8_scaled_mm(op, a, b, scale_a, scale_b, out_dtype, bias, /*allow_fp32=*/false);
   check_device(a, op, "a");
@@ -46,7 +46,7 @@ at::Tensor fp8_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Ten
   if (a.numel() > 0) check_aligned16(a, op, "a");
   if (b.numel() > 0) check_aligned16(b, op, "b");
   const int64_t M = a.size(0), N = b.size(0);
-  auto out = at::empty({M, N}, a.options().dtype(out_dtype));
+  auto out = empty_on(a, {M, N}, out_dtype);
   if (out.numel() == 0) return out;
   KernelScope scope(op, a);
   auto p = w8a8_mm_params<Fp8ScaledMmParams>(a, b, out, scale_a, scale_b, bias);
@@ -65,8 +65,8 @@ at::Tensor fp8_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Ten
 }  // namespace
 }  // namespace fastinfer::binding
 
-FASTINFER_LIBRARY_IMPL(FASTINFER_NS, FASTINFER_KERNEL_KEY, m) {
+FASTINFER_LIBRARY_IMPL(FASTINFER_KERNEL_KEY, m) {
   using namespace fastinfer::binding;
-  m.impl("fp8_quantize", &fp8_quantize);
-  m.impl("fp8_scaled_mm", &fp8_scaled_mm);
+  m.impl("fp8_quantize", TORCH_BOX(&fp8_quantize));
+  m.impl("fp8_scaled_mm", TORCH_BOX(&fp8_scaled_mm));
 }

@@ -8,27 +8,27 @@
 namespace fastinfer::binding {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_quantize(const at::Tensor& x, c10::string_view mode_str,
-                                                             const std::optional<at::Tensor>& scale, bool symmetric) {
+std::tuple<Tensor, Tensor, Tensor> int8_quantize(const Tensor& x, std::string_view mode_str,
+                                                             const std::optional<Tensor>& scale, bool symmetric) {
   const char* op = "int8_quantize";
   const Int8Mode mode = validate_int8_quantize(op, x, mode_str, scale, symmetric, /*allow_fp32=*/false);
   check_device(x, op, "x");
   check_contiguous(x, op, "x");
   if (x.numel() > 0) check_aligned16(x, op, "x");
-  auto q = at::empty(x.sizes(), x.options().dtype(at::kChar));
-  auto s = at::empty_symint(int8_quantize_scale_shape(x, mode), x.options().dtype(at::kFloat));
-  auto azp = at::empty({symmetric ? 0 : x.size(0)}, x.options().dtype(at::kInt));
+  auto q = empty_on(x, shape_of(x), kChar);
+  auto s = empty_on(x, int8_quantize_scale_shape(x, mode), kFloat);
+  auto azp = empty_on(x, {symmetric ? 0 : x.size(0)}, kInt);
   if (mode == Int8Mode::kToken && x.numel() == 0) {
-    if (s.numel() > 0) s.fill_(1e-12f / (symmetric ? 127.0f : 255.0f));  // K == 0: the range-0 scale
-    if (azp.numel() > 0) azp.fill_(-128);
+    if (s.numel() > 0) torch::stable::fill_(s, 1e-12f / (symmetric ? 127.0f : 255.0f));  // K == 0: the range-0 scale
+    if (azp.numel() > 0) torch::stable::fill_(azp, -128);
     return {q, s, azp};
   }
   KernelScope scope(op, x);
   Int8QuantizeParams p;
   p.x = x.data_ptr();
   p.out = q.data_ptr();
-  p.scale = s.data_ptr<float>();
-  p.azp = symmetric ? nullptr : azp.data_ptr<int32_t>();
+  p.scale = s.mutable_data_ptr<float>();
+  p.azp = symmetric ? nullptr : azp.mutable_data_ptr<int32_t>();
   p.rows = x.size(0);
   p.cols = x.size(1);
   p.mode = mode == Int8Mode::kTensor ? Int8QuantMode::kTensor : Int8QuantMode::kToken;
@@ -39,9 +39,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_quantize(const at::Tensor& x
   return {q, s, azp};
 }
 
-at::Tensor int8_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
-                          at::ScalarType out_dtype, const std::optional<at::Tensor>& bias,
-                          const std::optional<at::Tensor>& azp_adj, const std::optional<at::Tensor>& azp,
+Tensor int8_scaled_mm(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
+                          ScalarType out_dtype, const std::optional<Tensor>& bias,
+                          const std::optional<Tensor>& azp_adj, const std::optional<Tensor>& azp,
                           bool deterministic) {
   const char* op = "int8_scaled_mm";
   validate_int8_scaled_mm(op, a, b, scale_a, scale_b, out_dtype, bias, azp_adj, azp, /*allow_fp32=*/false);
@@ -50,12 +50,12 @@ at::Tensor int8_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Te
   if (a.numel() > 0) check_aligned16(a, op, "a");
   if (b.numel() > 0) check_aligned16(b, op, "b");
   const int64_t M = a.size(0), N = b.size(0);
-  auto out = at::empty({M, N}, a.options().dtype(out_dtype));
+  auto out = empty_on(a, {M, N}, out_dtype);
   if (out.numel() == 0) return out;
   KernelScope scope(op, a);
   auto p = w8a8_mm_params<Int8ScaledMmParams>(a, b, out, scale_a, scale_b, bias);
-  p.azp = azp.has_value() ? azp->data_ptr<int32_t>() : nullptr;
-  p.azp_adj = azp_adj.has_value() ? azp_adj->data_ptr<int32_t>() : nullptr;
+  p.azp = azp.has_value() ? azp->mutable_data_ptr<int32_t>() : nullptr;
+  p.azp_adj = azp_adj.has_value() ? azp_adj->mutable_data_ptr<int32_t>() : nullptr;
   p.scale_a_per_row = scale_a.size(0) == M && M > 1;
   p.scale_b_per_col = scale_b.size(0) == N;
   p.azp_per_row = azp.has_value() && azp->size(0) == M && M > 1;
@@ -70,8 +70,8 @@ at::Tensor int8_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Te
 }  // namespace
 }  // namespace fastinfer::binding
 
-FASTINFER_LIBRARY_IMPL(FASTINFER_NS, FASTINFER_KERNEL_KEY, m) {
+FASTINFER_LIBRARY_IMPL(FASTINFER_KERNEL_KEY, m) {
   using namespace fastinfer::binding;
-  m.impl("int8_quantize", &int8_quantize);
-  m.impl("int8_scaled_mm", &int8_scaled_mm);
+  m.impl("int8_quantize", TORCH_BOX(&int8_quantize));
+  m.impl("int8_scaled_mm", TORCH_BOX(&int8_scaled_mm));
 }

@@ -8,7 +8,7 @@ namespace fastinfer::binding {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-void rms_norm_out_impl(const char* op, at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
+void rms_norm_out_impl(const char* op, Tensor& out, const Tensor& x, const Tensor& weight, double eps) {
   check_device(x, op, "x");
   check_rms_norm_layout(op, x, weight, &out, "out");
   KernelScope scope(op, x);
@@ -26,20 +26,20 @@ void rms_norm_out_impl(const char* op, at::Tensor& out, const at::Tensor& x, con
   check_launch(launch_rms_norm(p, scope.stream()), op);
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   validate_rms_norm("rms_norm", x, weight, eps, false);
-  auto out = at::empty_like(x, at::MemoryFormat::Contiguous);
+  auto out = empty_as(x);
   rms_norm_out_impl("rms_norm", out, x, weight, eps);
   return out;
 }
 
-void rms_norm_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
+void rms_norm_out(Tensor& out, const Tensor& x, const Tensor& weight, double eps) {
   validate_rms_norm("rms_norm_out", x, weight, eps, false);
   validate_like("rms_norm_out", out, "out", x, "x");
   rms_norm_out_impl("rms_norm_out", out, x, weight, eps);
 }
 
-void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
+void fused_add_rms_norm(Tensor& x, Tensor& residual, const Tensor& weight, double eps) {
   const char* op = "fused_add_rms_norm";
   validate_rms_norm(op, x, weight, eps, false);
   validate_like(op, residual, "residual", x, "x");
@@ -61,7 +61,7 @@ void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& w
 }
 
 // ---------------------------------------------------------------------------------------------
-void silu_and_mul_impl(const char* op, at::Tensor& out, const at::Tensor& x) {
+void silu_and_mul_impl(const char* op, Tensor& out, const Tensor& x) {
   check_device(x, op, "x");
   check_silu_and_mul_layout(op, x, &out);
   if (out.numel() == 0) return;
@@ -77,21 +77,21 @@ void silu_and_mul_impl(const char* op, at::Tensor& out, const at::Tensor& x) {
   check_launch(launch_silu_and_mul(p, scope.stream()), op);
 }
 
-at::Tensor silu_and_mul(const at::Tensor& x) {
+Tensor silu_and_mul(const Tensor& x) {
   validate_silu_and_mul("silu_and_mul", x, false);
-  auto out = at::empty_symint(silu_and_mul_out_shape(x), x.options());
+  auto out = empty_on(x, silu_and_mul_out_shape(x));
   silu_and_mul_impl("silu_and_mul", out, x);
   return out;
 }
 
-void silu_and_mul_out(at::Tensor& out, const at::Tensor& x) {
+void silu_and_mul_out(Tensor& out, const Tensor& x) {
   const char* op = "silu_and_mul_out";
   validate_silu_and_mul_out(op, out, x, false);
   silu_and_mul_impl(op, out, x);
 }
 
 // ---------------------------------------------------------------------------------------------
-void rotary_embedding(const at::Tensor& positions, at::Tensor& q, at::Tensor& k, const at::Tensor& cos_sin_cache,
+void rotary_embedding(const Tensor& positions, Tensor& q, Tensor& k, const Tensor& cos_sin_cache,
                       bool is_neox) {
   const char* op = "rotary_embedding";
   validate_rotary_embedding(op, positions, q, k, cos_sin_cache, false);
@@ -121,9 +121,9 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& q, at::Tensor& k,
 }
 
 // ---------------------------------------------------------------------------------------------
-void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
-                       const at::Tensor& slot_mapping, const std::optional<at::Tensor>& k_scale,
-                       const std::optional<at::Tensor>& v_scale) {
+void reshape_and_cache(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
+                       const Tensor& slot_mapping, const std::optional<Tensor>& k_scale,
+                       const std::optional<Tensor>& v_scale) {
   const char* op = "reshape_and_cache";
   validate_reshape_and_cache(op, k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, false);
   check_device(k, op, "k");
@@ -139,8 +139,8 @@ void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_c
   p.v_cache = v_cache.data_ptr();
   p.slot_mapping = slot_mapping.data_ptr();
   p.slot_type = to_index_type(slot_mapping.scalar_type());
-  p.k_scale = k_scale ? k_scale->data_ptr<float>() : nullptr;
-  p.v_scale = v_scale ? v_scale->data_ptr<float>() : nullptr;
+  p.k_scale = k_scale ? k_scale->mutable_data_ptr<float>() : nullptr;
+  p.v_scale = v_scale ? v_scale->mutable_data_ptr<float>() : nullptr;
   p.num_tokens = k.size(0);
   p.num_kv_heads = k.size(1);
   p.head_dim = k.size(2);
@@ -155,13 +155,13 @@ void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_c
 }  // namespace
 }  // namespace fastinfer::binding
 
-FASTINFER_LIBRARY_IMPL(FASTINFER_NS, FASTINFER_KERNEL_KEY, m) {
+FASTINFER_LIBRARY_IMPL(FASTINFER_KERNEL_KEY, m) {
   using namespace fastinfer::binding;
-  m.impl("rms_norm", &rms_norm);
-  m.impl("rms_norm_out", &rms_norm_out);
-  m.impl("fused_add_rms_norm", &fused_add_rms_norm);
-  m.impl("silu_and_mul", &silu_and_mul);
-  m.impl("silu_and_mul_out", &silu_and_mul_out);
-  m.impl("rotary_embedding", &rotary_embedding);
-  m.impl("reshape_and_cache", &reshape_and_cache);
+  m.impl("rms_norm", TORCH_BOX(&rms_norm));
+  m.impl("rms_norm_out", TORCH_BOX(&rms_norm_out));
+  m.impl("fused_add_rms_norm", TORCH_BOX(&fused_add_rms_norm));
+  m.impl("silu_and_mul", TORCH_BOX(&silu_and_mul));
+  m.impl("silu_and_mul_out", TORCH_BOX(&silu_and_mul_out));
+  m.impl("rotary_embedding", TORCH_BOX(&rotary_embedding));
+  m.impl("reshape_and_cache", TORCH_BOX(&reshape_and_cache));
 }

@@ -7,10 +7,10 @@
 namespace fastinfer::binding {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify(const at::Tensor& draft_tokens, const at::Tensor& parents,
-                                                           const at::Tensor& target_logits,
-                                                           const std::optional<at::Tensor>& draft_probs,
-                                                           const at::Tensor& temperature, const at::Tensor& uniforms,
+std::tuple<Tensor, Tensor, Tensor> tree_verify(const Tensor& draft_tokens, const Tensor& parents,
+                                                           const Tensor& target_logits,
+                                                           const std::optional<Tensor>& draft_probs,
+                                                           const Tensor& temperature, const Tensor& uniforms,
                                                            bool greedy) {
   const char* op = "tree_verify";
   validate_tree_verify(op, draft_tokens, parents, target_logits, draft_probs, temperature, uniforms);
@@ -19,18 +19,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify(const at::Tensor& dra
   const int64_t B = draft_tokens.size(0), N = draft_tokens.size(1), V = target_logits.size(2);
   check_tree_verify_values(op, draft_tokens, parents, V, temperature, uniforms, greedy);
   FI_CHECK(B <= 0x7fffffff, op, "draft_tokens must have batch < 2^31, got ", B);
-  auto accepted = at::empty({B, N}, draft_tokens.options());
-  auto num = at::empty({B}, draft_tokens.options());
-  auto next = at::empty({B}, draft_tokens.options());
+  auto accepted = empty_on(draft_tokens, {B, N});
+  auto num = empty_on(draft_tokens, {B});
+  auto next = empty_on(draft_tokens, {B});
   if (B == 0) return {accepted, num, next};
   KernelScope scope(op, draft_tokens);
   TreeVerifyParams p;
   p.draft_tokens = draft_tokens.data_ptr();
   p.parents = parents.data_ptr();
   p.target_logits = target_logits.data_ptr();
-  p.draft_probs = draft_probs.has_value() ? draft_probs->data_ptr<float>() : nullptr;
-  p.temperature = temperature.data_ptr<float>();
-  p.uniforms = uniforms.data_ptr<float>();
+  p.draft_probs = draft_probs.has_value() ? draft_probs->mutable_data_ptr<float>() : nullptr;
+  p.temperature = temperature.mutable_data_ptr<float>();
+  p.uniforms = uniforms.mutable_data_ptr<float>();
   p.accepted_nodes = accepted.data_ptr();
   p.num_accepted = num.data_ptr();
   p.next_token = next.data_ptr();
@@ -40,11 +40,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify(const at::Tensor& dra
   p.greedy = greedy;
   p.logits_dtype = to_dtype(target_logits.scalar_type());
   p.index_type = to_index_type(draft_tokens.scalar_type());
-  at::Tensor workspace;
+  Tensor workspace;
   const size_t ws = tree_verify_workspace_size(p);
   if (ws > 0) {
-    workspace = at::empty({static_cast<int64_t>(ws / sizeof(float))}, target_logits.options().dtype(at::kFloat));
-    p.workspace = workspace.data_ptr<float>();
+    workspace = empty_on(target_logits, {static_cast<int64_t>(ws / sizeof(float))}, kFloat);
+    p.workspace = workspace.mutable_data_ptr<float>();
   }
   check_launch(launch_tree_verify(p, scope.stream()), op);
   return {accepted, num, next};
@@ -53,6 +53,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_verify(const at::Tensor& dra
 }  // namespace
 }  // namespace fastinfer::binding
 
-FASTINFER_LIBRARY_IMPL(FASTINFER_NS, FASTINFER_KERNEL_KEY, m) {
-  m.impl("tree_verify", &fastinfer::binding::tree_verify);
+FASTINFER_LIBRARY_IMPL(FASTINFER_KERNEL_KEY, m) {
+  m.impl("tree_verify", TORCH_BOX(&fastinfer::binding::tree_verify));
 }

@@ -1,14 +1,13 @@
-// The Python module object of fastinfer._C / fastinfer._sim. The ops register themselves with
-// torch's dispatcher from static initialisers (TORCH_LIBRARY); importing the module loads them.
+// The Python module object of fastinfer._C / fastinfer._sim / fastinfer._simprof. The ops register
+// their schemas and kernels with torch's dispatcher from static initialisers (common.h,
+// FASTINFER_LIBRARY) when the library loads; the module's init then registers their fake impls
+// (fastinfer/_fake.py: the stable ABI has no symbolic shapes, so those are Python).
 #include <Python.h>
 
-#define FASTINFER_STR2(x) #x
-#define FASTINFER_STR(x) FASTINFER_STR2(x)
-#define FASTINFER_CAT2(a, b) a##b
-#define FASTINFER_CAT(a, b) FASTINFER_CAT2(a, b)
+#include "common.h"
 
 // The op namespace of this module (the sim bindings, compiled once for fastinfer._sim and
-// fastinfer._simprof, register under it: common.h, FASTINFER_RUNTIME_NS).
+// fastinfer._simprof, register under it: common.h).
 namespace fastinfer::binding {
 const char* library_namespace() { return FASTINFER_STR(FASTINFER_NS); }
 }  // namespace fastinfer::binding
@@ -21,5 +20,15 @@ extern "C" PyMODINIT_FUNC FASTINFER_CAT(PyInit_, FASTINFER_MODULE_NAME)(void) {
       -1,
       nullptr,
   };
-  return PyModule_Create(&module);
+  PyObject* m = PyModule_Create(&module);
+  if (m == nullptr) return nullptr;
+  PyObject* fakes = PyImport_ImportModule("fastinfer._fake");
+  PyObject* done = fakes != nullptr ? PyObject_CallMethod(fakes, "register", "s", FASTINFER_STR(FASTINFER_NS)) : nullptr;
+  Py_XDECREF(fakes);
+  if (done == nullptr) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  Py_DECREF(done);
+  return m;
 }

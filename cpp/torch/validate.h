@@ -1,125 +1,124 @@
 #pragma once
-// Shape, dtype and same-device rules of each op, written with symbolic sizes so that the Meta
-// (fake) kernels, the CPU impls and the CUDA/sim impls all enforce exactly the same contract.
-// Layout (strides) and index-range checks need real tensors: the check_*_layout functions below
-// and check_index_range are called by the CPU and CUDA impls only.
+// Shape, dtype and same-device rules of each op, shared by the CPU and the CUDA/sim impls so that
+// both enforce exactly the same contract (the fake impls, python/fastinfer/ops/_fake.py, only
+// compute output shapes). Layout (strides) and index-range checks: the check_*_layout functions
+// below and check_index_range.
 #include <cmath>
 
 #include "common.h"
 
 namespace fastinfer::binding {
 
-inline void check_activation_dtype(const at::Tensor& t, bool allow_fp32, const char* op, const char* name) {
+inline void check_activation_dtype(const Tensor& t, bool allow_fp32, const char* op, const char* name) {
   if (allow_fp32)
-    check_dtype_in(t, {at::kHalf, at::kBFloat16, at::kFloat}, op, name);
+    check_dtype_in(t, {kHalf, kBFloat16, kFloat}, op, name);
   else
-    check_dtype_in(t, {at::kHalf, at::kBFloat16}, op, name);
+    check_dtype_in(t, {kHalf, kBFloat16}, op, name);
 }
 
-inline void validate_rms_norm(const char* op, const at::Tensor& x, const at::Tensor& weight, double eps,
+inline void validate_rms_norm(const char* op, const Tensor& x, const Tensor& weight, double eps,
                               bool allow_fp32) {
   FI_CHECK(x.dim() >= 1, op, "x must have shape [..., hidden], got a 0-D tensor");
   check_activation_dtype(x, allow_fp32, op, "x");
   check_dim(weight, 1, op, "weight", "[hidden]");
   check_same_dtype(weight, x, op, "weight", "x");
   check_same_device(weight, x, op, "weight", "x");
-  FI_CHECK(weight.sym_size(0) == x.sym_size(-1), op, "weight must have shape [hidden] = [", x.sym_size(-1),
+  FI_CHECK(weight.size(0) == x.size(-1), op, "weight must have shape [hidden] = [", x.size(-1),
                "] (the last dim of x), got ", shape_str(weight));
   FI_CHECK(std::isfinite(eps) && eps >= 0, op, "eps must be a finite number >= 0, got ", eps);
 }
 
-inline void validate_same_shape(const char* op, const at::Tensor& t, const char* name, const at::Tensor& ref,
+inline void validate_same_shape(const char* op, const Tensor& t, const char* name, const Tensor& ref,
                                 const char* ref_name) {
-  FI_CHECK(t.sym_sizes() == ref.sym_sizes(), op, name, " must have the shape of ", ref_name, " ",
+  FI_CHECK(shape_of(t) == shape_of(ref), op, name, " must have the shape of ", ref_name, " ",
                shape_str(ref), ", got ", shape_str(t));
 }
 
 // Same shape, dtype and device as ref (an out= buffer, the residual stream).
-inline void validate_like(const char* op, const at::Tensor& t, const char* name, const at::Tensor& ref,
+inline void validate_like(const char* op, const Tensor& t, const char* name, const Tensor& ref,
                           const char* ref_name) {
   validate_same_shape(op, t, name, ref, ref_name);
   check_same_dtype(t, ref, op, name, ref_name);
   check_same_device(t, ref, op, name, ref_name);
 }
 
-inline void validate_silu_and_mul(const char* op, const at::Tensor& x, bool allow_fp32) {
+inline void validate_silu_and_mul(const char* op, const Tensor& x, bool allow_fp32) {
   FI_CHECK(x.dim() >= 1, op, "x must have shape [..., 2 * F], got a 0-D tensor");
   check_activation_dtype(x, allow_fp32, op, "x");
-  FI_CHECK(x.sym_size(-1) % 2 == 0, op, "x must have an even last dim [..., 2 * F] (gate then up), got ",
+  FI_CHECK(x.size(-1) % 2 == 0, op, "x must have an even last dim [..., 2 * F] (gate then up), got ",
                shape_str(x));
 }
 
-inline std::vector<c10::SymInt> silu_and_mul_out_shape(const at::Tensor& x) {
-  auto shape = x.sym_sizes().vec();
+inline Shape silu_and_mul_out_shape(const Tensor& x) {
+  auto shape = shape_of(x);
   shape.back() = shape.back() / 2;
   return shape;
 }
 
-inline void validate_silu_and_mul_out(const char* op, const at::Tensor& out, const at::Tensor& x, bool allow_fp32) {
+inline void validate_silu_and_mul_out(const char* op, const Tensor& out, const Tensor& x, bool allow_fp32) {
   validate_silu_and_mul(op, x, allow_fp32);
   const auto shape = silu_and_mul_out_shape(x);
-  FI_CHECK(out.sym_sizes() == c10::SymIntArrayRef(shape), op, "out must have shape [..., F] = ",
-           c10::SymIntArrayRef(shape), ", got ", shape_str(out));
+  FI_CHECK(shape_of(out) == shape, op, "out must have shape [..., F] = ", shape, ", got ", shape_str(out));
   check_same_dtype(out, x, op, "out", "x");
   check_same_device(out, x, op, "out", "x");
 }
 
-inline void validate_rotary_embedding(const char* op, const at::Tensor& positions, const at::Tensor& q,
-                                      const at::Tensor& k, const at::Tensor& cos_sin_cache, bool allow_fp32) {
+inline void validate_rotary_embedding(const char* op, const Tensor& positions, const Tensor& q,
+                                      const Tensor& k, const Tensor& cos_sin_cache, bool allow_fp32) {
   check_dim(positions, 1, op, "positions", "[num_tokens]");
-  check_dtype_in(positions, {at::kInt, at::kLong}, op, "positions");
+  check_dtype_in(positions, {kInt, kLong}, op, "positions");
   check_dim(q, 3, op, "q", "[num_tokens, num_q_heads, head_dim]");
   check_dim(k, 3, op, "k", "[num_tokens, num_kv_heads, head_dim]");
   check_activation_dtype(q, allow_fp32, op, "q");
   check_same_dtype(k, q, op, "k", "q");
   for (const auto& [t, name] : {std::pair{&positions, "positions"}, {&k, "k"}, {&cos_sin_cache, "cos_sin_cache"}})
     check_same_device(*t, q, op, name, "q");
-  FI_CHECK(q.sym_size(0) == positions.sym_size(0), op, "q must have num_tokens = positions.size(0) = ",
-               positions.sym_size(0), " rows, got shape ", shape_str(q));
-  FI_CHECK(k.sym_size(0) == positions.sym_size(0), op, "k must have num_tokens = positions.size(0) = ",
-               positions.sym_size(0), " rows, got shape ", shape_str(k));
-  FI_CHECK(k.sym_size(2) == q.sym_size(2), op, "k must have the head_dim of q (", q.sym_size(2), "), got shape ",
+  FI_CHECK(q.size(0) == positions.size(0), op, "q must have num_tokens = positions.size(0) = ",
+               positions.size(0), " rows, got shape ", shape_str(q));
+  FI_CHECK(k.size(0) == positions.size(0), op, "k must have num_tokens = positions.size(0) = ",
+               positions.size(0), " rows, got shape ", shape_str(k));
+  FI_CHECK(k.size(2) == q.size(2), op, "k must have the head_dim of q (", q.size(2), "), got shape ",
                shape_str(k));
   check_dim(cos_sin_cache, 2, op, "cos_sin_cache", "[max_position, rotary_dim]");
-  FI_CHECK(cos_sin_cache.scalar_type() == at::kFloat || cos_sin_cache.scalar_type() == q.scalar_type(), op,
+  FI_CHECK(cos_sin_cache.scalar_type() == kFloat || cos_sin_cache.scalar_type() == q.scalar_type(), op,
            "cos_sin_cache must be float32 or the dtype of q (", q.scalar_type(), "), got ",
            cos_sin_cache.scalar_type());
-  const auto rot = cos_sin_cache.sym_size(1);
-  FI_CHECK(rot % 2 == 0 && rot > 0 && rot <= q.sym_size(2), op,
-               "cos_sin_cache must have an even rotary_dim in [2, head_dim = ", q.sym_size(2),
+  const auto rot = cos_sin_cache.size(1);
+  FI_CHECK(rot % 2 == 0 && rot > 0 && rot <= q.size(2), op,
+               "cos_sin_cache must have an even rotary_dim in [2, head_dim = ", q.size(2),
                "] as its last dim (cat(cos, sin)), got shape ", shape_str(cos_sin_cache));
 }
 
-inline void validate_reshape_and_cache(const char* op, const at::Tensor& k, const at::Tensor& v,
-                                       const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                       const at::Tensor& slot_mapping, const std::optional<at::Tensor>& k_scale,
-                                       const std::optional<at::Tensor>& v_scale, bool allow_fp32) {
+inline void validate_reshape_and_cache(const char* op, const Tensor& k, const Tensor& v,
+                                       const Tensor& k_cache, const Tensor& v_cache,
+                                       const Tensor& slot_mapping, const std::optional<Tensor>& k_scale,
+                                       const std::optional<Tensor>& v_scale, bool allow_fp32) {
   check_dim(k, 3, op, "k", "[num_tokens, num_kv_heads, head_dim]");
   check_activation_dtype(k, allow_fp32, op, "k");
   validate_like(op, v, "v", k, "k");
   for (const auto& [t, name] : {std::pair{&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&slot_mapping, "slot_mapping"}})
     check_same_device(*t, k, op, name, "k");
   check_dim(k_cache, 4, op, "k_cache", "[num_blocks, block_size, num_kv_heads, head_dim]");
-  FI_CHECK(k_cache.sym_size(2) == k.sym_size(1) && k_cache.sym_size(3) == k.sym_size(2), op,
-               "k_cache must have shape [num_blocks, block_size, ", k.sym_size(1), ", ", k.sym_size(2),
+  FI_CHECK(k_cache.size(2) == k.size(1) && k_cache.size(3) == k.size(2), op,
+               "k_cache must have shape [num_blocks, block_size, ", k.size(1), ", ", k.size(2),
                "] to match k, got ", shape_str(k_cache));
   validate_same_shape(op, v_cache, "v_cache", k_cache, "k_cache");
-  const bool fp8 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
+  const bool fp8 = k_cache.scalar_type() == kFloat8_e4m3fn;
   FI_CHECK(fp8 || k_cache.scalar_type() == k.scalar_type(), op, "k_cache must have the dtype of k (",
            k.scalar_type(), ") or float8_e4m3fn, got ", k_cache.scalar_type());
   check_same_dtype(v_cache, k_cache, op, "v_cache", "k_cache");
   check_dim(slot_mapping, 1, op, "slot_mapping", "[num_tokens]");
-  check_dtype_in(slot_mapping, {at::kInt, at::kLong}, op, "slot_mapping");
-  FI_CHECK(slot_mapping.sym_size(0) == k.sym_size(0), op, "slot_mapping must have num_tokens = ",
-               k.sym_size(0), " entries (k.size(0)), got ", shape_str(slot_mapping));
-  const std::pair<const std::optional<at::Tensor>*, const char*> scales[] = {{&k_scale, "k_scale"},
+  check_dtype_in(slot_mapping, {kInt, kLong}, op, "slot_mapping");
+  FI_CHECK(slot_mapping.size(0) == k.size(0), op, "slot_mapping must have num_tokens = ",
+               k.size(0), " entries (k.size(0)), got ", shape_str(slot_mapping));
+  const std::pair<const std::optional<Tensor>*, const char*> scales[] = {{&k_scale, "k_scale"},
                                                                              {&v_scale, "v_scale"}};
   for (const auto& [scale, name] : scales) {
     if (fp8) {
       FI_CHECK(scale->has_value(), op, name, " is required with a float8_e4m3fn cache (a float32 tensor with 1 element)");
-      FI_CHECK((*scale)->scalar_type() == at::kFloat, op, name, " must be float32, got ", (*scale)->scalar_type());
+      FI_CHECK((*scale)->scalar_type() == kFloat, op, name, " must be float32, got ", (*scale)->scalar_type());
       check_same_device(**scale, k, op, name, "k");
-      FI_CHECK((*scale)->sym_numel() == 1, op, name, " must have exactly 1 element (a per-layer scale), got shape ",
+      FI_CHECK((*scale)->numel() == 1, op, name, " must have exactly 1 element (a per-layer scale), got shape ",
                    shape_str(**scale));
     } else {
       FI_CHECK(!scale->has_value(), op, name, " must be None unless the cache is float8_e4m3fn (cache dtype is ",
@@ -131,29 +130,29 @@ inline void validate_reshape_and_cache(const char* op, const at::Tensor& k, cons
 // Layout rules (need real strides, so not part of the Meta checks): identical for the CPU and
 // CUDA impls, so code developed against one runs unchanged on the other.
 // `other`: out of rms_norm_out or residual of fused_add_rms_norm (named by other_name).
-inline void check_rms_norm_layout(const char* op, const at::Tensor& x, const at::Tensor& weight,
-                                  const at::Tensor* other, const char* other_name) {
+inline void check_rms_norm_layout(const char* op, const Tensor& x, const Tensor& weight,
+                                  const Tensor* other, const char* other_name) {
   check_contiguous(x, op, "x");
   check_contiguous(weight, op, "weight");
   if (other != nullptr) check_contiguous(*other, op, other_name);
 }
 
-inline void check_silu_and_mul_layout(const char* op, const at::Tensor& x, const at::Tensor* out) {
+inline void check_silu_and_mul_layout(const char* op, const Tensor& x, const Tensor* out) {
   check_contiguous(x, op, "x");
   if (out != nullptr) check_contiguous(*out, op, "out");
 }
 
-inline void check_rotary_embedding_layout(const char* op, const at::Tensor& positions, const at::Tensor& q,
-                                          const at::Tensor& k, const at::Tensor& cos_sin_cache) {
+inline void check_rotary_embedding_layout(const char* op, const Tensor& positions, const Tensor& q,
+                                          const Tensor& k, const Tensor& cos_sin_cache) {
   check_contiguous(positions, op, "positions");
   check_contiguous(cos_sin_cache, op, "cos_sin_cache");
   check_packed_heads(q, op, "q");
   check_packed_heads(k, op, "k");
 }
 
-inline void check_reshape_and_cache_layout(const char* op, const at::Tensor& k, const at::Tensor& v,
-                                           const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                           const at::Tensor& slot_mapping) {
+inline void check_reshape_and_cache_layout(const char* op, const Tensor& k, const Tensor& v,
+                                           const Tensor& k_cache, const Tensor& v_cache,
+                                           const Tensor& slot_mapping) {
   check_packed_heads(k, op, "k");
   check_packed_heads(v, op, "v");
   check_contiguous(k_cache, op, "k_cache");

@@ -1,5 +1,5 @@
 #pragma once
-// Shape/dtype/device rules of the attention ops (symbolic, shared by Meta, CPU and CUDA impls)
+// Shape/dtype/device rules of the attention ops (shared by the CPU and CUDA impls)
 // and the host-side value checks of their index tensors (cu_seqlens, seq_lens, block ids, mask
 // sizes), which run on CPU tensors always and on CUDA tensors when FASTINFER_CHECK_INDICES=1.
 #include "validate.h"
@@ -9,25 +9,25 @@ namespace fastinfer::binding {
 inline bool is_pow2(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 
 // q [T, Hq, D] and a [*, Hkv, D] K or V source (a ragged tensor or a paged cache).
-inline void validate_attention_q(const char* op, const at::Tensor& q, bool allow_fp32) {
+inline void validate_attention_q(const char* op, const Tensor& q, bool allow_fp32) {
   check_dim(q, 3, op, "q", "[num_tokens, num_q_heads, head_dim]");
   check_activation_dtype(q, allow_fp32, op, "q");
-  const auto d = q.sym_size(2);
+  const auto d = q.size(2);
   FI_CHECK(d == 64 || d == 128 || d == 256, op, "q must have head_dim 64, 128 or 256, got shape ", shape_str(q));
 }
 
-inline void validate_kv_heads(const char* op, const at::Tensor& q, const c10::SymInt& num_kv_heads,
-                              const c10::SymInt& head_dim, const char* name, const at::Tensor& t) {
-  FI_CHECK(head_dim == q.sym_size(2), op, name, " must have head_dim ", q.sym_size(2), " (that of q), got shape ",
+inline void validate_kv_heads(const char* op, const Tensor& q, const int64_t& num_kv_heads,
+                              const int64_t& head_dim, const char* name, const Tensor& t) {
+  FI_CHECK(head_dim == q.size(2), op, name, " must have head_dim ", q.size(2), " (that of q), got shape ",
            shape_str(t));
-  FI_CHECK(num_kv_heads > 0 && q.sym_size(1) % num_kv_heads == 0, op, "num_q_heads (", q.sym_size(1),
+  FI_CHECK(num_kv_heads > 0 && q.size(1) % num_kv_heads == 0, op, "num_q_heads (", q.size(1),
            ") must be a multiple of num_kv_heads (", num_kv_heads, ") of ", name, ", got shape ", shape_str(t));
 }
 
-inline void validate_index_vector(const char* op, const at::Tensor& t, const char* name, const char* layout,
-                                  const at::Tensor& anchor) {
+inline void validate_index_vector(const char* op, const Tensor& t, const char* name, const char* layout,
+                                  const Tensor& anchor) {
   check_dim(t, 1, op, name, layout);
-  FI_CHECK(t.scalar_type() == at::kInt, op, name, " must be int32, got ", t.scalar_type());
+  FI_CHECK(t.scalar_type() == kInt, op, name, " must be int32, got ", t.scalar_type());
   check_same_device(t, anchor, op, name, "q");
 }
 
@@ -41,101 +41,101 @@ inline void validate_fixed_split_size(const char* op, int64_t fixed_split_size) 
            kFixedSplitTile, " (the kernels' key tile, at most 2^30) for the deterministic mode, got ", fixed_split_size);
 }
 
-inline void validate_prefill_attention(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                       const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+inline void validate_prefill_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                                        int64_t max_seqlen_q, bool allow_fp32, int64_t fixed_split_size) {
   validate_attention_q(op, q, allow_fp32);
   check_dim(k, 3, op, "k", "[num_key_tokens, num_kv_heads, head_dim]");
-  validate_kv_heads(op, q, k.sym_size(1), k.sym_size(2), "k", k);
+  validate_kv_heads(op, q, k.size(1), k.size(2), "k", k);
   validate_like(op, v, "v", k, "k");
   check_same_dtype(k, q, op, "k", "q");
   check_same_device(k, q, op, "k", "q");
   validate_index_vector(op, cu_seqlens_q, "cu_seqlens_q", "[batch + 1]", q);
   validate_index_vector(op, cu_seqlens_k, "cu_seqlens_k", "[batch + 1]", q);
-  FI_CHECK(cu_seqlens_q.sym_size(0) == cu_seqlens_k.sym_size(0) && cu_seqlens_q.sym_size(0) >= 1, op,
+  FI_CHECK(cu_seqlens_q.size(0) == cu_seqlens_k.size(0) && cu_seqlens_q.size(0) >= 1, op,
            "cu_seqlens_q and cu_seqlens_k must both have batch + 1 entries, got ", shape_str(cu_seqlens_q), " and ",
            shape_str(cu_seqlens_k));
   FI_CHECK(max_seqlen_q >= 0, op, "max_seqlen_q must be >= 0, got ", max_seqlen_q);
   validate_fixed_split_size(op, fixed_split_size);
 }
 
-inline void validate_paged_kv(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
-                              const at::Tensor& v_cache, const at::Tensor& block_table, bool allow_fp8) {
+inline void validate_paged_kv(const char* op, const Tensor& q, const Tensor& k_cache,
+                              const Tensor& v_cache, const Tensor& block_table, bool allow_fp8) {
   check_dim(k_cache, 4, op, "k_cache", "[num_blocks, block_size, num_kv_heads, head_dim]");
-  validate_kv_heads(op, q, k_cache.sym_size(2), k_cache.sym_size(3), "k_cache", k_cache);
+  validate_kv_heads(op, q, k_cache.size(2), k_cache.size(3), "k_cache", k_cache);
   validate_like(op, v_cache, "v_cache", k_cache, "k_cache");
   check_same_device(k_cache, q, op, "k_cache", "q");
-  const bool fp8 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
+  const bool fp8 = k_cache.scalar_type() == kFloat8_e4m3fn;
   FI_CHECK(k_cache.scalar_type() == q.scalar_type() || (allow_fp8 && fp8), op, "k_cache must have the dtype of q (",
            q.scalar_type(), ")", allow_fp8 ? " or float8_e4m3fn" : "", ", got ", k_cache.scalar_type());
-  const auto bs = k_cache.sym_size(1);
-  FI_CHECK(bs >= 8 && bs <= 256 && is_pow2(bs.guard_int(__FILE__, __LINE__)), op,
+  const auto bs = k_cache.size(1);
+  FI_CHECK(bs >= 8 && bs <= 256 && is_pow2(bs), op,
            "k_cache must have a power-of-two block_size in [8, 256] (dim 1), got shape ", shape_str(k_cache));
   check_dim(block_table, 2, op, "block_table", "[batch, max_blocks_per_seq]");
-  FI_CHECK(block_table.scalar_type() == at::kInt, op, "block_table must be int32, got ", block_table.scalar_type());
+  FI_CHECK(block_table.scalar_type() == kInt, op, "block_table must be int32, got ", block_table.scalar_type());
   check_same_device(block_table, q, op, "block_table", "q");
 }
 
-inline void validate_fp8_scales(const char* op, const at::Tensor& k_cache, const at::Tensor& q,
-                                const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
-  const bool fp8 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
-  const std::pair<const std::optional<at::Tensor>*, const char*> scales[] = {{&k_scale, "k_scale"}, {&v_scale, "v_scale"}};
+inline void validate_fp8_scales(const char* op, const Tensor& k_cache, const Tensor& q,
+                                const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale) {
+  const bool fp8 = k_cache.scalar_type() == kFloat8_e4m3fn;
+  const std::pair<const std::optional<Tensor>*, const char*> scales[] = {{&k_scale, "k_scale"}, {&v_scale, "v_scale"}};
   for (const auto& [scale, name] : scales) {
     if (!fp8) {
       FI_CHECK(!scale->has_value(), op, name, " must be None unless the cache is float8_e4m3fn");
       continue;
     }
     FI_CHECK(scale->has_value(), op, name, " is required with a float8_e4m3fn cache (a float32 tensor with 1 element)");
-    FI_CHECK((*scale)->scalar_type() == at::kFloat && (*scale)->sym_numel() == 1, op, name,
+    FI_CHECK((*scale)->scalar_type() == kFloat && (*scale)->numel() == 1, op, name,
              " must be a float32 tensor with 1 element, got ", (*scale)->scalar_type(), " ", shape_str(**scale));
     check_same_device(**scale, q, op, name, "q");
   }
 }
 
-inline void validate_paged_prefill_attention(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
-                                             const at::Tensor& v_cache, const at::Tensor& block_table,
-                                             const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens_k,
-                                             int64_t max_seqlen_q, const std::optional<at::Tensor>& custom_mask,
-                                             const std::optional<at::Tensor>& packed_custom_mask, bool allow_fp32,
+inline void validate_paged_prefill_attention(const char* op, const Tensor& q, const Tensor& k_cache,
+                                             const Tensor& v_cache, const Tensor& block_table,
+                                             const Tensor& cu_seqlens_q, const Tensor& seq_lens_k,
+                                             int64_t max_seqlen_q, const std::optional<Tensor>& custom_mask,
+                                             const std::optional<Tensor>& packed_custom_mask, bool allow_fp32,
                                              int64_t fixed_split_size) {
   validate_attention_q(op, q, allow_fp32);
   validate_paged_kv(op, q, k_cache, v_cache, block_table, /*allow_fp8=*/false);
   validate_index_vector(op, cu_seqlens_q, "cu_seqlens_q", "[batch + 1]", q);
   validate_index_vector(op, seq_lens_k, "seq_lens_k", "[batch]", q);
-  FI_CHECK(cu_seqlens_q.sym_size(0) == seq_lens_k.sym_size(0) + 1, op, "cu_seqlens_q must have batch + 1 = ",
-           seq_lens_k.sym_size(0) + 1, " entries (seq_lens_k has ", seq_lens_k.sym_size(0), "), got ",
+  FI_CHECK(cu_seqlens_q.size(0) == seq_lens_k.size(0) + 1, op, "cu_seqlens_q must have batch + 1 = ",
+           seq_lens_k.size(0) + 1, " entries (seq_lens_k has ", seq_lens_k.size(0), "), got ",
            shape_str(cu_seqlens_q));
-  FI_CHECK(block_table.sym_size(0) == seq_lens_k.sym_size(0), op, "block_table must have batch = ",
-           seq_lens_k.sym_size(0), " rows, got shape ", shape_str(block_table));
+  FI_CHECK(block_table.size(0) == seq_lens_k.size(0), op, "block_table must have batch = ",
+           seq_lens_k.size(0), " rows, got shape ", shape_str(block_table));
   FI_CHECK(max_seqlen_q >= 0, op, "max_seqlen_q must be >= 0, got ", max_seqlen_q);
   if (custom_mask.has_value()) {
     check_dim(*custom_mask, 1, op, "custom_mask", "[sum of q_len^2] (per sequence a flattened [q_len, q_len] bool block)");
-    FI_CHECK(custom_mask->scalar_type() == at::kBool, op, "custom_mask must be bool, got ", custom_mask->scalar_type());
+    FI_CHECK(custom_mask->scalar_type() == kBool, op, "custom_mask must be bool, got ", custom_mask->scalar_type());
     check_same_device(*custom_mask, q, op, "custom_mask", "q");
   }
   if (packed_custom_mask.has_value()) {
     FI_CHECK(!custom_mask.has_value(), op, "custom_mask and packed_custom_mask are two forms of the same mask: give one");
     check_dim(*packed_custom_mask, 1, op, "packed_custom_mask",
               "[ceil(sum of q_len^2 / 8)] (the flattened bool mask, 8 entries per byte, little-endian bit order)");
-    FI_CHECK(packed_custom_mask->scalar_type() == at::kByte, op,
+    FI_CHECK(packed_custom_mask->scalar_type() == kByte, op,
              "packed_custom_mask must be uint8 (8 mask entries per byte), got ", packed_custom_mask->scalar_type());
     check_same_device(*packed_custom_mask, q, op, "packed_custom_mask", "q");
   }
   validate_fixed_split_size(op, fixed_split_size);
 }
 
-inline void validate_paged_decode_attention(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
-                                            const at::Tensor& v_cache, const at::Tensor& block_table,
-                                            const at::Tensor& seq_lens, int64_t num_splits,
-                                            const std::optional<at::Tensor>& k_scale,
-                                            const std::optional<at::Tensor>& v_scale, bool allow_fp32,
+inline void validate_paged_decode_attention(const char* op, const Tensor& q, const Tensor& k_cache,
+                                            const Tensor& v_cache, const Tensor& block_table,
+                                            const Tensor& seq_lens, int64_t num_splits,
+                                            const std::optional<Tensor>& k_scale,
+                                            const std::optional<Tensor>& v_scale, bool allow_fp32,
                                             int64_t fixed_split_size) {
   validate_attention_q(op, q, allow_fp32);
   validate_paged_kv(op, q, k_cache, v_cache, block_table, /*allow_fp8=*/true);
   validate_index_vector(op, seq_lens, "seq_lens", "[batch]", q);
-  FI_CHECK(seq_lens.sym_size(0) == q.sym_size(0), op, "seq_lens must have batch = q.size(0) = ", q.sym_size(0),
+  FI_CHECK(seq_lens.size(0) == q.size(0), op, "seq_lens must have batch = q.size(0) = ", q.size(0),
            " entries, got ", shape_str(seq_lens));
-  FI_CHECK(block_table.sym_size(0) == q.sym_size(0), op, "block_table must have batch = q.size(0) = ", q.sym_size(0),
+  FI_CHECK(block_table.size(0) == q.size(0), op, "block_table must have batch = q.size(0) = ", q.size(0),
            " rows, got shape ", shape_str(block_table));
   FI_CHECK(num_splits >= 0 && num_splits <= 256, op, "num_splits must be in [0, 256] (0 = automatic), got ", num_splits);
   validate_fp8_scales(op, k_cache, q, k_scale, v_scale);
@@ -143,43 +143,43 @@ inline void validate_paged_decode_attention(const char* op, const at::Tensor& q,
   FI_CHECK(fixed_split_size == 0 || num_splits == 0, op,
            "num_splits must be 0 when fixed_split_size > 0 (the keys are then split every fixed_split_size keys), got ",
            num_splits);
-  FI_CHECK(fixed_split_size == 0 || k_cache.scalar_type() != at::kFloat8_e4m3fn, op,
+  FI_CHECK(fixed_split_size == 0 || k_cache.scalar_type() != kFloat8_e4m3fn, op,
            "fixed_split_size > 0 needs a k_cache in the dtype of q (the deterministic mode shares the prefill "
            "path, which has no float8_e4m3fn cache); use fixed_split_size=0 with an fp8 cache");
 }
 
-inline void validate_merge_attention_states(const char* op, const at::Tensor& v_a, const at::Tensor& lse_a,
-                                            const at::Tensor& v_b, const at::Tensor& lse_b) {
+inline void validate_merge_attention_states(const char* op, const Tensor& v_a, const Tensor& lse_a,
+                                            const Tensor& v_b, const Tensor& lse_b) {
   check_dim(v_a, 3, op, "v_a", "[num_tokens, num_heads, head_dim]");
-  check_dtype_in(v_a, {at::kHalf, at::kBFloat16, at::kFloat}, op, "v_a");
+  check_dtype_in(v_a, {kHalf, kBFloat16, kFloat}, op, "v_a");
   validate_like(op, v_b, "v_b", v_a, "v_a");
   check_dim(lse_a, 2, op, "lse_a", "[num_tokens, num_heads]");
-  FI_CHECK(lse_a.scalar_type() == at::kFloat, op, "lse_a must be float32, got ", lse_a.scalar_type());
-  FI_CHECK(lse_a.sym_size(0) == v_a.sym_size(0) && lse_a.sym_size(1) == v_a.sym_size(1), op,
-           "lse_a must have shape [num_tokens, num_heads] = [", v_a.sym_size(0), ", ", v_a.sym_size(1), "], got ",
+  FI_CHECK(lse_a.scalar_type() == kFloat, op, "lse_a must be float32, got ", lse_a.scalar_type());
+  FI_CHECK(lse_a.size(0) == v_a.size(0) && lse_a.size(1) == v_a.size(1), op,
+           "lse_a must have shape [num_tokens, num_heads] = [", v_a.size(0), ", ", v_a.size(1), "], got ",
            shape_str(lse_a));
   check_same_device(lse_a, v_a, op, "lse_a", "v_a");
   validate_like(op, lse_b, "lse_b", lse_a, "lse_a");
 }
 
-inline void validate_move_kv_slots(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                   const at::Tensor& src_slots, const at::Tensor& dst_slots) {
+inline void validate_move_kv_slots(const char* op, const Tensor& k_cache, const Tensor& v_cache,
+                                   const Tensor& src_slots, const Tensor& dst_slots) {
   check_dim(k_cache, 4, op, "k_cache", "[num_blocks, block_size, num_kv_heads, head_dim]");
   validate_like(op, v_cache, "v_cache", k_cache, "k_cache");
   for (const auto& [t, name] : {std::pair{&src_slots, "src_slots"}, {&dst_slots, "dst_slots"}}) {
     check_dim(*t, 1, op, name, "[num_moves]");
-    check_dtype_in(*t, {at::kInt, at::kLong}, op, name);
+    check_dtype_in(*t, {kInt, kLong}, op, name);
     check_same_device(*t, k_cache, op, name, "k_cache");
   }
-  FI_CHECK(src_slots.sym_size(0) == dst_slots.sym_size(0), op, "dst_slots must have as many entries as src_slots (",
-           src_slots.sym_size(0), "), got ", shape_str(dst_slots));
+  FI_CHECK(src_slots.size(0) == dst_slots.size(0), op, "dst_slots must have as many entries as src_slots (",
+           src_slots.size(0), "), got ", shape_str(dst_slots));
   check_same_dtype(dst_slots, src_slots, op, "dst_slots", "src_slots");
 }
 
 // ---- host-side value checks (CPU tensors always; CUDA with FASTINFER_CHECK_INDICES=1) ---------
-inline void check_cu_seqlens(const char* op, const at::Tensor& cu, const char* name, int64_t total,
+inline void check_cu_seqlens(const char* op, const Tensor& cu, const char* name, int64_t total,
                              int64_t max_len, const char* max_name) {
-  const auto c = cu.to(at::kCPU, at::kLong);
+  const auto c = to_cpu(cu, kLong);
   const int64_t* p = c.const_data_ptr<int64_t>();
   const int64_t n = c.numel();
   FI_CHECK(p[0] == 0 && p[n - 1] == total, op, name, " must start at 0 and end at the number of rows (", total,
@@ -194,13 +194,13 @@ inline void check_cu_seqlens(const char* op, const at::Tensor& cu, const char* n
 
 // Paged: every sequence's keys fit in its block table row and use valid block ids; q_len <= k_len.
 // Plain loops over host copies: this runs on every CPU decode step, so no per-sequence ATen ops.
-inline void check_paged_indices(const char* op, const at::Tensor& block_table, const at::Tensor& seq_lens,
+inline void check_paged_indices(const char* op, const Tensor& block_table, const Tensor& seq_lens,
                                 const char* seq_lens_name, int64_t num_blocks, int64_t block_size,
-                                const at::Tensor* cu_seqlens_q) {
-  const auto lens_t = seq_lens.to(at::kCPU, at::kInt).contiguous();
-  const auto table_t = block_table.to(at::kCPU, at::kInt).contiguous();
-  at::Tensor cu_t;
-  if (cu_seqlens_q != nullptr) cu_t = cu_seqlens_q->to(at::kCPU, at::kInt).contiguous();
+                                const Tensor* cu_seqlens_q) {
+  const auto lens_t = to_cpu(seq_lens, kInt);
+  const auto table_t = to_cpu(block_table, kInt);
+  Tensor cu_t;
+  if (cu_seqlens_q != nullptr) cu_t = to_cpu(*cu_seqlens_q, kInt);
   const int32_t* lens = lens_t.const_data_ptr<int32_t>();
   const int32_t* table = table_t.const_data_ptr<int32_t>();
   const int64_t width = table_t.size(1);
@@ -224,21 +224,21 @@ inline void check_paged_indices(const char* op, const at::Tensor& block_table, c
 }
 
 // Entries of the custom mask of a batch: sum over sequences of q_len^2.
-inline int64_t custom_mask_entries(const at::Tensor& cu_seqlens_q) {
-  const auto cu = cu_seqlens_q.to(at::kCPU, at::kLong);
+inline int64_t custom_mask_entries(const Tensor& cu_seqlens_q) {
+  const auto cu = to_cpu(cu_seqlens_q, kLong);
   const int64_t* p = cu.const_data_ptr<int64_t>();
   int64_t entries = 0;
   for (int64_t b = 0; b + 1 < cu.numel(); ++b) entries += (p[b + 1] - p[b]) * (p[b + 1] - p[b]);
   return entries;
 }
 
-inline void check_custom_mask_size(const char* op, const at::Tensor& custom_mask, const at::Tensor& cu_seqlens_q) {
+inline void check_custom_mask_size(const char* op, const Tensor& custom_mask, const Tensor& cu_seqlens_q) {
   const int64_t expected = custom_mask_entries(cu_seqlens_q);
   FI_CHECK(custom_mask.numel() == expected, op, "custom_mask must have sum over sequences of q_len^2 = ", expected,
            " entries, got ", custom_mask.numel());
 }
 
-inline void check_packed_custom_mask_size(const char* op, const at::Tensor& packed, const at::Tensor& cu_seqlens_q) {
+inline void check_packed_custom_mask_size(const char* op, const Tensor& packed, const Tensor& cu_seqlens_q) {
   const int64_t entries = custom_mask_entries(cu_seqlens_q);
   FI_CHECK(packed.numel() == (entries + 7) / 8, op, "packed_custom_mask must have ceil(sum over sequences of q_len^2 / 8)",
            " = ceil(", entries, " / 8) = ", (entries + 7) / 8, " bytes, got ", packed.numel());

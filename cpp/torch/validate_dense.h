@@ -5,28 +5,28 @@
 
 namespace fastinfer::binding {
 
-inline void validate_dense_mm(const char* op, const at::Tensor& a, const at::Tensor& b,
-                              const std::optional<at::Tensor>& bias, bool allow_fp32) {
+inline void validate_dense_mm(const char* op, const Tensor& a, const Tensor& b,
+                              const std::optional<Tensor>& bias, bool allow_fp32) {
   check_dim(a, 2, op, "a", "[M, K]");
   check_dim(b, 2, op, "b", "[N, K] (the weight in nn.Linear layout)");
   check_activation_dtype(a, allow_fp32, op, "a");
   check_same_dtype(b, a, op, "b", "a");
   check_same_device(b, a, op, "b", "a");
-  const auto K = a.sym_size(1);
-  FI_CHECK(b.sym_size(1) == K, op, "b must have shape [N, K] with K = ", K, " (a.size(1)), got ", shape_str(b),
+  const auto K = a.size(1);
+  FI_CHECK(b.size(1) == K, op, "b must have shape [N, K] with K = ", K, " (a.size(1)), got ", shape_str(b),
            " (pass the weight as [out_features, in_features])");
   FI_CHECK(K % 8 == 0, op, "a must have K a multiple of 8 (the kernel moves 16-byte chunks), got shape ",
            shape_str(a), " (pad K with zeros)");
-  FI_CHECK(b.sym_size(0) % 2 == 0, op, "b must have N even (2-element stores), got shape ", shape_str(b));
-  check_gemm_bias(op, bias, a.scalar_type(), a, b.sym_size(0));
+  FI_CHECK(b.size(0) % 2 == 0, op, "b must have N even (2-element stores), got shape ", shape_str(b));
+  check_gemm_bias(op, bias, a.scalar_type(), a, b.size(0));
 }
 
 // The layout every real impl reads: contiguous a, b (nn.Linear weight) and bias.
-inline void check_dense_mm_layout(const char* op, const at::Tensor& a, const at::Tensor& b,
-                                  const std::optional<at::Tensor>& bias) {
+inline void check_dense_mm_layout(const char* op, const Tensor& a, const Tensor& b,
+                                  const std::optional<Tensor>& bias) {
   check_contiguous(a, op, "a");
   FI_CHECK(b.is_contiguous(), op, "b must be [N, K] row-major contiguous (the weight in nn.Linear layout; for a "
-           "transposed view call .contiguous()), got strides ", b.strides(), " for shape ", b.sizes());
+           "transposed view call .contiguous()), got strides ", strides_of(b), " for shape ", shape_of(b));
   if (bias.has_value()) check_contiguous(*bias, op, "bias");
 }
 

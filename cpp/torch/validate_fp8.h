@@ -1,6 +1,6 @@
 #pragma once
 // Shape / dtype / device rules of fp8_quantize and fp8_scaled_mm (docs/design.md "GEMM"), shared by the
-// Meta, CPU and CUDA/sim impls (symbolic sizes), plus the layout checks the real impls add.
+// CPU and CUDA/sim impls, plus their layout checks.
 #include <string>
 
 #include "validate_w8a8.h"
@@ -9,7 +9,7 @@ namespace fastinfer::binding {
 
 enum class Fp8Mode { kTensor, kToken, kGroup };
 
-inline Fp8Mode parse_fp8_mode(const char* op, c10::string_view mode) {
+inline Fp8Mode parse_fp8_mode(const char* op, std::string_view mode) {
   if (mode == "tensor") return Fp8Mode::kTensor;
   if (mode == "token") return Fp8Mode::kToken;
   if (mode == "group") return Fp8Mode::kGroup;
@@ -17,14 +17,14 @@ inline Fp8Mode parse_fp8_mode(const char* op, c10::string_view mode) {
   return Fp8Mode::kToken;
 }
 
-inline Fp8Mode validate_fp8_quantize(const char* op, const at::Tensor& x, c10::string_view mode_str,
-                                     int64_t group_size, const std::optional<at::Tensor>& scale, bool allow_fp32) {
+inline Fp8Mode validate_fp8_quantize(const char* op, const Tensor& x, std::string_view mode_str,
+                                     int64_t group_size, const std::optional<Tensor>& scale, bool allow_fp32) {
   const Fp8Mode mode = parse_fp8_mode(op, mode_str);
   check_quantize_input(op, x, allow_fp32);
   if (mode == Fp8Mode::kGroup) {
     FI_CHECK(group_size >= 8 && group_size <= 256 && (group_size & (group_size - 1)) == 0, op,
              "group_size must be a power of two in [8, 256] (128 for the blockwise GEMM), got ", group_size);
-    FI_CHECK(x.sym_size(1) % group_size == 0, op, "x must have K a multiple of group_size = ", group_size,
+    FI_CHECK(x.size(1) % group_size == 0, op, "x must have K a multiple of group_size = ", group_size,
              " with mode='group', got shape ", shape_str(x));
   }
   if (scale.has_value()) {
@@ -35,36 +35,36 @@ inline Fp8Mode validate_fp8_quantize(const char* op, const at::Tensor& x, c10::s
   return mode;
 }
 
-inline std::vector<c10::SymInt> fp8_quantize_scale_shape(const at::Tensor& x, Fp8Mode mode, int64_t group_size) {
+inline std::vector<int64_t> fp8_quantize_scale_shape(const Tensor& x, Fp8Mode mode, int64_t group_size) {
   switch (mode) {
-    case Fp8Mode::kTensor: return {c10::SymInt(1)};
-    case Fp8Mode::kToken: return {x.sym_size(0)};
-    case Fp8Mode::kGroup: return {x.sym_size(0), x.sym_size(1) / group_size};
+    case Fp8Mode::kTensor: return {int64_t(1)};
+    case Fp8Mode::kToken: return {x.size(0)};
+    case Fp8Mode::kGroup: return {x.size(0), x.size(1) / group_size};
   }
   return {};
 }
 
 // true: blockwise scales (scale_a 2-D), else per-tensor / per-token / per-channel.
-inline bool validate_fp8_scaled_mm(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
-                                   const at::Tensor& scale_b, at::ScalarType out_dtype,
-                                   const std::optional<at::Tensor>& bias, bool allow_fp32) {
-  check_w8a8_operands(op, a, b, scale_a, scale_b, at::kFloat8_e4m3fn, "[M, K] float8_e4m3fn",
+inline bool validate_fp8_scaled_mm(const char* op, const Tensor& a, const Tensor& b, const Tensor& scale_a,
+                                   const Tensor& scale_b, ScalarType out_dtype,
+                                   const std::optional<Tensor>& bias, bool allow_fp32) {
+  check_w8a8_operands(op, a, b, scale_a, scale_b, kFloat8_e4m3fn, "[M, K] float8_e4m3fn",
                       "[N, K] float8_e4m3fn (the weight in nn.Linear layout)", out_dtype, allow_fp32);
-  const auto M = a.sym_size(0), K = a.sym_size(1), N = b.sym_size(0);
+  const auto M = a.size(0), K = a.size(1), N = b.size(0);
   const bool blockwise = scale_a.dim() == 2;
   if (blockwise) {
     const auto kb = (K + 127) / 128, nb = (N + 127) / 128;
-    FI_CHECK(scale_a.sym_size(0) == M && scale_a.sym_size(1) == kb, op,
+    FI_CHECK(scale_a.size(0) == M && scale_a.size(1) == kb, op,
              "scale_a (blockwise, 2-D) must have shape [M, ceil(K / 128)] = [", M, ", ", kb, "], got ",
              shape_str(scale_a));
-    FI_CHECK(scale_b.dim() == 2 && scale_b.sym_size(0) == nb && scale_b.sym_size(1) == kb, op,
+    FI_CHECK(scale_b.dim() == 2 && scale_b.size(0) == nb && scale_b.size(1) == kb, op,
              "scale_b must have shape [ceil(N / 128), ceil(K / 128)] = [", nb, ", ", kb,
              "] when scale_a is blockwise, got ", shape_str(scale_b));
   } else {
-    FI_CHECK(scale_a.dim() == 1 && (scale_a.sym_size(0) == 1 || scale_a.sym_size(0) == M), op,
+    FI_CHECK(scale_a.dim() == 1 && (scale_a.size(0) == 1 || scale_a.size(0) == M), op,
              "scale_a must have shape [1] (per tensor) or [M] = [", M, "] (per token), or [M, ceil(K / 128)] "
              "(blockwise), got ", shape_str(scale_a));
-    FI_CHECK(scale_b.dim() == 1 && (scale_b.sym_size(0) == 1 || scale_b.sym_size(0) == N), op,
+    FI_CHECK(scale_b.dim() == 1 && (scale_b.size(0) == 1 || scale_b.size(0) == N), op,
              "scale_b must have shape [1] (per tensor) or [N] = [", N, "] (per channel) when scale_a is 1-D, got ",
              shape_str(scale_b));
   }

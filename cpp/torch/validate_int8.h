@@ -1,6 +1,6 @@
 #pragma once
 // Shape / dtype / device rules of int8_quantize and int8_scaled_mm (docs/design.md "GEMM"), shared by
-// the Meta, CPU and CUDA/sim impls (symbolic sizes), plus the layout checks the real impls add.
+// the CPU and CUDA/sim impls, plus their layout checks.
 #include <string>
 
 #include "validate_w8a8.h"
@@ -9,8 +9,8 @@ namespace fastinfer::binding {
 
 enum class Int8Mode { kTensor, kToken };
 
-inline Int8Mode validate_int8_quantize(const char* op, const at::Tensor& x, c10::string_view mode,
-                                       const std::optional<at::Tensor>& scale, bool symmetric, bool allow_fp32) {
+inline Int8Mode validate_int8_quantize(const char* op, const Tensor& x, std::string_view mode,
+                                       const std::optional<Tensor>& scale, bool symmetric, bool allow_fp32) {
   FI_CHECK(mode == "tensor" || mode == "token", op, "mode must be 'tensor' or 'token', got '", std::string(mode), "'");
   const Int8Mode m = mode == "tensor" ? Int8Mode::kTensor : Int8Mode::kToken;
   check_quantize_input(op, x, allow_fp32);
@@ -24,20 +24,20 @@ inline Int8Mode validate_int8_quantize(const char* op, const at::Tensor& x, c10:
 }
 
 // Outputs: (x_int8 [M, K], scale [1] or [M], azp int32 [M] when asymmetric else empty [0]).
-inline std::vector<c10::SymInt> int8_quantize_scale_shape(const at::Tensor& x, Int8Mode mode) {
-  return mode == Int8Mode::kTensor ? std::vector<c10::SymInt>{c10::SymInt(1)} : std::vector<c10::SymInt>{x.sym_size(0)};
+inline std::vector<int64_t> int8_quantize_scale_shape(const Tensor& x, Int8Mode mode) {
+  return mode == Int8Mode::kTensor ? std::vector<int64_t>{int64_t(1)} : std::vector<int64_t>{x.size(0)};
 }
 
-inline void validate_int8_scaled_mm(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
-                                    const at::Tensor& scale_b, at::ScalarType out_dtype,
-                                    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& azp_adj,
-                                    const std::optional<at::Tensor>& azp, bool allow_fp32) {
-  check_w8a8_operands(op, a, b, scale_a, scale_b, at::kChar, "[M, K] int8",
+inline void validate_int8_scaled_mm(const char* op, const Tensor& a, const Tensor& b, const Tensor& scale_a,
+                                    const Tensor& scale_b, ScalarType out_dtype,
+                                    const std::optional<Tensor>& bias, const std::optional<Tensor>& azp_adj,
+                                    const std::optional<Tensor>& azp, bool allow_fp32) {
+  check_w8a8_operands(op, a, b, scale_a, scale_b, kChar, "[M, K] int8",
                       "[N, K] int8 (the weight in nn.Linear layout)", out_dtype, allow_fp32);
-  const auto M = a.sym_size(0), N = b.sym_size(0);
-  FI_CHECK(scale_a.dim() == 1 && (scale_a.sym_size(0) == 1 || scale_a.sym_size(0) == M), op,
+  const auto M = a.size(0), N = b.size(0);
+  FI_CHECK(scale_a.dim() == 1 && (scale_a.size(0) == 1 || scale_a.size(0) == M), op,
            "scale_a must have shape [1] (per tensor) or [M] = [", M, "] (per token), got ", shape_str(scale_a));
-  FI_CHECK(scale_b.dim() == 1 && (scale_b.sym_size(0) == 1 || scale_b.sym_size(0) == N), op,
+  FI_CHECK(scale_b.dim() == 1 && (scale_b.size(0) == 1 || scale_b.size(0) == N), op,
            "scale_b must have shape [1] (per tensor) or [N] = [", N, "] (per channel), got ", shape_str(scale_b));
   check_gemm_bias(op, bias, out_dtype, a, N);
   FI_CHECK(azp.has_value() == azp_adj.has_value(), op,
@@ -45,21 +45,21 @@ inline void validate_int8_scaled_mm(const char* op, const at::Tensor& a, const a
            "azp_adj = b.sum(1, dtype=torch.int32)) or neither");
   if (azp.has_value()) {
     check_dim(*azp, 1, op, "azp", "[M] or [1] int32");
-    FI_CHECK(azp->scalar_type() == at::kInt, op, "azp must be int32, got ", azp->scalar_type());
+    FI_CHECK(azp->scalar_type() == kInt, op, "azp must be int32, got ", azp->scalar_type());
     check_same_device(*azp, a, op, "azp", "a");
-    FI_CHECK(azp->sym_size(0) == 1 || azp->sym_size(0) == M, op, "azp must have shape [1] or [M] = [", M, "], got ",
+    FI_CHECK(azp->size(0) == 1 || azp->size(0) == M, op, "azp must have shape [1] or [M] = [", M, "], got ",
              shape_str(*azp));
     check_dim(*azp_adj, 1, op, "azp_adj", "[N] int32");
-    FI_CHECK(azp_adj->scalar_type() == at::kInt, op, "azp_adj must be int32, got ", azp_adj->scalar_type());
+    FI_CHECK(azp_adj->scalar_type() == kInt, op, "azp_adj must be int32, got ", azp_adj->scalar_type());
     check_same_device(*azp_adj, a, op, "azp_adj", "a");
-    FI_CHECK(azp_adj->sym_size(0) == N, op, "azp_adj must have shape [N] = [", N, "], got ", shape_str(*azp_adj));
+    FI_CHECK(azp_adj->size(0) == N, op, "azp_adj must have shape [N] = [", N, "], got ", shape_str(*azp_adj));
   }
 }
 
-inline void check_int8_scaled_mm_layout(const char* op, const at::Tensor& a, const at::Tensor& b,
-                                        const at::Tensor& scale_a, const at::Tensor& scale_b,
-                                        const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& azp_adj,
-                                        const std::optional<at::Tensor>& azp) {
+inline void check_int8_scaled_mm_layout(const char* op, const Tensor& a, const Tensor& b,
+                                        const Tensor& scale_a, const Tensor& scale_b,
+                                        const std::optional<Tensor>& bias, const std::optional<Tensor>& azp_adj,
+                                        const std::optional<Tensor>& azp) {
   check_w8a8_layout(op, a, b, scale_a, scale_b, bias);
   if (azp.has_value()) check_contiguous(*azp, op, "azp");
   if (azp_adj.has_value()) check_contiguous(*azp_adj, op, "azp_adj");

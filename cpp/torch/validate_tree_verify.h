@@ -1,5 +1,5 @@
 #pragma once
-// Shape/dtype/device rules of tree_verify (symbolic: shared by the Meta, CPU and CUDA impls) and
+// Shape/dtype/device rules of tree_verify (shared by the CPU and CUDA impls) and
 // the host-side value checks of its inputs (tree structure, token ids, temperature, uniforms),
 // which run on CPU tensors always and on CUDA tensors when FASTINFER_CHECK_INDICES=1.
 #include <cmath>
@@ -12,55 +12,55 @@ namespace fastinfer::binding {
 // Most draft nodes per sequence (the kernels keep a per-node list in shared memory).
 inline constexpr int64_t kTreeVerifyMaxNodes = 4096;
 
-inline void validate_tree_verify(const char* op, const at::Tensor& draft_tokens, const at::Tensor& parents,
-                                 const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_probs,
-                                 const at::Tensor& temperature, const at::Tensor& uniforms) {
+inline void validate_tree_verify(const char* op, const Tensor& draft_tokens, const Tensor& parents,
+                                 const Tensor& target_logits, const std::optional<Tensor>& draft_probs,
+                                 const Tensor& temperature, const Tensor& uniforms) {
   check_dim(draft_tokens, 2, op, "draft_tokens", "[batch, num_nodes] (node 0 = the root, the last committed token)");
-  check_dtype_in(draft_tokens, {at::kInt, at::kLong}, op, "draft_tokens");
-  const auto B = draft_tokens.sym_size(0);
-  const auto N = draft_tokens.sym_size(1);
+  check_dtype_in(draft_tokens, {kInt, kLong}, op, "draft_tokens");
+  const auto B = draft_tokens.size(0);
+  const auto N = draft_tokens.size(1);
   FI_CHECK(N >= 1 && N <= kTreeVerifyMaxNodes, op, "draft_tokens must have 1 <= num_nodes <= ", kTreeVerifyMaxNodes,
            " (node 0 is the root), got shape ", shape_str(draft_tokens));
   check_dim(parents, 2, op, "parents", "[batch, num_nodes]");
-  FI_CHECK(parents.sym_size(0) == B && parents.sym_size(1) == N, op, "parents must have the shape of draft_tokens [",
+  FI_CHECK(parents.size(0) == B && parents.size(1) == N, op, "parents must have the shape of draft_tokens [",
            B, ", ", N, "], got ", shape_str(parents));
   check_same_dtype(parents, draft_tokens, op, "parents", "draft_tokens");
   check_same_device(parents, draft_tokens, op, "parents", "draft_tokens");
 
   check_dim(target_logits, 3, op, "target_logits", "[batch, num_nodes, vocab]");
-  check_dtype_in(target_logits, {at::kFloat, at::kHalf, at::kBFloat16}, op, "target_logits");
-  FI_CHECK(target_logits.sym_size(0) == B && target_logits.sym_size(1) == N && target_logits.sym_size(2) >= 1, op,
+  check_dtype_in(target_logits, {kFloat, kHalf, kBFloat16}, op, "target_logits");
+  FI_CHECK(target_logits.size(0) == B && target_logits.size(1) == N && target_logits.size(2) >= 1, op,
            "target_logits must have shape [", B, ", ", N, ", vocab >= 1] (one row of logits per node), got ",
            shape_str(target_logits));
-  FI_CHECK(target_logits.sym_size(2) < (int64_t{1} << 31), op, "target_logits must have vocab < 2^31, got ",
+  FI_CHECK(target_logits.size(2) < (int64_t{1} << 31), op, "target_logits must have vocab < 2^31, got ",
            shape_str(target_logits));
   check_same_device(target_logits, draft_tokens, op, "target_logits", "draft_tokens");
   if (draft_probs.has_value()) {
     check_dim(*draft_probs, 3, op, "draft_probs", "[batch, num_nodes, vocab] (the draft distribution at each node)");
-    FI_CHECK(draft_probs->scalar_type() == at::kFloat, op, "draft_probs must be float32, got ",
+    FI_CHECK(draft_probs->scalar_type() == kFloat, op, "draft_probs must be float32, got ",
              draft_probs->scalar_type());
-    FI_CHECK(draft_probs->sym_size(0) == B && draft_probs->sym_size(1) == N &&
-                 draft_probs->sym_size(2) == target_logits.sym_size(2),
+    FI_CHECK(draft_probs->size(0) == B && draft_probs->size(1) == N &&
+                 draft_probs->size(2) == target_logits.size(2),
              op, "draft_probs must have the shape of target_logits ", shape_str(target_logits), ", got ",
              shape_str(*draft_probs));
     check_same_device(*draft_probs, draft_tokens, op, "draft_probs", "draft_tokens");
   }
   check_dim(temperature, 1, op, "temperature", "[batch]");
-  FI_CHECK(temperature.scalar_type() == at::kFloat, op, "temperature must be float32, got ", temperature.scalar_type());
-  FI_CHECK(temperature.sym_size(0) == B, op, "temperature must have batch = ", B, " entries, got ",
+  FI_CHECK(temperature.scalar_type() == kFloat, op, "temperature must be float32, got ", temperature.scalar_type());
+  FI_CHECK(temperature.size(0) == B, op, "temperature must have batch = ", B, " entries, got ",
            shape_str(temperature));
   check_same_device(temperature, draft_tokens, op, "temperature", "draft_tokens");
   check_dim(uniforms, 2, op, "uniforms", "[batch, num_nodes + 1]");
-  FI_CHECK(uniforms.scalar_type() == at::kFloat, op, "uniforms must be float32, got ", uniforms.scalar_type());
-  FI_CHECK(uniforms.sym_size(0) == B && uniforms.sym_size(1) == N + 1, op, "uniforms must have shape [", B, ", ",
+  FI_CHECK(uniforms.scalar_type() == kFloat, op, "uniforms must be float32, got ", uniforms.scalar_type());
+  FI_CHECK(uniforms.size(0) == B && uniforms.size(1) == N + 1, op, "uniforms must have shape [", B, ", ",
            N + 1, "] (one per node to test children, the last for the final sample), got ", shape_str(uniforms));
   check_same_device(uniforms, draft_tokens, op, "uniforms", "draft_tokens");
 }
 
 // Layout rule of the CPU and CUDA impls: everything contiguous.
-inline void check_tree_verify_layout(const char* op, const at::Tensor& draft_tokens, const at::Tensor& parents,
-                                     const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_probs,
-                                     const at::Tensor& temperature, const at::Tensor& uniforms) {
+inline void check_tree_verify_layout(const char* op, const Tensor& draft_tokens, const Tensor& parents,
+                                     const Tensor& target_logits, const std::optional<Tensor>& draft_probs,
+                                     const Tensor& temperature, const Tensor& uniforms) {
   check_contiguous(draft_tokens, op, "draft_tokens");
   check_contiguous(parents, op, "parents");
   check_contiguous(target_logits, op, "target_logits");
@@ -72,12 +72,12 @@ inline void check_tree_verify_layout(const char* op, const at::Tensor& draft_tok
 // Values (one host copy each; no per-element ATen ops): parents form a tree rooted at node 0 in
 // topological order, token ids of the draft nodes are in [0, V), temperatures > 0 when sampling,
 // uniforms in [0, 1).
-inline void check_tree_verify_values(const char* op, const at::Tensor& draft_tokens, const at::Tensor& parents,
-                                     int64_t vocab, const at::Tensor& temperature, const at::Tensor& uniforms,
+inline void check_tree_verify_values(const char* op, const Tensor& draft_tokens, const Tensor& parents,
+                                     int64_t vocab, const Tensor& temperature, const Tensor& uniforms,
                                      bool greedy) {
   if (draft_tokens.numel() == 0 || !check_indices_enabled(draft_tokens)) return;
-  const auto par_t = parents.to(at::kCPU, at::kLong).contiguous();
-  const auto tok_t = draft_tokens.to(at::kCPU, at::kLong).contiguous();
+  const auto par_t = to_cpu(parents, kLong);
+  const auto tok_t = to_cpu(draft_tokens, kLong);
   const int64_t* par = par_t.const_data_ptr<int64_t>();
   const int64_t* tok = tok_t.const_data_ptr<int64_t>();
   const int64_t B = par_t.size(0), N = par_t.size(1);
@@ -93,13 +93,13 @@ inline void check_tree_verify_values(const char* op, const at::Tensor& draft_tok
     }
   }
   if (!greedy) {
-    const auto temp_t = temperature.to(at::kCPU).contiguous();
+    const auto temp_t = to_cpu(temperature, kFloat);
     const float* temp = temp_t.const_data_ptr<float>();
     for (int64_t b = 0; b < B; ++b)
       FI_CHECK(std::isfinite(temp[b]) && temp[b] > 0.f, op, "temperature[", b, "] = ", temp[b],
                " must be a finite number > 0 when sampling (use greedy=True for temperature 0)");
   }
-  const auto u_t = uniforms.to(at::kCPU).contiguous();
+  const auto u_t = to_cpu(uniforms, kFloat);
   const float* u = u_t.const_data_ptr<float>();
   for (int64_t i = 0; i < u_t.numel(); ++i)
     FI_CHECK(u[i] >= 0.f && u[i] < 1.f, op, "uniforms must be in [0, 1), got ", u[i], " at flat index ", i,

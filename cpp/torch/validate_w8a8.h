@@ -7,64 +7,64 @@
 namespace fastinfer::binding {
 
 // x of a *_quantize op: [M, K] activations, K a multiple of 8 (the kernels read 16-byte vectors).
-inline void check_quantize_input(const char* op, const at::Tensor& x, bool allow_fp32) {
+inline void check_quantize_input(const char* op, const Tensor& x, bool allow_fp32) {
   check_dim(x, 2, op, "x", "[M, K]");
   check_activation_dtype(x, allow_fp32, op, "x");
-  FI_CHECK(x.sym_size(1) % 8 == 0, op, "x must have K (its last dim) a multiple of 8 (16-byte vectors), got shape ",
+  FI_CHECK(x.size(1) % 8 == 0, op, "x must have K (its last dim) a multiple of 8 (16-byte vectors), got shape ",
            shape_str(x), " (pad K)");
 }
 
 // The caller-given per-tensor scale of a *_quantize op (the caller checked the mode allows one).
-inline void check_given_scale(const char* op, const at::Tensor& scale, const at::Tensor& x) {
-  FI_CHECK(scale.scalar_type() == at::kFloat, op, "scale must be float32, got ", scale.scalar_type());
+inline void check_given_scale(const char* op, const Tensor& scale, const Tensor& x) {
+  FI_CHECK(scale.scalar_type() == kFloat, op, "scale must be float32, got ", scale.scalar_type());
   check_same_device(scale, x, op, "scale", "x");
-  FI_CHECK(scale.sym_numel() == 1, op, "scale must have exactly 1 element (a per-tensor scale), got shape ",
+  FI_CHECK(scale.numel() == 1, op, "scale must have exactly 1 element (a per-tensor scale), got shape ",
            shape_str(scale));
 }
 
 // a [M, K] and b [N, K] of dtype `elem` (a_layout / b_layout name it), K and N multiples of 16,
 // out_dtype half or bfloat16 (or float32 on CPU), float32 scales on a's device. Shapes of the
 // scales are the caller's: they differ by op.
-inline void check_w8a8_operands(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
-                                const at::Tensor& scale_b, at::ScalarType elem, const char* a_layout,
-                                const char* b_layout, at::ScalarType out_dtype, bool allow_fp32) {
+inline void check_w8a8_operands(const char* op, const Tensor& a, const Tensor& b, const Tensor& scale_a,
+                                const Tensor& scale_b, ScalarType elem, const char* a_layout,
+                                const char* b_layout, ScalarType out_dtype, bool allow_fp32) {
   check_dim(a, 2, op, "a", a_layout);
   check_dim(b, 2, op, "b", b_layout);
   check_dtype_in(a, {elem}, op, "a");
   check_dtype_in(b, {elem}, op, "b");
   check_same_device(b, a, op, "b", "a");
-  const auto K = a.sym_size(1);
-  FI_CHECK(b.sym_size(1) == K, op, "b must have shape [N, K] with K = ", K, " (a.size(1)), got ", shape_str(b),
+  const auto K = a.size(1);
+  FI_CHECK(b.size(1) == K, op, "b must have shape [N, K] with K = ", K, " (a.size(1)), got ", shape_str(b),
            " (pass the weight as [out_features, in_features])");
   FI_CHECK(K % 16 == 0, op, "a must have K a multiple of 16 (the kernels move 16-byte chunks), got shape ",
            shape_str(a));
-  FI_CHECK(b.sym_size(0) % 16 == 0, op, "b must have N a multiple of 16, got shape ", shape_str(b));
-  const bool ok_out = out_dtype == at::kHalf || out_dtype == at::kBFloat16 || (allow_fp32 && out_dtype == at::kFloat);
+  FI_CHECK(b.size(0) % 16 == 0, op, "b must have N a multiple of 16, got shape ", shape_str(b));
+  const bool ok_out = out_dtype == kHalf || out_dtype == kBFloat16 || (allow_fp32 && out_dtype == kFloat);
   FI_CHECK(ok_out, op, "out_dtype must be torch.bfloat16 or torch.float16", allow_fp32 ? " (or torch.float32 on CPU)" : "",
            ", got ", out_dtype);
   for (const auto& [t, name] : {std::pair{&scale_a, "scale_a"}, {&scale_b, "scale_b"}}) {
-    FI_CHECK(t->scalar_type() == at::kFloat, op, name, " must be float32, got ", t->scalar_type());
+    FI_CHECK(t->scalar_type() == kFloat, op, name, " must be float32, got ", t->scalar_type());
     check_same_device(*t, a, op, name, "a");
   }
 }
 
 // bias [N] of dtype out_dtype on a's device.
-inline void check_gemm_bias(const char* op, const std::optional<at::Tensor>& bias, at::ScalarType out_dtype,
-                            const at::Tensor& a, const c10::SymInt& N) {
+inline void check_gemm_bias(const char* op, const std::optional<Tensor>& bias, ScalarType out_dtype,
+                            const Tensor& a, const int64_t& N) {
   if (!bias.has_value()) return;
   check_dim(*bias, 1, op, "bias", "[N]");
   FI_CHECK(bias->scalar_type() == out_dtype, op, "bias must have dtype out_dtype (", out_dtype, "), got ",
            bias->scalar_type());
   check_same_device(*bias, a, op, "bias", "a");
-  FI_CHECK(bias->sym_size(0) == N, op, "bias must have shape [N] = [", N, "], got ", shape_str(*bias));
+  FI_CHECK(bias->size(0) == N, op, "bias must have shape [N] = [", N, "], got ", shape_str(*bias));
 }
 
 // The layout the CUDA/sim kernels read: everything contiguous, b as the nn.Linear weight.
-inline void check_w8a8_layout(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
-                              const at::Tensor& scale_b, const std::optional<at::Tensor>& bias) {
+inline void check_w8a8_layout(const char* op, const Tensor& a, const Tensor& b, const Tensor& scale_a,
+                              const Tensor& scale_b, const std::optional<Tensor>& bias) {
   check_contiguous(a, op, "a");
   FI_CHECK(b.is_contiguous(), op, "b must be [N, K] row-major contiguous (the weight in nn.Linear layout; for a "
-           "transposed view call .contiguous()), got strides ", b.strides(), " for shape ", b.sizes());
+           "transposed view call .contiguous()), got strides ", strides_of(b), " for shape ", shape_of(b));
   check_contiguous(scale_a, op, "scale_a");
   check_contiguous(scale_b, op, "scale_b");
   if (bias.has_value()) check_contiguous(*bias, op, "bias");

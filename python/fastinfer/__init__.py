@@ -2,7 +2,8 @@
 and a thin runner for Llama-family checkpoints: ``fastinfer.LLM(path).generate(prompts, SamplingParams(...))``.
 
 Importing the package loads the compiled extension ``fastinfer._C``, which registers every op
-(CPU, CUDA and Meta kernels). ``import fastinfer._sim`` additionally registers
+(CPU and CUDA kernels; the fake impls of ``fastinfer._fake``). One build loads under every torch
+from the stable-ABI version it targets on (``fastinfer._build_info``). ``import fastinfer._sim`` additionally registers
 ``torch.ops.fastinfer_sim.*``: the same CUDA kernel sources run on CPU tensors by the simt
 emulator (see cpp/simt/README.md). The C++ package (headers, static libraries, CMake config)
 lives inside this package: ``cmake -DCMAKE_PREFIX_PATH=$(python -c 'import fastinfer;
@@ -16,12 +17,34 @@ import os
 
 import torch  # noqa: F401  (the extension links against libtorch: load it first)
 
-try:
-    from . import _C  # noqa: F401  (registers torch.ops.fastinfer.*)
-except ImportError as e:  # a source checkout that was never built
-    raise ImportError(
-        "fastinfer._C is not built: run `make install` (pip install --no-build-isolation .)"
-    ) from e
+
+def _load_extension():
+    """Imports fastinfer._C, saying why when it cannot: never built, or a torch older than the
+    stable ABI version it targets (docs/cpp.md, "The stable ABI")."""
+    try:
+        from . import _build_info
+    except ImportError:
+        _build_info = None
+    if _build_info is not None:
+        running = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+        target = tuple(int(x) for x in _build_info.TORCH_ABI_TARGET.split("."))
+        if running < target:
+            raise ImportError(
+                f"fastinfer._C was built with torch {_build_info.TORCH_BUILT_WITH} for torch >= "
+                f"{_build_info.TORCH_ABI_TARGET} (the LibTorch stable ABI); the running torch is "
+                f"{torch.__version__}: upgrade torch, or rebuild fastinfer against this one")
+    try:
+        from . import _C  # noqa: F401  (registers torch.ops.fastinfer.*)
+    except ImportError as e:
+        if _build_info is None:  # a source checkout that was never built
+            raise ImportError(
+                "fastinfer._C is not built: run `make install` (pip install --no-build-isolation .)") from e
+        raise ImportError(
+            f"fastinfer._C (built with torch {_build_info.TORCH_BUILT_WITH} for torch >= "
+            f"{_build_info.TORCH_ABI_TARGET}) cannot load under the running torch {torch.__version__}: {e}") from e
+
+
+_load_extension()
 
 __version__ = "0.1.0"
 
