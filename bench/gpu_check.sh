@@ -42,9 +42,9 @@
 #   steps; `ninja -j2` after a clean): 855 s wall, 585 s CPU (532 user + 53 sys); reconfigure 7.5 s.
 #   Critical path: cuda/src/fp8_gemm_sm90.cu, the CUTLASS 3.x TMA/wgmma fp8 GEMMs (6 kernels in one translation
 #   unit): 112 s wall, 110 s CPU alone on one core (nvcc --time: cicc 86 s, host compile 14 s, cudafe++ 8 s,
-#   ptxas 1.3 s; 6.2 GB peak memory). Every other step is under 25 s of CPU (each torch binding .cpp
-#   15-20 s, e.g. cpu_attention.cpp 17.9 s; attention_decode.cu the longest .cu). Only the archive and the
-#   _C link (~3 s) follow it.
+#   ptxas 1.3 s; 6.2 GB peak memory). Every other step is under 25 s of CPU (each torch binding .cpp was
+#   15-20 s against the full ATen headers, e.g. cpu_attention.cpp 17.9 s; on the stable ABI about 1 s; of the
+#   .cu files attention_decode.cu is the longest). Only the archive and the _C link (~3 s) follow it.
 #   cuda/src/int8_gemm_sm90.cu (the int8 wgmma GEMMs, 6 kernels, same shared template) is a second such
 #   step: 154 s CPU (138 user + 15 sys; measured 2026-12-01 at load ~14, so inflated against the 110 s above),
 #   independent of fp8_gemm_sm90.cu, so the two run side by side (~6 GB each).

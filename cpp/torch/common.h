@@ -6,8 +6,8 @@
 // The bindings use only the stable ABI (torch/csrc/stable, torch/headeronly) at the version
 // TORCH_TARGET_VERSION (CMakeLists.txt), so one build loads under every torch from that version
 // on. What the stable surface lacks is written here or in the files that need it (docs/cpp.md,
-// "The stable ABI"): shapes are checked on real tensors only (the fake impls are Python,
-// python/fastinfer/ops/_fake.py), tensor arithmetic is plain loops, and ATen ops without a stable
+// "The stable ABI"): shapes are checked on real tensors only (the fake impls are Python, next to
+// each op's wrapper: python/fastinfer/ops/_fake.py), tensor arithmetic is plain loops, and ATen ops without a stable
 // wrapper are called by name through the dispatcher (aten_call below).
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
@@ -260,6 +260,27 @@ inline void check_packed_heads(const Tensor& t, const char* op, const char* name
            strides_of(t), " for shape ", shape_of(t));
 }
 
+inline void check_activation_dtype(const Tensor& t, bool allow_fp32, const char* op, const char* name) {
+  if (allow_fp32)
+    check_dtype_in(t, {kHalf, kBFloat16, kFloat}, op, name);
+  else
+    check_dtype_in(t, {kHalf, kBFloat16}, op, name);
+}
+
+inline void validate_same_shape(const char* op, const Tensor& t, const char* name, const Tensor& ref,
+                                const char* ref_name) {
+  FI_CHECK(shape_of(t) == shape_of(ref), op, name, " must have the shape of ", ref_name, " ",
+               shape_str(ref), ", got ", shape_str(t));
+}
+
+// Same shape, dtype and device as ref (an out= buffer, the residual stream).
+inline void validate_like(const char* op, const Tensor& t, const char* name, const Tensor& ref,
+                          const char* ref_name) {
+  validate_same_shape(op, t, name, ref, ref_name);
+  check_same_dtype(t, ref, op, name, ref_name);
+  check_same_device(t, ref, op, name, ref_name);
+}
+
 // A small integer tensor (any device, int32 or int64) as host values.
 inline std::vector<int64_t> host_indices(const Tensor& t) {
   const auto c = to_cpu(t, kLong);
@@ -307,6 +328,6 @@ using StableLibraryInit = torch::stable::detail::StableTorchLibraryInit;
       ::fastinfer::binding::StableLibrary::Kind::kind, &FASTINFER_CAT(fastinfer_library_init_, uid),       \
       ::fastinfer::binding::library_namespace(), key, __FILE__, __LINE__);                                 \
   void FASTINFER_CAT(fastinfer_library_init_, uid)(::fastinfer::binding::StableLibrary & m)
-// The op schemas (registration.cpp) and each backend's implementations (TORCH_BOX(&fn)).
+// The op schemas (schema.cpp) and each backend's implementations (TORCH_BOX(&fn)).
 #define FASTINFER_LIBRARY(m) FASTINFER_LIBRARY_(DEF, nullptr, m, __COUNTER__)
 #define FASTINFER_LIBRARY_IMPL(key, m) FASTINFER_LIBRARY_(IMPL, FASTINFER_STR(key), m, __COUNTER__)

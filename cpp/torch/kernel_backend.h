@@ -1,10 +1,9 @@
 #pragma once
-// The backend of the CUDA implementations, shared by kernel_ops.cpp and
-// kernel_attention_ops.cpp. Built twice:
+// The backend of the CUDA implementations, shared by every family's kernel.cpp. Built twice:
 //   FASTINFER_KERNEL_BACKEND_CUDA: fastinfer._C, CUDA tensors, the current CUDA stream;
 //   FASTINFER_KERNEL_BACKEND_SIMT: fastinfer._sim, CPU tensors, the kernels run in cpp/simt.
 #include "fastinfer/fastinfer.h"
-#include "validate.h"
+#include "common.h"
 
 #if defined(FASTINFER_KERNEL_BACKEND_CUDA)
 #include <nvtx3/nvToolsExt.h>

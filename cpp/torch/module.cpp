@@ -1,7 +1,7 @@
 // The Python module object of fastinfer._C / fastinfer._sim / fastinfer._simprof. The ops register
 // their schemas and kernels with torch's dispatcher from static initialisers (common.h,
 // FASTINFER_LIBRARY) when the library loads; the module's init then registers their fake impls
-// (fastinfer/_fake.py: the stable ABI has no symbolic shapes, so those are Python).
+// (fastinfer/ops/_fake.py: the stable ABI has no symbolic shapes, so those are Python).
 #include <Python.h>
 
 #include "common.h"
@@ -22,7 +22,7 @@ extern "C" PyMODINIT_FUNC FASTINFER_CAT(PyInit_, FASTINFER_MODULE_NAME)(void) {
   };
   PyObject* m = PyModule_Create(&module);
   if (m == nullptr) return nullptr;
-  PyObject* fakes = PyImport_ImportModule("fastinfer._fake");
+  PyObject* fakes = PyImport_ImportModule("fastinfer.ops._fake");
   PyObject* done = fakes != nullptr ? PyObject_CallMethod(fakes, "register", "s", FASTINFER_STR(FASTINFER_NS)) : nullptr;
   Py_XDECREF(fakes);
   if (done == nullptr) {

@@ -2,7 +2,7 @@
 and a thin runner for Llama-family checkpoints: ``fastinfer.LLM(path).generate(prompts, SamplingParams(...))``.
 
 Importing the package loads the compiled extension ``fastinfer._C``, which registers every op
-(CPU and CUDA kernels; the fake impls of ``fastinfer._fake``). One build loads under every torch
+(CPU and CUDA kernels; the fake impls of ``fastinfer.ops``). One build loads under every torch
 from the stable-ABI version it targets on (``fastinfer._build_info``). ``import fastinfer._sim`` additionally registers
 ``torch.ops.fastinfer_sim.*``: the same CUDA kernel sources run on CPU tensors by the simt
 emulator (see cpp/simt/README.md). The C++ package (headers, static libraries, CMake config)

@@ -17,37 +17,20 @@ from typing import Dict
 
 import torch
 
-from .elementwise import (  # noqa: F401
-    build_rope_cache,
-    fused_add_rms_norm,
-    reshape_and_cache,
-    rms_norm,
-    rotary_embedding,
-    silu_and_mul,
-)
+# Each family module lists its public names in __all__; its op wrappers are those with a fake impl
+# (_fake.FAKES, declared next to each wrapper), the rest are helpers (pack_custom_mask, Int4Weight).
+from . import attention, elementwise, gemm_dense, gemm_fp8, gemm_int4, gemm_int8, speculative
+from ._fake import FAKES
+from .attention import *  # noqa: F401,F403
+from .elementwise import *  # noqa: F401,F403
+from .gemm_dense import *  # noqa: F401,F403
+from .gemm_fp8 import *  # noqa: F401,F403
+from .gemm_int4 import *  # noqa: F401,F403
+from .gemm_int8 import *  # noqa: F401,F403
+from .speculative import *  # noqa: F401,F403
 
-from .attention import (  # noqa: F401
-    merge_attention_states,
-    move_kv_slots,
-    pack_custom_mask,
-    paged_decode_attention,
-    paged_prefill_attention,
-    prefill_attention,
-)
-
-from .gemm_dense import dense_mm  # noqa: F401
-from .gemm_fp8 import fp8_quantize, fp8_scaled_mm  # noqa: F401
-from .gemm_int4 import Int4Weight, int4_gemm, int4_pack, int4_repack  # noqa: F401
-from .gemm_int8 import int8_azp_adj, int8_quantize, int8_scaled_mm  # noqa: F401
-from .speculative import tree_verify  # noqa: F401
-
-_OPS = {
-    f.__name__: f
-    for f in (rms_norm, fused_add_rms_norm, silu_and_mul, rotary_embedding, reshape_and_cache,
-              prefill_attention, paged_prefill_attention, paged_decode_attention, merge_attention_states,
-              move_kv_slots, fp8_quantize, fp8_scaled_mm, int4_pack, int4_repack, int4_gemm, int8_quantize,
-              int8_scaled_mm, dense_mm, tree_verify)
-}
+_FAMILIES = (elementwise, attention, gemm_dense, gemm_fp8, gemm_int4, gemm_int8, speculative)
+_OPS = {name: getattr(m, name) for m in _FAMILIES for name in m.__all__ if name in FAKES}
 
 NAMESPACES = ("fastinfer", "fastinfer_sim")
 
@@ -117,4 +100,5 @@ def backend(namespace: str = "fastinfer", deterministic: bool = False) -> Backen
     return b
 
 
-__all__ = sorted(_OPS) + ["Int4Weight", "int8_azp_adj", "build_rope_cache", "pack_custom_mask", "Backend", "backend", "NAMESPACES", "DETERMINISTIC_SPLIT_SIZE"]
+__all__ = sorted({name for m in _FAMILIES for name in m.__all__}) + [
+    "Backend", "backend", "NAMESPACES", "DETERMINISTIC_SPLIT_SIZE"]

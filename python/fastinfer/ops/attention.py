@@ -21,6 +21,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from ._fake import attention_outputs, check_dim, fake, same_device
+
 Tensor = torch.Tensor
 _Result = Union[Tensor, Tuple[Tensor, Tensor]]
 
@@ -198,3 +200,50 @@ def move_kv_slots(k_cache: Tensor, v_cache: Tensor, src_slots: Tensor, dst_slots
     cache viewed as ``[NB * BS, Hkv, D]``), all sources read before any write, so compaction
     chains such as ``5 -> 4, 7 -> 5`` are safe. Slots int32 or int64."""
     (lib or torch.ops.fastinfer).move_kv_slots(k_cache, v_cache, src_slots, dst_slots)
+
+
+# ---- fake impls (output shapes for torch.compile, opcheck and meta tensors) ----
+
+
+@fake("move_kv_slots")
+def _move_kv_slots_fake(ns, k_cache, v_cache, src_slots, dst_slots):
+    same_device(ns, "move_kv_slots", "k_cache", k_cache, v_cache=v_cache, src_slots=src_slots,
+                dst_slots=dst_slots)
+
+
+@fake("prefill_attention")
+def _prefill_attention_fake(ns, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal,
+                      window_left=-1, softcap=0.0, return_lse=False, fixed_split_size=0):
+    op = "prefill_attention"
+    check_dim(ns, op, "q", q, 3, "[num_tokens, num_q_heads, head_dim]")
+    same_device(ns, op, "q", q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    return attention_outputs(q, return_lse)
+
+
+@fake("paged_prefill_attention")
+def _paged_prefill_attention_fake(ns, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q, scale,
+                            causal, window_left=-1, softcap=0.0, custom_mask=None, return_lse=False,
+                            packed_custom_mask=None, fixed_split_size=0):
+    op = "paged_prefill_attention"
+    check_dim(ns, op, "q", q, 3, "[num_tokens, num_q_heads, head_dim]")
+    same_device(ns, op, "q", q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+                cu_seqlens_q=cu_seqlens_q, seq_lens_k=seq_lens_k, custom_mask=custom_mask,
+                 packed_custom_mask=packed_custom_mask)
+    return attention_outputs(q, return_lse)
+
+
+@fake("paged_decode_attention")
+def _paged_decode_attention_fake(ns, q, k_cache, v_cache, block_table, seq_lens, scale, window_left=-1, softcap=0.0,
+                           num_splits=0, return_lse=False, k_scale=None, v_scale=None, fixed_split_size=0):
+    op = "paged_decode_attention"
+    check_dim(ns, op, "q", q, 3, "[batch, num_q_heads, head_dim]")
+    same_device(ns, op, "q", q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
+                k_scale=k_scale, v_scale=v_scale)
+    return attention_outputs(q, return_lse)
+
+
+@fake("merge_attention_states")
+def _merge_attention_states_fake(ns, v_a, lse_a, v_b, lse_b):
+    same_device(ns, "merge_attention_states", "v_a", v_a, lse_a=lse_a, v_b=v_b, lse_b=lse_b)
+    return (torch.empty_like(v_a, memory_format=torch.contiguous_format),
+            torch.empty_like(lse_a, memory_format=torch.contiguous_format))

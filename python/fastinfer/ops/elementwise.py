@@ -14,6 +14,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from ._fake import check, check_dim, fake, same_device
+
 Tensor = torch.Tensor
 
 __all__ = [
@@ -161,3 +163,44 @@ def build_rope_cache(
     cache = torch.cat([torch.cos(ang), torch.sin(ang)], dim=-1)
     return cache.to(dtype=dtype, device=device).contiguous()
 
+
+# ---- fake impls (output shapes for torch.compile, opcheck and meta tensors) ----
+
+
+@fake("rms_norm")
+def _rms_norm_fake(ns, x, weight, eps):
+    same_device(ns, "rms_norm", "x", x, weight=weight)
+    check_dim(ns, "rms_norm", "weight", weight, 1, "[hidden]")
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@fake("rms_norm_out")
+def _rms_norm_out_fake(ns, out, x, weight, eps):
+    same_device(ns, "rms_norm_out", "x", x, out=out, weight=weight)
+
+
+@fake("fused_add_rms_norm")
+def _fused_add_rms_norm_fake(ns, x, residual, weight, eps):
+    same_device(ns, "fused_add_rms_norm", "x", x, residual=residual, weight=weight)
+
+
+@fake("silu_and_mul")
+def _silu_and_mul_fake(ns, x):
+    check(ns, "silu_and_mul", x.dim() >= 1, "x must have shape [..., 2 * F], got a 0-D tensor")
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+@fake("silu_and_mul_out")
+def _silu_and_mul_out_fake(ns, out, x):
+    same_device(ns, "silu_and_mul_out", "x", x, out=out)
+
+
+@fake("rotary_embedding")
+def _rotary_embedding_fake(ns, positions, q, k, cos_sin_cache, is_neox=True):
+    same_device(ns, "rotary_embedding", "q", q, positions=positions, k=k, cos_sin_cache=cos_sin_cache)
+
+
+@fake("reshape_and_cache")
+def _reshape_and_cache_fake(ns, k, v, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None):
+    same_device(ns, "reshape_and_cache", "k", k, v=v, k_cache=k_cache, v_cache=v_cache,
+                slot_mapping=slot_mapping, k_scale=k_scale, v_scale=v_scale)

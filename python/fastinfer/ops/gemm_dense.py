@@ -1,6 +1,6 @@
 """Python wrapper for ``dense_mm``: the batch-invariant fp16 / bf16 (fp32 on CPU) GEMM.
 
-Calls ``torch.ops.fastinfer.dense_mm`` (CPU, CUDA and Meta kernels; ``torch.ops.fastinfer_sim``
+Calls ``torch.ops.fastinfer.dense_mm`` (CPU and CUDA kernels, fake impls; ``torch.ops.fastinfer_sim``
 runs the CUDA kernel on CPU tensors). The oracle is :func:`fastinfer.reference.dense_mm`.
 """
 
@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+
+from ._fake import fake, same_device
 
 Tensor = torch.Tensor
 
@@ -33,3 +35,12 @@ def dense_mm(a: Tensor, b: Tensor, bias: Optional[Tensor] = None, *, lib=None) -
         A new ``[M, N]`` tensor of a's dtype.
     """
     return (lib or torch.ops.fastinfer).dense_mm(a, b, bias)
+
+
+# ---- fake impls (output shapes for torch.compile, opcheck and meta tensors) ----
+
+
+@fake("dense_mm")
+def _dense_mm_fake(ns, a, b, bias=None):
+    same_device(ns, "dense_mm", "a", a, b=b, bias=bias)
+    return a.new_empty((a.shape[0], b.shape[0]))

@@ -1,6 +1,6 @@
 """Python wrappers for the FP8 (W8A8) ops: dynamic e4m3 quantisation and the scaled e4m3 GEMM.
 
-Both call ``torch.ops.fastinfer.<op>`` (CPU, CUDA and Meta kernels; ``torch.ops.fastinfer_sim``
+Both call ``torch.ops.fastinfer.<op>`` (CPU and CUDA kernels, fake impls; ``torch.ops.fastinfer_sim``
 has the same schemas and runs the CUDA kernels on CPU tensors). Bad input raises
 ``RuntimeError("fastinfer.<op>: <argument> must ..., got ...")``. The fp64 oracles are in
 :mod:`fastinfer.reference.gemm_fp8`.
@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
+
+from ._fake import check, check_dim, fake, same_device
 
 Tensor = torch.Tensor
 
@@ -87,3 +89,22 @@ def fp8_scaled_mm(
         A new ``[M, N]`` tensor of ``out_dtype``.
     """
     return (lib or torch.ops.fastinfer).fp8_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, bool(deterministic))
+
+
+# ---- fake impls (output shapes for torch.compile, opcheck and meta tensors) ----
+
+
+@fake("fp8_quantize")
+def _fp8_quantize_fake(ns, x, mode="token", group_size=128, scale=None):
+    op = "fp8_quantize"
+    check_dim(ns, op, "x", x, 2, "[M, K]")
+    same_device(ns, op, "x", x, scale=scale)
+    check(ns, op, mode in ("tensor", "token", "group"), f"mode must be 'tensor', 'token' or 'group', got '{mode}'")
+    shape = {"tensor": (1,), "token": (x.shape[0],)}.get(mode) or (x.shape[0], x.shape[1] // group_size)
+    return x.new_empty(x.shape, dtype=torch.float8_e4m3fn), x.new_empty(shape, dtype=torch.float32)
+
+
+@fake("fp8_scaled_mm")
+def _fp8_scaled_mm_fake(ns, a, b, scale_a, scale_b, out_dtype, bias=None, deterministic=False):
+    same_device(ns, "fp8_scaled_mm", "a", a, b=b, scale_a=scale_a, scale_b=scale_b, bias=bias)
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)

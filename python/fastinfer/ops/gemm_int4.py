@@ -38,6 +38,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from ._fake import check, check_dim, fake, same_device
+
 Tensor = torch.Tensor
 
 __all__ = ["Int4Weight", "int4_pack", "int4_repack", "int4_gemm"]
@@ -129,3 +131,34 @@ def int4_gemm(
     return (lib or torch.ops.fastinfer).int4_gemm(a, packed, scales, zeros, int(group_size), perm,
                                                   bool(deterministic))
 
+
+# ---- fake impls (output shapes for torch.compile, opcheck and meta tensors) ----
+
+
+@fake("int4_pack")
+def _int4_pack_fake(ns, w_q):
+    check_dim(ns, "int4_pack", "w_q", w_q, 2, "[N, K] (the quantised weight, values 0..15)")
+    return w_q.new_empty((w_q.shape[1] // 64, 8 * w_q.shape[0]), dtype=torch.int32)
+
+
+@fake("int4_repack")
+def _int4_repack_fake(ns, qweight, qzeros, fmt, g_idx=None):
+    op = "int4_repack"
+    check(ns, op, fmt in ("awq", "gptq"), f"fmt must be 'awq' or 'gptq', got '{fmt}'")
+    same_device(ns, op, "qweight", qweight, qzeros=qzeros, g_idx=g_idx)
+    awq = fmt == "awq"
+    n = qweight.shape[1] * 8 if awq else qweight.shape[1]
+    k = qweight.shape[0] if awq else qweight.shape[0] * 8
+    return (qweight.new_empty((k // 64, 8 * n), dtype=torch.int32),
+            qweight.new_empty((qzeros.shape[0], n), dtype=torch.uint8),
+            qweight.new_empty((k,) if g_idx is not None else (0,), dtype=torch.int64))
+
+
+@fake("int4_gemm")
+def _int4_gemm_fake(ns, a, packed, scales, zeros, group_size=128, perm=None, deterministic=False):
+    op = "int4_gemm"
+    check_dim(ns, op, "a", a, 2, "[M, K]")
+    same_device(ns, op, "a", a, packed=packed, scales=scales, zeros=zeros, perm=perm)
+    check(ns, op, group_size > 0 and group_size % 32 == 0,
+          f"group_size must be a positive multiple of 32 (32, 64, 128 (default), ..., K), got {group_size}")
+    return a.new_empty((a.shape[0], packed.shape[1] // 8))

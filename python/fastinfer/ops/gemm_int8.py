@@ -1,6 +1,6 @@
 """Python wrappers for the INT8 (W8A8) ops: dynamic int8 quantisation and the scaled int8 GEMM.
 
-Both call ``torch.ops.fastinfer.<op>`` (CPU, CUDA and Meta kernels; ``torch.ops.fastinfer_sim``
+Both call ``torch.ops.fastinfer.<op>`` (CPU and CUDA kernels, fake impls; ``torch.ops.fastinfer_sim``
 has the same schemas and runs the CUDA kernels on CPU tensors). Bad input raises
 ``RuntimeError("fastinfer.<op>: <argument> must ..., got ...")``. The oracles are in
 :mod:`fastinfer.reference.gemm_int8`; the exact arithmetic in ``cuda/include/fastinfer/gemm/int8.h``.
@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
+
+from ._fake import check, check_dim, fake, same_device
 
 Tensor = torch.Tensor
 
@@ -93,3 +95,24 @@ def int8_scaled_mm(
     """
     return (lib or torch.ops.fastinfer).int8_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias, azp_adj, azp,
                                                        bool(deterministic))
+
+
+# ---- fake impls (output shapes for torch.compile, opcheck and meta tensors) ----
+
+
+@fake("int8_quantize")
+def _int8_quantize_fake(ns, x, mode="token", scale=None, symmetric=True):
+    op = "int8_quantize"
+    check_dim(ns, op, "x", x, 2, "[M, K]")
+    same_device(ns, op, "x", x, scale=scale)
+    check(ns, op, mode in ("tensor", "token"), f"mode must be 'tensor' or 'token', got '{mode}'")
+    scale_shape = (1,) if mode == "tensor" else (x.shape[0],)
+    azp = x.new_empty((0,) if symmetric else (x.shape[0],), dtype=torch.int32)
+    return x.new_empty(x.shape, dtype=torch.int8), x.new_empty(scale_shape, dtype=torch.float32), azp
+
+
+@fake("int8_scaled_mm")
+def _int8_scaled_mm_fake(ns, a, b, scale_a, scale_b, out_dtype, bias=None, azp_adj=None, azp=None, deterministic=False):
+    same_device(ns, "int8_scaled_mm", "a", a, b=b, scale_a=scale_a, scale_b=scale_b, bias=bias,
+                azp_adj=azp_adj, azp=azp)
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)

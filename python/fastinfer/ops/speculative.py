@@ -6,6 +6,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from ._fake import check_dim, fake, same_device
+
 Tensor = torch.Tensor
 
 __all__ = ["tree_verify"]
@@ -79,3 +81,16 @@ def tree_verify(
                               device="cpu" if generator is not None else dev).to(dev)
     return tuple((lib or torch.ops.fastinfer).tree_verify(draft_tokens, parents, target_logits, draft_probs, temperature,
                                                  uniforms, bool(greedy)))
+
+
+# ---- fake impls (output shapes for torch.compile, opcheck and meta tensors) ----
+
+
+@fake("tree_verify")
+def _tree_verify_fake(ns, draft_tokens, parents, target_logits, draft_probs, temperature, uniforms, greedy):
+    op = "tree_verify"
+    check_dim(ns, op, "draft_tokens", draft_tokens, 2, "[batch, num_nodes]")
+    same_device(ns, op, "draft_tokens", draft_tokens, parents=parents, target_logits=target_logits,
+                draft_probs=draft_probs, temperature=temperature, uniforms=uniforms)
+    b = draft_tokens.shape[0]
+    return draft_tokens.new_empty(draft_tokens.shape), draft_tokens.new_empty((b,)), draft_tokens.new_empty((b,))

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "cpu_simd.h"
-#include "validate_attention.h"
+#include "attention/contract.h"
 
 namespace fastinfer::binding {
 namespace {

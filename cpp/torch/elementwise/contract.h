@@ -1,19 +1,26 @@
 #pragma once
-// Shape, dtype and same-device rules of each op, shared by the CPU and the CUDA/sim impls so that
-// both enforce exactly the same contract (the fake impls, python/fastinfer/ops/_fake.py, only
-// compute output shapes). Layout (strides) and index-range checks: the check_*_layout functions
-// below and check_index_range.
+// The contract of the fused elementwise ops (and the cache write reshape_and_cache): schemas, and
+// the shape, dtype and same-device rules shared by the CPU and the CUDA/sim impls so that both
+// enforce exactly the same contract (the fake impls only compute output shapes). Layout (strides)
+// and index-range checks: the check_*_layout functions below and check_index_range.
 #include <cmath>
 
 #include "common.h"
 
 namespace fastinfer::binding {
 
-inline void check_activation_dtype(const Tensor& t, bool allow_fp32, const char* op, const char* name) {
-  if (allow_fp32)
-    check_dtype_in(t, {kHalf, kBFloat16, kFloat}, op, name);
-  else
-    check_dtype_in(t, {kHalf, kBFloat16}, op, name);
+// The schemas of the elementwise ops (schema.cpp registers them for every module).
+inline void define_elementwise_ops(StableLibrary& m) {
+  // Fused elementwise ops around the big kernels (docs/design.md "Fused elementwise").
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("rms_norm_out(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()");
+  m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
+  m.def("silu_and_mul(Tensor x) -> Tensor");
+  m.def("silu_and_mul_out(Tensor(a!) out, Tensor x) -> ()");
+  m.def("rotary_embedding(Tensor positions, Tensor(a!) q, Tensor(b!) k, Tensor cos_sin_cache, bool is_neox=True) -> ()");
+  // Attention-side cache maintenance.
+  m.def("reshape_and_cache(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, "
+        "Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
 }
 
 inline void validate_rms_norm(const char* op, const Tensor& x, const Tensor& weight, double eps,
@@ -26,20 +33,6 @@ inline void validate_rms_norm(const char* op, const Tensor& x, const Tensor& wei
   FI_CHECK(weight.size(0) == x.size(-1), op, "weight must have shape [hidden] = [", x.size(-1),
                "] (the last dim of x), got ", shape_str(weight));
   FI_CHECK(std::isfinite(eps) && eps >= 0, op, "eps must be a finite number >= 0, got ", eps);
-}
-
-inline void validate_same_shape(const char* op, const Tensor& t, const char* name, const Tensor& ref,
-                                const char* ref_name) {
-  FI_CHECK(shape_of(t) == shape_of(ref), op, name, " must have the shape of ", ref_name, " ",
-               shape_str(ref), ", got ", shape_str(t));
-}
-
-// Same shape, dtype and device as ref (an out= buffer, the residual stream).
-inline void validate_like(const char* op, const Tensor& t, const char* name, const Tensor& ref,
-                          const char* ref_name) {
-  validate_same_shape(op, t, name, ref, ref_name);
-  check_same_dtype(t, ref, op, name, ref_name);
-  check_same_device(t, ref, op, name, ref_name);
 }
 
 inline void validate_silu_and_mul(const char* op, const Tensor& x, bool allow_fp32) {
@@ -127,7 +120,7 @@ inline void validate_reshape_and_cache(const char* op, const Tensor& k, const Te
   }
 }
 
-// Layout rules (need real strides, so not part of the Meta checks): identical for the CPU and
+// Layout rules (need real strides, so not part of the fake impls' checks): identical for the CPU and
 // CUDA impls, so code developed against one runs unchanged on the other.
 // `other`: out of rms_norm_out or residual of fused_add_rms_norm (named by other_name).
 inline void check_rms_norm_layout(const char* op, const Tensor& x, const Tensor& weight,

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "cpu_simd.h"
-#include "validate.h"
+#include "elementwise/contract.h"
 
 namespace fastinfer::binding {
 namespace {

@@ -1,5 +1,5 @@
 #pragma once
-// The CPU batch-invariant GEMM (cpu_dense.cpp), shared by dense_mm and the deterministic mode of
+// The CPU batch-invariant GEMM (gemm_dense/cpu.cpp), shared by dense_mm and the deterministic mode of
 // fp8_scaled_mm: a row's result is bitwise independent of M and of the other rows.
 #include "common.h"
 

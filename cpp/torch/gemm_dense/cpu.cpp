@@ -1,4 +1,4 @@
-// CPU implementation of dense_mm and the batch-invariant fp32 GEMM behind it (cpu_dense.h).
+// CPU implementation of dense_mm and the batch-invariant fp32 GEMM behind it (batch_invariant_mm.h).
 // ATen's GEMM (MKL / oneDNN / OpenBLAS) picks its blocking and k-splits from M, so a row's bits
 // change with the batch (tests/test_deterministic_gemm.py shows it); this one does not: every
 // output element is reduced by the same code, one micro-kernel, with a k-order fixed by K alone.
@@ -14,10 +14,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "cpu_dense.h"
+#include "gemm_dense/batch_invariant_mm.h"
 #include "cpu_simd.h"
 #include "overrides.h"
-#include "validate_dense.h"
+#include "gemm_dense/contract.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

@@ -1,5 +1,5 @@
 #pragma once
-// What the fp8 and int8 W8A8 kernel bindings (kernel_fp8_ops.cpp, kernel_int8_ops.cpp) share: the
+// What the fp8 and int8 W8A8 kernel bindings (gemm_fp8/kernel.cpp, gemm_int8/kernel.cpp) share: the
 // given scale and workspace of the quantize ops, and the Params fields both scaled-mm ops have.
 #include "kernel_backend.h"
 

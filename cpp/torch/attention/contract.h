@@ -2,9 +2,26 @@
 // Shape/dtype/device rules of the attention ops (shared by the CPU and CUDA impls)
 // and the host-side value checks of their index tensors (cu_seqlens, seq_lens, block ids, mask
 // sizes), which run on CPU tensors always and on CUDA tensors when FASTINFER_CHECK_INDICES=1.
-#include "validate.h"
+#include "elementwise/contract.h"
 
 namespace fastinfer::binding {
+
+// The schemas of the attention ops (schema.cpp registers them for every module).
+inline void define_attention_ops(StableLibrary& m) {
+  m.def("move_kv_slots(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor src_slots, Tensor dst_slots) -> ()");
+  // Attention (docs/design.md "Attention"). lse is float32 [rows, Hq] when return_lse, else empty [0].
+  m.def("prefill_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+        "int max_seqlen_q, int max_seqlen_k, float scale, bool causal, int window_left=-1, float softcap=0.0, "
+        "bool return_lse=False, int fixed_split_size=0) -> (Tensor out, Tensor lse)");
+  m.def("paged_prefill_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
+        "Tensor cu_seqlens_q, Tensor seq_lens_k, int max_seqlen_q, float scale, bool causal, int window_left=-1, "
+        "float softcap=0.0, Tensor? custom_mask=None, bool return_lse=False, Tensor? packed_custom_mask=None, "
+        "int fixed_split_size=0) -> (Tensor out, Tensor lse)");
+  m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
+        "float scale, int window_left=-1, float softcap=0.0, int num_splits=0, bool return_lse=False, "
+        "Tensor? k_scale=None, Tensor? v_scale=None, int fixed_split_size=0) -> (Tensor out, Tensor lse)");
+  m.def("merge_attention_states(Tensor v_a, Tensor lse_a, Tensor v_b, Tensor lse_b) -> (Tensor v, Tensor lse)");
+}
 
 inline bool is_pow2(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 

@@ -1,8 +1,8 @@
 #pragma once
-// The rules fp8 and int8 W8A8 share (validate_fp8.h, validate_int8.h): the quantize input and its
+// The rules fp8 and int8 W8A8 share (gemm_fp8/contract.h, gemm_int8/contract.h): the quantize input and its
 // given per-tensor scale, the scaled-mm operands a [M, K] / b [N, K] of one 8-bit dtype, out_dtype,
 // float32 scales, the bias, and the layout the real impls need. Messages name the op's own dtype.
-#include "validate.h"
+#include "elementwise/contract.h"
 
 namespace fastinfer::binding {
 

@@ -1,9 +1,16 @@
 #pragma once
-// Checks of dense_mm (the batch-invariant fp16 / bf16 / fp32 GEMM), shared by the CPU, CUDA / sim
-// and Meta impls: a [M, K], b [N, K] (nn.Linear weight layout), one activation dtype, bias [N].
-#include "validate_w8a8.h"
+// Checks of dense_mm (the batch-invariant fp16 / bf16 / fp32 GEMM), shared by the CPU and CUDA / sim
+// impls: a [M, K], b [N, K] (nn.Linear weight layout), one activation dtype, bias [N].
+#include "w8a8_contract.h"
 
 namespace fastinfer::binding {
+
+// The schemas of the gemm dense ops (schema.cpp registers them for every module).
+inline void define_gemm_dense_ops(StableLibrary& m) {
+  // Dense fp16 / bf16 (fp32 on CPU) GEMM, b [N, K] in nn.Linear layout, fp32 accumulation: batch
+  // invariant (a row's bits never depend on M), the float linears of the deterministic mode.
+  m.def("dense_mm(Tensor a, Tensor b, Tensor? bias=None) -> Tensor");
+}
 
 inline void validate_dense_mm(const char* op, const Tensor& a, const Tensor& b,
                               const std::optional<Tensor>& bias, bool allow_fp32) {

@@ -1,7 +1,7 @@
 // CUDA implementation of dense_mm (also built for simt, see kernel_backend.h): validate, allocate
 // out through the caching allocator, fill DenseMmParams, launch. No host synchronisation.
 #include "kernel_backend.h"
-#include "validate_dense.h"
+#include "gemm_dense/contract.h"
 
 namespace fastinfer::binding {
 namespace {

@@ -3,7 +3,7 @@
 // calls can be captured in CUDA graphs), fill the Params structs, launch.
 #include "kernel_backend.h"
 #include "overrides.h"
-#include "validate_attention.h"
+#include "attention/contract.h"
 
 namespace fastinfer::binding {
 namespace {

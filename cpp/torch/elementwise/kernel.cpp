@@ -2,6 +2,7 @@
 // the returned error. Built twice from this one file:
 //   FASTINFER_KERNEL_BACKEND_CUDA: fastinfer._C, CUDA tensors, the current CUDA stream;
 //   FASTINFER_KERNEL_BACKEND_SIMT: fastinfer._sim, CPU tensors, the kernels run in cpp/simt.
+#include "elementwise/contract.h"
 #include "kernel_backend.h"
 
 namespace fastinfer::binding {

@@ -10,7 +10,7 @@
 
 #include "kernel_backend.h"
 #include "overrides.h"
-#include "validate_int4.h"
+#include "gemm_int4/contract.h"
 
 namespace fastinfer::binding {
 namespace {

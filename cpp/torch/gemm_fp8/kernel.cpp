@@ -1,9 +1,9 @@
 // CUDA implementations of fp8_quantize and fp8_scaled_mm (also built for simt, see kernel_backend.h):
 // validate, allocate outputs (and the per-tensor reduction workspace) through the caching allocator,
 // fill the Params, launch. No host synchronisation (CUDA-graph capturable).
-#include "kernel_w8a8.h"
+#include "w8a8_kernel.h"
 #include "overrides.h"
-#include "validate_fp8.h"
+#include "gemm_fp8/contract.h"
 
 namespace fastinfer::binding {
 namespace {

@@ -14,7 +14,7 @@
 #include <limits>
 
 #include "cpu_simd.h"
-#include "validate_int8.h"
+#include "gemm_int8/contract.h"
 
 namespace fastinfer::binding {
 namespace {

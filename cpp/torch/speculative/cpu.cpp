@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "validate_tree_verify.h"
+#include "speculative/contract.h"
 
 namespace fastinfer::binding {
 namespace {

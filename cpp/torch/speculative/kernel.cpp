@@ -2,7 +2,7 @@
 // allocate outputs and the fp32 residual workspace through the caching allocator (no host sync
 // unless FASTINFER_CHECK_INDICES=1 asks for the value checks), fill the Params, launch.
 #include "kernel_backend.h"
-#include "validate_tree_verify.h"
+#include "speculative/contract.h"
 
 namespace fastinfer::binding {
 namespace {

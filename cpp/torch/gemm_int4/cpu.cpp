@@ -1,5 +1,5 @@
 // CPU implementations of the int4 (W4A16) ops: int4_pack / int4_repack (the layout conversions
-// shared with the CUDA/sim bindings, validate_int4.h) and int4_gemm. int4_gemm dequantises with the kernels'
+// shared with the CUDA/sim bindings, contract.h) and int4_gemm. int4_gemm dequantises with the kernels'
 // rounding (w = (q - z) * s rounded once to a's dtype) and accumulates in fp32:
 //  - M <= kFusedMaxM (decode): a loop over 16-column tiles on torch's thread pool that decodes each
 //    64 x 16 unit of the packed weight once (through per-group tables of the 16 possible values)
@@ -13,7 +13,7 @@
 #include <cstring>
 #include <vector>
 
-#include "validate_int4.h"
+#include "gemm_int4/contract.h"
 
 namespace fastinfer::binding {
 namespace {

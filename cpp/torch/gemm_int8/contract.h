@@ -3,9 +3,19 @@
 // the CPU and CUDA/sim impls, plus their layout checks.
 #include <string>
 
-#include "validate_w8a8.h"
+#include "w8a8_contract.h"
 
 namespace fastinfer::binding {
+
+// The schemas of the gemm int8 ops (schema.cpp registers them for every module).
+inline void define_gemm_int8_ops(StableLibrary& m) {
+  // INT8 W8A8 (docs/design.md "GEMM"): dynamic int8 quantisation (zero points when symmetric=False; azp is
+  // an empty [0] tensor otherwise) and the scaled int8 matmul (int32 accumulation).
+  m.def("int8_quantize(Tensor x, str mode='token', Tensor? scale=None, bool symmetric=True) -> (Tensor x_int8, "
+        "Tensor scale, Tensor azp)");
+  m.def("int8_scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, ScalarType out_dtype, Tensor? bias=None, "
+        "Tensor? azp_adj=None, Tensor? azp=None, bool deterministic=False) -> Tensor");
+}
 
 enum class Int8Mode { kTensor, kToken };
 

@@ -5,9 +5,17 @@
 #include <cmath>
 #include <optional>
 
-#include "validate.h"
+#include "elementwise/contract.h"
 
 namespace fastinfer::binding {
+
+// The schemas of the speculative ops (schema.cpp registers them for every module).
+inline void define_speculative_ops(StableLibrary& m) {
+  // Speculative decoding (docs/design.md "Speculative decoding").
+  m.def("tree_verify(Tensor draft_tokens, Tensor parents, Tensor target_logits, Tensor? draft_probs, "
+        "Tensor temperature, Tensor uniforms, bool greedy) -> (Tensor accepted_nodes, Tensor num_accepted, "
+        "Tensor next_token)");
+}
 
 // Most draft nodes per sequence (the kernels keep a per-node list in shared memory).
 inline constexpr int64_t kTreeVerifyMaxNodes = 4096;

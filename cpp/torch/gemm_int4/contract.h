@@ -9,6 +9,18 @@
 
 namespace fastinfer::binding {
 
+// The schemas of the gemm int4 ops (schema.cpp registers them for every module).
+inline void define_gemm_int4_ops(StableLibrary& m) {
+  // INT4 W4A16 GEMM (docs/design.md "GEMM"; layout in cuda/include/fastinfer/gemm/int4.h). Extensions:
+  // int4_repack takes g_idx (GPTQ act-order) and also returns perm (int64 [K], empty without g_idx);
+  // int4_gemm takes perm and multiplies a[:, perm].
+  m.def("int4_pack(Tensor w_q) -> Tensor");
+  m.def("int4_repack(Tensor qweight, Tensor qzeros, str fmt, Tensor? g_idx=None) -> (Tensor packed, Tensor zeros, "
+        "Tensor perm)");
+  m.def("int4_gemm(Tensor a, Tensor packed, Tensor scales, Tensor? zeros, int group_size=128, Tensor? perm=None, "
+        "bool deterministic=False) -> Tensor");
+}
+
 inline constexpr int64_t kInt4MinN = 16;  // minimum tile of the packed layout: 16 columns x 64 k
 inline constexpr int64_t kInt4MinK = 64;
 

@@ -3,9 +3,17 @@
 // CPU and CUDA/sim impls, plus their layout checks.
 #include <string>
 
-#include "validate_w8a8.h"
+#include "w8a8_contract.h"
 
 namespace fastinfer::binding {
+
+// The schemas of the gemm fp8 ops (schema.cpp registers them for every module).
+inline void define_gemm_fp8_ops(StableLibrary& m) {
+  // FP8 W8A8 (docs/design.md "GEMM"): dynamic e4m3 quantisation and the scaled e4m3 matmul.
+  m.def("fp8_quantize(Tensor x, str mode='token', int group_size=128, Tensor? scale=None) -> (Tensor x_fp8, Tensor scale)");
+  m.def("fp8_scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, ScalarType out_dtype, Tensor? bias=None, "
+        "bool deterministic=False) -> Tensor");
+}
 
 enum class Fp8Mode { kTensor, kToken, kGroup };
 

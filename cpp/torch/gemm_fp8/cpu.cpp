@@ -9,8 +9,8 @@
 #include <array>
 #include <cmath>
 
-#include "cpu_dense.h"
-#include "validate_fp8.h"
+#include "gemm_dense/batch_invariant_mm.h"
+#include "gemm_fp8/contract.h"
 
 namespace fastinfer::binding {
 namespace {
@@ -118,7 +118,7 @@ Tensor fp8_scaled_mm_cpu(const Tensor& a, const Tensor& b, const Tensor& scale_a
   const bool blockwise = validate_fp8_scaled_mm(op, a, b, scale_a, scale_b, out_dtype, bias, /*allow_fp32=*/true);
   check_on_cpu(a, op, "a");
   check_w8a8_layout(op, a, b, scale_a, scale_b, bias);
-  // deterministic: the batch-invariant fp32 GEMM (cpu_dense.h) instead of ATen's, whose k-order
+  // deterministic: the batch-invariant fp32 GEMM (gemm_dense/batch_invariant_mm.h) instead of ATen's, whose k-order
   // depends on M; the dequantisation and the epilogue are elementwise already.
   auto mm = [&](const Tensor& x, const Tensor& w) {
     return deterministic ? batch_invariant_mm_f32(x, w) : matmul_nt(x, w);
