@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from ..layers.batch import DEFAULT_BLOCK_SIZE
 from ..models import find_gguf
 from ..quant import QuantOptions
 from .speculative.registry import SPEC_METHODS, SPEC_MODES, SpecMethod, spec_method
@@ -187,7 +188,7 @@ class EngineConfig:
     max_model_len: Optional[int] = _option(
         None, "model", "longest prompt + completion, in tokens", default_doc="the model's, capped by the KV pool")
     # ---- scheduler and KV cache -------------------------------------------------------------------
-    block_size: int = _option(16, "kv cache", "tokens per KV-cache block, a power of two in 8..256")
+    block_size: int = _option(DEFAULT_BLOCK_SIZE, "kv cache", "tokens per KV-cache block, a power of two in 8..256")
     max_num_seqs: int = _option(256, "scheduler", "sequences in flight at most")
     max_num_batched_tokens: Optional[int] = _option(
         None, "scheduler", "new tokens per engine step, prefill chunks included (chunked prefill)",

@@ -86,6 +86,10 @@ def _table_tensor(rows: List[Sequence[int]], device: torch.device) -> Tensor:
 LogitsRows = Union[str, Sequence[int]]
 
 
+#: Tokens per KV-cache block unless told otherwise (the runner's ``block_size`` option defaults to it).
+DEFAULT_BLOCK_SIZE = 16
+
+
 class BatchBuilder:
     """Collects prefill chunks and decode rows, then :meth:`build` makes the :class:`ForwardBatch`.
 
@@ -93,7 +97,7 @@ class BatchBuilder:
     ``decode(...)`` calls, in call order); each call returns the indices of its rows in them.
     """
 
-    def __init__(self, block_size: int = 16, device=None):
+    def __init__(self, block_size: int, device=None):
         self.block_size = int(block_size)
         self.device = torch.device("cpu" if device is None else device)
         self._p_ids: List[int] = []

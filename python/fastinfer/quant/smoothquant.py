@@ -26,6 +26,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from ..layers import BatchBuilder, WeightReader
+from ..layers.batch import DEFAULT_BLOCK_SIZE
 from ..models import PACKED_MODULES
 
 Tensor = torch.Tensor
@@ -42,7 +43,8 @@ _FOLD = {
 
 
 @torch.inference_mode()
-def calibrate(model, ids: Tensor, context: int = 256, windows_per_batch: int = 8, block_size: int = 16) -> Dict[str, Tensor]:
+def calibrate(model, ids: Tensor, context: int = 256, windows_per_batch: int = 8,
+              block_size: int = DEFAULT_BLOCK_SIZE) -> Dict[str, Tensor]:
     """``max|X_j|`` (float32 ``[K]``) of every decoder linear's input over the token ids ``ids``, run
     through ``model`` (a float :class:`~fastinfer.models.LlamaForCausalLM`) in windows of ``context``
     tokens; keyed by the linear's prefix (its first part's checkpoint name)."""
