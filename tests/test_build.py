@@ -17,7 +17,18 @@ PKG_DIR = os.path.dirname(importlib.util.find_spec("fastinfer").origin)
 REPORT = os.path.join(PKG_DIR, "ptxas_report.txt")
 BUILT_WITH_CUDA = torch._C._dispatch_has_kernel_for_dispatch_key("fastinfer::rms_norm", "CUDA")
 needs_cuda_build = pytest.mark.skipif(not BUILT_WITH_CUDA, reason="extension built without CUDA kernels")
-REQUIRED_ARCHS = {"sm_80", "sm_90a"}
+# The architectures the default build has SASS for (FASTINFER_CUDA_ARCHS in CMakeLists.txt): the
+# main ones, which must not spill, and the newer ones for the kernels that compile there.
+MAIN_ARCHS = {"sm_80", "sm_89", "sm_90a"}
+NEWER_ARCHS = {"sm_100a", "sm_120a"}
+REQUIRED_ARCHS = MAIN_ARCHS | NEWER_ARCHS
+PTX_ARCH = "sm_89"  # the PTX embedded for GPUs newer than every SASS (JIT-compiled by the driver)
+# Spills on the newer architectures, known and accepted (the kernels there are the mma.sync ones,
+# tuned for sm_80 .. sm_90): kernel-name substring -> arch.
+NEWER_ARCH_SPILLS = {
+    # the fp8 mma.sync GEMM's 128 x 128 tile at 255 registers: 40 bytes spilled on sm_100a
+    "fp8_scaled_mm_kernelINS0_10GemmConfigILi128ELi128E": "sm_100a",
+}
 
 
 def parse_ptxas_report(text):
@@ -64,7 +75,10 @@ def test_every_kernel_built_for_required_archs_without_spills():
     missing = [(k, a) for k in kernels for a in REQUIRED_ARCHS if (k, a) not in entries and k not in sm90_only]
     assert not missing, f"kernels without code for an arch: {missing[:5]}"
     bad = {key: v for key, v in entries.items() if v.get("stack", 1) or v.get("spill_stores", 1) or v.get("spill_loads", 1)}
+    accepted = {(k, a) for k, a in bad if any(sub in k and arch == a for sub, arch in NEWER_ARCH_SPILLS.items())}
+    bad = {key: v for key, v in bad.items() if key not in accepted}
     assert not bad, "kernels with a stack frame or register spills:\n" + "\n".join(f"{k} {a}: {v}" for (k, a), v in bad.items())
+    assert all(a in NEWER_ARCHS for _, a in accepted)
 
 
 def find_cuobjdump():
@@ -78,7 +92,7 @@ def find_cuobjdump():
 
 
 @needs_cuda_build
-def test_extension_contains_sm80_and_sm90a_cubins():
+def test_extension_contains_every_arch_cubin_and_one_ptx():
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
@@ -86,8 +100,18 @@ def test_extension_contains_sm80_and_sm90a_cubins():
     listing = subprocess.run([tool, "--list-elf", ext], capture_output=True, text=True, check=True).stdout
     found = set(re.findall(r"\.(sm_\d+a?)\.cubin", listing))
     assert REQUIRED_ARCHS <= found, f"cubins in {ext}: {sorted(found)}"
+    ptx = subprocess.run([tool, "--list-ptx", ext], capture_output=True, text=True, check=True).stdout
+    assert set(re.findall(r"\.(sm_\d+a?)\.ptx", ptx)) == {PTX_ARCH}, ptx[:500]
     usage = subprocess.run([tool, "--dump-resource-usage", ext], capture_output=True, text=True, check=True).stdout
-    stacks = [int(s) for s in re.findall(r"STACK:(\d+)", usage)]
+    # each cubin's "Function <name>:" / "REG:.. STACK:.." lines follow its "arch = sm_XX" header
+    stacks, arch = [], None
+    for line in usage.splitlines():
+        m = re.search(r"arch = (sm_\d+a?)", line)
+        if m:
+            arch = m.group(1)
+        m = re.search(r"STACK:(\d+)", line)
+        if m and arch in MAIN_ARCHS:
+            stacks.append(int(m.group(1)))
     assert stacks and max(stacks) == 0, "a kernel uses a stack frame:\n" + usage[:2000]
 
 
