@@ -31,7 +31,7 @@ int64_t work_items_bound(const PrefillAttentionParams& p, int rows, bool per_tok
   return items;
 }
 
-// Keys per sequence at most (the split-parallel chunks count in it).
+// Keys per sequence at most (the split-parallel chunks and the default-mode split count in it).
 int64_t key_bound(const PrefillAttentionParams& p) {
   return p.block_table != nullptr ? p.block_table_stride * p.block_size : static_cast<int64_t>(p.max_seqlen_k);
 }
@@ -56,6 +56,25 @@ bool share_tree_prefix(int64_t sequence_ctas, const DeviceDescription& d, const 
   if (o.tree_prefix_plan == TreePrefixPlan::kShared) return true;
   if (o.tree_prefix_plan == TreePrefixPlan::kPerToken) return false;
   return d.num_sms > 0 && 2 * sequence_ctas >= d.num_sms;
+}
+
+// The default mode's key splits (attention.h, "Split-KV in the default mode"): 0 or >= 2.
+int64_t default_key_splits(const PrefillAttentionParams& p, int64_t ctas, int64_t row_bytes,
+                           const DeviceDescription& d, const PrefillOverrides& o) {
+  if (p.num_q_tokens <= 0 || ctas <= 0) return 0;  // the partials are laid out by query row
+  int64_t s;
+  if (o.default_key_splits > 0) {
+    s = o.default_key_splits;
+  } else {
+    if (d.num_sms <= 0) return 0;
+    s = d.num_sms / ctas;  // one wave at most
+    const int64_t tiles = (key_bound(p) + kPrefillKeysPerTile - 1) / kPrefillKeysPerTile;
+    if (tiles / kMinTilesPerDefaultSplit < s) s = tiles / kMinTilesPerDefaultSplit;
+    const int64_t fit = splits_within(kSplitPartialBytes, row_bytes);
+    if (fit < s) s = fit;
+  }
+  if (s > kMaxSplitsPerLaunch) s = kMaxSplitsPerLaunch;
+  return s >= 2 ? s : 0;
 }
 
 size_t align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
@@ -128,6 +147,10 @@ PrefillLaunchPlan plan_prefill_launch(const PrefillAttentionParams& p, const Dev
       plan.key_splits = keys <= 0 ? 1 : (keys + p.fixed_split_size - 1) / p.fixed_split_size;
       const int64_t g = splits_within(split_partial_bytes(o), row_bytes);
       plan.splits_per_launch = g < plan.key_splits ? g : plan.key_splits;
+    } else {
+      plan.key_splits = default_key_splits(p, plan.work_items * p.num_kv_heads, row_bytes, device, o);
+      plan.default_split = plan.key_splits > 0;
+      plan.splits_per_launch = plan.key_splits;
     }
     if (plan.key_splits > 0) {
       plan.merge_blocks = (q_rows + kSplitMergeWarps - 1) / kSplitMergeWarps;

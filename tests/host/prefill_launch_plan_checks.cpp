@@ -1,10 +1,11 @@
 // Host checks of the prefill attention launch plan (fastinfer/attention/launch_plan.h) that need
 // no device: plan_prefill_launch on a table of shapes (decode-like, tree verification, long
-// prefill, the deterministic mode's fold, keys by rank and split-parallel launches, the test
-// overrides, refused shapes), its work items, split choices and workspace layout against values
-// worked out by hand from the rules in attention.h. Built and run by tests/test_launch_plan.py
-// against the installed lib/libfastinfer_kernels_simt.a (the plan is host code, the same object in
-// either library). Prints OK on success.
+// prefill, chunked-prefill continuations, the default-mode key split, the deterministic mode's
+// fold, keys by rank and split-parallel launches, the test overrides, refused shapes), its work
+// items, split choices and workspace layout against values worked out by hand from the rules in
+// attention.h. Built and run by tests/test_launch_plan.py against the installed
+// lib/libfastinfer_kernels_simt.a (the plan is host code, the same object in either library).
+// Prints OK on success.
 #include <cstdio>
 #include <cstdint>
 
@@ -62,7 +63,7 @@ static void check_region(const WorkspaceRegion& r, size_t offset, size_t bytes, 
 #define CHECK_REGION(r, offset, bytes) check_region(r, offset, bytes, __LINE__)
 
 static void check_no_split(const PrefillLaunchPlan& plan, int line) {
-  if (plan.key_splits != 0 || plan.splits_per_launch != 0 || plan.merge_blocks != 0) {
+  if (plan.key_splits != 0 || plan.splits_per_launch != 0 || plan.merge_blocks != 0 || plan.default_split) {
     std::printf("FAILED line %d: unexpected key splits %lld\n", line, static_cast<long long>(plan.key_splits));
     ++failures;
   }
@@ -182,6 +183,7 @@ int main() {
     CHECK_EQ(plan.work_items, 64);
     CHECK_EQ(plan.key_splits, 16);
     CHECK_EQ(plan.splits_per_launch, 16);
+    CHECK_EQ(plan.default_split, false);
     CHECK_EQ(plan.merge_blocks, rows / 4);
     CHECK_REGION(plan.layout.split_out, 0, 16 * rows * 128 * 4);
     CHECK_REGION(plan.layout.split_lse, 16 * rows * 128 * 4, 16 * rows * 4);
@@ -199,6 +201,70 @@ int main() {
     CHECK_EQ(plan.workspace_bytes, 4 * row_bytes);
     bounded.fixed_split_partial_bytes = 1;  // at least one chunk per launch
     CHECK_EQ(plan_prefill_launch(p, kH200, bounded).splits_per_launch, 1);
+  }
+
+  // Split-KV in the default mode (attention.h). Tree verification, B = 1, 16 nodes at ctx 4096
+  // (a 256-entry block table of 16-key blocks): 1 work item x 8 KV heads = 8 CTAs on 132 SMs, so
+  // S = min(132 / 8, 64 tiles / 4) = 16 parts of 4 tiles, 128 CTAs; partials [16][512 rows][128]
+  // fp32 and their lse, merged by 512 / 4 blocks.
+  {
+    PrefillAttentionParams p = tree(1, 16, 256);
+    PrefillLaunchPlan plan = plan_prefill_launch(p, kH200);
+    CHECK_EQ(plan.default_split, true);
+    CHECK_EQ(plan.key_splits, 16);
+    CHECK_EQ(plan.splits_per_launch, 16);
+    CHECK_EQ(plan.merge_blocks, 128);
+    CHECK_REGION(plan.layout.split_out, 0, 16 * 512 * 128 * 4);
+    CHECK_REGION(plan.layout.split_lse, 16 * 512 * 128 * 4, 16 * 512 * 4);
+    CHECK_EQ(plan.layout.running_out.bytes, 0);
+    CHECK_EQ(plan.workspace_bytes, 16 * 512 * 129 * 4);
+    check_no_split(plan_prefill_launch(p, kUnknown), __LINE__);  // no SM count, no choice by occupancy
+    p.window_left = 100;  // the depths first, then the partials
+    plan = plan_prefill_launch(p, kH200);
+    CHECK_EQ(plan.key_splits, 16);
+    CHECK_REGION(plan.layout.tree_depth, 0, 64);
+    CHECK_REGION(plan.layout.split_out, 64, 16 * 512 * 128 * 4);
+    // a short context: 256 keys are 4 tiles, too few to split
+    check_no_split(plan_prefill_launch(tree(1, 16, 16), kH200), __LINE__);
+    // 16 trees of 8 nodes at ctx 1024: 16 x 8 = 128 CTAs already
+    check_no_split(plan_prefill_launch(tree(16, 8, 64), kH200), __LINE__);
+  }
+
+  // A 128-token chunk continuing a 32k context, B = 1 (paged, causal): 4 work items x 8 KV heads
+  // = 32 CTAs, S = 132 / 32 = 4 parts of the 512 tiles.
+  {
+    const PrefillLaunchPlan plan = plan_prefill_launch(paged(1, 128, 128, 2048), kH200);
+    CHECK_EQ(plan.work_items, 4);
+    CHECK_EQ(plan.key_splits, 4);
+    CHECK_EQ(plan.default_split, true);
+    CHECK_EQ(plan.workspace_bytes, 4 * 128 * 32 * 129 * 4);
+  }
+
+  // Contiguous K/V: the key bound is max_seqlen_k (0: unknown, no split).
+  {
+    PrefillAttentionParams p = base(1, 16, 16);
+    check_no_split(plan_prefill_launch(p, kH200), __LINE__);
+    p.max_seqlen_k = 4096;
+    CHECK_EQ(plan_prefill_launch(p, kH200).key_splits, 16);
+  }
+
+  // The override: S parts whatever the occupancy (1: none); the deterministic mode ignores it.
+  {
+    PrefillOverrides forced;
+    forced.default_key_splits = 3;
+    PrefillAttentionParams p = tree(1, 16, 16);
+    PrefillLaunchPlan plan = plan_prefill_launch(p, kUnknown, forced);
+    CHECK_EQ(plan.key_splits, 3);
+    CHECK_EQ(plan.default_split, true);
+    CHECK_EQ(plan.workspace_bytes, 3 * 16 * 32 * 129 * 4);  // 16 tokens x 32 heads
+    CHECK_EQ(plan_prefill_launch(base(1, 8192, 8192), kH200, forced).key_splits, 3);
+    forced.default_key_splits = 1;
+    check_no_split(plan_prefill_launch(p, kH200, forced), __LINE__);
+    forced.default_key_splits = 3;
+    p.fixed_split_size = 64;
+    plan = plan_prefill_launch(p, kH200, forced);
+    CHECK_EQ(plan.default_split, false);
+    check_no_split(plan, __LINE__);  // the in-kernel fold
   }
 
   std::printf("%s\n", failures ? "FAILED" : "OK");

@@ -105,14 +105,16 @@ struct PrefillAttentionParams {
   // max_seqlen_k, paged block_table_stride * block_size).
   int32_t fixed_split_size = 0;
   bool split_parallel = false;
-  int32_t max_seqlen_k = 0;               // contiguous K/V, split-parallel: upper bound of k_len
+  // Upper bound of k_len (contiguous K/V): the key bound of the split-parallel mode and of the
+  // default-mode split (launch_plan.h); 0: unknown (no default-mode split).
+  int32_t max_seqlen_k = 0;
   // Scratch of plan_prefill_launch(params, ...).workspace_bytes bytes, 16-byte aligned, device
-  // (nullptr when that is 0): the tree rows, the deterministic mode's state or partials
-  // (launch_plan.h, PrefillWorkspaceLayout).
+  // (nullptr when that is 0): the tree rows, the deterministic mode's state or partials, the
+  // default-mode split's partials (launch_plan.h, PrefillWorkspaceLayout).
   void* workspace = nullptr;
 };
 
-// The launch grid of the attention kernel: (work items, num_kv_heads[, chunks]). A work item
+// The launch grid of the attention kernel: (work items, num_kv_heads[, key splits]). A work item
 // is one tile of plan.rows_per_cta rows of one sequence, a row being a (query token, query head of
 // the KV head's group) pair; sequence b has ceil(q_len_b * group / rows) items. The host does not
 // know the q_len_b (they are on the device), so the item count is the bound
@@ -122,6 +124,18 @@ struct PrefillAttentionParams {
 // ceil(group / rows) tiles: num_q_tokens * ceil(group / rows) (phase 2, or the only launch).
 // Deterministic mode, split-parallel: chunks of the key bound, and groups of chunks per kernel
 // launch (bounded so the partials take at most ~256 MiB), each followed by a merge launch.
+//
+// Split-KV in the default mode (fixed_split_size == 0). When (work items x num_kv_heads) CTAs
+// would leave most SMs idle and the sequences may have many keys (the key bound: paged
+// block_table_stride * block_size, contiguous max_seqlen_k), the plan splits the key range of
+// every CTA (the keys its rows can see under the causal rule and the window) into S parts of
+// whole 64-key tiles, ceil(tiles / S) tiles each, one CTA per (work item, KV head, part) (grid.z
+// = S). S = min(floor(num_sms / CTAs), key bound tiles / 4, the partials' bound): one wave of
+// CTAs at most, each part at least four tiles of the longest sequence. Each CTA writes its rows'
+// fp32 partials (out / l and the lse of its part; a part a row sees nothing of: zeros and -inf)
+// and prefill_merge_splits_kernel folds the S partials of each row (empty ones skipped: exact)
+// into out in dtype and the merged lse. Results differ from the unsplit kernel's by rounding only
+// (the default mode promises no bits; the deterministic mode is unaffected).
 //
 // plan must be plan_prefill_launch(params, ...) for these params (its workspace in
 // params.workspace).

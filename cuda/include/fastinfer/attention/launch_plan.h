@@ -11,7 +11,10 @@
 //    deterministic mode under a custom mask, one launch of per-token items or the two-launch fold
 //    (tree_phase 1 and 2), by the device's SM count;
 //  - key splits: the deterministic mode's chunks of F keys (split-parallel: a CTA per chunk,
-//    groups of chunks per launch bounded by the partials' bytes);
+//    groups of chunks per launch bounded by the partials' bytes), and in the default mode a split
+//    of each CTA's key range into `key_splits` parts of whole 64-key tiles, a CTA per part, when
+//    (work items x KV heads) CTAs would leave most SMs idle and the sequences have many keys
+//    (attention.h, "Split-KV in the default mode");
 //  - the workspace layout: 16-byte aligned byte offsets of each region in one workspace.
 #include <cuda_runtime_api.h>
 
@@ -31,12 +34,14 @@ constexpr bool prefill_supports_head_dim(int d) { return d == 64 || d == 128; }
 // Rows (warps) per CTA of prefill_merge_splits_kernel and of tree_rows_kernel.
 constexpr int kSplitMergeWarps = 4;
 constexpr int kTreeDepthWarps = 4;
+// The default-mode split keeps each part at least this many 64-key tiles of the key bound.
+constexpr int kMinTilesPerDefaultSplit = 4;
 }  // namespace attention
 
 // What the plans need to know of a device: queried once per device (query_device_description) and
 // kept by the caller, so no launch queries the device.
 struct DeviceDescription {
-  int32_t num_sms = 0;  // 0: unknown (no choice by occupancy: one tree launch)
+  int32_t num_sms = 0;  // 0: unknown (no choice by occupancy: no default-mode split, one tree launch)
   int32_t cc_major = 0, cc_minor = 0;
 };
 cudaError_t query_device_description(int device, DeviceDescription* out);
@@ -52,6 +57,7 @@ enum class TreePrefixPlan {
 struct PrefillOverrides {
   int64_t fixed_split_partial_bytes = 0;  // > 0: bound of one split-parallel launch's partials (else 256 MiB)
   TreePrefixPlan tree_prefix_plan = TreePrefixPlan::kBySmCount;
+  int32_t default_key_splits = 0;         // > 0: the default mode's key splits, whatever the occupancy
 };
 
 // One region of the workspace: [offset, offset + bytes), offset a multiple of 16; bytes 0: absent.
@@ -69,7 +75,7 @@ struct PrefillWorkspaceLayout {
   // In-kernel fold (deterministic, not split-parallel): fp32 state [rows][D], and under a custom
   // mask its lse [rows] (rows = num_q_tokens * Hq).
   WorkspaceRegion split_state, split_state_lse;
-  // Split-parallel (deterministic): fp32 partials of one launch
+  // Split-parallel (deterministic) and the default-mode split: fp32 partials of one launch
   // [splits_per_launch][rows][D] and their lse [splits_per_launch][rows]; the running state
   // [rows][D] / [rows] between launches when there are several.
   WorkspaceRegion split_out, split_lse, running_out, running_lse;
@@ -87,9 +93,11 @@ struct PrefillLaunchPlan {
   bool tree_two_phase = false;
   int64_t work_items_phase1 = 0;
   // Key splits: 0 = none (one CTA per work item and KV head over all its keys, or the in-kernel
-  // fold); deterministic split-parallel: chunks of fixed_split_size keys over the key bound.
+  // fold); deterministic split-parallel: chunks of fixed_split_size keys over the key bound;
+  // default mode: parts of each CTA's key range (key_splits >= 2).
   int64_t key_splits = 0;
-  int64_t splits_per_launch = 0;     // grid.z of one launch
+  bool default_split = false;        // key_splits are the default mode's parts
+  int64_t splits_per_launch = 0;     // grid.z of one launch (all key_splits but in the deterministic mode)
   int64_t merge_blocks = 0;          // grid of prefill_merge_splits_kernel (with key splits)
   PrefillWorkspaceLayout layout;
   size_t workspace_bytes = 0;        // PrefillAttentionParams::workspace needs at least this much

@@ -538,8 +538,9 @@ __device__ __forceinline__ int64_t fragment_row_index(const PrefillAttentionPara
   return (tile.q_start + rows.token[h]) * static_cast<int64_t>(p.num_q_heads) + head;
 }
 
-// Split-parallel mode (decode): the chunk's normalised fp32 output and lse of each valid row go
-// to split slot blockIdx.z (a row that saw no key of the chunk: zeros and -inf, skipped by the merge).
+// Split-parallel mode (deterministic decode) and the default-mode split: the chunk's (part's)
+// normalised fp32 output and lse of each valid row go to split slot blockIdx.z (a row that saw no
+// key of it: zeros and -inf, skipped by the merge).
 template <typename Traits>
 __device__ __forceinline__ void epilogue_split(const PrefillAttentionParams& p, const PrefillLaunchState& ls,
                                                const PrefillTile& tile,
@@ -782,12 +783,13 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const SequenceMask& mask = s_mask;
 
   // The CTA's key range (tokens of its valid rows; in the fixed mode only its chunk's keys, chunk
-  // edges being tile edges) and this warp's tokens.
+  // edges being tile edges; under the default-mode split only its part's tiles) and this warp's
+  // tokens.
   int tile_lo, num_tiles;
   {
     const int last_row = min(tile.row0 + kBlockM, tile.rows) - 1;
     KeyRange keys = mask.key_range(tile.row0 / tile.group, last_row / tile.group);
-    if (ls.split_out != nullptr) {  // split-parallel: chunk split_begin + blockIdx.z only
+    if (ls.split_out != nullptr && p.fixed_split_size > 0) {  // split-parallel: chunk split_begin + blockIdx.z only
       const int64_t c0 = static_cast<int64_t>(ls.split_begin + blockIdx.z) * p.fixed_split_size;
       if (c0 >= keys.hi) {
         keys.hi = keys.lo;  // empty
@@ -795,6 +797,12 @@ __global__ void __launch_bounds__(Traits::kThreads)
         keys.lo = max(keys.lo, static_cast<int>(c0));
         keys.hi = static_cast<int>(min(static_cast<int64_t>(keys.hi), c0 + p.fixed_split_size));
       }
+    } else if (ls.split_out != nullptr && !keys.empty()) {  // default-mode split: part blockIdx.z of gridDim.z
+      const int t0 = keys.lo / kBlockN, tiles = (keys.hi + kBlockN - 1) / kBlockN - t0;
+      const int per = (tiles + static_cast<int>(gridDim.z) - 1) / static_cast<int>(gridDim.z);  // whole tiles
+      const int lo = (t0 + static_cast<int>(blockIdx.z) * per) * kBlockN;
+      keys.lo = max(keys.lo, lo);
+      keys.hi = min(keys.hi, lo + per * kBlockN);  // empty when the part starts past the range
     }
     if (ls.tree_phase == 1)  // the whole chunks of the prefix (tile: the sequence's own)
       keys.hi = min(keys.hi, (tile.k_len - tile.q_len) / p.fixed_split_size * p.fixed_split_size);
