@@ -556,12 +556,11 @@ __device__ __forceinline__ void epilogue_split(const PrefillAttentionParams& p, 
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const int64_t r = fragment_row_index(p, tile, rows, warp, lane, h);
     if (r >= 0) {
-      float* dst = ls.split_out + (slot + r) * D + 2 * (lane % 4);
+      // The thread's two adjacent elements of each d-tile in one 8-byte store (the quad's four
+      // stores fill a 32-byte sector; the row starts 16-byte aligned: D floats from a 16-byte base).
+      float2* dst = reinterpret_cast<float2*>(ls.split_out + (slot + r) * D + 2 * (lane % 4));
 #pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        dst[dt * 8] = o[dt][2 * h] * inv;
-        dst[dt * 8 + 1] = o[dt][2 * h + 1] * inv;
-      }
+      for (int dt = 0; dt < D / 8; ++dt) dst[dt * 4] = make_float2(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
       if (lane % 4 == 0) ls.split_lse[slot + r] = chunk_lse(row_max[h], l);
     }
   }
