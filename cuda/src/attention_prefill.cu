@@ -107,8 +107,8 @@ cudaError_t launch_head_dim(const PrefillAttentionParams& p, const PrefillLaunch
 cudaError_t launch_tree_rows(const PrefillAttentionParams& p, const PrefillLaunchState& s, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.max_seqlen_q + kTreeDepthWarps - 1) / kTreeDepthWarps),
                   static_cast<unsigned>(p.batch_size));
-  return launch_kernel(tree_rows_kernel, grid, dim3(kTreeDepthWarps * 32), 0, stream, p, s.tree_depth,
-                       const_cast<int32_t*>(s.tree_rank_seq), const_cast<int32_t*>(s.tree_rank_keys));
+  return launch_kernel(tree_rows_kernel, grid, dim3(kTreeDepthWarps * 32), 0, stream, p, s.tree_depth, s.tree_rank_seq,
+                       s.tree_rank_keys);
 }
 
 }  // namespace

@@ -101,8 +101,8 @@ struct PrefillLaunchState {
   // tree_rank_keys [num_q_tokens][max_seqlen_q] its visible trailing keys in index order
   // (tree_depth[t] + 1 of them).
   int32_t* tree_depth;
-  const int32_t* tree_rank_seq;
-  const int32_t* tree_rank_keys;
+  int32_t* tree_rank_seq;
+  int32_t* tree_rank_keys;
   // The in-kernel fold under a custom mask in two launches, where the sequences' own work items
   // fill the GPU (else one launch of per-token items). Phase 1: the sequence's work items over the
   // whole chunks of its prefix, [0, floor(P / F) F) with P = k_len - q_len (every row sees those
@@ -633,7 +633,7 @@ __device__ __forceinline__ void load_folded_state(const PrefillAttentionParams& 
   }
 }
 
-// The two-launch fold (PrefillAttentionParams::tree_phase): each valid row's state lse, stored by
+// The two-launch fold (PrefillLaunchState::tree_phase): each valid row's state lse, stored by
 // phase 1 (one lane of the row's quad: all four hold it) and loaded by phase 2.
 __device__ __forceinline__ void store_state_lse(const PrefillAttentionParams& p, const PrefillLaunchState& ls,
                                                 const PrefillTile& tile,
@@ -707,7 +707,8 @@ __global__ void __launch_bounds__(kSplitMergeWarps * 32)
 }
 
 // ---- kernel ----------------------------------------------------------------------------------
-// grid (prefill_attention_work_items(p), num_kv_heads), block kThreads, dynamic smem kSmemBytes.
+// grid (plan.work_items, num_kv_heads[, plan.splits_per_launch]), block kThreads, dynamic smem
+// kSmemBytes; ls: the launch state of the plan (launch_plan.h).
 template <typename Traits, bool kPaged>
 __global__ void __launch_bounds__(Traits::kThreads)
     prefill_attention_kernel(const PrefillAttentionParams p, const PrefillLaunchState ls) {
