@@ -38,8 +38,9 @@ constexpr int kTreeDepthWarps = 4;
 constexpr int kMinTilesPerDefaultSplit = 4;
 }  // namespace attention
 
-// What the plans need to know of a device: queried once per device (query_device_description) and
-// kept by the caller, so no launch queries the device.
+// What the plans need to know of a device: queried once per device (query_device_description, a
+// CUDA runtime query, in cuda/src/attention_prefill.cu) and kept by the caller, so no launch
+// queries the device.
 struct DeviceDescription {
   int32_t num_sms = 0;  // 0: unknown (no choice by occupancy: no default-mode split, one tree launch)
   int32_t cc_major = 0, cc_minor = 0;
@@ -57,7 +58,7 @@ enum class TreePrefixPlan {
 struct PrefillOverrides {
   int64_t fixed_split_partial_bytes = 0;  // > 0: bound of one split-parallel launch's partials (else 256 MiB)
   TreePrefixPlan tree_prefix_plan = TreePrefixPlan::kBySmCount;
-  int32_t default_key_splits = 0;         // > 0: the default mode's key splits, whatever the occupancy
+  int32_t default_key_splits = 0;         // > 0: the default mode's key splits whatever the occupancy (1: none)
 };
 
 // One region of the workspace: [offset, offset + bytes), offset a multiple of 16; bytes 0: absent.
