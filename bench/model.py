@@ -431,6 +431,34 @@ def case_tree_attention(b, nodes, ctx, hq=HQ, hkv=HKV, d=HEAD_DIM, sample=1, fix
                 + (f" F={fixed_split}" if fixed_split else ""), build, sample=sample, reuse=True)
 
 
+def case_prefill_chunk(q_len, ctx, b=1, hq=HQ, hkv=HKV, d=HEAD_DIM, sample=16):
+    """Chunked prefill continuing a long context: b sequences each appending q_len tokens to
+    ctx - q_len cached keys (paged, causal), the shape where one CTA per (work item, KV head) leaves
+    most SMs idle and the default mode splits the keys (attention.h). The split's fp32 partials,
+    written by the attention kernel and read back by the merge, are outside the ideal bytes: added
+    as 2 x splits x rows x (D + 1) x 4."""
+    def build():
+        nbs = math.ceil(ctx / BLOCK)
+        kc = _bf16(b * nbs, BLOCK, hkv, d)
+        vc = _bf16(b * nbs, BLOCK, hkv, d)
+        table = torch.randperm(b * nbs).to(torch.int32).view(b, nbs)
+        lens = torch.full((b,), ctx, dtype=torch.int32)
+        q = _bf16(b * q_len, hq, d)
+        cu = torch.arange(0, b * q_len + 1, q_len, dtype=torch.int32)
+        visible = b * (q_len * (ctx - q_len) + q_len * (q_len + 1) // 2)
+        ideal = (2 * b * q_len * hq * d + 2 * b * ctx * hkv * d) * 2 + table.numel() * 4
+        fn = lambda: ns().paged_prefill_attention(q, kc, vc, table, cu, lens, q_len, d ** -0.5, True,  # noqa: E731
+                                                  **_fixed())
+        return dict(fn=fn, ideal=ideal, flops=4.0 * hq * d * visible, peak="bf16")
+
+    def split_partials(kname, rec):
+        z = rec["grid"][2]
+        return 2 * z * b * q_len * hq * (d + 1) * 4 if "prefill_attention_kernel" in kname and z > 1 else 0
+
+    return Case("paged_prefill_attention", f"chunk: B={b} {q_len} tokens after ctx {ctx - q_len} Hq/Hkv={hq}/{hkv} "
+                f"D={d}", build, sample=sample, reuse=True, extra=split_partials)
+
+
 def case_fp8_quantize(m, k, mode):
     def build():
         x = _bf16(m, k)
@@ -551,6 +579,8 @@ def all_cases(quick=False):
     cases += [case_prefill(1024, 32, 8, 128, True, paged=True), case_prefill_ragged()]
     cases += [case_tree_attention(*c) for c in ([(16, 8, 1024)] if quick else [(1, 16, 4096), (16, 8, 1024),
                                                                                 (16, 16, 4096)])]
+    if not quick:
+        cases.append(case_prefill_chunk(128, 32768))
     cases += [case_fp8_quantize(m, 4096, mode) for m in ((16, 4096) if not quick else (16,))
               for mode in ("token", "group", "tensor")]
     cases += [case_int8_quantize(m, 4096, mode, sym) for m in ((16, 4096) if not quick else (16,))

@@ -494,6 +494,104 @@ def test_decode_split_counts_agree(backend):
 
 
 # ---------------------------------------------------------------------------------------------
+# split-KV in the default mode (attention.h): each CTA's key range in S parts of whole 64-key
+# tiles, a CTA per part, fp32 partials merged per row. The plan splits long contexts at small
+# batch (too slow for the emulator); FASTINFER_TEST_DEFAULT_KEY_SPLITS forces S on small odd
+# shapes: S = 1 is the unsplit kernel, 2 and 3 leave parts a row sees nothing of (windows, causal
+# rows, sequences of fewer tiles than parts).
+# (paged, q_lens, k_lens, Hq, Hkv, D, causal, window, softcap, tree)
+DEFAULT_SPLIT_CASES = [
+    (False, [17, 0, 100, 20], [17, 5, 300, 12], 8, 2, 64, True, -1, 0.0, False),  # empty q; q > k rows see nothing
+    (False, [33, 9], [200, 9], 6, 2, 128, False, 40, 20.0, False),  # group 3, window + softcap
+    (True, [7, 1, 12, 0], [150, 5, 201, 4], 8, 2, 64, True, -1, 0.0, True),  # trees, an empty sequence
+    (True, [5, 17], [130, 61], 4, 1, 128, True, 30, 0.0, True),  # trees with a window (tree positions)
+    (True, [40], [257], 4, 4, 64, True, 70, 0.0, False),  # chunk after a prefix, window
+]
+
+
+def _run_prefill_case(be, case, g, dtype):
+    paged, q_lens, k_lens, hq, hkv, d, causal, window, softcap, tree = case
+    q = randn((sum(q_lens), hq, d), dtype, gen=g)
+    cq, scale, dev = cu(q_lens), 1.0 / math.sqrt(d), be.device
+    if not paged:
+        k = randn((sum(k_lens), hkv, d), dtype, gen=g)
+        v = randn((sum(k_lens), hkv, d), dtype, gen=g)
+        ck = cu(k_lens)
+        run = lambda: tuple(t.cpu() for t in be.ns.prefill_attention(  # noqa: E731
+            q.to(dev), k.to(dev), v.to(dev), cq.to(dev), ck.to(dev), max(q_lens), max(k_lens), scale, causal, window,
+            softcap, True))
+        ref = R.prefill_attention(q, k, v, cq, ck, scale, causal, window, softcap)
+        naive_out, naive_lse = torch.zeros_like(q), torch.zeros(q.shape[:2], dtype=dtype)
+        for b in range(len(q_lens)):
+            qs, qe, ks, ke = int(cq[b]), int(cq[b + 1]), int(ck[b]), int(ck[b + 1])
+            vis = R.visibility_mask(qe - qs, ke - ks, causal, window)
+            naive_out[qs:qe], naive_lse[qs:qe] = naive_attention(q[qs:qe], k[ks:ke], v[ks:ke], vis, scale, softcap)
+        return run, ref, (naive_out, naive_lse)
+    k_cache, v_cache, table = make_paged(k_lens, hkv, d, 16, dtype, g)
+    lens = torch.tensor(k_lens, dtype=torch.int32)
+    mask = None
+    if tree:
+        parents = deep_tree_parents if window >= 0 else R.random_tree_parents
+        mask = torch.cat([R.tree_mask(parents(n, g)).flatten() if n else torch.zeros(0, dtype=torch.bool)
+                          for n in q_lens])
+    run = lambda: tuple(t.cpu() for t in be.ns.paged_prefill_attention(  # noqa: E731
+        q.to(dev), k_cache.to(dev), v_cache.to(dev), table.to(dev), cq.to(dev), lens.to(dev), max(q_lens), scale,
+        causal, window, softcap, None if mask is None else mask.to(dev), True))
+    ref = R.paged_prefill_attention(q, k_cache, v_cache, table, cq, lens, scale, causal, window, softcap, mask)
+    naive = naive_paged(q, k_cache, v_cache, table, cq, lens, scale, causal, window, softcap, mask)
+    return run, ref, naive
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("splits", [1, 2, 3])
+@pytest.mark.parametrize("case", DEFAULT_SPLIT_CASES, ids=[f"case{i}" for i in range(len(DEFAULT_SPLIT_CASES))])
+def test_prefill_default_key_splits(monkeypatch, case, splits):
+    be = get_backend("sim")
+    monkeypatch.setenv("FASTINFER_TEST_DEFAULT_KEY_SPLITS", str(splits))
+    dtype = torch.bfloat16 if splits != 2 else torch.float16
+    run, (ref_out, ref_lse), (naive_out, naive_lse) = _run_prefill_case(be, case, make_gen(41 + splits), dtype)
+    out, lse = be.run(run)
+    check_out_lse(out, lse, ref_out, ref_lse, naive_out, naive_lse, f"default mode, {splits} key splits")
+
+
+def _prefill_launches(fn):
+    import fastinfer.simt as simt
+
+    rep = simt.profile(fn, launch_only=True)
+    grids = [tuple(r["grid"]) for k in rep["kernels"] if "prefill_attention_kernel" in k["name"] for r in k["records"]]
+    merges = sum(len(k["records"]) for k in rep["kernels"] if "prefill_merge_splits_kernel" in k["name"])
+    return grids, merges
+
+
+@pytest.mark.sim
+def test_prefill_default_key_splits_launch(monkeypatch):
+    """The split is what runs: the forced S is the attention kernel's grid.z, followed by one merge;
+    unforced, a short context is not split, and the plan splits B = 1 tree verification at ctx 4096
+    (Llama-3-8B heads, 132 SMs under the emulator) into 16 parts on its own (launches only: the
+    kernels do not run)."""
+    import importlib.util
+
+    if importlib.util.find_spec("fastinfer._simprof") is None:
+        pytest.skip("fastinfer._simprof not built")
+    be = get_backend("sim")
+    g = make_gen(43)
+    run, _, _ = _run_prefill_case(be, DEFAULT_SPLIT_CASES[2], g, torch.bfloat16)
+    assert _prefill_launches(run) == ([(4, 2, 1)], 0)
+    monkeypatch.setenv("FASTINFER_TEST_DEFAULT_KEY_SPLITS", "3")
+    assert _prefill_launches(run) == ([(4, 2, 3)], 1)
+    monkeypatch.delenv("FASTINFER_TEST_DEFAULT_KEY_SPLITS")
+    nodes, ctx, bs = 16, 4096, 16
+    k_cache = torch.zeros(ctx // bs, bs, 8, 128, dtype=torch.bfloat16)
+    table = torch.arange(ctx // bs, dtype=torch.int32).view(1, -1)
+    q = torch.zeros(nodes, 32, 128, dtype=torch.bfloat16)
+    mask = R.tree_mask(R.random_tree_parents(nodes, g)).flatten()
+    grids, merges = _prefill_launches(lambda: torch.ops.fastinfer_sim.paged_prefill_attention(
+        q, k_cache, k_cache, table, cu([nodes]), torch.tensor([ctx], dtype=torch.int32), nodes, 0.088, True, -1, 0.0,
+        mask, True))
+    assert grids == [(1, 8, 16)] and merges == 1
+
+
+# ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend,dtype,case", params([(7, 4, 64), (1, 8, 128), (33, 2, 64)],
                                                       dtypes=None))
 def test_merge_attention_states(backend, dtype, case):

@@ -276,7 +276,7 @@ def test_python_profile_sampling_runs_every_kth_cta():
 
 
 @needs_simprof
-def test_python_profile_sampling_is_unbiased_along_x():
+def test_python_profile_sampling_is_unbiased_along_x(monkeypatch):
     """Causal prefill on the work-item grid: item x of a sequence is its (n - 1 - x)-th q-tile, so a
     CTA's mma count falls linearly with x. With 4 KV heads (grid y) and one CTA in 8, the sampled
     CTAs' mma count scaled by 8 must match the full run's: the per-row offsets cover the residues
@@ -286,6 +286,7 @@ def test_python_profile_sampling_is_unbiased_along_x():
     import fastinfer.simt as simt
 
     T, HQ, HKV, D = 1024, 8, 4, 64
+    monkeypatch.setenv("FASTINFER_TEST_DEFAULT_KEY_SPLITS", "1")  # no key split: one CTA per (item, KV head)
     g = torch.Generator().manual_seed(0)
     q = torch.randn(T, HQ, D, generator=g).to(torch.bfloat16)
     k = torch.randn(T, HKV, D, generator=g).to(torch.bfloat16)

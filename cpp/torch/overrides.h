@@ -7,10 +7,13 @@
 //       of one launch take at most N bytes (small shapes then take several launches);
 //   FASTINFER_TEST_FIXED_TREE_PREFIX=shared|per-token  deterministic attention under a custom mask:
 //       the two-launch or the one-launch fold, whatever the SM count;
+//   FASTINFER_TEST_DEFAULT_KEY_SPLITS=S  prefill attention in the default mode: each CTA's keys in
+//       S parts, a CTA each, and the merge (1: unsplit), whatever the occupancy;
 //   FASTINFER_TEST_FP8_GEMM=mma, FASTINFER_TEST_INT8_GEMM=mma  the mma.sync kernel on Hopper too;
 //   FASTINFER_TEST_INT4_DENSE_MIN_M=M  int4_gemm dequantises + dense matmul from M rows on;
 //   FASTINFER_TEST_CPU_DENSE_PORTABLE=1  the CPU dense_mm takes its portable micro-kernel on AVX2.
-// Every pair of choices gives the same bits; the overrides exist to test that.
+// Every pair of choices gives the same bits (the default-mode key splits: the same result up to
+// rounding); the overrides exist to test that.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -34,6 +37,10 @@ inline PrefillOverrides prefill_overrides() {
   if (const char* v = test_override("FASTINFER_TEST_FIXED_TREE_PREFIX")) {
     if (std::strcmp(v, "shared") == 0) o.tree_prefix_plan = TreePrefixPlan::kShared;
     if (std::strcmp(v, "per-token") == 0) o.tree_prefix_plan = TreePrefixPlan::kPerToken;
+  }
+  if (const char* v = test_override("FASTINFER_TEST_DEFAULT_KEY_SPLITS")) {
+    const long long splits = std::atoll(v);
+    if (splits > 0) o.default_key_splits = static_cast<int32_t>(splits < 65535 ? splits : 65535);
   }
   return o;
 }

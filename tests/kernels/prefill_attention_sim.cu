@@ -6,6 +6,7 @@
 //   python python/fastinfer/simt/__init__.py run tests/kernels/prefill_attention_sim.cu [-- filter]
 //   nvcc -std=c++20 -O2 -arch=sm_90a -Icuda/include --expt-relaxed-constexpr \
 //        tests/kernels/prefill_attention_sim.cu -o prefill_test && ./prefill_test
+#include "../../cuda/src/attention_launch_plan.cu"
 #include "../../cuda/src/attention_prefill.cu"
 #include "kernel_test_util.h"
 
@@ -75,6 +76,23 @@ static T* to_device(const std::vector<T>& h) {
   CHECK_CUDA(cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)));
   if (!h.empty()) CHECK_CUDA(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
   return static_cast<T*>(d);
+}
+
+// The launch as a caller makes it: the plan for this device, its workspace, the launch (the
+// workspace is freed after the launch completes). A plan that refuses the shape is the error.
+static cudaError_t plan_and_launch(PrefillAttentionParams p) {
+  static DeviceDescription device;
+  static const cudaError_t queried = query_device_description(0, &device);
+  if (queried != cudaSuccess) return queried;
+  const PrefillLaunchPlan plan = plan_prefill_launch(p, device);
+  if (plan.status != cudaSuccess) return plan.status;
+  void* ws = nullptr;
+  if (plan.workspace_bytes > 0) CHECK_CUDA(cudaMalloc(&ws, plan.workspace_bytes));
+  p.workspace = ws;
+  cudaError_t err = launch_prefill_attention(p, plan, nullptr);
+  if (err == cudaSuccess) err = cudaDeviceSynchronize();
+  cudaFree(ws);
+  return err;
 }
 
 static bool run_case(const Case& c, std::mt19937& rng) {
@@ -300,7 +318,7 @@ static bool run_case(const Case& c, std::mt19937& rng) {
   }
 
   const auto t0 = std::chrono::steady_clock::now();
-  CHECK_CUDA(launch_prefill_attention(p, nullptr));
+  CHECK_CUDA(plan_and_launch(p));
   CHECK_CUDA(cudaDeviceSynchronize());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK_CUDA(cudaMemcpy(out_h.data(), out_d, out_h.size() * 2, cudaMemcpyDeviceToHost));
@@ -351,7 +369,7 @@ static int check_validation() {
   int fails = 0;
   PrefillAttentionParams p;
   p.batch_size = 0;
-  fails += launch_prefill_attention(p, nullptr) != cudaSuccess;  // empty batch: nothing to do
+  fails += plan_and_launch(p) != cudaSuccess;  // empty batch: nothing to do
   std::vector<uint16_t> buf(64 * 128);
   uint16_t* d = to_device(buf);
   int32_t* cu = to_device(std::vector<int32_t>{0, 1});
@@ -363,10 +381,11 @@ static int check_validation() {
   p.q = p.k = p.v = p.out = d;
   p.q_token_stride = p.k_token_stride = p.v_token_stride = p.out_token_stride = 256;
   p.cu_seqlens_q = p.cu_seqlens_k = cu;
-  fails += launch_prefill_attention(p, nullptr) != cudaSuccess;
+  fails += plan_and_launch(p) != cudaSuccess;
   CHECK_CUDA(cudaDeviceSynchronize());
   auto expect_invalid = [&](PrefillAttentionParams q, const char* what) {
-    if (launch_prefill_attention(q, nullptr) != cudaErrorInvalidValue) {
+    // without the workspace the plan asks for (a refused shape fails in the plan already)
+    if (launch_prefill_attention(q, plan_prefill_launch(q, DeviceDescription{}), nullptr) != cudaErrorInvalidValue) {
       std::printf("validation: %s not rejected\n", what);
       ++fails;
     }
@@ -381,24 +400,24 @@ static int check_validation() {
   { auto q = p; q.custom_mask = reinterpret_cast<const bool*>(d); expect_invalid(q, "custom mask, contiguous"); }
   { auto q = p; q.block_table = cu; q.seq_lens_k = cu; q.block_table_stride = 1; q.block_size = 16;
     q.custom_mask = reinterpret_cast<const bool*>(d); q.mask_offsets = reinterpret_cast<const int64_t*>(d);
-    q.window_left = 3; expect_invalid(q, "custom mask + window without tree_depth scratch"); }
+    q.window_left = 3; expect_invalid(q, "custom mask + window without the tree scratch"); }
   { auto q = p; q.block_table = cu; q.seq_lens_k = cu; q.block_table_stride = 1; q.block_size = 16;
     q.custom_mask = reinterpret_cast<const bool*>(d); q.mask_offsets = reinterpret_cast<const int64_t*>(d);
-    q.fixed_split_size = 64; q.num_q_tokens = 4; q.split_workspace = d;
+    q.fixed_split_size = 64; q.num_q_tokens = 4;
     expect_invalid(q, "fixed mode + custom mask without the tree scratch (keys by rank)"); }
   { auto q = p; q.block_table = cu; q.seq_lens_k = cu; q.block_table_stride = 1; q.block_size = 16;
     q.custom_mask = reinterpret_cast<const bool*>(d); q.packed_custom_mask = reinterpret_cast<const uint8_t*>(d);
     q.mask_offsets = reinterpret_cast<const int64_t*>(d); expect_invalid(q, "both custom mask forms"); }
   { auto q = p; q.num_q_tokens = -1; expect_invalid(q, "num_q_tokens < 0"); }
-  { auto q = p; q.max_seqlen_q = 0; if (launch_prefill_attention(q, nullptr) != cudaSuccess) ++fails; }
+  { auto q = p; q.max_seqlen_q = 0; if (plan_and_launch(q) != cudaSuccess) ++fails; }
   // The work-item grid bound (attention.h): B * ceil(max_q * group / rows), tightened by the token count.
   {
     auto q = p;
     q.batch_size = 16; q.num_q_heads = 32; q.num_kv_heads = 8; q.max_seqlen_q = 1024; q.num_q_tokens = 0;
-    const int64_t rows = prefill_attention_rows_per_cta(q);
-    const int64_t loose = prefill_attention_work_items(q);
+    const int64_t rows = plan_prefill_launch(q, DeviceDescription{}).rows_per_cta;
+    const int64_t loose = plan_prefill_launch(q, DeviceDescription{}).work_items;
     q.num_q_tokens = 1024 + 15 * 8;
-    const int64_t tight = prefill_attention_work_items(q);
+    const int64_t tight = plan_prefill_launch(q, DeviceDescription{}).work_items;
     const int64_t exact = (1024 * 4 + rows - 1) / rows + 15 * ((8 * 4 + rows - 1) / rows);
     if (rows != 128 || loose != 16 * 32 || tight < exact || tight > exact + 16) {
       std::printf("validation: work items rows %lld loose %lld tight %lld exact %lld\n", (long long)rows,

@@ -46,15 +46,34 @@ void fill_common(PrefillAttentionParams& p, const Tensor& q, Tensor& out, Tensor
   p.dtype = to_dtype(q.scalar_type());
 }
 
-// The deterministic mode's split workspace (attention.h), from the caching allocator; returned so
-// it lives until the launch is enqueued.
-Tensor attach_split_workspace(PrefillAttentionParams& p, const Tensor& q, int64_t fixed_split_size,
-                                  const PrefillOverrides& overrides) {
-  if (fixed_split_size <= 0) return {};
-  p.fixed_split_size = static_cast<int32_t>(fixed_split_size);
-  auto ws = empty_on(q, {static_cast<int64_t>(prefill_attention_split_workspace_size(p, overrides))}, kByte);
-  p.split_workspace = ws.data_ptr();
-  return ws;
+// The device's description for the launch plans (launch_plan.h), queried once per device (none
+// when the query fails: the plans then make no choice by occupancy).
+DeviceDescription device_description(const Tensor& anchor) {
+  struct Entry {
+    bool queried;
+    DeviceDescription device;
+  };
+  static Entry cached[64] = {};
+  const int dev = anchor.is_cuda() ? anchor.get_device_index() : 0;
+  if (dev < 0 || dev >= 64) return {};
+  if (!cached[dev].queried) {
+    DeviceDescription d;
+    if (query_device_description(dev, &d) != cudaSuccess) d = {};
+    cached[dev] = {true, d};
+  }
+  return cached[dev].device;
+}
+
+// Plans the launch (launch_plan.h), allocates its workspace from the caching allocator (alive until
+// the launch is enqueued) and launches.
+void launch_planned(PrefillAttentionParams& p, const Tensor& q, const KernelScope& scope, const char* op) {
+  const PrefillLaunchPlan plan = plan_prefill_launch(p, device_description(q), prefill_overrides());
+  Tensor workspace;
+  if (plan.workspace_bytes > 0) {
+    workspace = empty_on(q, {static_cast<int64_t>(plan.workspace_bytes)}, kByte);
+    p.workspace = workspace.data_ptr();
+  }
+  check_launch(launch_prefill_attention(p, plan, scope.stream()), op);
 }
 
 std::tuple<Tensor, Tensor> prefill_attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -80,7 +99,6 @@ std::tuple<Tensor, Tensor> prefill_attention(const Tensor& q, const Tensor& k, c
   if (q.numel() == 0) return {out, lse};
   KernelScope scope(op, q);
   PrefillAttentionParams p;
-  const PrefillOverrides overrides = fixed_split_size > 0 ? prefill_overrides() : PrefillOverrides{};
   fill_common(p, q, out, lse, cu_seqlens_q.size(0) - 1, max_seqlen_q, scale, causal, window_left, softcap);
   p.k = k.data_ptr();
   p.v = v.data_ptr();
@@ -91,8 +109,8 @@ std::tuple<Tensor, Tensor> prefill_attention(const Tensor& q, const Tensor& k, c
   p.v_token_stride = v.stride(0);
   p.num_q_tokens = q.size(0);
   p.max_seqlen_k = static_cast<int32_t>(max_seqlen_k);
-  const Tensor split_ws = attach_split_workspace(p, q, fixed_split_size, overrides);
-  check_launch(launch_prefill_attention(p, scope.stream(), overrides), op);
+  p.fixed_split_size = static_cast<int32_t>(fixed_split_size);
+  launch_planned(p, q, scope, op);
   return {out, lse};
 }
 
@@ -155,23 +173,15 @@ std::tuple<Tensor, Tensor> paged_prefill_attention(
     torch::stable::copy_(tail, aten_call("aten::cumsum", "", entries, int64_t{0}, std::optional<ScalarType>(kLong))[0]);
   }
   PrefillAttentionParams p;
-  const PrefillOverrides overrides = fixed_split_size > 0 ? prefill_overrides() : PrefillOverrides{};
   fill_common(p, q, out, lse, seq_lens_k.size(0), max_seqlen_q, scale, causal, window_left, softcap);
   fill_paged(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k);
-  Tensor tree_scratch;  // tree depths (window) / keys by rank (fixed mode), filled by the launcher
   if (has_mask) {
     if (custom_mask.has_value()) p.custom_mask = custom_mask->mutable_data_ptr<bool>();
     if (packed_custom_mask.has_value()) p.packed_custom_mask = packed_custom_mask->mutable_data_ptr<uint8_t>();
     p.mask_offsets = mask_offsets.mutable_data_ptr<int64_t>();
-    p.fixed_split_size = static_cast<int32_t>(fixed_split_size);
-    const int64_t bytes = static_cast<int64_t>(prefill_attention_workspace_size(p));
-    if (bytes > 0) {
-      tree_scratch = empty_on(q, {(bytes + 3) / 4}, kInt);
-      p.tree_depth = tree_scratch.mutable_data_ptr<int32_t>();
-    }
   }
-  const Tensor split_ws = attach_split_workspace(p, q, fixed_split_size, overrides);
-  check_launch(launch_prefill_attention(p, scope.stream(), overrides), op);
+  p.fixed_split_size = static_cast<int32_t>(fixed_split_size);
+  launch_planned(p, q, scope, op);
   return {out, lse};
 }
 
@@ -188,12 +198,11 @@ void decode_fixed_split(const char* op, const Tensor& q, const Tensor& k_cache, 
   torch::stable::zero_(first);
   const auto cu_seqlens_q = aten_call("aten::cumsum", "", ones, int64_t{0}, std::optional<ScalarType>(kInt))[0];
   PrefillAttentionParams p;
-  const PrefillOverrides overrides = fixed_split_size > 0 ? prefill_overrides() : PrefillOverrides{};
   fill_common(p, q, out, lse, q.size(0), 1, scale, /*causal=*/true, window_left, softcap);
   fill_paged(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens);
+  p.fixed_split_size = static_cast<int32_t>(fixed_split_size);
   p.split_parallel = true;  // a CTA per chunk: decode's parallelism over the keys
-  const Tensor split_ws = attach_split_workspace(p, q, fixed_split_size, overrides);
-  check_launch(launch_prefill_attention(p, scope.stream(), overrides), op);
+  launch_planned(p, q, scope, op);
 }
 
 std::tuple<Tensor, Tensor> paged_decode_attention(

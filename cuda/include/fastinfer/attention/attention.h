@@ -47,6 +47,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "fastinfer/attention/launch_plan.h"
 #include "fastinfer/common/types.h"
 
 namespace fastinfer {
@@ -78,26 +79,6 @@ struct PrefillAttentionParams {
   const bool* custom_mask = nullptr;
   const uint8_t* packed_custom_mask = nullptr;
   const int64_t* mask_offsets = nullptr;  // [B + 1], device: prefix sums of q_len^2 (entries)
-  // Tree scratch, device, prefill_attention_workspace_size(params) bytes (int32 entries): needed
-  // by tree attention with a window (custom mask and window_left >= 0: the nodes' depths) and by
-  // the deterministic mode with a custom mask (depths, then each query row's sequence and its
-  // visible trailing keys: tree_rank_seq / tree_rank_keys). launch_prefill_attention fills it
-  // (depth of query row t = popcount of its mask row - 1) in a first small kernel on the same
-  // stream, then the attention kernel reads it. Not used (may be nullptr) otherwise.
-  int32_t* tree_depth = nullptr;
-  // Set by launch_prefill_attention in the deterministic mode with a custom mask (not by callers):
-  // tree_rank_seq [num_q_tokens] the sequence of query row t, tree_rank_keys [num_q_tokens]
-  // [max_seqlen_q] its visible trailing keys in index order (tree_depth[t] + 1 of them).
-  const int32_t* tree_rank_seq = nullptr;
-  const int32_t* tree_rank_keys = nullptr;
-  // Set by launch_prefill_attention: the in-kernel fold under a custom mask in two launches, where
-  // the sequences' own work items fill the GPU (else one launch of per-token items). Phase 1: the
-  // sequence's work items over the whole chunks of its prefix, [0, floor(P / F) F) with P = k_len -
-  // q_len (every row sees those keys at the same ranks: one K/V read per tree and KV head), leaving
-  // each row's state in split_state / split_state_lse; phase 2: a work item per query token over the
-  // rest of its keys by rank, from that state. The fold is left to right either way: same bits.
-  int32_t tree_phase = 0;            // 0: one launch; 1, 2: the phases
-  float* split_state_lse = nullptr;  // [num_q_tokens * Hq], phases 1 and 2
 
   int32_t batch_size = 0;
   int32_t num_q_heads = 0;
@@ -117,62 +98,49 @@ struct PrefillAttentionParams {
   float softcap = 0.0f;                   // <= 0: none
   DType dtype = DType::kBFloat16;         // q, k, v, out: float16 or bfloat16
 
-  // Deterministic mode (see above): F > 0, a multiple of 64. Needs num_q_tokens > 0 and
-  // split_workspace of prefill_attention_split_workspace_size bytes (16-byte aligned). Two ways to
+  // Deterministic mode (see above): F > 0, a multiple of 64. Needs num_q_tokens > 0. Two ways to
   // run it with the same bits: one CTA folds all chunks of its rows (split_parallel = false: the
   // prefill shapes) or a CTA per chunk plus a merge kernel (split_parallel = true: decode, where
   // one CTA per (sequence, KV head) would leave the GPU idle; needs the key bound: contiguous
   // max_seqlen_k, paged block_table_stride * block_size).
   int32_t fixed_split_size = 0;
   bool split_parallel = false;
-  int32_t max_seqlen_k = 0;               // contiguous K/V, split-parallel: upper bound of k_len
-  void* split_workspace = nullptr;
-  // Set by launch_prefill_attention (not by callers). In-kernel fold: split_state [num_q_tokens *
-  // Hq][D] fp32. Split-parallel, per launch: blockIdx.z + split_begin is the chunk, split_out
-  // [z][num_q_tokens * Hq][D] and split_lse [z][num_q_tokens * Hq] receive the partials.
-  float* split_state = nullptr;
-  int32_t split_begin = 0;
-  float* split_out = nullptr;
-  float* split_lse = nullptr;
+  // Upper bound of k_len (contiguous K/V): the key bound of the split-parallel mode and of the
+  // default-mode split (launch_plan.h); 0: unknown (no default-mode split).
+  int32_t max_seqlen_k = 0;
+  // Scratch of plan_prefill_launch(params, ...).workspace_bytes bytes, 16-byte aligned, device
+  // (nullptr when that is 0): the tree rows, the deterministic mode's state or partials, the
+  // default-mode split's partials (launch_plan.h, PrefillWorkspaceLayout).
+  void* workspace = nullptr;
 };
 
-// Test overrides of launch_prefill_attention's own choices in the deterministic mode (the bindings
-// fill them; the launcher never reads the environment). Each choice gives the same bits.
-enum class TreePrefixPlan {
-  kBySmCount,  // two launches when the sequences' work items give at least half the SMs a CTA
-  kShared,     // always the two launches (phase 1 over the shared prefix chunks, then per token)
-  kPerToken,   // always one launch of per-token work items
-};
-struct PrefillOverrides {
-  int64_t fixed_split_partial_bytes = 0;  // > 0: bound of one split-parallel launch's partials (else 256 MiB)
-  TreePrefixPlan tree_prefix_plan = TreePrefixPlan::kBySmCount;
-};
-
-// Bytes of params.tree_depth scratch launch_prefill_attention needs: with a custom mask (either
-// form), in the deterministic mode num_q_tokens * (2 + max_seqlen_q) int32, else with a window
-// batch_size * max_seqlen_q int32; 0 otherwise.
-size_t prefill_attention_workspace_size(const PrefillAttentionParams& params);
-// The launch grid of the attention kernel: (work items, num_kv_heads). A work item is one tile of
-// prefill_attention_rows_per_cta() rows of one sequence, a row being a (query token, query head of
+// The launch grid of the attention kernel: (work items, num_kv_heads[, key splits]). A work item
+// is one tile of plan.rows_per_cta rows of one sequence, a row being a (query token, query head of
 // the KV head's group) pair; sequence b has ceil(q_len_b * group / rows) items. The host does not
 // know the q_len_b (they are on the device), so the item count is the bound
 // min(B * ceil(max_seqlen_q * group / rows), floor((num_q_tokens * group + min(B, num_q_tokens) *
 // (rows - 1)) / rows)) (the second term only when num_q_tokens > 0); the CTAs past the real count
 // exit at once. In the deterministic mode under a custom mask a work item is one query token's
 // ceil(group / rows) tiles: num_q_tokens * ceil(group / rows) (phase 2, or the only launch).
-// Deterministic mode, split-parallel: chunks of the key bound and chunks per kernel launch
-// (bounded so the partials take at most ~256 MiB); the workspace bytes of either way (in-kernel
-// fold: the fp32 state; split-parallel: the partials, plus a running state when several launches
-// are needed); 0 when fixed_split_size == 0.
-int64_t prefill_attention_num_key_splits(const PrefillAttentionParams& params);
-int64_t prefill_attention_splits_per_launch(const PrefillAttentionParams& params, const PrefillOverrides& overrides = {});
-size_t prefill_attention_split_workspace_size(const PrefillAttentionParams& params,
-                                              const PrefillOverrides& overrides = {});
-int32_t prefill_attention_rows_per_cta(const PrefillAttentionParams& params);
-int64_t prefill_attention_work_items(const PrefillAttentionParams& params);
-// overrides must be those the split workspace was sized with.
-cudaError_t launch_prefill_attention(const PrefillAttentionParams& params, cudaStream_t stream,
-                                     const PrefillOverrides& overrides = {});
+// Deterministic mode, split-parallel: chunks of the key bound, and groups of chunks per kernel
+// launch (bounded so the partials take at most ~256 MiB), each followed by a merge launch.
+//
+// Split-KV in the default mode (fixed_split_size == 0). When (work items x num_kv_heads) CTAs
+// would leave most SMs idle and the sequences may have many keys (the key bound: paged
+// block_table_stride * block_size, contiguous max_seqlen_k), the plan splits the key range of
+// every CTA (the keys its rows can see under the causal rule and the window) into S parts of
+// whole 64-key tiles, ceil(tiles / S) tiles each, one CTA per (work item, KV head, part) (grid.z
+// = S). S = min(floor(num_sms / CTAs), key bound tiles / 4, the partials' bound): one wave of
+// CTAs at most, each part at least four tiles of the longest sequence. Each CTA writes its rows'
+// fp32 partials (out / l and the lse of its part; a part a row sees nothing of: zeros and -inf)
+// and prefill_merge_splits_kernel folds the S partials of each row (empty ones skipped: exact)
+// into out in dtype and the merged lse. Results differ from the unsplit kernel's by rounding only
+// (the default mode promises no bits; the deterministic mode is unaffected).
+//
+// plan must be plan_prefill_launch(params, ...) for these params (its workspace in
+// params.workspace).
+cudaError_t launch_prefill_attention(const PrefillAttentionParams& params, const PrefillLaunchPlan& plan,
+                                     cudaStream_t stream);
 
 // Decode: one query per sequence against its paged KV (seq_lens[b] keys, the query being the
 // last token, absolute position seq_lens[b] - 1). Split-KV: num_splits CTAs per (sequence, KV

@@ -130,8 +130,8 @@ struct SequenceMask {
 // by query row (this sequence's nodes start at row q_start). kCustom = false ignores any custom
 // mask (the contiguous-K/V path has none).
 template <bool kCustom = true>
-__device__ __forceinline__ SequenceMask sequence_mask(const PrefillAttentionParams& p, int b, int q_start, int q_len,
-                                                      int k_len) {
+__device__ __forceinline__ SequenceMask sequence_mask(const PrefillAttentionParams& p, const int32_t* tree_depth, int b,
+                                                      int q_start, int q_len, int k_len) {
   SequenceMask m;
   m.q_len = q_len;
   m.k_len = k_len;
@@ -139,7 +139,7 @@ __device__ __forceinline__ SequenceMask sequence_mask(const PrefillAttentionPara
   m.window = p.window_left;
   m.custom = kCustom ? custom_mask_of(p, b) : CustomMask{nullptr, 0, false};
   m.causal = p.causal && !m.custom.present();
-  m.tree_depth = m.custom.present() && m.window >= 0 ? p.tree_depth + q_start : nullptr;
+  m.tree_depth = m.custom.present() && m.window >= 0 ? tree_depth + q_start : nullptr;
   return m;
 }
 

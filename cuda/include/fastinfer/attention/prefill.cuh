@@ -39,7 +39,7 @@
 // element masks only when the tile crosses a boundary for its rows (sequence end, causal
 // diagonal, window edge, custom-mask region). Rows that see no key produce out = 0 and lse = -inf
 // (safe max of 0 while the running max is -inf). Tree attention with a window reads the nodes'
-// depths from p.tree_depth (tree_rows_kernel, launched just before).
+// depths from the launch state's tree_depth (tree_rows_kernel, launched just before).
 //
 // Requirements checked by the launcher: q/k/v/out 16-byte aligned, token strides multiples of 8
 // elements (cp.async and the epilogue move 16-byte chunks); max_seqlen_q >= every q_len.
@@ -87,8 +87,41 @@ struct PrefillTraitsSm80 {
   static_assert(kBlockN % kRowsPerPass == 0 && kBlockM % kRowsPerPass == 0, "tile / thread mismatch");
 };
 
-// Head dims the mma.sync kernel is built for.
-constexpr bool prefill_supports_head_dim(int d) { return d == 64 || d == 128; }
+static_assert(PrefillTraitsSm80<__half, 64>::kBlockM == kPrefillRowsPerCta &&
+                  PrefillTraitsSm80<__half, 128>::kBlockM == kPrefillRowsPerCta &&
+                  PrefillTraitsSm80<__half, 64>::kBlockN == kPrefillKeysPerTile,
+              "launch_plan.h counts in the kernel's tiles");
+
+// ---- launch state ----------------------------------------------------------------------------
+// What launch_prefill_attention sets for one launch beside the caller's params (launch_plan.h: the
+// plan's choices and its workspace regions), passed to the kernels as a second argument.
+struct PrefillLaunchState {
+  // Tree rows (tree_rows_kernel writes them): depth of each query row (custom mask with a window,
+  // or keys by rank); keys by rank only: tree_rank_seq [num_q_tokens] the sequence of query row t,
+  // tree_rank_keys [num_q_tokens][max_seqlen_q] its visible trailing keys in index order
+  // (tree_depth[t] + 1 of them).
+  int32_t* tree_depth;
+  int32_t* tree_rank_seq;
+  int32_t* tree_rank_keys;
+  // The in-kernel fold under a custom mask in two launches, where the sequences' own work items
+  // fill the GPU (else one launch of per-token items). Phase 1: the sequence's work items over the
+  // whole chunks of its prefix, [0, floor(P / F) F) with P = k_len - q_len (every row sees those
+  // keys at the same ranks: one K/V read per tree and KV head), leaving each row's state in
+  // split_state / split_state_lse; phase 2: a work item per query token over the rest of its keys
+  // by rank, from that state. The fold is left to right either way: same bits.
+  int32_t tree_phase;  // 0: one launch; 1, 2: the phases
+  // In-kernel fold: split_state [num_q_tokens * Hq][D] fp32, split_state_lse [num_q_tokens * Hq]
+  // (phases 1 and 2).
+  float* split_state;
+  float* split_state_lse;
+  // Split-parallel and the default-mode split, per launch: split_out [z][num_q_tokens * Hq][D]
+  // and split_lse [z][num_q_tokens * Hq] receive the partials of blockIdx.z; deterministic:
+  // blockIdx.z + split_begin is the chunk of fixed_split_size keys; default mode (fixed_split_size
+  // == 0): blockIdx.z is the part of the CTA's key range, of gridDim.z parts.
+  int32_t split_begin;
+  float* split_out;
+  float* split_lse;
+};
 
 // ---- small helpers ---------------------------------------------------------------------------
 // Byte offset of 16-byte chunk `chunk` of row `row` in a [rows][kChunksPerRow] swizzled tile.
@@ -114,11 +147,9 @@ template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, f
 // deterministic mode under a custom mask) also keys[t][0 .. count) = the trailing keys the row
 // sees in index order and seq[t] = b. The lanes read the row coalesced, 32 entries a step, and
 // count / place them with a ballot and popcounts (exact integers).
-constexpr int kTreeDepthWarps = 4;
-
 // grid (ceil(max_seqlen_q / kTreeDepthWarps), batch), block kTreeDepthWarps * 32, no smem.
 __global__ void __launch_bounds__(kTreeDepthWarps * 32)
-    tree_rows_kernel(const PrefillAttentionParams p, int32_t* seq, int32_t* keys) {
+    tree_rows_kernel(const PrefillAttentionParams p, int32_t* depth, int32_t* seq, int32_t* keys) {
   const int b = blockIdx.y;
   const int q_start = p.cu_seqlens_q[b];
   const int q_len = p.cu_seqlens_q[b + 1] - q_start;
@@ -137,7 +168,7 @@ __global__ void __launch_bounds__(kTreeDepthWarps * 32)
     count += __popc(bits);
   }
   if (lane == 0) {
-    p.tree_depth[q_start + row] = count - 1;
+    depth[q_start + row] = count - 1;
     if (seq != nullptr) seq[q_start + row] = b;
   }
 }
@@ -507,10 +538,12 @@ __device__ __forceinline__ int64_t fragment_row_index(const PrefillAttentionPara
   return (tile.q_start + rows.token[h]) * static_cast<int64_t>(p.num_q_heads) + head;
 }
 
-// Split-parallel mode (decode): the chunk's normalised fp32 output and lse of each valid row go
-// to split slot blockIdx.z (a row that saw no key of the chunk: zeros and -inf, skipped by the merge).
+// Split-parallel mode (deterministic decode) and the default-mode split: the chunk's (part's)
+// normalised fp32 output and lse of each valid row go to split slot blockIdx.z (a row that saw no
+// key of it: zeros and -inf, skipped by the merge).
 template <typename Traits>
-__device__ __forceinline__ void epilogue_split(const PrefillAttentionParams& p, const PrefillTile& tile,
+__device__ __forceinline__ void epilogue_split(const PrefillAttentionParams& p, const PrefillLaunchState& ls,
+                                               const PrefillTile& tile,
                                                const SequenceMask& mask, const float (&o)[Traits::kHeadDim / 8][4],
                                                const float (&row_max)[2], const float (&row_sum)[2], int warp,
                                                int lane) {
@@ -523,23 +556,23 @@ __device__ __forceinline__ void epilogue_split(const PrefillAttentionParams& p, 
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const int64_t r = fragment_row_index(p, tile, rows, warp, lane, h);
     if (r >= 0) {
-      float* dst = p.split_out + (slot + r) * D + 2 * (lane % 4);
+      // The thread's two adjacent elements of each d-tile in one 8-byte store (the quad's four
+      // stores fill a 32-byte sector; the row starts 16-byte aligned: D floats from a 16-byte base).
+      float2* dst = reinterpret_cast<float2*>(ls.split_out + (slot + r) * D + 2 * (lane % 4));
 #pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        dst[dt * 8] = o[dt][2 * h] * inv;
-        dst[dt * 8 + 1] = o[dt][2 * h + 1] * inv;
-      }
-      if (lane % 4 == 0) p.split_lse[slot + r] = chunk_lse(row_max[h], l);
+      for (int dt = 0; dt < D / 8; ++dt) dst[dt * 4] = make_float2(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
+      if (lane % 4 == 0) ls.split_lse[slot + r] = chunk_lse(row_max[h], l);
     }
   }
 }
 
 // In-kernel fold (prefill): at the end of each chunk, its partial (o / l, lse) is merged into the
-// row's state (fp32 in p.split_state, each thread its own fragment elements, so no barrier; the
+// row's state (fp32 in split_state, each thread its own fragment elements, so no barrier; the
 // state's lse in registers, st_lse) and the online-softmax accumulators restart. A chunk the row
 // saw nothing of is skipped; the first one the row sees becomes the state as it is. Warp-uniform.
 template <typename Traits>
-__device__ __forceinline__ void fold_chunk(const PrefillAttentionParams& p, const PrefillTile& tile,
+__device__ __forceinline__ void fold_chunk(const PrefillAttentionParams& p, const PrefillLaunchState& ls,
+                                           const PrefillTile& tile,
                                            const SequenceMask& mask, float (&o)[Traits::kHeadDim / 8][4],
                                            float (&row_max)[2], float (&row_sum)[2], float (&st_lse)[2], int warp,
                                            int lane) {
@@ -552,7 +585,7 @@ __device__ __forceinline__ void fold_chunk(const PrefillAttentionParams& p, cons
     const float lse_c = chunk_lse(row_max[h], l);
     const int64_t r = fragment_row_index(p, tile, rows, warp, lane, h);
     if (r >= 0 && lse_c != -INFINITY) {
-      float* st = p.split_state + r * D + 2 * (lane % 4);
+      float* st = ls.split_state + r * D + 2 * (lane % 4);
       if (st_lse[h] == -INFINITY) {
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt) {
@@ -580,7 +613,8 @@ __device__ __forceinline__ void fold_chunk(const PrefillAttentionParams& p, cons
 // In-kernel fold, after the last chunk: the state back into the accumulators with row_sum such
 // that the epilogue's quad sum is exactly 1 (4 x 0.25), so it stores the state rounded once.
 template <typename Traits>
-__device__ __forceinline__ void load_folded_state(const PrefillAttentionParams& p, const PrefillTile& tile,
+__device__ __forceinline__ void load_folded_state(const PrefillAttentionParams& p, const PrefillLaunchState& ls,
+                                                  const PrefillTile& tile,
                                                   const SequenceMask& mask, float (&o)[Traits::kHeadDim / 8][4],
                                                   float (&row_sum)[2], const float (&st_lse)[2], int warp, int lane) {
   constexpr int D = Traits::kHeadDim;
@@ -589,7 +623,7 @@ __device__ __forceinline__ void load_folded_state(const PrefillAttentionParams& 
   for (int h = 0; h < 2; ++h) {
     const int64_t r = fragment_row_index(p, tile, rows, warp, lane, h);
     const bool seen = r >= 0 && st_lse[h] != -INFINITY;
-    const float* st = p.split_state + (seen ? r : 0) * D + 2 * (lane % 4);
+    const float* st = ls.split_state + (seen ? r : 0) * D + 2 * (lane % 4);
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
       o[dt][2 * h] = seen ? st[dt * 8] : 0.f;
@@ -599,25 +633,27 @@ __device__ __forceinline__ void load_folded_state(const PrefillAttentionParams& 
   }
 }
 
-// The two-launch fold (PrefillAttentionParams::tree_phase): each valid row's state lse, stored by
+// The two-launch fold (PrefillLaunchState::tree_phase): each valid row's state lse, stored by
 // phase 1 (one lane of the row's quad: all four hold it) and loaded by phase 2.
-__device__ __forceinline__ void store_state_lse(const PrefillAttentionParams& p, const PrefillTile& tile,
+__device__ __forceinline__ void store_state_lse(const PrefillAttentionParams& p, const PrefillLaunchState& ls,
+                                                const PrefillTile& tile,
                                                 const SequenceMask& mask, const float (&st_lse)[2], int warp,
                                                 int lane) {
   const FragmentRows rows = fragment_rows(tile, mask, warp, lane);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t r = fragment_row_index(p, tile, rows, warp, lane, h);
-    if (r >= 0 && lane % 4 == 0) p.split_state_lse[r] = st_lse[h];
+    if (r >= 0 && lane % 4 == 0) ls.split_state_lse[r] = st_lse[h];
   }
 }
-__device__ __forceinline__ void load_state_lse(const PrefillAttentionParams& p, const PrefillTile& tile,
+__device__ __forceinline__ void load_state_lse(const PrefillAttentionParams& p, const PrefillLaunchState& ls,
+                                               const PrefillTile& tile,
                                                const SequenceMask& mask, float (&st_lse)[2], int warp, int lane) {
   const FragmentRows rows = fragment_rows(tile, mask, warp, lane);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t r = fragment_row_index(p, tile, rows, warp, lane, h);
-    st_lse[h] = r >= 0 ? p.split_state_lse[r] : -INFINITY;
+    st_lse[h] = r >= 0 ? ls.split_state_lse[r] : -INFINITY;
   }
 }
 
@@ -625,11 +661,10 @@ __device__ __forceinline__ void load_state_lse(const PrefillAttentionParams& p, 
 // (token, head) row's state: from the running state (or empty when `first`) to the running state
 // (or, when `last`, out in dtype and lse), with fold_chunk's arithmetic. One warp per row, lane i
 // owning elements i, i + 32, ... grid ceil(rows / kSplitMergeWarps), block kSplitMergeWarps * 32.
-constexpr int kSplitMergeWarps = 4;
-
 template <typename T, int D>
 __global__ void __launch_bounds__(kSplitMergeWarps * 32)
-    prefill_merge_splits_kernel(const PrefillAttentionParams p, float* running_out, float* running_lse, int splits,
+    prefill_merge_splits_kernel(const PrefillAttentionParams p, const PrefillLaunchState ls, float* running_out,
+                                float* running_lse, int splits,
                                 bool first, bool last) {
   constexpr int kPerLane = D / 32;
   const int64_t num_rows = p.num_q_tokens * p.num_q_heads;
@@ -642,8 +677,8 @@ __global__ void __launch_bounds__(kSplitMergeWarps * 32)
   for (int i = 0; i < kPerLane; ++i) acc[i] = lse == -INFINITY ? 0.f : running_out[row * D + lane + 32 * i];
   for (int z = 0; z < splits; ++z) {
     const int64_t r = static_cast<int64_t>(z) * num_rows + row;
-    const float lb = p.split_lse[r];
-    const float* vb = p.split_out + r * D + lane;
+    const float lb = ls.split_lse[r];
+    const float* vb = ls.split_out + r * D + lane;
     if (lb == -INFINITY) continue;
     if (lse == -INFINITY) {
 #pragma unroll
@@ -672,10 +707,11 @@ __global__ void __launch_bounds__(kSplitMergeWarps * 32)
 }
 
 // ---- kernel ----------------------------------------------------------------------------------
-// grid (prefill_attention_work_items(p), num_kv_heads), block kThreads, dynamic smem kSmemBytes.
+// grid (plan.work_items, num_kv_heads[, plan.splits_per_launch]), block kThreads, dynamic smem
+// kSmemBytes; ls: the launch state of the plan (launch_plan.h).
 template <typename Traits, bool kPaged>
 __global__ void __launch_bounds__(Traits::kThreads)
-    prefill_attention_kernel(const PrefillAttentionParams p) {
+    prefill_attention_kernel(const PrefillAttentionParams p, const PrefillLaunchState ls) {
   constexpr int D = Traits::kHeadDim;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -693,13 +729,13 @@ __global__ void __launch_bounds__(Traits::kThreads)
   __shared__ SequenceMask s_mask;
   {
     const int group = p.num_q_heads / p.num_kv_heads;
-    if (p.tree_rank_keys != nullptr) {  // deterministic tree rows: one query token (q_len 1) per item
+    if (ls.tree_rank_keys != nullptr) {  // deterministic tree rows: one query token (q_len 1) per item
       const int per_token = (group + kBlockM - 1) / kBlockM;
       const int64_t token = blockIdx.x / per_token;
       if (token >= p.num_q_tokens) return;  // uniform over the CTA, before any barrier
       if (tid == 0) {
         PrefillTile tile;
-        tile.b = p.tree_rank_seq[token];
+        tile.b = ls.tree_rank_seq[token];
         const int prefix = p.seq_lens_k[tile.b] - (p.cu_seqlens_q[tile.b + 1] - p.cu_seqlens_q[tile.b]);
         tile.group = group;
         tile.kv_head = blockIdx.y;
@@ -707,12 +743,12 @@ __global__ void __launch_bounds__(Traits::kThreads)
         tile.q_start = static_cast<int>(token);
         tile.q_len = 1;
         tile.k_start = 0;
-        tile.k_len = prefix + p.tree_depth[token] + 1;  // the prefix and the keys its mask row sees
+        tile.k_len = prefix + ls.tree_depth[token] + 1;  // the prefix and the keys its mask row sees
         tile.rows = group;
-        tile.key_map = p.tree_rank_keys + token * p.max_seqlen_q;
+        tile.key_map = ls.tree_rank_keys + token * p.max_seqlen_q;
         tile.key_map_lo = prefix;
         s_tile = tile;
-        SequenceMask m = sequence_mask<false>(p, tile.b, tile.q_start, 1, tile.k_len);
+        SequenceMask m = sequence_mask<false>(p, nullptr, tile.b, tile.q_start, 1, tile.k_len);
         m.causal = true;  // the last of its keys by rank: position prefix + depth, as in decode
         s_mask = m;
       }
@@ -738,7 +774,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
         }
         tile.rows = tile.q_len * group;
         s_tile = tile;
-        s_mask = sequence_mask<kPaged>(p, tile.b, tile.q_start, tile.q_len, tile.k_len);
+        s_mask = sequence_mask<kPaged>(p, ls.tree_depth, tile.b, tile.q_start, tile.q_len, tile.k_len);
       }
     }
   }
@@ -747,23 +783,30 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const SequenceMask& mask = s_mask;
 
   // The CTA's key range (tokens of its valid rows; in the fixed mode only its chunk's keys, chunk
-  // edges being tile edges) and this warp's tokens.
+  // edges being tile edges; under the default-mode split only its part's tiles) and this warp's
+  // tokens.
   int tile_lo, num_tiles;
   {
     const int last_row = min(tile.row0 + kBlockM, tile.rows) - 1;
     KeyRange keys = mask.key_range(tile.row0 / tile.group, last_row / tile.group);
-    if (p.split_out != nullptr) {  // split-parallel: chunk split_begin + blockIdx.z only
-      const int64_t c0 = static_cast<int64_t>(p.split_begin + blockIdx.z) * p.fixed_split_size;
+    if (ls.split_out != nullptr && p.fixed_split_size > 0) {  // split-parallel: chunk split_begin + blockIdx.z only
+      const int64_t c0 = static_cast<int64_t>(ls.split_begin + blockIdx.z) * p.fixed_split_size;
       if (c0 >= keys.hi) {
         keys.hi = keys.lo;  // empty
       } else {
         keys.lo = max(keys.lo, static_cast<int>(c0));
         keys.hi = static_cast<int>(min(static_cast<int64_t>(keys.hi), c0 + p.fixed_split_size));
       }
+    } else if (ls.split_out != nullptr && !keys.empty()) {  // default-mode split: part blockIdx.z of gridDim.z
+      const int t0 = keys.lo / kBlockN, tiles = (keys.hi + kBlockN - 1) / kBlockN - t0;
+      const int per = (tiles + static_cast<int>(gridDim.z) - 1) / static_cast<int>(gridDim.z);  // whole tiles
+      const int lo = (t0 + static_cast<int>(blockIdx.z) * per) * kBlockN;
+      keys.lo = max(keys.lo, lo);
+      keys.hi = min(keys.hi, lo + per * kBlockN);  // empty when the part starts past the range
     }
-    if (p.tree_phase == 1)  // the whole chunks of the prefix (tile: the sequence's own)
+    if (ls.tree_phase == 1)  // the whole chunks of the prefix (tile: the sequence's own)
       keys.hi = min(keys.hi, (tile.k_len - tile.q_len) / p.fixed_split_size * p.fixed_split_size);
-    else if (p.tree_phase == 2)  // the rest, by rank (tile: one query token)
+    else if (ls.tree_phase == 2)  // the rest, by rank (tile: one query token)
       keys.lo = max(keys.lo, tile.key_map_lo / p.fixed_split_size * p.fixed_split_size);
     tile_lo = keys.lo / kBlockN;
     num_tiles = keys.empty() ? 0 : (keys.hi + kBlockN - 1) / kBlockN - tile_lo;
@@ -785,10 +828,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
   float row_max[2] = {-INFINITY, -INFINITY};  // log2 domain, rows g and g + 8
   float row_sum[2] = {0.f, 0.f};              // this thread's partial sums (reduced at the end)
   // In-kernel fold of the deterministic mode: chunks of tiles_per_chunk tiles, the state's lse.
-  const bool fold = p.fixed_split_size > 0 && p.split_out == nullptr;
+  const bool fold = p.fixed_split_size > 0 && ls.split_out == nullptr;
   const int tiles_per_chunk = fold ? p.fixed_split_size / kBlockN : 1;
   float st_lse[2] = {-INFINITY, -INFINITY};
-  if (p.tree_phase == 2) load_state_lse(p, tile, mask, st_lse, warp, lane);  // phase 1's fold
+  if (ls.tree_phase == 2) load_state_lse(p, ls, tile, mask, st_lse, warp, lane);  // phase 1's fold
 
   if (num_tiles > 0) {
     // ---- prologue: Q (group 0), then K/V tiles 0 .. kStages-2 (one group each, maybe empty) ----
@@ -828,7 +871,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
       }
       const int n0 = (tile_lo + it) * kBlockN;
       if (fold && it > 0 && (tile_lo + it) % tiles_per_chunk == 0)  // a chunk ends: uniform over the CTA
-        fold_chunk<Traits>(p, tile, mask, o, row_max, row_sum, st_lse, warp, lane);
+        fold_chunk<Traits>(p, ls, tile, mask, o, row_max, row_sum, st_lse, warp, lane);
       // Warp-uniform: skip a tile none of the warp's rows sees (its update would be the identity).
       if (!warp_has_rows || mask.none_visible(n0, n0 + kBlockN, warp_first, warp_last)) continue;
       const int stage = it % kStages;
@@ -844,15 +887,15 @@ __global__ void __launch_bounds__(Traits::kThreads)
     ptx::cp_async_wait<0>();  // only empty groups remain; keeps the invariant explicit
   }
 
-  if (p.split_out != nullptr) {
-    epilogue_split<Traits>(p, tile, mask, o, row_max, row_sum, warp, lane);
+  if (ls.split_out != nullptr) {
+    epilogue_split<Traits>(p, ls, tile, mask, o, row_max, row_sum, warp, lane);
   } else if (fold) {
-    fold_chunk<Traits>(p, tile, mask, o, row_max, row_sum, st_lse, warp, lane);
-    if (p.tree_phase == 1) {  // the state stays for phase 2 (split_state written by fold_chunk)
-      store_state_lse(p, tile, mask, st_lse, warp, lane);
+    fold_chunk<Traits>(p, ls, tile, mask, o, row_max, row_sum, st_lse, warp, lane);
+    if (ls.tree_phase == 1) {  // the state stays for phase 2 (split_state written by fold_chunk)
+      store_state_lse(p, ls, tile, mask, st_lse, warp, lane);
       return;
     }
-    load_folded_state<Traits>(p, tile, mask, o, row_sum, st_lse, warp, lane);
+    load_folded_state<Traits>(p, ls, tile, mask, o, row_sum, st_lse, warp, lane);
     epilogue<Traits>(s_q, p, tile, mask, o, row_max, row_sum, warp, lane, st_lse);
   } else {
     epilogue<Traits>(s_q, p, tile, mask, o, row_max, row_sum, warp, lane);
