@@ -294,3 +294,12 @@ def test_build_info_names_the_torch_it_was_built_with():
     assert _build_info.TORCH_BUILT_WITH == torch.__version__
     major, minor = (int(x) for x in _build_info.TORCH_ABI_TARGET.split("."))
     assert (major, minor) == (2, 11)
+
+
+def test_import_under_an_older_torch_names_both_versions():
+    """Under a torch older than the stable-ABI target the import fails with a message naming the
+    torch the extension was built with, the oldest it loads under and the running one."""
+    code = ("import torch; torch.__version__ = '2.10.0'\n"
+            "try:\n    import fastinfer\nexcept ImportError as e:\n    print(e)\nelse:\n    print('imported')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert f"built with torch {torch.__version__}" in out and ">= 2.11" in out and "2.10.0" in out, out
