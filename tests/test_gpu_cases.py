@@ -1,7 +1,7 @@
 """bench/gpu_cases.py without a GPU: the case lists (the model's, the sanitizer's), the round-robin order
 under a deadline, and the proxy that sends the model's op calls to another device -- here the Meta
-device (every op has a Meta kernel), so each case's call reaches torch.ops.fastinfer with its tensors
-moved, views keeping their strides."""
+device (every op's fake impl serves meta tensors), so each case's call reaches torch.ops.fastinfer
+with its tensors moved, views keeping their strides."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_device_ops_moves_arguments_and_keeps_view_strides():
 @pytest.mark.parametrize("case", gc.sanitize_cases(), ids=lambda c: f"{c.family}:{c.label}")
 def test_case_calls_reach_the_ops_on_another_device(case):
     """Each small case's op call, through the proxy, on Meta tensors (shapes and dtypes checked by the
-    ops' Meta kernels): what the GPU run does with CUDA tensors."""
+    ops' fake impls): what the GPU run does with CUDA tensors."""
     torch.manual_seed(0)
     spec = case.build()
     saved = M._OPS

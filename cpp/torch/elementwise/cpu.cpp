@@ -1,4 +1,4 @@
-// CPU implementations (C++ row loops or ATen, fp32 inside) of the fastinfer ops: they make the runner usable on a
+// CPU implementations (C++ row loops, fp32 inside) of the fastinfer ops: they make the runner usable on a
 // CPU-only machine and accept float32 as well as float16/bfloat16.
 
 #include <algorithm>
@@ -13,7 +13,7 @@ namespace fastinfer::binding {
 namespace {
 
 // Row kernels: one pass over each row, fp32 math (the sum of squares in 16 partial sums added in
-// fp64, so float32 inputs keep full accuracy), one rounding on store; rows are spread over ATen's
+// fp64, so float32 inputs keep full accuracy), one rounding on store; rows are spread over torch's
 // CPU thread pool.
 constexpr int64_t kGrainElems = 1 << 15;
 constexpr int kLanes = 16;

@@ -68,7 +68,7 @@ void decode_unit(const int32_t* packed, const std::vector<float>& lut, int64_t n
   }
 }
 
-// Decode path: per 16-column tile (ATen's thread pool), each 64 x 16 unit is decoded once into a
+// Decode path: per 16-column tile (torch's thread pool), each 64 x 16 unit is decoded once into a
 // small fp32 buffer and dotted with the 64 matching activations of every row (no weight copy).
 template <typename T>
 void int4_gemm_fused(const Tensor& a, const Tensor& packed, const Tensor& scales, const uint8_t* zp,
