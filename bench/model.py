@@ -281,6 +281,13 @@ def case_silu(t):
     return Case("silu_and_mul", f"T={t} F={FFN}", build, sample=max(1, t // 64))
 
 
+def case_gelu_tanh(t):
+    def build():
+        x = _bf16(t, 2 * FFN)
+        return dict(fn=lambda: ns().gelu_tanh_and_mul(x), ideal=3 * t * FFN * 2)
+    return Case("gelu_tanh_and_mul", f"T={t} F={FFN}", build, sample=max(1, t // 64))
+
+
 def case_rope(t):
     def build():
         from fastinfer.ops import build_rope_cache
@@ -566,6 +573,8 @@ def all_cases(quick=False):
     cases = []
     for t in tokens:
         cases += [case_rms_norm(t), case_fused_add(t), case_silu(t), case_rope(t), case_reshape_and_cache(t)]
+    if not quick:
+        cases.append(case_gelu_tanh(512))
     cases += [case_move_kv_slots(), case_merge(512)]
     dec = [(1, 4096, 32, 8, 1), (64, 4096, 32, 8, 16)] if quick else [
         (1, 512, 32, 8, 1), (1, 4096, 32, 8, 1), (1, 32768, 32, 8, 2), (16, 512, 32, 8, 1), (16, 4096, 32, 8, 4),

@@ -101,6 +101,14 @@ CASES = [
     ("silu_and_mul_out", "noncontig-out", lambda: (noncontig(T, F_), r(T, 2 * F_)), r"\bout\b"),
     ("silu_and_mul_out", "device-out", lambda: (r(T, F_, device="meta"), r(T, 2 * F_)), r"\bout\b|device"),
     ("silu_and_mul_out", "odd-x", lambda: (r(T, F_), r(T, 2 * F_ + 1)), r"\bx\b|\bout\b"),
+    # ---------------- gelu_tanh_and_mul(_out): the same checks
+    ("gelu_tanh_and_mul", "dtype-x", lambda: (r(T, 2 * F_, dtype=F64),), r"\bx\b"),
+    ("gelu_tanh_and_mul", "rank-x", lambda: (torch.tensor(1.0, dtype=BF),), r"\bx\b"),
+    ("gelu_tanh_and_mul", "odd-x", lambda: (r(T, 2 * F_ + 1),), r"\bx\b"),
+    ("gelu_tanh_and_mul", "noncontig-x", lambda: (noncontig(T, 2 * F_),), r"\bx\b"),
+    ("gelu_tanh_and_mul_out", "shape-out", lambda: (r(T, 2 * F_), r(T, 2 * F_)), r"\bout\b"),
+    ("gelu_tanh_and_mul_out", "dtype-out", lambda: (r(T, F_, dtype=HF), r(T, 2 * F_)), r"\bout\b"),
+    ("gelu_tanh_and_mul_out", "device-out", lambda: (r(T, F_, device="meta"), r(T, 2 * F_)), r"\bout\b|device"),
     # ---------------- rotary_embedding
     ("rotary_embedding", "dtype-positions", lambda: (pos().float(), r(T, HQ, D), r(T, HKV, D), cache_(), True), r"\bpositions\b"),
     ("rotary_embedding", "rank-positions", lambda: (pos().view(T, 1), r(T, HQ, D), r(T, HKV, D), cache_(), True), r"\bpositions\b"),

@@ -44,6 +44,8 @@ def _op_cases(dtype):
         ("fused_add_rms_norm", (a["x"].clone(), a["res"].clone(), a["w"], 1e-6)),
         ("silu_and_mul", (a["gu"],)),
         ("silu_and_mul_out", (a["out_f"], a["gu"])),
+        ("gelu_tanh_and_mul", (a["gu"],)),
+        ("gelu_tanh_and_mul_out", (a["out_f"], a["gu"])),
         ("rotary_embedding", (a["pos"], a["q"], a["k"], a["cache"], True)),
         ("rotary_embedding", (a["pos"].long(), a["q"], a["k"], a["cache_partial"], False)),
         ("reshape_and_cache", (a["k"], a["v"], a["kc"], a["vc"], a["slots"], None, None)),
@@ -59,8 +61,12 @@ OPCHECK_PARAMS = [
 ]
 
 
+_CASE_NAMES = [c[0] for c in _op_cases(BF)]
+_CASE_IDS = [n + (f"_{_CASE_NAMES[:i].count(n) + 1}" if n in _CASE_NAMES[:i] else "") for i, n in enumerate(_CASE_NAMES)]
+
+
 @pytest.mark.parametrize("bname,dtype", OPCHECK_PARAMS)
-@pytest.mark.parametrize("idx", range(9), ids=[c[0] + ("_2" if i in (6, 8) else "") for i, c in enumerate(_op_cases(BF))])
+@pytest.mark.parametrize("idx", range(len(_CASE_NAMES)), ids=_CASE_IDS)
 def test_opcheck(bname, dtype, idx):
     be = get_backend(bname)
     name, args = _op_cases(dtype)[idx]
@@ -87,6 +93,10 @@ def test_wrappers_match_ops():
     out = poison_(torch.empty_like(a["out_f"]))
     assert fo.silu_and_mul(a["gu"], out=out) is out
     assert torch.equal(out, ops.silu_and_mul(a["gu"]))
+    assert torch.equal(fo.gelu_tanh_and_mul(a["gu"]), ops.gelu_tanh_and_mul(a["gu"]))
+    out = poison_(torch.empty_like(a["out_f"]))
+    assert fo.gelu_tanh_and_mul(a["gu"], out=out) is out
+    assert torch.equal(out, ops.gelu_tanh_and_mul(a["gu"]))
     x, res = a["x"].clone(), a["res"].clone()
     x2, res2 = a["x"].clone(), a["res"].clone()
     rx, rr = fo.fused_add_rms_norm(x, res, a["w"])

@@ -43,6 +43,11 @@ def naive_silu_and_mul(x):
     return F.silu(x[..., :f]) * x[..., f:]
 
 
+def naive_gelu_tanh_and_mul(x):  # PyTorch's own tanh-approximated gelu, in the input precision
+    f = x.shape[-1] // 2
+    return F.gelu(x[..., :f], approximate="tanh") * x[..., f:]
+
+
 def naive_rope(positions, x, cache, is_neox):
     rot = cache.shape[-1]
     c = cache.to(x.dtype)[positions.long()]
@@ -178,9 +183,18 @@ SILU_CASES = {
 }
 
 
+# The gated activations: the op, its fp64 reference, the plain-torch version in the input precision.
+GATED = {
+    "silu": ("silu_and_mul", ref_ops.silu_and_mul, naive_silu_and_mul),
+    "gelu_tanh": ("gelu_tanh_and_mul", ref_ops.gelu_tanh_and_mul, naive_gelu_tanh_and_mul),
+}
+
+
+@pytest.mark.parametrize("act", list(GATED))
 @pytest.mark.parametrize("use_out", [False, True], ids=["ret", "out"])
 @pytest.mark.parametrize("bname,dtype,shape", backend_params(_one_arg(SILU_CASES)))
-def test_silu_and_mul(bname, dtype, shape, use_out):
+def test_gated_and_mul(bname, dtype, shape, use_out, act):
+    op, reference, naive = GATED[act]
     be = get_backend(bname)
     x = randn(shape, dtype, be.device, make_gen(3), scale=2.0)
     f = shape[-1] // 2
@@ -189,15 +203,22 @@ def test_silu_and_mul(bname, dtype, shape, use_out):
         xc = x.clone()
         if use_out:
             out = poison_(torch.empty(shape[:-1] + (f,), dtype=dtype, device=be.device))
-            assert be.ns.silu_and_mul_out(out, xc) is None
+            assert getattr(be.ns, f"{op}_out")(out, xc) is None
         else:
-            out = be.ns.silu_and_mul(xc)
-        assert torch.equal(xc, x), "silu_and_mul must not modify x"
+            out = getattr(be.ns, op)(xc)
+        assert torch.equal(xc, x), f"{op} must not modify x"
         return out
 
     out = be.run(run)
     assert out.dtype == dtype and tuple(out.shape) == shape[:-1] + (f,)
-    assert_fa_close(out, ref_ops.silu_and_mul(x.cpu()), naive_silu_and_mul(x), name="silu_and_mul")
+    assert_fa_close(out, reference(x.cpu()), naive(x), name=op)
+
+
+def test_gelu_tanh_reference_is_torch_gelu_tanh():
+    """The fp64 reference against PyTorch's definition (the convention's owner), in float64."""
+    x = randn((5, 2 * 33), torch.float64, "cpu", make_gen(4), scale=3.0)
+    expect = F.gelu(x[:, :33], approximate="tanh") * x[:, 33:]
+    assert torch.allclose(ref_ops.gelu_tanh_and_mul(x), expect, rtol=1e-12, atol=1e-12)
 
 
 # --------------------------------------------------------------------------------------------

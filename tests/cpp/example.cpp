@@ -65,7 +65,7 @@ int main() {
   p.dtype = fastinfer::DType::kBFloat16;
   CHECK(fastinfer::launch_rms_norm(p, nullptr));
 
-  fastinfer::SiluAndMulParams s;  // treats each row of x as [gate | up], F = hidden / 2
+  fastinfer::GatedActivationParams s;  // treats each row of x as [gate | up], F = hidden / 2
   s.out = d_act;
   s.x = d_x;
   s.num_rows = rows;

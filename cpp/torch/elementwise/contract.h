@@ -17,6 +17,8 @@ inline void define_elementwise_ops(StableLibrary& m) {
   m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
   m.def("silu_and_mul(Tensor x) -> Tensor");
   m.def("silu_and_mul_out(Tensor(a!) out, Tensor x) -> ()");
+  m.def("gelu_tanh_and_mul(Tensor x) -> Tensor");
+  m.def("gelu_tanh_and_mul_out(Tensor(a!) out, Tensor x) -> ()");
   m.def("rotary_embedding(Tensor positions, Tensor(a!) q, Tensor(b!) k, Tensor cos_sin_cache, bool is_neox=True) -> ()");
   // Attention-side cache maintenance.
   m.def("reshape_and_cache(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, "
@@ -35,22 +37,22 @@ inline void validate_rms_norm(const char* op, const Tensor& x, const Tensor& wei
   FI_CHECK(std::isfinite(eps) && eps >= 0, op, "eps must be a finite number >= 0, got ", eps);
 }
 
-inline void validate_silu_and_mul(const char* op, const Tensor& x, bool allow_fp32) {
+inline void validate_gated_and_mul(const char* op, const Tensor& x, bool allow_fp32) {
   FI_CHECK(x.dim() >= 1, op, "x must have shape [..., 2 * F], got a 0-D tensor");
   check_activation_dtype(x, allow_fp32, op, "x");
   FI_CHECK(x.size(-1) % 2 == 0, op, "x must have an even last dim [..., 2 * F] (gate then up), got ",
                shape_str(x));
 }
 
-inline Shape silu_and_mul_out_shape(const Tensor& x) {
+inline Shape gated_and_mul_out_shape(const Tensor& x) {
   auto shape = shape_of(x);
   shape.back() = shape.back() / 2;
   return shape;
 }
 
-inline void validate_silu_and_mul_out(const char* op, const Tensor& out, const Tensor& x, bool allow_fp32) {
-  validate_silu_and_mul(op, x, allow_fp32);
-  const auto shape = silu_and_mul_out_shape(x);
+inline void validate_gated_and_mul_out(const char* op, const Tensor& out, const Tensor& x, bool allow_fp32) {
+  validate_gated_and_mul(op, x, allow_fp32);
+  const auto shape = gated_and_mul_out_shape(x);
   FI_CHECK(shape_of(out) == shape, op, "out must have shape [..., F] = ", shape, ", got ", shape_str(out));
   check_same_dtype(out, x, op, "out", "x");
   check_same_device(out, x, op, "out", "x");
@@ -130,7 +132,7 @@ inline void check_rms_norm_layout(const char* op, const Tensor& x, const Tensor&
   if (other != nullptr) check_contiguous(*other, op, other_name);
 }
 
-inline void check_silu_and_mul_layout(const char* op, const Tensor& x, const Tensor* out) {
+inline void check_gated_and_mul_layout(const char* op, const Tensor& x, const Tensor* out) {
   check_contiguous(x, op, "x");
   if (out != nullptr) check_contiguous(*out, op, "out");
 }

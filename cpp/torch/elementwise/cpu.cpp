@@ -67,6 +67,22 @@ FASTINFER_CPU_INLINE void silu_and_mul_range(T* out, const T* x, int64_t begin, 
   }
 }
 
+// GeGLU: gelu's tanh approximation (torch.nn.functional.gelu(approximate="tanh")) of the gate.
+template <typename T>
+FASTINFER_CPU_INLINE void gelu_tanh_and_mul_range(T* out, const T* x, int64_t begin, int64_t end, int64_t f) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  for (int64_t r = begin; r < end; ++r) {
+    const T* gate = x + r * 2 * f;
+    const T* up = gate + f;
+    T* o = out + r * f;
+    for (int64_t i = 0; i < f; ++i) {
+      const float g = static_cast<float>(gate[i]);
+      const float gelu = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g)));
+      o[i] = static_cast<T>(gelu * static_cast<float>(up[i]));
+    }
+  }
+}
+
 // Rotate the first `rot` dims of every head of rows [begin, end) of x [T, H, D] (token stride
 // `stride`); cache rows are float32 [cos(rot / 2), sin(rot / 2)].
 template <typename T>
@@ -108,6 +124,9 @@ FASTINFER_CPU_INLINE void rotary_range(T* x, int64_t stride, int64_t heads, int6
   FASTINFER_CPU_CLONES void silu_and_mul_##SUFFIX(T* out, const T* x, int64_t b, int64_t e, int64_t f) {     \
     silu_and_mul_range(out, x, b, e, f);                                                                     \
   }                                                                                                          \
+  FASTINFER_CPU_CLONES void gelu_tanh_and_mul_##SUFFIX(T* out, const T* x, int64_t b, int64_t e, int64_t f) { \
+    gelu_tanh_and_mul_range(out, x, b, e, f);                                                                \
+  }                                                                                                          \
   FASTINFER_CPU_CLONES void rotary_##SUFFIX(T* x, int64_t stride, int64_t heads, int64_t d, const int64_t* pos, \
                                             const float* cache, int64_t rot, bool neox, int64_t b, int64_t e) { \
     rotary_range(x, stride, heads, d, pos, cache, rot, neox, b, e);                                          \
@@ -124,6 +143,7 @@ template <typename T> struct RowEntries;
     static constexpr auto rms_norm = rms_norm_##SUFFIX;                  \
     static constexpr auto add_rms_norm = add_rms_norm_##SUFFIX;          \
     static constexpr auto silu_and_mul = silu_and_mul_##SUFFIX;          \
+    static constexpr auto gelu_tanh_and_mul = gelu_tanh_and_mul_##SUFFIX; \
     static constexpr auto rotary = rotary_##SUFFIX;                      \
   };
 FASTINFER_ROW_TABLE(f32, float)
@@ -186,34 +206,41 @@ void fused_add_rms_norm_cpu(Tensor& x, Tensor& residual, const Tensor& weight, d
   });
 }
 
-void silu_and_mul_into(Tensor& out, const Tensor& x) {
+enum class Gate { kSilu, kGeluTanh };
+
+void gated_and_mul_into(Tensor& out, const Tensor& x, Gate gate) {
   const int64_t f = x.size(-1) / 2;
   if (out.numel() == 0) return;
-  FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), "silu_and_mul", [&] {
+  FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), "gated_and_mul", [&] {
     scalar_t* o = out.mutable_data_ptr<scalar_t>();
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
-    torch::stable::parallel_for(0, out.numel() / f, grain_rows(2 * f), [&](int64_t b, int64_t e) {
-      RowEntries<scalar_t>::silu_and_mul(o, xp, b, e, f);
-    });
+    const auto rows = gate == Gate::kSilu ? RowEntries<scalar_t>::silu_and_mul : RowEntries<scalar_t>::gelu_tanh_and_mul;
+    torch::stable::parallel_for(0, out.numel() / f, grain_rows(2 * f), [&](int64_t b, int64_t e) { rows(o, xp, b, e, f); });
   });
 }
 
-Tensor silu_and_mul_cpu(const Tensor& x) {
-  validate_silu_and_mul("silu_and_mul", x, true);
-  check_on_cpu(x, "silu_and_mul", "x");
-  check_silu_and_mul_layout("silu_and_mul", x, nullptr);
-  auto out = empty_on(x, silu_and_mul_out_shape(x));
-  silu_and_mul_into(out, x);
+Tensor gated_and_mul_cpu(const char* op, const Tensor& x, Gate gate) {
+  validate_gated_and_mul(op, x, true);
+  check_on_cpu(x, op, "x");
+  check_gated_and_mul_layout(op, x, nullptr);
+  auto out = empty_on(x, gated_and_mul_out_shape(x));
+  gated_and_mul_into(out, x, gate);
   return out;
 }
 
-void silu_and_mul_out_cpu(Tensor& out, const Tensor& x) {
-  const char* op = "silu_and_mul_out";
-  validate_silu_and_mul_out(op, out, x, true);
+void gated_and_mul_out_cpu(const char* op, Tensor& out, const Tensor& x, Gate gate) {
+  validate_gated_and_mul_out(op, out, x, true);
   check_on_cpu(x, op, "x");
   check_on_cpu(out, op, "out");
-  check_silu_and_mul_layout(op, x, &out);
-  silu_and_mul_into(out, x);
+  check_gated_and_mul_layout(op, x, &out);
+  gated_and_mul_into(out, x, gate);
+}
+
+Tensor silu_and_mul_cpu(const Tensor& x) { return gated_and_mul_cpu("silu_and_mul", x, Gate::kSilu); }
+void silu_and_mul_out_cpu(Tensor& out, const Tensor& x) { gated_and_mul_out_cpu("silu_and_mul_out", out, x, Gate::kSilu); }
+Tensor gelu_tanh_and_mul_cpu(const Tensor& x) { return gated_and_mul_cpu("gelu_tanh_and_mul", x, Gate::kGeluTanh); }
+void gelu_tanh_and_mul_out_cpu(Tensor& out, const Tensor& x) {
+  gated_and_mul_out_cpu("gelu_tanh_and_mul_out", out, x, Gate::kGeluTanh);
 }
 
 void rotary_embedding_cpu(const Tensor& positions, Tensor& q, Tensor& k,
@@ -293,6 +320,8 @@ FASTINFER_LIBRARY_IMPL(CPU, m) {
   m.impl("fused_add_rms_norm", TORCH_BOX(&fused_add_rms_norm_cpu));
   m.impl("silu_and_mul", TORCH_BOX(&silu_and_mul_cpu));
   m.impl("silu_and_mul_out", TORCH_BOX(&silu_and_mul_out_cpu));
+  m.impl("gelu_tanh_and_mul", TORCH_BOX(&gelu_tanh_and_mul_cpu));
+  m.impl("gelu_tanh_and_mul_out", TORCH_BOX(&gelu_tanh_and_mul_out_cpu));
   m.impl("rotary_embedding", TORCH_BOX(&rotary_embedding_cpu));
   m.impl("reshape_and_cache", TORCH_BOX(&reshape_and_cache_cpu));
 }

@@ -62,12 +62,14 @@ void fused_add_rms_norm(Tensor& x, Tensor& residual, const Tensor& weight, doubl
 }
 
 // ---------------------------------------------------------------------------------------------
-void silu_and_mul_impl(const char* op, Tensor& out, const Tensor& x) {
+using GatedLauncher = cudaError_t (*)(const GatedActivationParams&, cudaStream_t);
+
+void gated_and_mul_impl(const char* op, GatedLauncher launch, Tensor& out, const Tensor& x) {
   check_device(x, op, "x");
-  check_silu_and_mul_layout(op, x, &out);
+  check_gated_and_mul_layout(op, x, &out);
   if (out.numel() == 0) return;
   KernelScope scope(op, x);
-  SiluAndMulParams p;
+  GatedActivationParams p;
   p.out = out.data_ptr();
   p.x = x.data_ptr();
   p.width = x.size(-1) / 2;
@@ -75,20 +77,30 @@ void silu_and_mul_impl(const char* op, Tensor& out, const Tensor& x) {
   p.x_row_stride = 2 * p.width;
   p.out_row_stride = p.width;
   p.dtype = to_dtype(x.scalar_type());
-  check_launch(launch_silu_and_mul(p, scope.stream()), op);
+  check_launch(launch(p, scope.stream()), op);
 }
 
-Tensor silu_and_mul(const Tensor& x) {
-  validate_silu_and_mul("silu_and_mul", x, false);
-  auto out = empty_on(x, silu_and_mul_out_shape(x));
-  silu_and_mul_impl("silu_and_mul", out, x);
+template <GatedLauncher kLaunch>
+Tensor gated_and_mul(const Tensor& x, const char* op) {
+  validate_gated_and_mul(op, x, false);
+  auto out = empty_on(x, gated_and_mul_out_shape(x));
+  gated_and_mul_impl(op, kLaunch, out, x);
   return out;
 }
 
+template <GatedLauncher kLaunch>
+void gated_and_mul_out(Tensor& out, const Tensor& x, const char* op) {
+  validate_gated_and_mul_out(op, out, x, false);
+  gated_and_mul_impl(op, kLaunch, out, x);
+}
+
+Tensor silu_and_mul(const Tensor& x) { return gated_and_mul<launch_silu_and_mul>(x, "silu_and_mul"); }
 void silu_and_mul_out(Tensor& out, const Tensor& x) {
-  const char* op = "silu_and_mul_out";
-  validate_silu_and_mul_out(op, out, x, false);
-  silu_and_mul_impl(op, out, x);
+  gated_and_mul_out<launch_silu_and_mul>(out, x, "silu_and_mul_out");
+}
+Tensor gelu_tanh_and_mul(const Tensor& x) { return gated_and_mul<launch_gelu_tanh_and_mul>(x, "gelu_tanh_and_mul"); }
+void gelu_tanh_and_mul_out(Tensor& out, const Tensor& x) {
+  gated_and_mul_out<launch_gelu_tanh_and_mul>(out, x, "gelu_tanh_and_mul_out");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -163,6 +175,8 @@ FASTINFER_LIBRARY_IMPL(FASTINFER_KERNEL_KEY, m) {
   m.impl("fused_add_rms_norm", TORCH_BOX(&fused_add_rms_norm));
   m.impl("silu_and_mul", TORCH_BOX(&silu_and_mul));
   m.impl("silu_and_mul_out", TORCH_BOX(&silu_and_mul_out));
+  m.impl("gelu_tanh_and_mul", TORCH_BOX(&gelu_tanh_and_mul));
+  m.impl("gelu_tanh_and_mul_out", TORCH_BOX(&gelu_tanh_and_mul_out));
   m.impl("rotary_embedding", TORCH_BOX(&rotary_embedding));
   m.impl("reshape_and_cache", TORCH_BOX(&reshape_and_cache));
 }

@@ -1,7 +1,7 @@
 #pragma once
 // fastinfer's C++ API: torch-free launchers, each taking a Params struct and a stream and
 // returning cudaError_t. Link fastinfer::kernels (GPU) or fastinfer::kernels_simt (CPU emulator).
-#include "fastinfer/activation/silu_and_mul.h"
+#include "fastinfer/activation/gated.h"
 #include "fastinfer/attention/attention.h"
 #include "fastinfer/cache/reshape_and_cache.h"
 #include "fastinfer/common/types.h"

@@ -22,6 +22,7 @@ __all__ = [
     "rms_norm",
     "fused_add_rms_norm",
     "silu_and_mul",
+    "gelu_tanh_and_mul",
     "rotary_embedding",
     "reshape_and_cache",
     "build_rope_cache",
@@ -82,6 +83,24 @@ def silu_and_mul(x: Tensor, out: Optional[Tensor] = None, *, lib=None) -> Tensor
     if out is None:
         return (lib or torch.ops.fastinfer).silu_and_mul(x)
     (lib or torch.ops.fastinfer).silu_and_mul_out(out, x)
+    return out
+
+
+def gelu_tanh_and_mul(x: Tensor, out: Optional[Tensor] = None, *, lib=None) -> Tensor:
+    """GeGLU gate (Gemma): ``out = gelu(x[..., :F]) * x[..., F:]``, gelu's tanh approximation
+    (``torch.nn.functional.gelu(approximate="tanh")``, transformers' ``gelu_pytorch_tanh``).
+
+    Args:
+        x: ``[..., 2F]`` contiguous (the fused gate/up projection output).
+        out: optional preallocated ``[..., F]`` tensor (same dtype/device, contiguous), written in
+            place (``gelu_tanh_and_mul_out``) and returned.
+
+    Returns:
+        ``[..., F]``. ``x`` is not modified.
+    """
+    if out is None:
+        return (lib or torch.ops.fastinfer).gelu_tanh_and_mul(x)
+    (lib or torch.ops.fastinfer).gelu_tanh_and_mul_out(out, x)
     return out
 
 
@@ -193,6 +212,17 @@ def _silu_and_mul_fake(ns, x):
 @fake("silu_and_mul_out")
 def _silu_and_mul_out_fake(ns, out, x):
     same_device(ns, "silu_and_mul_out", "x", x, out=out)
+
+
+@fake("gelu_tanh_and_mul")
+def _gelu_tanh_and_mul_fake(ns, x):
+    check(ns, "gelu_tanh_and_mul", x.dim() >= 1, "x must have shape [..., 2 * F], got a 0-D tensor")
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+@fake("gelu_tanh_and_mul_out")
+def _gelu_tanh_and_mul_out_fake(ns, out, x):
+    same_device(ns, "gelu_tanh_and_mul_out", "x", x, out=out)
 
 
 @fake("rotary_embedding")

@@ -14,6 +14,7 @@ from .elementwise import (  # noqa: F401
     rms_norm,
     rotary_embedding,
     silu_and_mul,
+    gelu_tanh_and_mul,
 )
 
 from .attention import (  # noqa: F401
@@ -52,6 +53,7 @@ __all__ = [
     "rms_norm",
     "rotary_embedding",
     "silu_and_mul",
+    "gelu_tanh_and_mul",
     "fp8_dequantize",
     "fp8_quantize",
     "fp8_scaled_mm",

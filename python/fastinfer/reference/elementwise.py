@@ -11,6 +11,7 @@ cache encoding of ``reshape_and_cache``) the oracle models that rounding exactly
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -19,6 +20,7 @@ __all__ = [
     "rms_norm",
     "fused_add_rms_norm",
     "silu_and_mul",
+    "gelu_tanh_and_mul",
     "rotary_embedding",
     "reshape_and_cache",
     "fp8_e4m3_quantize",
@@ -94,6 +96,26 @@ def silu_and_mul(x: Tensor) -> Tensor:
     f = x.shape[-1] // 2
     a, b = x64[..., :f], x64[..., f:]
     return a * torch.sigmoid(a) * b
+
+
+def gelu_tanh_and_mul(x: Tensor) -> Tensor:
+    """GeGLU gate (Gemma): ``out = gelu(x[..., :F]) * x[..., F:]`` with the tanh approximation
+    ``gelu(a) = a / 2 * (1 + tanh(sqrt(2 / pi) * (a + 0.044715 a^3)))`` (what
+    ``torch.nn.functional.gelu(approximate="tanh")`` computes and transformers calls
+    ``gelu_pytorch_tanh``).
+
+    Args:
+        x: ``[..., 2F]``.
+
+    Returns:
+        ``[..., F]`` float64.
+    """
+    if x.shape[-1] % 2 != 0:
+        raise ValueError(f"x last dim must be even, got {x.shape[-1]}")
+    x64 = x.to(torch.float64)
+    f = x.shape[-1] // 2
+    a, b = x64[..., :f], x64[..., f:]
+    return 0.5 * a * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (a + 0.044715 * a ** 3))) * b
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, rot: int, is_neox: bool) -> Tensor:
