@@ -54,32 +54,26 @@ FASTINFER_CPU_INLINE void add_rms_norm_range(T* x, T* residual, const float* w, 
   rms_norm_range(x, residual, w, begin, end, h, eps);
 }
 
-template <typename T>
-FASTINFER_CPU_INLINE void silu_and_mul_range(T* out, const T* x, int64_t begin, int64_t end, int64_t f) {
-  for (int64_t r = begin; r < end; ++r) {
-    const T* gate = x + r * 2 * f;
-    const T* up = gate + f;
-    T* o = out + r * f;
-    for (int64_t i = 0; i < f; ++i) {
-      const float g = static_cast<float>(gate[i]);
-      o[i] = static_cast<T>(g / (1.0f + cpu::fast_exp(-g)) * static_cast<float>(up[i]));
-    }
+// The gated activations (gate then up halves of each row): silu (SwiGLU) and gelu's tanh
+// approximation (GeGLU, torch.nn.functional.gelu(approximate="tanh")).
+struct SiluGate {
+  FASTINFER_CPU_INLINE float operator()(float g) const { return g / (1.0f + cpu::fast_exp(-g)); }
+};
+struct GeluTanhGate {
+  FASTINFER_CPU_INLINE float operator()(float g) const {
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+    return 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g)));
   }
-}
+};
 
-// GeGLU: gelu's tanh approximation (torch.nn.functional.gelu(approximate="tanh")) of the gate.
-template <typename T>
-FASTINFER_CPU_INLINE void gelu_tanh_and_mul_range(T* out, const T* x, int64_t begin, int64_t end, int64_t f) {
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+template <typename Act, typename T>
+FASTINFER_CPU_INLINE void gated_and_mul_range(T* out, const T* x, int64_t begin, int64_t end, int64_t f) {
   for (int64_t r = begin; r < end; ++r) {
     const T* gate = x + r * 2 * f;
     const T* up = gate + f;
     T* o = out + r * f;
-    for (int64_t i = 0; i < f; ++i) {
-      const float g = static_cast<float>(gate[i]);
-      const float gelu = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g)));
-      o[i] = static_cast<T>(gelu * static_cast<float>(up[i]));
-    }
+    for (int64_t i = 0; i < f; ++i)
+      o[i] = static_cast<T>(Act()(static_cast<float>(gate[i])) * static_cast<float>(up[i]));
   }
 }
 
@@ -122,10 +116,10 @@ FASTINFER_CPU_INLINE void rotary_range(T* x, int64_t stride, int64_t heads, int6
     add_rms_norm_range(x, r, w, b, e, h, eps);                                                               \
   }                                                                                                          \
   FASTINFER_CPU_CLONES void silu_and_mul_##SUFFIX(T* out, const T* x, int64_t b, int64_t e, int64_t f) {     \
-    silu_and_mul_range(out, x, b, e, f);                                                                     \
+    gated_and_mul_range<SiluGate>(out, x, b, e, f);                                                          \
   }                                                                                                          \
   FASTINFER_CPU_CLONES void gelu_tanh_and_mul_##SUFFIX(T* out, const T* x, int64_t b, int64_t e, int64_t f) { \
-    gelu_tanh_and_mul_range(out, x, b, e, f);                                                                \
+    gated_and_mul_range<GeluTanhGate>(out, x, b, e, f);                                                      \
   }                                                                                                          \
   FASTINFER_CPU_CLONES void rotary_##SUFFIX(T* x, int64_t stride, int64_t heads, int64_t d, const int64_t* pos, \
                                             const float* cache, int64_t rot, bool neox, int64_t b, int64_t e) { \
@@ -214,8 +208,10 @@ void gated_and_mul_into(Tensor& out, const Tensor& x, Gate gate) {
   FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), "gated_and_mul", [&] {
     scalar_t* o = out.mutable_data_ptr<scalar_t>();
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
-    const auto rows = gate == Gate::kSilu ? RowEntries<scalar_t>::silu_and_mul : RowEntries<scalar_t>::gelu_tanh_and_mul;
-    torch::stable::parallel_for(0, out.numel() / f, grain_rows(2 * f), [&](int64_t b, int64_t e) { rows(o, xp, b, e, f); });
+    const auto rows =
+        gate == Gate::kSilu ? RowEntries<scalar_t>::silu_and_mul : RowEntries<scalar_t>::gelu_tanh_and_mul;
+    torch::stable::parallel_for(0, out.numel() / f, grain_rows(2 * f),
+                                [&](int64_t b, int64_t e) { rows(o, xp, b, e, f); });
   });
 }
 
@@ -237,7 +233,9 @@ void gated_and_mul_out_cpu(const char* op, Tensor& out, const Tensor& x, Gate ga
 }
 
 Tensor silu_and_mul_cpu(const Tensor& x) { return gated_and_mul_cpu("silu_and_mul", x, Gate::kSilu); }
-void silu_and_mul_out_cpu(Tensor& out, const Tensor& x) { gated_and_mul_out_cpu("silu_and_mul_out", out, x, Gate::kSilu); }
+void silu_and_mul_out_cpu(Tensor& out, const Tensor& x) {
+  gated_and_mul_out_cpu("silu_and_mul_out", out, x, Gate::kSilu);
+}
 Tensor gelu_tanh_and_mul_cpu(const Tensor& x) { return gated_and_mul_cpu("gelu_tanh_and_mul", x, Gate::kGeluTanh); }
 void gelu_tanh_and_mul_out_cpu(Tensor& out, const Tensor& x) {
   gated_and_mul_out_cpu("gelu_tanh_and_mul_out", out, x, Gate::kGeluTanh);

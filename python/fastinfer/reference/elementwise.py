@@ -81,20 +81,19 @@ def fused_add_rms_norm(
     return rms_norm(res, weight, eps), res.to(torch.float64)
 
 
-def silu_and_mul(x: Tensor) -> Tensor:
-    """SwiGLU gate: ``out = silu(x[..., :F]) * x[..., F:]`` with ``silu(a) = a * sigmoid(a)``.
-
-    Args:
-        x: ``[..., 2F]``.
-
-    Returns:
-        ``[..., F]`` float64.
-    """
+def _gate_up(x: Tensor) -> Tuple[Tensor, Tensor]:
+    """The gate and up halves ``x[..., :F]``, ``x[..., F:]`` of ``x [..., 2F]``, in float64."""
     if x.shape[-1] % 2 != 0:
         raise ValueError(f"x last dim must be even, got {x.shape[-1]}")
     x64 = x.to(torch.float64)
     f = x.shape[-1] // 2
-    a, b = x64[..., :f], x64[..., f:]
+    return x64[..., :f], x64[..., f:]
+
+
+def silu_and_mul(x: Tensor) -> Tensor:
+    """SwiGLU gate: ``out = silu(x[..., :F]) * x[..., F:]`` with ``silu(a) = a * sigmoid(a)``;
+    ``x [..., 2F]`` -> ``[..., F]`` float64."""
+    a, b = _gate_up(x)
     return a * torch.sigmoid(a) * b
 
 
@@ -102,19 +101,8 @@ def gelu_tanh_and_mul(x: Tensor) -> Tensor:
     """GeGLU gate (Gemma): ``out = gelu(x[..., :F]) * x[..., F:]`` with the tanh approximation
     ``gelu(a) = a / 2 * (1 + tanh(sqrt(2 / pi) * (a + 0.044715 a^3)))`` (what
     ``torch.nn.functional.gelu(approximate="tanh")`` computes and transformers calls
-    ``gelu_pytorch_tanh``).
-
-    Args:
-        x: ``[..., 2F]``.
-
-    Returns:
-        ``[..., F]`` float64.
-    """
-    if x.shape[-1] % 2 != 0:
-        raise ValueError(f"x last dim must be even, got {x.shape[-1]}")
-    x64 = x.to(torch.float64)
-    f = x.shape[-1] // 2
-    a, b = x64[..., :f], x64[..., f:]
+    ``gelu_pytorch_tanh``); ``x [..., 2F]`` -> ``[..., F]`` float64."""
+    a, b = _gate_up(x)
     return 0.5 * a * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (a + 0.044715 * a ** 3))) * b
 
 
