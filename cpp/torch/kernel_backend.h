@@ -77,17 +77,28 @@ inline void check_launch(cudaError_t err, const char* op) {
   FI_CHECK(err == cudaSuccess, op, "kernel failed: ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
 }
 
-// Multiprocessor count of the tensor's device (132 under simt), cached per device.
-inline int32_t num_sms(const Tensor& anchor) {
-  static int32_t cached[64] = {};
+// The description of the tensor's device (launch_plan.h: SM count, compute capability; 132 SMs under
+// simt), queried once per device; empty when the query fails.
+inline DeviceDescription device_description(const Tensor& anchor) {
+  struct Entry {
+    bool queried;
+    DeviceDescription device;
+  };
+  static Entry cached[64] = {};
   const int dev = anchor.is_cuda() ? anchor.get_device_index() : 0;
-  if (dev < 0 || dev >= 64) return 1;
-  if (cached[dev] == 0) {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 1;
-    cached[dev] = n;
+  if (dev < 0 || dev >= 64) return {};
+  if (!cached[dev].queried) {
+    DeviceDescription d;
+    if (query_device_description(dev, &d) != cudaSuccess) d = {};
+    cached[dev] = {true, d};
   }
-  return cached[dev];
+  return cached[dev].device;
+}
+
+// Multiprocessor count of the tensor's device, at least 1.
+inline int32_t num_sms(const Tensor& anchor) {
+  const int32_t n = device_description(anchor).num_sms;
+  return n > 0 ? n : 1;
 }
 
 }  // namespace fastinfer::binding

@@ -46,24 +46,6 @@ void fill_common(PrefillAttentionParams& p, const Tensor& q, Tensor& out, Tensor
   p.dtype = to_dtype(q.scalar_type());
 }
 
-// The device's description for the launch plans (launch_plan.h), queried once per device (none
-// when the query fails: the plans then make no choice by occupancy).
-DeviceDescription device_description(const Tensor& anchor) {
-  struct Entry {
-    bool queried;
-    DeviceDescription device;
-  };
-  static Entry cached[64] = {};
-  const int dev = anchor.is_cuda() ? anchor.get_device_index() : 0;
-  if (dev < 0 || dev >= 64) return {};
-  if (!cached[dev].queried) {
-    DeviceDescription d;
-    if (query_device_description(dev, &d) != cudaSuccess) d = {};
-    cached[dev] = {true, d};
-  }
-  return cached[dev].device;
-}
-
 // Plans the launch (launch_plan.h), allocates its workspace from the caching allocator (alive until
 // the launch is enqueued) and launches.
 void launch_planned(PrefillAttentionParams& p, const Tensor& q, const KernelScope& scope, const char* op) {
