@@ -17,6 +17,19 @@
 
 namespace fastinfer::binding::cpu {
 
+// The largest f(x[i]) over n values, NaN propagating (as ATen's amax); -inf when n == 0. The
+// quantise ops' amax / range: f = fabs, identity, negation.
+template <typename F>
+inline float max_over(const float* x, int64_t n, F f) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = f(x[i]);
+    if (v > m || std::isnan(v)) m = v;
+  }
+  return m;
+}
+inline float abs_max(const float* x, int64_t n) { return max_over(x, n, [](float v) { return std::fabs(v); }); }
+
 // exp(x) for float, within 2 ulp on [-87, 88] and 0 below; branch-free so loops over it vectorise
 // (std::exp is a libm call per element). Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then a
 // degree-6 polynomial for e^r and 2^n put straight into the exponent bits.

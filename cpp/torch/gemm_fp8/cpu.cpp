@@ -9,30 +9,21 @@
 #include <array>
 #include <cmath>
 
+#include "cpu_simd.h"
 #include "gemm_dense/batch_invariant_mm.h"
 #include "gemm_fp8/contract.h"
 
 namespace fastinfer::binding {
 namespace {
 
-constexpr double kE4m3Max = 448.0;
-constexpr double kMinAmax = 1e-12;
+constexpr float kE4m3Max = 448.0f;
+constexpr float kMinAmax = 1e-12f;
 
-float scale_from_amax(float amax) { return std::max(amax, static_cast<float>(kMinAmax)) / static_cast<float>(kE4m3Max); }
-
-// max |x| over n values (NaN propagates, as ATen's amax).
-float abs_max(const float* x, int64_t n) {
-  float m = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = std::fabs(x[i]);
-    if (v > m || std::isnan(v)) m = v;
-  }
-  return m;
-}
+float scale_from_amax(float amax) { return std::max(amax, kMinAmax) / kE4m3Max; }
 
 Float8_e4m3fn to_e4m3(float v, float s) {
   const float q = v / s;  // IEEE fp32 division, then clamp and a round-to-nearest-even cast
-  return Float8_e4m3fn(std::min(std::max(q, static_cast<float>(-kE4m3Max)), static_cast<float>(kE4m3Max)));
+  return Float8_e4m3fn(std::min(std::max(q, -kE4m3Max), kE4m3Max));
 }
 
 std::tuple<Tensor, Tensor> fp8_quantize_cpu(const Tensor& x, std::string_view mode_str, int64_t group_size,
@@ -50,7 +41,8 @@ std::tuple<Tensor, Tensor> fp8_quantize_cpu(const Tensor& x, std::string_view mo
   switch (mode) {
     case Fp8Mode::kTensor: {
       if (scale.has_value()) check_on_cpu(*scale, op, "scale");
-      const float s = scale.has_value() ? scalar_value(*scale) : scale_from_amax(abs_max(xf, M * K));
+      const float amax = M * K > 0 ? cpu::abs_max(xf, M * K) : 0.0f;
+      const float s = scale.has_value() ? scalar_value(*scale) : scale_from_amax(amax);
       s_t = full_on(x, {1}, s, kFloat);
       for (int64_t i = 0; i < M * K; ++i) q[i] = to_e4m3(xf[i], s);
       break;
@@ -65,7 +57,7 @@ std::tuple<Tensor, Tensor> fp8_quantize_cpu(const Tensor& x, std::string_view mo
         for (int64_t r = r0; r < r1; ++r)
           for (int64_t c = 0; c < groups; ++c) {
             const int64_t k0 = c * g, n = std::min(g, K - k0);
-            const float s = scale_from_amax(n > 0 ? abs_max(xf + r * K + k0, n) : 0.0f);
+            const float s = scale_from_amax(n > 0 ? cpu::abs_max(xf + r * K + k0, n) : 0.0f);
             sp[r * groups + c] = s;
             for (int64_t k = k0; k < k0 + n; ++k) q[r * K + k] = to_e4m3(xf[r * K + k], s);
           }

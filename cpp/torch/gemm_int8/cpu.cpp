@@ -24,16 +24,6 @@ constexpr int64_t kExactChunk = 1024;  // 1024 * 128 * 128 = 2^24
 constexpr int64_t kDotRows = 4;        // M up to this: direct dot products
 
 float clamp(float v, float lo, float hi) { return std::min(std::max(v, lo), hi); }
-// max over n values (NaN propagates, as ATen's amax); of |x| with `absolute`.
-float max_of(const float* x, int64_t n, bool absolute, float sign = 1.0f) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = absolute ? std::fabs(x[i]) : sign * x[i];
-    if (v > m || std::isnan(v)) m = v;
-  }
-  return m;
-}
-
 std::tuple<Tensor, Tensor, Tensor> int8_quantize_cpu(const Tensor& x, std::string_view mode_str,
                                                      const std::optional<Tensor>& scale, bool symmetric) {
   const char* op = "int8_quantize";
@@ -49,7 +39,7 @@ std::tuple<Tensor, Tensor, Tensor> int8_quantize_cpu(const Tensor& x, std::strin
   // fp32 throughout: IEEE division, clamp, round half to even (std::nearbyint), as the kernels.
   if (mode == Int8Mode::kTensor) {
     if (scale.has_value()) check_on_cpu(*scale, op, "scale");
-    const float amax = M * K > 0 ? max_of(xf, M * K, true) : 0.0f;
+    const float amax = M * K > 0 ? cpu::abs_max(xf, M * K) : 0.0f;
     const float s = scale.has_value() ? scalar_value(*scale) : std::max(amax, min_range) / 127.0f;
     for (int64_t i = 0; i < M * K; ++i) q[i] = static_cast<int8_t>(std::nearbyint(clamp(xf[i] / s, -127.0f, 127.0f)));
     return {q_t, full_on(x, {1}, s, kFloat), empty_on(x, {0}, kInt)};
@@ -63,12 +53,12 @@ std::tuple<Tensor, Tensor, Tensor> int8_quantize_cpu(const Tensor& x, std::strin
       const float* xr = xf + r * K;
       int8_t* qr = q + r * K;
       if (symmetric) {
-        const float s = std::max(K > 0 ? max_of(xr, K, true) : 0.0f, min_range) / 127.0f;
+        const float s = std::max(K > 0 ? cpu::abs_max(xr, K) : 0.0f, min_range) / 127.0f;
         sp[r] = s;
         for (int64_t k = 0; k < K; ++k) qr[k] = static_cast<int8_t>(std::nearbyint(clamp(xr[k] / s, -127.0f, 127.0f)));
       } else {
-        const float hi = K > 0 ? std::max(max_of(xr, K, false), 0.0f) : 0.0f;
-        const float lo = K > 0 ? std::max(max_of(xr, K, false, -1.0f), 0.0f) : 0.0f;
+        const float hi = K > 0 ? std::max(cpu::max_over(xr, K, [](float v) { return v; }), 0.0f) : 0.0f;
+        const float lo = K > 0 ? std::max(cpu::max_over(xr, K, [](float v) { return -v; }), 0.0f) : 0.0f;
         const float s = std::max(hi + lo, min_range) / 255.0f;
         const float z = clamp(std::nearbyint(lo / s) - 128.0f, -128.0f, 127.0f);
         sp[r] = s;
