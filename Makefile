@@ -19,6 +19,9 @@ DOCS_STAMP := $(VENV)/.docs-deps
 DEPS_STAMP := $(VENV)/.deps-$(TORCH_VERSION)
 BUILD_STAMP := $(VENV)/.installed
 JOBS ?= $(shell nproc)
+# pip keeps no cache of the wheels it installs: the two torch environments (make test, make
+# abi-check) already hold several GB each, and a cached copy of each wheel would double that.
+export PIP_NO_CACHE_DIR := 1
 # CUTLASS/CuTe headers unpacked from the pinned nvidia-cutlass wheel (third_party/cutlass_headers.py).
 CUTLASS_DIR := $(abspath $(VENV)/cutlass)
 
