@@ -12,14 +12,14 @@ inline void define_attention_ops(StableLibrary& m) {
   // Attention (docs/design.md "Attention"). lse is float32 [rows, Hq] when return_lse, else empty [0].
   m.def("prefill_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
         "int max_seqlen_q, int max_seqlen_k, float scale, bool causal, int window_left=-1, float softcap=0.0, "
-        "bool return_lse=False, int fixed_split_size=0) -> (Tensor out, Tensor lse)");
+        "bool return_lse=False, int fixed_split_size=0, Tensor? sinks=None) -> (Tensor out, Tensor lse)");
   m.def("paged_prefill_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
         "Tensor cu_seqlens_q, Tensor seq_lens_k, int max_seqlen_q, float scale, bool causal, int window_left=-1, "
         "float softcap=0.0, Tensor? custom_mask=None, bool return_lse=False, Tensor? packed_custom_mask=None, "
-        "int fixed_split_size=0) -> (Tensor out, Tensor lse)");
+        "int fixed_split_size=0, Tensor? sinks=None) -> (Tensor out, Tensor lse)");
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
         "float scale, int window_left=-1, float softcap=0.0, int num_splits=0, bool return_lse=False, "
-        "Tensor? k_scale=None, Tensor? v_scale=None, int fixed_split_size=0) -> (Tensor out, Tensor lse)");
+        "Tensor? k_scale=None, Tensor? v_scale=None, int fixed_split_size=0, Tensor? sinks=None) -> (Tensor out, Tensor lse)");
   m.def("merge_attention_states(Tensor v_a, Tensor lse_a, Tensor v_b, Tensor lse_b) -> (Tensor v, Tensor lse)");
 }
 
@@ -58,9 +58,21 @@ inline void validate_fixed_split_size(const char* op, int64_t fixed_split_size) 
            kFixedSplitTile, " (the kernels' key tile, at most 2^30) for the deterministic mode, got ", fixed_split_size);
 }
 
+// Attention sinks (attention.h): float32 [num_q_heads], one logit per query head.
+inline void validate_sinks(const char* op, const std::optional<Tensor>& sinks, const Tensor& q) {
+  if (!sinks.has_value()) return;
+  FI_CHECK(sinks->scalar_type() == kFloat, op, "sinks must be float32 (one logit per query head), got ",
+           sinks->scalar_type());
+  FI_CHECK(sinks->dim() == 1 && sinks->size(0) == q.size(1), op, "sinks must have shape [num_q_heads] = [", q.size(1),
+           "], got ", shape_str(*sinks));
+  check_same_device(*sinks, q, op, "sinks", "q");
+  check_contiguous(*sinks, op, "sinks");
+}
+
 inline void validate_prefill_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                        const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
-                                       int64_t max_seqlen_q, bool allow_fp32, int64_t fixed_split_size) {
+                                       int64_t max_seqlen_q, bool allow_fp32, int64_t fixed_split_size,
+                                       const std::optional<Tensor>& sinks) {
   validate_attention_q(op, q, allow_fp32);
   check_dim(k, 3, op, "k", "[num_key_tokens, num_kv_heads, head_dim]");
   validate_kv_heads(op, q, k.size(1), k.size(2), "k", k);
@@ -74,6 +86,7 @@ inline void validate_prefill_attention(const char* op, const Tensor& q, const Te
            shape_str(cu_seqlens_k));
   FI_CHECK(max_seqlen_q >= 0, op, "max_seqlen_q must be >= 0, got ", max_seqlen_q);
   validate_fixed_split_size(op, fixed_split_size);
+  validate_sinks(op, sinks, q);
 }
 
 inline void validate_paged_kv(const char* op, const Tensor& q, const Tensor& k_cache,
@@ -114,7 +127,7 @@ inline void validate_paged_prefill_attention(const char* op, const Tensor& q, co
                                              const Tensor& cu_seqlens_q, const Tensor& seq_lens_k,
                                              int64_t max_seqlen_q, const std::optional<Tensor>& custom_mask,
                                              const std::optional<Tensor>& packed_custom_mask, bool allow_fp32,
-                                             int64_t fixed_split_size) {
+                                             int64_t fixed_split_size, const std::optional<Tensor>& sinks) {
   validate_attention_q(op, q, allow_fp32);
   validate_paged_kv(op, q, k_cache, v_cache, block_table, /*allow_fp8=*/false);
   validate_index_vector(op, cu_seqlens_q, "cu_seqlens_q", "[batch + 1]", q);
@@ -139,6 +152,7 @@ inline void validate_paged_prefill_attention(const char* op, const Tensor& q, co
     check_same_device(*packed_custom_mask, q, op, "packed_custom_mask", "q");
   }
   validate_fixed_split_size(op, fixed_split_size);
+  validate_sinks(op, sinks, q);
 }
 
 inline void validate_paged_decode_attention(const char* op, const Tensor& q, const Tensor& k_cache,
@@ -146,7 +160,7 @@ inline void validate_paged_decode_attention(const char* op, const Tensor& q, con
                                             const Tensor& seq_lens, int64_t num_splits,
                                             const std::optional<Tensor>& k_scale,
                                             const std::optional<Tensor>& v_scale, bool allow_fp32,
-                                            int64_t fixed_split_size) {
+                                            int64_t fixed_split_size, const std::optional<Tensor>& sinks) {
   validate_attention_q(op, q, allow_fp32);
   validate_paged_kv(op, q, k_cache, v_cache, block_table, /*allow_fp8=*/true);
   validate_index_vector(op, seq_lens, "seq_lens", "[batch]", q);
@@ -163,6 +177,7 @@ inline void validate_paged_decode_attention(const char* op, const Tensor& q, con
   FI_CHECK(fixed_split_size == 0 || k_cache.scalar_type() != kFloat8_e4m3fn, op,
            "fixed_split_size > 0 needs a k_cache in the dtype of q (the deterministic mode shares the prefill "
            "path, which has no float8_e4m3fn cache); use fixed_split_size=0 with an fp8 cache");
+  validate_sinks(op, sinks, q);
 }
 
 inline void validate_merge_attention_states(const char* op, const Tensor& v_a, const Tensor& lse_a,

@@ -38,15 +38,29 @@ std::tuple<Tensor, Tensor> make_outputs(const Tensor& q, bool return_lse) {
 
 void prefill_items(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                    const std::vector<int64_t>& cq, const std::vector<int64_t>& ck, double scale, bool causal,
-                   int64_t window_left, double softcap, int64_t fixed_split, Tensor& out, Tensor& lse,
-                   const std::vector<bool>& done);
+                   int64_t window_left, double softcap, int64_t fixed_split, const float* sinks, Tensor& out,
+                   Tensor& lse, const std::vector<bool>& done);
+
+// An attention sink merged into a row's state (attention.h): one more term exp(sink) of the
+// denominator with a zero value row, so the state's value is scaled by `weight` and its lse
+// becomes log(exp(lse) + exp(sink)); a row that saw no key keeps out = 0 and gets lse = sink. The
+// arithmetic of the deterministic mode's chunk merge, the sink being one last chunk.
+struct SinkMerge {
+  float weight, lse;
+};
+SinkMerge merge_sink(float lse, float sink) {
+  if (lse == -std::numeric_limits<float>::infinity()) return {0.0f, sink};
+  const float mx = std::max(lse, sink);
+  const float ea = std::exp(lse - mx), eb = std::exp(sink - mx), sum = ea + eb;
+  return {ea / sum, mx + std::log(sum)};
+}
 
 // ATen's CPU flash attention (blocked GEMMs in the input dtype, fp32 softmax, GQA without
 // repeating K/V, called through the dispatcher) for one sequence; q [ql, Hq, D], k/v [kl, Hkv, D].
-// Only where every query sees a key (kl >= ql) and there is no softcap or custom mask: the per-row
-// items (attend_items) do the rest.
-bool flash_applies(int64_t ql, int64_t kl, double softcap, bool custom_mask) {
-  return ql > 0 && kl >= ql && softcap <= 0 && !custom_mask;
+// Only where every query sees a key (kl >= ql) and there is no softcap, custom mask or sink: the
+// per-row items (attend_items) do the rest.
+bool flash_applies(int64_t ql, int64_t kl, double softcap, bool custom_mask, bool sinks) {
+  return ql > 0 && kl >= ql && softcap <= 0 && !custom_mask && !sinks;
 }
 
 template <typename T>
@@ -94,9 +108,9 @@ std::tuple<Tensor, Tensor> prefill_attention_cpu(const Tensor& q, const Tensor& 
                                                  const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                                                  int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, bool causal,
                                                  int64_t window_left, double softcap, bool return_lse,
-                                                 int64_t fixed_split_size) {
+                                                 int64_t fixed_split_size, const std::optional<Tensor>& sinks) {
   const char* op = "prefill_attention";
-  validate_prefill_attention(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, true, fixed_split_size);
+  validate_prefill_attention(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, true, fixed_split_size, sinks);
   for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check_on_cpu(*t, op, name);
   check_packed_heads(q, op, "q");
   check_packed_heads(k, op, "k");
@@ -110,13 +124,14 @@ std::tuple<Tensor, Tensor> prefill_attention_cpu(const Tensor& q, const Tensor& 
     for (size_t b = 0; b + 1 < cq.size(); ++b) {
       const int64_t qs = cq[b], ql = cq[b + 1] - qs;
       const int64_t ks = ck[b], kl = ck[b + 1] - ks;
-      if (!flash_applies(ql, kl, softcap, false)) continue;
+      if (!flash_applies(ql, kl, softcap, false, sinks.has_value())) continue;
       attend_flash(slice(q, 0, qs, ql), slice(k, 0, ks, kl),
                    slice(v, 0, ks, kl), scale, causal, window_left, out, lse, qs);
       done[b] = true;
     }
   }
-  prefill_items(op, q, k, v, cq, ck, scale, causal, window_left, softcap, fixed_split_size, out, lse, done);
+  prefill_items(op, q, k, v, cq, ck, scale, causal, window_left, softcap, fixed_split_size,
+                sinks ? sinks->const_data_ptr<float>() : nullptr, out, lse, done);
   return {out, lse};
 }
 
@@ -141,6 +156,7 @@ struct DecodeArgs {
   int64_t num_q_heads, num_kv_heads, head_dim, block_size;
   float scale, softcap, k_scale, v_scale;
   int64_t fixed_split = 0;  // > 0: the deterministic mode (attend_items_fixed)
+  const float* sinks = nullptr;  // [num_q_heads] or nullptr
   bool contiguous = false;  // K/V rows are [Tk, Hkv, D] contiguous (prefill_attention), key j of
                             // item it at row it.k_start + j; else paged through block_table
 };
@@ -244,9 +260,15 @@ FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* ite
       }
       QT* out = static_cast<QT*>(a.out) + (it.row * a.num_q_heads + head0) * d;
       for (int64_t g = 0; g < ng; ++g) {
-        const float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;  // no visible key: zeros, lse = -inf
+        float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;  // no visible key: zeros, lse = -inf
+        float lse = l[g] > 0 ? m[g] + std::log(l[g]) : kNegInf;
+        if (a.sinks != nullptr) {
+          const SinkMerge w = merge_sink(lse, a.sinks[head0 + g]);
+          inv *= w.weight;
+          lse = w.lse;
+        }
         for (int64_t i = 0; i < d; ++i) out[g * d + i] = static_cast<QT>(acc[g * d + i] * inv);
-        if (a.lse != nullptr) a.lse[it.row * a.num_q_heads + head0 + g] = l[g] > 0 ? m[g] + std::log(l[g]) : kNegInf;
+        if (a.lse != nullptr) a.lse[it.row * a.num_q_heads + head0 + g] = lse;
       }
     }
   }
@@ -357,6 +379,12 @@ FASTINFER_CPU_INLINE void attend_items_fixed(const DecodeArgs& a, const QueryIte
           st_lse[g] = mx + std::log(sum);
         }
       }
+      if (a.sinks != nullptr)  // the sink after the last chunk
+        for (int64_t g = 0; g < ng; ++g) {
+          const SinkMerge w = merge_sink(st_lse[g], a.sinks[head0 + g]);
+          for (int64_t i = 0; i < d; ++i) st[g * d + i] *= w.weight;
+          st_lse[g] = w.lse;
+        }
       QT* out = static_cast<QT*>(a.out) + (it.row * a.num_q_heads + head0) * d;
       for (int64_t i = 0; i < ng * d; ++i) out[i] = static_cast<QT>(st[i]);
       if (a.lse != nullptr)
@@ -407,8 +435,8 @@ void run_items(const char* op, const Tensor& q, const Tensor& k_cache, const Dec
 // sequences the flash path did not take), reading the contiguous K/V rows of their sequence.
 void prefill_items(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                    const std::vector<int64_t>& cq, const std::vector<int64_t>& ck, double scale, bool causal,
-                   int64_t window_left, double softcap, int64_t fixed_split, Tensor& out, Tensor& lse,
-                   const std::vector<bool>& done) {
+                   int64_t window_left, double softcap, int64_t fixed_split, const float* sinks, Tensor& out,
+                   Tensor& lse, const std::vector<bool>& done) {
   std::vector<QueryItem> items;
   for (size_t b = 0; b + 1 < cq.size(); ++b) {
     if (done[b]) continue;
@@ -425,7 +453,7 @@ void prefill_items(const char* op, const Tensor& q, const Tensor& k, const Tenso
   const auto kc = torch::stable::contiguous(k), vc = torch::stable::contiguous(v);
   DecodeArgs a{q.const_data_ptr(), kc.const_data_ptr(), vc.const_data_ptr(), out.mutable_data_ptr(),
                lse.numel() > 0 ? lse.mutable_data_ptr<float>() : nullptr, nullptr, 0, q.stride(0), q.size(1), kc.size(1),
-               q.size(2), 1, static_cast<float>(scale), static_cast<float>(softcap), 1.0f, 1.0f, fixed_split, true};
+               q.size(2), 1, static_cast<float>(scale), static_cast<float>(softcap), 1.0f, 1.0f, fixed_split, sinks, true};
   run_items(op, q, kc, a, items);
 }
 
@@ -434,7 +462,7 @@ std::tuple<Tensor, Tensor> paged_attention_cpu(const char* op, const Tensor& q, 
                                                        const Tensor& cu_seqlens_q, const Tensor& seq_lens_k,
                                                        bool causal, int64_t window_left, double softcap, double scale,
                                                        const std::optional<Tensor>& custom_mask, bool return_lse,
-                                                       int64_t fixed_split) {
+                                                       int64_t fixed_split, const std::optional<Tensor>& sinks) {
   auto [out, lse] = make_outputs(q, return_lse);
   const auto cq = host_indices(cu_seqlens_q), lens = host_indices(seq_lens_k);
   // Short chunks (speculative verification, small prefill chunks), custom masks and softcap: one
@@ -478,7 +506,7 @@ std::tuple<Tensor, Tensor> paged_attention_cpu(const char* op, const Tensor& q, 
       }
       continue;
     }
-    if (ql > kShortChunk && fixed_split <= 0 && flash_applies(ql, kl, softcap, rows != nullptr)) {
+    if (ql > kShortChunk && fixed_split <= 0 && flash_applies(ql, kl, softcap, rows != nullptr, sinks.has_value())) {
       const int32_t* row = table + static_cast<int64_t>(b) * table_w;
       attend_flash(slice(q, 0, qs, ql), gather_paged(k_cache, row, kl), gather_paged(v_cache, row, kl),
                    scale, causal, window_left, out, lse, qs);
@@ -510,7 +538,8 @@ std::tuple<Tensor, Tensor> paged_attention_cpu(const char* op, const Tensor& q, 
     const DecodeArgs a{q.const_data_ptr(), k_cache.const_data_ptr(), v_cache.const_data_ptr(), out.mutable_data_ptr(),
                        return_lse ? lse.mutable_data_ptr<float>() : nullptr, table, table_w,
                        q.stride(0), q.size(1), k_cache.size(2), q.size(2), k_cache.size(1),
-                       static_cast<float>(scale), static_cast<float>(softcap), 1.0f, 1.0f, fixed_split};
+                       static_cast<float>(scale), static_cast<float>(softcap), 1.0f, 1.0f, fixed_split,
+                       sinks ? sinks->const_data_ptr<float>() : nullptr};
     run_items(op, q, k_cache, a, items);
   }
   return {out, lse};
@@ -540,10 +569,10 @@ std::tuple<Tensor, Tensor> paged_prefill_attention_cpu(
     const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
     const Tensor& cu_seqlens_q, const Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
     int64_t window_left, double softcap, const std::optional<Tensor>& custom_mask, bool return_lse,
-    const std::optional<Tensor>& packed_custom_mask, int64_t fixed_split_size) {
+    const std::optional<Tensor>& packed_custom_mask, int64_t fixed_split_size, const std::optional<Tensor>& sinks) {
   const char* op = "paged_prefill_attention";
   validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
-                                   custom_mask, packed_custom_mask, true, fixed_split_size);
+                                   custom_mask, packed_custom_mask, true, fixed_split_size, sinks);
   check_paged_inputs_on_cpu(op, q, k_cache, v_cache, block_table);
   check_cu_seqlens(op, cu_seqlens_q, "cu_seqlens_q", q.size(0), max_seqlen_q, "max_seqlen_q");
   check_paged_indices(op, block_table, seq_lens_k, "seq_lens_k", k_cache.size(0), k_cache.size(1), &cu_seqlens_q);
@@ -555,17 +584,17 @@ std::tuple<Tensor, Tensor> paged_prefill_attention_cpu(
     mask = unpack_custom_mask(*packed_custom_mask, custom_mask_entries(cu_seqlens_q));
   }
   return paged_attention_cpu(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, causal, window_left,
-                             softcap, scale, mask, return_lse, fixed_split_size);
+                             softcap, scale, mask, return_lse, fixed_split_size, sinks);
 }
 
 std::tuple<Tensor, Tensor> paged_decode_attention_cpu(
     const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
     const Tensor& seq_lens, double scale, int64_t window_left, double softcap, int64_t num_splits,
     bool return_lse, const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale,
-    int64_t fixed_split_size) {
+    int64_t fixed_split_size, const std::optional<Tensor>& sinks) {
   const char* op = "paged_decode_attention";
   validate_paged_decode_attention(op, q, k_cache, v_cache, block_table, seq_lens, num_splits, k_scale, v_scale, true,
-                                  fixed_split_size);
+                                  fixed_split_size, sinks);
   check_paged_inputs_on_cpu(op, q, k_cache, v_cache, block_table);
   check_paged_indices(op, block_table, seq_lens, "seq_lens", k_cache.size(0), k_cache.size(1), nullptr);
   auto out = empty_as(q);
@@ -577,7 +606,8 @@ std::tuple<Tensor, Tensor> paged_decode_attention_cpu(
                return_lse ? lse.mutable_data_ptr<float>() : nullptr, table.const_data_ptr<int32_t>(), table.size(1),
                q.stride(0), q.size(1), k_cache.size(2), q.size(2), k_cache.size(1),
                static_cast<float>(scale), static_cast<float>(softcap),
-               k_scale ? scalar_value(*k_scale) : 1.0f, v_scale ? scalar_value(*v_scale) : 1.0f, fixed_split_size};
+               k_scale ? scalar_value(*k_scale) : 1.0f, v_scale ? scalar_value(*v_scale) : 1.0f, fixed_split_size,
+               sinks ? sinks->const_data_ptr<float>() : nullptr};
   std::vector<QueryItem> items(q.size(0));
   const int64_t* len = lens.const_data_ptr<int64_t>();
   for (int64_t b = 0; b < q.size(0); ++b)  // the query is the last token (position len - 1)

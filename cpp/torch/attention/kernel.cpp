@@ -29,7 +29,8 @@ std::tuple<Tensor, Tensor> allocate_outputs(const Tensor& q, bool return_lse) {
 }
 
 void fill_common(PrefillAttentionParams& p, const Tensor& q, Tensor& out, Tensor& lse, int64_t batch,
-                 int64_t max_seqlen_q, double scale, bool causal, int64_t window_left, double softcap) {
+                 int64_t max_seqlen_q, double scale, bool causal, int64_t window_left, double softcap,
+                 const std::optional<Tensor>& sinks) {
   p.q = q.data_ptr();
   p.out = out.data_ptr();
   p.lse = lse.numel() > 0 ? lse.mutable_data_ptr<float>() : nullptr;
@@ -44,6 +45,7 @@ void fill_common(PrefillAttentionParams& p, const Tensor& q, Tensor& out, Tensor
   p.window_left = static_cast<int32_t>(window_left);
   p.softcap = static_cast<float>(softcap);
   p.dtype = to_dtype(q.scalar_type());
+  p.sinks = sinks ? sinks->const_data_ptr<float>() : nullptr;
 }
 
 // Plans the launch (launch_plan.h), allocates its workspace from the caching allocator (alive until
@@ -62,9 +64,10 @@ std::tuple<Tensor, Tensor> prefill_attention(const Tensor& q, const Tensor& k, c
                                                      const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                                                      int64_t max_seqlen_q, int64_t max_seqlen_k, double scale,
                                                      bool causal, int64_t window_left, double softcap,
-                                                     bool return_lse, int64_t fixed_split_size) {
+                                                     bool return_lse, int64_t fixed_split_size,
+                                                     const std::optional<Tensor>& sinks) {
   const char* op = "prefill_attention";
-  validate_prefill_attention(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, false, fixed_split_size);
+  validate_prefill_attention(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, false, fixed_split_size, sinks);
   check_device(q, op, "q");
   check_kernel_head_dim(op, q);
   check_packed_heads(q, op, "q");
@@ -81,7 +84,7 @@ std::tuple<Tensor, Tensor> prefill_attention(const Tensor& q, const Tensor& k, c
   if (q.numel() == 0) return {out, lse};
   KernelScope scope(op, q);
   PrefillAttentionParams p;
-  fill_common(p, q, out, lse, cu_seqlens_q.size(0) - 1, max_seqlen_q, scale, causal, window_left, softcap);
+  fill_common(p, q, out, lse, cu_seqlens_q.size(0) - 1, max_seqlen_q, scale, causal, window_left, softcap, sinks);
   p.k = k.data_ptr();
   p.v = v.data_ptr();
   p.cu_seqlens_q = cu_seqlens_q.mutable_data_ptr<int32_t>();
@@ -127,10 +130,10 @@ std::tuple<Tensor, Tensor> paged_prefill_attention(
     const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
     const Tensor& cu_seqlens_q, const Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
     int64_t window_left, double softcap, const std::optional<Tensor>& custom_mask, bool return_lse,
-    const std::optional<Tensor>& packed_custom_mask, int64_t fixed_split_size) {
+    const std::optional<Tensor>& packed_custom_mask, int64_t fixed_split_size, const std::optional<Tensor>& sinks) {
   const char* op = "paged_prefill_attention";
   validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
-                                   custom_mask, packed_custom_mask, false, fixed_split_size);
+                                   custom_mask, packed_custom_mask, false, fixed_split_size, sinks);
   check_paged_kernel_inputs(op, q, k_cache, v_cache, block_table, seq_lens_k);
   check_contiguous(cu_seqlens_q, op, "cu_seqlens_q");
   if (custom_mask.has_value()) check_contiguous(*custom_mask, op, "custom_mask");
@@ -155,7 +158,7 @@ std::tuple<Tensor, Tensor> paged_prefill_attention(
     torch::stable::copy_(tail, aten_call("aten::cumsum", "", entries, int64_t{0}, std::optional<ScalarType>(kLong))[0]);
   }
   PrefillAttentionParams p;
-  fill_common(p, q, out, lse, seq_lens_k.size(0), max_seqlen_q, scale, causal, window_left, softcap);
+  fill_common(p, q, out, lse, seq_lens_k.size(0), max_seqlen_q, scale, causal, window_left, softcap, sinks);
   fill_paged(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k);
   if (has_mask) {
     if (custom_mask.has_value()) p.custom_mask = custom_mask->mutable_data_ptr<bool>();
@@ -172,15 +175,15 @@ std::tuple<Tensor, Tensor> paged_prefill_attention(
 // share one arithmetic (attention.h).
 void decode_fixed_split(const char* op, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                         const Tensor& block_table, const Tensor& seq_lens, double scale, int64_t window_left,
-                        double softcap, int64_t fixed_split_size, Tensor& out, Tensor& lse,
-                        const KernelScope& scope) {
+                        double softcap, int64_t fixed_split_size, const std::optional<Tensor>& sinks, Tensor& out,
+                        Tensor& lse, const KernelScope& scope) {
   // [0, 1, ..., B] on the device without a host copy: the cumulative sum of [0, 1, 1, ..., 1].
   auto ones = full_on(q, {q.size(0) + 1}, 1.0, kInt);
   auto first = slice(ones, 0, 0, 1);
   torch::stable::zero_(first);
   const auto cu_seqlens_q = aten_call("aten::cumsum", "", ones, int64_t{0}, std::optional<ScalarType>(kInt))[0];
   PrefillAttentionParams p;
-  fill_common(p, q, out, lse, q.size(0), 1, scale, /*causal=*/true, window_left, softcap);
+  fill_common(p, q, out, lse, q.size(0), 1, scale, /*causal=*/true, window_left, softcap, sinks);
   fill_paged(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens);
   p.fixed_split_size = static_cast<int32_t>(fixed_split_size);
   p.split_parallel = true;  // a CTA per chunk: decode's parallelism over the keys
@@ -191,10 +194,10 @@ std::tuple<Tensor, Tensor> paged_decode_attention(
     const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
     const Tensor& seq_lens, double scale, int64_t window_left, double softcap, int64_t num_splits,
     bool return_lse, const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale,
-    int64_t fixed_split_size) {
+    int64_t fixed_split_size, const std::optional<Tensor>& sinks) {
   const char* op = "paged_decode_attention";
   validate_paged_decode_attention(op, q, k_cache, v_cache, block_table, seq_lens, num_splits, k_scale, v_scale, false,
-                                  fixed_split_size);
+                                  fixed_split_size, sinks);
   check_paged_kernel_inputs(op, q, k_cache, v_cache, block_table, seq_lens);
   if (check_indices_enabled(q))
     check_paged_indices(op, block_table, seq_lens, "seq_lens", k_cache.size(0), k_cache.size(1), nullptr);
@@ -203,7 +206,7 @@ std::tuple<Tensor, Tensor> paged_decode_attention(
   KernelScope scope(op, q);
   if (fixed_split_size > 0) {
     decode_fixed_split(op, q, k_cache, v_cache, block_table, seq_lens, scale, window_left, softcap, fixed_split_size,
-                       out, lse, scope);
+                       sinks, out, lse, scope);
     return {out, lse};
   }
   DecodeAttentionParams p;
@@ -217,6 +220,7 @@ std::tuple<Tensor, Tensor> paged_decode_attention(
   p.seq_lens = seq_lens.mutable_data_ptr<int32_t>();
   p.k_scale = k_scale ? k_scale->mutable_data_ptr<float>() : nullptr;
   p.v_scale = v_scale ? v_scale->mutable_data_ptr<float>() : nullptr;
+  p.sinks = sinks ? sinks->const_data_ptr<float>() : nullptr;
   p.batch_size = static_cast<int32_t>(q.size(0));
   p.num_q_heads = static_cast<int32_t>(q.size(1));
   p.num_kv_heads = static_cast<int32_t>(k_cache.size(2));

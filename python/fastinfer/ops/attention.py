@@ -6,7 +6,11 @@ queries and ``k_len`` keys sits at absolute position ``p = k_len - q_len + i``; 
 bottom-right aligned (it sees keys ``j <= p``); ``window_left = W >= 0`` restricts it to keys
 ``j >= p - W``. GQA: query head ``h`` reads KV head ``h // (Hq // Hkv)``. ``lse`` is float32, the
 natural log of the sum of ``exp(s)`` over visible keys; a query that sees no key gets zeros and
-``lse = -inf``. Paged KV caches are ``[num_blocks, block_size, Hkv, D]`` with ``block_table
+``lse = -inf``. Attention sinks (``sinks``, float32 ``[Hq]``, gpt-oss): query head ``h`` adds
+``exp(sinks[h])`` to every softmax denominator with no value row (``sinks[h]`` is a logit in the
+domain of ``s``), ``lse`` includes it, and a query that sees no key gets zeros and ``lse =
+sinks[h]``; the split-KV and deterministic merges count it once. :func:`merge_attention_states`
+knows nothing of sinks. Paged KV caches are ``[num_blocks, block_size, Hkv, D]`` with ``block_table
 [B, max_blocks] int32`` (token ``j`` of sequence ``b`` is row ``j % BS`` of block
 ``block_table[b, j // BS]``). Index tensors (``cu_seqlens_*``, ``seq_lens*``) are int32.
 
@@ -66,6 +70,7 @@ def prefill_attention(
     softcap: float = 0.0,
     return_lse: bool = False,
     fixed_split_size: int = 0,
+    sinks: Optional[Tensor] = None,
     *,
     lib=None,
 ) -> _Result:
@@ -77,6 +82,7 @@ def prefill_attention(
         max_seqlen_q, max_seqlen_k: upper bounds of the lengths (size the launch grid).
         scale: defaults to ``1 / sqrt(D)``.
         fixed_split_size: 0 (default) or the deterministic mode (:data:`FIXED_SPLIT_DOC`).
+        sinks: optional float32 ``[Hq]`` attention sinks (module docstring).
 
     Returns:
         ``out [T, Hq, D]`` (dtype of q), and ``lse [T, Hq]`` float32 when ``return_lse``.
@@ -84,7 +90,7 @@ def prefill_attention(
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     res = (lib or torch.ops.fastinfer).prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
                                                 int(max_seqlen_k), float(scale), bool(causal), int(window_left),
-                                                float(softcap), bool(return_lse), int(fixed_split_size))
+                                                float(softcap), bool(return_lse), int(fixed_split_size), sinks)
     return _result(res, return_lse)
 
 
@@ -104,6 +110,7 @@ def paged_prefill_attention(
     return_lse: bool = False,
     packed_custom_mask: Optional[Tensor] = None,
     fixed_split_size: int = 0,
+    sinks: Optional[Tensor] = None,
     *,
     lib=None,
 ) -> _Result:
@@ -130,6 +137,7 @@ def paged_prefill_attention(
     derives the depths first, into a scratch buffer from the caching allocator).
 
     ``fixed_split_size``: 0 (default) or the deterministic mode (:data:`FIXED_SPLIT_DOC`).
+    ``sinks``: optional float32 ``[Hq]`` attention sinks (module docstring).
 
     Returns:
         ``out [T, Hq, D]``, and ``lse [T, Hq]`` float32 when ``return_lse``.
@@ -138,7 +146,8 @@ def paged_prefill_attention(
     res = (lib or torch.ops.fastinfer).paged_prefill_attention(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k,
                                                       int(max_seqlen_q), float(scale), bool(causal),
                                                       int(window_left), float(softcap), custom_mask,
-                                                      bool(return_lse), packed_custom_mask, int(fixed_split_size))
+                                                      bool(return_lse), packed_custom_mask, int(fixed_split_size),
+                                                      sinks)
     return _result(res, return_lse)
 
 
@@ -169,6 +178,7 @@ def paged_decode_attention(
     k_scale: Optional[Tensor] = None,
     v_scale: Optional[Tensor] = None,
     fixed_split_size: int = 0,
+    sinks: Optional[Tensor] = None,
     *,
     lib=None,
 ) -> _Result:
@@ -176,7 +186,8 @@ def paged_decode_attention(
     paged KV. ``num_splits = 0`` picks split-KV automatically from the SM count and the table size.
     An fp8 e4m3 cache needs ``k_scale``/``v_scale`` (float32, one element: stored = x / scale).
     ``fixed_split_size > 0``: the deterministic mode (:data:`FIXED_SPLIT_DOC`; ``num_splits`` must
-    be 0 and the cache in q's dtype).
+    be 0 and the cache in q's dtype). ``sinks``: optional float32 ``[Hq]`` attention sinks (module
+    docstring).
 
     Returns:
         ``out [B, Hq, D]``, and ``lse [B, Hq]`` float32 when ``return_lse``.
@@ -184,7 +195,8 @@ def paged_decode_attention(
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     res = (lib or torch.ops.fastinfer).paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, float(scale),
                                                      int(window_left), float(softcap), int(num_splits),
-                                                     bool(return_lse), k_scale, v_scale, int(fixed_split_size))
+                                                     bool(return_lse), k_scale, v_scale, int(fixed_split_size),
+                                                     sinks)
     return _result(res, return_lse)
 
 
@@ -213,32 +225,33 @@ def _move_kv_slots_fake(ns, k_cache, v_cache, src_slots, dst_slots):
 
 @fake("prefill_attention")
 def _prefill_attention_fake(ns, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal,
-                      window_left=-1, softcap=0.0, return_lse=False, fixed_split_size=0):
+                      window_left=-1, softcap=0.0, return_lse=False, fixed_split_size=0, sinks=None):
     op = "prefill_attention"
     check_dim(ns, op, "q", q, 3, "[num_tokens, num_q_heads, head_dim]")
-    same_device(ns, op, "q", q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    same_device(ns, op, "q", q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, sinks=sinks)
     return attention_outputs(q, return_lse)
 
 
 @fake("paged_prefill_attention")
 def _paged_prefill_attention_fake(ns, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q, scale,
                             causal, window_left=-1, softcap=0.0, custom_mask=None, return_lse=False,
-                            packed_custom_mask=None, fixed_split_size=0):
+                            packed_custom_mask=None, fixed_split_size=0, sinks=None):
     op = "paged_prefill_attention"
     check_dim(ns, op, "q", q, 3, "[num_tokens, num_q_heads, head_dim]")
     same_device(ns, op, "q", q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
                 cu_seqlens_q=cu_seqlens_q, seq_lens_k=seq_lens_k, custom_mask=custom_mask,
-                 packed_custom_mask=packed_custom_mask)
+                packed_custom_mask=packed_custom_mask, sinks=sinks)
     return attention_outputs(q, return_lse)
 
 
 @fake("paged_decode_attention")
 def _paged_decode_attention_fake(ns, q, k_cache, v_cache, block_table, seq_lens, scale, window_left=-1, softcap=0.0,
-                           num_splits=0, return_lse=False, k_scale=None, v_scale=None, fixed_split_size=0):
+                           num_splits=0, return_lse=False, k_scale=None, v_scale=None, fixed_split_size=0,
+                           sinks=None):
     op = "paged_decode_attention"
     check_dim(ns, op, "q", q, 3, "[batch, num_q_heads, head_dim]")
     same_device(ns, op, "q", q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
-                k_scale=k_scale, v_scale=v_scale)
+                k_scale=k_scale, v_scale=v_scale, sinks=sinks)
     return attention_outputs(q, return_lse)
 
 

@@ -18,6 +18,7 @@ from .elementwise import (  # noqa: F401
 )
 
 from .attention import (  # noqa: F401
+    apply_sinks,
     merge_attention_states,
     move_kv_slots,
     paged_decode_attention,

@@ -9,6 +9,9 @@ trailing q_len keys; prefix keys stay visible. A window applies on top of the ma
 position, a tree node's being the committed length plus its depth: see :func:`tree_positions`.
 GQA: query head h uses KV head h // (Hq // Hkv).
 lse = log(sum(exp(s))) over visible keys; a query that sees nothing gets out = 0, lse = -inf.
+Attention sinks (float32 [Hq]): query head h adds exp(sinks[h]) to the softmax denominator with no
+value row, lse includes it, and a query that sees nothing gets out = 0, lse = sinks[h]
+(:func:`apply_sinks`).
 """
 
 from __future__ import annotations
@@ -123,6 +126,18 @@ def attention_fixed_splits(
     return out, lse
 
 
+def apply_sinks(out: Tensor, lse: Tensor, sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """(out [T, Hq, D], lse [T, Hq]) over the visible keys -> the same with one more denominator
+    term exp(sinks[h]) per query head h and no value row: lse' = logaddexp(lse, sinks[h]),
+    out' = out * exp(lse - lse') (0 where lse = -inf)."""
+    if sinks is None:
+        return out, lse
+    sink = sinks.to(torch.float64).reshape(1, -1).expand_as(lse)
+    merged = torch.logaddexp(lse, sink)
+    weight = torch.where(torch.isfinite(lse), torch.exp(lse - merged), torch.zeros_like(lse))
+    return out * weight.unsqueeze(-1), merged
+
+
 def _lens(cu: Tensor) -> list:
     cu = cu.tolist()
     return [(cu[b], cu[b + 1]) for b in range(len(cu) - 1)]
@@ -139,6 +154,7 @@ def prefill_attention(
     window_left: int = -1,
     softcap: float = 0.0,
     fixed_split_size: int = 0,
+    sinks: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Varlen attention over contiguous ragged K/V. Returns (out [T, Hq, D], lse [T, Hq]) fp64."""
     out = torch.zeros(q.shape, dtype=torch.float64)
@@ -147,7 +163,7 @@ def prefill_attention(
         vis = visibility_mask(qe - qs, ke - ks, causal, window_left)
         out[qs:qe], lse[qs:qe] = attention_fixed_splits(q[qs:qe], k[ks:ke], v[ks:ke], scale, vis, softcap,
                                                         fixed_split_size)
-    return out, lse
+    return apply_sinks(out, lse, sinks)
 
 
 def gather_paged(cache: Tensor, block_table_row: Tensor, length: int, scale: Optional[Tensor] = None) -> Tensor:
@@ -179,6 +195,7 @@ def paged_prefill_attention(
     v_scale: Optional[Tensor] = None,
     packed_custom_mask: Optional[Tensor] = None,
     fixed_split_size: int = 0,
+    sinks: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Queries are the last q_len tokens of each sequence (already in the cache). custom_mask:
     bool, per sequence a flattened [q_len, q_len] block, concatenated over the batch;
@@ -200,7 +217,7 @@ def paged_prefill_attention(
         kb = gather_paged(k_cache, block_table[b], k_len, k_scale)
         vb = gather_paged(v_cache, block_table[b], k_len, v_scale)
         out[qs:qe], lse[qs:qe] = attention_fixed_splits(q[qs:qe], kb, vb, scale, vis, softcap, fixed_split_size)
-    return out, lse
+    return apply_sinks(out, lse, sinks)
 
 
 def paged_decode_attention(
@@ -215,13 +232,14 @@ def paged_decode_attention(
     k_scale: Optional[Tensor] = None,
     v_scale: Optional[Tensor] = None,
     fixed_split_size: int = 0,
+    sinks: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """One query per sequence (its last token) against its paged KV. q [B, Hq, D]."""
     b = q.shape[0]
     cu = torch.arange(b + 1, dtype=torch.int32)
     return paged_prefill_attention(q, k_cache, v_cache, block_table, cu, seq_lens, scale, True,
                                    window_left, softcap, None, k_scale, v_scale,
-                                   fixed_split_size=fixed_split_size)
+                                   fixed_split_size=fixed_split_size, sinks=sinks)
 
 
 def merge_attention_states(v_a: Tensor, lse_a: Tensor, v_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:

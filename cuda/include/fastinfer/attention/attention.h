@@ -17,6 +17,13 @@
 //    >= p_i - W.
 //  - lse (optional, float32 [tokens, num_q_heads]): natural log of the sum of exp(s) over the
 //    visible keys. A query that sees no key gets out = 0 and lse = -inf (never NaN).
+//  - Attention sinks (optional, float32 [num_q_heads], gpt-oss): query head h adds one logit
+//    sinks[h], in the domain of s (after scale and softcap), to every softmax denominator with no
+//    value row: out = sum_j exp(s_j) v_j / (exp(sinks[h]) + sum_j exp(s_j)). The lse includes it,
+//    log(exp(sinks[h]) + sum_j exp(s_j)); a query that sees no key gets out = 0 and lse =
+//    sinks[h]. Split-KV partials leave it out and their merge counts it once (state_merge.cuh:
+//    merged after the last key, in the deterministic mode after the last chunk). merge_attention_states
+//    knows nothing of sinks: merging two results that both include a sink counts it twice.
 //
 // Deterministic mode (fixed_split_size = F > 0, the ops' `fixed_split_size`). The default kernels
 // reduce a query row's keys in an order that depends on the call: decode splits the keys by a
@@ -97,6 +104,7 @@ struct PrefillAttentionParams {
   int32_t window_left = -1;               // < 0: no window
   float softcap = 0.0f;                   // <= 0: none
   DType dtype = DType::kBFloat16;         // q, k, v, out: float16 or bfloat16
+  const float* sinks = nullptr;           // [num_q_heads] attention sinks, or nullptr
 
   // Deterministic mode (see above): F > 0, a multiple of 64. Needs num_q_tokens > 0. Two ways to
   // run it with the same bits: one CTA folds all chunks of its rows (split_parallel = false: the
@@ -157,6 +165,7 @@ struct DecodeAttentionParams {
   const int32_t* seq_lens = nullptr;     // [B]
   const float* k_scale = nullptr;        // fp8 cache: per-layer dequantisation scales (device)
   const float* v_scale = nullptr;
+  const float* sinks = nullptr;          // [num_q_heads] attention sinks, or nullptr
 
   int32_t batch_size = 0;
   int32_t num_q_heads = 0;

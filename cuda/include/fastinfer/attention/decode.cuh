@@ -25,6 +25,7 @@
 // the split saw no key) to the workspace and decode_merge_splits_kernel combines them.
 #include "fastinfer/common/platform.cuh"
 #include "fastinfer/attention/attention.h"
+#include "fastinfer/attention/state_merge.cuh"
 #include "fastinfer/common/math.cuh"
 #include "fastinfer/common/smem.cuh"
 #include "fastinfer/common/vec.cuh"
@@ -382,10 +383,15 @@ __global__ void __launch_bounds__(kNumThreads, (Config<D, G>::kMinCtas)) paged_d
       acc[2] += ow.z * scale_w;
       acc[3] += ow.w * scale_w;
     }
-    const float inv = sum > 0.f ? v_scale / sum : 0.f;
-    const float lse = sum > 0.f ? (m_all + log2f(sum)) * kLn2 : -INFINITY;
+    float inv = sum > 0.f ? v_scale / sum : 0.f;
+    float lse = sum > 0.f ? (m_all + log2f(sum)) * kLn2 : -INFINITY;
     const int head = head0 + h;
     if (num_splits == 1) {
+      if (p.sinks != nullptr) {  // (with splits, the merge kernel counts it)
+        const ChunkMerge w = sink_merge(lse, p.sinks[head]);
+        inv *= w.wa;
+        lse = w.lse;
+      }
       T* out = static_cast<T*>(p.out) + b * p.out_token_stride + static_cast<int64_t>(head) * D + d;
       Vec<T, 4> ov;
 #pragma unroll
@@ -424,18 +430,21 @@ __global__ void __launch_bounds__(kMergeRowsPerCta * 32) decode_merge_splits_ker
   const float* partial_lse = partial_o + static_cast<int64_t>(num_splits) * num_rows * D;
   const float* lse_row = partial_lse + row * num_splits;
 
+  const int64_t b = row / p.num_q_heads;
+  const int64_t head = row % p.num_q_heads;
+  // The sink (attention.h) is one more term of the denominator, with no value row.
+  const float sink = p.sinks != nullptr ? p.sinks[head] : -INFINITY;
   float m_all = -INFINITY;
   for (int s = lane; s < num_splits; s += 32) m_all = fmaxf(m_all, lse_row[s]);
-  m_all = warp_reduce_max(m_all);
+  m_all = fmaxf(warp_reduce_max(m_all), sink);
   float sum = 0.f;
   if (m_all != -INFINITY) {
     for (int s = lane; s < num_splits; s += 32) sum += expf(lse_row[s] - m_all);
   }
   sum = warp_reduce_sum(sum);
+  if (sink != -INFINITY) sum += expf(sink - m_all);
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
 
-  const int64_t b = row / p.num_q_heads;
-  const int64_t head = row % p.num_q_heads;
   T* out = static_cast<T*>(p.out) + b * p.out_token_stride + head * D;
   for (int d = lane * 4; d < D; d += 128) {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};

@@ -56,6 +56,7 @@
 #include "fastinfer/common/vec.cuh"
 #include "fastinfer/attention/attention.h"
 #include "fastinfer/attention/mask.cuh"
+#include "fastinfer/attention/state_merge.cuh"
 
 #include <cmath>
 #include <cstdint>
@@ -480,19 +481,22 @@ __device__ __forceinline__ void epilogue(unsigned char* s_q, const PrefillAttent
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float l = warp_reduce_sum<4>(row_sum[h]);
-    const float inv = l > 0.f ? 1.f / l : 0.f;  // no visible key: out = 0
+    float inv = l > 0.f ? 1.f / l : 0.f;  // no visible key: out = 0
     const int r = warp * 16 + g + 8 * h;
+    const int head = tile.kv_head * tile.group + (tile.row0 + r - rows.token[h] * tile.group);
+    float lse = folded_lse != nullptr ? folded_lse[h] : chunk_lse(row_max[h], l);
+    if (folded_lse == nullptr && p.sinks != nullptr && rows.valid[h]) {  // (the fold merged it already)
+      const ChunkMerge w = sink_merge(lse, p.sinks[head]);
+      inv *= w.wa;
+      lse = w.lse;
+    }
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
       *reinterpret_cast<uint32_t*>(s_q + swizzle<kCPR>(r, dt) + 4 * t) =
           pack2<T>(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
     }
-    if (p.lse != nullptr && t == 0 && rows.valid[h]) {
-      const int row = tile.row0 + r;
-      const int head = tile.kv_head * tile.group + (row - rows.token[h] * tile.group);
-      p.lse[(tile.q_start + rows.token[h]) * static_cast<int64_t>(p.num_q_heads) + head] =
-          folded_lse != nullptr ? folded_lse[h] : chunk_lse(row_max[h], l);
-    }
+    if (p.lse != nullptr && t == 0 && rows.valid[h])
+      p.lse[(tile.q_start + rows.token[h]) * static_cast<int64_t>(p.num_q_heads) + head] = lse;
   }
   __syncwarp();
   T* __restrict__ out_ptr = static_cast<T*>(p.out);
@@ -512,22 +516,8 @@ __device__ __forceinline__ void epilogue(unsigned char* s_q, const PrefillAttent
 }
 
 // ---- deterministic mode (attention.h, fixed_split_size) -----------------------------------------
-// One arithmetic for a chunk's partial and for folding partials, shared by the in-kernel fold
-// (prefill: one CTA walks all chunks) and prefill_merge_splits_kernel (decode: a CTA per chunk):
-// the same expressions, fmaf spelled out so contraction cannot differ between the two places.
-struct ChunkMerge {
-  float wa, wb, lse;
-};
-// Weights of state a and partial b (both lse finite) and the merged lse.
-__device__ __forceinline__ ChunkMerge chunk_merge(float lse_a, float lse_b) {
-  const float m = fmaxf(lse_a, lse_b);
-  const float ea = expf(lse_a - m), eb = expf(lse_b - m);
-  const float sum = ea + eb;
-  return {ea / sum, eb / sum, m + logf(sum)};
-}
-__device__ __forceinline__ float chunk_merge_value(const ChunkMerge& w, float a, float b) {
-  return fmaf(w.wa, a, w.wb * b);
-}
+// The in-kernel fold (prefill: one CTA walks all chunks) and prefill_merge_splits_kernel (decode: a
+// CTA per chunk) fold with the one arithmetic of state_merge.cuh.
 
 // Row index (token * Hq + head) of fragment half h, or -1 past the sequence.
 __device__ __forceinline__ int64_t fragment_row_index(const PrefillAttentionParams& p, const PrefillTile& tile,
@@ -611,12 +601,13 @@ __device__ __forceinline__ void fold_chunk(const PrefillAttentionParams& p, cons
 }
 
 // In-kernel fold, after the last chunk: the state back into the accumulators with row_sum such
-// that the epilogue's quad sum is exactly 1 (4 x 0.25), so it stores the state rounded once.
+// that the epilogue's quad sum is exactly 1 (4 x 0.25), so it stores the state rounded once; the
+// sink merged last, as prefill_merge_splits_kernel does.
 template <typename Traits>
 __device__ __forceinline__ void load_folded_state(const PrefillAttentionParams& p, const PrefillLaunchState& ls,
                                                   const PrefillTile& tile,
                                                   const SequenceMask& mask, float (&o)[Traits::kHeadDim / 8][4],
-                                                  float (&row_sum)[2], const float (&st_lse)[2], int warp, int lane) {
+                                                  float (&row_sum)[2], float (&st_lse)[2], int warp, int lane) {
   constexpr int D = Traits::kHeadDim;
   const FragmentRows rows = fragment_rows(tile, mask, warp, lane);
 #pragma unroll
@@ -628,6 +619,15 @@ __device__ __forceinline__ void load_folded_state(const PrefillAttentionParams& 
     for (int dt = 0; dt < D / 8; ++dt) {
       o[dt][2 * h] = seen ? st[dt * 8] : 0.f;
       o[dt][2 * h + 1] = seen ? st[dt * 8 + 1] : 0.f;
+    }
+    if (p.sinks != nullptr && r >= 0) {
+      const ChunkMerge w = sink_merge(st_lse[h], p.sinks[r % p.num_q_heads]);
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        o[dt][2 * h] = chunk_merge_value(w, o[dt][2 * h], 0.f);
+        o[dt][2 * h + 1] = chunk_merge_value(w, o[dt][2 * h + 1], 0.f);
+      }
+      st_lse[h] = w.lse;
     }
     row_sum[h] = 0.25f;
   }
@@ -700,6 +700,12 @@ __global__ void __launch_bounds__(kSplitMergeWarps * 32)
   }
   const int64_t token = row / p.num_q_heads;
   const int head = static_cast<int>(row - token * p.num_q_heads);
+  if (p.sinks != nullptr) {  // once, after the last split (partials leave it out)
+    const ChunkMerge w = sink_merge(lse, p.sinks[head]);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) acc[i] = chunk_merge_value(w, acc[i], 0.f);
+    lse = w.lse;
+  }
   T* out = static_cast<T*>(p.out) + token * p.out_token_stride + static_cast<int64_t>(head) * D + lane;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) out[32 * i] = from_float<T>(acc[i]);
