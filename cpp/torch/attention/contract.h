@@ -16,7 +16,7 @@ inline void define_attention_ops(StableLibrary& m) {
   m.def("paged_prefill_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
         "Tensor cu_seqlens_q, Tensor seq_lens_k, int max_seqlen_q, float scale, bool causal, int window_left=-1, "
         "float softcap=0.0, Tensor? custom_mask=None, bool return_lse=False, Tensor? packed_custom_mask=None, "
-        "int fixed_split_size=0, Tensor? sinks=None) -> (Tensor out, Tensor lse)");
+        "int fixed_split_size=0, Tensor? sinks=None, Tensor? k_scale=None, Tensor? v_scale=None) -> (Tensor out, Tensor lse)");
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
         "float scale, int window_left=-1, float softcap=0.0, int num_splits=0, bool return_lse=False, "
         "Tensor? k_scale=None, Tensor? v_scale=None, int fixed_split_size=0, Tensor? sinks=None) -> (Tensor out, Tensor lse)");
@@ -115,10 +115,15 @@ inline void validate_fp8_scales(const char* op, const Tensor& k_cache, const Ten
       FI_CHECK(!scale->has_value(), op, name, " must be None unless the cache is float8_e4m3fn");
       continue;
     }
-    FI_CHECK(scale->has_value(), op, name, " is required with a float8_e4m3fn cache (a float32 tensor with 1 element)");
-    FI_CHECK((*scale)->scalar_type() == kFloat && (*scale)->numel() == 1, op, name,
-             " must be a float32 tensor with 1 element, got ", (*scale)->scalar_type(), " ", shape_str(**scale));
+    FI_CHECK(scale->has_value(), op, name,
+             " is required with a float8_e4m3fn cache (float32, 1 element or one per KV head)");
+    const int64_t kv_heads = k_cache.size(2);
+    FI_CHECK((*scale)->scalar_type() == kFloat && (*scale)->dim() <= 1 &&
+                 ((*scale)->numel() == 1 || (*scale)->numel() == kv_heads),
+             op, name, " must be float32 with 1 element (per tensor) or num_kv_heads = ", kv_heads,
+             " elements (per KV head), got ", (*scale)->scalar_type(), " ", shape_str(**scale));
     check_same_device(**scale, q, op, name, "q");
+    check_contiguous(**scale, op, name);
   }
 }
 
@@ -127,9 +132,12 @@ inline void validate_paged_prefill_attention(const char* op, const Tensor& q, co
                                              const Tensor& cu_seqlens_q, const Tensor& seq_lens_k,
                                              int64_t max_seqlen_q, const std::optional<Tensor>& custom_mask,
                                              const std::optional<Tensor>& packed_custom_mask, bool allow_fp32,
-                                             int64_t fixed_split_size, const std::optional<Tensor>& sinks) {
+                                             int64_t fixed_split_size, const std::optional<Tensor>& sinks,
+                                             const std::optional<Tensor>& k_scale,
+                                             const std::optional<Tensor>& v_scale) {
   validate_attention_q(op, q, allow_fp32);
-  validate_paged_kv(op, q, k_cache, v_cache, block_table, /*allow_fp8=*/false);
+  validate_paged_kv(op, q, k_cache, v_cache, block_table, /*allow_fp8=*/true);
+  validate_fp8_scales(op, k_cache, q, k_scale, v_scale);
   validate_index_vector(op, cu_seqlens_q, "cu_seqlens_q", "[batch + 1]", q);
   validate_index_vector(op, seq_lens_k, "seq_lens_k", "[batch]", q);
   FI_CHECK(cu_seqlens_q.size(0) == seq_lens_k.size(0) + 1, op, "cu_seqlens_q must have batch + 1 = ",

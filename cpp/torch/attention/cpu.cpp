@@ -57,11 +57,9 @@ SinkMerge merge_sink(float lse, float sink) {
 
 // ATen's CPU flash attention (blocked GEMMs in the input dtype, fp32 softmax, GQA without
 // repeating K/V, called through the dispatcher) for one sequence; q [ql, Hq, D], k/v [kl, Hkv, D].
-// Only where every query sees a key (kl >= ql) and there is no softcap, custom mask or sink: the
-// per-row items (attend_items) do the rest.
-bool flash_applies(int64_t ql, int64_t kl, double softcap, bool custom_mask, bool sinks) {
-  return ql > 0 && kl >= ql && softcap <= 0 && !custom_mask && !sinks;
-}
+// Only where every query sees a key (kl >= ql) and the attention is plain (no softcap, custom
+// mask, sink or fp8 cache): the per-row items (attend_items) do the rest.
+bool flash_applies(int64_t ql, int64_t kl, bool plain) { return ql > 0 && kl >= ql && plain; }
 
 template <typename T>
 void fill_window_mask(T* m, int64_t ql, int64_t kl, bool causal, int64_t window_left) {
@@ -124,7 +122,7 @@ std::tuple<Tensor, Tensor> prefill_attention_cpu(const Tensor& q, const Tensor& 
     for (size_t b = 0; b + 1 < cq.size(); ++b) {
       const int64_t qs = cq[b], ql = cq[b + 1] - qs;
       const int64_t ks = ck[b], kl = ck[b + 1] - ks;
-      if (!flash_applies(ql, kl, softcap, false, sinks.has_value())) continue;
+      if (!flash_applies(ql, kl, softcap <= 0 && !sinks.has_value())) continue;
       attend_flash(slice(q, 0, qs, ql), slice(k, 0, ks, kl),
                    slice(v, 0, ks, kl), scale, causal, window_left, out, lse, qs);
       done[b] = true;
@@ -144,6 +142,8 @@ FASTINFER_CPU_INLINE float dot(const float* q, const CT* k, int64_t d) {
   return cpu::tree_sum<16>(lanes);
 }
 
+constexpr float kUnitScale = 1.0f;
+
 struct DecodeArgs {
   const void* q;        // [rows, Hq, D], heads packed, row stride q_row_stride
   const void* k_cache;  // [NB, BS, Hkv, D]
@@ -154,12 +154,29 @@ struct DecodeArgs {
   int64_t table_stride;
   int64_t q_row_stride;
   int64_t num_q_heads, num_kv_heads, head_dim, block_size;
-  float scale, softcap, k_scale, v_scale;
+  float scale, softcap;
+  // Dequantisation scales of an fp8 cache (1 for the others): KV head h's is k_scale[h *
+  // k_scale_stride] (stride 0: one per tensor, 1: one per KV head).
+  const float* k_scale = &kUnitScale;
+  const float* v_scale = &kUnitScale;
+  int64_t k_scale_stride = 0, v_scale_stride = 0;
   int64_t fixed_split = 0;  // > 0: the deterministic mode (attend_items_fixed)
   const float* sinks = nullptr;  // [num_q_heads] or nullptr
   bool contiguous = false;  // K/V rows are [Tk, Hkv, D] contiguous (prefill_attention), key j of
                             // item it at row it.k_start + j; else paged through block_table
 };
+
+// An fp8 cache's scales (CPU float32, 1 element or one per KV head; validate_fp8_scales) into a.
+void set_cache_scales(DecodeArgs& a, const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale) {
+  if (k_scale.has_value()) {
+    a.k_scale = k_scale->const_data_ptr<float>();
+    a.k_scale_stride = k_scale->numel() > 1 ? 1 : 0;
+  }
+  if (v_scale.has_value()) {
+    a.v_scale = v_scale->const_data_ptr<float>();
+    a.v_scale_stride = v_scale->numel() > 1 ? 1 : 0;
+  }
+}
 
 // One query row against the keys [start, end) of sequence b (the caller applies the causal and
 // window rules); with `mask`, key j >= mask_key0 is visible only where mask[j - mask_key0] (a tree
@@ -193,6 +210,7 @@ FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* ite
   for (int64_t w = begin; w < end; ++w) {
     const QueryItem& it = items[w / hkv];
     const int64_t h = w % hkv;
+    const float k_scale = a.k_scale[h * a.k_scale_stride], v_scale = a.v_scale[h * a.v_scale_stride];
     for (int64_t g0 = 0; g0 < group; g0 += kMaxGroup) {  // query heads of this KV head, 16 at a time
       const int64_t ng = std::min(kMaxGroup, group - g0);
       const int64_t head0 = h * group + g0;
@@ -205,7 +223,7 @@ FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* ite
         l[g] = 0;
       }
       for (int64_t i = 0; i < ng * d; ++i) {
-        qf[i] = static_cast<float>(q[i]) * (a.scale * a.k_scale);
+        qf[i] = static_cast<float>(q[i]) * (a.scale * k_scale);
         acc[i] = 0;
       }
       int64_t rows[kKeys];
@@ -252,7 +270,7 @@ FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* ite
         for (int64_t jj = 0; jj < n; ++jj) {
           const CT* v = v_base + rows[jj];
           for (int64_t g = 0; g < ng; ++g) {
-            const float pv = s[g * kKeys + jj] * a.v_scale;
+            const float pv = s[g * kKeys + jj] * v_scale;
             float* acc_g = acc + g * d;
             for (int64_t i = 0; i < d; ++i) acc_g[i] += pv * static_cast<float>(v[i]);
           }
@@ -301,6 +319,7 @@ FASTINFER_CPU_INLINE void attend_items_fixed(const DecodeArgs& a, const QueryIte
   for (int64_t w = begin; w < end; ++w) {
     const QueryItem& it = items[w / hkv];
     const int64_t h = w % hkv;
+    const float k_scale = a.k_scale[h * a.k_scale_stride], v_scale = a.v_scale[h * a.v_scale_stride];
     const CT* k_base = static_cast<const CT*>(a.k_cache) + h * d;
     const CT* v_base = static_cast<const CT*>(a.v_cache) + h * d;
     const int32_t* table = a.contiguous ? nullptr : a.block_table + it.b * a.table_stride;
@@ -308,7 +327,7 @@ FASTINFER_CPU_INLINE void attend_items_fixed(const DecodeArgs& a, const QueryIte
       const int64_t ng = std::min(kMaxGroup, group - g0);
       const int64_t head0 = h * group + g0;
       const QT* q = static_cast<const QT*>(a.q) + it.row * a.q_row_stride + head0 * d;
-      for (int64_t i = 0; i < ng * d; ++i) qf[i] = static_cast<float>(q[i]) * (a.scale * a.k_scale);
+      for (int64_t i = 0; i < ng * d; ++i) qf[i] = static_cast<float>(q[i]) * (a.scale * k_scale);
       for (int64_t i = 0; i < ng * d; ++i) st[i] = 0;
       for (int64_t g = 0; g < ng; ++g) st_lse[g] = kNegInf;  // merged state of the chunks so far
       for (int64_t c0 = it.start > 0 ? it.start / split * split : 0; c0 < it.end; c0 += split) {
@@ -356,7 +375,7 @@ FASTINFER_CPU_INLINE void attend_items_fixed(const DecodeArgs& a, const QueryIte
             const CT* v = v_base + rows[jj];
             for (int64_t g = 0; g < ng; ++g) {
               if (!seen[g]) continue;
-              const float pv = s[g * kKeys + jj] * a.v_scale;
+              const float pv = s[g * kKeys + jj] * v_scale;
               float* acc_g = acc + g * d;
               for (int64_t i = 0; i < d; ++i) acc_g[i] += pv * static_cast<float>(v[i]);
             }
@@ -453,7 +472,10 @@ void prefill_items(const char* op, const Tensor& q, const Tensor& k, const Tenso
   const auto kc = torch::stable::contiguous(k), vc = torch::stable::contiguous(v);
   DecodeArgs a{q.const_data_ptr(), kc.const_data_ptr(), vc.const_data_ptr(), out.mutable_data_ptr(),
                lse.numel() > 0 ? lse.mutable_data_ptr<float>() : nullptr, nullptr, 0, q.stride(0), q.size(1), kc.size(1),
-               q.size(2), 1, static_cast<float>(scale), static_cast<float>(softcap), 1.0f, 1.0f, fixed_split, sinks, true};
+               q.size(2), 1, static_cast<float>(scale), static_cast<float>(softcap)};
+  a.fixed_split = fixed_split;
+  a.sinks = sinks;
+  a.contiguous = true;
   run_items(op, q, kc, a, items);
 }
 
@@ -462,7 +484,9 @@ std::tuple<Tensor, Tensor> paged_attention_cpu(const char* op, const Tensor& q, 
                                                        const Tensor& cu_seqlens_q, const Tensor& seq_lens_k,
                                                        bool causal, int64_t window_left, double softcap, double scale,
                                                        const std::optional<Tensor>& custom_mask, bool return_lse,
-                                                       int64_t fixed_split, const std::optional<Tensor>& sinks) {
+                                                       int64_t fixed_split, const std::optional<Tensor>& sinks,
+                                                       const std::optional<Tensor>& k_scale,
+                                                       const std::optional<Tensor>& v_scale) {
   auto [out, lse] = make_outputs(q, return_lse);
   const auto cq = host_indices(cu_seqlens_q), lens = host_indices(seq_lens_k);
   // Short chunks (speculative verification, small prefill chunks), custom masks and softcap: one
@@ -506,7 +530,8 @@ std::tuple<Tensor, Tensor> paged_attention_cpu(const char* op, const Tensor& q, 
       }
       continue;
     }
-    if (ql > kShortChunk && fixed_split <= 0 && flash_applies(ql, kl, softcap, rows != nullptr, sinks.has_value())) {
+    const bool plain = softcap <= 0 && rows == nullptr && !sinks.has_value() && !k_scale.has_value();
+    if (ql > kShortChunk && fixed_split <= 0 && flash_applies(ql, kl, plain)) {
       const int32_t* row = table + static_cast<int64_t>(b) * table_w;
       attend_flash(slice(q, 0, qs, ql), gather_paged(k_cache, row, kl), gather_paged(v_cache, row, kl),
                    scale, causal, window_left, out, lse, qs);
@@ -535,11 +560,13 @@ std::tuple<Tensor, Tensor> paged_attention_cpu(const char* op, const Tensor& q, 
     }
   }
   if (!items.empty()) {
-    const DecodeArgs a{q.const_data_ptr(), k_cache.const_data_ptr(), v_cache.const_data_ptr(), out.mutable_data_ptr(),
-                       return_lse ? lse.mutable_data_ptr<float>() : nullptr, table, table_w,
-                       q.stride(0), q.size(1), k_cache.size(2), q.size(2), k_cache.size(1),
-                       static_cast<float>(scale), static_cast<float>(softcap), 1.0f, 1.0f, fixed_split,
-                       sinks ? sinks->const_data_ptr<float>() : nullptr};
+    DecodeArgs a{q.const_data_ptr(), k_cache.const_data_ptr(), v_cache.const_data_ptr(), out.mutable_data_ptr(),
+                 return_lse ? lse.mutable_data_ptr<float>() : nullptr, table, table_w,
+                 q.stride(0), q.size(1), k_cache.size(2), q.size(2), k_cache.size(1),
+                 static_cast<float>(scale), static_cast<float>(softcap)};
+    a.fixed_split = fixed_split;
+    a.sinks = sinks ? sinks->const_data_ptr<float>() : nullptr;
+    set_cache_scales(a, k_scale, v_scale);
     run_items(op, q, k_cache, a, items);
   }
   return {out, lse};
@@ -569,10 +596,11 @@ std::tuple<Tensor, Tensor> paged_prefill_attention_cpu(
     const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
     const Tensor& cu_seqlens_q, const Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
     int64_t window_left, double softcap, const std::optional<Tensor>& custom_mask, bool return_lse,
-    const std::optional<Tensor>& packed_custom_mask, int64_t fixed_split_size, const std::optional<Tensor>& sinks) {
+    const std::optional<Tensor>& packed_custom_mask, int64_t fixed_split_size, const std::optional<Tensor>& sinks,
+    const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale) {
   const char* op = "paged_prefill_attention";
   validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
-                                   custom_mask, packed_custom_mask, true, fixed_split_size, sinks);
+                                   custom_mask, packed_custom_mask, true, fixed_split_size, sinks, k_scale, v_scale);
   check_paged_inputs_on_cpu(op, q, k_cache, v_cache, block_table);
   check_cu_seqlens(op, cu_seqlens_q, "cu_seqlens_q", q.size(0), max_seqlen_q, "max_seqlen_q");
   check_paged_indices(op, block_table, seq_lens_k, "seq_lens_k", k_cache.size(0), k_cache.size(1), &cu_seqlens_q);
@@ -584,7 +612,7 @@ std::tuple<Tensor, Tensor> paged_prefill_attention_cpu(
     mask = unpack_custom_mask(*packed_custom_mask, custom_mask_entries(cu_seqlens_q));
   }
   return paged_attention_cpu(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, causal, window_left,
-                             softcap, scale, mask, return_lse, fixed_split_size, sinks);
+                             softcap, scale, mask, return_lse, fixed_split_size, sinks, k_scale, v_scale);
 }
 
 std::tuple<Tensor, Tensor> paged_decode_attention_cpu(
@@ -605,9 +633,10 @@ std::tuple<Tensor, Tensor> paged_decode_attention_cpu(
   DecodeArgs a{q.const_data_ptr(), k_cache.const_data_ptr(), v_cache.const_data_ptr(), out.data_ptr(),
                return_lse ? lse.mutable_data_ptr<float>() : nullptr, table.const_data_ptr<int32_t>(), table.size(1),
                q.stride(0), q.size(1), k_cache.size(2), q.size(2), k_cache.size(1),
-               static_cast<float>(scale), static_cast<float>(softcap),
-               k_scale ? scalar_value(*k_scale) : 1.0f, v_scale ? scalar_value(*v_scale) : 1.0f, fixed_split_size,
-               sinks ? sinks->const_data_ptr<float>() : nullptr};
+               static_cast<float>(scale), static_cast<float>(softcap)};
+  a.fixed_split = fixed_split_size;
+  a.sinks = sinks ? sinks->const_data_ptr<float>() : nullptr;
+  set_cache_scales(a, k_scale, v_scale);
   std::vector<QueryItem> items(q.size(0));
   const int64_t* len = lens.const_data_ptr<int64_t>();
   for (int64_t b = 0; b < q.size(0); ++b)  // the query is the last token (position len - 1)

@@ -130,10 +130,14 @@ std::tuple<Tensor, Tensor> paged_prefill_attention(
     const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
     const Tensor& cu_seqlens_q, const Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
     int64_t window_left, double softcap, const std::optional<Tensor>& custom_mask, bool return_lse,
-    const std::optional<Tensor>& packed_custom_mask, int64_t fixed_split_size, const std::optional<Tensor>& sinks) {
+    const std::optional<Tensor>& packed_custom_mask, int64_t fixed_split_size, const std::optional<Tensor>& sinks,
+    const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale) {
   const char* op = "paged_prefill_attention";
   validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
-                                   custom_mask, packed_custom_mask, false, fixed_split_size, sinks);
+                                   custom_mask, packed_custom_mask, false, fixed_split_size, sinks, k_scale, v_scale);
+  FI_CHECK(k_cache.scalar_type() != kFloat8_e4m3fn, op,
+           "k_cache: a float8_e4m3fn cache is not supported by the CUDA prefill kernel yet (the CPU implementation "
+           "and paged_decode_attention read it)");
   check_paged_kernel_inputs(op, q, k_cache, v_cache, block_table, seq_lens_k);
   check_contiguous(cu_seqlens_q, op, "cu_seqlens_q");
   if (custom_mask.has_value()) check_contiguous(*custom_mask, op, "custom_mask");
@@ -220,6 +224,8 @@ std::tuple<Tensor, Tensor> paged_decode_attention(
   p.seq_lens = seq_lens.mutable_data_ptr<int32_t>();
   p.k_scale = k_scale ? k_scale->mutable_data_ptr<float>() : nullptr;
   p.v_scale = v_scale ? v_scale->mutable_data_ptr<float>() : nullptr;
+  p.k_scale_stride = k_scale && k_scale->numel() > 1 ? 1 : 0;
+  p.v_scale_stride = v_scale && v_scale->numel() > 1 ? 1 : 0;
   p.sinks = sinks ? sinks->const_data_ptr<float>() : nullptr;
   p.batch_size = static_cast<int32_t>(q.size(0));
   p.num_q_heads = static_cast<int32_t>(q.size(1));

@@ -52,6 +52,14 @@ prefix and then the trailing keys the row sees in index order, as if contiguous)
 values. ``F = 0`` keeps the default kernels (batch-dependent split counts on decode)."""
 
 
+#: The fp8 KV cache of the two paged ops.
+FP8_CACHE_DOC = """A ``float8_e4m3fn`` cache (both caches) holds ``x / scale`` rounded to e4m3
+(:func:`fastinfer.ops.reshape_and_cache` with the same scales writes it); ``k_scale`` and ``v_scale``
+are float32 with one element (per tensor) or ``Hkv`` elements (per KV head), on q's device. The
+kernels dequantise exactly (e4m3 values are representable in fp16 / bf16) and apply the scales in
+fp32: ``k_scale`` to the scores, ``v_scale`` to the output. Caches in q's dtype take no scales."""
+
+
 def _result(out_lse: Tuple[Tensor, Tensor], return_lse: bool) -> _Result:
     return (out_lse[0], out_lse[1]) if return_lse else out_lse[0]
 
@@ -111,6 +119,8 @@ def paged_prefill_attention(
     packed_custom_mask: Optional[Tensor] = None,
     fixed_split_size: int = 0,
     sinks: Optional[Tensor] = None,
+    k_scale: Optional[Tensor] = None,
+    v_scale: Optional[Tensor] = None,
     *,
     lib=None,
 ) -> _Result:
@@ -137,7 +147,8 @@ def paged_prefill_attention(
     derives the depths first, into a scratch buffer from the caching allocator).
 
     ``fixed_split_size``: 0 (default) or the deterministic mode (:data:`FIXED_SPLIT_DOC`).
-    ``sinks``: optional float32 ``[Hq]`` attention sinks (module docstring).
+    ``sinks``: optional float32 ``[Hq]`` attention sinks (module docstring). An fp8 e4m3 cache
+    needs ``k_scale`` / ``v_scale`` (:data:`FP8_CACHE_DOC`).
 
     Returns:
         ``out [T, Hq, D]``, and ``lse [T, Hq]`` float32 when ``return_lse``.
@@ -147,7 +158,7 @@ def paged_prefill_attention(
                                                       int(max_seqlen_q), float(scale), bool(causal),
                                                       int(window_left), float(softcap), custom_mask,
                                                       bool(return_lse), packed_custom_mask, int(fixed_split_size),
-                                                      sinks)
+                                                      sinks, k_scale, v_scale)
     return _result(res, return_lse)
 
 
@@ -184,7 +195,7 @@ def paged_decode_attention(
 ) -> _Result:
     """Decode: one query per sequence (its newest token, position ``seq_lens[b] - 1``) against its
     paged KV. ``num_splits = 0`` picks split-KV automatically from the SM count and the table size.
-    An fp8 e4m3 cache needs ``k_scale``/``v_scale`` (float32, one element: stored = x / scale).
+    An fp8 e4m3 cache needs ``k_scale`` / ``v_scale`` (:data:`FP8_CACHE_DOC`).
     ``fixed_split_size > 0``: the deterministic mode (:data:`FIXED_SPLIT_DOC`; ``num_splits`` must
     be 0 and the cache in q's dtype). ``sinks``: optional float32 ``[Hq]`` attention sinks (module
     docstring).
@@ -235,12 +246,12 @@ def _prefill_attention_fake(ns, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_
 @fake("paged_prefill_attention")
 def _paged_prefill_attention_fake(ns, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q, scale,
                             causal, window_left=-1, softcap=0.0, custom_mask=None, return_lse=False,
-                            packed_custom_mask=None, fixed_split_size=0, sinks=None):
+                            packed_custom_mask=None, fixed_split_size=0, sinks=None, k_scale=None, v_scale=None):
     op = "paged_prefill_attention"
     check_dim(ns, op, "q", q, 3, "[num_tokens, num_q_heads, head_dim]")
     same_device(ns, op, "q", q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
                 cu_seqlens_q=cu_seqlens_q, seq_lens_k=seq_lens_k, custom_mask=custom_mask,
-                packed_custom_mask=packed_custom_mask, sinks=sinks)
+                packed_custom_mask=packed_custom_mask, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
     return attention_outputs(q, return_lse)
 
 

@@ -168,14 +168,14 @@ def prefill_attention(
 
 def gather_paged(cache: Tensor, block_table_row: Tensor, length: int, scale: Optional[Tensor] = None) -> Tensor:
     """The first `length` token rows [length, Hkv, D] of one sequence from a paged cache
-    [NB, BS, Hkv, D], dequantised with `scale` for an fp8 cache."""
+    [NB, BS, Hkv, D], dequantised with `scale` (one element, or one per KV head) for an fp8 cache."""
     bs = cache.shape[1]
     j = torch.arange(length)
     slots = block_table_row.to(torch.int64)[j // bs] * bs + j % bs
     rows = cache.reshape(-1, *cache.shape[2:])[slots]
     rows = rows.to(torch.float64)
     if scale is not None:
-        rows = rows * float(scale.reshape(()))
+        rows = rows * scale.to(torch.float64).reshape(1, -1, 1)
     return rows
 
 

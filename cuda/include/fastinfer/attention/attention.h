@@ -163,8 +163,11 @@ struct DecodeAttentionParams {
   const int32_t* block_table = nullptr;  // [B, block_table_stride]
   int64_t block_table_stride = 0;
   const int32_t* seq_lens = nullptr;     // [B]
-  const float* k_scale = nullptr;        // fp8 cache: per-layer dequantisation scales (device)
+  // fp8 cache: dequantisation scales (device); KV head h's is k_scale[h * k_scale_stride] (stride 0:
+  // one per tensor, 1: one per KV head).
+  const float* k_scale = nullptr;
   const float* v_scale = nullptr;
+  int32_t k_scale_stride = 0, v_scale_stride = 0;
   const float* sinks = nullptr;          // [num_q_heads] attention sinks, or nullptr
 
   int32_t batch_size = 0;

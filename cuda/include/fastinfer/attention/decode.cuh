@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(kNumThreads, (Config<D, G>::kMinCtas)) paged_d
   // q slices, pre-scaled so that q . k lands in the log2 domain (or in tanh's argument).
   const bool softcap = p.softcap > 0.f;
   float qk_scale = p.scale * (softcap ? 1.f / p.softcap : kLog2e);
-  if constexpr (kFp8) qk_scale *= *p.k_scale * kFp8Rescale;
+  if constexpr (kFp8) qk_scale *= p.k_scale[kv_head * p.k_scale_stride] * kFp8Rescale;
   const float softcap_log2 = p.softcap * kLog2e;
   float q[G][kSliceElems];
 #pragma unroll
@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(kNumThreads, (Config<D, G>::kMinCtas)) paged_d
   }
   __syncthreads();
 
-  const float v_scale = kFp8 ? *p.v_scale * kFp8Rescale : 1.f;
+  const float v_scale = kFp8 ? p.v_scale[kv_head * p.v_scale_stride] * kFp8Rescale : 1.f;
   constexpr int kSlicesPerHead = D / 4;  // the output is written 4 elements per thread
   for (int idx = threadIdx.x; idx < G * kSlicesPerHead; idx += kNumThreads) {
     const int h = idx / kSlicesPerHead;
