@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from conftest import assert_fa_close, get_backend, make_gen, randn
+from conftest import assert_bits_equal, get_backend, make_gen, randn
 import fastinfer.reference.attention as R
 from test_attention import check_out_lse, cu, make_paged, naive_paged
 
@@ -59,7 +59,7 @@ PAGED_CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend,dtype,case", params(PAGED_CASES, backends=("cpu",)))
+@pytest.mark.parametrize("backend,dtype,case", params(PAGED_CASES))
 def test_paged_prefill_fp8_cache(backend, dtype, case):
     be = get_backend(backend)
     q_lens, seq_lens, hq, hkv, d, bs, causal, window, tree, split, per_head = case
@@ -104,7 +104,8 @@ def test_paged_decode_fp8_cache_per_head_scales(backend):
         check_out_lse(out, lse, ref_out, ref_lse, naive_out, naive_lse, f"fp8 decode splits={splits}")
 
 
-@pytest.mark.parametrize("backend", ["cpu"])
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("sim", marks=pytest.mark.sim),
+                                     pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_fp8_cache_error_does_not_grow_with_context(backend):
     """A chunk of queries at the end of 1k and of 16k keys of an fp8 cache: the error against the
     fp64 reference on the dequantised cache stays at the level of the short context (fp32
@@ -126,6 +127,28 @@ def test_fp8_cache_error_does_not_grow_with_context(backend):
     # The output's own rounding to bf16 dominates both (~2e-3); an accumulation error growing with
     # the 256 tiles of 16k keys would show as a multiple of the 16-tile figure.
     assert errors[16384] <= 1.5 * errors[1024] + 1e-4, errors
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("sim", marks=pytest.mark.sim),
+                                     pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_fp8_cache_deterministic_mode_bits(backend):
+    """fixed_split_size > 0 with an fp8 cache and per-head scales: the last token's row has the same
+    bits through decode (split-parallel chunks and their merge) and paged prefill (the in-kernel
+    fold of a 9-token chunk)."""
+    be = get_backend(backend)
+    dtype, hq, hkv, d, n, ql = torch.bfloat16, 8, 2, 64, 203, 9
+    g = make_gen(6)
+    kc, vc, table, ks, vs = fp8_cache([n], hkv, d, 16, g, per_head=True)
+    q = randn((ql, hq, d), dtype, gen=g)
+    lens, dev = torch.tensor([n], dtype=torch.int32), be.device
+    dec = be.run(lambda: tuple(t.cpu() for t in be.ns.paged_decode_attention(
+        q[-1:].to(dev), kc.to(dev), vc.to(dev), table.to(dev), lens.to(dev), 0.125, -1, 0.0, 0, True, ks.to(dev),
+        vs.to(dev), 64)))
+    pre = be.run(lambda: tuple(t.cpu() for t in be.ns.paged_prefill_attention(
+        q.to(dev), kc.to(dev), vc.to(dev), table.to(dev), cu([ql]).to(dev), lens.to(dev), ql, 0.125, True, -1, 0.0,
+        None, True, None, 64, None, ks.to(dev), vs.to(dev))))
+    assert_bits_equal(pre[0][-1:], dec[0], f"{backend} fp8 paged prefill vs decode out")
+    assert_bits_equal(pre[1][-1:], dec[1], f"{backend} fp8 paged prefill vs decode lse")
 
 
 def _paged_args(kc_dtype=torch.float8_e4m3fn, k_scale=torch.tensor([0.1]), v_scale=torch.tensor([0.1])):
@@ -151,13 +174,6 @@ def test_paged_prefill_fp8_bad_input(case, make, message):
     with pytest.raises(RuntimeError, match=message) as exc:
         torch.ops.fastinfer.paged_prefill_attention(*make())
     assert "fastinfer.paged_prefill_attention:" in str(exc.value)
-
-
-@pytest.mark.sim
-def test_paged_prefill_fp8_kernel_refuses_until_supported():
-    be = get_backend("sim")
-    with pytest.raises(RuntimeError, match="float8_e4m3fn cache is not supported by the CUDA prefill kernel"):
-        be.ns.paged_prefill_attention(*_paged_args())
 
 
 def test_paged_prefill_fp8_opcheck():

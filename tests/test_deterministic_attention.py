@@ -314,21 +314,18 @@ def test_fixed_split_opcheck(ns):
 
 def _bad_cases():
     q, k, kc, vc, table, lens = _small()
-    fp8 = torch.zeros(4, 16, 2, 64, dtype=torch.float8_e4m3fn)
-    one = torch.ones(1)
     prefill = lambda f: ("prefill_attention", (q, k, k.clone(), cu([4, 6]), cu([5, 7]), 6, 7, 0.125, True, -1,  # noqa: E731
                                                0.0, False, f))
     paged = lambda f: ("paged_prefill_attention", (q[:5], kc, vc, table, cu([2, 3]), lens, 3, 0.125, True, -1,  # noqa: E731
                                                    0.0, None, False, None, f))
-    decode = lambda f, splits=0, cache=(kc, vc), scales=(None, None): (  # noqa: E731
-        "paged_decode_attention", (q[:2], *cache, table, lens, 0.125, -1, 0.0, splits, False, *scales, f))
+    decode = lambda f, splits=0: (  # noqa: E731
+        "paged_decode_attention", (q[:2], kc, vc, table, lens, 0.125, -1, 0.0, splits, False, None, None, f))
     return [
         ("prefill-not-tile-multiple", prefill(32), r"fixed_split_size must be 0 .* multiple of 64"),
         ("prefill-negative", prefill(-64), r"fixed_split_size must be 0"),
         ("paged-not-tile-multiple", paged(100), r"fixed_split_size must be 0 .* multiple of 64"),
         ("decode-not-tile-multiple", decode(65), r"fixed_split_size must be 0 .* multiple of 64"),
         ("decode-with-num_splits", decode(64, splits=2), r"num_splits must be 0 when fixed_split_size > 0"),
-        ("decode-fp8-cache", decode(64, cache=(fp8, fp8.clone()), scales=(one, one)), r"fixed_split_size > 0 needs"),
     ]
 
 

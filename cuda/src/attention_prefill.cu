@@ -1,5 +1,5 @@
 // Prefill attention launcher and its instantiations: {fp16, bf16} x head dim {64, 128} x
-// {contiguous ragged K/V, paged K/V} = 8 kernels, plus the tree-rows kernel that tree attention
+// {contiguous ragged K/V, paged K/V, paged fp8 e4m3 K/V} = 12 kernels, plus the tree-rows kernel that tree attention
 // with a window or in the deterministic mode runs first. The launches are the plan's
 // (launch_plan.h, attention_launch_plan.cu); the grid walks work items (prefill.cuh):
 // (items, num_kv_heads[, key splits]).
@@ -38,9 +38,9 @@ PrefillLaunchState launch_state(const PrefillAttentionParams& p, const PrefillLa
   return s;
 }
 
-template <typename T, int D, bool kPaged>
+template <typename T, int D, bool kPaged, typename CacheT = T>
 cudaError_t launch_mma_sync(const PrefillAttentionParams& p, const PrefillLaunchPlan& plan, cudaStream_t stream) {
-  using Traits = PrefillTraitsSm80<T, D>;
+  using Traits = PrefillTraitsSm80<T, D, CacheT>;
   const auto kernel = prefill_attention_kernel<Traits, kPaged>;
   const dim3 block(Traits::kThreads);
   const auto smem = static_cast<size_t>(Traits::kSmemBytes);
@@ -94,8 +94,9 @@ cudaError_t launch_head_dim(const PrefillAttentionParams& p, const PrefillLaunch
   } else {
     switch (select_prefill_backend(p)) {
       case PrefillBackend::kMmaSyncSm80:
-        return p.block_table != nullptr ? launch_mma_sync<T, D, true>(p, plan, stream)
-                                        : launch_mma_sync<T, D, false>(p, plan, stream);
+        if (p.block_table == nullptr) return launch_mma_sync<T, D, false>(p, plan, stream);
+        return p.cache_dtype == DType::kFloat8E4M3 ? launch_mma_sync<T, D, true, __nv_fp8_e4m3>(p, plan, stream)
+                                                   : launch_mma_sync<T, D, true>(p, plan, stream);
     }
     return cudaErrorInvalidValue;
   }
@@ -143,6 +144,8 @@ cudaError_t launch_prefill_attention(const PrefillAttentionParams& p, const Pref
         (p.block_size & (p.block_size - 1)) != 0)
       return cudaErrorInvalidValue;
     if (custom && p.mask_offsets == nullptr) return cudaErrorInvalidValue;
+    if (p.cache_dtype == DType::kFloat8E4M3 && (p.k_scale == nullptr || p.v_scale == nullptr))
+      return cudaErrorInvalidValue;
   } else {
     if (p.cu_seqlens_k == nullptr || custom || p.k_token_stride % 8 != 0 || p.v_token_stride % 8 != 0 ||
         p.k_token_stride < 0 || p.v_token_stride < 0)

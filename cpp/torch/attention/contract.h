@@ -182,9 +182,6 @@ inline void validate_paged_decode_attention(const char* op, const Tensor& q, con
   FI_CHECK(fixed_split_size == 0 || num_splits == 0, op,
            "num_splits must be 0 when fixed_split_size > 0 (the keys are then split every fixed_split_size keys), got ",
            num_splits);
-  FI_CHECK(fixed_split_size == 0 || k_cache.scalar_type() != kFloat8_e4m3fn, op,
-           "fixed_split_size > 0 needs a k_cache in the dtype of q (the deterministic mode shares the prefill "
-           "path, which has no float8_e4m3fn cache); use fixed_split_size=0 with an fp8 cache");
   validate_sinks(op, sinks, q);
 }
 

@@ -112,9 +112,20 @@ void check_paged_kernel_inputs(const char* op, const Tensor& q, const Tensor& k_
            strides_of(block_table));
 }
 
+// An fp8 cache's scales (validate_fp8_scales: 1 element or one per KV head) into the decode or
+// prefill params.
+template <typename Params>
+void set_cache_scales(Params& p, const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale) {
+  p.k_scale = k_scale ? k_scale->const_data_ptr<float>() : nullptr;
+  p.v_scale = v_scale ? v_scale->const_data_ptr<float>() : nullptr;
+  p.k_scale_stride = k_scale && k_scale->numel() > 1 ? 1 : 0;
+  p.v_scale_stride = v_scale && v_scale->numel() > 1 ? 1 : 0;
+}
+
 // The paged K/V of the prefill kernel's launch (paged_prefill_attention and fixed-mode decode).
 void fill_paged(PrefillAttentionParams& p, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                const Tensor& block_table, const Tensor& cu_seqlens_q, const Tensor& seq_lens_k) {
+                const Tensor& block_table, const Tensor& cu_seqlens_q, const Tensor& seq_lens_k,
+                const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale) {
   p.k = k_cache.data_ptr();
   p.v = v_cache.data_ptr();
   p.cu_seqlens_q = cu_seqlens_q.mutable_data_ptr<int32_t>();
@@ -124,6 +135,8 @@ void fill_paged(PrefillAttentionParams& p, const Tensor& q, const Tensor& k_cach
   p.block_size = static_cast<int32_t>(k_cache.size(1));
   p.num_kv_heads = static_cast<int32_t>(k_cache.size(2));
   p.num_q_tokens = q.size(0);
+  p.cache_dtype = to_dtype(k_cache.scalar_type());
+  set_cache_scales(p, k_scale, v_scale);
 }
 
 std::tuple<Tensor, Tensor> paged_prefill_attention(
@@ -135,9 +148,6 @@ std::tuple<Tensor, Tensor> paged_prefill_attention(
   const char* op = "paged_prefill_attention";
   validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
                                    custom_mask, packed_custom_mask, false, fixed_split_size, sinks, k_scale, v_scale);
-  FI_CHECK(k_cache.scalar_type() != kFloat8_e4m3fn, op,
-           "k_cache: a float8_e4m3fn cache is not supported by the CUDA prefill kernel yet (the CPU implementation "
-           "and paged_decode_attention read it)");
   check_paged_kernel_inputs(op, q, k_cache, v_cache, block_table, seq_lens_k);
   check_contiguous(cu_seqlens_q, op, "cu_seqlens_q");
   if (custom_mask.has_value()) check_contiguous(*custom_mask, op, "custom_mask");
@@ -163,7 +173,7 @@ std::tuple<Tensor, Tensor> paged_prefill_attention(
   }
   PrefillAttentionParams p;
   fill_common(p, q, out, lse, seq_lens_k.size(0), max_seqlen_q, scale, causal, window_left, softcap, sinks);
-  fill_paged(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k);
+  fill_paged(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, k_scale, v_scale);
   if (has_mask) {
     if (custom_mask.has_value()) p.custom_mask = custom_mask->mutable_data_ptr<bool>();
     if (packed_custom_mask.has_value()) p.packed_custom_mask = packed_custom_mask->mutable_data_ptr<uint8_t>();
@@ -179,7 +189,8 @@ std::tuple<Tensor, Tensor> paged_prefill_attention(
 // share one arithmetic (attention.h).
 void decode_fixed_split(const char* op, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                         const Tensor& block_table, const Tensor& seq_lens, double scale, int64_t window_left,
-                        double softcap, int64_t fixed_split_size, const std::optional<Tensor>& sinks, Tensor& out,
+                        double softcap, int64_t fixed_split_size, const std::optional<Tensor>& sinks,
+                        const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale, Tensor& out,
                         Tensor& lse, const KernelScope& scope) {
   // [0, 1, ..., B] on the device without a host copy: the cumulative sum of [0, 1, 1, ..., 1].
   auto ones = full_on(q, {q.size(0) + 1}, 1.0, kInt);
@@ -188,7 +199,7 @@ void decode_fixed_split(const char* op, const Tensor& q, const Tensor& k_cache, 
   const auto cu_seqlens_q = aten_call("aten::cumsum", "", ones, int64_t{0}, std::optional<ScalarType>(kInt))[0];
   PrefillAttentionParams p;
   fill_common(p, q, out, lse, q.size(0), 1, scale, /*causal=*/true, window_left, softcap, sinks);
-  fill_paged(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens);
+  fill_paged(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, k_scale, v_scale);
   p.fixed_split_size = static_cast<int32_t>(fixed_split_size);
   p.split_parallel = true;  // a CTA per chunk: decode's parallelism over the keys
   launch_planned(p, q, scope, op);
@@ -210,7 +221,7 @@ std::tuple<Tensor, Tensor> paged_decode_attention(
   KernelScope scope(op, q);
   if (fixed_split_size > 0) {
     decode_fixed_split(op, q, k_cache, v_cache, block_table, seq_lens, scale, window_left, softcap, fixed_split_size,
-                       sinks, out, lse, scope);
+                       sinks, k_scale, v_scale, out, lse, scope);
     return {out, lse};
   }
   DecodeAttentionParams p;
@@ -222,10 +233,7 @@ std::tuple<Tensor, Tensor> paged_decode_attention(
   p.block_table = block_table.mutable_data_ptr<int32_t>();
   p.block_table_stride = block_table.stride(0);
   p.seq_lens = seq_lens.mutable_data_ptr<int32_t>();
-  p.k_scale = k_scale ? k_scale->mutable_data_ptr<float>() : nullptr;
-  p.v_scale = v_scale ? v_scale->mutable_data_ptr<float>() : nullptr;
-  p.k_scale_stride = k_scale && k_scale->numel() > 1 ? 1 : 0;
-  p.v_scale_stride = v_scale && v_scale->numel() > 1 ? 1 : 0;
+  set_cache_scales(p, k_scale, v_scale);
   p.sinks = sinks ? sinks->const_data_ptr<float>() : nullptr;
   p.batch_size = static_cast<int32_t>(q.size(0));
   p.num_q_heads = static_cast<int32_t>(q.size(1));

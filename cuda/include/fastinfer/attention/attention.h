@@ -45,8 +45,8 @@
 // token is then a work item of its own, q_len = 1 against its prefix + count keys, as in decode;
 // the whole chunks of the prefix may be folded first by the sequence's work items: tree_phase).
 // The row's position is its rank (prefix + depth), the window applies by rank: for a tree mask
-// (a row sees its ancestors and itself) that is the tree position rule above. Limits: an fp8
-// cache and head_dim 256 are not supported; the cost is the split workspace traffic, for decode
+// (a row sees its ancestors and itself) that is the tree position rule above. Limits: head_dim
+// 256 is not supported; the cost is the split workspace traffic, for decode
 // CTAs of 128 rows holding `group` rows, and for tree rows the prefix read once per node instead
 // of once per tree (bench/model.py, "model").
 #include <cuda_runtime_api.h>
@@ -105,6 +105,14 @@ struct PrefillAttentionParams {
   float softcap = 0.0f;                   // <= 0: none
   DType dtype = DType::kBFloat16;         // q, k, v, out: float16 or bfloat16
   const float* sinks = nullptr;           // [num_q_heads] attention sinks, or nullptr
+  // Paged K/V only: kFloat8E4M3 for a float8 e4m3 cache (any other value: the cache is in dtype),
+  // which needs the dequantisation scales (device; KV head h's is k_scale[h * k_scale_stride], stride 0: one per tensor, 1: one per
+  // KV head). The kernel converts each K/V tile to dtype exactly (times 2^-8) in shared memory and
+  // applies the scales in fp32: k_scale to the scores, v_scale to the output.
+  DType cache_dtype = DType::kBFloat16;
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  int32_t k_scale_stride = 0, v_scale_stride = 0;
 
   // Deterministic mode (see above): F > 0, a multiple of 64. Needs num_q_tokens > 0. Two ways to
   // run it with the same bits: one CTA folds all chunks of its rows (split_parallel = false: the

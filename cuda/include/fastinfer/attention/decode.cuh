@@ -132,10 +132,7 @@ __device__ __forceinline__ void slice_to_float(const Vec<__half, 8>& v, float (&
     f[2 * i + 1] = t.y;
   }
 }
-// e4m3 -> fp16 by moving the 7 exponent/mantissa bits under fp16's (exact for normals and
-// denormals; the result is 2^-8 times the e4m3 value: kFp8Rescale is folded into the scales).
-// The e4m3 NaN pattern (0x7f/0xff) becomes +-480 * 2^-8 instead of NaN.
-constexpr float kFp8Rescale = 256.f;
+// e4m3 -> 2^-8 times its value (e4m3x2_to_half2_scaled; kE4m3HalfRescale is folded into the scales).
 __device__ __forceinline__ void slice_to_float(const Vec<__nv_fp8_e4m3, 8>& v, float (&f)[8]) {
   const uint2 w = *reinterpret_cast<const uint2*>(v.data);
   const uint32_t words[2] = {w.x, w.y};
@@ -143,9 +140,7 @@ __device__ __forceinline__ void slice_to_float(const Vec<__nv_fp8_e4m3, 8>& v, f
   for (int i = 0; i < 2; ++i) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      // bytes (b_2j, b_2j+1) -> 16-bit lanes (b_2j << 8, b_2j+1 << 8)
-      const uint32_t t = __byte_perm(words[i], 0u, j == 0 ? 0x1404u : 0x3424u);
-      const uint32_t h = ((t >> 1) & 0x3f803f80u) | (t & 0x80008000u);
+      const uint32_t h = e4m3x2_to_half2_scaled(words[i], j);
       const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&h));
       f[4 * i + 2 * j] = x.x;
       f[4 * i + 2 * j + 1] = x.y;
@@ -203,7 +198,7 @@ __global__ void __launch_bounds__(kNumThreads, (Config<D, G>::kMinCtas)) paged_d
   // q slices, pre-scaled so that q . k lands in the log2 domain (or in tanh's argument).
   const bool softcap = p.softcap > 0.f;
   float qk_scale = p.scale * (softcap ? 1.f / p.softcap : kLog2e);
-  if constexpr (kFp8) qk_scale *= p.k_scale[kv_head * p.k_scale_stride] * kFp8Rescale;
+  if constexpr (kFp8) qk_scale *= p.k_scale[kv_head * p.k_scale_stride] * kE4m3HalfRescale;
   const float softcap_log2 = p.softcap * kLog2e;
   float q[G][kSliceElems];
 #pragma unroll
@@ -360,7 +355,7 @@ __global__ void __launch_bounds__(kNumThreads, (Config<D, G>::kMinCtas)) paged_d
   }
   __syncthreads();
 
-  const float v_scale = kFp8 ? p.v_scale[kv_head * p.v_scale_stride] * kFp8Rescale : 1.f;
+  const float v_scale = kFp8 ? p.v_scale[kv_head * p.v_scale_stride] * kE4m3HalfRescale : 1.f;
   constexpr int kSlicesPerHead = D / 4;  // the output is written 4 elements per thread
   for (int idx = threadIdx.x; idx < G * kSlicesPerHead; idx += kNumThreads) {
     const int h = idx / kSlicesPerHead;

@@ -65,10 +65,13 @@
 namespace fastinfer::attention {
 
 // ---- traits ----------------------------------------------------------------------------------
-// mma.sync (sm_80+) kernel configuration for head dim D.
-template <typename T_, int kHeadDim_>
+// mma.sync (sm_80+) kernel configuration for head dim D, and the paged cache's element type
+// (T, or __nv_fp8_e4m3: an fp8 cache).
+template <typename T_, int kHeadDim_, typename CacheT_ = T_>
 struct PrefillTraitsSm80 {
   using T = T_;
+  using CacheT = CacheT_;
+  static constexpr bool kFp8Cache = !std::is_same_v<T, CacheT>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
@@ -83,9 +86,19 @@ struct PrefillTraitsSm80 {
   static constexpr int kChunksPerRow = kHeadDim / kElemsPerChunk;  // 8 or 16 (>= 8 for the swizzle)
   static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(T);
   static constexpr int kTileBytes = kBlockN * kHeadDim * sizeof(T);
-  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes;
   static constexpr int kRowsPerPass = kThreads / kChunksPerRow;  // rows one cp.async sweep covers
   static_assert(kBlockN % kRowsPerPass == 0 && kBlockM % kRowsPerPass == 0, "tile / thread mismatch");
+  // An fp8 cache: the cp.async ring holds kStages fp8 tiles per K and V (kBlockN rows of D bytes,
+  // unswizzled: each is read once, 16 bytes a thread), converted at the top of each iteration into
+  // the one K and one V tile of T that the mma steps read (convert_kv_tile).
+  static_assert(!kFp8Cache || std::is_same_v<CacheT, __nv_fp8_e4m3>, "cache: T or e4m3");
+  static constexpr int kTileBuffers = kFp8Cache ? 1 : kStages;  // K (and V) tiles of T in smem
+  static constexpr int kFp8TileBytes = kBlockN * kHeadDim;
+  static constexpr int kFp8ChunksPerRow = kHeadDim / 16;
+  static constexpr int kFp8RowsPerPass = kThreads / kFp8ChunksPerRow;
+  static_assert(kBlockN % kFp8RowsPerPass == 0, "fp8 tile / thread mismatch");
+  static constexpr int kSmemBytes =
+      kQBytes + 2 * kTileBuffers * kTileBytes + (kFp8Cache ? 2 * kStages * kFp8TileBytes : 0);
 };
 
 static_assert(PrefillTraitsSm80<__half, 64>::kBlockM == kPrefillRowsPerCta &&
@@ -229,7 +242,18 @@ struct PrefillTile {
   // sequence's key key_map_lo + key_map[j - key_map_lo].
   const int32_t* key_map;
   int key_map_lo;
+  // An fp8 cache: the factor of the P V accumulators (the V tiles hold 2^-8 times the stored
+  // values): v_scale of the KV head * 2^8. 1 otherwise (and not read).
+  float out_scale;
 };
+
+// The numerator of the normalisation 1 / l (the fp8 cache's out_scale; exactly 1 otherwise, so
+// the other instances compute 1.f / l as before).
+template <typename Traits>
+__device__ __forceinline__ float out_numerator(const PrefillTile& tile) {
+  if constexpr (Traits::kFp8Cache) return tile.out_scale;
+  return 1.f;
+}
 
 // The fragment rows of a thread (rows g and g + 8 of its warp's 16): token, position, validity.
 // Computed where needed (masked tiles, epilogue) rather than kept live through the main loop.
@@ -279,17 +303,23 @@ __device__ __forceinline__ void load_q_tile(unsigned char* s_q, const PrefillAtt
 }
 
 // K/V tile `n0 / kBlockN` into stage buffers sk / sv (no commit). Keys past k_len are zero-filled.
+// T: swizzled rows of T; an fp8 cache: plain rows of D bytes (the staging ring, convert_kv_tile).
 template <typename Traits, bool kPaged>
 __device__ __forceinline__ void load_kv_tile(unsigned char* sk, unsigned char* sv, const PrefillAttentionParams& p,
                                              const PrefillTile& tile, int n0, int tid) {
-  using T = typename Traits::T;
-  constexpr int D = Traits::kHeadDim, kCPR = Traits::kChunksPerRow;
-  const T* __restrict__ k_ptr = static_cast<const T*>(p.k);
-  const T* __restrict__ v_ptr = static_cast<const T*>(p.v);
+  using CacheT = typename Traits::CacheT;
+  constexpr int D = Traits::kHeadDim;
+  constexpr bool kFp8 = Traits::kFp8Cache;
+  constexpr int kCPR = kFp8 ? Traits::kFp8ChunksPerRow : Traits::kChunksPerRow;
+  constexpr int kRowsPerPass = kFp8 ? Traits::kFp8RowsPerPass : Traits::kRowsPerPass;
+  constexpr int kElemsPerChunk = 16 / sizeof(CacheT);
+  static_assert(kPaged || !kFp8, "an fp8 cache is paged");
+  const CacheT* __restrict__ k_ptr = static_cast<const CacheT*>(p.k);
+  const CacheT* __restrict__ v_ptr = static_cast<const CacheT*>(p.v);
   const int chunk = tid % kCPR;
 #pragma unroll
-  for (int i = 0; i < Traits::kBlockN / Traits::kRowsPerPass; ++i) {
-    const int r = tid / kCPR + i * Traits::kRowsPerPass;
+  for (int i = 0; i < Traits::kBlockN / kRowsPerPass; ++i) {
+    const int r = tid / kCPR + i * kRowsPerPass;
     const int j = n0 + r;
     const bool pred = j < tile.k_len;
     int64_t k_off = 0, v_off = 0;
@@ -307,9 +337,40 @@ __device__ __forceinline__ void load_kv_tile(unsigned char* sk, unsigned char* s
         v_off = (tile.k_start + j) * p.v_token_stride + static_cast<int64_t>(tile.kv_head) * D;
       }
     }
-    const int so = swizzle<kCPR>(r, chunk);
-    ptx::cp_async_cg_16(sk + so, k_ptr + k_off + chunk * Traits::kElemsPerChunk, pred);  // !pred: zero-fill
-    ptx::cp_async_cg_16(sv + so, v_ptr + v_off + chunk * Traits::kElemsPerChunk, pred);
+    const int so = kFp8 ? (r * kCPR + chunk) * 16 : swizzle<kCPR>(r, chunk);
+    ptx::cp_async_cg_16(sk + so, k_ptr + k_off + chunk * kElemsPerChunk, pred);  // !pred: zero-fill
+    ptx::cp_async_cg_16(sv + so, v_ptr + v_off + chunk * kElemsPerChunk, pred);
+  }
+}
+
+// An fp8 cache: one staged tile (plain rows of D e4m3 bytes) into the swizzled T tile the mma steps
+// read, 2^-8 times the stored values exactly (e4m3x2_to_half2_scaled; fp16 -> bf16 is exact too).
+// Thread tid converts 16-byte chunk tid % kFp8ChunksPerRow of rows tid / kFp8ChunksPerRow + i *
+// kFp8RowsPerPass: 16 elements, two 16-byte chunks of T.
+template <typename Traits>
+__device__ __forceinline__ void convert_kv_tile(unsigned char* dst, const unsigned char* src, int tid) {
+  using T = typename Traits::T;
+  constexpr int kCPR8 = Traits::kFp8ChunksPerRow;
+  const int c8 = tid % kCPR8;
+#pragma unroll
+  for (int i = 0; i < Traits::kBlockN / Traits::kFp8RowsPerPass; ++i) {
+    const int r = tid / kCPR8 + i * Traits::kFp8RowsPerPass;
+    const uint4 w = *reinterpret_cast<const uint4*>(src + (r * kCPR8 + c8) * 16);
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+    uint32_t out[8];  // 16 values of T, two per register
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t h = e4m3x2_to_half2_scaled(words[k / 2], k % 2);
+      if constexpr (std::is_same_v<T, __half>) {
+        out[k] = h;
+      } else {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+        out[k] = pack2<T>(f.x, f.y);
+      }
+    }
+    *reinterpret_cast<uint4*>(dst + swizzle<Traits::kChunksPerRow>(r, 2 * c8)) = make_uint4(out[0], out[1], out[2], out[3]);
+    *reinterpret_cast<uint4*>(dst + swizzle<Traits::kChunksPerRow>(r, 2 * c8 + 1)) =
+        make_uint4(out[4], out[5], out[6], out[7]);
   }
 }
 
@@ -481,7 +542,8 @@ __device__ __forceinline__ void epilogue(unsigned char* s_q, const PrefillAttent
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float l = warp_reduce_sum<4>(row_sum[h]);
-    float inv = l > 0.f ? 1.f / l : 0.f;  // no visible key: out = 0
+    // No visible key: out = 0. The folded state is in the output's units already.
+    float inv = l > 0.f ? (folded_lse != nullptr ? 1.f : out_numerator<Traits>(tile)) / l : 0.f;
     const int r = warp * 16 + g + 8 * h;
     const int head = tile.kv_head * tile.group + (tile.row0 + r - rows.token[h] * tile.group);
     float lse = folded_lse != nullptr ? folded_lse[h] : chunk_lse(row_max[h], l);
@@ -543,7 +605,7 @@ __device__ __forceinline__ void epilogue_split(const PrefillAttentionParams& p, 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float l = warp_reduce_sum<4>(row_sum[h]);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = l > 0.f ? out_numerator<Traits>(tile) / l : 0.f;
     const int64_t r = fragment_row_index(p, tile, rows, warp, lane, h);
     if (r >= 0) {
       // The thread's two adjacent elements of each d-tile in one 8-byte store (the quad's four
@@ -571,7 +633,7 @@ __device__ __forceinline__ void fold_chunk(const PrefillAttentionParams& p, cons
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float l = warp_reduce_sum<4>(row_sum[h]);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = l > 0.f ? out_numerator<Traits>(tile) / l : 0.f;
     const float lse_c = chunk_lse(row_max[h], l);
     const int64_t r = fragment_row_index(p, tile, rows, warp, lane, h);
     if (r >= 0 && lse_c != -INFINITY) {
@@ -753,6 +815,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
         tile.rows = group;
         tile.key_map = ls.tree_rank_keys + token * p.max_seqlen_q;
         tile.key_map_lo = prefix;
+        tile.out_scale = Traits::kFp8Cache ? p.v_scale[tile.kv_head * p.v_scale_stride] * kE4m3HalfRescale : 1.f;
         s_tile = tile;
         SequenceMask m = sequence_mask<false>(p, nullptr, tile.b, tile.q_start, 1, tile.k_len);
         m.causal = true;  // the last of its keys by rank: position prefix + depth, as in decode
@@ -779,6 +842,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
           tile.k_len = p.cu_seqlens_k[w.b + 1] - static_cast<int>(tile.k_start);
         }
         tile.rows = tile.q_len * group;
+        tile.out_scale = Traits::kFp8Cache ? p.v_scale[tile.kv_head * p.v_scale_stride] * kE4m3HalfRescale : 1.f;
         s_tile = tile;
         s_mask = sequence_mask<kPaged>(p, ls.tree_depth, tile.b, tile.q_start, tile.q_len, tile.k_len);
       }
@@ -824,8 +888,12 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
   unsigned char* smem = dynamic_smem<unsigned char>();
   unsigned char* s_q = smem;
-  unsigned char* s_k = smem + Traits::kQBytes;
-  unsigned char* s_v = s_k + kStages * Traits::kTileBytes;
+  unsigned char* s_k = smem + Traits::kQBytes;  // kTileBuffers tiles of T each (prefill.cuh, traits)
+  unsigned char* s_v = s_k + Traits::kTileBuffers * Traits::kTileBytes;
+  // Where the cp.async ring of stage s lands: the T tiles, or the fp8 staging tiles after them.
+  unsigned char* ring_k = Traits::kFp8Cache ? s_v + Traits::kTileBytes : s_k;
+  unsigned char* ring_v = Traits::kFp8Cache ? ring_k + kStages * Traits::kFp8TileBytes : s_v;
+  constexpr int kRingBytes = Traits::kFp8Cache ? Traits::kFp8TileBytes : Traits::kTileBytes;
 
   // Output accumulators: d-tile dt (dims 8dt..8dt+7), C layout: o[dt][0..1] row g, [2..3] row g+8.
   float o[D / 8][4];
@@ -846,7 +914,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < num_tiles)
-        load_kv_tile<Traits, kPaged>(s_k + s * Traits::kTileBytes, s_v + s * Traits::kTileBytes, p, tile,
+        load_kv_tile<Traits, kPaged>(ring_k + s * kRingBytes, ring_v + s * kRingBytes, p, tile,
                                      (tile_lo + s) * kBlockN, tid);
       ptx::cp_async_commit();
     }
@@ -857,9 +925,12 @@ __global__ void __launch_bounds__(Traits::kThreads)
     load_q_fragments<Traits>(qf, s_q, warp, lane);
 
     ScoreScale sc;
-    sc.scale_log2 = p.scale * kLog2e;
+    // An fp8 cache: the K tiles hold 2^-8 times the stored values; k_scale * 2^8 joins the scale.
+    const float qk_scale =
+        Traits::kFp8Cache ? p.scale * (p.k_scale[tile.kv_head * p.k_scale_stride] * kE4m3HalfRescale) : p.scale;
+    sc.scale_log2 = qk_scale * kLog2e;
     sc.softcap = p.softcap > 0.f;
-    sc.cap_in = sc.softcap ? p.scale / p.softcap : 0.f;
+    sc.cap_in = sc.softcap ? qk_scale / p.softcap : 0.f;
     sc.cap_out = p.softcap * kLog2e;
 
     for (int it = 0; it < num_tiles; ++it) {
@@ -870,25 +941,34 @@ __global__ void __launch_bounds__(Traits::kThreads)
       {
         const int next = it + kStages - 1;
         if (next < num_tiles)
-          load_kv_tile<Traits, kPaged>(s_k + (next % kStages) * Traits::kTileBytes,
-                                       s_v + (next % kStages) * Traits::kTileBytes, p, tile,
-                                       (tile_lo + next) * kBlockN, tid);
+          load_kv_tile<Traits, kPaged>(ring_k + (next % kStages) * kRingBytes, ring_v + (next % kStages) * kRingBytes,
+                                       p, tile, (tile_lo + next) * kBlockN, tid);
         ptx::cp_async_commit();  // always commit: keeps the group count uniform
+      }
+      const int stage = it % kStages;
+      const unsigned char* k_tile = s_k + stage * Traits::kTileBytes;
+      const unsigned char* v_tile = s_v + stage * Traits::kTileBytes;
+      if constexpr (Traits::kFp8Cache) {  // the staged fp8 tile into the T tiles (the barrier above
+        // ordered every warp's last reads of them before these writes)
+        convert_kv_tile<Traits>(s_k, ring_k + stage * kRingBytes, tid);
+        convert_kv_tile<Traits>(s_v, ring_v + stage * kRingBytes, tid);
+        __syncthreads();
+        k_tile = s_k;
+        v_tile = s_v;
       }
       const int n0 = (tile_lo + it) * kBlockN;
       if (fold && it > 0 && (tile_lo + it) % tiles_per_chunk == 0)  // a chunk ends: uniform over the CTA
         fold_chunk<Traits>(p, ls, tile, mask, o, row_max, row_sum, st_lse, warp, lane);
       // Warp-uniform: skip a tile none of the warp's rows sees (its update would be the identity).
       if (!warp_has_rows || mask.none_visible(n0, n0 + kBlockN, warp_first, warp_last)) continue;
-      const int stage = it % kStages;
 
       float s[kBlockN / 8][4];
-      qk_tile<Traits>(s, qf, s_k + stage * Traits::kTileBytes, lane);
+      qk_tile<Traits>(s, qf, k_tile, lane);
       scores_to_log2<Traits>(s, sc);
       if (mask.needs_element_mask(n0, n0 + kBlockN, warp_first, warp_last))
         mask_scores<Traits>(s, tile, mask, n0, warp, lane);
       online_softmax<Traits>(s, row_max, row_sum, o);
-      pv_tile<Traits>(o, s, s_v + stage * Traits::kTileBytes, lane);
+      pv_tile<Traits>(o, s, v_tile, lane);
     }
     ptx::cp_async_wait<0>();  // only empty groups remain; keeps the invariant explicit
   }

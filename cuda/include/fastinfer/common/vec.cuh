@@ -57,6 +57,18 @@ template <> __device__ __forceinline__ __nv_fp8_e4m3 from_float<__nv_fp8_e4m3>(f
   return __nv_fp8_e4m3(x);  // __NV_SATFINITE, round to nearest even
 }
 
+// e4m3 -> fp16 by moving the 7 exponent / mantissa bits under fp16's: exact for normals and
+// denormals, the result being 2^-8 times the e4m3 value (callers fold kE4m3HalfRescale into their
+// scales; every e4m3 value times 2^-8 is an fp16 value, and a bf16 one). The e4m3 NaN pattern
+// (0x7f / 0xff) becomes +-480 * 2^-8 instead of NaN. Bytes 2 pair and 2 pair + 1 of `word` ->
+// the two halves of a half2 (lower byte in the low half).
+constexpr float kE4m3HalfRescale = 256.f;
+__device__ __forceinline__ uint32_t e4m3x2_to_half2_scaled(uint32_t word, int pair) {
+  // bytes (b_2p, b_2p+1) -> 16-bit lanes (b_2p << 8, b_2p+1 << 8)
+  const uint32_t t = __byte_perm(word, 0u, pair == 0 ? 0x1404u : 0x3424u);
+  return ((t >> 1) & 0x3f803f80u) | (t & 0x80008000u);
+}
+
 // True when p is aligned to `bytes` (a power of two).
 __host__ __device__ __forceinline__ bool is_aligned(const void* p, int bytes) {
   return (reinterpret_cast<uintptr_t>(p) & static_cast<uintptr_t>(bytes - 1)) == 0;
