@@ -583,7 +583,7 @@ def all_cases(quick=False):
     cases += [case_decode(*c[:4], sample=c[4]) for c in dec]
     pre = [(1024, 32, 32, 128, True), (8192, 32, 32, 128, True)] if quick else [
         (t, hq, hkv, d, c) for t in (1024, 8192) for hq, hkv, d in ((32, 32, 128), (32, 8, 128), (32, 32, 64))
-        for c in (True, False)]
+        for c in (True, False)] + [(t, 16, 8, 256, True) for t in (1024, 8192)]  # Gemma 2 9B heads
     cases += [case_prefill(*p) for p in pre]
     cases += [case_prefill(1024, 32, 8, 128, True, paged=True), case_prefill_ragged()]
     cases += [case_tree_attention(*c) for c in ([(16, 8, 1024)] if quick else [(1, 16, 4096), (16, 8, 1024),

@@ -113,7 +113,7 @@ PrefillLaunchPlan plan_prefill_launch(const PrefillAttentionParams& p, const Dev
                                   (p.split_parallel && !paged && p.max_seqlen_k < 0))))
     return invalid();
 
-  const int rows = kPrefillRowsPerCta;
+  const int rows = prefill_rows_per_cta(p.head_dim);
   plan.rows_per_cta = rows;
   plan.keys_by_rank = keys_by_rank(p);
   plan.tree_rows = plan.keys_by_rank || (paged && needs_tree_depth(p));
@@ -163,6 +163,9 @@ PrefillLaunchPlan plan_prefill_launch(const PrefillAttentionParams& p, const Dev
       }
     }
   }
+  plan.mode = plan.key_splits > 0        ? PrefillMode::kSplit
+              : p.fixed_split_size > 0 ? PrefillMode::kFold
+                                       : PrefillMode::kDefault;
   plan.workspace_bytes = ws.end;
   return plan;
 }

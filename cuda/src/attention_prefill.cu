@@ -1,5 +1,5 @@
-// Prefill attention launcher and its instantiations: {fp16, bf16} x head dim {64, 128} x
-// {contiguous ragged K/V, paged K/V, paged fp8 e4m3 K/V} = 12 kernels, plus the tree-rows kernel that tree attention
+// Prefill attention launcher and its instantiations: {fp16, bf16} x head dim {64, 128, 256} x
+// {contiguous ragged K/V, paged K/V, paged fp8 e4m3 K/V} = 18 kernels, plus the tree-rows kernel that tree attention
 // with a window or in the deterministic mode runs first. The launches are the plan's
 // (launch_plan.h, attention_launch_plan.cu); the grid walks work items (prefill.cuh):
 // (items, num_kv_heads[, key splits]).
@@ -41,7 +41,9 @@ PrefillLaunchState launch_state(const PrefillAttentionParams& p, const PrefillLa
 template <typename T, int D, bool kPaged, typename CacheT = T>
 cudaError_t launch_mma_sync(const PrefillAttentionParams& p, const PrefillLaunchPlan& plan, cudaStream_t stream) {
   using Traits = PrefillTraitsSm80<T, D, CacheT>;
-  const auto kernel = prefill_attention_kernel<Traits, kPaged>;
+  const auto kernel = plan.mode == PrefillMode::kSplit  ? prefill_attention_kernel<Traits, kPaged, PrefillMode::kSplit>
+                      : plan.mode == PrefillMode::kFold ? prefill_attention_kernel<Traits, kPaged, PrefillMode::kFold>
+                                                        : prefill_attention_kernel<Traits, kPaged, PrefillMode::kDefault>;
   const dim3 block(Traits::kThreads);
   const auto smem = static_cast<size_t>(Traits::kSmemBytes);
   const PrefillLaunchState state = launch_state(p, plan);

@@ -267,6 +267,40 @@ int main() {
     check_no_split(plan, __LINE__);  // the in-kernel fold
   }
 
+  // The kernel instance (mode) of each plan: default without splits, split with key splits of
+  // either mode, the fold for the deterministic mode without split-parallel.
+  {
+    CHECK_EQ(static_cast<int>(plan_prefill_launch(base(4, 512, 2048), kH200).mode),
+             static_cast<int>(PrefillMode::kDefault));
+    CHECK_EQ(static_cast<int>(plan_prefill_launch(tree(1, 16, 256), kH200).mode), static_cast<int>(PrefillMode::kSplit));
+    PrefillAttentionParams p = tree(1, 16, 256);
+    p.fixed_split_size = 64;
+    CHECK_EQ(static_cast<int>(plan_prefill_launch(p, kH200).mode), static_cast<int>(PrefillMode::kFold));
+    p.split_parallel = true;
+    CHECK_EQ(static_cast<int>(plan_prefill_launch(p, kH200).mode), static_cast<int>(PrefillMode::kSplit));
+    CHECK_EQ(static_cast<int>(plan_prefill_launch(tree(1, 16, 16), kH200).mode), static_cast<int>(PrefillMode::kDefault));
+  }
+
+  // Head dim 256 (Gemma): 64-row CTAs, so a 300-token prefill of 8 query heads over 4 KV heads
+  // (group 2, 600 rows) is ceil(600 / 64) = 10 work items; the plans still count keys in 64-key
+  // units (a multiple of the kernel's 16-key tiles), so the deterministic chunks are unchanged.
+  {
+    PrefillAttentionParams p = base(1, 300, 300);
+    p.num_q_heads = 8;
+    p.num_kv_heads = 4;
+    p.head_dim = 256;
+    PrefillLaunchPlan plan = plan_prefill_launch(p, kUnknown);
+    CHECK_EQ(plan.status, cudaSuccess);
+    CHECK_EQ(plan.rows_per_cta, 64);
+    CHECK_EQ(plan.work_items, 10);
+    p.fixed_split_size = 64;
+    plan = plan_prefill_launch(p, kUnknown);
+    CHECK_EQ(static_cast<int>(plan.mode), static_cast<int>(PrefillMode::kFold));
+    CHECK_REGION(plan.layout.split_state, 0, 300 * 8 * 256 * 4);
+    p.head_dim = 192;  // no kernel
+    CHECK_EQ(plan_prefill_launch(p, kUnknown).status, cudaErrorInvalidValue);
+  }
+
   std::printf("%s\n", failures ? "FAILED" : "OK");
   return failures ? 1 : 0;
 }

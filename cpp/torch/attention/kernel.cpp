@@ -8,12 +8,6 @@
 namespace fastinfer::binding {
 namespace {
 
-// Head dims the kernels are instantiated for.
-void check_kernel_head_dim(const char* op, const Tensor& q) {
-  FI_CHECK(q.size(2) == 64 || q.size(2) == 128, op, "q must have head_dim 64 or 128 for the CUDA kernels, got ",
-           q.size(2), " (head_dim 256 runs on the CPU implementation only)");
-}
-
 // The kernels move rows with 16-byte loads: base 16-byte aligned, token stride a multiple of 8.
 void check_vector_aligned(const Tensor& t, const char* op, const char* name) {
   FI_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(0) % 8 == 0, op, name,
@@ -69,7 +63,6 @@ std::tuple<Tensor, Tensor> prefill_attention(const Tensor& q, const Tensor& k, c
   const char* op = "prefill_attention";
   validate_prefill_attention(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, false, fixed_split_size, sinks);
   check_device(q, op, "q");
-  check_kernel_head_dim(op, q);
   check_packed_heads(q, op, "q");
   check_packed_heads(k, op, "k");
   check_packed_heads(v, op, "v");
@@ -102,7 +95,6 @@ std::tuple<Tensor, Tensor> prefill_attention(const Tensor& q, const Tensor& k, c
 void check_paged_kernel_inputs(const char* op, const Tensor& q, const Tensor& k_cache,
                                const Tensor& v_cache, const Tensor& block_table, const Tensor& lens) {
   check_device(q, op, "q");
-  check_kernel_head_dim(op, q);
   check_packed_heads(q, op, "q");
   check_vector_aligned(q, op, "q");
   check_contiguous(k_cache, op, "k_cache");

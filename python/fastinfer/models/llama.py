@@ -170,7 +170,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         if config.head_dim not in (64, 128, 256):
             raise ValueError(f"head_dim {config.head_dim} is not supported by the fastinfer attention ops "
-                             "(64 or 128; 256 on CPU)")
+                             "(64, 128 or 256)")
         device = torch.device("cpu" if device is None else device)
         self.config = config
         self.dtype = dtype

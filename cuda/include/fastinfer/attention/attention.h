@@ -90,7 +90,7 @@ struct PrefillAttentionParams {
   int32_t batch_size = 0;
   int32_t num_q_heads = 0;
   int32_t num_kv_heads = 0;
-  int32_t head_dim = 0;                   // 64 or 128 (256 desired)
+  int32_t head_dim = 0;                   // 64, 128 or 256
   int32_t max_seqlen_q = 0;               // upper bound of q_len over the batch (sizes the grid)
   int64_t num_q_tokens = 0;               // rows of q (cu_seqlens_q[B]) when known, else 0: with it
                                           // the grid is within B CTAs per KV head of the work

@@ -26,11 +26,15 @@ namespace fastinfer {
 struct PrefillAttentionParams;  // attention.h
 
 namespace attention {
-// The prefill kernel's tile shape, which the plans count in (prefill.cuh, PrefillTraitsSm80): 8
-// warps of 16 rows, K/V tiles of 64 keys, head dims 64 and 128.
-constexpr int kPrefillRowsPerCta = 128;
+// The prefill kernel's tile shape, which the plans count in (prefill.cuh, PrefillTraitsSm80): warps
+// of 16 rows, 8 per CTA for head dims 64 and 128, 4 for 256 (whose Q tile and output accumulators
+// are twice as large); K/V tiles of 64 keys (16 for head dim 256). kPrefillKeysPerTile is the
+// unit the plans count keys in and the deterministic mode's chunks are multiples of: a multiple of
+// every kernel's K/V tile.
+constexpr bool prefill_supports_head_dim(int d) { return d == 64 || d == 128 || d == 256; }
+constexpr int prefill_rows_per_cta(int d) { return d <= 128 ? 128 : 64; }
+constexpr int prefill_keys_per_tile(int d) { return d <= 128 ? 64 : 16; }
 constexpr int kPrefillKeysPerTile = 64;
-constexpr bool prefill_supports_head_dim(int d) { return d == 64 || d == 128; }
 // Rows (warps) per CTA of prefill_merge_splits_kernel and of tree_rows_kernel.
 constexpr int kSplitMergeWarps = 4;
 constexpr int kTreeDepthWarps = 4;
@@ -82,8 +86,17 @@ struct PrefillWorkspaceLayout {
   WorkspaceRegion split_out, split_lse, running_out, running_lse;
 };
 
+// What a prefill kernel instance does with the keys of its rows: a template parameter of the
+// kernel, so each mode is an instance of its own without the other modes' state and branches.
+enum class PrefillMode : int32_t {
+  kDefault,  // all of a CTA's keys: normalise, write out and lse
+  kSplit,    // a part of them (key splits): fp32 partials that prefill_merge_splits_kernel combines
+  kFold,     // the deterministic in-kernel fold of fixed_split_size chunks (and the tree phases)
+};
+
 struct PrefillLaunchPlan {
   cudaError_t status = cudaSuccess;  // cudaErrorInvalidValue: the shape is refused (nothing else is set)
+  PrefillMode mode = PrefillMode::kDefault;  // the kernel instance every attention launch runs
   int32_t rows_per_cta = 0;          // kBlockM of the head dim's kernel
   // Work items of the attention kernel's grid (x); 0: nothing to launch.
   int64_t work_items = 0;

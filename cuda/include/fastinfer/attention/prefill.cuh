@@ -2,7 +2,7 @@
 // Fused prefill attention (FlashAttention-2 structure) on mma.sync m16n8k16, for sm_80 .. sm_90.
 //
 // Work items and GQA packing. The grid is (work items, num_kv_heads). A CTA owns one KV head and
-// kBlockM = 128 rows of one sequence, a row being a (query token, query head) pair of the KV
+// kBlockM = 128 rows (64 for head dim 256) of one sequence, a row being a (query token, query head) pair of the KV
 // head's group, token-major: row r of the sequence is token r / group, query head
 // kv_head * group + r % group. So the group's query heads share every K/V tile the CTA loads (each
 // tile is read once per KV head and 128 / group tokens, instead of once per query head and 64
@@ -14,7 +14,7 @@
 // (max_seqlen_q tile, head, sequence) slot as before: the grid is the host's bound on the item
 // count (attention.h), the few CTAs past the real count exit at once.
 //
-// One CTA = 8 warps; warp w owns rows 16w .. 16w + 15 of the tile for the whole kernel, so softmax
+// One CTA = 8 warps (4 for head dim 256: traits); warp w owns rows 16w .. 16w + 15 of the tile for the whole kernel, so softmax
 // statistics never leave the warp (registers as with 64-row tiles: 16 rows per warp either way).
 //
 //   gmem --cp.async--> smem Q (once) --ldmatrix--> Q A-fragments (registers, whole kernel)
@@ -26,6 +26,12 @@
 //   epilogue         : O / l -> dtype -> smem (the warp's own Q rows) -> 16-byte coalesced stores
 // Each step is a device function below (load_q_tile, load_kv_tile, load_q_fragments, qk_tile,
 // scores_to_log2, mask_scores, online_softmax, pv_tile, epilogue); the kernel is their sequence.
+// What a CTA does with its keys' result is the plan's PrefillMode (launch_plan.h), a template
+// parameter: the default instance normalises and writes out / lse; kSplit writes fp32 partials of
+// a part of the keys (epilogue_split); kFold folds the deterministic mode's chunks in the kernel
+// (fold_chunk, the tree phases). Each mode is its own instance, so the default one carries none
+// of the others' state (bf16 D = 128: 248 registers, against 254 with the modes as run-time
+// branches).
 //
 // Shared memory layout (bytes, element size 2): Q [kBlockM][D] | K[kStages][kBlockN][D] |
 // V[kStages][kBlockN][D]. Every row is D*2 bytes = D/8 16-byte chunks (>= 8 since D >= 64); chunk
@@ -73,15 +79,22 @@ struct PrefillTraitsSm80 {
   using CacheT = CacheT_;
   static constexpr bool kFp8Cache = !std::is_same_v<T, CacheT>;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kWarps = 8;
+  // D = 256: 4 warps and 16-key tiles, so that the 128 fp32 output accumulators of a thread fit
+  // in registers beside the scores without spilling (32-key tiles spilled 84 bytes) and the shared
+  // memory (Q 32 KiB + two stages of K and V 32 KiB) fits sm_89's 99 KiB; the Q fragments are then read from shared memory at each k-step instead of being kept in
+  // 64 registers for the whole kernel.
+  static constexpr int kWarps = prefill_rows_per_cta(kHeadDim) / 16;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockM = 16 * kWarps;  // rows per CTA: (token, query head) pairs, 16 per warp
-  static constexpr int kBlockN = 64;           // keys per K/V tile
+  static constexpr int kBlockN = prefill_keys_per_tile(kHeadDim);  // keys per K/V tile
+  static constexpr bool kQInRegisters = kHeadDim <= 128;
+  static constexpr int kQFragments = kQInRegisters ? kHeadDim / 16 : 1;  // A operands kept in registers
   // K/V pipeline depth: D=64 tiles are small enough for a third stage.
   static constexpr int kStages = kHeadDim <= 64 ? 3 : 2;
 
   static_assert(sizeof(T) == 2, "fp16 / bf16 only");
-  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "head dim 64 or 128");
+  static_assert(prefill_supports_head_dim(kHeadDim), "head dim 64, 128 or 256");
+  static_assert(kPrefillKeysPerTile % kBlockN == 0, "the plans' key unit is whole tiles");
   static constexpr int kElemsPerChunk = 16 / sizeof(T);          // 8
   static constexpr int kChunksPerRow = kHeadDim / kElemsPerChunk;  // 8 or 16 (>= 8 for the swizzle)
   static constexpr int kQBytes = kBlockM * kHeadDim * sizeof(T);
@@ -101,10 +114,10 @@ struct PrefillTraitsSm80 {
       kQBytes + 2 * kTileBuffers * kTileBytes + (kFp8Cache ? 2 * kStages * kFp8TileBytes : 0);
 };
 
-static_assert(PrefillTraitsSm80<__half, 64>::kBlockM == kPrefillRowsPerCta &&
-                  PrefillTraitsSm80<__half, 128>::kBlockM == kPrefillRowsPerCta &&
-                  PrefillTraitsSm80<__half, 64>::kBlockN == kPrefillKeysPerTile,
-              "launch_plan.h counts in the kernel's tiles");
+static_assert(PrefillTraitsSm80<__half, 64>::kSmemBytes <= 99 * 1024 && PrefillTraitsSm80<__half, 128>::kSmemBytes <= 99 * 1024 &&
+                  PrefillTraitsSm80<__half, 256>::kSmemBytes <= 99 * 1024 &&
+                  PrefillTraitsSm80<__half, 256, __nv_fp8_e4m3>::kSmemBytes <= 99 * 1024,
+              "every instance fits sm_86 / sm_89's 99 KiB of shared memory per block");
 
 // ---- launch state ----------------------------------------------------------------------------
 // What launch_prefill_attention sets for one launch beside the caller's params (launch_plan.h: the
@@ -374,27 +387,34 @@ __device__ __forceinline__ void convert_kv_tile(unsigned char* dst, const unsign
   }
 }
 
-// Q fragments of the warp's 16 rows for the whole kernel: qf[kk] = A operand of k-step kk (dims
-// 16kk..16kk+15). ldmatrix_x4 matrices: 0 = rows 0-7 / dims 0-7, 1 = rows 8-15 / dims 0-7, 2 =
-// rows 0-7 / dims 8-15, 3 = rows 8-15 / dims 8-15 -> exactly a[0..3] of the m16n8k16 A layout.
+// The Q fragment of k-step kk (dims 16kk..16kk+15) of the warp's 16 rows from shared memory.
+// ldmatrix_x4 matrices: 0 = rows 0-7 / dims 0-7, 1 = rows 8-15 / dims 0-7, 2 = rows 0-7 / dims
+// 8-15, 3 = rows 8-15 / dims 8-15 -> exactly a[0..3] of the m16n8k16 A layout.
 template <typename Traits>
-__device__ __forceinline__ void load_q_fragments(uint32_t (&qf)[Traits::kHeadDim / 16][4], const unsigned char* s_q,
-                                                 int warp, int lane) {
+__device__ __forceinline__ void load_q_fragment(uint32_t (&a)[4], const unsigned char* s_q, int kk, int warp,
+                                                int lane) {
   const int mat = lane / 8, r = lane % 8;
-  const int row = warp * 16 + r + 8 * (mat & 1);
+  ptx::ldmatrix_x4(a, s_q + swizzle<Traits::kChunksPerRow>(warp * 16 + r + 8 * (mat & 1), 2 * kk + (mat >> 1)));
+}
+
+// Q fragments of the warp's 16 rows kept in registers for the whole kernel (kQInRegisters):
+// qf[kk] = A operand of k-step kk.
+template <typename Traits>
+__device__ __forceinline__ void load_q_fragments(uint32_t (&qf)[Traits::kQFragments][4], const unsigned char* s_q,
+                                                 int warp, int lane) {
 #pragma unroll
-  for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk)
-    ptx::ldmatrix_x4(qf[kk], s_q + swizzle<Traits::kChunksPerRow>(row, 2 * kk + (mat >> 1)));
+  for (int kk = 0; kk < Traits::kQFragments; ++kk) load_q_fragment<Traits>(qf[kk], s_q, kk, warp, lane);
 }
 
 // ---- S = Q K^T (16 x kBlockN per warp) -------------------------------------------------------
 // s[nt] holds keys 8nt .. 8nt+7 of the tile: s[nt][0..1] = row g, keys 2t, 2t+1; s[nt][2..3] = row
 // g+8. ldmatrix_x4 on K rows (key = n, dim = k): matrices 0/1 = keys 0-7 of the pair, dims 0-7 /
 // 8-15 (b[0], b[1] of n-tile 2np); 2/3 = keys 8-15 (n-tile 2np + 1).
+// The A operands: qf (kQInRegisters) or, for D = 256, read from s_q at each k-step.
 template <typename Traits>
 __device__ __forceinline__ void qk_tile(float (&s)[Traits::kBlockN / 8][4],
-                                        const uint32_t (&qf)[Traits::kHeadDim / 16][4], const unsigned char* sk,
-                                        int lane) {
+                                        const uint32_t (&qf)[Traits::kQFragments][4], const unsigned char* s_q,
+                                        const unsigned char* sk, int warp, int lane) {
   using T = typename Traits::T;
   constexpr int kBlockN = Traits::kBlockN;
 #pragma unroll
@@ -402,14 +422,21 @@ __device__ __forceinline__ void qk_tile(float (&s)[Traits::kBlockN / 8][4],
   const int mat = lane / 8, r = lane % 8;
 #pragma unroll
   for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk) {
+    uint32_t a[4];
+    if constexpr (Traits::kQInRegisters) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = qf[kk][i];
+    } else {
+      load_q_fragment<Traits>(a, s_q, kk, warp, lane);
+    }
 #pragma unroll
     for (int np = 0; np < kBlockN / 16; ++np) {
       uint32_t kb[4];
       ptx::ldmatrix_x4(kb, sk + swizzle<Traits::kChunksPerRow>(np * 16 + r + 8 * (mat >> 1), 2 * kk + (mat & 1)));
       const uint32_t b0[2] = {kb[0], kb[1]};
       const uint32_t b1[2] = {kb[2], kb[3]};
-      ptx::mma_m16n8k16<T>(s[2 * np], qf[kk], b0);
-      ptx::mma_m16n8k16<T>(s[2 * np + 1], qf[kk], b1);
+      ptx::mma_m16n8k16<T>(s[2 * np], a, b0);
+      ptx::mma_m16n8k16<T>(s[2 * np + 1], a, b1);
     }
   }
 }
@@ -636,25 +663,26 @@ __device__ __forceinline__ void fold_chunk(const PrefillAttentionParams& p, cons
     const float inv = l > 0.f ? out_numerator<Traits>(tile) / l : 0.f;
     const float lse_c = chunk_lse(row_max[h], l);
     const int64_t r = fragment_row_index(p, tile, rows, warp, lane, h);
-    if (r >= 0 && lse_c != -INFINITY) {
-      float* st = ls.split_state + r * D + 2 * (lane % 4);
-      if (st_lse[h] == -INFINITY) {
+    const bool store = r >= 0 && lse_c != -INFINITY;  // else the state stays as it is
+    const bool first = st_lse[h] == -INFINITY;       // the first chunk the row sees: the state as it is
+    const ChunkMerge w = store && !first ? chunk_merge(st_lse[h], lse_c) : ChunkMerge{0.f, 0.f, lse_c};
+    float* st = ls.split_state + (store ? r : 0) * D + 2 * (lane % 4);
+    // In groups of kFoldGroup d-tiles with a __syncwarp between them (warp-uniform: the predicates
+    // are per element), which keeps the compiler from loading the whole state row at once: with the
+    // loop's state live, that would spill at head dim 256.
+    constexpr int kFoldGroup = 8;
 #pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-          st[dt * 8] = o[dt][2 * h] * inv;
-          st[dt * 8 + 1] = o[dt][2 * h + 1] * inv;
-        }
-        st_lse[h] = lse_c;
-      } else {
-        const ChunkMerge w = chunk_merge(st_lse[h], lse_c);
+    for (int g = 0; g < D / 8; g += kFoldGroup) {
 #pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-          st[dt * 8] = chunk_merge_value(w, st[dt * 8], o[dt][2 * h] * inv);
-          st[dt * 8 + 1] = chunk_merge_value(w, st[dt * 8 + 1], o[dt][2 * h + 1] * inv);
+      for (int dt = g; dt < g + kFoldGroup; ++dt) {
+        if (store) {
+          st[dt * 8] = first ? o[dt][2 * h] * inv : chunk_merge_value(w, st[dt * 8], o[dt][2 * h] * inv);
+          st[dt * 8 + 1] = first ? o[dt][2 * h + 1] * inv : chunk_merge_value(w, st[dt * 8 + 1], o[dt][2 * h + 1] * inv);
         }
-        st_lse[h] = w.lse;
       }
+      __syncwarp();
     }
+    if (store) st_lse[h] = w.lse;
     row_max[h] = -INFINITY;
     row_sum[h] = 0.f;
 #pragma unroll
@@ -776,8 +804,9 @@ __global__ void __launch_bounds__(kSplitMergeWarps * 32)
 
 // ---- kernel ----------------------------------------------------------------------------------
 // grid (plan.work_items, num_kv_heads[, plan.splits_per_launch]), block kThreads, dynamic smem
-// kSmemBytes; ls: the launch state of the plan (launch_plan.h).
-template <typename Traits, bool kPaged>
+// kSmemBytes; ls: the launch state of the plan (launch_plan.h), kMode its plan.mode (the default
+// instance carries none of the split, fold or tree-phase state).
+template <typename Traits, bool kPaged, PrefillMode kMode>
 __global__ void __launch_bounds__(Traits::kThreads)
     prefill_attention_kernel(const PrefillAttentionParams p, const PrefillLaunchState ls) {
   constexpr int D = Traits::kHeadDim;
@@ -797,7 +826,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
   __shared__ SequenceMask s_mask;
   {
     const int group = p.num_q_heads / p.num_kv_heads;
-    if (ls.tree_rank_keys != nullptr) {  // deterministic tree rows: one query token (q_len 1) per item
+    if (kMode != PrefillMode::kDefault && ls.tree_rank_keys != nullptr) {  // deterministic tree rows:
+      // one query token (q_len 1) per item
       const int per_token = (group + kBlockM - 1) / kBlockM;
       const int64_t token = blockIdx.x / per_token;
       if (token >= p.num_q_tokens) return;  // uniform over the CTA, before any barrier
@@ -859,7 +889,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   {
     const int last_row = min(tile.row0 + kBlockM, tile.rows) - 1;
     KeyRange keys = mask.key_range(tile.row0 / tile.group, last_row / tile.group);
-    if (ls.split_out != nullptr && p.fixed_split_size > 0) {  // split-parallel: chunk split_begin + blockIdx.z only
+    if (kMode == PrefillMode::kSplit && p.fixed_split_size > 0) {  // split-parallel: chunk split_begin + blockIdx.z only
       const int64_t c0 = static_cast<int64_t>(ls.split_begin + blockIdx.z) * p.fixed_split_size;
       if (c0 >= keys.hi) {
         keys.hi = keys.lo;  // empty
@@ -867,17 +897,19 @@ __global__ void __launch_bounds__(Traits::kThreads)
         keys.lo = max(keys.lo, static_cast<int>(c0));
         keys.hi = static_cast<int>(min(static_cast<int64_t>(keys.hi), c0 + p.fixed_split_size));
       }
-    } else if (ls.split_out != nullptr && !keys.empty()) {  // default-mode split: part blockIdx.z of gridDim.z
+    } else if (kMode == PrefillMode::kSplit && !keys.empty()) {  // default-mode split: part blockIdx.z of gridDim.z
       const int t0 = keys.lo / kBlockN, tiles = (keys.hi + kBlockN - 1) / kBlockN - t0;
       const int per = (tiles + static_cast<int>(gridDim.z) - 1) / static_cast<int>(gridDim.z);  // whole tiles
       const int lo = (t0 + static_cast<int>(blockIdx.z) * per) * kBlockN;
       keys.lo = max(keys.lo, lo);
       keys.hi = min(keys.hi, lo + per * kBlockN);  // empty when the part starts past the range
     }
-    if (ls.tree_phase == 1)  // the whole chunks of the prefix (tile: the sequence's own)
-      keys.hi = min(keys.hi, (tile.k_len - tile.q_len) / p.fixed_split_size * p.fixed_split_size);
-    else if (ls.tree_phase == 2)  // the rest, by rank (tile: one query token)
-      keys.lo = max(keys.lo, tile.key_map_lo / p.fixed_split_size * p.fixed_split_size);
+    if constexpr (kMode == PrefillMode::kFold) {
+      if (ls.tree_phase == 1)  // the whole chunks of the prefix (tile: the sequence's own)
+        keys.hi = min(keys.hi, (tile.k_len - tile.q_len) / p.fixed_split_size * p.fixed_split_size);
+      else if (ls.tree_phase == 2)  // the rest, by rank (tile: one query token)
+        keys.lo = max(keys.lo, tile.key_map_lo / p.fixed_split_size * p.fixed_split_size);
+    }
     tile_lo = keys.lo / kBlockN;
     num_tiles = keys.empty() ? 0 : (keys.hi + kBlockN - 1) / kBlockN - tile_lo;
   }
@@ -902,10 +934,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
   float row_max[2] = {-INFINITY, -INFINITY};  // log2 domain, rows g and g + 8
   float row_sum[2] = {0.f, 0.f};              // this thread's partial sums (reduced at the end)
   // In-kernel fold of the deterministic mode: chunks of tiles_per_chunk tiles, the state's lse.
-  const bool fold = p.fixed_split_size > 0 && ls.split_out == nullptr;
+  constexpr bool fold = kMode == PrefillMode::kFold;
   const int tiles_per_chunk = fold ? p.fixed_split_size / kBlockN : 1;
   float st_lse[2] = {-INFINITY, -INFINITY};
-  if (ls.tree_phase == 2) load_state_lse(p, ls, tile, mask, st_lse, warp, lane);  // phase 1's fold
+  if (fold && ls.tree_phase == 2) load_state_lse(p, ls, tile, mask, st_lse, warp, lane);  // phase 1's fold
 
   if (num_tiles > 0) {
     // ---- prologue: Q (group 0), then K/V tiles 0 .. kStages-2 (one group each, maybe empty) ----
@@ -919,10 +951,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
       ptx::cp_async_commit();
     }
 
-    uint32_t qf[D / 16][4];
+    uint32_t qf[Traits::kQFragments][4];
     ptx::cp_async_wait<kStages - 1>();  // the Q group is complete
     __syncthreads();
-    load_q_fragments<Traits>(qf, s_q, warp, lane);
+    if constexpr (Traits::kQInRegisters) load_q_fragments<Traits>(qf, s_q, warp, lane);
 
     ScoreScale sc;
     // An fp8 cache: the K tiles hold 2^-8 times the stored values; k_scale * 2^8 joins the scale.
@@ -957,13 +989,15 @@ __global__ void __launch_bounds__(Traits::kThreads)
         v_tile = s_v;
       }
       const int n0 = (tile_lo + it) * kBlockN;
-      if (fold && it > 0 && (tile_lo + it) % tiles_per_chunk == 0)  // a chunk ends: uniform over the CTA
-        fold_chunk<Traits>(p, ls, tile, mask, o, row_max, row_sum, st_lse, warp, lane);
+      if constexpr (fold) {
+        if (it > 0 && (tile_lo + it) % tiles_per_chunk == 0)  // a chunk ends: uniform over the CTA
+          fold_chunk<Traits>(p, ls, tile, mask, o, row_max, row_sum, st_lse, warp, lane);
+      }
       // Warp-uniform: skip a tile none of the warp's rows sees (its update would be the identity).
       if (!warp_has_rows || mask.none_visible(n0, n0 + kBlockN, warp_first, warp_last)) continue;
 
       float s[kBlockN / 8][4];
-      qk_tile<Traits>(s, qf, k_tile, lane);
+      qk_tile<Traits>(s, qf, s_q, k_tile, warp, lane);
       scores_to_log2<Traits>(s, sc);
       if (mask.needs_element_mask(n0, n0 + kBlockN, warp_first, warp_last))
         mask_scores<Traits>(s, tile, mask, n0, warp, lane);
@@ -973,9 +1007,9 @@ __global__ void __launch_bounds__(Traits::kThreads)
     ptx::cp_async_wait<0>();  // only empty groups remain; keeps the invariant explicit
   }
 
-  if (ls.split_out != nullptr) {
+  if constexpr (kMode == PrefillMode::kSplit) {
     epilogue_split<Traits>(p, ls, tile, mask, o, row_max, row_sum, warp, lane);
-  } else if (fold) {
+  } else if constexpr (fold) {
     fold_chunk<Traits>(p, ls, tile, mask, o, row_max, row_sum, st_lse, warp, lane);
     if (ls.tree_phase == 1) {  // the state stays for phase 2 (split_state written by fold_chunk)
       store_state_lse(p, ls, tile, mask, st_lse, warp, lane);
