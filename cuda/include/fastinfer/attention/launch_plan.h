@@ -26,7 +26,7 @@ namespace fastinfer {
 struct PrefillAttentionParams;  // attention.h
 
 namespace attention {
-// The prefill kernel's tile shape, which the plans count in (prefill.cuh, PrefillTraitsSm80): warps
+// The prefill kernel's tile shape, which the plans count in (prefill_traits.cuh, PrefillTraitsSm80): warps
 // of 16 rows, 8 per CTA for head dims 64 and 128, 4 for 256 (whose Q tile and output accumulators
 // are twice as large); K/V tiles of 64 keys (16 for head dim 256). kPrefillKeysPerTile is the
 // unit the plans count keys in and the deterministic mode's chunks are multiples of: a multiple of
