@@ -151,7 +151,9 @@ CASES = [
     ("reshape_and_cache", "fp8-missing-k_scale", lambda: (r(T, HKV, D), r(T, HKV, D), kvc(E4M3), kvc(E4M3), slots(), None, S1()), r"\bk_scale\b"),
     ("reshape_and_cache", "fp8-missing-v_scale", lambda: (r(T, HKV, D), r(T, HKV, D), kvc(E4M3), kvc(E4M3), slots(), S1(), None), r"\bv_scale\b"),
     ("reshape_and_cache", "fp8-dtype-k_scale", lambda: (r(T, HKV, D), r(T, HKV, D), kvc(E4M3), kvc(E4M3), slots(), S1().to(BF), S1()), r"\bk_scale\b"),
-    ("reshape_and_cache", "fp8-numel-v_scale", lambda: (r(T, HKV, D), r(T, HKV, D), kvc(E4M3), kvc(E4M3), slots(), S1(), torch.ones(2)), r"\bv_scale\b"),
+    ("reshape_and_cache", "fp8-numel-v_scale", lambda: (r(T, HKV, D), r(T, HKV, D), kvc(E4M3), kvc(E4M3), slots(), S1(), torch.ones(HKV + 1)), r"\bv_scale\b"),
+    ("reshape_and_cache", "fp8-2d-k_scale", lambda: (r(T, HKV, D), r(T, HKV, D), kvc(E4M3), kvc(E4M3), slots(), torch.ones(1, HKV), S1()), r"\bk_scale\b"),
+    ("reshape_and_cache", "fp8-noncontig-k_scale", lambda: (r(T, HKV, D), r(T, HKV, D), kvc(E4M3), kvc(E4M3), slots(), torch.ones(2 * HKV)[::2], S1()), r"\bk_scale\b"),
     ("reshape_and_cache", "fp8-device-k_scale", lambda: (r(T, HKV, D), r(T, HKV, D), kvc(E4M3), kvc(E4M3), slots(), S1().to("meta"), S1()), r"\bk_scale\b|device"),
     ("reshape_and_cache", "same-dtype-with-scale", lambda: (r(T, HKV, D), r(T, HKV, D), kvc(), kvc(), slots(), S1(), S1()), r"\bk_scale\b"),
 ]

@@ -351,7 +351,8 @@ def test_reference_rope_matches_hf_rotate_half():
 # reshape_and_cache
 # --------------------------------------------------------------------------------------------
 
-# (T, Hkv, D, NB, BS, slot dtype, layout, cache kind: "same" | "fp8", number of -1 slots)
+# (T, Hkv, D, NB, BS, slot dtype, layout, cache kind: "same" | "fp8" | "fp8-head" (one scale per KV
+# head), number of -1 slots)
 RAC_CPU = [
     (1, 1, 64, 2, 8, I64, "sep", "same", 0),
     (7, 4, 128, 3, 16, I32, "qkv", "same", 2),
@@ -360,10 +361,13 @@ RAC_CPU = [
     (100, 8, 128, 16, 8, I32, "qkv", "fp8", 3),
     (0, 4, 64, 2, 16, I64, "sep", "same", 0),
     (5, 4, 64, 2, 8, I64, "sep", "same", 5),  # all padding: nothing written
+    (9, 4, 64, 3, 8, I64, "qkv", "fp8-head", 2),
 ]
 RAC_SIM = RAC_CPU + [
     (17, 8, 64, 4, 8, I64, "pad", "fp8", 3),
     (7, 1, 128, 2, 16, I32, "qkv", "fp8", 1),
+    (13, 3, 64, 4, 8, I32, "pad", "fp8-head", 2),
+    (40, 2, 4, 6, 8, I64, "sep", "fp8-head", 1),  # D = 4: vectors would straddle heads (scalar path)
 ]
 RAC_CUDA = RAC_CPU + [
     (4096, 8, 128, 300, 16, I64, "qkv", "same", 17),
@@ -389,7 +393,7 @@ def test_reshape_and_cache(bname, dtype, t, hkv, d, nb, bs, slot_dtype, layout, 
         slots[torch.randperm(t, generator=gen)[:n_pad]] = -1
     slots = slots.to(slot_dtype).to(be.device)
 
-    fp8 = cache_kind == "fp8"
+    fp8 = cache_kind.startswith("fp8")
     cdt = torch.float8_e4m3fn if fp8 else dtype
     k_cache0 = poison_(torch.empty((nb, bs, hkv, d), dtype=cdt, device=be.device))
     v_cache0 = poison_(torch.empty((nb, bs, hkv, d), dtype=cdt, device=be.device))
@@ -399,6 +403,10 @@ def test_reshape_and_cache(bname, dtype, t, hkv, d, nb, bs, slot_dtype, layout, 
         # a power of two: v / v_scale is exact, so many values sit exactly on e4m3 rounding ties
         # (round-half-even) and the small ones land in the e4m3 subnormal range (< 2^-6)
         v_scale = torch.tensor([0.25], dtype=torch.float32, device=be.device)
+        if cache_kind == "fp8-head":  # head h: k_scale x (1 + h / 2), v_scale 0.25 x 2^(h % 2)
+            heads = torch.arange(hkv, dtype=torch.float32, device=be.device)
+            k_scale = k_scale * (1 + heads / 2)
+            v_scale = 0.25 * 2.0 ** (heads % 2)
     else:
         k_scale = v_scale = None
 
@@ -417,8 +425,8 @@ def test_reshape_and_cache(bname, dtype, t, hkv, d, nb, bs, slot_dtype, layout, 
         assert_bits_equal(kc.cpu(), k_ref, "k_cache")
         assert_bits_equal(vc.cpu(), v_ref, "v_cache")
         if t - n_pad > 0:
-            sat = (k.float().abs() / k_scale.cpu().item() > 448).sum().item()
-            vq = (v.float().cpu() / 0.25).abs()
+            sat = (k.float().cpu().abs() / k_scale.cpu().reshape(-1, 1) > 448).sum().item()
+            vq = (v.float().cpu() / v_scale.cpu().reshape(-1, 1)).abs()
             sub = ((vq < 2 ** -6) & (vq > 0)).sum().item()
             ties = (vq * 8 / 2 ** torch.floor(torch.log2(vq.clamp_min(2 ** -6)))).frac().eq(0.5).sum().item()
             assert sat > 0, "test inputs should exercise saturation"

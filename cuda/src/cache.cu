@@ -12,7 +12,9 @@ cudaError_t launch_reshape_and_cache_typed(const ReshapeAndCacheParams& p, cudaS
   const int64_t row = p.num_kv_heads * p.head_dim;
   const bool vectorizable = row % kVec == 0 && p.k_token_stride % kVec == 0 &&
                             p.v_token_stride % kVec == 0 && is_aligned(p.k, 16) && is_aligned(p.v, 16) &&
-                            is_aligned(p.k_cache, 16) && is_aligned(p.v_cache, 16);
+                            is_aligned(p.k_cache, 16) && is_aligned(p.v_cache, 16) &&
+                            // per-KV-head scales: a vector must not straddle two heads
+                            (p.head_dim % kVec == 0 || (p.k_scale_stride == 0 && p.v_scale_stride == 0));
   return FASTINFER_DISPATCH_VEC(vectorizable, T, VEC, [&] {
     int64_t threads = (row / VEC + 31) / 32 * 32;
     if (threads > cache::kMaxThreads) threads = cache::kMaxThreads;

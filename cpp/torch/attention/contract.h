@@ -106,27 +106,6 @@ inline void validate_paged_kv(const char* op, const Tensor& q, const Tensor& k_c
   check_same_device(block_table, q, op, "block_table", "q");
 }
 
-inline void validate_fp8_scales(const char* op, const Tensor& k_cache, const Tensor& q,
-                                const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale) {
-  const bool fp8 = k_cache.scalar_type() == kFloat8_e4m3fn;
-  const std::pair<const std::optional<Tensor>*, const char*> scales[] = {{&k_scale, "k_scale"}, {&v_scale, "v_scale"}};
-  for (const auto& [scale, name] : scales) {
-    if (!fp8) {
-      FI_CHECK(!scale->has_value(), op, name, " must be None unless the cache is float8_e4m3fn");
-      continue;
-    }
-    FI_CHECK(scale->has_value(), op, name,
-             " is required with a float8_e4m3fn cache (float32, 1 element or one per KV head)");
-    const int64_t kv_heads = k_cache.size(2);
-    FI_CHECK((*scale)->scalar_type() == kFloat && (*scale)->dim() <= 1 &&
-                 ((*scale)->numel() == 1 || (*scale)->numel() == kv_heads),
-             op, name, " must be float32 with 1 element (per tensor) or num_kv_heads = ", kv_heads,
-             " elements (per KV head), got ", (*scale)->scalar_type(), " ", shape_str(**scale));
-    check_same_device(**scale, q, op, name, "q");
-    check_contiguous(**scale, op, name);
-  }
-}
-
 inline void validate_paged_prefill_attention(const char* op, const Tensor& q, const Tensor& k_cache,
                                              const Tensor& v_cache, const Tensor& block_table,
                                              const Tensor& cu_seqlens_q, const Tensor& seq_lens_k,
@@ -137,7 +116,7 @@ inline void validate_paged_prefill_attention(const char* op, const Tensor& q, co
                                              const std::optional<Tensor>& v_scale) {
   validate_attention_q(op, q, allow_fp32);
   validate_paged_kv(op, q, k_cache, v_cache, block_table, /*allow_fp8=*/true);
-  validate_fp8_scales(op, k_cache, q, k_scale, v_scale);
+  validate_kv_cache_scales(op, k_cache, q, "q", k_scale, v_scale);
   validate_index_vector(op, cu_seqlens_q, "cu_seqlens_q", "[batch + 1]", q);
   validate_index_vector(op, seq_lens_k, "seq_lens_k", "[batch]", q);
   FI_CHECK(cu_seqlens_q.size(0) == seq_lens_k.size(0) + 1, op, "cu_seqlens_q must have batch + 1 = ",
@@ -177,7 +156,7 @@ inline void validate_paged_decode_attention(const char* op, const Tensor& q, con
   FI_CHECK(block_table.size(0) == q.size(0), op, "block_table must have batch = q.size(0) = ", q.size(0),
            " rows, got shape ", shape_str(block_table));
   FI_CHECK(num_splits >= 0 && num_splits <= 256, op, "num_splits must be in [0, 256] (0 = automatic), got ", num_splits);
-  validate_fp8_scales(op, k_cache, q, k_scale, v_scale);
+  validate_kv_cache_scales(op, k_cache, q, "q", k_scale, v_scale);
   validate_fixed_split_size(op, fixed_split_size);
   FI_CHECK(fixed_split_size == 0 || num_splits == 0, op,
            "num_splits must be 0 when fixed_split_size > 0 (the keys are then split every fixed_split_size keys), got ",

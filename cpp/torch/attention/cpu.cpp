@@ -166,7 +166,7 @@ struct DecodeArgs {
                             // item it at row it.k_start + j; else paged through block_table
 };
 
-// An fp8 cache's scales (CPU float32, 1 element or one per KV head; validate_fp8_scales) into a.
+// An fp8 cache's scales (CPU float32, 1 element or one per KV head; validate_kv_cache_scales) into a.
 void set_cache_scales(DecodeArgs& a, const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale) {
   if (k_scale.has_value()) {
     a.k_scale = k_scale->const_data_ptr<float>();

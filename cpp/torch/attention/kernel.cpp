@@ -104,7 +104,7 @@ void check_paged_kernel_inputs(const char* op, const Tensor& q, const Tensor& k_
            strides_of(block_table));
 }
 
-// An fp8 cache's scales (validate_fp8_scales: 1 element or one per KV head) into the decode or
+// An fp8 cache's scales (validate_kv_cache_scales: 1 element or one per KV head) into the decode or
 // prefill params.
 template <typename Params>
 void set_cache_scales(Params& p, const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale) {

@@ -84,6 +84,31 @@ inline void validate_rotary_embedding(const char* op, const Tensor& positions, c
                "] as its last dim (cat(cos, sin)), got shape ", shape_str(cos_sin_cache));
 }
 
+// The dequantisation scales of a paged KV cache (reshape_and_cache writes with them, the attention
+// ops read with them): required for a float8_e4m3fn cache, float32 with 1 element (per tensor) or
+// num_kv_heads elements (per KV head), contiguous, on the device of `ref`; None for any other cache.
+inline void validate_kv_cache_scales(const char* op, const Tensor& k_cache, const Tensor& ref, const char* ref_name,
+                                     const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale) {
+  const bool fp8 = k_cache.scalar_type() == kFloat8_e4m3fn;
+  const std::pair<const std::optional<Tensor>*, const char*> scales[] = {{&k_scale, "k_scale"}, {&v_scale, "v_scale"}};
+  for (const auto& [scale, name] : scales) {
+    if (!fp8) {
+      FI_CHECK(!scale->has_value(), op, name, " must be None unless the cache is float8_e4m3fn (cache dtype is ",
+               k_cache.scalar_type(), ")");
+      continue;
+    }
+    FI_CHECK(scale->has_value(), op, name,
+             " is required with a float8_e4m3fn cache (float32, 1 element or one per KV head)");
+    const int64_t kv_heads = k_cache.size(2);
+    FI_CHECK((*scale)->scalar_type() == kFloat && (*scale)->dim() <= 1 &&
+                 ((*scale)->numel() == 1 || (*scale)->numel() == kv_heads),
+             op, name, " must be float32 with 1 element (per tensor) or num_kv_heads = ", kv_heads,
+             " elements (per KV head), got ", (*scale)->scalar_type(), " ", shape_str(**scale));
+    check_same_device(**scale, ref, op, name, ref_name);
+    check_contiguous(**scale, op, name);
+  }
+}
+
 inline void validate_reshape_and_cache(const char* op, const Tensor& k, const Tensor& v,
                                        const Tensor& k_cache, const Tensor& v_cache,
                                        const Tensor& slot_mapping, const std::optional<Tensor>& k_scale,
@@ -106,20 +131,7 @@ inline void validate_reshape_and_cache(const char* op, const Tensor& k, const Te
   check_dtype_in(slot_mapping, {kInt, kLong}, op, "slot_mapping");
   FI_CHECK(slot_mapping.size(0) == k.size(0), op, "slot_mapping must have num_tokens = ",
                k.size(0), " entries (k.size(0)), got ", shape_str(slot_mapping));
-  const std::pair<const std::optional<Tensor>*, const char*> scales[] = {{&k_scale, "k_scale"},
-                                                                             {&v_scale, "v_scale"}};
-  for (const auto& [scale, name] : scales) {
-    if (fp8) {
-      FI_CHECK(scale->has_value(), op, name, " is required with a float8_e4m3fn cache (a float32 tensor with 1 element)");
-      FI_CHECK((*scale)->scalar_type() == kFloat, op, name, " must be float32, got ", (*scale)->scalar_type());
-      check_same_device(**scale, k, op, name, "k");
-      FI_CHECK((*scale)->numel() == 1, op, name, " must have exactly 1 element (a per-layer scale), got shape ",
-                   shape_str(**scale));
-    } else {
-      FI_CHECK(!scale->has_value(), op, name, " must be None unless the cache is float8_e4m3fn (cache dtype is ",
-               k_cache.scalar_type(), ")");
-    }
-  }
+  validate_kv_cache_scales(op, k_cache, k, "k", k_scale, v_scale);
 }
 
 // Layout rules (need real strides, so not part of the fake impls' checks): identical for the CPU and

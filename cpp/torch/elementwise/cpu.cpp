@@ -289,8 +289,10 @@ void reshape_and_cache_cpu(const Tensor& k, const Tensor& v, Tensor& k_cache, Te
       });
       return;
     }
-    // fp8 e4m3 cache: x / scale, saturated to the finite range, rounded to nearest.
-    const float inv = 1.0f / (scale.has_value() ? scalar_value(*scale) : 1.0f);
+    // fp8 e4m3 cache: x / scale (divided, as the kernel does: rounded once), saturated to the
+    // finite range, rounded to nearest; scale per tensor or per KV head (element i is head i / D).
+    const float* sc = scale->const_data_ptr<float>();
+    const int64_t head_dim = cache.size(3), scale_stride = scale->numel() == 1 ? 0 : 1;
     auto* c = static_cast<Float8_e4m3fn*>(cache.data_ptr());
     FASTINFER_DISPATCH_ACT_TYPES(src.scalar_type(), "reshape_and_cache", [&] {
       const scalar_t* s = src.const_data_ptr<scalar_t>();
@@ -298,8 +300,8 @@ void reshape_and_cache_cpu(const Tensor& k, const Tensor& v, Tensor& k_cache, Te
         for (int64_t t = b; t < e; ++t) {
           if (slots[t] < 0) continue;
           for (int64_t i = 0; i < row; ++i)
-            c[slots[t] * row + i] = static_cast<Float8_e4m3fn>(
-                std::clamp(static_cast<float>(s[t * stride + i]) * inv, -448.0f, 448.0f));
+            c[slots[t] * row + i] = static_cast<Float8_e4m3fn>(std::clamp(
+                static_cast<float>(s[t * stride + i]) / sc[i / head_dim * scale_stride], -448.0f, 448.0f));
         }
       });
     });

@@ -154,6 +154,8 @@ void reshape_and_cache(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor
   p.slot_type = to_index_type(slot_mapping.scalar_type());
   p.k_scale = k_scale ? k_scale->mutable_data_ptr<float>() : nullptr;
   p.v_scale = v_scale ? v_scale->mutable_data_ptr<float>() : nullptr;
+  p.k_scale_stride = k_scale && k_scale->numel() > 1 ? 1 : 0;
+  p.v_scale_stride = v_scale && v_scale->numel() > 1 ? 1 : 0;
   p.num_tokens = k.size(0);
   p.num_kv_heads = k.size(1);
   p.head_dim = k.size(2);

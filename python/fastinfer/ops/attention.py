@@ -197,7 +197,7 @@ def paged_decode_attention(
     paged KV. ``num_splits = 0`` picks split-KV automatically from the SM count and the table size.
     An fp8 e4m3 cache needs ``k_scale`` / ``v_scale`` (:data:`FP8_CACHE_DOC`).
     ``fixed_split_size > 0``: the deterministic mode (:data:`FIXED_SPLIT_DOC`; ``num_splits`` must
-    be 0 and the cache in q's dtype). ``sinks``: optional float32 ``[Hq]`` attention sinks (module
+    be 0; an fp8 cache is read as in the default mode). ``sinks``: optional float32 ``[Hq]`` attention sinks (module
     docstring).
 
     Returns:

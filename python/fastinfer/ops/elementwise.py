@@ -149,9 +149,11 @@ def reshape_and_cache(
         k_cache, v_cache: ``[NB, BS, Hkv, D]`` contiguous, dtype ``k.dtype`` or
             ``torch.float8_e4m3fn``.
         slot_mapping: ``[T]`` int64 or int32.
-        k_scale, v_scale: float32 tensors with one element on the same device, required for an
-            fp8 cache (stored value ``e4m3(clamp(k / k_scale, -448, 448))``, round to nearest
-            even, saturating) and must be None otherwise.
+        k_scale, v_scale: contiguous float32 tensors on the same device with one element (per
+            tensor) or ``Hkv`` elements (per KV head), required for an fp8 cache (stored value
+            ``e4m3(clamp(k / k_scale[h], -448, 448))`` for KV head ``h``, round to nearest even,
+            saturating) and must be None otherwise. The attention ops read the cache with the
+            same scales.
     """
     (lib or torch.ops.fastinfer).reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 

@@ -176,7 +176,7 @@ def fp8_e4m3_quantize(x: Tensor, scale: Tensor) -> Tensor:
     range (saturating: e4m3fn has no infinity and would otherwise produce NaN) and converted with
     torch's round-to-nearest-even cast. Bit-exact model of the kernels' fp8 cache encoding.
     """
-    q = x.to(torch.float32) / scale.to(torch.float32).reshape(())
+    q = x.to(torch.float32) / scale.to(torch.float32)
     return q.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
 
 
@@ -223,7 +223,8 @@ def reshape_and_cache(
     for src, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
         if fp8:
             out = cache.clone().view(n, hkv, d)
-            out[idx] = fp8_e4m3_quantize(src[keep], scale)
+            # one scale per tensor, or per KV head (broadcast over [tokens, Hkv, D])
+            out[idx] = fp8_e4m3_quantize(src[keep], scale.reshape(-1, 1) if scale.numel() > 1 else scale.reshape(()))
         else:
             out = cache.to(torch.float64).reshape(n, hkv, d)
             out[idx] = src[keep].to(torch.float64)

@@ -34,9 +34,11 @@ __global__ void __launch_bounds__(kMaxThreads) reshape_and_cache_kernel(const Re
       b.store(v_dst + i);
     }
   } else {
-    // Divide (not multiply by a reciprocal) so the result matches x / scale rounded once.
-    const float ks = *p.k_scale, vs = *p.v_scale;
+    // Divide (not multiply by a reciprocal) so the result matches x / scale rounded once. A vector
+    // lies within one head (the launcher vectorises per-head scales only when VEC divides D).
     for (int64_t i = threadIdx.x * VEC; i < row; i += blockDim.x * VEC) {
+      const int64_t head = i / p.head_dim;
+      const float ks = p.k_scale[head * p.k_scale_stride], vs = p.v_scale[head * p.v_scale_stride];
       Vec<T, VEC> a, b;
       Vec<CacheT, VEC> qa, qb;
       a.load(k + i);
