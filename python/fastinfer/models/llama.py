@@ -47,7 +47,7 @@ from ..layers import (
 )
 from ..distributed import SINGLE, ParallelInfo
 from ..ops import Backend, backend
-from .config import ModelConfig
+from .config import GEMMA_ARCHITECTURES, ModelConfig
 from .rope import build_cos_sin_cache
 
 __all__ = ["LlamaForCausalLM", "PACKED_MODULES", "attention_shards"]
@@ -150,7 +150,7 @@ class LlamaForCausalLM(nn.Module):
     """Llama / Mistral / Qwen2 / Qwen3 causal LM (weights uninitialised until :meth:`load_weights`, see
     :func:`fastinfer.models.load_model`). Other decoders reuse it through ``decoder_layer`` /
     ``norm_class`` and the :meth:`embed`, :meth:`rope_cache` and :meth:`compute_logits` hooks
-    (each a small override).
+    (:class:`~fastinfer.models.gemma.GemmaForCausalLM`).
 
     Args:
         config: the :class:`ModelConfig`.
@@ -173,6 +173,9 @@ class LlamaForCausalLM(nn.Module):
                  max_positions: Optional[int] = None, ops: Optional[Backend] = None,
                  quant_config: Optional[QuantizationConfig] = None, tp: ParallelInfo = SINGLE):
         super().__init__()
+        if self.decoder_layer is LlamaDecoderLayer and config.architecture in GEMMA_ARCHITECTURES:
+            raise ValueError(f"{config.architecture} is a Gemma model: build it with GemmaForCausalLM "
+                             "(fastinfer.models.model_class / load_model choose it)")
         if config.head_dim not in (64, 128, 256):
             raise ValueError(f"head_dim {config.head_dim} is not supported by the fastinfer attention ops "
                              "(64 or 128; 256 on CPU)")

@@ -1,0 +1,425 @@
+"""Gemma 2 / Gemma 3 (text) parity: fastinfer's Gemma decoder (CPU ops, float32) against transformers.
+
+Tiny random checkpoints (4 layers, hidden 64, GQA 4/2, vocab 300, sliding window 8: the 40-token
+prompts are five windows long) with head_dim 256 (the real models') and 64, written with
+``save_pretrained`` and loaded through ``load_model`` / ``LLM``. Weights are re-drawn at a larger
+scale than transformers' init, norm weights around 0 (Gemma scales by ``1 + weight``). Checks:
+logits at every position of a prompt (relative norm error < 1e-5), a dozen greedy tokens through
+the runner (``LLM.generate``: prefill, then decode steps), chunked prefill and a mixed prefill +
+decode batch, tensor parallelism (2 ranks), the CPU bfloat16 path, a ``Gemma3ForConditionalGeneration``
+checkpoint's text model, config parsing (transformers' defaults, the transformers 4 form of a Gemma
+3 config) and the refused configs. ``test_each_gemma_detail_is_visible`` shows every Gemma-specific
+piece (the ``1 + weight`` norms, the embedding scale, ``query_pre_attn_scalar``, both soft-caps, the
+sliding window, Gemma 3's local RoPE) moves the logits far beyond the tolerance, so the parity tests
+can fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from fastinfer import LLM, SamplingParams  # noqa: E402
+from fastinfer.models import GemmaForCausalLM, ModelConfig, build_cos_sin_cache, load_model  # noqa: E402
+from model_helpers import make_forward_batch, prefill_logits  # noqa: E402
+
+VOCAB = 300
+PROMPT_LEN = 40
+NEW_TOKENS = 12
+BS = 16
+REL_TOL = 1e-5
+
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
+
+_BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, sliding_window=8)
+
+CASES = {
+    # head_dim 256 as in the real models; transformers' defaults for the scale (256) and both
+    # soft-caps (attention 50, logits 30); layers 0, 2 sliding
+    "gemma2_hd256": ("gemma2", dict(head_dim=256)),
+    # head_dim 64 with query_pre_attn_scalar 48 (the scale is not head_dim's), small soft-caps
+    # (attention 2, logits 1: tanh far from linear), untied lm_head, q/k/v/o biases
+    "gemma2_hd64": ("gemma2", dict(head_dim=64, query_pre_attn_scalar=48, attn_logit_softcapping=2.0,
+                                   final_logit_softcapping=1.0, tie_word_embeddings=False, attention_bias=True)),
+    # Gemma 3: q/k norms, every 3rd layer global (layers 0, 1, 3 sliding), linear rope scaling on the
+    # global layer only, local base 10000 vs global 1e6
+    "gemma3_hd256": ("gemma3", dict(head_dim=256, sliding_window_pattern=3, rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})),
+    # head_dim 64, explicit layer_types, final soft-cap 1 (logits are about 0.5), scale from
+    # query_pre_attn_scalar 32, local rope base 100 (far from the global 1e6 default)
+    "gemma3_hd64": ("gemma3", dict(head_dim=64, query_pre_attn_scalar=32, final_logit_softcapping=1.0,
+                                   layer_types=["full_attention", "sliding_attention", "sliding_attention",
+                                                "full_attention"],
+                                   rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                                    "sliding_attention": {"rope_type": "default",
+                                                                          "rope_theta": 100.0}})),
+}
+
+
+def _hf_classes(kind):
+    return {"gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
+            "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM)}[kind]
+
+
+def reinit_gemma_(model, seed: int):
+    """Weights at a scale that makes attention far from uniform; norm weights around 0 (Gemma's
+    RMSNorm scales by ``1 + weight``, so dropping the 1 changes everything); small embeddings (with
+    the tied lm_head, large ones make every greedy token a copy of the input's last)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            if "norm" in name:
+                p.copy_(0.2 * r)
+            elif "embed" in name:
+                p.copy_(0.05 * r)
+            elif name.endswith("bias"):
+                p.copy_(0.2 * r)
+            else:
+                p.copy_(r * (0.9 / p.shape[1] ** 0.5))
+
+
+def make_gemma(kind: str, seed: int = 0, **overrides):
+    cfg_cls, model_cls = _hf_classes(kind)
+    torch.manual_seed(seed)
+    model = model_cls(cfg_cls(**dict(_BASE, **overrides))).eval()
+    reinit_gemma_(model, seed)
+    return model
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    """Lazily built ``name -> (hf_model, path)``."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            kind, over = CASES[name]
+            hf = make_gemma(kind, seed=len(cache) + 1, **over)
+            path = tmp_path_factory.mktemp(name)
+            hf.save_pretrained(path)
+            cache[name] = (hf, str(path))
+        return cache[name]
+
+    return get
+
+
+def _prompt(n=PROMPT_LEN, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (n,), generator=g).tolist()
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _hf_logits(hf, ids):
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].float()
+
+
+def _hf_greedy(hf, ids, n):
+    seq = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(ids):]
+
+
+# ------------------------------------------------------------------------------------------------
+# parity
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(CASES))
+def test_prefill_logits_match_transformers(ckpts, name):
+    hf, path = ckpts(name)
+    model = load_model(path)
+    assert isinstance(model, GemmaForCausalLM)
+    ids = _prompt()
+    ref = _hf_logits(hf, ids)
+    out = prefill_logits(model, ids, block_size=BS)
+    assert out.dtype == torch.float32 and out.shape == (PROMPT_LEN, VOCAB)
+    assert _rel(out, ref) < REL_TOL, f"{name}: rel err {_rel(out, ref):.2e}"
+    per_pos = (out - ref).norm(dim=-1) / ref.norm(dim=-1)  # a late masking bug would hide in the norm
+    assert per_pos.max().item() < 10 * REL_TOL
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_greedy_generation_through_the_runner(ckpts, name):
+    """``LLM.generate``: prefill, then decode steps on the paged cache, against transformers'
+    greedy continuation (full recompute each token)."""
+    hf, path = ckpts(name)
+    llm = LLM(path, dtype="float32", device="cpu", num_kv_blocks=16, block_size=BS)
+    ids = _prompt(seed=1)
+    out = llm.generate([ids], SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))
+    assert list(out[0].outputs[0].token_ids) == _hf_greedy(hf, ids, NEW_TOKENS)
+
+
+@pytest.mark.parametrize("name", ["gemma2_hd64", "gemma3_hd256"])
+def test_chunked_prefill_matches_transformers(ckpts, name):
+    """Three prefill chunks (cuts inside blocks and inside windows) on a shuffled block table."""
+    hf, path = ckpts(name)
+    model = load_model(path)
+    ids = _prompt(seed=2)
+    ref = _hf_logits(hf, ids)
+    blocks = list(range(4))
+    random.Random(3).shuffle(blocks)
+    caches = model.allocate_kv_cache(4, BS)
+    got = []
+    for start, end in ((0, 13), (13, 27), (27, PROMPT_LEN)):
+        got.append(model(make_forward_batch(prefill=[(ids[start:end], start, blocks)], block_size=BS,
+                                            all_logits=True), caches))
+    assert _rel(torch.cat(got), ref) < REL_TOL
+
+
+def test_mixed_prefill_and_decode_batch(ckpts):
+    """One forward with a fresh prompt, a continuation chunk and two decode rows equals running each
+    sequence alone (the decode rows go through paged_decode_attention with softcap and window)."""
+    _, path = ckpts("gemma2_hd64")
+    model = load_model(path)
+    seqs = [_prompt(30, seed=s) for s in range(4)]
+    caches = model.allocate_kv_cache(12, BS)
+    blocks = [[0, 4], [1, 5], [2, 6], [3, 7]]
+    model(make_forward_batch(prefill=[(seqs[1][:11], 0, blocks[1]), (seqs[2][:29], 0, blocks[2]),
+                                      (seqs[3][:29], 0, blocks[3])], block_size=BS), caches)
+    batch = make_forward_batch(prefill=[(seqs[0], 0, blocks[0]), (seqs[1][11:], 11, blocks[1])],
+                               decode=[(seqs[2][29], 29, blocks[2]), (seqs[3][29], 29, blocks[3])], block_size=BS)
+    got = model(batch, caches)
+    for row, s in enumerate(seqs):
+        assert _rel(got[row], prefill_logits(model, s, block_size=BS)[-1]) < REL_TOL, f"row {row}"
+
+
+def test_tensor_parallel_two_ranks(ckpts):
+    """TP=2 (rank 0 here, one spawned worker; q/k/v, gate/up column-parallel, o/down row-parallel,
+    vocabulary-parallel embedding and tied lm_head, norms and both RoPE tables replicated) equals
+    transformers: logits of a prompt and greedy tokens."""
+    from fastinfer.engine.model_runner import Chunk, ForwardPlan
+
+    for name in ("gemma2_hd256", "gemma3_hd64"):
+        hf, path = ckpts(name)
+        llm = LLM(path, dtype="float32", device="cpu", num_kv_blocks=16, block_size=BS, tensor_parallel_size=2)
+        try:
+            m = llm.model  # rank 0's shard
+            c = m.config
+            assert m.layers[0].qkv_proj.weight.shape[0] == (c.num_attention_heads + 2 * c.num_key_value_heads) \
+                * c.head_dim // 2
+            assert m.layers[0].down_proj.weight.shape[1] == c.intermediate_size // 2
+            ids = _prompt(seed=4)
+            logits, _ = llm.executor.runner.forward(ForwardPlan(chunks=[Chunk(-1, ids, 0, "all")],
+                                                                tables={-1: [0, 1, 2]}, finished=[-1]))
+            assert _rel(logits, _hf_logits(hf, ids)) < REL_TOL, name
+            out = llm.generate([ids], SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))
+            assert list(out[0].outputs[0].token_ids) == _hf_greedy(hf, ids, NEW_TOKENS), name
+        finally:
+            llm.shutdown()
+
+
+def test_cpu_bf16_model(ckpts):
+    """The CPU bfloat16 path (``1 + weight`` rounded to bf16 once, at load time): chunked prefill +
+    decode against the fp32 logits."""
+    _, path = ckpts("gemma3_hd256")
+    ids = _prompt(33, seed=7)
+    ref = prefill_logits(load_model(path), ids)
+    model = load_model(path, dtype=torch.bfloat16)
+    model.pack_linears_for_cpu()
+    caches = model.allocate_kv_cache(3, BS)
+    a = model(make_forward_batch(prefill=[(ids[:21], 0, [2, 0, 1])], block_size=BS, all_logits=True), caches)
+    b = model(make_forward_batch(prefill=[(ids[21:32], 21, [2, 0, 1])], block_size=BS, all_logits=True), caches)
+    c = model(make_forward_batch(decode=[(ids[32], 32, [2, 0, 1])], block_size=BS), caches)
+    assert _rel(torch.cat([a, b, c]), ref) < 2e-2
+
+
+def test_checkpoint_tensors_round_trip(ckpts):
+    """``checkpoint_tensors`` gives the checkpoint's norm weights back (the +1 taken off again, up to
+    the float32 rounding of ``1 + weight``), and a built model re-loads from them (quantisation of an
+    in-memory model) to bit-identical logits."""
+    from safetensors.torch import load_file
+
+    from fastinfer.layers import TensorDictReader
+
+    _, path = ckpts("gemma3_hd64")
+    model = load_model(path)
+    saved = load_file(os.path.join(path, "model.safetensors"))
+    tensors = dict(model.checkpoint_tensors())
+    for name, t in saved.items():
+        if "norm" in name:
+            assert torch.allclose(tensors[name], t, rtol=0, atol=2 ** -23), name
+    again = load_model(TensorDictReader(tensors), config=model.config)
+    ids = _prompt(20, seed=8)
+    assert torch.equal(prefill_logits(again, ids), prefill_logits(model, ids))
+
+
+# ------------------------------------------------------------------------------------------------
+# the parity tests can fail: each Gemma detail matters on these configs
+# ------------------------------------------------------------------------------------------------
+def _without(model, detail):
+    """Undo one Gemma detail in a loaded model (in place)."""
+    layers = model.layers
+    if detail == "norm +1":
+        for mod in model.modules():
+            if type(mod).__name__ == "GemmaRMSNorm":
+                mod.weight.sub_(1.0)
+    elif detail == "embedding scale":
+        model.embed_scale.fill_(1.0)
+    elif detail == "query_pre_attn_scalar":
+        for layer in layers:
+            layer.attn.scale = model.config.head_dim ** -0.5
+    elif detail == "attention softcap":
+        for layer in layers:
+            layer.attn.softcap = 0.0
+    elif detail == "final softcap":
+        model.config.final_logit_softcapping = None
+    elif detail == "sliding window":
+        for layer in layers:
+            layer.attn.window_left = -1
+    elif detail == "local rope":
+        model.has_sliding_rope = False
+    elif detail == "global rope scaling":
+        plain = dataclasses.replace(model.config, rope_scaling=None)
+        model.cos_sin_cache = build_cos_sin_cache(plain, model.max_positions)
+    else:
+        raise AssertionError(detail)
+
+
+@pytest.mark.parametrize("name, detail, times", [
+    ("gemma2_hd256", "norm +1", 1000), ("gemma2_hd256", "embedding scale", 1000),
+    # transformers' default caps (50 on scores of about 1, 30 on logits of about 0.5) change little,
+    # but still well past the tolerance
+    ("gemma2_hd256", "attention softcap", 10), ("gemma2_hd256", "final softcap", 10),
+    ("gemma2_hd256", "sliding window", 1000),
+    ("gemma2_hd64", "query_pre_attn_scalar", 1000), ("gemma2_hd64", "attention softcap", 1000),
+    ("gemma2_hd64", "final softcap", 1000),
+    ("gemma3_hd256", "local rope", 1000), ("gemma3_hd256", "global rope scaling", 100),
+    ("gemma3_hd256", "norm +1", 1000), ("gemma3_hd64", "final softcap", 1000),
+    ("gemma3_hd64", "local rope", 1000), ("gemma3_hd64", "sliding window", 1000),
+])
+def test_each_gemma_detail_is_visible(ckpts, name, detail, times):
+    """Undoing one detail in the loaded model puts its logits ``times`` x the tolerance away from
+    transformers' (measured: the default soft-caps 2.5e-4 and 3.1e-4, the others 5e-2 .. 1)."""
+    hf, path = ckpts(name)
+    model = load_model(path)
+    ids = _prompt()
+    with torch.no_grad():
+        _without(model, detail)
+    err = _rel(prefill_logits(model, ids, block_size=BS), _hf_logits(hf, ids))
+    assert err > times * REL_TOL, f"{name} without {detail}: rel err only {err:.2e}"
+
+
+# ------------------------------------------------------------------------------------------------
+# multimodal checkpoint: its text model
+# ------------------------------------------------------------------------------------------------
+def test_gemma3_conditional_generation_text_model(tmp_path):
+    """A ``Gemma3ForConditionalGeneration`` checkpoint runs as its text model (the vision tower and
+    projector tensors are skipped): the same logits as transformers' multimodal model on text."""
+    text = dict(_BASE, head_dim=64, sliding_window_pattern=2)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                    image_token_index=VOCAB - 1, boi_token_index=VOCAB - 3, eoi_token_index=VOCAB - 2)
+    torch.manual_seed(0)
+    hf = transformers.Gemma3ForConditionalGeneration(cfg).eval()
+    reinit_gemma_(hf, 5)
+    hf.save_pretrained(tmp_path)
+    conf = ModelConfig.from_pretrained(str(tmp_path))
+    assert conf.architecture == "Gemma3ForCausalLM" and conf.qk_norm
+    model = load_model(str(tmp_path))
+    ids = _prompt(seed=9, n=30)
+    ids = [i % (VOCAB - 3) for i in ids]  # no image tokens
+    assert _rel(prefill_logits(model, ids), _hf_logits(hf, ids)) < REL_TOL
+
+
+# ------------------------------------------------------------------------------------------------
+# config
+# ------------------------------------------------------------------------------------------------
+def test_config_defaults_are_transformers_defaults():
+    """A config.json that states only the architecture means what transformers' config class says."""
+    for arch, cls in (("Gemma2ForCausalLM", transformers.Gemma2Config),
+                      ("Gemma3ForCausalLM", transformers.Gemma3TextConfig)):
+        ours = ModelConfig.from_dict({"architectures": [arch]})
+        ref = cls()
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                    "num_key_value_heads", "head_dim", "max_position_embeddings", "tie_word_embeddings",
+                    "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "sliding_window",
+                    "layer_types", "bos_token_id", "pad_token_id", "rms_norm_eps"):
+            assert getattr(ours, key) == getattr(ref, key), (arch, key)
+        assert ours.eos_token_ids == [ref.eos_token_id]
+        assert ours.hidden_act == ref.hidden_activation
+        if arch == "Gemma2ForCausalLM":
+            assert ours.rope_theta == ref.rope_parameters["rope_theta"] and ours.sliding_rope_theta is None
+        else:
+            assert ours.rope_theta == ref.rope_parameters["full_attention"]["rope_theta"]
+            assert ours.sliding_rope_theta == ref.rope_parameters["sliding_attention"]["rope_theta"]
+        assert ours.max_model_len == ref.max_position_embeddings
+    gemma3 = ModelConfig.from_dict({"architectures": ["Gemma3ForCausalLM"], "num_hidden_layers": 12})
+    assert [gemma3.window_left(i) for i in range(12)] == [4095] * 5 + [-1] + [4095] * 5 + [-1]
+    assert gemma3.attention_scale == 256 ** -0.5
+
+
+def test_gemma3_transformers4_config_form(ckpts):
+    """The transformers 4 form of a Gemma 3 config (``rope_theta``, ``rope_scaling`` for the global
+    layers, ``rope_local_base_freq``, ``sliding_window_pattern``, no ``layer_types``, as on the Hub)
+    means the same here as the transformers 5 form, and the same in transformers."""
+    _, path = ckpts("gemma3_hd256")
+    with open(os.path.join(path, "config.json")) as f:
+        new = json.load(f)
+    old = {k: v for k, v in new.items() if k not in ("rope_parameters", "layer_types", "_sliding_window_pattern")}
+    old.update(rope_theta=1_000_000.0, rope_local_base_freq=10_000.0, sliding_window_pattern=3,
+               rope_scaling={"rope_type": "linear", "factor": 4.0})
+    a, b = ModelConfig.from_dict(new), ModelConfig.from_dict(old)
+    for key in ("rope_theta", "rope_scaling", "sliding_rope_theta", "sliding_rope_scaling", "layer_types",
+                "sliding_window"):
+        assert getattr(a, key) == getattr(b, key), key
+    assert a.rope_scaling == {"rope_type": "linear", "factor": 4.0} and a.sliding_rope_scaling is None
+    ref = transformers.Gemma3TextConfig(**{k: v for k, v in old.items() if k not in ("architectures",)})
+    assert ref.layer_types == b.layer_types
+    assert ref.rope_parameters["full_attention"]["factor"] == 4.0
+    assert ref.rope_parameters["sliding_attention"]["rope_theta"] == b.sliding_rope_theta
+
+
+def _gemma(arch="Gemma2ForCausalLM", **kw):
+    return dict({"architectures": [arch], "num_hidden_layers": 4}, **kw)
+
+
+@pytest.mark.parametrize("bad, what", [
+    (_gemma(hidden_activation="gelu"), "hidden_activation"),
+    (_gemma("Gemma3ForCausalLM", hidden_activation="silu"), "hidden_activation"),
+    (_gemma(use_bidirectional_attention=True), "use_bidirectional_attention"),
+    (_gemma("Gemma3ForCausalLM", use_bidirectional_attention=True), "use_bidirectional_attention"),
+    (_gemma("Gemma3ForCausalLM", attn_logit_softcapping=50.0), "attn_logit_softcapping"),
+    (_gemma(attn_logit_softcapping=-1.0), "attn_logit_softcapping"),
+    (_gemma(final_logit_softcapping="30"), "final_logit_softcapping"),
+    (_gemma(query_pre_attn_scalar=0), "query_pre_attn_scalar"),
+    (_gemma(query_pre_attn_scalar=None), "query_pre_attn_scalar"),
+    (_gemma(sliding_window=None), "sliding_window"),
+    (_gemma(sliding_window=0), "sliding_window"),
+    (_gemma(layer_types=["sliding_attention"] * 3), "layer_types"),
+    (_gemma(layer_types=["chunked_attention"] * 4), "layer_types"),
+    (_gemma("Gemma3ForCausalLM", sliding_window_pattern=0), "sliding_window_pattern"),
+    (_gemma("Gemma3ForCausalLM", rope_parameters={"rope_type": "default", "rope_theta": 1e4}), "rope_parameters"),
+    (_gemma("Gemma3ForCausalLM", rope_parameters={"full_attention": {"rope_type": "longrope", "factor": 2.0}}),
+     "longrope"),
+    (_gemma(rope_parameters={"full_attention": {"rope_type": "default"}}), "per-layer-type"),
+    ({"architectures": ["Gemma3ForConditionalGeneration"]}, "text_config"),
+    ({"architectures": ["GemmaForCausalLM"]}, "GemmaForCausalLM"),
+])
+def test_config_errors(bad, what):
+    with pytest.raises(ValueError, match=what):
+        ModelConfig.from_dict(bad)
+
+
+def test_llama_model_refuses_a_gemma_config():
+    from fastinfer.models import LlamaForCausalLM
+
+    conf = ModelConfig.from_dict(_gemma(hidden_size=64, intermediate_size=64, num_attention_heads=2,
+                                        num_key_value_heads=1, head_dim=64, vocab_size=32))
+    with pytest.raises(ValueError, match="GemmaForCausalLM"):
+        LlamaForCausalLM(conf, device="meta")
