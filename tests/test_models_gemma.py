@@ -8,7 +8,10 @@ logits at every position of a prompt (relative norm error < 1e-5), a dozen greed
 the runner (``LLM.generate``: prefill, then decode steps), chunked prefill and a mixed prefill +
 decode batch, tensor parallelism (2 ranks), the CPU bfloat16 path, a ``Gemma3ForConditionalGeneration``
 checkpoint's text model, config parsing (transformers' defaults, the transformers 4 form of a Gemma
-3 config) and the refused configs. ``test_each_gemma_detail_is_visible`` shows every Gemma-specific
+3 config) and the refused configs. GGUF: the same models written as llama.cpp's converter writes
+``gemma2`` / ``gemma3`` files (names from the gguf package's tables, ``1 + weight`` stored for the
+norms, q/k not permuted), read back by ``load_model`` (and, for gemma2, by transformers' GGUF loader),
+and the hyperparameters llama.cpp derives instead of storing. ``test_each_gemma_detail_is_visible`` shows every Gemma-specific
 piece (the ``1 + weight`` norms, the embedding scale, ``query_pre_attn_scalar``, both soft-caps, the
 sliding window, Gemma 3's local RoPE) moves the logits far beyond the tolerance, so the parity tests
 can fail.
@@ -28,7 +31,13 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from fastinfer import LLM, SamplingParams  # noqa: E402
-from fastinfer.models import GemmaForCausalLM, ModelConfig, build_cos_sin_cache, load_model  # noqa: E402
+from fastinfer.models import (  # noqa: E402
+    GemmaForCausalLM,
+    ModelConfig,
+    build_cos_sin_cache,
+    load_config,
+    load_model,
+)
 from model_helpers import make_forward_batch, prefill_logits  # noqa: E402
 
 VOCAB = 300
@@ -134,6 +143,19 @@ def _hf_greedy(hf, ids, n):
         for _ in range(n):
             seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
     return seq[len(ids):]
+
+
+def _model_greedy(model, ids, n):
+    """Prefill, then n - 1 decode steps on a shuffled block table (the model alone, no engine)."""
+    nb = -(-(len(ids) + n) // BS)
+    blocks = list(range(nb))
+    random.Random(5).shuffle(blocks)
+    caches = model.allocate_kv_cache(nb, BS)
+    out = [int(model(make_forward_batch(prefill=[(ids, 0, blocks)], block_size=BS), caches)[-1].argmax())]
+    while len(out) < n:
+        batch = make_forward_batch(decode=[(out[-1], len(ids) + len(out) - 1, blocks)], block_size=BS)
+        out.append(int(model(batch, caches)[0].argmax()))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -423,3 +445,152 @@ def test_llama_model_refuses_a_gemma_config():
                                         num_key_value_heads=1, head_dim=64, vocab_size=32))
     with pytest.raises(ValueError, match="GemmaForCausalLM"):
         LlamaForCausalLM(conf, device="meta")
+
+
+# ------------------------------------------------------------------------------------------------
+# GGUF (llama.cpp's gemma2 / gemma3 files)
+# ------------------------------------------------------------------------------------------------
+def _write_gemma_gguf(path, hf, arch: str) -> str:
+    """A float32 GGUF of transformers model ``hf`` as llama.cpp's converter (convert_hf_to_gguf.py,
+    Gemma2Model / Gemma3Model) writes it: tensor names through the gguf package's own tables,
+    ``1 + weight`` stored for every tensor ending in ``norm.weight``, q/k rows not permuted, no
+    ``lm_head`` for gemma2 (tied), and the metadata those classes write (gemma2: no RoPE base, the
+    two soft-caps and the window; gemma3: the global RoPE base and scaling, the final soft-cap
+    when set, the window)."""
+    gguf = pytest.importorskip("gguf")
+    c = hf.config
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    # the converter states the vocabulary through the tokenizer's token list; there is no tokenizer
+    # here, so its size goes in vocab_size (transformers' GGUF loader needs one of the two)
+    w.add_vocab_size(c.vocab_size)
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(c.attn_logit_softcapping)
+        w.add_final_logit_softcapping(c.final_logit_softcapping)
+        w.add_sliding_window(c.sliding_window)
+        model_arch = gguf.MODEL_ARCH.GEMMA2
+    else:
+        full = c.rope_parameters["full_attention"]
+        w.add_rope_freq_base(full["rope_theta"])
+        if full["rope_type"] == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(full["factor"])
+        if c.final_logit_softcapping:
+            w.add_final_logit_softcapping(c.final_logit_softcapping)
+        w.add_sliding_window(c.sliding_window)
+        model_arch = gguf.MODEL_ARCH.GEMMA3
+    names = gguf.get_tensor_name_map(model_arch, c.num_hidden_layers)
+    for name, t in hf.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        a = t.float()
+        if name.endswith("norm.weight"):
+            a = a + 1
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert gguf_name is not None, name
+        w.add_tensor(gguf_name, a.numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+GGUF_CASES = {
+    # transformers' defaults for the scale and the soft-caps (so transformers' own GGUF loader, which
+    # reads neither, runs the file the same way)
+    "gemma2": ("gemma2", dict(head_dim=256)),
+    # 7 layers: llama.cpp makes every 6th layer global (layer 5); linear rope scaling there, the
+    # local base 10000 llama.cpp assumes; query_pre_attn_scalar = head_dim, as llama.cpp assumes
+    "gemma3": ("gemma3", dict(head_dim=64, num_hidden_layers=7, query_pre_attn_scalar=64, final_logit_softcapping=1.0,
+                              rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                                  "rope_theta": 1e6},
+                                               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
+}
+
+
+@pytest.mark.parametrize("arch", list(GGUF_CASES))
+def test_gguf_matches_transformers(tmp_path, arch):
+    pytest.importorskip("gguf")
+    kind, over = GGUF_CASES[arch]
+    hf = make_gemma(kind, seed=11, **over)
+    hf.save_pretrained(tmp_path / "hf")
+    path = _write_gemma_gguf(tmp_path / f"{arch}.gguf", hf, arch)
+    from_hf, from_gguf = ModelConfig.from_pretrained(str(tmp_path / "hf")), load_config(path)
+    for key in ("architecture", "hidden_size", "num_hidden_layers", "head_dim", "layer_types", "sliding_window",
+                "rope_theta", "rope_scaling", "sliding_rope_theta", "sliding_rope_scaling", "attention_scale",
+                "attn_logit_softcapping", "final_logit_softcapping", "qk_norm", "tie_word_embeddings", "hidden_act"):
+        assert getattr(from_gguf, key) == getattr(from_hf, key), key
+    model = load_model(path)
+    ids = _prompt(seed=12)
+    want = _hf_logits(hf, ids)
+    assert _rel(prefill_logits(model, ids, block_size=BS), want) < REL_TOL
+    assert _model_greedy(model, ids, NEW_TOKENS) == _hf_greedy(hf, ids, NEW_TOKENS)
+    if arch == "gemma2":  # and transformers reads the file the same way (it takes 1 off the norms too)
+        hf_gguf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=f"{arch}.gguf",
+                                                                    dtype=torch.float32)
+        assert _rel(_hf_logits(hf_gguf.eval(), ids), want) < REL_TOL
+
+
+def _gguf_metadata_only(path, arch, layers, extra=()):
+    """A GGUF with metadata and no tensors (for the config alone)."""
+    gguf = pytest.importorskip("gguf")
+    w = gguf.GGUFWriter(str(path), arch)
+    for k, v in (("context_length", 512), ("embedding_length", 4608), ("block_count", layers),
+                 ("feed_forward_length", 1024), ("attention.head_count", 32), ("attention.head_count_kv", 16),
+                 ("attention.key_length", 128), ("attention.value_length", 128), ("vocab_size", 300)):
+        w.add_uint32(f"{arch}.{k}", v)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    for k, v in extra:
+        if isinstance(v, float):
+            w.add_float32(f"{arch}.{k}", v)
+        elif isinstance(v, list):
+            w.add_array(f"{arch}.{k}", v)
+        else:
+            w.add_uint32(f"{arch}.{k}", v)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def test_gguf_config_follows_llama_cpp(tmp_path):
+    """What llama.cpp derives instead of storing: the 27B models' attention scale (hidden / heads =
+    144 for gemma2's 46 layers, not head_dim 128), gemma2's window 4096 and soft-caps 50 / 30 when
+    absent, gemma3's 6-layer pattern, local base 10000, no final soft-cap; a pattern key, a bool
+    array, a sliding-window base; gemma3 without a window has no sliding layers; an attention
+    soft-cap in a gemma3 file is refused."""
+    from fastinfer.models import gguf_model_config
+
+    g2 = gguf_model_config(_gguf_metadata_only(tmp_path / "a.gguf", "gemma2", 46))
+    assert g2.query_pre_attn_scalar == 144 and g2.head_dim == 128
+    assert g2.sliding_window == 4096 and g2.attn_logit_softcapping == 50.0 and g2.final_logit_softcapping == 30.0
+    assert g2.layer_types[:3] == ["sliding_attention", "full_attention", "sliding_attention"]
+    g2 = gguf_model_config(_gguf_metadata_only(tmp_path / "b.gguf", "gemma2", 42, [
+        ("attention.sliding_window_pattern", 3), ("attn_logit_softcapping", 20.0)]))
+    assert g2.query_pre_attn_scalar == 128 and g2.attn_logit_softcapping == 20.0
+    assert g2.layer_types[:3] == ["sliding_attention", "sliding_attention", "full_attention"]
+    g3 = gguf_model_config(_gguf_metadata_only(tmp_path / "c.gguf", "gemma3", 62, [
+        ("attention.sliding_window", 1024), ("rope.freq_base", 1e6)]))
+    assert g3.query_pre_attn_scalar == 144 and g3.final_logit_softcapping is None
+    assert g3.layer_types[:6] == ["sliding_attention"] * 5 + ["full_attention"]
+    assert g3.rope_theta == 1e6 and g3.sliding_rope_theta == 10000.0 and g3.window_left(0) == 1023
+    g3 = gguf_model_config(_gguf_metadata_only(tmp_path / "d.gguf", "gemma3", 4, [
+        ("attention.sliding_window", 512), ("rope.freq_base_swa", 500.0),
+        ("attention.sliding_window_pattern", [True, False, False, True])]))
+    assert g3.layer_types == ["sliding_attention", "full_attention", "full_attention", "sliding_attention"]
+    assert g3.sliding_rope_theta == 500.0
+    g3 = gguf_model_config(_gguf_metadata_only(tmp_path / "e.gguf", "gemma3", 4))
+    assert g3.layer_types == ["full_attention"] * 4 and g3.sliding_window is None
+    with pytest.raises(ValueError, match="gemma3.attn_logit_softcapping"):
+        gguf_model_config(_gguf_metadata_only(tmp_path / "f.gguf", "gemma3", 4, [("attn_logit_softcapping", 50.0)]))
