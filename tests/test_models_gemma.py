@@ -30,6 +30,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+import fastinfer  # noqa: E402
+from conftest import SIM_SEEDS, raw_bits, require_sim, sim_seed  # noqa: E402
 from fastinfer import LLM, SamplingParams  # noqa: E402
 from fastinfer.models import (  # noqa: E402
     GemmaForCausalLM,
@@ -258,6 +260,59 @@ def test_cpu_bf16_model(ckpts):
     b = model(make_forward_batch(prefill=[(ids[21:32], 21, [2, 0, 1])], block_size=BS, all_logits=True), caches)
     c = model(make_forward_batch(decode=[(ids[32], 32, [2, 0, 1])], block_size=BS), caches)
     assert _rel(torch.cat([a, b, c]), ref) < 2e-2
+
+
+# half-precision tolerances against the fp32 logits: measured CPU ops and emulator alike 1.3e-2 / 2.1e-2
+# (bf16) and 1.5e-3 / 2.6e-3 (fp16) on gemma2_hd64 / gemma3_hd64, transformers itself in bf16 1.2e-2 /
+# 1.9e-2 (the logit soft-cap of 1 flattens the logits, which inflates relative errors)
+HALF_TOLERANCES = [(torch.bfloat16, 4e-2), (torch.float16, 6e-3)]
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("name", ["gemma2_hd64", "gemma3_hd64"])
+@pytest.mark.parametrize("dtype, tol", HALF_TOLERANCES)
+def test_sim_kernels_end_to_end(ckpts, name, dtype, tol):
+    """The CUDA kernel sources (simt emulator: rms_norm, gelu_tanh_and_mul, rotary, the paged
+    attention ops with window and softcap) in half precision: chunked prefill + decode against the
+    fp32 CPU logits, bit-identical across emulator schedule seeds. head_dim 64: the CUDA kernels
+    take 64 and 128."""
+    require_sim()
+    _, path = ckpts(name)
+    ids = _prompt(30, seed=6)
+    ref = prefill_logits(load_model(path), ids)
+    model = load_model(path, dtype=dtype, ops=fastinfer.ops.backend("fastinfer_sim"))
+    results = []
+    for seed in SIM_SEEDS:
+        with sim_seed(seed):
+            caches = model.allocate_kv_cache(2, BS)
+            a = model(make_forward_batch(prefill=[(ids[:13], 0, [1, 0])], block_size=BS, all_logits=True), caches)
+            b = model(make_forward_batch(prefill=[(ids[13:29], 13, [1, 0])], block_size=BS, all_logits=True), caches)
+            c = model(make_forward_batch(decode=[(ids[29], 29, [1, 0])], block_size=BS), caches)
+            results.append(torch.cat([a, b, c]))
+    assert _rel(results[0], ref) < tol
+    for other in results[1:]:
+        assert torch.equal(raw_bits(results[0]), raw_bits(other)), "sim result depends on the schedule seed"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["gemma2_hd64", "gemma3_hd64"])
+@pytest.mark.parametrize("dtype, tol", HALF_TOLERANCES)
+def test_cuda_model_matches_cpu_fp32(ckpts, name, dtype, tol):
+    """On a GPU: the CUDA kernels end to end (prefill chunk + decode) against fp32 CPU logits
+    (head_dim 64; the CUDA prefill kernels do not take Gemma's usual 256)."""
+    if not fastinfer.cuda_available():
+        pytest.skip("fastinfer built without CUDA kernels or no GPU")
+    _, path = ckpts(name)
+    ids = _prompt(seed=7)
+    ref = prefill_logits(load_model(path), ids)
+    model = load_model(path, dtype=dtype, device="cuda")
+    caches = model.allocate_kv_cache(4, BS)
+    dev, blocks = model.device, [3, 1, 0, 2]
+    a = model(make_forward_batch(prefill=[(ids[:21], 0, blocks)], block_size=BS, all_logits=True, device=dev), caches)
+    b = model(make_forward_batch(prefill=[(ids[21:39], 21, blocks)], block_size=BS, all_logits=True, device=dev),
+              caches)
+    c = model(make_forward_batch(decode=[(ids[39], 39, blocks)], block_size=BS, device=dev), caches)
+    assert _rel(torch.cat([a, b, c]).cpu(), ref) < tol
 
 
 def test_checkpoint_tensors_round_trip(ckpts):
