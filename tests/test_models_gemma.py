@@ -335,6 +335,41 @@ def test_checkpoint_tensors_round_trip(ckpts):
     assert torch.equal(prefill_logits(again, ids), prefill_logits(model, ids))
 
 
+def test_quantised_linears(ckpts, tmp_path):
+    """Quantisation goes through the layers as for Llama: ``fastinfer quantize`` int4 (group 32) gives
+    the logits of the float model whose linears are the dequantised int4 weights (W4A16: nothing
+    else is rounded), quantising on load gives the same bits as the written checkpoint (int4, fp8,
+    int8), and SmoothQuant, whose folds assume Llama's norms, is refused."""
+    from safetensors.torch import load_file
+
+    from fastinfer import reference
+    from fastinfer.layers import TensorDictReader
+    from fastinfer.quant import QuantOptions, quantize_checkpoint, resolve_quantization, unpack_nibbles
+
+    _, path = ckpts("gemma3_hd64")
+    conf = load_config(path)
+    ids = _prompt(24, seed=10)
+    for opts in (QuantOptions("int4", group_size=32), QuantOptions("fp8"), QuantOptions("int8")):
+        out = str(tmp_path / opts.method)
+        quantize_checkpoint(path, out, opts)
+        stored = load_model(out, quant_config=resolve_quantization(load_config(out)))
+        got = prefill_logits(stored, ids)
+        on_load = load_model(path, quant_config=resolve_quantization(conf, opts))
+        assert torch.equal(prefill_logits(on_load, ids), got), opts.method
+        if opts.method == "int4":
+            t = load_file(os.path.join(out, "model.safetensors"))
+            tensors = dict(load_file(os.path.join(path, "model.safetensors")))
+            for name in [k[: -len(".weight_packed")] for k in t if k.endswith(".weight_packed")]:
+                w = reference.int4_dequantize(unpack_nibbles(t[name + ".weight_packed"]), t[name + ".weight_scale"],
+                                              t.get(name + ".weight_zero_point"), 32)
+                tensors[name + ".weight"] = w[:, : tensors[name + ".weight"].shape[1]].float()
+            dequantised = load_model(TensorDictReader(tensors), config=conf)
+            assert _rel(got, prefill_logits(dequantised, ids)) < REL_TOL
+    with pytest.raises(ValueError, match="smoothquant"):
+        quantize_checkpoint(path, str(tmp_path / "sq"), QuantOptions("int8"), smoothquant=0.5,
+                            calibration=torch.arange(64))
+
+
 # ------------------------------------------------------------------------------------------------
 # the parity tests can fail: each Gemma detail matters on these configs
 # ------------------------------------------------------------------------------------------------
