@@ -446,7 +446,16 @@ def test_gemma3_conditional_generation_text_model(tmp_path):
     model = load_model(str(tmp_path))
     ids = _prompt(seed=9, n=30)
     ids = [i % (VOCAB - 3) for i in ids]  # no image tokens
-    assert _rel(prefill_logits(model, ids), _hf_logits(hf, ids)) < REL_TOL
+    want = _hf_logits(hf, ids)
+    assert _rel(prefill_logits(model, ids), want) < REL_TOL
+    # a built model handed to the engine is re-loaded from its own (text-model) tensors
+    llm = LLM(model, num_kv_blocks=8, block_size=BS, deterministic=True)
+    assert llm.model is not model
+    assert _rel(prefill_logits(llm.model, ids), want) < REL_TOL
+    with pytest.raises(ValueError, match="multimodal"):
+        from fastinfer.quant import QuantOptions, quantize_checkpoint
+
+        quantize_checkpoint(str(tmp_path), str(tmp_path / "q"), QuantOptions("int8"))
 
 
 # ------------------------------------------------------------------------------------------------

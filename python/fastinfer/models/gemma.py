@@ -12,7 +12,8 @@ What differs from :mod:`.llama` (transformers' ``Gemma2ForCausalLM`` / ``Gemma3F
         h = h + rms_norm(a)                    # post_attention_layernorm
         m = down(gelu_tanh(gate(x')) * up(x'))  # x' = rms_norm(h): pre_feedforward_layernorm
         h = h + rms_norm(m)                    # post_feedforward_layernorm
-    logits = lm_head(rms_norm(h)); logits = c * tanh(logits / c)   # final_logit_softcapping (Gemma 2)
+    logits = lm_head(rms_norm(h))
+    logits = c * tanh(logits / c)              # when final_logit_softcapping = c is set (Gemma 2: 30)
 
 Every Gemma RMSNorm multiplies by ``1 + weight``: :class:`GemmaRMSNorm` adds the 1 to its weight
 once, when it is loaded (in float32, then rounded to the model dtype), so the forward is fastinfer's
@@ -204,12 +205,10 @@ class GemmaForCausalLM(LlamaForCausalLM):
 
     @torch.no_grad()
     def load_weights(self, reader: WeightReader, progress: bool = False) -> "GemmaForCausalLM":
-        prefixes = self.config.text_weights_prefixes
-        if prefixes:  # a multimodal checkpoint: its text model
-            found = [p for p in prefixes if any(n.startswith(p) for n in reader.names())]
-            if not found:
-                raise ValueError(f"checkpoint {reader.description} has no text-model tensors under "
-                                 f"{' or '.join(prefixes)}")
+        # a multimodal checkpoint: its text model (a reader already under text-model names, such as
+        # a built model's checkpoint_tensors, is read as it is)
+        found = [p for p in self.config.text_weights_prefixes if any(n.startswith(p) for n in reader.names())]
+        if found:
             reader = _TextModelReader(reader, found[0])
         return super().load_weights(reader, progress)
 

@@ -106,6 +106,9 @@ def quantize_checkpoint(in_dir: str, out_dir: str, opts: QuantOptions, progress:
     with open(cfg_path, encoding="utf-8") as f:
         cfg = json.load(f)
     model_config = ModelConfig.from_dict(cfg)  # refuse unsupported models before writing anything
+    if model_config.text_weights_prefixes:
+        raise ValueError(f"{in_dir!r} is a multimodal checkpoint ({cfg.get('architectures')}): quantize needs a "
+                         "text-only one (its tensors under model.layers.*)")
     if smoothquant is not None and model_config.architecture in GEMMA_ARCHITECTURES:
         # its folds assume Llama's layer: gate/up read post_attention_layernorm, a norm scales by weight
         raise ValueError(f"smoothquant is not supported for {model_config.architecture} (Gemma's gate/up input "
