@@ -1,5 +1,6 @@
 """Model side of the runner: config parsing, RoPE tables, the Llama-family decoder (Llama, Mistral,
-Qwen2, Qwen3) built from :mod:`fastinfer.layers`, and loading a checkpoint (safetensors or GGUF) into it.
+Qwen2, Qwen3) and the Gemma one (Gemma 2, Gemma 3) built from :mod:`fastinfer.layers`, and loading a
+checkpoint (safetensors or GGUF) into them.
 
 The engine talks to a model through :class:`~fastinfer.layers.ForwardBatch` (built with
 :class:`~fastinfer.layers.BatchBuilder`) and ``model(batch, kv_caches) -> float32 logits
@@ -7,10 +8,18 @@ The engine talks to a model through :class:`~fastinfer.layers.ForwardBatch` (bui
 """
 
 from ..layers import BatchBuilder, ForwardBatch  # noqa: F401  (the model's input, re-exported)
-from .config import SUPPORTED_ARCHITECTURES, SUPPORTED_ROPE_TYPES, ModelConfig  # noqa: F401
+from .config import GEMMA_ARCHITECTURES, SUPPORTED_ARCHITECTURES, SUPPORTED_ROPE_TYPES, ModelConfig  # noqa: F401
 from .llama import PACKED_MODULES, LlamaForCausalLM  # noqa: F401
+from .gemma import GemmaForCausalLM  # noqa: F401
 from .gguf import GGUFWeightReader, find_gguf, gguf_model_config, open_gguf  # noqa: F401
-from .loader import checkpoint_reader, default_dtype, load_config, load_model, random_weights  # noqa: F401
+from .loader import (  # noqa: F401
+    checkpoint_reader,
+    default_dtype,
+    load_config,
+    load_model,
+    model_class,
+    random_weights,
+)
 from .rope import build_cos_sin_cache, compute_inv_freq  # noqa: F401
 
 __all__ = [
@@ -19,7 +28,10 @@ __all__ = [
     "ModelConfig",
     "SUPPORTED_ARCHITECTURES",
     "SUPPORTED_ROPE_TYPES",
+    "GEMMA_ARCHITECTURES",
     "LlamaForCausalLM",
+    "GemmaForCausalLM",
+    "model_class",
     "PACKED_MODULES",
     "load_model",
     "load_config",

@@ -1,12 +1,14 @@
 """Model configuration: the subset of a Hugging Face ``config.json`` the runner needs.
 
 Supported architectures: ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``,
-``Qwen3ForCausalLM``. A key
-missing from ``config.json`` takes the default of the corresponding ``transformers`` config class
-(so a checkpoint means the same thing here as in ``transformers``). Anything the runner cannot run
-faithfully (another architecture, an activation other than SiLU, a RoPE type outside
-``default/linear/dynamic/llama3/yarn``, partial rotary, per-layer RoPE) raises a ``ValueError``
-naming it, never a silent approximation.
+``Qwen3ForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM`` (and the text model of a
+``Gemma3ForConditionalGeneration`` checkpoint: its ``text_config``). A key missing from
+``config.json`` takes the default of the corresponding ``transformers`` config class (so a
+checkpoint means the same thing here as in ``transformers``). Anything the runner cannot run
+faithfully (another architecture, an activation other than SiLU (Llama family) or tanh-GELU
+(Gemma), a RoPE type outside ``default/linear/dynamic/llama3/yarn``, partial rotary, per-layer RoPE
+other than Gemma 3's sliding / full pair, bidirectional attention) raises a ``ValueError`` naming
+it, never a silent approximation.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-__all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "SUPPORTED_ROPE_TYPES"]
+__all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "SUPPORTED_ROPE_TYPES", "GEMMA_ARCHITECTURES"]
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
@@ -91,10 +93,61 @@ _ARCH_DEFAULTS: Dict[str, Dict[str, Any]] = {
         "sliding_window": 4096,
         "max_window_layers": 28,
     },
+    "Gemma2ForCausalLM": {
+        "model_type": "gemma2",
+        "vocab_size": 256000,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": 8192,
+        "pad_token_id": 0,
+        "bos_token_id": 2,
+        "eos_token_id": 1,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "final_logit_softcapping": 30.0,
+        "attn_logit_softcapping": 50.0,
+        "use_bidirectional_attention": None,
+    },
+    "Gemma3ForCausalLM": {
+        "model_type": "gemma3_text",
+        "vocab_size": 262208,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": 131072,
+        "pad_token_id": 0,
+        "bos_token_id": 2,
+        "eos_token_id": 1,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 6,
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "use_bidirectional_attention": False,
+        "rope_theta": 1_000_000.0,  # full-attention layers
+        "rope_local_base_freq": 10_000.0,  # sliding-window layers
+    },
 }
 # architectures whose attention RMS-normalises every q and k head (weights [head_dim]) before RoPE
-_QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM",)
-SUPPORTED_ARCHITECTURES = tuple(_ARCH_DEFAULTS)
+_QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Gemma3ForCausalLM")
+# the Gemma decoder (fastinfer.models.gemma): sandwich norms, (1 + weight) RMSNorm, GeGLU, scaled embeddings
+GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+# a multimodal checkpoint whose text model runs as the architecture named here (its text_config)
+_TEXT_MODEL_OF = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
+SUPPORTED_ARCHITECTURES = tuple(_ARCH_DEFAULTS) + tuple(_TEXT_MODEL_OF)
 
 _DTYPES = {
     "float32": torch.float32,
@@ -132,7 +185,15 @@ class ModelConfig:
 
     ``rope_scaling`` is None (plain RoPE) or a dict with ``rope_type`` in
     ``linear/dynamic/llama3/yarn`` and that type's parameters, normalised (``original_max_position_
-    embeddings`` filled in as transformers does).
+    embeddings`` filled in as transformers does). ``sliding_rope_theta`` / ``sliding_rope_scaling``:
+    the RoPE of the sliding-window layers when it differs from the full-attention layers' (Gemma 3:
+    ``rope_local_base_freq``, and rope scaling on the full-attention layers only); None: the same.
+
+    Gemma: ``hidden_act`` ``"gelu_pytorch_tanh"`` (GeGLU MLP), ``query_pre_attn_scalar`` (attention
+    scale ``query_pre_attn_scalar ** -0.5`` instead of ``head_dim ** -0.5``, see
+    :attr:`attention_scale`), ``attn_logit_softcapping`` (attention scores ``c * tanh(s / c)``) and
+    ``final_logit_softcapping`` (the same on the logits); None: off. ``text_weights_prefixes``: where
+    the text model's ``model.*`` tensors sit in a multimodal checkpoint (tried in order), else empty.
     """
 
     architecture: str
@@ -158,6 +219,13 @@ class ModelConfig:
     bos_token_id: Optional[int] = None
     eos_token_ids: List[int] = field(default_factory=list)
     pad_token_id: Optional[int] = None
+    hidden_act: str = "silu"
+    query_pre_attn_scalar: Optional[float] = None
+    attn_logit_softcapping: Optional[float] = None
+    final_logit_softcapping: Optional[float] = None
+    sliding_rope_theta: Optional[float] = None
+    sliding_rope_scaling: Optional[Dict[str, Any]] = None
+    text_weights_prefixes: Tuple[str, ...] = ()
     torch_dtype: Optional[torch.dtype] = None  # the checkpoint's dtype ("dtype" / "torch_dtype")
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)  # the config.json dict as read
 
@@ -178,21 +246,30 @@ class ModelConfig:
     def rotary_dim(self) -> int:
         return self.head_dim
 
+    @property
+    def attention_scale(self) -> float:
+        """The factor of ``q . k``: ``query_pre_attn_scalar ** -0.5`` (Gemma), else ``head_dim ** -0.5``."""
+        scalar = self.head_dim if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar
+        return float(scalar) ** -0.5
+
+    def is_sliding(self, layer: int) -> bool:
+        return self.sliding_window is not None and self.layer_types[layer] == "sliding_attention"
+
     def window_left(self, layer: int) -> int:
         """Op-level ``window_left`` of layer ``layer``: ``sliding_window - 1`` on a sliding layer
         (transformers' mask ``kv_idx > q_idx - sliding_window`` keeps ``sliding_window`` keys,
         the query's own included; the op's window ``[p - W, p]`` is inclusive), else -1."""
-        if self.sliding_window is None or self.layer_types[layer] != "sliding_attention":
+        if not self.is_sliding(layer):
             return -1
         return int(self.sliding_window) - 1
 
     @property
     def max_model_len(self) -> int:
         """Positions the RoPE table covers by default: ``max_position_embeddings``, times ``factor``
-        for ``linear`` and ``dynamic`` scaling (whose configs keep the original length there;
-        ``llama3`` and ``yarn`` configs already state the extended length)."""
+        for ``linear`` and ``dynamic`` scaling (whose Llama-family configs keep the original length
+        there; ``llama3`` and ``yarn`` configs, and Gemma's, already state the extended length)."""
         n = int(self.max_position_embeddings)
-        if self.rope_type in ("linear", "dynamic"):
+        if self.rope_type in ("linear", "dynamic") and self.architecture not in GEMMA_ARCHITECTURES:
             n = int(n * float(self.rope_scaling["factor"]))
         return n
 
@@ -233,15 +310,27 @@ class ModelConfig:
         if len(archs) != 1:
             raise ValueError(f"config.json must name exactly one architecture, got architectures={archs!r}")
         arch = archs[0]
+        if arch in _TEXT_MODEL_OF:
+            return cls._text_model_of(d, arch)
         if arch not in _ARCH_DEFAULTS:
             raise ValueError(
                 f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
             )
         defaults = dict(_COMMON_DEFAULTS, **_ARCH_DEFAULTS[arch])
+        gemma = arch in GEMMA_ARCHITECTURES
 
         def get(key: str) -> Any:
             v = d.get(key, defaults.get(key))
-            return defaults.get(key) if v is None and key in ("rms_norm_eps", "hidden_act") else v
+            return defaults.get(key) if v is None and key in ("rms_norm_eps", "hidden_act", "hidden_activation") else v
+
+        def get_positive(key: str, optional: bool = False) -> Optional[float]:
+            v = get(key)
+            if v is None and optional:
+                return None
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"config field {key!r} must be a positive number{' or null' if optional else ''}, "
+                                 f"got {v!r}")
+            return float(v)
 
         def get_int(key: str, minimum: int = 1) -> int:
             v = get(key)
@@ -249,9 +338,19 @@ class ModelConfig:
                 raise ValueError(f"config field {key!r} must be an int >= {minimum}, got {v!r}")
             return v
 
-        hidden_act = get("hidden_act")
-        if hidden_act not in ("silu", "swish"):
-            raise ValueError(f"unsupported hidden_act {hidden_act!r} (only 'silu' is supported)")
+        if gemma:  # transformers' Gemma 2 / 3 read hidden_activation (a hidden_act key is ignored)
+            hidden_act = get("hidden_activation")
+            if hidden_act != "gelu_pytorch_tanh":
+                raise ValueError(f"unsupported hidden_activation {hidden_act!r} for {arch} "
+                                 "(only 'gelu_pytorch_tanh' is supported)")
+            if get("use_bidirectional_attention"):
+                raise ValueError(f"use_bidirectional_attention={get('use_bidirectional_attention')!r} is not "
+                                 f"supported ({arch} runs causal attention only)")
+        else:
+            hidden_act = get("hidden_act")
+            if hidden_act not in ("silu", "swish"):
+                raise ValueError(f"unsupported hidden_act {hidden_act!r} (only 'silu' is supported)")
+            hidden_act = "silu"
 
         hidden = get_int("hidden_size")
         heads = get_int("num_attention_heads")
@@ -278,7 +377,7 @@ class ModelConfig:
         elif arch == "LlamaForCausalLM":
             qkv_bias = o_bias = bool(get("attention_bias"))
             mlp_bias = bool(get("mlp_bias"))
-        elif arch == "Qwen3ForCausalLM":
+        elif arch == "Qwen3ForCausalLM" or gemma:
             qkv_bias = o_bias = bool(get("attention_bias"))
             mlp_bias = False
         else:
@@ -308,11 +407,35 @@ class ModelConfig:
             if sliding_window is None:
                 # transformers builds no sliding mask then (sliding_window is None)
                 layer_types = ["full_attention"] * num_layers
+        elif gemma:
+            layer_types = _gemma_layer_types(d, arch, num_layers, get("sliding_window_pattern"))
+            if "sliding_attention" in layer_types:
+                sliding_window = get("sliding_window")
+                if sliding_window is None:
+                    raise ValueError("sliding_window is null but layer_types has sliding_attention layers")
         if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window < 1):
             raise ValueError(f"sliding_window must be a positive int or null, got {sliding_window!r}")
 
         # --- rope ------------------------------------------------------------------------------------
-        rope_theta, rope_scaling = _parse_rope(d, max_pos, head_dim)
+        sliding_rope_theta = sliding_rope_scaling = None
+        if arch == "Gemma3ForCausalLM":
+            (rope_theta, rope_scaling), sliding_rope = _parse_gemma3_rope(d, max_pos, head_dim, defaults)
+            if "sliding_attention" in layer_types and sliding_rope != (rope_theta, rope_scaling):
+                sliding_rope_theta, sliding_rope_scaling = sliding_rope
+        else:
+            rope_theta, rope_scaling = _parse_rope(d, max_pos, head_dim, default_theta=float(defaults["rope_theta"]))
+
+        # --- Gemma attention scale and soft-capping ----------------------------------------------------
+        query_pre_attn_scalar = attn_softcap = final_softcap = None
+        if gemma:
+            query_pre_attn_scalar = get_positive("query_pre_attn_scalar")
+            attn_softcap = get_positive("attn_logit_softcapping", optional=True)
+            final_softcap = get_positive("final_logit_softcapping", optional=True)
+            if arch == "Gemma3ForCausalLM" and attn_softcap is not None:
+                # transformers' Gemma 3 attention never applies it, llama.cpp's converter refuses it:
+                # which of the two a checkpoint means is unknowable
+                raise ValueError(f"attn_logit_softcapping={attn_softcap} is not supported for {arch} "
+                                 "(Gemma 3 has no attention soft-capping; transformers ignores the field)")
 
         # --- tokens / dtype --------------------------------------------------------------------------
         eos = _token_ids(get("eos_token_id"), "eos_token_id")
@@ -348,6 +471,12 @@ class ModelConfig:
             qk_norm=arch in _QK_NORM_ARCHITECTURES,
             sliding_window=sliding_window,
             layer_types=layer_types,
+            hidden_act=hidden_act,
+            query_pre_attn_scalar=query_pre_attn_scalar,
+            attn_logit_softcapping=attn_softcap,
+            final_logit_softcapping=final_softcap,
+            sliding_rope_theta=sliding_rope_theta,
+            sliding_rope_scaling=sliding_rope_scaling,
             bos_token_id=bos,
             eos_token_ids=eos,
             pad_token_id=get("pad_token_id"),
@@ -355,21 +484,82 @@ class ModelConfig:
             raw=d,
         )
 
+    @classmethod
+    def _text_model_of(cls, d: Dict[str, Any], arch: str) -> "ModelConfig":
+        """The text model of a multimodal checkpoint (its ``text_config``; the vision tower and the
+        projector are not run, their tensors are skipped when loading)."""
+        text = d.get("text_config")
+        if not isinstance(text, dict):
+            raise ValueError(f"{arch} config.json has no text_config dict (got {text!r})")
+        td = dict(text, architectures=[_TEXT_MODEL_OF[arch]])
+        for key in ("quantization_config", "dtype", "torch_dtype"):  # stated for the whole checkpoint
+            if key in d and key not in td:
+                td[key] = d[key]
+        conf = cls.from_dict(td)
+        # transformers 5 nests the text model under model.language_model, 4.x under language_model.model
+        conf.text_weights_prefixes = ("model.language_model.", "language_model.model.")
+        return conf
 
-def _parse_rope(d: Dict[str, Any], max_pos: int, head_dim: int):
-    """Return ``(rope_theta, rope_scaling)`` from the transformers 4 form (``rope_theta`` +
-    ``rope_scaling``) or the transformers 5 form (``rope_parameters``)."""
+
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _gemma_layer_types(d: Dict[str, Any], arch: str, num_layers: int, pattern: Any) -> List[str]:
+    """``layer_types`` as transformers' Gemma configs fill it: the stated list, else Gemma 2 alternates
+    (even layers sliding), Gemma 3 makes every ``sliding_window_pattern``-th layer full attention."""
+    lt = d.get("layer_types")
+    if lt is not None:
+        if not isinstance(lt, list) or len(lt) != num_layers or any(t not in _LAYER_TYPES for t in lt):
+            raise ValueError(f"unsupported layer_types {lt!r} (want {num_layers} of {', '.join(_LAYER_TYPES)})")
+        return list(lt)
+    if arch == "Gemma2ForCausalLM":
+        pattern = 2
+    elif isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+        raise ValueError(f"config field 'sliding_window_pattern' must be an int >= 1, got {pattern!r}")
+    return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+
+
+def _parse_gemma3_rope(d: Dict[str, Any], max_pos: int, head_dim: int, defaults: Dict[str, Any]):
+    """``((theta, scaling) of the full-attention layers, (theta, scaling) of the sliding ones)`` of a
+    Gemma 3 config, as transformers' ``Gemma3TextConfig`` reads them: ``rope_parameters`` nested by
+    layer type (transformers 5), or ``rope_theta`` + ``rope_scaling`` (full-attention layers only) +
+    ``rope_local_base_freq`` (the sliding layers' base) (transformers 4)."""
     params = d.get("rope_parameters")
+    global_theta = d.get("rope_theta", defaults["rope_theta"])
+    local_theta = d.get("rope_local_base_freq", defaults["rope_local_base_freq"])
+    if params is not None:
+        if not isinstance(params, dict) or not set(params) <= set(_LAYER_TYPES) or not all(
+                isinstance(v, dict) or v is None for v in params.values()):
+            raise ValueError(f"unsupported rope_parameters {params!r} for Gemma 3 (want a dict per layer type: "
+                             f"{', '.join(_LAYER_TYPES)})")
+        full = dict(params.get("full_attention") or {})
+        sliding = dict(params.get("sliding_attention") or {})
+    else:
+        full = dict(d.get("rope_scaling") or {})
+        sliding = {}
+    full.setdefault("rope_theta", global_theta)
+    sliding.setdefault("rope_theta", local_theta)
+    return (_parse_rope(d, max_pos, head_dim, params=full, default_theta=float(defaults["rope_theta"])),
+            _parse_rope(d, max_pos, head_dim, params=sliding, default_theta=float(defaults["rope_local_base_freq"])))
+
+
+def _parse_rope(d: Dict[str, Any], max_pos: int, head_dim: int, params: Optional[Dict[str, Any]] = None,
+                default_theta: float = _COMMON_DEFAULTS["rope_theta"]):
+    """Return ``(rope_theta, rope_scaling)`` from the transformers 4 form (``rope_theta`` +
+    ``rope_scaling``) or the transformers 5 form (``rope_parameters``); ``params``: that dict
+    already picked (one layer type's)."""
     if params is None:
-        params = d.get("rope_scaling")
-    params = dict(params) if params else {}
-    if not isinstance(params, dict):
+        params = d.get("rope_parameters")
+        if params is None:
+            params = d.get("rope_scaling")
+    if params and not isinstance(params, dict):
         raise ValueError(f"unsupported rope_parameters {params!r}")
+    params = dict(params) if params else {}
     if any(isinstance(v, dict) for v in params.values()):
         raise ValueError(f"unsupported per-layer-type rope_parameters {sorted(params)!r}")
-    theta = params.get("rope_theta", d.get("rope_theta", _COMMON_DEFAULTS["rope_theta"]))
+    theta = params.get("rope_theta", d.get("rope_theta", default_theta))
     if theta is None:
-        theta = _COMMON_DEFAULTS["rope_theta"]
+        theta = default_theta
     theta = float(theta)
     if not theta > 1.0:
         raise ValueError(f"rope_theta must be > 1, got {theta}")

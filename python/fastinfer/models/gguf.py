@@ -8,8 +8,10 @@ through this module:
   (``{arch}.context_length``, ``.embedding_length``, ``.block_count``, heads, kv heads, RoPE base
   and scaling, RMS eps, vocabulary size; tied embeddings when there is no ``output.weight``;
   bos / eos / end-of-turn ids). Architectures: ``llama`` (Llama, Mistral, SmolLM, ... as llama.cpp
-  writes them), ``qwen2`` and ``qwen3``. Any metadata key of the architecture this module does not know is an
-  error naming it (it may change the math), as is an architecture outside that list.
+  writes them), ``qwen2``, ``qwen3``, ``gemma2`` and ``gemma3`` (the Gemma hyperparameters llama.cpp
+  does not store, it derives: see :func:`_gemma_config`). Any metadata key of the architecture this
+  module does not know is an error naming it (it may change the math), as is an architecture outside
+  that list.
 * :class:`GGUFWeightReader` is a :class:`~fastinfer.layers.WeightReader` under Hugging Face tensor
   names (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``). Tensors are
   dequantised to float32 by the ``gguf`` package (every type it implements: F32/F16/BF16, Q4_0..Q8_0,
@@ -17,6 +19,10 @@ through this module:
   re-quantises them on load like any float checkpoint. For ``llama`` files the rows of ``attn_q`` /
   ``attn_k`` are put back in Hugging Face order: llama.cpp's converter permutes them from the
   half-split RoPE layout (rotate_half) to interleaved pairs; :func:`unpermute_qk` is its inverse.
+  For ``gemma2`` / ``gemma3`` files (q/k not permuted) the norm weights are put back in Hugging
+  Face's convention: llama.cpp's converter stores Gemma's ``1 + weight`` (see
+  :data:`_NORM_PLUS_ONE`), the reader subtracts the 1 (exact: the stored values lie in [0.5, 2]
+  for any trained model) and :class:`~fastinfer.models.gemma.GemmaRMSNorm` adds it again.
 * :meth:`GGUFFile.tokenizer_metadata` hands the ``tokenizer.*`` keys to the engine, which builds
   the tokenizer (:mod:`fastinfer.engine.tokenizer`).
 
@@ -43,9 +49,16 @@ __all__ = ["GGUF_ARCHITECTURES", "GGUFFile", "GGUFWeightReader", "find_gguf", "o
 
 GGUF_MAGIC = b"GGUF"
 # general.architecture -> the Hugging Face architecture it runs as
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                      "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 # architectures whose q/k rows llama.cpp's converter permutes (LlamaModel.permute)
 _PERMUTED_QK = ("llama",)
+# Architectures whose norm weights llama.cpp's converter stores as 1 + weight: convert_hf_to_gguf.py,
+# Gemma2Model.modify_tensors ("if name.endswith('norm.weight'): data_torch = data_torch + 1") and
+# Gemma3Model.modify_tensors (norm_shift: 1.0 for every name ending in "norm.weight", q_norm and
+# k_norm included), after transformers' Gemma RMSNorm, which scales by 1 + weight; llama.cpp's
+# graphs (src/models/gemma2*.cpp, gemma3.cpp) then multiply by the stored weight as it is.
+_NORM_PLUS_ONE = ("gemma2", "gemma3")
 
 # GGUF tensor name (after "blk.{i}.") -> Hugging Face name (after "model.layers.{i}.")
 _LAYER_TENSORS = {
@@ -61,6 +74,11 @@ _LAYER_TENSORS = {
     "attn_q_norm": "self_attn.q_norm",  # qwen3
     "attn_k_norm": "self_attn.k_norm",
 }
+# Gemma's four norms per layer (gguf's TENSOR_NAMES for MODEL_ARCH.GEMMA2 / GEMMA3): "ffn_norm" is the
+# norm before the feed-forward block there, and the post-attention norm has its own name
+_GEMMA_LAYER_TENSORS = dict(_LAYER_TENSORS, ffn_norm="pre_feedforward_layernorm",
+                            post_attention_norm="post_attention_layernorm",
+                            post_ffw_norm="post_feedforward_layernorm")
 _GLOBAL_TENSORS = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -76,6 +94,14 @@ _KNOWN_ARCH_KEYS = {
     "rope.scale_linear", "rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length",
     "rope.scaling.finetuned", "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
     "expert_count", "expert_used_count",  # accepted when 0 (dense)
+}
+# and per architecture (llama.cpp's load_hparams reads these for it)
+_ARCH_KEYS = {
+    "gemma2": {"attention.sliding_window", "attention.sliding_window_pattern", "rope.freq_base_swa",
+               "attn_logit_softcapping", "final_logit_softcapping"},
+    # no attention soft-capping in Gemma 3 (llama.cpp's converter asserts attn_logit_softcapping is None)
+    "gemma3": {"attention.sliding_window", "attention.sliding_window_pattern", "rope.freq_base_swa",
+               "final_logit_softcapping"},
 }
 
 
@@ -237,7 +263,8 @@ def gguf_config_dict(f: GGUFFile) -> Dict[str, Any]:
         raise ValueError(f"{f.path!r}: unsupported GGUF architecture {arch!r} "
                          f"(supported: {', '.join(GGUF_ARCHITECTURES)})")
     prefix = arch + "."
-    unknown = sorted(k for k in f.metadata if k.startswith(prefix) and k[len(prefix):] not in _KNOWN_ARCH_KEYS)
+    known = _KNOWN_ARCH_KEYS | _ARCH_KEYS.get(arch, set())
+    unknown = sorted(k for k in f.metadata if k.startswith(prefix) and k[len(prefix):] not in known)
     if unknown:
         raise ValueError(f"{f.path!r}: GGUF metadata {', '.join(unknown)} is not supported (fastinfer does not "
                          "know what it changes, so it refuses rather than run the model differently)")
@@ -322,6 +349,8 @@ def gguf_config_dict(f: GGUFFile) -> Dict[str, Any]:
     if arch == "llama":
         d["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
         d["mlp_bias"] = "blk.0.ffn_up.bias" in f.tensors
+    elif arch in ("gemma2", "gemma3"):
+        _gemma_config(d, f, key)
     else:  # qwen2 (q/k/v always biased), qwen3; no sliding window in llama.cpp
         if arch == "qwen3":
             d["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
@@ -336,6 +365,63 @@ def gguf_config_dict(f: GGUFFile) -> Dict[str, Any]:
     d["pad_token_id"] = int(pad) if pad is not None else None
     d["gguf_file"] = os.path.basename(f.path)
     return d
+
+
+def _gemma_config(d: Dict[str, Any], f: GGUFFile, key) -> None:
+    """The Gemma fields of config dict ``d`` as llama.cpp reads a ``gemma2`` / ``gemma3`` file
+    (src/models/gemma2.cpp and llama-model.cpp's LLM_ARCH_GEMMA3 ``load_hparams``):
+
+    * sliding window ``attention.sliding_window`` (gemma2: default 4096; gemma3: absent or 0 means
+      no sliding layers); every ``attention.sliding_window_pattern``-th layer full attention
+      (default 2 for gemma2, 6 for gemma3; a bool array marks the sliding layers);
+    * RoPE base ``rope.freq_base`` (default 10000); sliding layers ``rope.freq_base_swa``, else the
+      same base (gemma2) or 10000 (gemma3); rope scaling on every layer (gemma2) or on the full
+      attention layers only (gemma3);
+    * soft-caps ``attn_logit_softcapping`` (gemma2 only; default 50) and
+      ``final_logit_softcapping`` (default 30 for gemma2, none for gemma3);
+    * the attention scale is not stored: llama.cpp uses ``head_dim ** -0.5``, except for the 27B
+      models (46 layers for gemma2, 62 for gemma3), which use ``(hidden / heads) ** -0.5`` (after
+      gemma_pytorch's config), so ``query_pre_attn_scalar`` is set to match."""
+    arch = f.architecture
+    gemma2 = arch == "gemma2"
+    d["model_type"] = "gemma2" if gemma2 else "gemma3_text"
+    d["hidden_activation"] = "gelu_pytorch_tanh"  # llama.cpp's LLM_FFN_GELU is gelu's tanh form
+    del d["hidden_act"]
+    d["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
+    layers, hidden, heads = d["num_hidden_layers"], d["hidden_size"], d["num_attention_heads"]
+    head_dim = d.get("head_dim") or hidden // heads
+    big = layers == (46 if gemma2 else 62)
+    d["query_pre_attn_scalar"] = hidden // heads if big else head_dim
+
+    window = key("attention.sliding_window", 4096 if gemma2 else 0)
+    pattern = key("attention.sliding_window_pattern", 2 if gemma2 else 6)
+    if not window:
+        sliding = [False] * layers
+    elif isinstance(pattern, list):
+        if len(pattern) != layers:
+            raise ValueError(f"{f.path!r}: {arch}.attention.sliding_window_pattern has {len(pattern)} entries "
+                             f"for {layers} layers")
+        sliding = [bool(p) for p in pattern]
+    else:  # llama.cpp's set_swa_pattern: n = 0 all sliding, 1 none, else every n-th layer full
+        sliding = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
+    d["sliding_window"] = int(window) if window else None
+    d["layer_types"] = ["sliding_attention" if s else "full_attention" for s in sliding]
+
+    theta = d.pop("rope_theta")
+    scaling = d.pop("rope_scaling", None)
+    local_theta = float(key("rope.freq_base_swa", theta if gemma2 else 10000.0))
+    if gemma2:
+        if local_theta != theta and any(sliding):
+            raise ValueError(f"{f.path!r}: gemma2.rope.freq_base_swa {local_theta} != rope.freq_base {theta}: "
+                             "Gemma 2 has one RoPE base")
+        d["rope_parameters"] = dict(scaling or {"rope_type": "default"}, rope_theta=theta)
+    else:
+        d["rope_parameters"] = {"full_attention": dict(scaling or {"rope_type": "default"}, rope_theta=theta),
+                                "sliding_attention": {"rope_type": "default", "rope_theta": local_theta}}
+
+    d["attn_logit_softcapping"] = float(key("attn_logit_softcapping", 50.0)) if gemma2 else None
+    final = float(key("final_logit_softcapping", 30.0 if gemma2 else 0.0))
+    d["final_logit_softcapping"] = final or None
 
 
 def gguf_model_config(path: str) -> ModelConfig:
@@ -360,23 +446,26 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).transpose(1, 2).reshape(shape)
 
 
-def hf_tensor_name(gguf_name: str) -> Optional[str]:
-    """The Hugging Face name of a GGUF tensor name, or None when this module has no mapping."""
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> Optional[str]:
+    """The Hugging Face name of a GGUF tensor name of architecture ``arch``, or None when this module
+    has no mapping."""
     base, dot, suffix = gguf_name.rpartition(".")
     if not dot or suffix not in ("weight", "bias"):
         return None
     if base in _GLOBAL_TENSORS:
         return f"{_GLOBAL_TENSORS[base]}.{suffix}"
+    layer_tensors = _GEMMA_LAYER_TENSORS if arch in ("gemma2", "gemma3") else _LAYER_TENSORS
     parts = base.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_TENSORS:
-        return f"model.layers.{int(parts[1])}.{_LAYER_TENSORS[parts[2]]}.{suffix}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_tensors:
+        return f"model.layers.{int(parts[1])}.{layer_tensors[parts[2]]}.{suffix}"
     return None
 
 
 class GGUFWeightReader(WeightReader):
     """The tensors of GGUF file ``path`` under Hugging Face names, dequantised to float32 when read
-    (q/k rows un-permuted for ``llama`` files). A GGUF tensor without a mapping keeps its GGUF name,
-    so the loader reports it as unexpected; ``rope_freqs.weight`` is read into the config instead."""
+    (q/k rows un-permuted for ``llama`` files, 1 taken off Gemma's norm weights). A GGUF tensor
+    without a mapping keeps its GGUF name, so the loader reports it as unexpected;
+    ``rope_freqs.weight`` is read into the config instead."""
 
     def __init__(self, path: str, config: Optional[ModelConfig] = None):
         self.file = open_gguf(path)
@@ -387,8 +476,9 @@ class GGUFWeightReader(WeightReader):
         for g in self.file.tensors:
             if g == ROPE_FREQS:
                 continue
-            name = hf_tensor_name(g) or g
+            name = hf_tensor_name(g, self.file.architecture) or g
             self._where[name] = g
+        self._norm_plus_one = self.file.architecture in _NORM_PLUS_ONE
         self._heads: Dict[str, int] = {}  # HF name -> heads of the q/k permutation
         if self.file.architecture in _PERMUTED_QK:
             for i in range(config.num_hidden_layers):
@@ -431,4 +521,8 @@ class GGUFWeightReader(WeightReader):
     def _read(self, name: str) -> torch.Tensor:
         w = torch.from_numpy(np.array(self.file.dequantize(self._where[name]), dtype=np.float32, copy=True))
         n = self._heads.get(name)
-        return unpermute_qk(w, n) if n else w
+        if n:
+            return unpermute_qk(w, n)
+        if self._norm_plus_one and name.endswith("norm.weight"):
+            return w - 1.0
+        return w

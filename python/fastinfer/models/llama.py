@@ -47,7 +47,7 @@ from ..layers import (
 )
 from ..distributed import SINGLE, ParallelInfo
 from ..ops import Backend, backend
-from .config import ModelConfig
+from .config import GEMMA_ARCHITECTURES, ModelConfig
 from .rope import build_cos_sin_cache
 
 __all__ = ["LlamaForCausalLM", "PACKED_MODULES", "attention_shards"]
@@ -148,7 +148,9 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """Llama / Mistral / Qwen2 / Qwen3 causal LM (weights uninitialised until :meth:`load_weights`, see
-    :func:`fastinfer.models.load_model`).
+    :func:`fastinfer.models.load_model`). Other decoders reuse it through ``decoder_layer`` /
+    ``norm_class`` and the :meth:`embed`, :meth:`rope_cache` and :meth:`compute_logits` hooks
+    (:class:`~fastinfer.models.gemma.GemmaForCausalLM`).
 
     Args:
         config: the :class:`ModelConfig`.
@@ -164,10 +166,16 @@ class LlamaForCausalLM(nn.Module):
         tp: this rank's place in the tensor-parallel group (the model is then its shard).
     """
 
+    decoder_layer = LlamaDecoderLayer
+    norm_class = RMSNorm
+
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32, device=None,
                  max_positions: Optional[int] = None, ops: Optional[Backend] = None,
                  quant_config: Optional[QuantizationConfig] = None, tp: ParallelInfo = SINGLE):
         super().__init__()
+        if self.decoder_layer is LlamaDecoderLayer and config.architecture in GEMMA_ARCHITECTURES:
+            raise ValueError(f"{config.architecture} is a Gemma model: build it with GemmaForCausalLM "
+                             "(fastinfer.models.model_class / load_model choose it)")
         if config.head_dim not in (64, 128, 256):
             raise ValueError(f"head_dim {config.head_dim} is not supported by the fastinfer attention ops "
                              "(64, 128 or 256)")
@@ -182,9 +190,9 @@ class LlamaForCausalLM(nn.Module):
         kw = dict(dtype=dtype, device=device)
         self.num_local_kv_heads = attention_shards(c, tp)[1]
         self.embed_tokens = VocabEmbedding(c.vocab_size, c.hidden_size, "model.embed_tokens", tp=tp, **kw)
-        self.layers = nn.ModuleList([LlamaDecoderLayer(c, i, ops=self.ops, quant_config=quant_config, tp=tp, **kw)
+        self.layers = nn.ModuleList([self.decoder_layer(c, i, ops=self.ops, quant_config=quant_config, tp=tp, **kw)
                                      for i in range(c.num_hidden_layers)])
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, "model.norm", ops=self.ops, **kw)
+        self.norm = self.norm_class(c.hidden_size, c.rms_norm_eps, "model.norm", ops=self.ops, **kw)
         self.lm_head = LMHead(c.vocab_size, c.hidden_size, "lm_head", ops=self.ops, quant_config=quant_config,
                               tie_to=self.embed_tokens if c.tie_word_embeddings else None, tp=tp, **kw)
         self.max_positions = int(c.max_model_len if max_positions is None else max_positions)
@@ -301,18 +309,26 @@ class LlamaForCausalLM(nn.Module):
         bad = [i for i in layer_ids if not 0 <= int(i) < self.num_layers]
         if bad:
             raise ValueError(f"aux hidden-state layer ids {bad} out of range for {self.num_layers} layers")
-        x = self.embed_tokens(batch.input_ids)
+        x = self.embed(batch.input_ids)
         residual = None
         taken: Dict[int, Tensor] = {}
         for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
             if i in layer_ids:  # copies: the next layer's add_norm updates x and residual in place
                 taken[i] = x.clone() if residual is None else x + residual
-            x, residual = layer(x, residual, batch, cache, self.cos_sin_cache)
+            x, residual = layer(x, residual, batch, cache, self.rope_cache(i))
         aux = torch.cat([taken[int(i)] for i in layer_ids], dim=-1) if layer_ids else x[:, :0]
         if residual is None:  # no layers
             return self.norm(x), aux
         x, _ = self.norm.add_norm(x, residual)
         return x, aux
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        """The residual stream entering layer 0: ``[T, hidden]`` in the model dtype."""
+        return self.embed_tokens(input_ids)
+
+    def rope_cache(self, layer_idx: int) -> Tensor:
+        """The ``cos_sin_cache`` layer ``layer_idx`` rotates q and k with."""
+        return self.cos_sin_cache
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """float32 logits of hidden states ``[N, hidden]`` (under TP: on rank 0; the other ranks get

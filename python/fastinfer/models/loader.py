@@ -1,4 +1,5 @@
-"""Build a Llama-family model and load a checkpoint into it (safetensors or GGUF).
+"""Build a model (Llama family or Gemma, :func:`model_class`) and load a checkpoint into it
+(safetensors or GGUF).
 
 * Sources: a checkpoint directory (``model.safetensors`` or an index + shards, memory-mapped: peak
   host memory stays around one tensor), a GGUF file or a directory holding one (:mod:`.gguf`:
@@ -18,20 +19,27 @@
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Union
+from typing import Dict, Optional, Type, Union
 
 import torch
 
 from ..distributed import SINGLE, ParallelInfo
 from ..layers import QuantizationConfig, SafetensorsReader, WeightReader
 from ..ops import Backend
-from .config import ModelConfig
+from .config import GEMMA_ARCHITECTURES, ModelConfig
+from .gemma import GemmaForCausalLM
 from .gguf import GGUFWeightReader, find_gguf, gguf_model_config
 from .llama import LlamaForCausalLM
 
-__all__ = ["load_model", "load_config", "checkpoint_reader", "default_dtype", "random_weights"]
+__all__ = ["load_model", "load_config", "checkpoint_reader", "default_dtype", "random_weights", "model_class"]
 
 Tensor = torch.Tensor
+
+
+def model_class(config: ModelConfig) -> Type[LlamaForCausalLM]:
+    """The model class that runs ``config``: :class:`GemmaForCausalLM` for Gemma 2 / 3, else
+    :class:`LlamaForCausalLM` (both take the same constructor arguments)."""
+    return GemmaForCausalLM if config.architecture in GEMMA_ARCHITECTURES else LlamaForCausalLM
 
 
 def default_dtype(config: ModelConfig, device: torch.device) -> torch.dtype:
@@ -81,8 +89,8 @@ def load_model(
         reader = source
     device = torch.device("cpu" if device is None else device)
     dtype = default_dtype(config, device) if dtype is None else dtype
-    model = LlamaForCausalLM(config, dtype=dtype, device=device, max_positions=max_positions,
-                             ops=ops, quant_config=quant_config, tp=tp)
+    model = model_class(config)(config, dtype=dtype, device=device, max_positions=max_positions,
+                                ops=ops, quant_config=quant_config, tp=tp)
     model.load_weights(reader, progress=progress)
     return model.eval()
 
@@ -91,13 +99,13 @@ def load_model(
 def random_weights(config: ModelConfig, dtype: torch.dtype, device, seed: int = 0) -> Dict[str, Tensor]:
     """Checkpoint tensors of ``config``'s shape with random values (N(0, 0.02), norms = 1), by
     checkpoint name: benchmark models of real shapes without downloading weights."""
-    shell = LlamaForCausalLM(config, dtype=dtype, device="meta")
+    shell = model_class(config)(config, dtype=dtype, device="meta")
     g = torch.Generator(device=device).manual_seed(seed)
     out: Dict[str, Tensor] = {}
     for name, t in shell.checkpoint_tensors():
         x = torch.empty(t.shape, dtype=dtype, device=device)
-        if "norm" in name:
-            x.fill_(1.0)
+        if "norm" in name:  # a unit scale: Gemma's norms hold weight - 1
+            x.fill_(0.0 if config.architecture in GEMMA_ARCHITECTURES else 1.0)
         else:
             x.normal_(0.0, 0.02, generator=g)
         out[name] = x

@@ -29,6 +29,7 @@ Scaling types
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Dict, Optional, Tuple
 
@@ -137,9 +138,15 @@ def build_cos_sin_cache(
     max_positions: Optional[int] = None,
     dtype: torch.dtype = torch.float32,
     device=None,
+    sliding: bool = False,
 ) -> Tensor:
     """The ``cos_sin_cache [max_positions, rotary_dim]`` of ``config`` (default
-    ``config.max_model_len`` rows), see the module docstring for each scaling type."""
+    ``config.max_model_len`` rows), see the module docstring for each scaling type. ``sliding``:
+    the table of the sliding-window layers (``config.sliding_rope_theta`` / ``sliding_rope_scaling``
+    when set, else the same table)."""
+    if sliding and config.sliding_rope_theta is not None:
+        config = dataclasses.replace(config, rope_theta=config.sliding_rope_theta,
+                                     rope_scaling=config.sliding_rope_scaling)
     n = int(config.max_model_len if max_positions is None else max_positions)
     if n <= 0:
         raise ValueError(f"max_positions must be positive, got {n}")

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 import torch
 
 from ..layers import SafetensorsReader, UnquantizedLinearMethod
-from ..models import LlamaForCausalLM, ModelConfig, load_model
+from ..models import GEMMA_ARCHITECTURES, ModelConfig, load_model, model_class
 from .config import QuantOptions
 from .resolve import OnLoadQuantization
 from .math import pack_nibbles, quantize_fp8_weight, quantize_int4_weight, quantize_int8_weight
@@ -106,6 +106,13 @@ def quantize_checkpoint(in_dir: str, out_dir: str, opts: QuantOptions, progress:
     with open(cfg_path, encoding="utf-8") as f:
         cfg = json.load(f)
     model_config = ModelConfig.from_dict(cfg)  # refuse unsupported models before writing anything
+    if model_config.text_weights_prefixes:
+        raise ValueError(f"{in_dir!r} is a multimodal checkpoint ({cfg.get('architectures')}): quantize needs a "
+                         "text-only one (its tensors under model.layers.*)")
+    if smoothquant is not None and model_config.architecture in GEMMA_ARCHITECTURES:
+        # its folds assume Llama's layer: gate/up read post_attention_layernorm, a norm scales by weight
+        raise ValueError(f"smoothquant is not supported for {model_config.architecture} (Gemma's gate/up input "
+                         "is pre_feedforward_layernorm's, and its norms scale by 1 + weight)")
     if cfg.get("quantization_config"):
         qc = cfg["quantization_config"]
         raise ValueError(f"{in_dir!r} is already quantised (quantization_config {qc.get('quant_method')!r}"
@@ -119,7 +126,7 @@ def quantize_checkpoint(in_dir: str, out_dir: str, opts: QuantOptions, progress:
             raise ValueError(f"{out_dir!r} already holds weights ({old}); use an empty directory")
 
     # which weights are quantised: the linears whose method is not float when loading with opts
-    shell = LlamaForCausalLM(model_config, device="meta", quant_config=OnLoadQuantization(opts))
+    shell = model_class(model_config)(model_config, device="meta", quant_config=OnLoadQuantization(opts))
     quantized = {part.prefix + ".weight" for layer in shell.linear_layers()
                  if not isinstance(layer.method, UnquantizedLinearMethod) for part in layer.parts}
     layers: Dict[int, List[str]] = {}
