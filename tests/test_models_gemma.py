@@ -269,13 +269,13 @@ HALF_TOLERANCES = [(torch.bfloat16, 4e-2), (torch.float16, 6e-3)]
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("name", ["gemma2_hd64", "gemma3_hd64"])
+@pytest.mark.parametrize("name", ["gemma2_hd64", "gemma3_hd64", "gemma2_hd256", "gemma3_hd256"])
 @pytest.mark.parametrize("dtype, tol", HALF_TOLERANCES)
 def test_sim_kernels_end_to_end(ckpts, name, dtype, tol):
     """The CUDA kernel sources (simt emulator: rms_norm, gelu_tanh_and_mul, rotary, the paged
     attention ops with window and softcap) in half precision: chunked prefill + decode against the
-    fp32 CPU logits, bit-identical across emulator schedule seeds. head_dim 64: the CUDA kernels
-    take 64 and 128."""
+    fp32 CPU logits, bit-identical across emulator schedule seeds; head_dim 64 and the real models'
+    256."""
     require_sim()
     _, path = ckpts(name)
     ids = _prompt(30, seed=6)
@@ -295,11 +295,11 @@ def test_sim_kernels_end_to_end(ckpts, name, dtype, tol):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["gemma2_hd64", "gemma3_hd64"])
+@pytest.mark.parametrize("name", ["gemma2_hd64", "gemma3_hd64", "gemma2_hd256", "gemma3_hd256"])
 @pytest.mark.parametrize("dtype, tol", HALF_TOLERANCES)
 def test_cuda_model_matches_cpu_fp32(ckpts, name, dtype, tol):
     """On a GPU: the CUDA kernels end to end (prefill chunk + decode) against fp32 CPU logits
-    (head_dim 64; the CUDA prefill kernels do not take Gemma's usual 256)."""
+    (head_dim 64 and the real models' 256)."""
     if not fastinfer.cuda_available():
         pytest.skip("fastinfer built without CUDA kernels or no GPU")
     _, path = ckpts(name)
