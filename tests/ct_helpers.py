@@ -1,7 +1,8 @@
 """Writing compressed-tensors checkpoints with the compressed-tensors package itself (the producer
 library as the oracle of the format): what llm-compressor's save path runs, without llm-compressor
 (it pins an older torch and transformers than this project's). Used by tests/test_quant_formats.py
-(random models) and tests/test_gguf.py (a real trained model)."""
+(random models), tests/test_gguf.py (a real trained model) and tests/test_kv_cache_fp8.py (a
+``kv_cache_scheme``: fp8 KV-cache scales)."""
 
 from __future__ import annotations
 
@@ -88,3 +89,53 @@ def compress(model, groups: dict, ignore, dst: str, calib, dequantised: bool = T
             clean.get_submodule(name).weight.copy_(model.get_submodule(name).weight)
     clean.save_pretrained(dst + "-deq")
     return dst + "-ct", dst + "-deq", schemes
+
+
+def _accept_transformers5_attention(monkeypatch) -> None:
+    """compressed-tensors 0.20.1 gives an attention module a KV-cache scheme only when its forward
+    has a ``past_key_value(s)`` parameter; transformers 5 renamed it ``cache``. Recognise that name
+    too (for the duration of the test), so the package's own apply and config code run unchanged."""
+    import inspect
+
+    import compressed_tensors.quantization.lifecycle.apply as ct_apply
+    import compressed_tensors.quantization.lifecycle.initialize as ct_initialize
+
+    original = ct_initialize.is_cached_attention_module
+
+    def is_cached_attention_module(module) -> bool:
+        if original(module):
+            return True
+        return ("attention" in type(module).__name__.lower() and hasattr(module, "k_proj")
+                and "cache" in inspect.signature(module.forward).parameters)
+
+    monkeypatch.setattr(ct_initialize, "is_cached_attention_module", is_cached_attention_module)
+    monkeypatch.setattr(ct_apply, "is_cached_attention_module", is_cached_attention_module)
+
+
+def compress_kv_cache(model, kv_args, dst: str, calib, monkeypatch) -> str:
+    """The transformers ``model`` saved to ``dst`` as compressed-tensors saves a ``kv_cache_scheme``
+    ``kv_args`` (QuantizationArgs; weights left in float): the package attaches ``k_scale`` /
+    ``v_scale`` to every attention module (:func:`apply_quantization_config`), they are set from the
+    min / max of the keys and values the model caches over the token ids ``calib`` (post-RoPE, per
+    tensor or per KV head as ``kv_args.strategy`` says, the package's ``calculate_qparams``), and its
+    :class:`ModelCompressor` writes the checkpoint and the config. Returns ``dst``."""
+    _accept_transformers5_attention(monkeypatch)
+    with torch.no_grad():
+        cache = model(torch.tensor([calib]), use_cache=True).past_key_values
+    apply_quantization_config(model, QuantizationConfig(config_groups={}, kv_cache_scheme=kv_args))
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            attn = layer.self_attn
+            for name, states in (("k", cache.layers[i].keys), ("v", cache.layers[i].values)):  # [B, Hkv, S, D]
+                if kv_args.strategy == "tensor":
+                    lo, hi = states.amin().reshape(1), states.amax().reshape(1)
+                else:  # attn_head: [Hkv, 1, 1]
+                    lo, hi = (states.amin((0, 2, 3)).reshape(-1, 1, 1), states.amax((0, 2, 3)).reshape(-1, 1, 1))
+                s, _ = calculate_qparams(lo, hi, kv_args)
+                getattr(attn, f"{name}_scale").copy_(s.to(getattr(attn, f"{name}_scale").dtype))
+            attn.quantization_status = QuantizationStatus.FROZEN
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    model.save_pretrained(dst)
+    compressor.update_config(dst)
+    return dst

@@ -682,8 +682,12 @@ def test_unsupported_int8_scheme_names_scheme_and_layer(tmp_path):
                                            "targets": ["Linear"], "ignore": ["lm_head"]}),
      r"^model\.layers\.0\.self_attn\.q_proj: compressed-tensors sparsity '2:4' \(format 'sparse-24-bitmask'\) "
      r"is not supported$"),
-    (lambda qc: qc.update(kv_cache_scheme={"num_bits": 8, "type": "float", "strategy": "tensor"}),
-     r"^compressed-tensors: kv_cache_scheme .* is not supported$"),
+    # an fp8 KV-cache scheme loads (tests/test_kv_cache_fp8.py); an int8 or asymmetric one does not
+    (lambda qc: qc.update(kv_cache_scheme={"num_bits": 8, "type": "int", "strategy": "tensor"}),
+     r"^compressed-tensors: kv_cache_scheme \(int8 tensor\) is not supported: only an fp8 \(float, 8 bits\) KV "
+     r"cache$"),
+    (lambda qc: qc.update(kv_cache_scheme={"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": False}),
+     r"^compressed-tensors: kv_cache_scheme \(float8 tensor asymmetric\) is not supported: asymmetric"),
 ])
 def test_unsupported_schemes(ct_ckpt, tmp_path, edit, match):
     ct_path, _, _ = ct_ckpt("llama", "FP8_BLOCK")

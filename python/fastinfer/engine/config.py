@@ -27,17 +27,23 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from ..layers.attention import FP8_KV_CACHE_DTYPE
 from ..layers.batch import DEFAULT_BLOCK_SIZE
 from ..models import find_gguf
 from ..quant import QuantOptions
 from .speculative.registry import SPEC_METHODS, SPEC_MODES, SpecMethod, spec_method
 
-__all__ = ["EngineConfig", "SpeculativeConfig", "SPEC_MODES", "SPEC_METHODS", "DTYPES", "parse_dtype",
-           "default_model_path", "is_checkpoint_path", "option_fields", "check_options", "options_doc"]
+__all__ = ["EngineConfig", "SpeculativeConfig", "SPEC_MODES", "SPEC_METHODS", "DTYPES", "KV_CACHE_DTYPES",
+           "parse_dtype", "default_model_path", "is_checkpoint_path", "option_fields", "check_options", "options_doc"]
 
 DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
           "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "auto": None}
+
+
+#: ``kv_cache_dtype`` values -> the KV pool's element type (None: the model's dtype). "fp8_e4m3" is
+#: "fp8" spelled as vLLM also accepts it.
+KV_CACHE_DTYPES = {"auto": None, "fp8": FP8_KV_CACHE_DTYPE, "fp8_e4m3": FP8_KV_CACHE_DTYPE}
 
 
 def parse_dtype(dtype: Any) -> Optional[torch.dtype]:
@@ -194,6 +200,11 @@ class EngineConfig:
         None, "scheduler", "new tokens per engine step, prefill chunks included (chunked prefill)",
         default_doc="2048 on CPU, 8192 on CUDA")
     enable_prefix_caching: bool = _option(True, "kv cache", "reuse the KV blocks of identical prompt prefixes")
+    kv_cache_dtype: str = _option(
+        "auto", "kv cache", "auto: the KV cache in the model dtype; fp8 (or fp8_e4m3): e4m3 values, K / k_scale and "
+        "V / v_scale with each layer's scales from the checkpoint (self_attn.k_scale / v_scale, vLLM and "
+        "compressed-tensors checkpoints), else 1.0: one byte per value, so the same memory holds twice the "
+        "tokens of a bf16 / fp16 cache", choices=tuple(KV_CACHE_DTYPES))
     num_kv_blocks: Optional[int] = _option(
         None, "kv cache", "KV-cache blocks in the pool (the first given of num_kv_blocks / kv_cache_bytes / "
         "gpu_memory_utilization sizes it; see fastinfer.engine.executor.num_kv_blocks_for)",
@@ -288,6 +299,9 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be >= 1")
         if self.max_model_len is not None:
             self.max_model_len = max(int(self.max_model_len), 1)
+        if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, "
+                             f"got {self.kv_cache_dtype!r}")
         self.speculative = self._speculative()
         self.quant_options = QuantOptions.from_any(self.quantization, self.quantization_config)
         tp = self.tensor_parallel_size
@@ -320,6 +334,11 @@ class EngineConfig:
                                  num_tokens=self.num_spec_tokens, tree_topk=self.spec_tree_topk,
                                  tree_depth=self.spec_tree_depth, tree=self.spec_tree)
         return spec if model is not None else None
+
+    def kv_cache_torch_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The element type of the KV pools of a model in ``model_dtype`` (``kv_cache_dtype`` "auto":
+        that dtype)."""
+        return KV_CACHE_DTYPES[self.kv_cache_dtype] or model_dtype
 
     @property
     def model_path(self) -> Optional[str]:

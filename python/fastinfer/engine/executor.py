@@ -38,8 +38,9 @@ class Executor:
 
     After construction: ``runner`` (the target's :class:`~.model_runner.ModelRunner`, or under
     tensor parallelism the driver of all ranks' runners), ``model`` (rank 0's target), ``draft_model``
-    (or None), ``kv_caches``, ``num_kv_blocks``, ``max_model_len`` (capped by the model's positions
-    and the KV pool), ``device``.
+    (or None), ``kv_caches``, ``kv_cache_dtype`` (the torch dtype of the target's and the draft's
+    KV pools), ``num_kv_blocks``, ``max_model_len`` (capped by the model's positions and the KV
+    pool), ``device``.
     """
 
     def __init__(self, config: EngineConfig):
@@ -62,7 +63,9 @@ class Executor:
             self.draft_model = None  # a draft with its own KV pool: a draft model or an EAGLE head
             if spec is not None and spec.entry.load_draft is not None:
                 self.draft_model = spec.entry.load_draft(spec, self.model, self.runner.max_model_len, self.ops)
-            extra = self.draft_model.kv_cache_bytes_per_block(self.block_size) if self.draft_model is not None else 0
+            kv_dtype = self.runner.kv_cache_dtype  # the draft's pool too
+            extra = (self.draft_model.kv_cache_bytes_per_block(self.block_size, kv_dtype)
+                     if self.draft_model is not None else 0)
             self.runner.init_kv(self.runner.agreed_num_kv_blocks(extra))
         except BaseException:
             self.shutdown()
@@ -73,7 +76,7 @@ class Executor:
         if spec is not None:
             self.drafter = spec.entry.build_drafter(spec, self.model, self.draft_model, self.num_kv_blocks,
                                                     self.block_size, self.device, config.max_num_batched_tokens,
-                                                    self.ops)
+                                                    self.ops, self.runner.kv_cache_dtype)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(int(config.seed))
         self.sampler = Sampler(gen, self.ops)
@@ -90,6 +93,10 @@ class Executor:
     @property
     def kv_caches(self):
         return self.runner.kv_caches
+
+    @property
+    def kv_cache_dtype(self) -> torch.dtype:
+        return self.runner.kv_cache_dtype
 
     @property
     def decode_graphs(self):

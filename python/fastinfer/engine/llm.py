@@ -95,6 +95,12 @@ class LLM:
     def block_size(self) -> int:
         return self.config.block_size
 
+    @property
+    def kv_cache_dtype(self):
+        """The torch dtype of the KV pool (the ``kv_cache_dtype`` option resolved: "auto" is the
+        model's dtype, "fp8" ``torch.float8_e4m3fn``)."""
+        return self.executor.kv_cache_dtype
+
     # ---- requests ---------------------------------------------------------------------------------
     def _tokenize(self, prompt: Any) -> Tuple[Optional[str], List[int], Optional[str]]:
         """``(text, token ids, error)`` of a prompt: text, token ids or {"prompt_token_ids": [...]}

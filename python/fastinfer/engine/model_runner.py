@@ -72,8 +72,9 @@ class ForwardPlan:
 class ModelRunner:
     """One rank's target model, KV pool and decode graphs (see the module docstring).
 
-    After construction: ``model``, ``device``, ``model_max_len``; after :meth:`init_kv`:
-    ``kv_caches``, ``num_kv_blocks``, ``max_model_len``.
+    After construction: ``model``, ``device``, ``model_max_len``, ``kv_cache_dtype`` (the pool's
+    torch dtype: the ``kv_cache_dtype`` option resolved against the model's dtype); after
+    :meth:`init_kv`: ``kv_caches``, ``num_kv_blocks``, ``max_model_len``.
     """
 
     def __init__(self, config: EngineConfig, tp: ParallelInfo = SINGLE):
@@ -84,6 +85,7 @@ class ModelRunner:
         self.device = self.model.device
         self.use_nvtx = self.device.type == "cuda"
         self.model_max_len = int(self.model.max_positions)
+        self.kv_cache_dtype = config.kv_cache_torch_dtype(self.model.dtype)
         self.kv_caches: List = []
         self.num_kv_blocks = 0
         self.max_model_len = min(self.model_max_len, config.max_model_len or self.model_max_len)
@@ -117,10 +119,11 @@ class ModelRunner:
         n = num_kv_blocks_for(self.model, c.block_size, self.device, num_kv_blocks=c.num_kv_blocks,
                               kv_cache_bytes=c.kv_cache_bytes, gpu_memory_utilization=c.gpu_memory_utilization,
                               max_model_len=self.max_model_len, max_num_seqs=c.max_num_seqs,
-                              max_num_batched_tokens=c.max_num_batched_tokens)
+                              max_num_batched_tokens=c.max_num_batched_tokens, kv_cache_dtype=self.kv_cache_dtype)
         if extra_bytes_per_block and c.num_kv_blocks is None and (
                 c.kv_cache_bytes is not None or self.device.type == "cuda"):
-            t_pb = self.model.kv_cache_bytes_per_block(c.block_size)  # the byte budget holds both pools
+            # the byte budget holds both pools
+            t_pb = self.model.kv_cache_bytes_per_block(c.block_size, self.kv_cache_dtype)
             n = max(1, n * t_pb // (t_pb + extra_bytes_per_block))
         return n
 
@@ -133,7 +136,7 @@ class ModelRunner:
         c = self.config
         self.num_kv_blocks = int(num_blocks)
         self.max_model_len = min(self.max_model_len, self.num_kv_blocks * self.block_size)
-        self.kv_caches = self.model.allocate_kv_cache(self.num_kv_blocks, self.block_size)
+        self.kv_caches = self.model.allocate_kv_cache(self.num_kv_blocks, self.block_size, self.kv_cache_dtype)
         if self.device.type == "cuda" and not c.enforce_eager:
             self.enable_decode_graphs(min(c.max_num_seqs, 256), -(-self.max_model_len // self.block_size), True)
 
@@ -197,15 +200,17 @@ class ModelRunner:
 
 def num_kv_blocks_for(model: LlamaForCausalLM, block_size: int, device: torch.device, *,
                       num_kv_blocks: Optional[int], kv_cache_bytes: Optional[int], gpu_memory_utilization: float,
-                      max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int) -> int:
-    """How many KV blocks to preallocate (on one rank: its shard's bytes per block).
+                      max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int,
+                      kv_cache_dtype: torch.dtype) -> int:
+    """How many KV blocks to preallocate (on one rank: its shard's bytes per block, K and V in
+    ``kv_cache_dtype``: an fp8 pool gets twice the blocks of a bf16 / fp16 one from the same bytes).
 
     ``num_kv_blocks`` wins; else ``kv_cache_bytes``; else on CUDA ``gpu_memory_utilization`` of the
     device's total memory minus what is already used (weights, other processes) minus an estimate
     of the activation peak of a ``max_num_batched_tokens`` step; on CPU enough blocks for
     ``min(max_num_seqs, 16)`` full-length sequences, capped at 1 GiB.
     """
-    per_block = model.kv_cache_bytes_per_block(block_size)
+    per_block = model.kv_cache_bytes_per_block(block_size, kv_cache_dtype)
     if num_kv_blocks is not None:
         return int(num_kv_blocks)
     if kv_cache_bytes is not None:

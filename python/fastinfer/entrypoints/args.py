@@ -18,7 +18,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 from ..engine.config import default_text, option_fields
 
 __all__ = ["add_cli_args", "llm_kwargs", "add_quant_args", "flag_of", "MODEL_OPTIONS", "SPEC_OPTIONS",
-           "ENGINE_OPTIONS", "GENERATE_OPTIONS", "SERVE_OPTIONS", "BENCH_OPTIONS", "EVAL_OPTIONS"]
+           "ENGINE_OPTIONS", "PRECISION_OPTIONS", "GENERATE_OPTIONS", "SERVE_OPTIONS", "BENCH_OPTIONS", "EVAL_OPTIONS"]
 
 MODEL_OPTIONS = ("model", "device", "dtype", "max_model_len", "tensor_parallel_size")
 SPEC_OPTIONS = ("draft_model", "spec_method", "spec_model", "spec_mode", "num_spec_tokens", "spec_tree_topk",
@@ -26,12 +26,15 @@ SPEC_OPTIONS = ("draft_model", "spec_method", "spec_model", "spec_mode", "num_sp
 ENGINE_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "gpu_memory_utilization",
                   "enable_prefix_caching", "enforce_eager", "static_batching", "seed", "deterministic")
 
+#: the precision options every command that builds an engine offers: weights and KV cache
+PRECISION_OPTIONS = ("quantization", "kv_cache_dtype")
+
 #: the engine options each command offers as flags
-GENERATE_OPTIONS = MODEL_OPTIONS + ("seed",) + SPEC_OPTIONS + ("quantization",)
-SERVE_OPTIONS = MODEL_OPTIONS + ENGINE_OPTIONS + SPEC_OPTIONS + ("quantization",)
+GENERATE_OPTIONS = MODEL_OPTIONS + ("seed",) + SPEC_OPTIONS + PRECISION_OPTIONS
+SERVE_OPTIONS = MODEL_OPTIONS + ENGINE_OPTIONS + SPEC_OPTIONS + PRECISION_OPTIONS
 BENCH_OPTIONS = ("model", "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "gpu_memory_utilization",
-                 "enforce_eager", "device", "dtype") + SPEC_OPTIONS + ("tensor_parallel_size", "quantization")
-EVAL_OPTIONS = ("model", "dtype", "device", "quantization")
+                 "enforce_eager", "device", "dtype") + SPEC_OPTIONS + ("tensor_parallel_size",) + PRECISION_OPTIONS
+EVAL_OPTIONS = ("model", "dtype", "device") + PRECISION_OPTIONS
 
 
 def flag_of(name: str) -> str:

@@ -112,14 +112,17 @@ def token_stream(tokenizer, files: Sequence[Tuple[str, str]]) -> torch.Tensor:
 
 @torch.inference_mode()
 def perplexity(model, stream: torch.Tensor, context: int = CONTEXT, max_tokens: Optional[int] = None,
-               windows_per_batch: int = 8, block_size: int = EngineConfig.block_size) -> Tuple[float, int]:
+               windows_per_batch: int = 8, block_size: int = EngineConfig.block_size,
+               kv_cache_dtype: Optional[torch.dtype] = None) -> Tuple[float, int]:
     """Token-level perplexity of ``model`` (a :class:`~fastinfer.models.LlamaForCausalLM`) over
-    non-overlapping windows of ``context`` predictions; returns ``(ppl, predicted tokens)``."""
+    non-overlapping windows of ``context`` predictions; returns ``(ppl, predicted tokens)``.
+    ``kv_cache_dtype``: the KV cache's torch dtype (default the model's; ``LLM.kv_cache_dtype`` is
+    an engine's)."""
     n = (len(stream) - 1) // context
     if max_tokens:
         n = min(n, max(1, max_tokens // context))
     blocks_per_window = -(-context // block_size)
-    caches = model.allocate_kv_cache(windows_per_batch * blocks_per_window, block_size)
+    caches = model.allocate_kv_cache(windows_per_batch * blocks_per_window, block_size, kv_cache_dtype)
     total, count = 0.0, 0
     for w0 in range(0, n, windows_per_batch):
         rows = [stream[i * context:i * context + context + 1] for i in range(w0, min(n, w0 + windows_per_batch))]
@@ -144,9 +147,10 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     llm = LLM(**llm_kwargs(args, EVAL_OPTIONS), num_kv_blocks=1)
     stream = token_stream(llm.tokenizer, heldout_files())
-    ppl, n = perplexity(llm.model, stream, max_tokens=args.max_tokens)
+    ppl, n = perplexity(llm.model, stream, max_tokens=args.max_tokens, kv_cache_dtype=llm.kv_cache_dtype)
     res = {"model": llm.model_path, "dtype": str(llm.model.dtype).replace("torch.", ""),
-           "quantization": describe_quantization(llm.model), "heldout_ppl": round(ppl, 4), "tokens": n}
+           "quantization": describe_quantization(llm.model),
+           "kv_cache_dtype": str(llm.kv_cache_dtype).replace("torch.", ""), "heldout_ppl": round(ppl, 4), "tokens": n}
     print(json.dumps(res) if args.json else "  ".join(f"{k}={v}" for k, v in res.items()))
     return 0
 

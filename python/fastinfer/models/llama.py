@@ -46,6 +46,7 @@ from ..layers import (
     WeightReader,
 )
 from ..distributed import SINGLE, ParallelInfo
+from ..layers.attention import FP8_KV_CACHE_DTYPE, report_fp8_kv_cache_scales
 from ..ops import Backend, backend
 from .config import GEMMA_ARCHITECTURES, ModelConfig
 from .rope import build_cos_sin_cache
@@ -109,7 +110,8 @@ class LlamaDecoderLayer(nn.Module):
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, f"{prefix}.self_attn.q_norm", **kw)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, f"{prefix}.self_attn.k_norm", **kw)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, c.head_dim,
-                                   float(c.head_dim) ** -0.5, c.window_left(layer_idx), layer_idx, ops=ops)
+                                   float(c.head_dim) ** -0.5, c.window_left(layer_idx), layer_idx, ops=ops,
+                                   prefix=f"{prefix}.self_attn", kv_shard=kv_shard, device=device)
         self.o_proj = RowParallelLinear(c.q_size, parts("o_proj", (c.hidden_size,)), c.o_bias, **lin)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps,
                                                 f"{prefix}.post_attention_layernorm", **kw)
@@ -275,9 +277,12 @@ class LlamaForCausalLM(nn.Module):
     def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: Optional[torch.dtype] = None,
                           device=None) -> List[KVCache]:
         """Per-layer ``(k_cache, v_cache)`` zero tensors of :meth:`kv_cache_shape` (model dtype
-        and device by default)."""
+        and device by default; ``dtype`` :data:`~fastinfer.layers.attention.FP8_KV_CACHE_DTYPE`: an
+        fp8 cache, written and read with each layer's ``k_scale`` / ``v_scale``)."""
         shape = self.kv_cache_shape(num_blocks, block_size)
         dt = self.dtype if dtype is None else dtype
+        if dt == FP8_KV_CACHE_DTYPE:
+            report_fp8_kv_cache_scales((layer.attn for layer in self.layers), self.config.architecture)
         dev = self.device if device is None else device
         return [(torch.zeros(shape, dtype=dt, device=dev), torch.zeros(shape, dtype=dt, device=dev))
                 for _ in range(self.num_layers)]

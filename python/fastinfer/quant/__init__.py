@@ -158,8 +158,10 @@ Any other scheme (int8 weight-only W8A16 or with asymmetric weights, W4A8, NVFP4
 block shapes, 2:4 sparsity) raises one ``ValueError`` line naming the scheme and the first module
 that has it, e.g. ``model.layers.0.self_attn.q_proj: compressed-tensors scheme W8A16 int8 (weights
 int8 channel, input activations none, ...) of config group 'group_0' is not supported (supported:
-...)``; a ``kv_cache_scheme`` or ``transform_config`` is
-refused when the config is read.
+...)``; a ``transform_config`` is refused when the config is read. A ``kv_cache_scheme`` (fp8 e4m3,
+symmetric, static, per tensor or per attention head) comes with ``self_attn.k_scale`` / ``v_scale``
+per layer, which the attention layers load for ``LLM(..., kv_cache_dtype="fp8")``; another KV-cache
+scheme is refused when the config is read.
 
 Hugging Face fine-grained FP8 (transformers' ``FineGrainedFP8Config``)
 ----------------------------------------------------------------------

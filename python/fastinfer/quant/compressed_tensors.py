@@ -24,9 +24,15 @@ Supported (:attr:`CtScheme.kind`):
 
 Anything else (int8 weight-only or with asymmetric weights, nvfp4 / mxfp4, weight-only fp8, output activations, 2:4 sparsity, other block
 shapes, ...) is :attr:`CtScheme.kind` ``"unsupported"``: loading a model with a layer of that scheme
-raises one ``ValueError`` line naming the scheme and the layer. ``kv_cache_scheme`` and
-``transform_config`` (quantised KV caches, rotations) have no layer and are refused when the config
-is parsed.
+raises one ``ValueError`` line naming the scheme and the layer. ``transform_config`` (rotations) has
+no layer and is refused when the config is parsed.
+
+``kv_cache_scheme`` (an fp8 KV cache with calibrated scales): compressed-tensors gives each attention
+module ``k_scale`` / ``v_scale`` parameters (``model.layers.{i}.self_attn.k_scale``, shape ``[1]`` for
+strategy ``tensor``, ``[Hkv, 1, 1]`` for ``attn_head``, in the model's dtype), which the attention
+layers load (:class:`fastinfer.layers.PagedAttention`) and use with ``kv_cache_dtype="fp8"``. Float
+8-bit (e4m3), symmetric, static, per ``tensor`` or per ``attn_head`` is accepted; anything else is
+refused when the config is parsed, naming the scheme.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from __future__ import annotations
 import re
 from typing import List, NamedTuple, Optional, Sequence
 
-__all__ = ["CtScheme", "CompressedTensorsConfig", "SUPPORTED_SCHEMES"]
+__all__ = ["CtScheme", "CompressedTensorsConfig", "SUPPORTED_SCHEMES", "check_kv_cache_scheme"]
 
 SUPPORTED_SCHEMES = ("W4A16 / W4A16_ASYM (pack-quantized int4, group or channel, actorder), FP8_DYNAMIC, FP8 "
                      "(static per-tensor), FP8_BLOCK (float-quantized), W8A8 int8 (int-quantized, symmetric "
@@ -180,6 +186,26 @@ def _classify(name: str, g: dict, default_format: Optional[str]) -> CtScheme:
     return unsupported()
 
 
+def check_kv_cache_scheme(kv: dict) -> dict:
+    """``kv`` (a ``kv_cache_scheme``) if the fp8 cache can run it: e4m3 (float, 8 bits), symmetric,
+    static scales per tensor or per attention head; else a ValueError naming the scheme."""
+    if not isinstance(kv, dict):
+        raise ValueError(f"compressed-tensors: kv_cache_scheme must be a dict, got {kv!r}")
+    strategy = kv.get("strategy") or "tensor"
+    why = ""
+    if kv.get("type", "int") != "float" or kv.get("num_bits", 8) != 8:
+        why = "only an fp8 (float, 8 bits) KV cache"
+    elif not kv.get("symmetric", True):
+        why = "asymmetric (zero points)"
+    elif kv.get("dynamic", False):
+        why = "dynamic scales"
+    elif strategy not in ("tensor", "attn_head"):
+        why = f"strategy {strategy!r} (tensor or attn_head)"
+    if why:
+        raise ValueError(f"compressed-tensors: kv_cache_scheme ({_args_text(kv)}) is not supported: {why}")
+    return kv
+
+
 def _match(name: str, target: str) -> bool:
     if target.startswith("re:"):
         return re.match(target[3:], name) is not None
@@ -191,9 +217,8 @@ class CompressedTensorsConfig:
 
     def __init__(self, qc: dict):
         self.raw = qc
-        if qc.get("kv_cache_scheme"):
-            raise ValueError(f"compressed-tensors: kv_cache_scheme {qc['kv_cache_scheme']!r} (a quantised KV "
-                             "cache with checkpoint scales) is not supported")
+        # the scales themselves are the attention layers' to load (see the module docstring)
+        self.kv_cache_scheme = check_kv_cache_scheme(qc["kv_cache_scheme"]) if qc.get("kv_cache_scheme") else None
         if qc.get("transform_config"):
             raise ValueError("compressed-tensors: transform_config (rotations such as SpinQuant / QuIP) is not "
                              "supported")

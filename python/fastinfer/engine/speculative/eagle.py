@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from ...layers import BatchBuilder, TensorDictReader, slot_of
+from ...layers.attention import FP8_KV_CACHE_DTYPE, report_fp8_kv_cache_scales
 from ...layers.weights import CheckpointModule
 from ...models.config import ModelConfig
 from ...models.llama import LlamaDecoderLayer
@@ -57,15 +58,22 @@ class EagleDraftModel(torch.nn.Module):
         self.dtype, self.device, self.ops = target.dtype, target.device, target.ops
         self.hidden_size = int(target.config.hidden_size)
 
-    def kv_cache_bytes_per_block(self, block_size: int) -> int:
-        """The layer's K and V plus the feature pool's rows (both indexed by the target's blocks)."""
+    def kv_cache_bytes_per_block(self, block_size: int, dtype: Optional[torch.dtype] = None) -> int:
+        """The layer's K and V (in ``dtype``, default the model's) plus the feature pool's rows (in
+        the model's dtype), both indexed by the target's blocks."""
+        kv_el = torch.empty((), dtype=self.dtype if dtype is None else dtype).element_size()
         el = torch.empty((), dtype=self.dtype).element_size()
-        return block_size * (2 * self.layer.num_kv_heads * self.layer.head_dim + self.hidden_size) * el
+        return block_size * (2 * self.layer.num_kv_heads * self.layer.head_dim * kv_el + self.hidden_size * el)
 
-    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> List[Tuple[Tensor, Tensor]]:
+    def allocate_kv_cache(self, num_blocks: int, block_size: int,
+                          dtype: Optional[torch.dtype] = None) -> List[Tuple[Tensor, Tensor]]:
+        """The layer's ``(k_cache, v_cache)`` (``dtype``: as for the target's
+        :meth:`~fastinfer.models.LlamaForCausalLM.allocate_kv_cache`)."""
+        dt = self.dtype if dtype is None else dtype
+        if dt == FP8_KV_CACHE_DTYPE:
+            report_fp8_kv_cache_scales([self.layer.attn], type(self).__name__)
         shape = (int(num_blocks), int(block_size), self.layer.num_kv_heads, self.layer.head_dim)
-        return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                 torch.zeros(shape, dtype=self.dtype, device=self.device))]
+        return [(torch.zeros(shape, dtype=dt, device=self.device), torch.zeros(shape, dtype=dt, device=self.device))]
 
     def forward(self, batch, kv_caches, features: Tensor) -> Tuple[Tensor, Tensor]:
         """float32 logits and output features ``g`` of the batch's logits rows; ``features [T, H]``."""

@@ -40,7 +40,8 @@ class SpecMethod:
     tensor_parallel: bool
     #: ``(spec, target, max_model_len, ops) -> draft`` with its own KV pool; None: no own pool
     load_draft: Optional[Callable]
-    #: ``(spec, target, draft, num_kv_blocks, block_size, device, max_num_batched_tokens, ops) -> Drafter``
+    #: ``(spec, target, draft, num_kv_blocks, block_size, device, max_num_batched_tokens, ops, kv_cache_dtype)
+    #: -> Drafter`` (``kv_cache_dtype``: the torch dtype of the draft's KV pool, the target's)
     build_drafter: Callable
     #: ``(spec, block_manager, max_model_len, draft_tree) -> Proposer`` (``draft_tree``: the executor's
     #: static tree of draft heads, or None)
@@ -74,8 +75,9 @@ def _load_eagle3(spec, target, max_model_len, ops):
     return load_eagle_head(spec, target, Eagle3DraftModel, load_eagle3)
 
 
-def _drafter_args(spec, draft, num_kv_blocks, block_size, device, max_num_batched_tokens, ops) -> tuple:
-    kv = draft.allocate_kv_cache(num_kv_blocks, block_size)  # the target's block count and ids
+def _drafter_args(spec, draft, num_kv_blocks, block_size, device, max_num_batched_tokens, ops,
+                  kv_cache_dtype) -> tuple:
+    kv = draft.allocate_kv_cache(num_kv_blocks, block_size, kv_cache_dtype)  # the target's block count and ids
     return draft, kv, block_size, device, spec.mode, spec.num_tokens, spec.tree_topk, max_num_batched_tokens, ops
 
 
@@ -97,7 +99,8 @@ def _eagle3_drafter(spec, target, draft, num_kv_blocks, *args):
     return Eagle3Drafter(*_drafter_args(spec, draft, num_kv_blocks, *args), num_kv_blocks)
 
 
-def _medusa_drafter(spec, target, draft, num_kv_blocks, block_size, device, max_num_batched_tokens, ops):
+def _medusa_drafter(spec, target, draft, num_kv_blocks, block_size, device, max_num_batched_tokens, ops,
+                    kv_cache_dtype):  # the heads read the target's hidden states: no KV pool of their own
     from .medusa import build_medusa_drafter
 
     return build_medusa_drafter(spec, target, device)
