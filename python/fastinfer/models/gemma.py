@@ -49,7 +49,7 @@ from ..layers import (
 )
 from ..ops import Backend
 from .config import GEMMA_ARCHITECTURES, ModelConfig
-from .llama import PACKED_MODULES, LlamaForCausalLM, attention_shards
+from .llama import LlamaForCausalLM, init_layer_geometry, packed_parts
 from .rope import build_cos_sin_cache
 
 __all__ = ["GemmaForCausalLM", "GemmaRMSNorm"]
@@ -84,16 +84,10 @@ class GemmaDecoderLayer(nn.Module):
                  quant_config: Optional[QuantizationConfig], tp: ParallelInfo = SINGLE):
         super().__init__()
         c = config
-        self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, kv_shard = attention_shards(c, tp)
-        self.head_dim = c.head_dim
-        self.q_size = self.num_heads * c.head_dim
-        self.kv_size = self.num_kv_heads * c.head_dim
-        self.ops = ops
-        prefix = f"model.layers.{layer_idx}"
+        kv_shard, prefix = init_layer_geometry(self, c, layer_idx, tp, ops)
 
         def parts(slot: str, sizes: Sequence[int]) -> List[WeightPart]:
-            return [WeightPart(f"{prefix}.{name}", n) for name, n in zip(PACKED_MODULES[slot], sizes)]
+            return packed_parts(prefix, slot, sizes)
 
         def norm(width: int, name: str) -> GemmaRMSNorm:
             return GemmaRMSNorm(width, c.rms_norm_eps, f"{prefix}.{name}", **kw)

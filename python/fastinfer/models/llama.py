@@ -83,21 +83,33 @@ def attention_shards(config: ModelConfig, tp: ParallelInfo) -> Tuple[int, int, T
     return hq // n, 1, (tp.rank * hkv // n, hkv)
 
 
+def init_layer_geometry(layer: nn.Module, config: ModelConfig, layer_idx: int, tp: ParallelInfo,
+                        ops) -> Tuple[Tuple[int, int], str]:
+    """The attention geometry a decoder layer keeps (its index, this rank's heads, q / kv widths, the
+    op backend); returns ``(kv_shard, checkpoint prefix)`` for its linears."""
+    layer.layer_idx = layer_idx
+    layer.num_heads, layer.num_kv_heads, kv_shard = attention_shards(config, tp)
+    layer.head_dim = config.head_dim
+    layer.q_size = layer.num_heads * config.head_dim
+    layer.kv_size = layer.num_kv_heads * config.head_dim
+    layer.ops = ops
+    return kv_shard, f"model.layers.{layer_idx}"
+
+
+def packed_parts(prefix: str, slot: str, sizes: Sequence[int]) -> List[WeightPart]:
+    """The checkpoint parts (name under ``prefix``, rows) of our fused linear ``slot``."""
+    return [WeightPart(f"{prefix}.{name}", n) for name, n in zip(PACKED_MODULES[slot], sizes)]
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int, *, dtype, device, ops,
                  quant_config: Optional[QuantizationConfig], tp: ParallelInfo = SINGLE):
         super().__init__()
         c = config
-        self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, kv_shard = attention_shards(c, tp)
-        self.head_dim = c.head_dim
-        self.q_size = self.num_heads * c.head_dim
-        self.kv_size = self.num_kv_heads * c.head_dim
-        self.ops = ops
-        prefix = f"model.layers.{layer_idx}"
+        kv_shard, prefix = init_layer_geometry(self, c, layer_idx, tp, ops)
 
         def parts(slot: str, sizes: Sequence[int]) -> List[WeightPart]:
-            return [WeightPart(f"{prefix}.{name}", n) for name, n in zip(PACKED_MODULES[slot], sizes)]
+            return packed_parts(prefix, slot, sizes)
 
         kw = dict(dtype=dtype, device=device, ops=ops)
         lin = dict(kw, quant_config=quant_config, tp=tp)
