@@ -218,15 +218,6 @@ TOPK_BAD = [
 ]
 
 
-@pytest.mark.parametrize("ns", NAMESPACES)
-@pytest.mark.parametrize("case,make,arg_re", TOPK_BAD, ids=[b[0] for b in TOPK_BAD])
-def test_moe_topk_bad_input(ns, case, make, arg_re):
-    get_backend("sim" if ns == "fastinfer_sim" else "cpu")
-    with pytest.raises(RuntimeError, match=arg_re) as exc:
-        getattr(torch.ops, ns).moe_topk(*make())
-    assert f"{ns}.moe_topk:" in str(exc.value)
-
-
 def test_moe_topk_cuda_wants_cuda_tensors():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU available")
@@ -246,3 +237,149 @@ def test_moe_topk_meta_and_wrapper():
     check_topk((w, ids), logits, 4, False, "topk_softmax", "backend")
     assert torch.equal(torch.ops.fastinfer.moe_topk(torch.empty(0, 8), 2, False, "softmax")[1],
                        torch.empty(0, 2, dtype=torch.int32))
+
+
+# ---- moe_align -------------------------------------------------------------------------------
+# The layout of vLLM's moe_align_block_size (vllm/model_executor/layers/fused_moe/
+# moe_align_block_size.py, csrc/moe/moe_align_sum_kernels.cu; checked against
+# tests/kernels/moe/test_moe_align_block_size.py, whose golden sorts the slots stably: ascending
+# within an expert, as here).
+
+
+def run_align(be, topk_ids, num_experts, block_m):
+    def call():
+        sorted_size = topk_ids.numel() + num_experts * (block_m - 1)
+        poison_heap(be.device, sorted_size, sorted_size // block_m + 1, 1)
+        return tuple(t.cpu() for t in be.ns.moe_align(topk_ids.to(be.device), num_experts, block_m))
+    return be.run(call)
+
+
+def test_moe_align_worked_example():
+    """vLLM's docstring example: topk_ids [[2, 3, 4], [1, 2, 4], [1, 3, 4], [1, 2, 3]], block 4.
+    (The docstring says num_experts = 4, but uses expert 4: num_experts = 5 here, expert 0 empty.)
+    Flattened: slot 0..11 -> experts 2 3 4 1 2 4 1 3 4 1 2 3; each expert has 3 slots, padded with
+    one sentinel 12; expert 0 has no block. Length 12 + 5 * 3 = 27, ceil(27 / 4) = 7 blocks."""
+    topk_ids = torch.tensor([[2, 3, 4], [1, 2, 4], [1, 3, 4], [1, 2, 3]], dtype=torch.int32)
+    sorted_ids, expert_ids, total = torch.ops.fastinfer.moe_align(topk_ids, 5, 4)
+    assert sorted_ids.tolist() == [3, 6, 9, 12, 0, 4, 10, 12, 1, 7, 11, 12, 2, 5, 8, 12] + [12] * 11
+    assert expert_ids.tolist() == [1, 2, 3, 4, 0, 0, 0]
+    assert total.tolist() == [16]
+    ref = RM.moe_align(topk_ids, 5, 4)
+    assert all(torch.equal(a, b) for a, b in zip((sorted_ids, expert_ids, total), ref))
+
+
+def random_topk_ids(T, E, top_k, seed, dtype=torch.int32):
+    """Distinct experts per token (as a router gives), skewed towards the low ids so that some
+    experts get many slots (several blocks) and some none."""
+    g = make_gen(seed)
+    scores = torch.rand(T, E, generator=g) - torch.linspace(0, 0.5, E)
+    return torch.topk(scores, top_k, dim=-1).indices.to(dtype)
+
+
+def check_align(out, topk_ids, E, block_m, name):
+    sorted_ids, expert_ids, total = out
+    ref = RM.moe_align(topk_ids, E, block_m)
+    for o, r, what in zip(out, ref, ("sorted_token_ids", "expert_ids", "num_tokens_post_padded")):
+        assert o.dtype == torch.int32 and o.shape == r.shape, f"{name}: {what} {o.dtype} {tuple(o.shape)}"
+        if not torch.equal(o, r):
+            bad = (o != r).nonzero()[0].item()
+            raise AssertionError(f"{name}: {what} differs from the reference at {bad}: {o[bad]} vs {r[bad]}")
+    # The invariants vLLM's test checks, on the op's output directly.
+    n, used = topk_ids.numel(), int(total)
+    ids = topk_ids.flatten().long()
+    assert used % block_m == 0 and used >= int((ids >= 0).sum())
+    valid = sorted_ids[sorted_ids < n]
+    assert torch.equal(valid.sort().values, (ids >= 0).nonzero().flatten().int())  # each slot once
+    assert ((expert_ids >= 0) & (expert_ids < E)).all()
+    for b in range(used // block_m):
+        block = sorted_ids[b * block_m:(b + 1) * block_m]
+        slots = block[block < n].long()
+        assert (ids[slots] == expert_ids[b]).all(), f"{name}: block {b} holds another expert's slot"
+
+
+ALIGN_CASES = [
+    # (num_tokens, num_experts, top_k, block_m)
+    (1, 8, 2, 16),
+    (3, 60, 4, 16),
+    (37, 128, 8, 64),
+    (300, 256, 8, 64),
+    (300, 8, 2, 16),     # Mixtral: blocks of many slots, ids across many tiles
+    (37, 256, 1, 16),
+    (3, 512, 8, 64),
+    (5, 1024, 4, 16),    # the largest expert count
+    (0, 8, 2, 16),       # no tokens: sentinels and zero blocks only
+]
+ALIGN_PARAMS = backend_params({"cpu": ALIGN_CASES, "sim": ALIGN_CASES, "cuda": ALIGN_CASES},
+                              {b: (torch.int32, torch.int64) for b in ("cpu", "sim", "cuda")})
+
+
+@pytest.mark.parametrize("backend,index_dtype,T,E,top_k,block_m", ALIGN_PARAMS)
+def test_moe_align_matches_reference(backend, index_dtype, T, E, top_k, block_m):
+    be = get_backend(backend)
+    topk_ids = random_topk_ids(T, E, top_k, seed=T * 100 + E + top_k, dtype=index_dtype)
+    out = run_align(be, topk_ids, E, block_m)
+    check_align(out, topk_ids, E, block_m, f"{backend} T{T} E{E} k{top_k} block {block_m}")
+
+
+@pytest.mark.parametrize("backend", SIM_AND_CPU)
+def test_moe_align_skips_minus_one(backend):
+    """Expert parallelism: slots routed to no local expert (-1) appear nowhere."""
+    be = get_backend(backend)
+    topk_ids = random_topk_ids(37, 16, 4, seed=4)
+    topk_ids[topk_ids % 3 == 0] = -1
+    out = run_align(be, topk_ids, 16, 16)
+    check_align(out, topk_ids, 16, 16, f"{backend} -1 ids")
+    assert (out[0][: int(out[2])] < topk_ids.numel()).sum() == (topk_ids >= 0).sum()
+
+
+@pytest.mark.parametrize("ns", NAMESPACES)
+def test_moe_align_opcheck(ns):
+    get_backend("sim" if ns == "fastinfer_sim" else "cpu")
+    topk_ids = random_topk_ids(9, 12, 2, seed=9)
+    torch.library.opcheck(getattr(torch.ops, ns).moe_align.default, (topk_ids, 12, 16))
+
+
+def ids_with(value):
+    t = random_topk_ids(4, 8, 2, seed=1)
+    t[2, 1] = value
+    return t
+
+
+ALIGN_BAD = [
+    ("ids-1d", lambda: (torch.zeros(8, dtype=torch.int32), 8, 16), "topk_ids"),
+    ("ids-float", lambda: (torch.zeros(4, 2), 8, 16), "topk_ids"),
+    ("ids-int16", lambda: (torch.zeros(4, 2, dtype=torch.int16), 8, 16), "topk_ids"),
+    ("ids-noncontig", lambda: (torch.zeros(2, 4, dtype=torch.int32).t(), 8, 16), "topk_ids"),
+    ("ids-too-large", lambda: (ids_with(8), 8, 16), "topk_ids"),
+    ("ids-below-minus-one", lambda: (ids_with(-2), 8, 16), "topk_ids"),
+    ("experts-zero", lambda: (ids_with(0), 0, 16), "num_experts"),
+    ("experts-above-cap", lambda: (ids_with(0), 1025, 16), "num_experts"),
+    ("block-zero", lambda: (ids_with(0), 8, 0), "block_m"),
+    ("block-negative", lambda: (ids_with(0), 8, -16), "block_m"),
+    ("block-not-pow2", lambda: (ids_with(0), 8, 48), "block_m"),
+]
+
+
+def test_moe_align_meta_and_wrapper():
+    import fastinfer.ops as ops
+
+    sorted_ids, expert_ids, total = torch.ops.fastinfer.moe_align(torch.empty(7, 4, dtype=torch.int32,
+                                                                              device="meta"), 60, 16)
+    assert sorted_ids.shape == (28 + 60 * 15,) and expert_ids.shape == (-(-(28 + 60 * 15) // 16),)
+    assert total.shape == (1,) and sorted_ids.dtype == expert_ids.dtype == total.dtype == torch.int32
+    logits = random_logits(11, 60, torch.float32, seed=3)
+    _, topk_ids = ops.moe_topk(logits, 4)
+    check_align(ops.moe_align(topk_ids, 60, 16), topk_ids, 60, 16, "wrapper")
+
+
+# ---- bad input: a RuntimeError naming the argument, never a crash ----------------------------
+BAD = [("moe_topk", *b) for b in TOPK_BAD] + [("moe_align", *b) for b in ALIGN_BAD]
+
+
+@pytest.mark.parametrize("ns", NAMESPACES)
+@pytest.mark.parametrize("op,case,make,arg_re", BAD, ids=[f"{b[0]}-{b[1]}" for b in BAD])
+def test_bad_input(ns, op, case, make, arg_re):
+    get_backend("sim" if ns == "fastinfer_sim" else "cpu")
+    with pytest.raises(RuntimeError, match=arg_re) as exc:
+        getattr(getattr(torch.ops, ns), op)(*make())
+    assert f"{ns}.{op}:" in str(exc.value)

@@ -1,6 +1,7 @@
-// CPU implementation of the MoE routing ops, in fp32 with the arithmetic of the kernels
+// CPU implementations of the MoE routing ops. moe_topk: fp32 with the arithmetic of the kernel
 // (moe/routing.h): the same selection order (exact: it compares the inputs) and the same
-// exponentials and divisions, summed serially; one row per task on ATen's thread pool.
+// exponentials and divisions, summed serially; one row per task on ATen's thread pool. moe_align:
+// a counting sort of the slots, serial (it is integer bookkeeping over T * top_k ids).
 
 #include <algorithm>
 #include <cmath>
@@ -68,9 +69,36 @@ std::tuple<Tensor, Tensor> moe_topk_cpu(const Tensor& router_logits, int64_t top
   return {weights, ids};
 }
 
+std::tuple<Tensor, Tensor, Tensor> moe_align_cpu(const Tensor& topk_ids, int64_t num_experts, int64_t block_m) {
+  const char* op = "moe_align";
+  validate_moe_align(op, topk_ids, num_experts, block_m);
+  check_on_cpu(topk_ids, op, "topk_ids");
+  const int64_t num_slots = topk_ids.numel();
+  const int64_t sorted_size = moe_align_sorted_size(num_slots, num_experts, block_m);
+  const int64_t num_blocks = (sorted_size + block_m - 1) / block_m;
+  const auto ids = host_indices(topk_ids);
+  std::vector<int64_t> offset(static_cast<size_t>(num_experts) + 1, 0);  // padded group starts
+  for (int64_t id : ids)
+    if (id >= 0) ++offset[id + 1];
+  for (int64_t e = 0; e < num_experts; ++e)
+    offset[e + 1] = offset[e] + (offset[e + 1] + block_m - 1) / block_m * block_m;
+  auto sorted_t = full_on(topk_ids, {sorted_size}, static_cast<double>(num_slots), kInt);
+  auto experts_t = zeros_on(topk_ids, {num_blocks}, kInt);
+  auto total_t = full_on(topk_ids, {1}, static_cast<double>(offset[num_experts]), kInt);
+  int32_t* sorted = sorted_t.mutable_data_ptr<int32_t>();
+  int32_t* experts = experts_t.mutable_data_ptr<int32_t>();
+  std::vector<int64_t> next(offset.begin(), offset.end() - 1);
+  for (int64_t s = 0; s < num_slots; ++s)  // ascending slots: ascending within each group
+    if (ids[s] >= 0) sorted[next[ids[s]]++] = static_cast<int32_t>(s);
+  for (int64_t e = 0; e < num_experts; ++e)
+    for (int64_t b = offset[e] / block_m; b < offset[e + 1] / block_m; ++b) experts[b] = static_cast<int32_t>(e);
+  return {sorted_t, experts_t, total_t};
+}
+
 }  // namespace
 }  // namespace fastinfer::binding
 
 FASTINFER_LIBRARY_IMPL(CPU, m) {
   m.impl("moe_topk", TORCH_BOX(&fastinfer::binding::moe_topk_cpu));
+  m.impl("moe_align", TORCH_BOX(&fastinfer::binding::moe_align_cpu));
 }

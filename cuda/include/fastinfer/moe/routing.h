@@ -13,6 +13,18 @@
 //    renormalize is not accepted (the binding refuses it; the kernel ignores the flag). A NaN
 //    among the k selected logits (fewer than k numbers in the row) makes the row's weights NaN.
 //  Outputs topk_weights [T, k] fp32 and topk_ids [T, k] int32, column j the j-th in the order above.
+//
+// moe_align: the layout of vLLM's moe_align_block_size (fused_moe). The flattened slots
+// s = token * top_k + j of topk_ids [T, top_k] are grouped by expert (ascending expert, and in
+// ascending slot order within an expert: deterministic), each expert's group padded to a multiple
+// of block_m with the sentinel T * top_k. Outputs:
+//   sorted_token_ids [T * top_k + E * (block_m - 1)]  the groups back to back, then sentinels;
+//   expert_ids [ceil(len(sorted_token_ids) / block_m)] the expert of each block of block_m
+//                                                      entries, 0 for the unused trailing blocks;
+//   num_tokens_post_padded [1]                         the used length (sum of padded groups).
+// An expert with no slots has no block. Ids outside [0, E) are skipped: their slot appears
+// nowhere (-1 is how expert parallelism marks a non-local expert; the binding rejects other
+// out-of-range ids when it checks values).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -42,5 +54,27 @@ struct MoeTopkParams {
 };
 
 cudaError_t launch_moe_topk(const MoeTopkParams& params, cudaStream_t stream);
+
+// Each CTA builds the whole expert histogram in shared memory.
+constexpr int32_t kMoeAlignMaxExperts = 1024;
+
+struct MoeAlignParams {
+  const void* topk_ids = nullptr;             // [T * top_k] index_type (the flattened [T, top_k])
+  int32_t* sorted_token_ids = nullptr;        // [moe_align_sorted_size(...)]
+  int32_t* expert_ids = nullptr;              // [ceil(sorted size / block_m)]
+  int32_t* num_tokens_post_padded = nullptr;  // [1]
+  int32_t num_slots = 0;                      // T * top_k (also the sentinel)
+  int32_t num_experts = 0;                    // 1 <= E <= kMoeAlignMaxExperts
+  int32_t block_m = 0;                        // a power of two
+  IndexType index_type = IndexType::kInt32;
+};
+
+// The length of sorted_token_ids: every expert's group padded by at most block_m - 1 (constexpr:
+// the kernel calls it too).
+constexpr int64_t moe_align_sorted_size(int64_t num_slots, int64_t num_experts, int64_t block_m) {
+  return num_slots + num_experts * (block_m - 1);
+}
+
+cudaError_t launch_moe_align(const MoeAlignParams& params, cudaStream_t stream);
 
 }  // namespace fastinfer
