@@ -11,6 +11,7 @@
 #include "gemm_int8/contract.h"
 #include "gemm_int4/contract.h"
 #include "speculative/contract.h"
+#include "moe/contract.h"
 
 FASTINFER_LIBRARY(m) {
   using namespace fastinfer::binding;
@@ -21,4 +22,5 @@ FASTINFER_LIBRARY(m) {
   define_gemm_int8_ops(m);
   define_gemm_int4_ops(m);
   define_speculative_ops(m);
+  define_moe_ops(m);
 }

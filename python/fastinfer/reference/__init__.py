@@ -34,9 +34,12 @@ from .attention import (  # noqa: F401
 from .gemm_fp8 import fp8_dequantize, fp8_quantize, fp8_scaled_mm  # noqa: F401
 from .gemm_int8 import int8_dequantize, int8_mm_exact, int8_quantize, int8_scaled_mm  # noqa: F401
 from .speculative import tree_verify  # noqa: F401,E402
+from .moe import moe_align, moe_topk  # noqa: F401,E402
 
 __all__ = [
     "tree_verify",
+    "moe_align",
+    "moe_topk",
     "merge_attention_states",
     "move_kv_slots",
     "paged_decode_attention",
