@@ -10,4 +10,11 @@ namespace fastinfer::binding {
 // pairwise sum of the lanes), whatever M, the element's row or column, or the thread count.
 Tensor batch_invariant_mm_f32(const Tensor& a, const Tensor& b);
 
+// The same product on raw rows (fused_moe's per-expert GEMMs over gathered rows): out [M, N]
+// (row stride N) = a @ b^T, a fp32 [M, batch_invariant_padded_k(K)] with zeros past K, b [N, K]
+// contiguous float32 / float16 / bfloat16 of dtype b_type. Bitwise the same per element.
+int64_t batch_invariant_padded_k(int64_t K);
+void batch_invariant_mm_f32_rows(const float* a, int64_t M, const void* b, ScalarType b_type, int64_t N, int64_t K,
+                                 float* out);
+
 }  // namespace fastinfer::binding

@@ -160,61 +160,70 @@ void chunk_mm(const float* a, int64_t M, const BT* bc, int64_t cols, int64_t kp,
   for (int64_t r = full; r < M; ++r) rows_mm<1, kTailCols, BT>(a, r, bc, cols, kp, avx2, out, N, n0);
 }
 
-// rows [r0, r0 + rows) of t [R, K] as fp32 into dst [rows][kp] (zero padding past K and past R).
-void rows_to_f32(const Tensor& t, int64_t r0, int64_t rows, int64_t kp, float* dst) {
-  const int64_t R = t.size(0), K = t.size(1);
+// rows [r0, r0 + rows) of src [R, K] (contiguous, of dtype `type`) as fp32 into dst [rows][kp]
+// (zero padding past K and past R).
+void rows_to_f32(const void* src, ScalarType type, int64_t R, int64_t K, int64_t r0, int64_t rows, int64_t kp,
+                 float* dst) {
   std::fill(dst, dst + rows * kp, 0.f);
-  FASTINFER_DISPATCH_FLOAT_TYPES(t.scalar_type(), "rows_to_f32", [&] {
-    const scalar_t* src = t.mutable_data_ptr<scalar_t>();
+  FASTINFER_DISPATCH_FLOAT_TYPES(type, "rows_to_f32", [&] {
+    const scalar_t* s = static_cast<const scalar_t*>(src);
     for (int64_t r = 0; r < rows && r0 + r < R; ++r)
-      for (int64_t k = 0; k < K; ++k) dst[r * kp + k] = static_cast<float>(src[(r0 + r) * K + k]);
+      for (int64_t k = 0; k < K; ++k) dst[r * kp + k] = static_cast<float>(s[(r0 + r) * K + k]);
   });
 }
 
 }  // namespace
 
-Tensor batch_invariant_mm_f32(const Tensor& a, const Tensor& b) {
-  const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
-  auto out = empty_on(a, {M, N}, kFloat);
-  if (M == 0 || N == 0) return out;
-  if (K == 0) return torch::stable::zero_(out);
+int64_t batch_invariant_padded_k(int64_t K) { return round_up(K, kLanes); }
+
+void batch_invariant_mm_f32_rows(const float* a, int64_t M, const void* b, ScalarType b_type, int64_t N, int64_t K,
+                                 float* out) {
+  if (M == 0 || N == 0) return;
   const int64_t kp = round_up(K, kLanes);
-  // fp32 operands whose rows need no padding are read where they are (the same values and fma
-  // sequence as a converted copy: the bits do not depend on which).
-  const auto in_place = [&](const Tensor& t) { return t.scalar_type() == kFloat && kp == K && t.is_contiguous(); };
-  std::vector<float> af;
-  const float* ap = nullptr;
-  if (in_place(a)) {
-    ap = a.const_data_ptr<float>();
-  } else {
-    af.resize(static_cast<size_t>(M * kp));
-    torch::stable::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-      rows_to_f32(a, begin, end - begin, kp, af.data() + begin * kp);
-    });
-    ap = af.data();
-  }
   const bool avx2 = use_avx2();
   // b read where it is: fp32 always, bf16 / fp16 with the AVX2 kernel (else an fp32 copy per chunk).
-  const bool half_b = b.scalar_type() == kBFloat16 || b.scalar_type() == kHalf;
-  const bool b_in_place = in_place(b) || (avx2 && half_b && kp == K && b.is_contiguous());
-  float* op = out.mutable_data_ptr<float>();
+  const bool half_b = b_type == kBFloat16 || b_type == kHalf;
+  const bool b_in_place = kp == K && (b_type == kFloat || (avx2 && half_b));
   const int64_t chunks = (N + kChunkCols - 1) / kChunkCols;
   torch::stable::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> bc(b_in_place ? 0 : static_cast<size_t>(kChunkCols * kp));
     for (int64_t ch = begin; ch < end; ++ch) {
       const int64_t n0 = ch * kChunkCols, cols = std::min(kChunkCols, N - n0);
       if (!b_in_place) {
-        rows_to_f32(b, n0, cols, kp, bc.data());
-        chunk_mm<float>(ap, M, bc.data(), cols, kp, avx2, op, N, n0);
-      } else if (b.scalar_type() == kBFloat16) {
-        chunk_mm<BFloat16>(ap, M, b.const_data_ptr<BFloat16>() + n0 * K, cols, kp, avx2, op, N, n0);
-      } else if (b.scalar_type() == kHalf) {
-        chunk_mm<Half>(ap, M, b.const_data_ptr<Half>() + n0 * K, cols, kp, avx2, op, N, n0);
+        rows_to_f32(b, b_type, N, K, n0, cols, kp, bc.data());
+        chunk_mm<float>(a, M, bc.data(), cols, kp, avx2, out, N, n0);
+      } else if (b_type == kBFloat16) {
+        chunk_mm<BFloat16>(a, M, static_cast<const BFloat16*>(b) + n0 * K, cols, kp, avx2, out, N, n0);
+      } else if (b_type == kHalf) {
+        chunk_mm<Half>(a, M, static_cast<const Half*>(b) + n0 * K, cols, kp, avx2, out, N, n0);
       } else {
-        chunk_mm<float>(ap, M, b.const_data_ptr<float>() + n0 * K, cols, kp, avx2, op, N, n0);
+        chunk_mm<float>(a, M, static_cast<const float*>(b) + n0 * K, cols, kp, avx2, out, N, n0);
       }
     }
   });
+}
+
+Tensor batch_invariant_mm_f32(const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = torch::stable::contiguous(a_in), b = torch::stable::contiguous(b_in);
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
+  auto out = empty_on(a, {M, N}, kFloat);
+  if (M == 0 || N == 0) return out;
+  if (K == 0) return torch::stable::zero_(out);
+  const int64_t kp = round_up(K, kLanes);
+  // fp32 rows that need no padding are read where they are (the same values and fma sequence as a
+  // converted copy: the bits do not depend on which).
+  std::vector<float> af;
+  const float* ap = nullptr;
+  if (a.scalar_type() == kFloat && kp == K) {
+    ap = a.const_data_ptr<float>();
+  } else {
+    af.resize(static_cast<size_t>(M * kp));
+    torch::stable::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+      rows_to_f32(a.const_data_ptr(), a.scalar_type(), M, K, begin, end - begin, kp, af.data() + begin * kp);
+    });
+    ap = af.data();
+  }
+  batch_invariant_mm_f32_rows(ap, M, b.const_data_ptr(), b.scalar_type(), N, K, out.mutable_data_ptr<float>());
   return out;
 }
 
