@@ -1,9 +1,13 @@
 #pragma once
 // Shape/dtype/argument rules of the MoE routing ops (shared by the CPU and CUDA impls).
+#include <cmath>
+#include <optional>
 #include <string>
+#include <utility>
 #include <string_view>
 
 #include "common.h"
+#include "fastinfer/moe/fused_moe.h"
 #include "fastinfer/moe/routing.h"
 
 namespace fastinfer::binding {
@@ -16,6 +20,9 @@ inline void define_moe_ops(StableLibrary& m) {
         "Tensor topk_ids)");
   m.def("moe_align(Tensor topk_ids, int num_experts, int block_m) -> (Tensor sorted_token_ids, Tensor expert_ids, "
         "Tensor num_tokens_post_padded)");
+  // The expert MLPs: w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I], the routing of moe_topk.
+  m.def("fused_moe(Tensor x, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids, str activation, "
+        "float? swiglu_alpha, float? swiglu_limit, Tensor? w13_bias, Tensor? w2_bias) -> Tensor");
 }
 
 inline MoeScoring parse_moe_scoring(const char* op, std::string_view scoring) {
@@ -59,6 +66,96 @@ inline void validate_moe_align(const char* op, const Tensor& topk_ids, int64_t n
            "topk_ids.numel() + num_experts * (block_m - 1) must be < 2^31 (int32 slot ids), got shape ",
            shape_str(topk_ids), ", num_experts ", num_experts, ", block_m ", block_m);
   check_index_range(topk_ids, -1, num_experts, op, "topk_ids", "expert ids; -1 marks a slot with no local expert");
+}
+
+// ---- fused_moe ----
+
+struct FusedMoeArgs {
+  int64_t num_tokens, hidden, intermediate, num_experts, top_k;
+  MoeActivation activation;
+  float swiglu_alpha = 0.f, swiglu_limit = 0.f;  // kSwigluOai only
+};
+
+inline MoeActivation parse_moe_activation(const char* op, std::string_view activation) {
+  if (activation == "silu") return MoeActivation::kSilu;
+  if (activation == "swiglu_oai") return MoeActivation::kSwigluOai;
+  fail(op, "activation must be 'silu' or 'swiglu_oai', got '", std::string(activation), "'");
+}
+
+inline void check_expert_bias(const char* op, const std::optional<Tensor>& bias, const char* name,
+                              const Tensor& x, int64_t E, int64_t N, const char* layout) {
+  if (!bias.has_value()) return;
+  FI_CHECK(bias->dim() == 2 && bias->size(0) == E && bias->size(1) == N, op, name, " must have shape ", layout,
+           " = [", E, ", ", N, "], got ", shape_str(*bias));
+  check_same_dtype(*bias, x, op, name, "x");
+  check_same_device(*bias, x, op, name, "x");
+  check_contiguous(*bias, op, name);
+}
+
+// Checks every argument of fused_moe (the value check of topk_ids: see validate_moe_align);
+// allow_fp32: float32 activations (the CPU implementation).
+inline FusedMoeArgs validate_fused_moe(const char* op, const Tensor& x, const Tensor& w13, const Tensor& w2,
+                                       const Tensor& topk_weights, const Tensor& topk_ids,
+                                       std::string_view activation, std::optional<double> swiglu_alpha,
+                                       std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
+                                       const std::optional<Tensor>& w2_bias, bool allow_fp32) {
+  FusedMoeArgs args{};
+  args.activation = parse_moe_activation(op, activation);
+  if (args.activation == MoeActivation::kSilu) {
+    FI_CHECK(!swiglu_alpha.has_value(), op, "swiglu_alpha must be None with activation='silu'");
+    FI_CHECK(!swiglu_limit.has_value(), op, "swiglu_limit must be None with activation='silu'");
+  } else {
+    FI_CHECK(swiglu_alpha.has_value() && std::isfinite(*swiglu_alpha), op,
+             "swiglu_alpha must be a finite number with activation='swiglu_oai'");
+    FI_CHECK(swiglu_limit.has_value() && *swiglu_limit > 0 && std::isfinite(*swiglu_limit), op,
+             "swiglu_limit must be a finite number > 0 with activation='swiglu_oai'");
+    args.swiglu_alpha = static_cast<float>(*swiglu_alpha);
+    args.swiglu_limit = static_cast<float>(*swiglu_limit);
+  }
+  check_dim(x, 2, op, "x", "[num_tokens, hidden]");
+  check_activation_dtype(x, allow_fp32, op, "x");
+  check_contiguous(x, op, "x");
+  check_dim(w13, 3, op, "w13", "[num_experts, 2 * intermediate, hidden] (gate rows, then up rows)");
+  check_dim(w2, 3, op, "w2", "[num_experts, hidden, intermediate]");
+  const int64_t T = x.size(0), H = x.size(1), E = w13.size(0), I = w13.size(1) / 2;
+  for (const auto& [w, name] : {std::pair<const Tensor&, const char*>{w13, "w13"}, {w2, "w2"}}) {
+    check_same_dtype(w, x, op, name, "x");
+    check_same_device(w, x, op, name, "x");
+    check_contiguous(w, op, name);
+  }
+  FI_CHECK(E >= 1 && E < (int64_t{1} << 31), op, "w13 must have 1 <= num_experts < 2^31, got shape ",
+           shape_str(w13));
+  FI_CHECK(w13.size(1) % 2 == 0 && I >= 1 && w13.size(2) == H, op,
+           "w13 must have shape [num_experts, 2 * intermediate, hidden] with hidden = ", H,
+           " (x.size(1)) and an even, nonzero second dimension, got ", shape_str(w13));
+  FI_CHECK(w2.size(0) == E && w2.size(1) == H && w2.size(2) == I, op,
+           "w2 must have shape [num_experts, hidden, intermediate] = [", E, ", ", H, ", ", I,
+           "] (intermediate = w13.size(1) / 2), got ", shape_str(w2));
+  FI_CHECK(H % 8 == 0 && I % 8 == 0, op, "x and w2 must have hidden and intermediate multiples of 8 (rows move in "
+           "16-byte chunks), got hidden ", H, ", intermediate ", I);
+  check_dim(topk_weights, 2, op, "topk_weights", "[num_tokens, top_k]");
+  check_dtype_in(topk_weights, {kFloat}, op, "topk_weights");
+  check_same_device(topk_weights, x, op, "topk_weights", "x");
+  check_contiguous(topk_weights, op, "topk_weights");
+  FI_CHECK(topk_weights.size(0) == T && topk_weights.size(1) >= 1, op,
+           "topk_weights must have shape [num_tokens, top_k] with num_tokens = ", T,
+           " (x.size(0)) and top_k >= 1, got ", shape_str(topk_weights));
+  check_dim(topk_ids, 2, op, "topk_ids", "[num_tokens, top_k]");
+  check_dtype_in(topk_ids, {kInt}, op, "topk_ids");
+  check_same_device(topk_ids, x, op, "topk_ids", "x");
+  check_contiguous(topk_ids, op, "topk_ids");
+  validate_same_shape(op, topk_ids, "topk_ids", topk_weights, "topk_weights");
+  check_expert_bias(op, w13_bias, "w13_bias", x, E, 2 * I, "[num_experts, 2 * intermediate]");
+  check_expert_bias(op, w2_bias, "w2_bias", x, E, H, "[num_experts, hidden]");
+  FI_CHECK(T * topk_ids.size(1) < (int64_t{1} << 31), op, "topk_ids must have num_tokens * top_k < 2^31, got shape ",
+           shape_str(topk_ids));
+  check_index_range(topk_ids, -1, E, op, "topk_ids", "expert ids; -1 marks a slot with no local expert");
+  args.num_tokens = T;
+  args.hidden = H;
+  args.intermediate = I;
+  args.num_experts = E;
+  args.top_k = topk_ids.size(1);
+  return args;
 }
 
 }  // namespace fastinfer::binding

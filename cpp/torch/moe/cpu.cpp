@@ -1,13 +1,18 @@
-// CPU implementations of the MoE routing ops. moe_topk: fp32 with the arithmetic of the kernel
+// CPU implementations of the MoE ops. moe_topk: fp32 with the arithmetic of the kernel
 // (moe/routing.h): the same selection order (exact: it compares the inputs) and the same
 // exponentials and divisions, summed serially; one row per task on ATen's thread pool. moe_align:
-// a counting sort of the slots, serial (it is integer bookkeeping over T * top_k ids).
+// a counting sort of the slots, serial (it is integer bookkeeping over T * top_k ids). fused_moe:
+// the slots grouped by expert, two batch-invariant GEMMs per expert (gemm_dense's), then each
+// token's weighted sum in slot order (moe/fused_moe.h).
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
+#include "cpu_simd.h"
+#include "gemm_dense/batch_invariant_mm.h"
 #include "moe/contract.h"
 
 namespace fastinfer::binding {
@@ -95,10 +100,118 @@ std::tuple<Tensor, Tensor, Tensor> moe_align_cpu(const Tensor& topk_ids, int64_t
   return {sorted_t, experts_t, total_t};
 }
 
+// ---- fused_moe ----
+
+// The activation of one (gate, up) pair, in fp32 (moe/fused_moe.h).
+inline float expert_activation(const FusedMoeArgs& args, float gate, float up) {
+  if (args.activation == MoeActivation::kSilu) return gate / (1.0f + cpu::fast_exp(-gate)) * up;
+  const float limit = args.swiglu_limit;
+  const float g = std::min(gate, limit);  // std::min / max return a NaN first operand: as torch.clamp
+  const float u = std::max(std::min(up, limit), -limit);
+  return (u + 1.0f) * (g / (1.0f + cpu::fast_exp(-args.swiglu_alpha * g)));
+}
+
+// Rows of about this many fp32 elements per parallel task.
+int64_t grain_rows(int64_t row_elems) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(row_elems, 1)); }
+
+template <typename T>
+void fused_moe_typed(const FusedMoeArgs& args, const T* x, const T* w13, const T* w2, const float* topk_weights,
+                     const int32_t* topk_ids, const T* w13_bias, const T* w2_bias, T* out) {
+  const int64_t H = args.hidden, I = args.intermediate, E = args.num_experts, k = args.top_k;
+  const int64_t num_slots = args.num_tokens * k;
+  constexpr ScalarType dtype = std::is_same_v<T, float> ? kFloat : std::is_same_v<T, Half> ? kHalf : kBFloat16;
+  // Counting sort of the slots by expert (ascending slot within an expert); -1 slots are dropped.
+  std::vector<int64_t> first(static_cast<size_t>(E) + 1, 0);
+  for (int64_t s = 0; s < num_slots; ++s)
+    if (topk_ids[s] >= 0) ++first[topk_ids[s] + 1];
+  for (int64_t e = 0; e < E; ++e) first[e + 1] += first[e];
+  std::vector<int64_t> sorted_slot(static_cast<size_t>(first[E])), row_of_slot(static_cast<size_t>(num_slots), -1);
+  {
+    std::vector<int64_t> next(first.begin(), first.end() - 1);
+    for (int64_t s = 0; s < num_slots; ++s)
+      if (topk_ids[s] >= 0) {
+        row_of_slot[s] = next[topk_ids[s]];
+        sorted_slot[next[topk_ids[s]]++] = s;
+      }
+  }
+  // y of every routed slot in expert order [slots, H]; the rest is per expert, reused.
+  std::vector<float> y(static_cast<size_t>(first[E] * H));
+  int64_t max_rows = 0;
+  for (int64_t e = 0; e < E; ++e) max_rows = std::max(max_rows, first[e + 1] - first[e]);
+  std::vector<float> xs(static_cast<size_t>(max_rows * H)), h(static_cast<size_t>(max_rows * 2 * I)),
+      a(static_cast<size_t>(max_rows * I));
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t row0 = first[e], rows = first[e + 1] - row0;
+    if (rows == 0) continue;
+    torch::stable::parallel_for(0, rows, grain_rows(H), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T* src = x + sorted_slot[row0 + r] / k * H;
+        for (int64_t c = 0; c < H; ++c) xs[r * H + c] = static_cast<float>(src[c]);
+      }
+    });
+    // H and I are multiples of 8 (validated): the rows need no padding for the GEMM.
+    batch_invariant_mm_f32_rows(xs.data(), rows, w13 + e * 2 * I * H, dtype, 2 * I, H, h.data());
+    torch::stable::parallel_for(0, rows, grain_rows(2 * I), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        for (int64_t i = 0; i < I; ++i) {
+          float gate = h[r * 2 * I + i], up = h[r * 2 * I + I + i];
+          if (w13_bias != nullptr) {
+            gate += static_cast<float>(w13_bias[e * 2 * I + i]);
+            up += static_cast<float>(w13_bias[e * 2 * I + I + i]);
+          }
+          // rounded to the activation dtype: the second GEMM's input, as the kernel's
+          a[r * I + i] = static_cast<float>(static_cast<T>(expert_activation(args, gate, up)));
+        }
+    });
+    batch_invariant_mm_f32_rows(a.data(), rows, w2 + e * H * I, dtype, H, I, y.data() + row0 * H);
+  }
+  torch::stable::parallel_for(0, args.num_tokens, grain_rows(H * k), [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(static_cast<size_t>(H));
+    for (int64_t t = begin; t < end; ++t) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t j = 0; j < k; ++j) {  // slot order: the sum does not depend on the batch
+        const int64_t s = t * k + j, e = topk_ids[s];
+        if (e < 0) continue;
+        const float w = topk_weights[s];
+        const float* ys = y.data() + row_of_slot[s] * H;
+        if (w2_bias != nullptr) {
+          const T* b = w2_bias + e * H;
+          for (int64_t c = 0; c < H; ++c) acc[c] += w * (ys[c] + static_cast<float>(b[c]));
+        } else {
+          for (int64_t c = 0; c < H; ++c) acc[c] += w * ys[c];
+        }
+      }
+      for (int64_t c = 0; c < H; ++c) out[t * H + c] = static_cast<T>(acc[c]);
+    }
+  });
+}
+
+Tensor fused_moe_cpu(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_weights,
+                     const Tensor& topk_ids, std::string_view activation, std::optional<double> swiglu_alpha,
+                     std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
+                     const std::optional<Tensor>& w2_bias) {
+  const char* op = "fused_moe";
+  const FusedMoeArgs args = validate_fused_moe(op, x, w13, w2, topk_weights, topk_ids, activation, swiglu_alpha,
+                                               swiglu_limit, w13_bias, w2_bias, /*allow_fp32=*/true);
+  check_on_cpu(x, op, "x");
+  auto out = empty_on(x, {args.num_tokens, args.hidden});
+  if (args.num_tokens == 0) return out;
+  FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), op, [&] {
+    fused_moe_typed<scalar_t>(args, x.const_data_ptr<scalar_t>(), w13.const_data_ptr<scalar_t>(),
+                              w2.const_data_ptr<scalar_t>(), topk_weights.const_data_ptr<float>(),
+                              topk_ids.const_data_ptr<int32_t>(),
+                              w13_bias.has_value() ? w13_bias->const_data_ptr<scalar_t>() : nullptr,
+                              w2_bias.has_value() ? w2_bias->const_data_ptr<scalar_t>() : nullptr,
+                              out.mutable_data_ptr<scalar_t>());
+  });
+  return out;
+}
+
 }  // namespace
 }  // namespace fastinfer::binding
 
 FASTINFER_LIBRARY_IMPL(CPU, m) {
   m.impl("moe_topk", TORCH_BOX(&fastinfer::binding::moe_topk_cpu));
   m.impl("moe_align", TORCH_BOX(&fastinfer::binding::moe_align_cpu));
+  m.impl("fused_moe", TORCH_BOX(&fastinfer::binding::fused_moe_cpu));
 }

@@ -54,10 +54,25 @@ std::tuple<Tensor, Tensor, Tensor> moe_align(const Tensor& topk_ids, int64_t num
   return {sorted, experts, total};
 }
 
+// The kernel is not written yet: the arguments are checked, then a clear error (never a silent
+// fallback to another device).
+Tensor fused_moe(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_weights,
+                 const Tensor& topk_ids, std::string_view activation, std::optional<double> swiglu_alpha,
+                 std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
+                 const std::optional<Tensor>& w2_bias) {
+  const char* op = "fused_moe";
+  validate_fused_moe(op, x, w13, w2, topk_weights, topk_ids, activation, swiglu_alpha, swiglu_limit, w13_bias,
+                     w2_bias, /*allow_fp32=*/false);
+  check_device(x, op, "x");
+  fail(op, "the CUDA kernel of fused_moe is not built yet; the CPU implementation "
+       "(torch.ops.fastinfer.fused_moe on CPU tensors) is the only one");
+}
+
 }  // namespace
 }  // namespace fastinfer::binding
 
 FASTINFER_LIBRARY_IMPL(FASTINFER_KERNEL_KEY, m) {
   m.impl("moe_topk", TORCH_BOX(&fastinfer::binding::moe_topk));
   m.impl("moe_align", TORCH_BOX(&fastinfer::binding::moe_align));
+  m.impl("fused_moe", TORCH_BOX(&fastinfer::binding::fused_moe));
 }

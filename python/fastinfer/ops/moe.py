@@ -1,19 +1,26 @@
-"""Python wrappers for mixture-of-experts routing (``torch.ops.fastinfer.moe_topk``, ``moe_align``)."""
+"""Python wrappers for mixture-of-experts ops: routing (``torch.ops.fastinfer.moe_topk``,
+``moe_align``) and the expert MLPs (``fused_moe``)."""
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
-from ._fake import check, check_dim, fake
+from ._fake import check, check_dim, fake, same_device
 
 Tensor = torch.Tensor
 
-__all__ = ["moe_topk", "moe_align", "MOE_SCORINGS"]
+__all__ = ["moe_topk", "moe_align", "fused_moe", "gpt_oss_expert_weights", "MOE_SCORINGS", "MOE_ACTIVATIONS",
+           "SWIGLU_OAI_ALPHA", "SWIGLU_OAI_LIMIT"]
 
 #: the ``scoring`` values of :func:`moe_topk`
 MOE_SCORINGS = ("softmax", "topk_softmax")
+#: the ``activation`` values of :func:`fused_moe`
+MOE_ACTIVATIONS = ("silu", "swiglu_oai")
+#: gpt-oss's clamped swiglu: alpha (fixed in its code) and limit (its config's ``swiglu_limit``)
+SWIGLU_OAI_ALPHA = 1.702
+SWIGLU_OAI_LIMIT = 7.0
 
 
 def moe_topk(
@@ -72,6 +79,72 @@ def moe_align(topk_ids: Tensor, num_experts: int, block_m: int, *, lib=None) -> 
     return tuple((lib or torch.ops.fastinfer).moe_align(topk_ids, int(num_experts), int(block_m)))
 
 
+def fused_moe(
+    x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor, activation: str = "silu",
+    swiglu_alpha: Optional[float] = None, swiglu_limit: Optional[float] = None, w13_bias: Optional[Tensor] = None,
+    w2_bias: Optional[Tensor] = None, *, lib=None,
+) -> Tensor:
+    """The expert MLPs of a mixture-of-experts layer, weighted and summed per token.
+
+    For token ``t`` and each slot ``j`` with ``e = topk_ids[t, j]``::
+
+        h = x[t] @ w13[e].T (+ w13_bias[e])      # [2I] in fp32: gate = h[:I], up = h[I:]
+        a = act(gate, up)                        # [I] in fp32, rounded to x.dtype
+        y = a @ w2[e].T (+ w2_bias[e])           # [H] in fp32
+        out[t] = sum over j = 0..k-1 (in order, fp32) of topk_weights[t, j] * y, rounded to x.dtype
+
+    ``a`` is rounded to the activation dtype between the two GEMMs, as vLLM's fused_moe does; ``h``
+    is not. A token's output depends on its own inputs alone (bit for bit, whatever the batch).
+    An id of ``-1`` (a slot routed to no local expert, as with expert parallelism) contributes
+    nothing; a token whose slots are all ``-1`` gets zeros.
+
+    * ``activation='silu'`` (Mixtral, Qwen2/3-MoE, OLMoE): ``silu(gate) * up``.
+    * ``activation='swiglu_oai'`` (gpt-oss): ``g = min(gate, limit)``, ``u = clamp(up, -limit,
+      limit)``, ``(u + 1) * g * sigmoid(alpha * g)``; ``swiglu_alpha`` / ``swiglu_limit`` default
+      to gpt-oss's :data:`SWIGLU_OAI_ALPHA` / :data:`SWIGLU_OAI_LIMIT` (and must be None with silu).
+
+    Weight layouts: ``w13`` stacks each expert's gate rows, then its up rows, as vLLM's ``w1`` and
+    transformers' Mixtral / Qwen3-MoE ``experts.gate_up_proj`` ``[E, 2I, H]`` (used as is; per-expert
+    ``w1`` / ``w3`` / ``w2`` checkpoints pack as ``w13[e] = cat([w1, w3])``); ``w2`` is ``[E, H,
+    I]`` (``experts.down_proj``). gpt-oss interleaves gate and up and stores its weights transposed:
+    :func:`gpt_oss_expert_weights` converts them.
+
+    Args:
+        x: ``[T, H]`` bfloat16 or float16 (float32 on CPU), contiguous; H a multiple of 8.
+        w13: ``[E, 2I, H]``, x's dtype, contiguous; I a multiple of 8.
+        w2: ``[E, H, I]``, x's dtype, contiguous.
+        topk_weights: ``[T, k]`` float32 (:func:`moe_topk`'s weights).
+        topk_ids: ``[T, k]`` int32 in ``[-1, E)`` (:func:`moe_topk`'s ids; other values are
+            rejected where index values are checked).
+        w13_bias: optional ``[E, 2I]`` (gate, then up), x's dtype; w2_bias: optional ``[E, H]``.
+
+    Returns:
+        ``out [T, H]`` in x's dtype.
+
+    CPU only for now: on CUDA tensors the op raises (the kernel is not built yet).
+    """
+    if activation == "swiglu_oai":
+        swiglu_alpha = SWIGLU_OAI_ALPHA if swiglu_alpha is None else swiglu_alpha
+        swiglu_limit = SWIGLU_OAI_LIMIT if swiglu_limit is None else swiglu_limit
+    to_float = (lambda v: None if v is None else float(v))
+    return (lib or torch.ops.fastinfer).fused_moe(x, w13, w2, topk_weights, topk_ids, activation,
+                                                  to_float(swiglu_alpha), to_float(swiglu_limit), w13_bias, w2_bias)
+
+
+def gpt_oss_expert_weights(gate_up_proj: Tensor, gate_up_proj_bias: Tensor, down_proj: Tensor,
+                           down_proj_bias: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """gpt-oss's expert weights (transformers' ``GptOssExperts``) in :func:`fused_moe`'s layout.
+
+    gpt-oss computes ``x @ gate_up_proj[e]`` with ``gate_up_proj [E, H, 2I]`` whose columns
+    interleave gate (even) and up (odd), and ``a @ down_proj[e]`` with ``down_proj [E, I, H]``.
+    Returns contiguous ``(w13 [E, 2I, H], w13_bias [E, 2I], w2 [E, H, I], w2_bias [E, H])``, the
+    gate rows de-interleaved before the up rows.
+    """
+    w13 = torch.cat([gate_up_proj[..., 0::2], gate_up_proj[..., 1::2]], dim=-1).transpose(1, 2).contiguous()
+    w13_bias = torch.cat([gate_up_proj_bias[..., 0::2], gate_up_proj_bias[..., 1::2]], dim=-1).contiguous()
+    return w13, w13_bias, down_proj.transpose(1, 2).contiguous(), down_proj_bias.contiguous()
+
+
 # ---- fake impls (output shapes for torch.compile, opcheck and meta tensors) ----
 
 
@@ -93,3 +166,16 @@ def _moe_align_fake(ns, topk_ids, num_experts, block_m):
     return (topk_ids.new_empty((sorted_size,), dtype=torch.int32),
             topk_ids.new_empty(((sorted_size + block_m - 1) // block_m,), dtype=torch.int32),
             topk_ids.new_empty((1,), dtype=torch.int32))
+
+
+@fake("fused_moe")
+def _fused_moe_fake(ns, x, w13, w2, topk_weights, topk_ids, activation, swiglu_alpha, swiglu_limit, w13_bias,
+                    w2_bias):
+    op = "fused_moe"
+    check_dim(ns, op, "x", x, 2, "[num_tokens, hidden]")
+    check_dim(ns, op, "w13", w13, 3, "[num_experts, 2 * intermediate, hidden]")
+    check_dim(ns, op, "w2", w2, 3, "[num_experts, hidden, intermediate]")
+    check(ns, op, activation in MOE_ACTIVATIONS, f"activation must be 'silu' or 'swiglu_oai', got '{activation}'")
+    same_device(ns, op, "x", x, w13=w13, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids, w13_bias=w13_bias,
+                w2_bias=w2_bias)
+    return x.new_empty((x.shape[0], x.shape[1]))

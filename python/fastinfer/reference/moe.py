@@ -8,17 +8,21 @@ optionally renormalised over the selected) or by the softmax over the selected l
 ``moe_align``: vLLM's ``moe_align_block_size`` layout (the golden ``torch_moe_align_block_size`` of
 vLLM's tests/kernels/moe/test_moe_align_block_size.py, which also orders an expert's slots
 ascending), with ``-1`` ids skipped.
+
+``fused_moe``: the expert MLPs of each token's slots in fp64, weighted and summed; the one rounding
+of the contract (the activation ``a`` rounded to x's dtype between the two GEMMs) applied, so the
+reference is what an exact implementation of the contract computes.
 """
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
 Tensor = torch.Tensor
 
-__all__ = ["moe_topk", "moe_align", "expert_order"]
+__all__ = ["moe_topk", "moe_align", "expert_order", "expert_activation", "fused_moe"]
 
 
 def expert_order(router_logits: Tensor) -> Tensor:
@@ -60,3 +64,36 @@ def moe_align(topk_ids: Tensor, num_experts: int, block_m: int) -> Tuple[Tensor,
         expert_ids[pos // block_m:(pos + padded) // block_m] = e
         pos += padded
     return sorted_token_ids, expert_ids, torch.tensor([pos], dtype=torch.int32)
+
+
+def expert_activation(gate: Tensor, up: Tensor, activation: str = "silu", swiglu_alpha: Optional[float] = None,
+                      swiglu_limit: Optional[float] = None) -> Tensor:
+    """``silu(gate) * up``, or gpt-oss's clamped swiglu (``'swiglu_oai'``), in the inputs' dtype."""
+    if activation == "silu":
+        return torch.nn.functional.silu(gate) * up
+    if activation == "swiglu_oai":
+        g = gate.clamp(max=swiglu_limit)
+        u = up.clamp(min=-swiglu_limit, max=swiglu_limit)
+        return (u + 1) * g * torch.sigmoid(g * swiglu_alpha)
+    raise ValueError(f"unknown activation {activation!r}")
+
+
+def fused_moe(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor, activation: str = "silu",
+              swiglu_alpha: Optional[float] = None, swiglu_limit: Optional[float] = None,
+              w13_bias: Optional[Tensor] = None, w2_bias: Optional[Tensor] = None) -> Tensor:
+    """``out [T, H]`` float64; the activation rounded to ``x.dtype`` before the second GEMM."""
+    T, H = x.shape
+    I = w13.shape[1] // 2
+    xd, ids, weights = x.double(), topk_ids.long(), topk_weights.double()
+    out = torch.zeros(T, H, dtype=torch.float64)
+    for e in ids[ids >= 0].unique().tolist():
+        tokens, slots = (ids == e).nonzero(as_tuple=True)
+        h = xd[tokens] @ w13[e].double().T
+        if w13_bias is not None:
+            h = h + w13_bias[e].double()
+        a = expert_activation(h[:, :I], h[:, I:], activation, swiglu_alpha, swiglu_limit)
+        y = a.to(x.dtype).double() @ w2[e].double().T
+        if w2_bias is not None:
+            y = y + w2_bias[e].double()
+        out.index_add_(0, tokens, weights[tokens, slots, None] * y)
+    return out
