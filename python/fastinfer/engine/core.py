@@ -148,6 +148,9 @@ class EngineCore:
 
         for seq in [s for s, _ in out.prefills] + out.decodes + [s for s, _ in out.spec]:
             news(seq).num_forwards = 1
+        for p in result.prompt_logprobs:
+            p.seq.request.num_prompt_logprobs = p.first - 1 + len(p.logprobs)
+            news(p.seq).new_prompt_logprobs = p.logprobs
         for v in result.verified:
             seq, o = v.seq, news(v.seq)
             n = seq.num_tokens

@@ -178,9 +178,19 @@ class Sampler:
 
 def logprob_dict(row_logprobs: torch.Tensor, token: int, top: int) -> Dict[int, float]:
     """``{token_id: logprob}``: the ``top`` most likely tokens of one row and the chosen ``token``."""
-    d: Dict[int, float] = {}
+    return logprob_dicts(row_logprobs[None], [token], top)[0]
+
+
+def logprob_dicts(rows_logprobs: torch.Tensor, tokens: Seq[int], top: int) -> List[Dict[int, float]]:
+    """:func:`logprob_dict` of every row of ``rows_logprobs [R, V]`` with its token, in one top-k
+    and one gather over the rows (prompt logprobs have one row per prompt token)."""
+    idx = torch.tensor(list(tokens), dtype=torch.long, device=rows_logprobs.device)
+    chosen = rows_logprobs.gather(1, idx[:, None])[:, 0].tolist()
+    dicts: List[Dict[int, float]] = [{} for _ in chosen]
     if top > 0:
-        vals, idx = row_logprobs.topk(min(top, row_logprobs.shape[-1]))
-        d.update(zip(idx.tolist(), vals.tolist()))
-    d[token] = float(row_logprobs[token])
-    return d
+        vals, ids = rows_logprobs.topk(min(top, rows_logprobs.shape[-1]), dim=-1)
+        for d, i, v in zip(dicts, ids.tolist(), vals.tolist()):
+            d.update(zip(i, v))
+    for d, t, v in zip(dicts, tokens, chosen):
+        d[int(t)] = v
+    return dicts
