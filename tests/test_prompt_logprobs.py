@@ -149,3 +149,111 @@ def test_smollm2_prompt_logprobs_equal_direct_computation():
     out = real.generate([ids], SamplingParams(prompt_logprobs=2, max_tokens=1))[0]
     print(f"SmolLM2-135M, chunks of 16: max |prompt logprob - direct| = "
           f"{check_against_direct(real.model, ids, out.prompt_logprobs, 2, tol=5e-5):.2e}")
+
+
+# ---- the server: echo, logprobs, max_tokens 0, prompt_logprobs ---------------------------------
+MODEL = "tiny-llama"
+
+
+@pytest.fixture(scope="module")
+def server():
+    from serve_helpers import ServerProcess
+
+    s = ServerProcess()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_echo_max_tokens_0_gives_the_offline_prompt_logprobs(client, llm):
+    """lm-evaluation-harness's loglikelihood request: echo, logprobs, max_tokens 0."""
+    ids = llm.tokenizer.encode(TEXT)
+    ref = llm.generate([ids], SamplingParams(prompt_logprobs=1, max_tokens=1))[0].prompt_logprobs
+    for prompt in (TEXT, ids):
+        out = client.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=1, max_tokens=0)
+        c = out.choices[0]
+        assert c.text == TEXT and c.finish_reason == "length"
+        lp = c.logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == len(ids)
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and lp.text_offset[0] == 0
+        worst = max(abs(lp.token_logprobs[j] - ref[j][ids[j]]) for j in range(1, len(ids)))
+        print(f"echo vs offline prompt logprobs: max |diff| = {worst:.2e}")
+        assert worst <= TOL
+        assert all(1 <= len(t) <= 2 for t in lp.top_logprobs[1:])
+        assert lp.text_offset == sorted(lp.text_offset)
+        assert out.usage.completion_tokens == 0 and out.usage.prompt_tokens == len(ids)
+    # logprobs 0: the prompt tokens' own logprobs only
+    out = client.completions.create(model=MODEL, prompt=ids, echo=True, logprobs=0, max_tokens=0)
+    assert [len(t) for t in out.choices[0].logprobs.top_logprobs[1:]] == [1] * (len(ids) - 1)
+
+
+def test_echo_with_completion_and_stream(client, llm):
+    ref = llm.generate([TEXT], SamplingParams(temperature=0.0, max_tokens=5, logprobs=2, prompt_logprobs=2))[0]
+    n_prompt = len(ref.prompt_token_ids)
+    out = client.completions.create(model=MODEL, prompt=TEXT, echo=True, logprobs=2, max_tokens=5, temperature=0)
+    c = out.choices[0]
+    assert c.text == TEXT + ref.outputs[0].text
+    lp = c.logprobs
+    assert len(lp.token_logprobs) == n_prompt + 5
+    gen = ref.outputs[0]
+    assert all(abs(lp.token_logprobs[n_prompt + j] - gen.logprobs[j][t]) <= TOL for j, t in enumerate(gen.token_ids))
+    assert lp.text_offset[n_prompt] >= lp.text_offset[n_prompt - 1]
+    # echo without logprobs: only the text
+    plain = client.completions.create(model=MODEL, prompt=TEXT, echo=True, max_tokens=5, temperature=0)
+    assert plain.choices[0].text == c.text and plain.choices[0].logprobs is None
+    # streamed: the prompt (and its logprobs) in the first chunk, the same text in total
+    chunks = list(client.completions.create(model=MODEL, prompt=TEXT, echo=True, logprobs=1, max_tokens=5,
+                                            temperature=0, stream=True))
+    assert chunks[0].choices[0].text.startswith(TEXT)
+    assert chunks[0].choices[0].logprobs.token_logprobs[0] is None
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == c.text
+    streamed = [x for ch in chunks if ch.choices for x in ch.choices[0].logprobs.token_logprobs]
+    assert len(streamed) == n_prompt + 5
+    only = list(client.completions.create(model=MODEL, prompt=TEXT, echo=True, logprobs=1, max_tokens=0,
+                                          stream=True))
+    assert "".join(ch.choices[0].text for ch in only if ch.choices) == TEXT
+    assert only[-1].choices[0].finish_reason == "length"
+
+
+def test_prompt_logprobs_field_on_completions_and_chat(server, client, llm):
+    ids = llm.tokenizer.encode(TEXT)
+    ref = llm.generate([ids], SamplingParams(prompt_logprobs=2, max_tokens=1))[0].prompt_logprobs
+    out = client.completions.create(model=MODEL, prompt=ids, max_tokens=1, extra_body={"prompt_logprobs": 2})
+    got = out.choices[0].model_extra["prompt_logprobs"]
+    assert got[0] is None and len(got) == len(ids)
+    for j in range(1, len(ids)):
+        entry = got[j][str(ids[j])]
+        assert abs(entry["logprob"] - ref[j][ids[j]]) <= TOL
+        ranks = sorted(e["rank"] for e in got[j].values() if e["rank"] is not None)
+        assert ranks == [1, 2]
+    msgs = [{"role": "user", "content": "Tell me a story."}]
+    chat = client.chat.completions.create(model=MODEL, messages=msgs, max_completion_tokens=1,
+                                          extra_body={"prompt_logprobs": 0})
+    pl = chat.model_extra["prompt_logprobs"]
+    prompt_ids = llm.tokenizer.apply_chat_template(msgs, True, tokenize=True)
+    ref = llm.generate([{"prompt_token_ids": prompt_ids}], SamplingParams(prompt_logprobs=0, max_tokens=1))[0]
+    assert len(pl) == len(prompt_ids) and pl[0] is None
+    assert all(abs(pl[j][str(t)]["logprob"] - ref.prompt_logprobs[j][t]) <= TOL for j, t in enumerate(prompt_ids)
+               if j)
+
+
+@pytest.mark.parametrize("path,body,msg,param", [
+    ("/v1/completions", {"prompt": "a", "max_tokens": 0}, "echo", "max_tokens"),
+    ("/v1/completions", {"prompt": "a", "prompt_logprobs": 21}, "prompt_logprobs", "prompt_logprobs"),
+    ("/v1/completions", {"prompt": "a", "prompt_logprobs": 1, "stream": True}, "stream", "prompt_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": -1},
+     "prompt_logprobs", "prompt_logprobs"),
+])
+def test_bad_echo_and_prompt_logprobs_requests(server, path, body, msg, param):
+    import json
+
+    status, _, raw = server.request("POST", path, body)
+    err = json.loads(raw)["error"]
+    assert status == 400 and msg in err["message"] and err["param"] == param

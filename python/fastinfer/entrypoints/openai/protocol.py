@@ -100,6 +100,7 @@ class _Sampling(_Strict):
     stop_token_ids: Optional[List[int]] = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    prompt_logprobs: Optional[int] = None
 
 
 class CompletionRequest(_Sampling):

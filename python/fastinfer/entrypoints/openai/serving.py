@@ -139,8 +139,19 @@ class OpenAIServing:
                            param=param)
         return requested
 
+    def check_prompt_logprobs(self, req: Any) -> None:
+        """vLLM's ``prompt_logprobs`` extension: in [0, --max-logprobs], not with streaming."""
+        k = req.prompt_logprobs
+        if k is None:
+            return
+        if not 0 <= k <= self.limits.max_logprobs:
+            raise APIError(400, f"prompt_logprobs must be in [0, {self.limits.max_logprobs}], got {k}",
+                           param="prompt_logprobs")
+        if req.stream:
+            raise APIError(400, "prompt_logprobs is not available with stream: true", param="prompt_logprobs")
+
     def sampling_params(self, req: Any, max_tokens: int, logprobs: Optional[int],
-                        max_tokens_param: str = "max_tokens") -> SamplingParams:
+                        max_tokens_param: str = "max_tokens", prompt_logprobs: Optional[int] = None) -> SamplingParams:
         lim = self.limits
 
         def need(ok: bool, param: str, what: str) -> None:
@@ -175,7 +186,8 @@ class OpenAIServing:
                 frequency_penalty=req.frequency_penalty or 0.0,
                 repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
                 seed=req.seed, max_tokens=max_tokens, stop=stop, stop_token_ids=req.stop_token_ids,
-                ignore_eos=req.ignore_eos, logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
+                ignore_eos=req.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                skip_special_tokens=req.skip_special_tokens,
                 include_stop_str_in_output=req.include_stop_str_in_output)
         except ValueError as e:
             raise APIError(400, str(e)) from None
@@ -261,6 +273,23 @@ class OpenAIServing:
     def logprob(v: float) -> float:
         """JSON has no -inf: vLLM's floor."""
         return max(float(v), -9999.0)
+
+    def prompt_logprobs_json(self, prompt_logprobs: Optional[List[Optional[Dict[int, float]]]],
+                             top: int) -> Optional[List[Optional[Dict[str, Any]]]]:
+        """vLLM's ``prompt_logprobs`` response field: per prompt token None (the first) or
+        {token id: {"logprob", "rank", "decoded_token"}} with the prompt token and the ``top`` most
+        likely ones (rank: 1 = most likely; null for a prompt token outside the top)."""
+        if prompt_logprobs is None:
+            return None
+        out: List[Optional[Dict[str, Any]]] = []
+        for d in prompt_logprobs:
+            if d is None:
+                out.append(None)
+                continue
+            ranked = sorted(d.items(), key=lambda kv: -kv[1])
+            out.append({str(t): {"logprob": self.logprob(v), "rank": r + 1 if r < top else None,
+                                 "decoded_token": self.token_str(t)} for r, (t, v) in enumerate(ranked)})
+        return out
 
     def token_str(self, tid: int) -> str:
         return self.tokenizer.decode([tid], skip_special_tokens=False) if self.tokenizer is not None else str(tid)
