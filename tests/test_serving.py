@@ -304,7 +304,7 @@ BAD = [  # (path, body, status, a piece of the message, param)
     ("/v1/completions", {"prompt": LONG, "max_tokens": 1}, 400, "maximum context length is 1024", "max_tokens"),
     ("/v1/completions", {"prompt": [5000]}, 400, "outside the vocabulary", "prompt"),
     ("/v1/completions", {"prompt": []}, 400, "empty", "prompt"),
-    ("/v1/completions", {"prompt": "a", "logit_bias": {"5": 1.0}}, 400, "not supported", "logit_bias"),
+    ("/v1/completions", {"prompt": "a", "logit_bias": {"5": 101}}, 400, "[-100, 100]", "logit_bias"),
     ("/v1/completions", {"prompt": "a", "model": "gpt-4"}, 404, "does not exist", "model"),
     ("/v1/chat/completions", {"messages": []}, 400, "empty", "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "role", "messages"),

@@ -45,6 +45,10 @@ class SamplingParams:
       the log-softmax of the raw float32 logits, before penalties, temperature and ``logit_bias``.
       Computed during prefill from the logits of every prompt position, so such a request skips
       prefix-cache hits until its prompt has been computed once (it still fills the cache).
+    - ``logit_bias``: {token_id: bias} (OpenAI semantics): each bias, in [-100, 100], is added to
+      that token's logit after the penalties and before temperature and the filters, so it steers
+      greedy decoding too (100 all but forces a token, -100 all but bans it). Token ids at or past
+      the model's vocabulary make the request finish with an error (they depend on the model).
     - ``skip_special_tokens``: drop special tokens from the text.
     - ``speculative``: speculative decoding for this request when the engine has a draft model
       (``LLM(draft_model=...)``): None/True = use it, False = decode normally (in the same steps as
@@ -67,6 +71,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: Optional[int] = None
     prompt_logprobs: Optional[int] = None
+    logit_bias: Optional[Dict[int, float]] = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     speculative: Optional[bool] = None
@@ -122,6 +127,14 @@ class SamplingParams:
             or self.prompt_logprobs < 0
         ):
             bad(f"prompt_logprobs must be an int >= 0 or None, got {self.prompt_logprobs!r}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                bad(f"logit_bias must be a dict {{token_id: bias}} or None, got {self.logit_bias!r}")
+            for t, b in self.logit_bias.items():
+                if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+                    bad(f"logit_bias keys must be token ids (ints >= 0), got {t!r}")
+                if not isinstance(b, (int, float)) or isinstance(b, bool) or not -100.0 <= b <= 100.0:
+                    bad(f"logit_bias values must be numbers in [-100, 100], got {b!r} for token {t}")
 
     @property
     def greedy(self) -> bool:

@@ -1,10 +1,11 @@
 """Token sampling from float32 logits, one row per sequence, each with its own SamplingParams.
 
-Order of the logits processors (as Hugging Face ``generate``): repetition penalty, temperature,
-top-k, top-p, min-p; then greedy argmax (temperature 0) or a draw from the softmax. Draws use the
-exponential-race form ``argmax(p / E)`` with ``E ~ Exp(1)`` drawn from the row's own
-``torch.Generator`` when the request has a seed, so a seeded completion does not depend on what else
-is in the batch. Log-probabilities reported to the user are the log-softmax of the raw logits.
+Order of the logits processors (as Hugging Face ``generate``): repetition penalty (then the
+presence / frequency penalties and ``logit_bias``), temperature, top-k, top-p, min-p; then greedy
+argmax (temperature 0) or a draw from the softmax. Draws use the exponential-race form
+``argmax(p / E)`` with ``E ~ Exp(1)`` drawn from the row's own ``torch.Generator`` when the request
+has a seed, so a seeded completion does not depend on what else is in the batch.
+Log-probabilities reported to the user are the log-softmax of the raw logits.
 
 Deterministic mode (``Sampler(generator, backend(..., deterministic=True))``): a seeded row's noise
 is a function of its seed and the position of the token being drawn only (:func:`position_noise`), not of how many draws the
@@ -44,6 +45,22 @@ def apply_presence_frequency_penalties(logits: torch.Tensor, output_ids: Seq[Seq
             continue
         counts = torch.bincount(torch.tensor(list(ids), dtype=torch.long), minlength=logits.shape[-1]).to(logits)
         logits[i] -= pp * (counts > 0).to(logits) + fp * counts
+    return logits
+
+
+def apply_logit_bias(logits: torch.Tensor, biases: Seq[Optional[Dict[int, float]]]) -> torch.Tensor:
+    """OpenAI semantics, in place: ``l[i, t] += bias`` for every ``{t: bias}`` of row i, in one
+    scatter-add over the rows that have a bias."""
+    rows, cols, vals = [], [], []
+    for i, b in enumerate(biases):
+        if b:
+            rows.extend([i] * len(b))
+            cols.extend(b.keys())
+            vals.extend(b.values())
+    if rows:
+        dev = logits.device
+        logits.index_put_((torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
+                          torch.tensor(vals, dtype=logits.dtype, device=dev), accumulate=True)
     return logits
 
 
@@ -133,6 +150,8 @@ class Sampler:
             apply_presence_frequency_penalties(logits, [ids[k:] for ids, k in zip(token_ids, npt)],
                                                [p.presence_penalty for p in params],
                                                [p.frequency_penalty for p in params])
+        if any(p.logit_bias for p in params):
+            apply_logit_bias(logits, [p.logit_bias for p in params])
 
         out = logits.argmax(dim=-1)
         sample_rows = [i for i, p in enumerate(params) if not p.greedy]
