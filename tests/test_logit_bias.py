@@ -117,3 +117,32 @@ def test_server_bad_logit_bias_is_a_400_naming_it(server, path, bias, what):
     status, _, raw = server.request("POST", path, dict(body, logit_bias=bias, max_tokens=1))
     err = json.loads(raw)["error"]
     assert status == 400 and err["param"] == "logit_bias" and what in err["message"], err
+
+
+# ---- unknown request fields ---------------------------------------------------------------------
+def test_unknown_fields_are_accepted_ignored_and_logged_once(server, client):
+    for _ in range(2):
+        out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2,
+                                        extra_body={"mystery_knob": 3, "guided_whatever": {"a": 1}})
+        assert out.usage.completion_tokens >= 1
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                          max_completion_tokens=1, extra_body={"mystery_knob": "again"})
+    assert chat.choices[0].finish_reason is not None
+    status, _, _ = server.request("POST", "/tokenize", {"prompt": "a", "mystery_knob": 1})
+    assert status == 200
+    log = server.output()
+    assert log.count("'mystery_knob'") == 1 and log.count("'guided_whatever'") == 1, log
+
+
+@pytest.mark.parametrize("path,field,value,what", [
+    ("/v1/completions", "echo", "yes", "valid boolean"),
+    ("/v1/completions", "prompt_logprobs", "2", "valid integer"),
+    ("/v1/completions", "max_tokens", 1.5, "valid integer"),
+    ("/v1/chat/completions", "logprobs", 1, "valid boolean"),
+    ("/v1/chat/completions", "logit_bias", "none", "object"),
+])
+def test_known_fields_of_the_wrong_type_are_a_400(server, path, field, value, what):
+    body = {"prompt": "a"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "x"}]}
+    status, _, raw = server.request("POST", path, dict(body, **{field: value}))
+    err = json.loads(raw)["error"]
+    assert status == 400 and err["param"] == field and what in err["message"], err
