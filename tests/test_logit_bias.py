@@ -13,7 +13,7 @@ import torch
 from fastinfer import LLM, SamplingParams
 from fastinfer.engine.sampler import Sampler, apply_logit_bias
 
-from serve_helpers import ServerProcess
+from serve_helpers import client, server  # noqa: F401 (module fixtures)
 
 MODEL = "tiny-llama"
 PROMPT = "Once upon a time"
@@ -70,21 +70,6 @@ def test_invalid_logit_bias(llm):
 
 
 # ---- the server ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def server():
-    s = ServerProcess()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    openai = pytest.importorskip("openai")
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
 def test_server_logit_bias_forces_and_bans(client, llm):
     def token(tid):
         return llm.tokenizer.decode([tid], skip_special_tokens=False)

@@ -12,6 +12,7 @@ from fastinfer import LLM, SamplingParams
 from fastinfer.entrypoints.demo import smollm2_path
 
 from model_helpers import prefill_logits
+from serve_helpers import client, server  # noqa: F401 (module fixtures)
 
 TOL = 1e-5  # fp32 on CPU: chunked attention sums in another order than one whole-prompt forward
 TEXT = ("Once upon a time there was a little fox who lived in the forest near the river, and every "
@@ -59,7 +60,8 @@ def test_whole_prompt_equals_direct_computation(llm):
     ids = llm.tokenizer.encode(TEXT)
     for k in (0, 1, 5):
         out = llm.generate([ids], SamplingParams(prompt_logprobs=k, max_tokens=2, temperature=0.0))[0]
-        print(f"k={k}: max |prompt logprob - direct| = {check_against_direct(llm.model, ids, out.prompt_logprobs, k):.2e}")
+        worst = check_against_direct(llm.model, ids, out.prompt_logprobs, k)
+        print(f"k={k}: max |prompt logprob - direct| = {worst:.2e}")
     # the gathered token is the next one: compare the whole vector to the direct computation
     out = llm.generate([ids], SamplingParams(prompt_logprobs=0, max_tokens=1))[0]
     got = torch.tensor([d[t] for d, t in zip(out.prompt_logprobs[1:], ids[1:])])
@@ -107,8 +109,8 @@ def test_other_requests_of_the_batch_are_unchanged_bit_for_bit(chunked):
     runs = []
     for k in (None, 2):
         chunked.reset_prefix_cache()
-        runs.append(chunked.generate(prompts, [SamplingParams(prompt_logprobs=k, max_tokens=3, temperature=0.0), *others,
-                                               SamplingParams(prompt_logprobs=k, max_tokens=3, temperature=0.0)]))
+        asking = SamplingParams(prompt_logprobs=k, max_tokens=3, temperature=0.0)
+        runs.append(chunked.generate(prompts, [asking, *others, asking]))
     without, mixed = runs
     for a, m in zip(without, mixed):
         assert m.outputs[0].token_ids == a.outputs[0].token_ids
@@ -153,23 +155,6 @@ def test_smollm2_prompt_logprobs_equal_direct_computation():
 
 # ---- the server: echo, logprobs, max_tokens 0, prompt_logprobs ---------------------------------
 MODEL = "tiny-llama"
-
-
-@pytest.fixture(scope="module")
-def server():
-    from serve_helpers import ServerProcess
-
-    s = ServerProcess()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    openai = pytest.importorskip("openai")
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def test_echo_max_tokens_0_gives_the_offline_prompt_logprobs(client, llm):

@@ -21,24 +21,10 @@ openai = pytest.importorskip("openai")
 from fastinfer import LLM, SamplingParams  # noqa: E402
 from fastinfer.engine.sampler import apply_presence_frequency_penalties  # noqa: E402
 
-from serve_helpers import ServerProcess, sse_events  # noqa: E402
+from serve_helpers import ServerProcess, client, server, sse_events  # noqa: E402,F401 (module fixtures)
 
 PROMPTS = ["Once upon a time", "The quick brown fox", "def fibonacci(n):"]
 MODEL = "tiny-llama"
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = ServerProcess()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="module")

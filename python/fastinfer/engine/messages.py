@@ -15,7 +15,8 @@ from .scheduler import SchedulerOutput, SpecPlan
 from .sequence import Sequence
 from .speculative.trees import Path
 
-__all__ = ["StepInput", "SpecWork", "ModelOutput", "PromptLogprobs", "SampledToken", "VerifiedDraft", "SeqOutput", "StepExecutor"]
+__all__ = ["StepInput", "SpecWork", "ModelOutput", "PromptLogprobs", "SampledToken", "VerifiedDraft", "SeqOutput",
+           "StepExecutor"]
 
 
 @dataclass
