@@ -1,5 +1,6 @@
 """A real ``fastinfer serve`` process for tests: a free loopback port, /health awaited with a deadline,
-the whole process group killed at the end (SIGTERM, then SIGKILL)."""
+the whole process group killed at the end (SIGTERM, then SIGKILL). ``server`` / ``client``: module
+fixtures of the default server and the pinned ``openai`` client on it (import them to use them)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import pytest
 
 import fastinfer
 
@@ -105,6 +108,23 @@ class ServerProcess:
         if os.path.exists(self.log.name):
             os.unlink(self.log.name)
         return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    """The default server (the shipped tiny model), one per test module that imports this fixture."""
+    s = ServerProcess()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess):
+    """The pinned ``openai`` client on ``server``: no retries, a 60 s timeout."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def sse_events(raw: bytes) -> List[Any]:

@@ -21,24 +21,10 @@ openai = pytest.importorskip("openai")
 from fastinfer import LLM, SamplingParams  # noqa: E402
 from fastinfer.engine.sampler import apply_presence_frequency_penalties  # noqa: E402
 
-from serve_helpers import ServerProcess, sse_events  # noqa: E402
+from serve_helpers import ServerProcess, client, server, sse_events  # noqa: E402,F401 (module fixtures)
 
 PROMPTS = ["Once upon a time", "The quick brown fox", "def fibonacci(n):"]
 MODEL = "tiny-llama"
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = ServerProcess()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -287,7 +273,8 @@ BAD = [  # (path, body, status, a piece of the message, param)
     ("/v1/completions", {"prompt": "a", "temperature": "hot"}, 400, "valid number", "temperature"),
     ("/v1/completions", {"prompt": {"text": "a"}}, 400, "must be a string", "prompt"),
     ("/v1/completions", {"prompt": "a", "stop": [1]}, 400, "must be a string", "stop"),
-    ("/v1/completions", {"prompt": "a", "bogus": 1}, 400, "Unrecognized request argument", "bogus"),
+    ("/v1/completions", {"prompt": "a", "stream": True, "stream_options": {"bogus": 1}}, 400,
+     "Unrecognized request argument", "bogus"),
     ("/v1/completions", {}, 400, "prompt", "prompt"),
     ("/v1/completions", {"prompt": "a", "temperature": 2.5}, 400, "temperature", "temperature"),
     ("/v1/completions", {"prompt": "a", "top_p": 0}, 400, "top_p", "top_p"),
@@ -304,7 +291,7 @@ BAD = [  # (path, body, status, a piece of the message, param)
     ("/v1/completions", {"prompt": LONG, "max_tokens": 1}, 400, "maximum context length is 1024", "max_tokens"),
     ("/v1/completions", {"prompt": [5000]}, 400, "outside the vocabulary", "prompt"),
     ("/v1/completions", {"prompt": []}, 400, "empty", "prompt"),
-    ("/v1/completions", {"prompt": "a", "logit_bias": {"5": 1.0}}, 400, "not supported", "logit_bias"),
+    ("/v1/completions", {"prompt": "a", "logit_bias": {"5": 101}}, 400, "[-100, 100]", "logit_bias"),
     ("/v1/completions", {"prompt": "a", "model": "gpt-4"}, 404, "does not exist", "model"),
     ("/v1/chat/completions", {"messages": []}, 400, "empty", "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "role", "messages"),

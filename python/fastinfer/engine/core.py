@@ -62,6 +62,9 @@ class EngineCore:
         bad = [t for t in prompt_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
         if bad:
             return f"prompt token id {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})"
+        bad = [t for t in params.logit_bias or () if t >= self.vocab_size]
+        if bad:
+            return f"logit_bias token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
         if len(prompt_ids) >= self.max_model_len:
             return (f"prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len} "
                     f"(prompt + at least one generated token must fit)")
@@ -148,6 +151,9 @@ class EngineCore:
 
         for seq in [s for s, _ in out.prefills] + out.decodes + [s for s, _ in out.spec]:
             news(seq).num_forwards = 1
+        for p in result.prompt_logprobs:
+            p.seq.request.num_prompt_logprobs = p.first - 1 + len(p.logprobs)
+            news(p.seq).new_prompt_logprobs = p.logprobs
         for v in result.verified:
             seq, o = v.seq, news(v.seq)
             n = seq.num_tokens

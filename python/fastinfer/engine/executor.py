@@ -18,9 +18,9 @@ from typing import Dict, List, Optional, Sequence as Seq, Tuple
 import torch
 
 from .config import EngineConfig
-from .messages import ModelOutput, SampledToken, StepInput, VerifiedDraft
+from .messages import ModelOutput, PromptLogprobs, SampledToken, StepInput, VerifiedDraft
 from .model_runner import Chunk, ForwardPlan, ModelRunner, num_kv_blocks_for, nvtx_range
-from .sampler import Sampler, logprob_dict
+from .sampler import Sampler, logprob_dict, logprob_dicts
 from .sequence import Sequence
 from .speculative import Draft, Drafter, commit_moves, plan_slots, verify
 from .speculative.trees import Path
@@ -139,8 +139,8 @@ class Executor:
             with nvtx_range("draft", self.use_nvtx):
                 drafts = self.drafter.propose([(w.seq, w.plan.size, w.draft_computed) for w in step.spec],
                                               [self._gen(w.seq) for w in step.spec])
-        logits, sampled = self._forward(sched.prefills, sched.decodes, drafts, step.finished_seq_ids)
-        out = ModelOutput()
+        logits, sampled, prompt_lps = self._forward(sched.prefills, sched.decodes, drafts, step.finished_seq_ids)
+        out = ModelOutput(prompt_logprobs=prompt_lps)
         if drafts:
             with nvtx_range("verify", self.use_nvtx):
                 out.verified = self._verify(drafts, logits[len(sampled):])
@@ -150,17 +150,37 @@ class Executor:
         return out
 
     def _forward(self, prefills: Seq[Tuple[Sequence, int]], decodes: Seq[Sequence], drafts: Seq[Draft],
-                 finished: List[int]) -> Tuple[torch.Tensor, List[Sequence]]:
+                 finished: List[int]) -> Tuple[torch.Tensor, List[Sequence], List[PromptLogprobs]]:
         """One target forward. Logits rows: the prefill chunks that complete their sequence (those
         sample), the decode rows, then every node of every draft, draft by draft. Returns the
-        logits and the sequences of the sampled rows."""
+        logits, the sequences of the sampled rows and the prompt logprobs the chunks produced (a
+        chunk of a request with prompt logprobs also gets the logits of its prompt positions; those
+        rows are used here and dropped from the returned logits)."""
         plan = ForwardPlan(finished=finished)
         sampled: List[Sequence] = []
+        prompt_parts: List[Tuple[Sequence, int, int, int]] = []  # (seq, first position, first row, rows)
+        keep: List[int] = []  # the rows that are not prompt-logprob rows
+        num_rows = 0
         for seq, n in prefills:
             start = seq.num_computed_tokens
             completes = start + n == seq.num_tokens
-            plan.chunks.append(Chunk(seq.seq_id, seq.token_ids[start:start + n], start,
-                                     "last" if completes else "none"))
+            rows: List[int] = []
+            if seq.needs_prompt_logits:
+                # the logits at position p give the logprob of prompt token p + 1
+                first = max(start, seq.request.num_prompt_logprobs)
+                end = min(start + n, seq.num_prompt_tokens - 1)
+                if first < end:
+                    rows = list(range(first - start, end - start))
+                    prompt_parts.append((seq, first, num_rows, len(rows)))
+            num_rows += len(rows)
+            if completes:
+                keep.append(num_rows)
+                num_rows += 1
+            if rows:
+                which = rows + [n - 1] if completes else rows
+            else:
+                which = "last" if completes else "none"
+            plan.chunks.append(Chunk(seq.seq_id, seq.token_ids[start:start + n], start, which))
             if completes:
                 sampled.append(seq)
         for seq in decodes:
@@ -176,11 +196,30 @@ class Executor:
         if plan.want_hidden:
             plan.hidden_layers = tuple(self.drafter.hidden_layers)
         logits, hidden = self.runner.forward(plan)
+        prompt_lps: List[PromptLogprobs] = []
+        if prompt_parts:
+            prompt_lps = self._prompt_logprobs(logits, prompt_parts)
+            keep_rows = torch.tensor(keep + list(range(num_rows, logits.shape[0])), dtype=torch.long,
+                                     device=logits.device)
+            logits = logits.index_select(0, keep_rows)
+            if plan.want_hidden and plan.want_hidden != "all":
+                hidden = hidden.index_select(0, keep_rows)
         if plan.want_hidden == "all":  # every row, by the KV slot it was computed at
             self.drafter.observe_slot_hidden_states(plan_slots(plan, self.block_size), hidden)
         elif plan.want_hidden:
             self.drafter.observe_hidden_states(sampled + [d.seq for d in drafts for _ in d.tokens], hidden)
-        return logits, sampled
+        return logits, sampled, prompt_lps
+
+    @staticmethod
+    def _prompt_logprobs(logits: torch.Tensor, parts: List[Tuple[Sequence, int, int, int]]) -> List[PromptLogprobs]:
+        """Per part (seq, first position, first row, rows): the logprobs of the prompt tokens after
+        those positions, from the raw logits of their rows."""
+        out = []
+        for seq, first, row, count in parts:
+            row_logprobs = logits[row:row + count].float().log_softmax(dim=-1)
+            tokens = seq.token_ids[first + 1:first + 1 + count]
+            out.append(PromptLogprobs(seq, first + 1, logprob_dicts(row_logprobs, tokens, seq.params.prompt_logprobs)))
+        return out
 
     def _verify(self, drafts: List[Draft], logits: torch.Tensor) -> List[VerifiedDraft]:
         """tree_verify, then compact the accepted K/V of both pools; the verdicts as data."""

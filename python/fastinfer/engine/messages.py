@@ -15,7 +15,8 @@ from .scheduler import SchedulerOutput, SpecPlan
 from .sequence import Sequence
 from .speculative.trees import Path
 
-__all__ = ["StepInput", "SpecWork", "ModelOutput", "SampledToken", "VerifiedDraft", "SeqOutput", "StepExecutor"]
+__all__ = ["StepInput", "SpecWork", "ModelOutput", "PromptLogprobs", "SampledToken", "VerifiedDraft", "SeqOutput",
+           "StepExecutor"]
 
 
 @dataclass
@@ -55,9 +56,19 @@ class VerifiedDraft:
 
 
 @dataclass
+class PromptLogprobs:
+    """The logprobs of prompt tokens ``first ..`` of ``seq`` (one dict per token, in order)."""
+
+    seq: Sequence
+    first: int
+    logprobs: List[Dict[int, float]]
+
+
+@dataclass
 class ModelOutput:
     sampled: List[SampledToken] = field(default_factory=list)
     verified: List[VerifiedDraft] = field(default_factory=list)
+    prompt_logprobs: List[PromptLogprobs] = field(default_factory=list)
 
 
 @dataclass
@@ -68,6 +79,7 @@ class SeqOutput:
     index: int
     new_token_ids: List[int] = field(default_factory=list)
     new_logprobs: Optional[List[dict]] = None
+    new_prompt_logprobs: Optional[List[dict]] = None  # of the next prompt tokens (prompt_logprobs)
     finish_reason: Optional[str] = None  # of the last new token: "stop" (EOS / stop token), "length", ...
     stop_reason: Union[int, str, None] = None
     error: Optional[str] = None

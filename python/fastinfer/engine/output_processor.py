@@ -101,6 +101,7 @@ class _RequestState:
     spec_verify: int = 0
     spec_draft: int = 0
     spec_accepted: int = 0
+    prompt_logprobs: Optional[List[Optional[dict]]] = None  # [None] + one dict per computed prompt token
 
     @property
     def finished(self) -> bool:
@@ -139,6 +140,8 @@ class OutputProcessor:
         if request_id in self._requests:
             raise ValueError(f"duplicate request id {request_id!r}")
         st = _RequestState(request_id, prompt, list(prompt_token_ids), params, time.perf_counter(), error)
+        if params.prompt_logprobs is not None and error is None:
+            st.prompt_logprobs = [None]
         self._requests[request_id] = st
         if error is not None:
             st.finished_time = st.arrival_time
@@ -178,6 +181,8 @@ class OutputProcessor:
             st.spec_accepted += o.spec_num_accepted
             if o.index == 0:
                 st.num_cached_tokens = o.num_cached_tokens
+            if o.new_prompt_logprobs:
+                st.prompt_logprobs.extend(o.new_prompt_logprobs)
             if o.error is not None:
                 st.error = o.error
                 st.finished_time = now
@@ -234,4 +239,5 @@ class OutputProcessor:
                 "target_forwards_per_token": st.num_forwards / gen if gen else 0.0,
             })
         return RequestOutput(st.request_id, st.prompt, list(st.prompt_token_ids), outs, st.finished,
-                             error=st.error, num_cached_tokens=st.num_cached_tokens, metrics=metrics)
+                             error=st.error, num_cached_tokens=st.num_cached_tokens, metrics=metrics,
+                             prompt_logprobs=list(st.prompt_logprobs) if st.prompt_logprobs is not None else None)

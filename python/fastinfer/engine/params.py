@@ -39,6 +39,16 @@ class SamplingParams:
     - ``ignore_eos``: do not stop at the model's EOS token(s).
     - ``logprobs``: when not None, each generated token gets a dict {token_id: logprob} with the
       sampled token and the ``logprobs`` most likely tokens (log-softmax of the raw model logits).
+    - ``prompt_logprobs``: when not None, every prompt token after the first gets a dict
+      {token_id: logprob} with that token and the ``prompt_logprobs`` most likely tokens at its
+      position (``RequestOutput.prompt_logprobs``; None for the first token). Like ``logprobs``:
+      the log-softmax of the raw float32 logits, before penalties, temperature and ``logit_bias``.
+      Computed during prefill from the logits of every prompt position, so such a request skips
+      prefix-cache hits until its prompt has been computed once (it still fills the cache).
+    - ``logit_bias``: {token_id: bias} (OpenAI semantics): each bias, in [-100, 100], is added to
+      that token's logit after the penalties and before temperature and the filters, so it steers
+      greedy decoding too (100 all but forces a token, -100 all but bans it). Token ids at or past
+      the model's vocabulary make the request finish with an error (they depend on the model).
     - ``skip_special_tokens``: drop special tokens from the text.
     - ``speculative``: speculative decoding for this request when the engine has a draft model
       (``LLM(draft_model=...)``): None/True = use it, False = decode normally (in the same steps as
@@ -60,6 +70,8 @@ class SamplingParams:
     stop_token_ids: Optional[List[int]] = None
     ignore_eos: bool = False
     logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
+    logit_bias: Optional[Dict[int, float]] = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     speculative: Optional[bool] = None
@@ -110,6 +122,19 @@ class SamplingParams:
             not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool) or self.logprobs < 0
         ):
             bad(f"logprobs must be an int >= 0 or None, got {self.logprobs!r}")
+        if self.prompt_logprobs is not None and (
+            not isinstance(self.prompt_logprobs, int) or isinstance(self.prompt_logprobs, bool)
+            or self.prompt_logprobs < 0
+        ):
+            bad(f"prompt_logprobs must be an int >= 0 or None, got {self.prompt_logprobs!r}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                bad(f"logit_bias must be a dict {{token_id: bias}} or None, got {self.logit_bias!r}")
+            for t, b in self.logit_bias.items():
+                if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+                    bad(f"logit_bias keys must be token ids (ints >= 0), got {t!r}")
+                if not isinstance(b, (int, float)) or isinstance(b, bool) or not -100.0 <= b <= 100.0:
+                    bad(f"logit_bias values must be numbers in [-100, 100], got {b!r} for token {t}")
 
     @property
     def greedy(self) -> bool:
@@ -138,7 +163,9 @@ class CompletionOutput:
 @dataclass
 class RequestOutput:
     """The state of one request: ``outputs`` has ``n`` completions. ``error`` is set (and every
-    completion has finish_reason "error") when the request was rejected."""
+    completion has finish_reason "error") when the request was rejected. ``prompt_logprobs`` (when
+    the params asked for them): one entry per prompt token, None for the first, then
+    {token_id: logprob} (see :class:`SamplingParams`); filled in as the prompt is prefilled."""
 
     request_id: str
     prompt: Optional[str]
@@ -149,3 +176,4 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     # arrival / scheduled (first step computing it) / first_token / finished times (s, perf_counter)
     metrics: Dict[str, float] = field(default_factory=dict)
+    prompt_logprobs: Optional[List[Optional[Dict[int, float]]]] = None

@@ -1,10 +1,11 @@
 """Token sampling from float32 logits, one row per sequence, each with its own SamplingParams.
 
-Order of the logits processors (as Hugging Face ``generate``): repetition penalty, temperature,
-top-k, top-p, min-p; then greedy argmax (temperature 0) or a draw from the softmax. Draws use the
-exponential-race form ``argmax(p / E)`` with ``E ~ Exp(1)`` drawn from the row's own
-``torch.Generator`` when the request has a seed, so a seeded completion does not depend on what else
-is in the batch. Log-probabilities reported to the user are the log-softmax of the raw logits.
+Order of the logits processors (as Hugging Face ``generate``): repetition penalty (then the
+presence / frequency penalties and ``logit_bias``), temperature, top-k, top-p, min-p; then greedy
+argmax (temperature 0) or a draw from the softmax. Draws use the exponential-race form
+``argmax(p / E)`` with ``E ~ Exp(1)`` drawn from the row's own ``torch.Generator`` when the request
+has a seed, so a seeded completion does not depend on what else is in the batch.
+Log-probabilities reported to the user are the log-softmax of the raw logits.
 
 Deterministic mode (``Sampler(generator, backend(..., deterministic=True))``): a seeded row's noise
 is a function of its seed and the position of the token being drawn only (:func:`position_noise`), not of how many draws the
@@ -44,6 +45,22 @@ def apply_presence_frequency_penalties(logits: torch.Tensor, output_ids: Seq[Seq
             continue
         counts = torch.bincount(torch.tensor(list(ids), dtype=torch.long), minlength=logits.shape[-1]).to(logits)
         logits[i] -= pp * (counts > 0).to(logits) + fp * counts
+    return logits
+
+
+def apply_logit_bias(logits: torch.Tensor, biases: Seq[Optional[Dict[int, float]]]) -> torch.Tensor:
+    """OpenAI semantics, in place: ``l[i, t] += bias`` for every ``{t: bias}`` of row i, in one
+    scatter-add over the rows that have a bias."""
+    rows, cols, vals = [], [], []
+    for i, b in enumerate(biases):
+        if b:
+            rows.extend([i] * len(b))
+            cols.extend(b.keys())
+            vals.extend(b.values())
+    if rows:
+        dev = logits.device
+        logits.index_put_((torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
+                          torch.tensor(vals, dtype=logits.dtype, device=dev), accumulate=True)
     return logits
 
 
@@ -133,6 +150,8 @@ class Sampler:
             apply_presence_frequency_penalties(logits, [ids[k:] for ids, k in zip(token_ids, npt)],
                                                [p.presence_penalty for p in params],
                                                [p.frequency_penalty for p in params])
+        if any(p.logit_bias for p in params):
+            apply_logit_bias(logits, [p.logit_bias for p in params])
 
         out = logits.argmax(dim=-1)
         sample_rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -178,9 +197,19 @@ class Sampler:
 
 def logprob_dict(row_logprobs: torch.Tensor, token: int, top: int) -> Dict[int, float]:
     """``{token_id: logprob}``: the ``top`` most likely tokens of one row and the chosen ``token``."""
-    d: Dict[int, float] = {}
+    return logprob_dicts(row_logprobs[None], [token], top)[0]
+
+
+def logprob_dicts(rows_logprobs: torch.Tensor, tokens: Seq[int], top: int) -> List[Dict[int, float]]:
+    """:func:`logprob_dict` of every row of ``rows_logprobs [R, V]`` with its token, in one top-k
+    and one gather over the rows (prompt logprobs have one row per prompt token)."""
+    idx = torch.tensor(list(tokens), dtype=torch.long, device=rows_logprobs.device)
+    chosen = rows_logprobs.gather(1, idx[:, None])[:, 0].tolist()
+    dicts: List[Dict[int, float]] = [{} for _ in chosen]
     if top > 0:
-        vals, idx = row_logprobs.topk(min(top, row_logprobs.shape[-1]))
-        d.update(zip(idx.tolist(), vals.tolist()))
-    d[token] = float(row_logprobs[token])
-    return d
+        vals, ids = rows_logprobs.topk(min(top, rows_logprobs.shape[-1]), dim=-1)
+        for d, i, v in zip(dicts, ids.tolist(), vals.tolist()):
+            d.update(zip(i, v))
+    for d, t, v in zip(dicts, tokens, chosen):
+        d[int(t)] = v
+    return dicts

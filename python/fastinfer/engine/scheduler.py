@@ -5,7 +5,8 @@ Every step gets a budget of ``max_num_batched_tokens`` new tokens:
 1. running sequences that decode (one new token each), in FCFS order;
 2. running sequences in the middle of a chunked prefill, FCFS;
 3. waiting sequences, FCFS, admitted while the budget, ``max_num_seqs`` and the free blocks allow
-   (their prefix-cache hits are taken first; a prompt longer than the remaining budget is chunked).
+   (their prefix-cache hits are taken first, except by a sequence that still needs the logits of
+   its prompt positions for prompt logprobs; a prompt longer than the remaining budget is chunked).
 
 When a running sequence needs a block and none is free, the running sequence that arrived last is
 preempted: its blocks are freed, it goes back to the waiting queue, and when readmitted it is
@@ -173,7 +174,8 @@ class Scheduler:
                 if len(self.running) + need_seqs > self.max_num_seqs:
                     self._batch_open = not self.static_batching
                     break
-                hits = self.bm.match_prefix(seq) if not seq.block_table else []
+                # a prefix-cache hit has no logits: prompt logprobs recompute the whole prompt
+                hits = self.bm.match_prefix(seq) if not seq.block_table and not seq.needs_prompt_logits else []
                 computed = len(hits) * self.bm.block_size if hits else seq.num_computed_tokens
                 n = min(seq.num_tokens - computed, budget)
                 if not self.bm.can_allocate(seq, computed + n, hits):

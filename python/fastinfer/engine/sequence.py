@@ -76,6 +76,15 @@ class Sequence:
         return self.status == SequenceStatus.FINISHED
 
     @property
+    def needs_prompt_logits(self) -> bool:
+        """Whether this sequence's prefill must produce the logits of its prompt positions: it is
+        the request's first completion (the one that prefills the prompt), the request asked for
+        prompt logprobs and some are still missing."""
+        req = self.request
+        return (self.index == 0 and self.params.prompt_logprobs is not None
+                and req.num_prompt_logprobs < self.num_prompt_tokens - 1)
+
+    @property
     def sort_key(self):
         return (self.arrival, self.index)
 
@@ -95,6 +104,8 @@ class Request:
         self.params = params
         self.arrival = next(_arrival_counter)
         self.seqs: List[Sequence] = []
+        # prompt tokens after the first whose logprobs have been computed (prompt_logprobs)
+        self.num_prompt_logprobs = 0
 
     @property
     def finished(self) -> bool:

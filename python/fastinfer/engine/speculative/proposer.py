@@ -30,10 +30,10 @@ __all__ = ["Proposer", "DraftModelProposer", "StaticTreeProposer", "EaglePropose
 
 def speculation_supported(params) -> bool:
     """The verifier reproduces the plain temperature distribution only: no top-k / top-p / min-p /
-    repetition penalty."""
+    penalties / logit bias."""
     return (params.top_k <= 0 and params.top_p >= 1.0 and params.min_p <= 0.0
             and params.repetition_penalty == 1.0 and params.presence_penalty == 0.0
-            and params.frequency_penalty == 0.0)
+            and params.frequency_penalty == 0.0 and not params.logit_bias)
 
 
 class Proposer:

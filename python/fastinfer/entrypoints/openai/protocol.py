@@ -1,16 +1,18 @@
 """The OpenAI API's request bodies (pydantic, strict JSON: no silent coercion) and its error shape.
 
 Requests carry the OpenAI fields and vLLM's sampling extras (``top_k``, ``min_p``,
-``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``, ...). A field OpenAI defines but
-fastinfer cannot honour (``logit_bias``, ``tools``, ``echo``, ...) is accepted at its neutral value
-and refused otherwise; a field neither API defines is refused as OpenAI does ("Unrecognized request
-argument supplied"). Every refusal is an :class:`APIError`, rendered as OpenAI's
-``{"error": {"message", "type", "param", "code"}}``.
+``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``, ``prompt_logprobs``, ...). A field
+OpenAI defines but fastinfer cannot honour (``tools``, ``suffix``, ...) is accepted at its neutral
+value and refused otherwise. A top-level field neither API defines is accepted and ignored, as vLLM
+does for its clients (which send extras of their own), with one warning per field name in the
+server log; a known field of the wrong type is still a 400. Every refusal is an :class:`APIError`,
+rendered as OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Literal, Optional, Type, TypeVar, Union
+import logging
+from typing import Any, Dict, List, Literal, Optional, Set, Type, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -41,6 +43,24 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class _Request(_Strict):
+    """A request body: unknown top-level fields are kept aside and ignored (see the module docstring)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+logger = logging.getLogger("fastinfer.serve")
+_warned_fields: Set[str] = set()  # unknown field names already logged
+
+
+def _warn_ignored(body: BaseModel) -> None:
+    for name in sorted(body.model_extra or ()):
+        if name not in _warned_fields:
+            _warned_fields.add(name)
+            logger.warning("ignoring the unknown request field %r (this warning is logged once per field name)",
+                           name)
+
+
 # what the union-typed fields accept, for a readable error
 _UNION_HELP = {
     "prompt": "must be a string, a list of strings, a list of token ids or a list of lists of token ids",
@@ -54,7 +74,7 @@ M = TypeVar("M", bound=BaseModel)
 def parse_body(model: Type[M], body: bytes) -> M:
     """Validate a JSON body; any problem is a 400 naming the field."""
     try:
-        return model.model_validate_json(body)
+        parsed = model.model_validate_json(body)
     except ValidationError as e:
         err = e.errors()[0]
         loc = [str(x) for x in err["loc"]]
@@ -70,6 +90,8 @@ def parse_body(model: Type[M], body: bytes) -> M:
         if err["type"] == "missing" and len(loc) == 1:
             raise APIError(400, f"missing required field: {path}", param=field) from None
         raise APIError(400, f"{path}: {_UNION_HELP[union] if union else err['msg']}", param=field) from None
+    _warn_ignored(parsed)
+    return parsed
 
 
 class StreamOptions(_Strict):
@@ -77,7 +99,7 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False  # vLLM: usage in every chunk
 
 
-class _Sampling(_Strict):
+class _Sampling(_Request):
     """The sampling fields both endpoints share."""
 
     model: Optional[str] = None
@@ -100,6 +122,7 @@ class _Sampling(_Strict):
     stop_token_ids: Optional[List[int]] = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    prompt_logprobs: Optional[int] = None
 
 
 class CompletionRequest(_Sampling):
@@ -150,7 +173,7 @@ class ChatCompletionRequest(_Sampling):
     add_generation_prompt: bool = True
 
 
-class TokenizeRequest(_Strict):
+class TokenizeRequest(_Request):
     model: Optional[str] = None
     prompt: Optional[str] = None
     messages: Optional[List[ChatMessage]] = None
@@ -158,6 +181,6 @@ class TokenizeRequest(_Strict):
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(_Strict):
+class DetokenizeRequest(_Request):
     model: Optional[str] = None
     tokens: List[int]

@@ -139,8 +139,39 @@ class OpenAIServing:
                            param=param)
         return requested
 
+    def check_prompt_logprobs(self, req: Any) -> None:
+        """vLLM's ``prompt_logprobs`` extension: in [0, --max-logprobs], not with streaming."""
+        k = req.prompt_logprobs
+        if k is None:
+            return
+        if not 0 <= k <= self.limits.max_logprobs:
+            raise APIError(400, f"prompt_logprobs must be in [0, {self.limits.max_logprobs}], got {k}",
+                           param="prompt_logprobs")
+        if req.stream:
+            raise APIError(400, "prompt_logprobs is not available with stream: true", param="prompt_logprobs")
+
+    def logit_bias(self, bias: Optional[Dict[str, float]]) -> Optional[Dict[int, float]]:
+        """OpenAI's ``logit_bias`` ({"token id": bias}) as {int: float}: ids in [0, vocab), biases in
+        [-100, 100], else a 400 naming the field."""
+        if not bias:
+            return None
+        out: Dict[int, float] = {}
+        for key, value in bias.items():
+            try:
+                tid = int(key)
+            except ValueError:
+                tid = -1
+            if not 0 <= tid < self.vocab_size:
+                raise APIError(400, f"logit_bias: {key!r} is not a token id in [0, {self.vocab_size})",
+                               param="logit_bias")
+            if not -100.0 <= value <= 100.0:
+                raise APIError(400, f"logit_bias: the bias of token {key} must be in [-100, 100], got {value!r}",
+                               param="logit_bias")
+            out[tid] = float(value)
+        return out
+
     def sampling_params(self, req: Any, max_tokens: int, logprobs: Optional[int],
-                        max_tokens_param: str = "max_tokens") -> SamplingParams:
+                        max_tokens_param: str = "max_tokens", prompt_logprobs: Optional[int] = None) -> SamplingParams:
         lim = self.limits
 
         def need(ok: bool, param: str, what: str) -> None:
@@ -158,7 +189,7 @@ class OpenAIServing:
         need(req.repetition_penalty is None or 0.0 < req.repetition_penalty <= 2.0, "repetition_penalty",
              "must be in (0, 2]")
         need(req.seed is None or -_INT64 <= req.seed < _INT64, "seed", "must be a 64-bit integer")
-        need(not req.logit_bias, "logit_bias", "is not supported")
+        logit_bias = self.logit_bias(req.logit_bias)
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         need(len(stop) <= lim.max_stop and all(stop), "stop", f"must be at most {lim.max_stop} non-empty strings")
         need(not stop or self.tokenizer is not None, "stop", "needs a tokenizer")
@@ -175,7 +206,8 @@ class OpenAIServing:
                 frequency_penalty=req.frequency_penalty or 0.0,
                 repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
                 seed=req.seed, max_tokens=max_tokens, stop=stop, stop_token_ids=req.stop_token_ids,
-                ignore_eos=req.ignore_eos, logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
+                ignore_eos=req.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                logit_bias=logit_bias, skip_special_tokens=req.skip_special_tokens,
                 include_stop_str_in_output=req.include_stop_str_in_output)
         except ValueError as e:
             raise APIError(400, str(e)) from None
@@ -261,6 +293,23 @@ class OpenAIServing:
     def logprob(v: float) -> float:
         """JSON has no -inf: vLLM's floor."""
         return max(float(v), -9999.0)
+
+    def prompt_logprobs_json(self, prompt_logprobs: Optional[List[Optional[Dict[int, float]]]],
+                             top: int) -> Optional[List[Optional[Dict[str, Any]]]]:
+        """vLLM's ``prompt_logprobs`` response field: per prompt token None (the first) or
+        {token id: {"logprob", "rank", "decoded_token"}} with the prompt token and the ``top`` most
+        likely ones (rank: 1 = most likely; null for a prompt token outside the top)."""
+        if prompt_logprobs is None:
+            return None
+        out: List[Optional[Dict[str, Any]]] = []
+        for d in prompt_logprobs:
+            if d is None:
+                out.append(None)
+                continue
+            ranked = sorted(d.items(), key=lambda kv: -kv[1])
+            out.append({str(t): {"logprob": self.logprob(v), "rank": r + 1 if r < top else None,
+                                 "decoded_token": self.token_str(t)} for r, (t, v) in enumerate(ranked)})
+        return out
 
     def token_str(self, tid: int) -> str:
         return self.tokenizer.decode([tid], skip_special_tokens=False) if self.tokenizer is not None else str(tid)

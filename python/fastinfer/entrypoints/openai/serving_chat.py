@@ -1,6 +1,6 @@
 """``POST /v1/chat/completions``: the messages rendered with the tokenizer's chat template, one engine
 request with ``n`` completions; logprobs as OpenAI's ``{"content": [{token, logprob, bytes,
-top_logprobs}]}``."""
+top_logprobs}]}``; vLLM's ``prompt_logprobs`` (the rendered prompt's) on the response."""
 
 from __future__ import annotations
 
@@ -46,11 +46,13 @@ class ServingChat(OpenAIServing):
                                     f"{req.top_logprobs}", param="top_logprobs")
         if req.stream_options is not None and not req.stream:
             raise APIError(400, "stream_options needs stream: true", param="stream_options")
+        self.check_prompt_logprobs(req)
         ids = self.render(req.messages, req.add_generation_prompt)
         which = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         budget = self.max_tokens_for(len(ids), asked, which, prompt_param="messages")
-        params = self.sampling_params(req, budget, (req.top_logprobs or 0) if req.logprobs else None, which)
+        params = self.sampling_params(req, budget, (req.top_logprobs or 0) if req.logprobs else None, which,
+                                      prompt_logprobs=req.prompt_logprobs)
         self.check_capacity(1)
         return ids, params
 
@@ -79,9 +81,11 @@ class ServingChat(OpenAIServing):
                     "logprobs": self._logprobs(c, 0, top), "finish_reason": c.finish_reason,
                     "stop_reason": c.stop_reason} for c in out.outputs]
         usage = self.usage(len(ids), sum(len(c.token_ids) for c in out.outputs), out.num_cached_tokens)
-        return JSONResponse({"id": rid, "object": "chat.completion", "created": self.created(),
-                             "model": self.model_name, "choices": choices, "usage": usage,
-                             "system_fingerprint": None})
+        body = {"id": rid, "object": "chat.completion", "created": self.created(), "model": self.model_name,
+                "choices": choices, "usage": usage, "system_fingerprint": None}
+        if req.prompt_logprobs is not None:
+            body["prompt_logprobs"] = self.prompt_logprobs_json(out.prompt_logprobs, req.prompt_logprobs)
+        return JSONResponse(body)
 
     async def _stream(self, req: ChatCompletionRequest, rid: str, ids: List[int],
                       params: SamplingParams) -> AsyncIterator[bytes]:
