@@ -47,6 +47,8 @@ def hf_classes(kind):
         "mistral": (t.MistralConfig, t.MistralForCausalLM),
         "qwen2": (t.Qwen2Config, t.Qwen2ForCausalLM),
         "qwen3": (t.Qwen3Config, t.Qwen3ForCausalLM),
+        "mixtral": (t.MixtralConfig, t.MixtralForCausalLM),
+        "qwen3_moe": (t.Qwen3MoeConfig, t.Qwen3MoeForCausalLM),
     }[kind]
 
 
@@ -64,11 +66,12 @@ def reinit_(model, seed: int):
             elif name.endswith("bias"):
                 p.copy_(0.2 * r)
             else:
-                p.copy_(r * (0.9 / p.shape[1] ** 0.5))
+                p.copy_(r * (0.9 / p.shape[-1] ** 0.5))  # fan-in (stacked experts are [E, N, K])
 
 
 def make_hf_model(kind: str, seed: int = 0, **overrides):
-    """A random transformers model of ``kind`` (llama / mistral / qwen2 / qwen3), ``HF_BASE`` + ``overrides``."""
+    """A random transformers model of ``kind`` (llama / mistral / qwen2 / qwen3 / mixtral / qwen3_moe),
+    ``HF_BASE`` + ``overrides``."""
     cfg_cls, model_cls = hf_classes(kind)
     kw = dict(HF_BASE, **overrides)
     torch.manual_seed(seed)
@@ -77,3 +80,44 @@ def make_hf_model(kind: str, seed: int = 0, **overrides):
     if kw.get("tie_word_embeddings"):
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     return model
+
+
+def lazy_checkpoints(tmp_path_factory, cases, make):
+    """``name -> (hf_model, path)``, each built on first use: ``make(kind, seed=..., **overrides)`` for
+    ``cases[name] = (kind, overrides)``, written with ``save_pretrained``."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            kind, over = cases[name]
+            hf = make(kind, seed=len(cache) + 1, **over)
+            path = tmp_path_factory.mktemp(name)
+            hf.save_pretrained(path)
+            cache[name] = (hf, str(path))
+        return cache[name]
+
+    return get
+
+
+def random_prompt(n: int, vocab: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``|a - b| / |b|`` (Frobenius norms, in float64)."""
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def hf_logits(hf, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].float()
+
+
+def hf_greedy(hf, ids, n: int):
+    """transformers' greedy continuation of ``ids`` (the whole sequence recomputed per token)."""
+    seq = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(ids):]

@@ -40,7 +40,14 @@ from fastinfer.models import (  # noqa: E402
     load_config,
     load_model,
 )
-from model_helpers import make_forward_batch, prefill_logits  # noqa: E402
+from model_helpers import (  # noqa: E402
+    hf_greedy,
+    hf_logits,
+    lazy_checkpoints,
+    make_forward_batch,
+    prefill_logits,
+    rel_err,
+)
 
 VOCAB = 300
 PROMPT_LEN = 40
@@ -111,18 +118,7 @@ def make_gemma(kind: str, seed: int = 0, **overrides):
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
     """Lazily built ``name -> (hf_model, path)``."""
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            kind, over = CASES[name]
-            hf = make_gemma(kind, seed=len(cache) + 1, **over)
-            path = tmp_path_factory.mktemp(name)
-            hf.save_pretrained(path)
-            cache[name] = (hf, str(path))
-        return cache[name]
-
-    return get
+    return lazy_checkpoints(tmp_path_factory, CASES, make_gemma)
 
 
 def _prompt(n=PROMPT_LEN, seed=0):
@@ -130,21 +126,7 @@ def _prompt(n=PROMPT_LEN, seed=0):
     return torch.randint(0, VOCAB, (n,), generator=g).tolist()
 
 
-def _rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def _hf_logits(hf, ids):
-    with torch.no_grad():
-        return hf(torch.tensor([ids])).logits[0].float()
-
-
-def _hf_greedy(hf, ids, n):
-    seq = list(ids)
-    with torch.no_grad():
-        for _ in range(n):
-            seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(ids):]
+_rel, _hf_logits, _hf_greedy = rel_err, hf_logits, hf_greedy
 
 
 def _model_greedy(model, ids, n):

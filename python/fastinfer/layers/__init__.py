@@ -1,6 +1,7 @@
 """Model building blocks on the fastinfer ops: linear layers with pluggable linear methods (float
 here; fp8 / int4 in :mod:`fastinfer.quant`), RMSNorm, embedding / LM head, paged attention, the
-forward batch and its builder, and the checkpoint readers layers load their own weights from.
+mixture-of-experts MLP, the forward batch and its builder, and the checkpoint readers layers load
+their own weights from.
 
 Every layer takes the op backend it calls (``ops=fastinfer.ops.backend(...)``) and, for weights, the
 checkpoint names it loads (``prefix``). Tensor parallel: a layer built with a
@@ -23,6 +24,7 @@ from .linear import (  # noqa: F401
     WeightPart,
     param,
 )
+from .moe import ExpertProjections, FusedMoE, StackedExpertsReader  # noqa: F401
 from .norm import RMSNorm  # noqa: F401
 from .weights import (  # noqa: F401
     CheckpointModule,
@@ -39,4 +41,5 @@ __all__ = [
     "Linear", "LinearMethod", "UnquantizedLinearMethod", "QuantizationConfig", "WeightPart", "ParallelInfo",
     "ReplicatedLinear", "ColumnParallelLinear", "RowParallelLinear", "param",
     "RMSNorm", "VocabEmbedding", "LMHead", "PagedAttention", "KVCache",
+    "FusedMoE", "ExpertProjections", "StackedExpertsReader",
 ]

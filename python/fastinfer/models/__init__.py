@@ -1,6 +1,6 @@
 """Model side of the runner: config parsing, RoPE tables, the Llama-family decoder (Llama, Mistral,
-Qwen2, Qwen3) and the Gemma one (Gemma 2, Gemma 3) built from :mod:`fastinfer.layers`, and loading a
-checkpoint (safetensors or GGUF) into them.
+Qwen2, Qwen3), the Gemma one (Gemma 2, Gemma 3) and the mixture-of-experts one (Mixtral, Qwen3-MoE)
+built from :mod:`fastinfer.layers`, and loading a checkpoint (safetensors or GGUF) into them.
 
 The engine talks to a model through :class:`~fastinfer.layers.ForwardBatch` (built with
 :class:`~fastinfer.layers.BatchBuilder`) and ``model(batch, kv_caches) -> float32 logits
@@ -8,9 +8,16 @@ The engine talks to a model through :class:`~fastinfer.layers.ForwardBatch` (bui
 """
 
 from ..layers import BatchBuilder, ForwardBatch  # noqa: F401  (the model's input, re-exported)
-from .config import GEMMA_ARCHITECTURES, SUPPORTED_ARCHITECTURES, SUPPORTED_ROPE_TYPES, ModelConfig  # noqa: F401
+from .config import (  # noqa: F401
+    GEMMA_ARCHITECTURES,
+    MOE_ARCHITECTURES,
+    SUPPORTED_ARCHITECTURES,
+    SUPPORTED_ROPE_TYPES,
+    ModelConfig,
+)
 from .llama import PACKED_MODULES, LlamaForCausalLM  # noqa: F401
 from .gemma import GemmaForCausalLM  # noqa: F401
+from .moe import MoeForCausalLM  # noqa: F401
 from .gguf import GGUFWeightReader, find_gguf, gguf_model_config, open_gguf  # noqa: F401
 from .loader import (  # noqa: F401
     checkpoint_reader,
@@ -29,8 +36,10 @@ __all__ = [
     "SUPPORTED_ARCHITECTURES",
     "SUPPORTED_ROPE_TYPES",
     "GEMMA_ARCHITECTURES",
+    "MOE_ARCHITECTURES",
     "LlamaForCausalLM",
     "GemmaForCausalLM",
+    "MoeForCausalLM",
     "model_class",
     "PACKED_MODULES",
     "load_model",

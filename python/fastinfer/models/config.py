@@ -1,7 +1,8 @@
 """Model configuration: the subset of a Hugging Face ``config.json`` the runner needs.
 
 Supported architectures: ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``,
-``Qwen3ForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM`` (and the text model of a
+``Qwen3ForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, the mixture-of-experts
+``MixtralForCausalLM`` and ``Qwen3MoeForCausalLM`` (and the text model of a
 ``Gemma3ForConditionalGeneration`` checkpoint: its ``text_config``). A key missing from
 ``config.json`` takes the default of the corresponding ``transformers`` config class (so a
 checkpoint means the same thing here as in ``transformers``). Anything the runner cannot run
@@ -20,7 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-__all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "SUPPORTED_ROPE_TYPES", "GEMMA_ARCHITECTURES"]
+__all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "SUPPORTED_ROPE_TYPES", "GEMMA_ARCHITECTURES", "MOE_ARCHITECTURES"]
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
@@ -140,11 +141,38 @@ _ARCH_DEFAULTS: Dict[str, Dict[str, Any]] = {
         "rope_theta": 1_000_000.0,  # full-attention layers
         "rope_local_base_freq": 10_000.0,  # sliding-window layers
     },
+    "Qwen3MoeForCausalLM": {
+        "model_type": "qwen3_moe",
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 32768,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "norm_topk_prob": False,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": None,
+    },
 }
+# Mixtral's config is Mistral's (the same sizes) with experts, no sliding window and its own eps / RoPE base
+_ARCH_DEFAULTS["MixtralForCausalLM"] = dict(
+    _ARCH_DEFAULTS["MistralForCausalLM"], model_type="mixtral", rms_norm_eps=1e-5, rope_theta=1_000_000.0,
+    sliding_window=None, num_local_experts=8, num_experts_per_tok=2)
 # architectures whose attention RMS-normalises every q and k head (weights [head_dim]) before RoPE
-_QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Gemma3ForCausalLM")
+_QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM")
 # the Gemma decoder (fastinfer.models.gemma): sandwich norms, (1 + weight) RMSNorm, GeGLU, scaled embeddings
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+# the mixture-of-experts decoder (fastinfer.models.moe): the Llama-family layer with a routed-experts MLP
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen3MoeForCausalLM")
 # a multimodal checkpoint whose text model runs as the architecture named here (its text_config)
 _TEXT_MODEL_OF = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
 SUPPORTED_ARCHITECTURES = tuple(_ARCH_DEFAULTS) + tuple(_TEXT_MODEL_OF)
@@ -194,6 +222,12 @@ class ModelConfig:
     :attr:`attention_scale`), ``attn_logit_softcapping`` (attention scores ``c * tanh(s / c)``) and
     ``final_logit_softcapping`` (the same on the logits); None: off. ``text_weights_prefixes``: where
     the text model's ``model.*`` tensors sit in a multimodal checkpoint (tried in order), else empty.
+
+    Mixture of experts (Mixtral, Qwen3-MoE; ``num_experts`` 0 on dense models): ``num_experts``
+    experts of width ``moe_intermediate_size``, ``num_experts_per_tok`` of them per token, softmax
+    routing whose top-k weights are divided by their sum when ``moe_renormalize`` (Mixtral always,
+    Qwen3-MoE's ``norm_topk_prob``); the layers in ``dense_mlp_layers`` have a dense MLP of width
+    ``intermediate_size`` instead (:meth:`is_moe_layer`).
     """
 
     architecture: str
@@ -226,6 +260,11 @@ class ModelConfig:
     sliding_rope_theta: Optional[float] = None
     sliding_rope_scaling: Optional[Dict[str, Any]] = None
     text_weights_prefixes: Tuple[str, ...] = ()
+    num_experts: int = 0  # 0: a dense model
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # each expert's intermediate width
+    moe_renormalize: bool = False  # the top-k routing weights divided by their sum
+    dense_mlp_layers: List[int] = field(default_factory=list)  # layers of an MoE model with a dense MLP
     torch_dtype: Optional[torch.dtype] = None  # the checkpoint's dtype ("dtype" / "torch_dtype")
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)  # the config.json dict as read
 
@@ -251,6 +290,10 @@ class ModelConfig:
         """The factor of ``q . k``: ``query_pre_attn_scalar ** -0.5`` (Gemma), else ``head_dim ** -0.5``."""
         scalar = self.head_dim if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar
         return float(scalar) ** -0.5
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer ``layer``'s MLP is routed experts (else the dense ``gate_up`` / ``down`` MLP)."""
+        return self.num_experts > 0 and layer not in self.dense_mlp_layers
 
     def is_sliding(self, layer: int) -> bool:
         return self.sliding_window is not None and self.layer_types[layer] == "sliding_attention"
@@ -377,7 +420,7 @@ class ModelConfig:
         elif arch == "LlamaForCausalLM":
             qkv_bias = o_bias = bool(get("attention_bias"))
             mlp_bias = bool(get("mlp_bias"))
-        elif arch == "Qwen3ForCausalLM" or gemma:
+        elif arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM") or gemma:
             qkv_bias = o_bias = bool(get("attention_bias"))
             mlp_bias = False
         else:
@@ -386,7 +429,7 @@ class ModelConfig:
         # --- sliding window ------------------------------------------------------------------------
         sliding_window: Optional[int] = None
         layer_types = ["full_attention"] * num_layers
-        if arch == "MistralForCausalLM":
+        if arch in ("MistralForCausalLM", "MixtralForCausalLM"):
             sliding_window = get("sliding_window")
             if sliding_window is not None:
                 layer_types = ["sliding_attention"] * num_layers
@@ -407,6 +450,10 @@ class ModelConfig:
             if sliding_window is None:
                 # transformers builds no sliding mask then (sliding_window is None)
                 layer_types = ["full_attention"] * num_layers
+        elif arch == "Qwen3MoeForCausalLM":  # one mask for every layer: no max_window_layers here
+            sliding_window = get("sliding_window") if get("use_sliding_window") else None
+            if sliding_window is not None:
+                layer_types = ["sliding_attention"] * num_layers
         elif gemma:
             layer_types = _gemma_layer_types(d, arch, num_layers, get("sliding_window_pattern"))
             if "sliding_attention" in layer_types:
@@ -436,6 +483,8 @@ class ModelConfig:
                 # which of the two a checkpoint means is unknowable
                 raise ValueError(f"attn_logit_softcapping={attn_softcap} is not supported for {arch} "
                                  "(Gemma 3 has no attention soft-capping; transformers ignores the field)")
+
+        moe = _parse_moe(d, arch, num_layers, get, get_int) if arch in MOE_ARCHITECTURES else {}
 
         # --- tokens / dtype --------------------------------------------------------------------------
         eos = _token_ids(get("eos_token_id"), "eos_token_id")
@@ -482,6 +531,7 @@ class ModelConfig:
             pad_token_id=get("pad_token_id"),
             torch_dtype=torch_dtype,
             raw=d,
+            **moe,
         )
 
     @classmethod
@@ -502,6 +552,33 @@ class ModelConfig:
 
 
 _LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _parse_moe(d: Dict[str, Any], arch: str, num_layers: int, get, get_int) -> Dict[str, Any]:
+    """The mixture-of-experts fields of a Mixtral / Qwen3-MoE config, as transformers reads them.
+    Mixtral: every layer routed, experts of width ``intermediate_size``, weights always renormalised.
+    Qwen3-MoE: ``num_experts`` (``num_local_experts`` as transformers 5 writes it), experts of width
+    ``moe_intermediate_size``; layer ``i`` is routed unless it is in ``mlp_only_layers`` or
+    ``(i + 1) % decoder_sparse_step != 0`` (then a dense MLP of width ``intermediate_size``)."""
+    if arch == "MixtralForCausalLM":
+        num_experts = get_int("num_local_experts")
+        width, renormalize, dense_layers = get_int("intermediate_size"), True, []
+    else:
+        num_experts = d.get("num_experts", d.get("num_local_experts", get("num_experts")))
+        if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts < 1:
+            raise ValueError(f"config field 'num_experts' must be an int >= 1, got {num_experts!r} "
+                             f"({arch} without experts is not supported)")
+        width, renormalize = get_int("moe_intermediate_size"), bool(get("norm_topk_prob"))
+        step = get_int("decoder_sparse_step")
+        only = get("mlp_only_layers") or []
+        if not isinstance(only, list) or any(not isinstance(i, int) or isinstance(i, bool) for i in only):
+            raise ValueError(f"config field 'mlp_only_layers' must be a list of layer indices, got {only!r}")
+        dense_layers = [i for i in range(num_layers) if i in only or (i + 1) % step]
+    top_k = get_int("num_experts_per_tok")
+    if top_k > num_experts:
+        raise ValueError(f"num_experts_per_tok ({top_k}) is larger than the number of experts ({num_experts})")
+    return dict(num_experts=num_experts, num_experts_per_tok=top_k, moe_intermediate_size=width,
+                moe_renormalize=renormalize, dense_mlp_layers=dense_layers)
 
 
 def _gemma_layer_types(d: Dict[str, Any], arch: str, num_layers: int, pattern: Any) -> List[str]:

@@ -48,7 +48,7 @@ from ..layers import (
 from ..distributed import SINGLE, ParallelInfo
 from ..layers.attention import FP8_KV_CACHE_DTYPE, report_fp8_kv_cache_scales
 from ..ops import Backend, backend
-from .config import GEMMA_ARCHITECTURES, ModelConfig
+from .config import GEMMA_ARCHITECTURES, MOE_ARCHITECTURES, ModelConfig
 from .rope import build_cos_sin_cache
 
 __all__ = ["LlamaForCausalLM", "PACKED_MODULES", "attention_shards"]
@@ -127,9 +127,17 @@ class LlamaDecoderLayer(nn.Module):
         self.o_proj = RowParallelLinear(c.q_size, parts("o_proj", (c.hidden_size,)), c.o_bias, **lin)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps,
                                                 f"{prefix}.post_attention_layernorm", **kw)
+        self.init_mlp(c, prefix, lin)
+
+    def init_mlp(self, c: ModelConfig, prefix: str, lin: dict) -> None:
+        """The feed-forward block (``lin``: the linears' keyword arguments); :meth:`mlp` runs it."""
         F = c.intermediate_size
-        self.gate_up_proj = ColumnParallelLinear(c.hidden_size, parts("gate_up_proj", (F, F)), c.mlp_bias, **lin)
-        self.down_proj = RowParallelLinear(F, parts("down_proj", (c.hidden_size,)), c.mlp_bias, **lin)
+        self.gate_up_proj = ColumnParallelLinear(c.hidden_size, packed_parts(prefix, "gate_up_proj", (F, F)),
+                                                 c.mlp_bias, **lin)
+        self.down_proj = RowParallelLinear(F, packed_parts(prefix, "down_proj", (c.hidden_size,)), c.mlp_bias, **lin)
+
+    def mlp(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
     def forward(self, x: Tensor, residual: Optional[Tensor], batch: ForwardBatch, kv_cache: KVCache,
                 cos_sin_cache: Tensor) -> Tuple[Tensor, Tensor]:
@@ -156,8 +164,7 @@ class LlamaDecoderLayer(nn.Module):
         self.ops.rotary_embedding(batch.positions, q, k, cos_sin_cache, True)
         x = self.o_proj(self.attn(q, k, v, kv_cache, batch))
         x, residual = self.post_attention_layernorm.add_norm(x, residual)
-        x = self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
-        return x, residual
+        return self.mlp(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -187,8 +194,9 @@ class LlamaForCausalLM(nn.Module):
                  max_positions: Optional[int] = None, ops: Optional[Backend] = None,
                  quant_config: Optional[QuantizationConfig] = None, tp: ParallelInfo = SINGLE):
         super().__init__()
-        if self.decoder_layer is LlamaDecoderLayer and config.architecture in GEMMA_ARCHITECTURES:
-            raise ValueError(f"{config.architecture} is a Gemma model: build it with GemmaForCausalLM "
+        if self.decoder_layer is LlamaDecoderLayer and config.architecture in GEMMA_ARCHITECTURES + MOE_ARCHITECTURES:
+            own_class = "GemmaForCausalLM" if config.architecture in GEMMA_ARCHITECTURES else "MoeForCausalLM"
+            raise ValueError(f"{config.architecture} is not a Llama-family dense model: build it with {own_class} "
                              "(fastinfer.models.model_class / load_model choose it)")
         if config.head_dim not in (64, 128, 256):
             raise ValueError(f"head_dim {config.head_dim} is not supported by the fastinfer attention ops "

@@ -1,4 +1,4 @@
-"""Build a model (Llama family or Gemma, :func:`model_class`) and load a checkpoint into it
+"""Build a model (Llama family, Gemma or mixture of experts, :func:`model_class`) and load a checkpoint into it
 (safetensors or GGUF).
 
 * Sources: a checkpoint directory (``model.safetensors`` or an index + shards, memory-mapped: peak
@@ -26,10 +26,11 @@ import torch
 from ..distributed import SINGLE, ParallelInfo
 from ..layers import QuantizationConfig, SafetensorsReader, WeightReader
 from ..ops import Backend
-from .config import GEMMA_ARCHITECTURES, ModelConfig
+from .config import GEMMA_ARCHITECTURES, MOE_ARCHITECTURES, ModelConfig
 from .gemma import GemmaForCausalLM
 from .gguf import GGUFWeightReader, find_gguf, gguf_model_config
 from .llama import LlamaForCausalLM
+from .moe import MoeForCausalLM
 
 __all__ = ["load_model", "load_config", "checkpoint_reader", "default_dtype", "random_weights", "model_class"]
 
@@ -37,9 +38,12 @@ Tensor = torch.Tensor
 
 
 def model_class(config: ModelConfig) -> Type[LlamaForCausalLM]:
-    """The model class that runs ``config``: :class:`GemmaForCausalLM` for Gemma 2 / 3, else
-    :class:`LlamaForCausalLM` (both take the same constructor arguments)."""
-    return GemmaForCausalLM if config.architecture in GEMMA_ARCHITECTURES else LlamaForCausalLM
+    """The model class that runs ``config``: :class:`GemmaForCausalLM` for Gemma 2 / 3,
+    :class:`MoeForCausalLM` for Mixtral / Qwen3-MoE, else :class:`LlamaForCausalLM` (all take the
+    same constructor arguments)."""
+    if config.architecture in GEMMA_ARCHITECTURES:
+        return GemmaForCausalLM
+    return MoeForCausalLM if config.architecture in MOE_ARCHITECTURES else LlamaForCausalLM
 
 
 def default_dtype(config: ModelConfig, device: torch.device) -> torch.dtype:

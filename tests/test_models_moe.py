@@ -1,0 +1,271 @@
+"""Mixture-of-experts parity: fastinfer's Mixtral / Qwen3-MoE (CPU ops, float32) against transformers.
+
+Tiny random checkpoints (hidden 128, head_dim 64, GQA 4/2, vocab 300, 4 to 8 experts of width 64 or
+256) written with ``save_pretrained`` (which writes the hub's per-expert tensors) and loaded through
+``load_model`` / ``LLM``; transformers' in-memory stacked experts through a reader. Weights are
+re-drawn at a larger scale than transformers' init, so the routing is far from uniform. Checks:
+logits at every position of a prompt (relative norm error < 1e-5), a dozen greedy tokens through
+the runner, chunked prefill, a batch with prefix caching, chunked prefill and preemption against
+each prompt alone, tensor parallelism (2 ranks), the config fields against transformers' defaults.
+``test_each_moe_detail_is_visible`` shows each routing and layout detail moves the logits far
+beyond the tolerance, so the parity tests can fail.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+import fastinfer  # noqa: E402,F401
+from fastinfer import LLM, SamplingParams  # noqa: E402
+from fastinfer.layers import TensorDictReader  # noqa: E402
+from fastinfer.models import LlamaForCausalLM, ModelConfig, MoeForCausalLM, load_model  # noqa: E402
+from model_helpers import (  # noqa: E402
+    HF_BASE,
+    hf_greedy,
+    hf_logits,
+    lazy_checkpoints,
+    make_forward_batch,
+    make_hf_model,
+    prefill_logits,
+    random_prompt,
+    rel_err,
+)
+
+VOCAB = 300
+PROMPT_LEN = 40
+NEW_TOKENS = 12
+BS = 16
+REL_TOL = 1e-5
+
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
+
+CASES = {
+    # 4 experts, 2 per token (renormalised), expert width = intermediate_size, sliding window 24
+    "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=24)),
+    # norm_topk_prob, 8 experts of width 64, 3 per token; layers 0 and 2 dense (decoder_sparse_step 2
+    # skips layer 0, mlp_only_layers names 2), 1 and 3 routed
+    "qwen3_moe": ("qwen3_moe", dict(num_hidden_layers=4, num_experts=8, num_experts_per_tok=3,
+                                    moe_intermediate_size=64, norm_topk_prob=True, decoder_sparse_step=2,
+                                    mlp_only_layers=[2], rope_theta=1e6)),
+    # weights not renormalised, every layer routed, tied embeddings, q/k/v/o biases
+    "qwen3_moe_tied": ("qwen3_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                                         tie_word_embeddings=True, attention_bias=True)),
+}
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    return lazy_checkpoints(tmp_path_factory, CASES, make_hf_model)
+
+
+def _prompt(n=PROMPT_LEN, seed=0):
+    return random_prompt(n, VOCAB, seed)
+
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# parity
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(CASES))
+def test_prefill_logits_match_transformers(ckpts, name):
+    hf, path = ckpts(name)
+    model = load_model(path)
+    assert isinstance(model, MoeForCausalLM)
+    ids = _prompt()
+    ref = hf_logits(hf, ids)
+    out = prefill_logits(model, ids, block_size=BS)
+    assert out.dtype == torch.float32 and out.shape == (PROMPT_LEN, VOCAB)
+    assert rel_err(out, ref) < REL_TOL, f"{name}: rel err {rel_err(out, ref):.2e}"
+    per_pos = (out - ref).norm(dim=-1) / ref.norm(dim=-1)
+    assert per_pos.max().item() < 10 * REL_TOL
+
+
+def test_layer_kinds_follow_the_config(ckpts):
+    """Qwen3-MoE's mixed layers are built as transformers builds them (dense where it is dense)."""
+    hf, path = ckpts("qwen3_moe")
+    model = load_model(path)
+    ours = [layer.moe is not None for layer in model.layers]
+    theirs = [isinstance(layer.mlp, transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock)
+              for layer in hf.model.layers]
+    assert ours == theirs == [False, True, False, True]
+    assert model.layers[1].moe.renormalize and model.layers[1].moe.top_k == 3
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_stacked_experts_load_as_per_expert_ones(ckpts, name):
+    """transformers 5's in-memory tensors (``mlp.experts.gate_up_proj`` [E, 2I, H], Mixtral's
+    ``block_sparse_moe`` named ``mlp``) give the same model as the saved per-expert checkpoint."""
+    hf, path = ckpts(name)
+    names = list(hf.state_dict())
+    assert any(n.endswith("mlp.experts.gate_up_proj") for n in names)
+    assert not any(".experts.0." in n for n in names)
+    config = ModelConfig.from_pretrained(path)
+    stacked = load_model(TensorDictReader(dict(hf.state_dict())), config=config)
+    saved = load_model(path)
+    for (na, a), (nb, b) in zip(stacked.checkpoint_tensors(), saved.checkpoint_tensors()):
+        assert na == nb and torch.equal(a, b), na
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_greedy_generation_through_the_runner(ckpts, name):
+    hf, path = ckpts(name)
+    llm = LLM(path, dtype="float32", device="cpu", num_kv_blocks=16, block_size=BS)
+    ids = _prompt(seed=1)
+    out = llm.generate([ids], SamplingParams(max_tokens=NEW_TOKENS, **GREEDY))
+    assert list(out[0].outputs[0].token_ids) == hf_greedy(hf, ids, NEW_TOKENS)
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
+def test_chunked_prefill_matches_transformers(ckpts, name):
+    """Three prefill chunks (cuts inside blocks and inside the window) on a shuffled block table."""
+    hf, path = ckpts(name)
+    model = load_model(path)
+    ids = _prompt(seed=2)
+    blocks = list(range(3))
+    random.Random(3).shuffle(blocks)
+    caches = model.allocate_kv_cache(3, BS)
+    got = [model(make_forward_batch(prefill=[(ids[a:b], a, blocks)], block_size=BS, all_logits=True), caches)
+           for a, b in ((0, 13), (13, 27), (27, PROMPT_LEN))]
+    assert rel_err(torch.cat(got), hf_logits(hf, ids)) < REL_TOL
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
+def test_batching_prefix_caching_and_preemption(ckpts, name):
+    """Many prompts (a third sharing a prefix) in a pool small enough to preempt, with a token
+    budget that chunks the prefills, give each prompt's tokens alone (the deterministic mode: every
+    op batch invariant), and those are transformers' greedy tokens."""
+    hf, path = ckpts(name)
+    rng = random.Random(1)
+    shared = [rng.randrange(VOCAB) for _ in range(35)]
+    prompts = [(shared if i % 3 == 0 else []) + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))]
+               for i in range(12)]
+    params = [SamplingParams(max_tokens=rng.randint(1, 10), **GREEDY) for _ in prompts]
+    alone = LLM(path, num_kv_blocks=64, block_size=BS, deterministic=True)
+    ref = [alone.generate(p, sp)[0].outputs[0].token_ids for p, sp in zip(prompts, params)]
+    for i in (0, 1):
+        assert list(ref[i]) == hf_greedy(hf, prompts[i], params[i].max_tokens)
+    small = LLM(path, num_kv_blocks=10, block_size=BS, max_num_seqs=8, max_num_batched_tokens=48,
+                deterministic=True)
+    outs = small.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == ref
+    st = small.stats()
+    assert st["num_preemptions"] > 0 and st["prefix_cache_hits"] > 0, st
+    assert st["num_free_blocks"] == st["num_kv_blocks"], st
+
+
+def test_tensor_parallel_two_ranks(ckpts):
+    """TP=2 (rank 0 here, one spawned worker; each expert's intermediate rows split, one all-reduce
+    after the experts; the dense layers and attention as Llama's) equals transformers."""
+    from fastinfer.engine.model_runner import Chunk, ForwardPlan
+
+    for name in ("mixtral", "qwen3_moe"):
+        hf, path = ckpts(name)
+        llm = LLM(path, dtype="float32", device="cpu", num_kv_blocks=16, block_size=BS, tensor_parallel_size=2)
+        try:
+            moe = next(layer.moe for layer in llm.model.layers if layer.moe is not None)  # rank 0's shard
+            assert moe.w13.shape[1] == moe.intermediate_size and moe.w2.shape[2] == moe.intermediate_size // 2
+            ids = _prompt(seed=4)
+            logits, _ = llm.executor.runner.forward(ForwardPlan(chunks=[Chunk(-1, ids, 0, "all")],
+                                                                tables={-1: [0, 1, 2]}, finished=[-1]))
+            assert rel_err(logits, hf_logits(hf, ids)) < REL_TOL, name
+            out = llm.generate([ids], SamplingParams(max_tokens=NEW_TOKENS, **GREEDY))
+            assert list(out[0].outputs[0].token_ids) == hf_greedy(hf, ids, NEW_TOKENS), name
+        finally:
+            llm.shutdown()
+
+
+# ------------------------------------------------------------------------------------------------
+# each detail matters
+# ------------------------------------------------------------------------------------------------
+def _without(model, detail):
+    moes = [layer.moe for layer in model.layers if layer.moe is not None]
+    for m in moes:
+        if detail == "renormalize":
+            m.renormalize = not m.renormalize
+        elif detail == "gate / up order":
+            local = m.local_intermediate_size
+            m.w13.copy_(torch.cat([m.w13[:, local:], m.w13[:, :local]], dim=1))
+        elif detail == "top_k":
+            m.top_k -= 1
+        else:
+            raise AssertionError(detail)
+
+
+@pytest.mark.parametrize("name, detail", [
+    ("mixtral", "renormalize"), ("mixtral", "gate / up order"), ("mixtral", "top_k"),
+    ("qwen3_moe", "renormalize"), ("qwen3_moe", "gate / up order"),
+    ("qwen3_moe_tied", "renormalize"), ("qwen3_moe_tied", "top_k"),
+])
+def test_each_moe_detail_is_visible(ckpts, name, detail):
+    """Undoing one detail in the loaded model puts its logits 1000 x the tolerance away."""
+    hf, path = ckpts(name)
+    model = load_model(path)
+    ids = _prompt()
+    with torch.no_grad():
+        _without(model, detail)
+    err = rel_err(prefill_logits(model, ids, block_size=BS), hf_logits(hf, ids))
+    assert err > 1000 * REL_TOL, f"{name} without {detail}: rel err only {err:.2e}"
+
+
+# ------------------------------------------------------------------------------------------------
+# config
+# ------------------------------------------------------------------------------------------------
+def test_config_defaults_are_transformers_defaults():
+    for arch, cls in (("MixtralForCausalLM", transformers.MixtralConfig),
+                      ("Qwen3MoeForCausalLM", transformers.Qwen3MoeConfig)):
+        ours = ModelConfig.from_dict({"architectures": [arch]})
+        ref = cls()
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                    "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings", "bos_token_id",
+                    "rms_norm_eps", "num_experts_per_tok"):
+            assert getattr(ours, key) == getattr(ref, key), (arch, key)
+        assert ours.rope_theta == ref.rope_parameters["rope_theta"], arch
+        assert ours.num_experts == ref.num_local_experts, arch
+        assert ours.head_dim == ref.hidden_size // ref.num_attention_heads, arch
+        assert ours.sliding_window is None and ours.qk_norm == (arch == "Qwen3MoeForCausalLM"), arch
+    mixtral = ModelConfig.from_dict({"architectures": ["MixtralForCausalLM"]})
+    assert mixtral.moe_intermediate_size == 14336 and mixtral.moe_renormalize and mixtral.dense_mlp_layers == []
+    qwen = ModelConfig.from_dict({"architectures": ["Qwen3MoeForCausalLM"]})
+    assert (qwen.moe_intermediate_size, qwen.moe_renormalize) == (768, False)
+
+
+def test_qwen3_moe_config_forms():
+    """The hub's ``num_experts`` and transformers 5's ``num_local_experts`` mean the same; the
+    dense layers follow ``mlp_only_layers`` and ``decoder_sparse_step`` as transformers' layers do."""
+    base = {"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 6}
+    assert ModelConfig.from_dict(dict(base, num_experts=16)).num_experts == 16
+    assert ModelConfig.from_dict(dict(base, num_local_experts=16)).num_experts == 16
+    conf = ModelConfig.from_dict(dict(base, decoder_sparse_step=3, mlp_only_layers=[5]))
+    hf = transformers.Qwen3MoeConfig(num_hidden_layers=6, decoder_sparse_step=3, mlp_only_layers=[5])
+    want = [i not in hf.mlp_only_layers and (i + 1) % hf.decoder_sparse_step == 0 for i in range(6)]
+    assert [conf.is_moe_layer(i) for i in range(6)] == want == [False, False, True, False, False, False]
+    sliding = ModelConfig.from_dict(dict(base, use_sliding_window=True, sliding_window=64))
+    assert [sliding.window_left(i) for i in range(6)] == [63] * 6
+
+
+@pytest.mark.parametrize("bad, what", [
+    ({"num_experts_per_tok": 9, "num_local_experts": 8}, "larger than the number of experts"),
+    ({"num_local_experts": 0}, "num_local_experts"),
+])
+def test_config_errors(bad, what):
+    with pytest.raises(ValueError, match=what):
+        ModelConfig.from_dict(dict({"architectures": ["MixtralForCausalLM"]}, **bad))
+
+
+def test_refused_model_builds(ckpts):
+    _, path = ckpts("mixtral")
+    conf = ModelConfig.from_pretrained(path)
+    with pytest.raises(ValueError, match="MoeForCausalLM"):
+        LlamaForCausalLM(conf, device="meta")
+    from fastinfer.quant import QuantOptions, resolve_quantization
+
+    with pytest.raises(ValueError, match="not supported yet"):
+        load_model(path, quant_config=resolve_quantization(conf, QuantOptions("int8")))
