@@ -144,3 +144,106 @@ def test_streaming_emits_text_before_a_call_before_the_call_ends():
     content, calls = parser.feed('"arguments": {}}</tool_call>')
     assert content == "" and [c.name for c in calls] == ["f"]
     assert parser.finish() == ("", [])
+
+
+# ---- rendering: transformers' apply_chat_template is the oracle ---------------------------------
+# Qwen2.5's chat template (the tool parts as it writes them), on the shipped tiny model's tokenizer
+QWEN_STYLE_TEMPLATE = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city (°C or °F).",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city"]}}}]
+ASK = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
+CALL_ID = "call_0123456789abcdef01234567"
+# the history after a call, with the arguments as the templates take them: an object
+TEMPLATE_HISTORY = ASK + [
+    {"role": "assistant", "content": "",
+     "tool_calls": [{"id": CALL_ID, "type": "function", "function": {"name": "get_weather", "arguments": WEATHER}}]},
+    {"role": "tool", "content": '{"temperature": 21}', "tool_call_id": CALL_ID}]
+
+
+def _tokenizer():
+    from fastinfer.engine import default_model_path
+    from fastinfer.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer(default_model_path())
+    tok.chat_template = QWEN_STYLE_TEMPLATE
+    return tok
+
+
+def _transformers_render(messages, tools):
+    transformers = pytest.importorskip("transformers")
+    from fastinfer.engine import default_model_path
+
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=f"{default_model_path()}/tokenizer.json")
+    return hf.apply_chat_template(messages, tools=tools, chat_template=QWEN_STYLE_TEMPLATE, tokenize=False,
+                                  add_generation_prompt=True)
+
+
+@pytest.mark.parametrize("messages,tools", [(ASK, TOOLS), (TEMPLATE_HISTORY, TOOLS), (ASK, None)])
+def test_template_renders_tools_as_transformers_does(messages, tools):
+    ours = _tokenizer().apply_chat_template(messages, add_generation_prompt=True, tools=tools)
+    assert ours == _transformers_render(messages, tools)
+    if tools:
+        assert json.dumps(TOOLS[0], ensure_ascii=False) in ours
+    else:
+        assert "<tools>" not in ours
+    if len(messages) > 2:
+        assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}' in ours
+        assert '<tool_response>\n{"temperature": 21}\n</tool_response>' in ours
