@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["ToolCall", "ParsedOutput", "StreamingToolCallParser", "HermesToolCallParser",
-           "Llama3JsonToolCallParser", "TOOL_CALL_PARSERS", "parse_tool_calls", "make_tool_call_parser"]
+           "Llama3JsonToolCallParser", "TOOL_CALL_PARSERS", "parse_tool_calls", "make_tool_call_parser",
+           "check_tool_call_parser"]
 
 
 @dataclass
@@ -214,6 +215,12 @@ class Llama3JsonToolCallParser(StreamingToolCallParser):
 
 
 TOOL_CALL_PARSERS = {"hermes": HermesToolCallParser, "llama3_json": Llama3JsonToolCallParser}
+
+
+def check_tool_call_parser(name: Optional[str]) -> None:
+    """A ``ValueError`` naming the known parsers unless ``name`` is one of them (or None)."""
+    if name is not None and name not in TOOL_CALL_PARSERS:
+        raise ValueError(f"unknown tool call parser {name!r} (known: {', '.join(TOOL_CALL_PARSERS)})")
 
 
 def make_tool_call_parser(name: str) -> StreamingToolCallParser:
