@@ -176,10 +176,14 @@ class Tokenizer:
 
     # ------------------------------------------------------------------------------------------
     def apply_chat_template(self, messages: List[Dict[str, Any]], add_generation_prompt: bool = True,
-                            tokenize: bool = False, **kwargs: Any) -> Union[str, List[int]]:
-        """Render ``messages`` ([{"role": ..., "content": ...}]) with the model's chat template.
-        Returns the text, or its token ids (encoded without adding special tokens: the template
-        writes them) when ``tokenize``."""
+                            tokenize: bool = False, tools: Optional[List[Dict[str, Any]]] = None,
+                            **kwargs: Any) -> Union[str, List[int]]:
+        """Render ``messages`` ([{"role": ..., "content": ...}], assistant ``tool_calls`` and
+        ``role: "tool"`` results included) with the model's chat template. ``tools``: the function
+        tools' JSON schemas (OpenAI's ``[{"type": "function", "function": {...}}]``), the template's
+        ``tools`` variable, None without tools, as in ``transformers``. Returns the text, or its
+        token ids (encoded without adding special tokens: the template writes them) when
+        ``tokenize``."""
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat_template (tokenizer_config.json)")
         if self._template is None:
@@ -203,7 +207,8 @@ class Tokenizer:
         ctx = dict(bos_token=self.bos_token or "", eos_token=self.eos_token or "",
                    pad_token=self.pad_token or "")
         ctx.update(kwargs)
-        text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **ctx)
+        text = self._template.render(messages=messages, tools=tools, documents=None,
+                                     add_generation_prompt=add_generation_prompt, **ctx)
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 

@@ -108,6 +108,7 @@ def cmd_serve(args) -> int:
     from ..engine.async_llm import AsyncLLM
     from .openai.api_server import build_app, run_server
     from .openai.serving import ServeLimits
+    from .openai.tool_parsers import check_tool_call_parser
 
     if args.model_tag is not None and args.model is not None and args.model_tag != args.model:
         raise ValueError(f"MODEL {args.model_tag!r} and --model {args.model!r} differ: give one")
@@ -120,12 +121,14 @@ def cmd_serve(args) -> int:
             raise ValueError(f"{field} must be >= 1, got {v}")
     if args.max_waiting < 0:
         raise ValueError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+    check_tool_call_parser(args.tool_call_parser)  # before the model loads
     kw = dict(llm_kwargs(args, SERVE_OPTIONS), model=model, load_progress=True)
     if serve_torchrun_worker(kw):  # torchrun rank > 0: this process was a worker of rank 0's engine
         return 0
     engine = AsyncLLM(**kw)
     app = build_app(engine, name, limits, api_key=args.api_key or os.environ.get("FASTINFER_API_KEY") or None,
-                    max_body_bytes=args.max_body_bytes, model_root=engine.llm.model_path)
+                    max_body_bytes=args.max_body_bytes, model_root=engine.llm.model_path,
+                    tool_call_parser=args.tool_call_parser)
     run_server(engine, app, args.host, args.port, args.log_level)
     return 0
 
@@ -150,6 +153,11 @@ def add_serve_parser(sub) -> None:
                    help="largest request body, in bytes; beyond: 413 (default: 4194304)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default: info)")
+    s.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                   help="enables tools in chat requests: the format of the model's tool calls, hermes (Hermes 2 "
+                        "Pro, Qwen2.5, Qwen3) or llama3_json (Llama 3.x) (default: none, tools refused)")
+    s.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="accepted for vLLM command lines; --tool-call-parser alone enables tool calls")
     add_cli_args(s, SERVE_OPTIONS, {"model": "the same as MODEL (default: the shipped tiny model)"})
     add_quant_args(s)
     s.set_defaults(func=cmd_serve)

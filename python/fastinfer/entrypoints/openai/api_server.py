@@ -94,12 +94,14 @@ class _Guard:
 
 
 def build_app(engine: AsyncLLM, model_name: str, limits: Optional[ServeLimits] = None,
-              api_key: Optional[str] = None, max_body_bytes: int = 4 << 20, model_root: Optional[str] = None):
-    """The ASGI app (FastAPI wrapped in the guard)."""
+              api_key: Optional[str] = None, max_body_bytes: int = 4 << 20, model_root: Optional[str] = None,
+              tool_call_parser: Optional[str] = None):
+    """The ASGI app (FastAPI wrapped in the guard). ``tool_call_parser``: the format of the model's
+    tool calls (see :mod:`.tool_parsers`); None refuses requests that need tool calls parsed."""
     limits = limits or ServeLimits()
     metrics = ServerMetrics(model_name, engine.stats)
     completion = ServingCompletion(engine, model_name, limits, metrics)
-    chat = ServingChat(engine, model_name, limits, metrics)
+    chat = ServingChat(engine, model_name, limits, metrics, tool_call_parser=tool_call_parser)
     created = int(time.time())
 
     @contextlib.asynccontextmanager

@@ -2,8 +2,8 @@
 
 Requests carry the OpenAI fields and vLLM's sampling extras (``top_k``, ``min_p``,
 ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``, ``prompt_logprobs``, ...). A field
-OpenAI defines but fastinfer cannot honour (``tools``, ``suffix``, ...) is accepted at its neutral
-value and refused otherwise. A top-level field neither API defines is accepted and ignored, as vLLM
+OpenAI defines but fastinfer cannot honour (``suffix``, ``response_format`` other than text, ...) is
+accepted at its neutral value and refused otherwise. A top-level field neither API defines is accepted and ignored, as vLLM
 does for its clients (which send extras of their own), with one warning per field name in the
 server log; a known field of the wrong type is still a 400. Every refusal is an :class:`APIError`,
 rendered as OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
@@ -139,12 +139,30 @@ class TextPart(_Strict):
     text: str
 
 
-class ChatMessage(BaseModel):
-    # extra keys (tool_calls: null, ...) are tolerated on messages: clients echo back what they got
+class _Echoed(BaseModel):
+    # extra keys (refusal: null, ...) are tolerated on messages: clients echo back what they got
     model_config = ConfigDict(extra="allow", strict=True)
+
+
+class FunctionCall(_Echoed):
+    name: str
+    arguments: Union[str, Dict[str, Any]]  # OpenAI sends a JSON string; a dict is accepted too
+
+
+class MessageToolCall(_Echoed):
+    """A tool call of an earlier assistant message, as the response gave it."""
+
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Echoed):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[Union[str, List[TextPart]]] = None
     name: Optional[str] = None
+    tool_calls: Optional[List[MessageToolCall]] = None  # on an assistant message
+    tool_call_id: Optional[str] = None  # on a tool result: the call it answers
 
     def text(self) -> str:
         if self.content is None:

@@ -1,40 +1,130 @@
 """``POST /v1/chat/completions``: the messages rendered with the tokenizer's chat template, one engine
 request with ``n`` completions; logprobs as OpenAI's ``{"content": [{token, logprob, bytes,
-top_logprobs}]}``; vLLM's ``prompt_logprobs`` (the rendered prompt's) on the response."""
+top_logprobs}]}``; vLLM's ``prompt_logprobs`` (the rendered prompt's) on the response.
+
+Tool calling: ``tools`` go to the template (its ``tools`` variable), as do assistant ``tool_calls`` and
+``role: "tool"`` results in the history. With ``tool_choice`` "auto" (the default with tools) the
+output is parsed by the server's ``--tool-call-parser`` (:mod:`.tool_parsers`) into
+``message.tool_calls``, ``finish_reason: "tool_calls"``; streamed, a call is sent once complete (its
+id, type and name, then its arguments) while the text around it streams as content. With "none" the
+tools are still rendered, as vLLM does, and the output is plain content. "required" and a named
+function need constrained decoding, which fastinfer does not have: a 400.
+"""
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Dict, List, Optional
+import json
+from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 
 from starlette.responses import JSONResponse, Response
 
 from ...engine import CompletionOutput, SamplingParams
-from .protocol import APIError, ChatCompletionRequest, ChatMessage
+from .protocol import APIError, ChatCompletionRequest, ChatMessage, MessageToolCall
 from .serving import SSE_DONE, EventStream, OpenAIServing, random_id, sse
+from .tool_parsers import TOOL_CALL_PARSERS, check_tool_call_parser, make_tool_call_parser, parse_tool_calls
 
 __all__ = ["ServingChat"]
 
 
+def _template_arguments(arguments: Any) -> Any:
+    """A history call's arguments as the templates expect them: an object. Qwen2.5's and Hermes'
+    templates write ``arguments | tojson``, which would quote OpenAI's JSON string a second time."""
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            return arguments
+        return parsed if isinstance(parsed, dict) else arguments
+    return arguments
+
+
+def _template_tool_call(call: MessageToolCall) -> Dict[str, Any]:
+    return {"id": call.id, "type": call.type,
+            "function": {"name": call.function.name, "arguments": _template_arguments(call.function.arguments)}}
+
+
+def _template_message(m: ChatMessage) -> Dict[str, Any]:
+    """A message as the chat template sees it (transformers' convention)."""
+    out: Dict[str, Any] = {"role": m.role, "content": m.text()}
+    if m.tool_calls:
+        out["tool_calls"] = [_template_tool_call(c) for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    return out
+
+
+def check_tools(tools: Any) -> List[Dict[str, Any]]:
+    """OpenAI function tools, each ``{"type": "function", "function": {"name", "description"?,
+    "parameters"?: JSON schema object}}``; anything else is a 400 naming ``tools``."""
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise APIError(400, f"{where}: only function tools are supported: {{\"type\": \"function\", "
+                                f"\"function\": {{\"name\": ..., \"parameters\": {{...}}}}}}", param="tools")
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise APIError(400, f"{where}.function must be an object", param="tools")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise APIError(400, f"{where}.function.name must be a non-empty string", param="tools")
+        if not isinstance(function.get("parameters", {}), dict):
+            raise APIError(400, f"{where}.function.parameters must be a JSON schema object", param="tools")
+        if not isinstance(function.get("description", ""), str):
+            raise APIError(400, f"{where}.function.description must be a string", param="tools")
+    return tools
+
+
+_TOOL_CHOICES = '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
+_NEEDS_CONSTRAINED = 'needs constrained decoding, which this server does not have: use "auto" (or "none")'
+
+
 class ServingChat(OpenAIServing):
-    def render(self, messages: List[ChatMessage], add_generation_prompt: bool) -> List[int]:
+    def __init__(self, *args: Any, tool_call_parser: Optional[str] = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        check_tool_call_parser(tool_call_parser)
+        self.tool_call_parser = tool_call_parser
+
+    def render(self, messages: List[ChatMessage], add_generation_prompt: bool,
+               tools: Optional[List[Dict[str, Any]]] = None) -> List[int]:
         """Token ids of the conversation (the template writes the special tokens)."""
         if self.tokenizer is None or not self.tokenizer.chat_template:
             raise APIError(400, "this model has no chat template: use /v1/completions", param="messages")
         if not messages:
             raise APIError(400, "messages must not be empty", param="messages")
-        convo = [{"role": m.role, "content": m.text()} for m in messages]
+        convo = [_template_message(m) for m in messages]
         try:
-            text = self.tokenizer.apply_chat_template(convo, add_generation_prompt)
+            text = self.tokenizer.apply_chat_template(convo, add_generation_prompt, tools=tools)
         except Exception as e:  # jinja2's TemplateError: the template refused the conversation
             raise APIError(400, f"the chat template refused the messages: {e}", param="messages") from None
         return self.token_ids(self.tokenizer.encode(text, add_special_tokens=False), param="messages")
 
+    def tool_calling(self, req: ChatCompletionRequest) -> Tuple[Optional[List[Dict[str, Any]]], bool]:
+        """The tools to render and whether to parse the output for calls."""
+        tools = check_tools(req.tools) if req.tools else None
+        choice = req.tool_choice
+        if isinstance(choice, dict):
+            function = choice.get("function")
+            name = function.get("name") if isinstance(function, dict) else None
+            if choice.get("type") != "function" or not isinstance(name, str):
+                raise APIError(400, f"tool_choice must be {_TOOL_CHOICES}", param="tool_choice")
+            if name not in {t["function"]["name"] for t in tools or []}:
+                raise APIError(400, f"tool_choice names the function {name!r}, which is not among the tools",
+                               param="tool_choice")
+            raise APIError(400, f"tool_choice naming a function {_NEEDS_CONSTRAINED}", param="tool_choice")
+        if choice == "required":
+            raise APIError(400, f'tool_choice "required" {_NEEDS_CONSTRAINED}', param="tool_choice")
+        if choice not in (None, "none", "auto"):
+            raise APIError(400, f"tool_choice must be {_TOOL_CHOICES}, got {choice!r}", param="tool_choice")
+        parse = tools is not None and choice != "none"
+        if parse and self.tool_call_parser is None:
+            raise APIError(400, "tools need tool calling, which is not enabled on this server: start it with "
+                                f"--tool-call-parser {{{'|'.join(TOOL_CALL_PARSERS)}}} (or send tool_choice: "
+                                '"none")', param="tools")
+        return tools, parse
+
     def prepare(self, req: ChatCompletionRequest):
         self.check_model(req.model)
-        if req.tools:
-            raise APIError(400, "tools are not supported", param="tools")
-        if req.tool_choice not in (None, "none", "auto"):
-            raise APIError(400, "tool_choice is not supported", param="tool_choice")
+        tools, parse_calls = self.tool_calling(req)
         if req.response_format is not None and req.response_format.type != "text":
             raise APIError(400, f"response_format {req.response_format.type!r} is not supported (only 'text')",
                            param="response_format")
@@ -47,14 +137,14 @@ class ServingChat(OpenAIServing):
         if req.stream_options is not None and not req.stream:
             raise APIError(400, "stream_options needs stream: true", param="stream_options")
         self.check_prompt_logprobs(req)
-        ids = self.render(req.messages, req.add_generation_prompt)
+        ids = self.render(req.messages, req.add_generation_prompt, tools)
         which = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         budget = self.max_tokens_for(len(ids), asked, which, prompt_param="messages")
         params = self.sampling_params(req, budget, (req.top_logprobs or 0) if req.logprobs else None, which,
                                       prompt_logprobs=req.prompt_logprobs)
         self.check_capacity(1)
-        return ids, params
+        return ids, params, parse_calls
 
     def _logprobs(self, c: CompletionOutput, start: int, top: int) -> Optional[Dict[str, Any]]:
         if c.logprobs is None:
@@ -70,16 +160,29 @@ class ServingChat(OpenAIServing):
             content.append(dict(entry(tid, d[tid]), top_logprobs=[entry(t, v) for t, v in best]))
         return {"content": content}
 
+    def _message(self, c: CompletionOutput, parse_calls: bool) -> Tuple[Dict[str, Any], Optional[str]]:
+        """The assistant message of a finished completion, and its finish reason."""
+        if not parse_calls:
+            return {"role": "assistant", "content": c.text}, c.finish_reason
+        parsed = parse_tool_calls(self.tool_call_parser, c.text)
+        if not parsed.calls:
+            return {"role": "assistant", "content": c.text}, c.finish_reason
+        message = {"role": "assistant", "content": parsed.content,
+                   "tool_calls": [call.to_openai() for call in parsed.calls]}
+        return message, _finish_reason(c.finish_reason, True)
+
     async def create(self, req: ChatCompletionRequest) -> Response:
-        ids, params = self.prepare(req)
+        ids, params, parse_calls = self.prepare(req)
         rid = random_id("chatcmpl")
         top = req.top_logprobs or 0
         if req.stream:
-            return EventStream(self._stream(req, rid, ids, params))
+            return EventStream(self._stream(req, rid, ids, params, parse_calls))
         (out,) = await self.final_outputs(rid, [ids], params)
-        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": self._logprobs(c, 0, top), "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason} for c in out.outputs]
+        choices = []
+        for c in out.outputs:
+            message, finish_reason = self._message(c, parse_calls)
+            choices.append({"index": c.index, "message": message, "logprobs": self._logprobs(c, 0, top),
+                            "finish_reason": finish_reason, "stop_reason": c.stop_reason})
         usage = self.usage(len(ids), sum(len(c.token_ids) for c in out.outputs), out.num_cached_tokens)
         body = {"id": rid, "object": "chat.completion", "created": self.created(), "model": self.model_name,
                 "choices": choices, "usage": usage, "system_fingerprint": None}
@@ -88,7 +191,7 @@ class ServingChat(OpenAIServing):
         return JSONResponse(body)
 
     async def _stream(self, req: ChatCompletionRequest, rid: str, ids: List[int],
-                      params: SamplingParams) -> AsyncIterator[bytes]:
+                      params: SamplingParams, parse_calls: bool) -> AsyncIterator[bytes]:
         created, top = self.created(), req.top_logprobs or 0
         opts = req.stream_options
         include_usage = opts is not None and opts.include_usage
@@ -97,6 +200,8 @@ class ServingChat(OpenAIServing):
         sent_tok: Dict[int, int] = {}
         finished = set()
         gen, cached = 0, 0
+        parsers = {i: make_tool_call_parser(self.tool_call_parser) for i in range(params.n)} if parse_calls else {}
+        num_calls: Dict[int, int] = {}  # per choice: calls sent so far (their delta indices)
 
         def chunk(choices: List[Dict[str, Any]], usage=None) -> bytes:
             body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name,
@@ -104,6 +209,25 @@ class ServingChat(OpenAIServing):
             if include_usage:
                 body["usage"] = usage
             return sse(body)
+
+        def deltas(index: int, text: str, done: bool) -> List[Dict[str, Any]]:
+            """The deltas that ``text`` (new output text of choice ``index``) makes: content, then
+            each completed call as two deltas (id, type and name; then its arguments)."""
+            parser = parsers.get(index)
+            if parser is None:
+                return [{"content": text}] if text else []
+            content, calls = parser.feed(text)
+            if done:
+                rest, more = parser.finish()
+                content, calls = content + rest, calls + more
+            out: List[Dict[str, Any]] = [{"content": content}] if content else []
+            for call in calls:
+                k = num_calls.get(index, 0)
+                num_calls[index] = k + 1
+                out.append({"tool_calls": [{"index": k, "id": call.id, "type": "function",
+                                            "function": {"name": call.name, "arguments": ""}}]})
+                out.append({"tool_calls": [{"index": k, "function": {"arguments": call.arguments}}]})
+            return out
 
         try:
             usage0 = self.usage(len(ids), 0, 0) if continuous else None
@@ -122,12 +246,23 @@ class ServingChat(OpenAIServing):
                     sent_text[c.index], sent_tok[c.index] = len(c.text), len(c.token_ids)
                     if c.finish_reason is not None:
                         finished.add(c.index)
-                    choice = {"index": c.index, "delta": {"content": delta} if delta else {},
-                              "logprobs": self._logprobs(c, t0, top), "finish_reason": c.finish_reason,
-                              "stop_reason": c.stop_reason}
-                    yield chunk([choice], self.usage(len(ids), gen, cached) if continuous else None)
+                    pieces = deltas(c.index, delta, c.finish_reason is not None) or [{}]
+                    finish_reason = _finish_reason(c.finish_reason, num_calls.get(c.index, 0) > 0)
+                    usage = self.usage(len(ids), gen, cached) if continuous else None
+                    for k, piece in enumerate(pieces):
+                        last = k == len(pieces) - 1
+                        choice = {"index": c.index, "delta": piece,
+                                  "logprobs": self._logprobs(c, t0, top) if k == 0 else None,
+                                  "finish_reason": finish_reason if last else None,
+                                  "stop_reason": c.stop_reason if last else None}
+                        yield chunk([choice], usage)
             if include_usage:
                 yield chunk([], self.usage(len(ids), gen, cached))
         except APIError as e:
             yield self.stream_error(e)
         yield SSE_DONE
+
+
+def _finish_reason(reason: Optional[str], made_calls: bool) -> Optional[str]:
+    """OpenAI's "tool_calls" for an output that ended on its own after making calls."""
+    return "tool_calls" if made_calls and reason == "stop" else reason
