@@ -264,7 +264,7 @@ __device__ __forceinline__ void pv_tile(float (&o)[Traits::kHeadDim / 8][4], con
 #pragma unroll
     for (int dp = 0; dp < Traits::kHeadDim / 16; ++dp) {
       uint32_t b0[2], b1[2];
-      mma::load_b_pair_trans<Traits::kChunksPerRow>(b0, b1, sv, l.a_row(kk), 2 * dp + l.a_chunk());
+      mma::load_b_pair<Traits::kChunksPerRow, /*kTrans=*/true>(b0, b1, sv, l.a_row(kk), 2 * dp + l.a_chunk());
       ptx::mma_m16n8k16<T>(o[2 * dp], pa, b0);
       ptx::mma_m16n8k16<T>(o[2 * dp + 1], pa, b1);
     }

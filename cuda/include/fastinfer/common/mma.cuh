@@ -5,8 +5,8 @@
 //   shared-memory tiles are rows of 16-byte chunks, XOR-swizzled (swizzle);
 //   chunk_passes / tile_chunk deal a tile's chunks out to the threads of a CTA (the cp.async loads);
 //   LdmatrixLane says which row and chunk each lane addresses in an ldmatrix.x4, so that the four
-//     8 x 8 matrices arrive as an A fragment or as the B fragments of two n8 tiles, which load_a,
-//     load_b_pair and load_b_pair_trans read;
+//     8 x 8 matrices arrive as an A fragment or as the B fragments of two n8 tiles, which load_a
+//     and load_b_pair read;
 //   pack2 rounds two fp32 results into one register of two 16-bit halves.
 //
 // Then the k-tile pipeline that the fp8, int8 and dense GEMMs share (GemmConfig, load_ab_stage,
@@ -86,25 +86,17 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[4], const unsigned char* ti
   ptx::ldmatrix_x4(a, tile + swizzle<kChunksPerRow>(row, chunk));
 }
 
-// The B fragments of the two n8 tiles of 16 [n][k] rows (B order).
-template <int kChunksPerRow>
+// The B fragments of the two n8 tiles of 16 rows: of [n][k] rows (B order), or with kTrans of
+// [k][n] rows by ldmatrix .trans, the n8 tiles at chunks 2 np and 2 np + 1 (A order; 16-bit
+// elements only).
+template <int kChunksPerRow, bool kTrans = false>
 __device__ __forceinline__ void load_b_pair(uint32_t (&b0)[2], uint32_t (&b1)[2], const unsigned char* tile, int row,
                                             int chunk) {
   uint32_t r[4];
-  ptx::ldmatrix_x4(r, tile + swizzle<kChunksPerRow>(row, chunk));
-  b0[0] = r[0];
-  b0[1] = r[1];
-  b1[0] = r[2];
-  b1[1] = r[3];
-}
-
-// The B fragments of the two n8 tiles at chunks 2 np, 2 np + 1 of 16 [k][n] rows, by ldmatrix
-// .trans (A order; 16-bit elements only).
-template <int kChunksPerRow>
-__device__ __forceinline__ void load_b_pair_trans(uint32_t (&b0)[2], uint32_t (&b1)[2], const unsigned char* tile,
-                                                  int row, int chunk) {
-  uint32_t r[4];
-  ptx::ldmatrix_x4_trans(r, tile + swizzle<kChunksPerRow>(row, chunk));
+  if constexpr (kTrans)
+    ptx::ldmatrix_x4_trans(r, tile + swizzle<kChunksPerRow>(row, chunk));
+  else
+    ptx::ldmatrix_x4(r, tile + swizzle<kChunksPerRow>(row, chunk));
   b0[0] = r[0];
   b0[1] = r[1];
   b1[0] = r[2];
