@@ -45,15 +45,10 @@ def _cu(lens):
 
 
 def _tree_mask(q_len: int, gen) -> torch.Tensor:
-    """A random tree over q_len nodes: node i's parent is an earlier node; row i sees its ancestors."""
-    parent = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, q_len)]
-    m = torch.zeros(q_len, q_len, dtype=torch.bool)
-    for i in range(q_len):
-        j = i
-        while j >= 0:
-            m[i, j] = True
-            j = parent[j]
-    return m.flatten()
+    """A random tree over q_len nodes (node i's parent an earlier node), row i seeing its ancestors."""
+    from fastinfer.reference import random_tree_parents, tree_mask
+
+    return tree_mask(random_tree_parents(q_len, gen)).flatten()
 
 
 def _paged(k_lens, hkv, d, dtype, gen, block_size=16, fp8=False):
