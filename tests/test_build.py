@@ -27,7 +27,7 @@ PTX_ARCH = "sm_89"  # the PTX embedded for GPUs newer than every SASS (JIT-compi
 # tuned for sm_80 .. sm_90): kernel-name substring -> arch.
 NEWER_ARCH_SPILLS = {
     # the fp8 mma.sync GEMM's 128 x 128 tile at 255 registers: 40 bytes spilled on sm_100a
-    "fp8_scaled_mm_kernelINS0_10GemmConfigILi128ELi128E": "sm_100a",
+    "fp8_scaled_mm_kernelINS_3mma10GemmConfigILi128ELi128E": "sm_100a",
 }
 
 

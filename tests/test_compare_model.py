@@ -23,7 +23,7 @@ DEC4 = ("void fastinfer::attention::decode::paged_decode_attention_kernel<__nv_b
         "(fastinfer::DecodeAttentionParams)")
 DEC8 = DEC4.replace("128, 4>", "128, 8>")
 MERGE = "void fastinfer::attention::decode::decode_merge_splits_kernel<__nv_bfloat16>(fastinfer::DecodeAttentionParams)"
-FP8 = ("void fastinfer::fp8::fp8_scaled_mm_kernel<fastinfer::fp8::GemmConfig<16, 32, 1, 2, 4>, __nv_bfloat16, false>"
+FP8 = ("void fastinfer::fp8::fp8_scaled_mm_kernel<fastinfer::mma::GemmConfig<16, 32, 1, 2, 4>, __nv_bfloat16, false>"
        "(fastinfer::Fp8ScaledMmParams)")
 CUTLASS = ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, int, int>, "
            "cutlass::gemm::collective::CollectiveMma<cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized<4>>>>"

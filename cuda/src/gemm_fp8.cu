@@ -20,16 +20,11 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 constexpr int kMaxDevices = 64;
 
-int num_amax_partials(const Fp8QuantizeParams& p) {
-  const int64_t blocks = ceil_div(p.rows * p.cols / 8, kQuantThreads);
-  return static_cast<int>(blocks < kMaxAmaxPartials ? (blocks > 0 ? blocks : 1) : kMaxAmaxPartials);
-}
-
 template <typename T>
 cudaError_t launch_quantize(const Fp8QuantizeParams& p, cudaStream_t stream) {
-  const int64_t flat_blocks = ceil_div(p.rows * p.cols / 8, kQuantThreads);
+  const int64_t flat_blocks = quant::flat_blocks(p.rows, p.cols);
   if (flat_blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  const dim3 block(kQuantThreads);
+  const dim3 block(quant::kQuantThreads);
   switch (p.mode) {
     case Fp8QuantMode::kGroup: {
       const dim3 grid(static_cast<unsigned>(flat_blocks));
@@ -45,19 +40,10 @@ cudaError_t launch_quantize(const Fp8QuantizeParams& p, cudaStream_t stream) {
     }
     case Fp8QuantMode::kToken:
       if (p.rows > 0x7fffffff) return cudaErrorInvalidValue;
-      return launch_kernel(fp8_quantize_token_kernel<T>, dim3(static_cast<unsigned>(p.rows)), block, 0, stream, p);
-    case Fp8QuantMode::kTensor: {
-      int partials = 0;
-      if (p.given_scale == nullptr) {
-        if (p.workspace == nullptr) return cudaErrorInvalidValue;
-        partials = num_amax_partials(p);
-        cudaError_t err = launch_kernel(fp8_amax_partials_kernel<T>, dim3(partials), block, 0, stream, p);
-        if (err != cudaSuccess) return err;
-      }
-      // At least one CTA: an empty tensor still gets its scale written.
-      const unsigned blocks = flat_blocks > 0 ? static_cast<unsigned>(flat_blocks) : 1u;
-      return launch_kernel(fp8_quantize_tensor_kernel<T>, dim3(blocks), block, 0, stream, p, partials);
-    }
+      return launch_kernel(quant::quantize_token_kernel<E4m3Format, T>, dim3(static_cast<unsigned>(p.rows)), block, 0,
+                           stream, p);
+    case Fp8QuantMode::kTensor:
+      return quant::launch_quantize_tensor<E4m3Format, T>(p, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -132,7 +118,7 @@ cudaError_t device_cc(int& major, int& minor) {
 
 size_t fp8_quantize_workspace_size(const Fp8QuantizeParams& p) {
   if (p.mode != Fp8QuantMode::kTensor || p.given_scale != nullptr) return 0;
-  return static_cast<size_t>(fp8::num_amax_partials(p)) * sizeof(float);
+  return static_cast<size_t>(quant::num_amax_partials(p.rows, p.cols)) * sizeof(float);
 }
 
 cudaError_t launch_fp8_quantize(const Fp8QuantizeParams& p, cudaStream_t stream) {

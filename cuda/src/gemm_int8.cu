@@ -17,38 +17,15 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-int num_amax_partials(const Int8QuantizeParams& p) {
-  const int64_t blocks = ceil_div(p.rows * p.cols / 8, kQuantThreads);
-  return static_cast<int>(blocks < fp8::kMaxAmaxPartials ? (blocks > 0 ? blocks : 1) : fp8::kMaxAmaxPartials);
-}
-
 template <typename T>
 cudaError_t launch_quantize(const Int8QuantizeParams& p, cudaStream_t stream) {
-  const dim3 block(kQuantThreads);
   if (p.mode == Int8QuantMode::kToken) {
     if (p.rows > 0x7fffffff) return cudaErrorInvalidValue;
-    const dim3 grid(static_cast<unsigned>(p.rows));
-    return p.symmetric ? launch_kernel(int8_quantize_token_kernel<T, true>, grid, block, 0, stream, p)
-                       : launch_kernel(int8_quantize_token_kernel<T, false>, grid, block, 0, stream, p);
+    const dim3 grid(static_cast<unsigned>(p.rows)), block(quant::kQuantThreads);
+    return p.symmetric ? launch_kernel(quant::quantize_token_kernel<Int8Format<true>, T>, grid, block, 0, stream, p)
+                       : launch_kernel(quant::quantize_token_kernel<Int8Format<false>, T>, grid, block, 0, stream, p);
   }
-  const int64_t flat_blocks = ceil_div(p.rows * p.cols / 8, kQuantThreads);
-  if (flat_blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  int partials = 0;
-  if (p.given_scale == nullptr) {
-    if (p.workspace == nullptr) return cudaErrorInvalidValue;
-    // The fp8 reduction pass: it reads only x, rows, cols and workspace.
-    Fp8QuantizeParams r;
-    r.x = p.x;
-    r.rows = p.rows;
-    r.cols = p.cols;
-    r.dtype = p.dtype;
-    r.workspace = p.workspace;
-    partials = num_amax_partials(p);
-    cudaError_t err = launch_kernel(fp8::fp8_amax_partials_kernel<T>, dim3(partials), block, 0, stream, r);
-    if (err != cudaSuccess) return err;
-  }
-  const unsigned blocks = flat_blocks > 0 ? static_cast<unsigned>(flat_blocks) : 1u;  // an empty x still gets its scale
-  return launch_kernel(int8_quantize_tensor_kernel<T>, dim3(blocks), block, 0, stream, p, partials);
+  return quant::launch_quantize_tensor<Int8Format<true>, T>(p, stream);
 }
 
 template <typename Cfg, typename TOut>
@@ -112,7 +89,7 @@ Int8GemmBackend select_int8_gemm_backend(const Int8ScaledMmParams& p, const Sm90
 
 size_t int8_quantize_workspace_size(const Int8QuantizeParams& p) {
   if (p.mode != Int8QuantMode::kTensor || p.given_scale != nullptr) return 0;
-  return static_cast<size_t>(int8::num_amax_partials(p)) * sizeof(float);
+  return static_cast<size_t>(quant::num_amax_partials(p.rows, p.cols)) * sizeof(float);
 }
 
 cudaError_t launch_int8_quantize(const Int8QuantizeParams& p, cudaStream_t stream) {

@@ -5,6 +5,7 @@
 // the rows.
 #include "fastinfer/common/platform.cuh"
 #include "fastinfer/common/math.cuh"
+#include "fastinfer/common/mma.cuh"
 #include "fastinfer/common/ptx.cuh"
 #include "fastinfer/common/reduce.cuh"
 #include "fastinfer/common/vec.cuh"
@@ -41,7 +42,7 @@ __device__ __forceinline__ void load_q_tile(unsigned char* s_q, const PrefillAtt
       const int head = tile.kv_head * tile.group + (row - token * tile.group);
       off = (tile.q_start + token) * p.q_token_stride + static_cast<int64_t>(head) * D;
     }
-    ptx::cp_async_cg_16(s_q + swizzle<kCPR>(r, chunk), q_ptr + off + chunk * Traits::kElemsPerChunk, pred);
+    ptx::cp_async_cg_16(s_q + mma::swizzle<kCPR>(r, chunk), q_ptr + off + chunk * Traits::kElemsPerChunk, pred);
   }
 }
 
@@ -80,7 +81,7 @@ __device__ __forceinline__ void load_kv_tile(unsigned char* sk, unsigned char* s
         v_off = (tile.k_start + j) * p.v_token_stride + static_cast<int64_t>(tile.kv_head) * D;
       }
     }
-    const int so = kFp8 ? (r * kCPR + chunk) * 16 : swizzle<kCPR>(r, chunk);
+    const int so = kFp8 ? (r * kCPR + chunk) * 16 : mma::swizzle<kCPR>(r, chunk);
     ptx::cp_async_cg_16(sk + so, k_ptr + k_off + chunk * kElemsPerChunk, pred);  // !pred: zero-fill
     ptx::cp_async_cg_16(sv + so, v_ptr + v_off + chunk * kElemsPerChunk, pred);
   }
@@ -108,23 +109,21 @@ __device__ __forceinline__ void convert_kv_tile(unsigned char* dst, const unsign
         out[k] = h;
       } else {
         const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-        out[k] = pack2<T>(f.x, f.y);
+        out[k] = mma::pack2<T>(f.x, f.y);
       }
     }
-    *reinterpret_cast<uint4*>(dst + swizzle<Traits::kChunksPerRow>(r, 2 * c8)) = make_uint4(out[0], out[1], out[2], out[3]);
-    *reinterpret_cast<uint4*>(dst + swizzle<Traits::kChunksPerRow>(r, 2 * c8 + 1)) =
+    *reinterpret_cast<uint4*>(dst + mma::swizzle<Traits::kChunksPerRow>(r, 2 * c8)) = make_uint4(out[0], out[1], out[2], out[3]);
+    *reinterpret_cast<uint4*>(dst + mma::swizzle<Traits::kChunksPerRow>(r, 2 * c8 + 1)) =
         make_uint4(out[4], out[5], out[6], out[7]);
   }
 }
 
 // The Q fragment of k-step kk (dims 16kk..16kk+15) of the warp's 16 rows from shared memory.
-// ldmatrix_x4 matrices: 0 = rows 0-7 / dims 0-7, 1 = rows 8-15 / dims 0-7, 2 = rows 0-7 / dims
-// 8-15, 3 = rows 8-15 / dims 8-15 -> exactly a[0..3] of the m16n8k16 A layout.
 template <typename Traits>
 __device__ __forceinline__ void load_q_fragment(uint32_t (&a)[4], const unsigned char* s_q, int kk, int warp,
                                                 int lane) {
-  const int mat = lane / 8, r = lane % 8;
-  ptx::ldmatrix_x4(a, s_q + swizzle<Traits::kChunksPerRow>(warp * 16 + r + 8 * (mat & 1), 2 * kk + (mat >> 1)));
+  const mma::LdmatrixLane l(lane);
+  mma::load_a<Traits::kChunksPerRow>(a, s_q, l.a_row(warp), 2 * kk + l.a_chunk());
 }
 
 // Q fragments of the warp's 16 rows kept in registers for the whole kernel (kQInRegisters):
@@ -138,8 +137,8 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qf)[Traits::kQFragme
 
 // ---- S = Q K^T (16 x kBlockN per warp) -------------------------------------------------------
 // s[nt] holds keys 8nt .. 8nt+7 of the tile: s[nt][0..1] = row g, keys 2t, 2t+1; s[nt][2..3] = row
-// g+8. ldmatrix_x4 on K rows (key = n, dim = k): matrices 0/1 = keys 0-7 of the pair, dims 0-7 /
-// 8-15 (b[0], b[1] of n-tile 2np); 2/3 = keys 8-15 (n-tile 2np + 1).
+// g+8. K rows (key = n, dim = k) are the "col" B operand: keys 16np .. 16np + 15 give n-tiles 2np
+// and 2np + 1.
 // The A operands: qf (kQInRegisters) or, for D = 256, read from s_q at each k-step.
 template <typename Traits>
 __device__ __forceinline__ void qk_tile(float (&s)[Traits::kBlockN / 8][4],
@@ -149,7 +148,7 @@ __device__ __forceinline__ void qk_tile(float (&s)[Traits::kBlockN / 8][4],
   constexpr int kBlockN = Traits::kBlockN;
 #pragma unroll
   for (int nt = 0; nt < kBlockN / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-  const int mat = lane / 8, r = lane % 8;
+  const mma::LdmatrixLane l(lane);
 #pragma unroll
   for (int kk = 0; kk < Traits::kHeadDim / 16; ++kk) {
     uint32_t a[4];
@@ -161,10 +160,8 @@ __device__ __forceinline__ void qk_tile(float (&s)[Traits::kBlockN / 8][4],
     }
 #pragma unroll
     for (int np = 0; np < kBlockN / 16; ++np) {
-      uint32_t kb[4];
-      ptx::ldmatrix_x4(kb, sk + swizzle<Traits::kChunksPerRow>(np * 16 + r + 8 * (mat >> 1), 2 * kk + (mat & 1)));
-      const uint32_t b0[2] = {kb[0], kb[1]};
-      const uint32_t b1[2] = {kb[2], kb[3]};
+      uint32_t b0[2], b1[2];
+      mma::load_b_pair<Traits::kChunksPerRow>(b0, b1, sk, l.b_row(np), 2 * kk + l.b_chunk());
       ptx::mma_m16n8k16<T>(s[2 * np], a, b0);
       ptx::mma_m16n8k16<T>(s[2 * np + 1], a, b1);
     }
@@ -252,24 +249,22 @@ __device__ __forceinline__ void online_softmax(float (&s)[Traits::kBlockN / 8][4
 // already sit where the A layout wants them:
 //   a[0] = P[g][2t..2t+1]     = s[2kk][0..1]      a[1] = P[g+8][2t..2t+1]   = s[2kk][2..3]
 //   a[2] = P[g][2t+8..2t+9]   = s[2kk+1][0..1]    a[3] = P[g+8][2t+8..2t+9] = s[2kk+1][2..3]
-// V B operand (key = k, dim = n) via ldmatrix .trans on V rows: matrices 0/1 = keys 0-7 / 8-15 of
-// dims 16dp..+7 (b[0], b[1] of d-tile 2dp), 2/3 = the same for d-tile 2dp + 1.
+// V rows (key = k, dim = n) give the B operand by ldmatrix .trans: dims 16dp .. 16dp + 15 are
+// d-tiles 2dp and 2dp + 1.
 template <typename Traits>
 __device__ __forceinline__ void pv_tile(float (&o)[Traits::kHeadDim / 8][4], const float (&s)[Traits::kBlockN / 8][4],
                                         const unsigned char* sv, int lane) {
   using T = typename Traits::T;
-  const int mat = lane / 8, r = lane % 8;
+  const mma::LdmatrixLane l(lane);
 #pragma unroll
   for (int kk = 0; kk < Traits::kBlockN / 16; ++kk) {
-    const uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                            pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                            pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+    const uint32_t pa[4] = {mma::pack2<T>(s[2 * kk][0], s[2 * kk][1]), mma::pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                            mma::pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                            mma::pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
     for (int dp = 0; dp < Traits::kHeadDim / 16; ++dp) {
-      uint32_t vb[4];
-      ptx::ldmatrix_x4_trans(vb, sv + swizzle<Traits::kChunksPerRow>(kk * 16 + r + 8 * (mat & 1), 2 * dp + (mat >> 1)));
-      const uint32_t b0[2] = {vb[0], vb[1]};
-      const uint32_t b1[2] = {vb[2], vb[3]};
+      uint32_t b0[2], b1[2];
+      mma::load_b_pair<Traits::kChunksPerRow, /*kTrans=*/true>(b0, b1, sv, l.a_row(kk), 2 * dp + l.a_chunk());
       ptx::mma_m16n8k16<T>(o[2 * dp], pa, b0);
       ptx::mma_m16n8k16<T>(o[2 * dp + 1], pa, b1);
     }
@@ -311,8 +306,8 @@ __device__ __forceinline__ void epilogue(unsigned char* s_q, const PrefillAttent
     }
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
-      *reinterpret_cast<uint32_t*>(s_q + swizzle<kCPR>(r, dt) + 4 * t) =
-          pack2<T>(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
+      *reinterpret_cast<uint32_t*>(s_q + mma::swizzle<kCPR>(r, dt) + 4 * t) =
+          mma::pack2<T>(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
     }
     if (p.lse != nullptr && t == 0 && rows.valid[h])
       p.lse[(tile.q_start + rows.token[h]) * static_cast<int64_t>(p.num_q_heads) + head] = lse;
@@ -327,7 +322,7 @@ __device__ __forceinline__ void epilogue(unsigned char* s_q, const PrefillAttent
     if (row < tile.rows) {
       const int token = row / tile.group;
       const int head = tile.kv_head * tile.group + (row - token * tile.group);
-      const uint4 val = *reinterpret_cast<const uint4*>(s_q + swizzle<kCPR>(r, chunk));
+      const uint4 val = *reinterpret_cast<const uint4*>(s_q + mma::swizzle<kCPR>(r, chunk));
       *reinterpret_cast<uint4*>(out_ptr + (tile.q_start + token) * p.out_token_stride + static_cast<int64_t>(head) * D +
                                 chunk * Traits::kElemsPerChunk) = val;
     }

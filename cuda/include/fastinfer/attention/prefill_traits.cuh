@@ -1,7 +1,7 @@
 #pragma once
 // The prefill kernel's compile-time configuration (PrefillTraitsSm80: tile shape, pipeline depth,
-// shared-memory layout per head dim and cache type), the launch state the launcher passes beside
-// the caller's params, and the tile addressing every prefill step shares (prefill.cuh).
+// shared-memory layout per head dim and cache type) and the launch state the launcher passes beside
+// the caller's params (prefill.cuh). The tile addressing the steps share is common/mma.cuh's.
 #include "fastinfer/common/platform.cuh"
 #include "fastinfer/attention/attention.h"
 #include "fastinfer/attention/launch_plan.h"
@@ -90,23 +90,5 @@ struct PrefillLaunchState {
   float* split_out;
   float* split_lse;
 };
-
-// ---- small helpers ---------------------------------------------------------------------------
-// Byte offset of 16-byte chunk `chunk` of row `row` in a [rows][kChunksPerRow] swizzled tile.
-template <int kChunksPerRow>
-__device__ __forceinline__ int swizzle(int row, int chunk) {
-  return (row * kChunksPerRow + (chunk ^ (row & 7))) * 16;
-}
-
-// Two fp32 -> one register of two 16-bit values (lower index in the low half), round to nearest.
-template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
 
 }  // namespace fastinfer::attention

@@ -2,8 +2,8 @@
 // Dense fp16 / bf16 GEMM on mma.sync.m16n8k16 (sm_80+): out = a @ b^T (+ bias), fp32 accumulation.
 //
 // The tile geometry, shared-memory layout and pipeline are the fp8 kernel's (gemm/fp8_gemm.cuh,
-// whose header explains them; the same fp8::GemmConfig tiles, a k-tile being 128 bytes = 64
-// fp16/bf16 elements): 128-byte k-tile rows with the chunk ^ (row & 7) swizzle, so every
+// whose header explains them; the same mma::GemmConfig tiles of common/mma.cuh, a k-tile being
+// 128 bytes = 64 fp16/bf16 elements): 128-byte k-tile rows with the chunk ^ (row & 7) swizzle, so every
 // ldmatrix phase and every cp.async store covers all 32 banks once; a kStages-deep cp.async ring
 // with one __syncthreads per k-tile; ldmatrix.x4 fragments (16-bit A / B layouts of m16n8k16:
 // a 16-byte chunk is 8 elements of k, two chunks one k16 step). The int4 kernel without the
@@ -12,26 +12,26 @@
 // Batch invariance (gemm/dense.h): no split-K; each accumulator runs over the k16 steps of the
 // k-tiles in order, whatever the configuration, so a row's bits do not depend on M.
 #include "fastinfer/common/platform.cuh"
+#include "fastinfer/common/mma.cuh"
 #include "fastinfer/common/ptx.cuh"
 #include "fastinfer/common/smem.cuh"
 #include "fastinfer/common/vec.cuh"
 #include "fastinfer/gemm/dense.h"
-#include "fastinfer/gemm/fp8_gemm.cuh"
 
 #include <cstdint>
 #include <type_traits>
 
 namespace fastinfer::dense {
 
-constexpr int kElemsPerKTile = fp8::kBlockK / 2;  // 64 fp16 / bf16 per 128-byte row
+constexpr int kElemsPerKTile = mma::kGemmKTileBytes / 2;  // 64 fp16 / bf16 per 128-byte row
 
 // M buckets (launcher: cuda/src/gemm_dense.cu). M <= 16 (decode): 2 warps of 16 x 16, 32-column
 // tiles (a 4096-wide layer is 128 CTAs) and 8 stages (48 KiB) so that ~42 KiB of weights are in
 // flight per SM; M <= 64: 8 warps of 32 x 32, 4 stages (96 KiB); larger: 8 warps of 64 x 32, 96 KiB,
 // where those 128-row tiles fill the SMs (else the M <= 64 tiles: gemm_dense.cu).
-using DenseConfigSmall = fp8::GemmConfig<16, 32, 1, 2, 8>;
-using DenseConfigMedium = fp8::GemmConfig<64, 128, 2, 4, 4>;
-using DenseConfigLarge = fp8::GemmConfig<128, 128, 2, 4, 3>;
+using DenseConfigSmall = mma::GemmConfig<16, 32, 1, 2, 8>;
+using DenseConfigMedium = mma::GemmConfig<64, 128, 2, 4, 4>;
+using DenseConfigLarge = mma::GemmConfig<128, 128, 2, 4, 3>;
 
 // grid (ceil(N / kBlockN), ceil(M / kBlockM)), block Cfg::kThreads, dynamic smem Cfg::kSmemBytes.
 template <typename Cfg, typename T>
@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dense_mm_kernel(const DenseM
 
   // K % 8 == 0: rows of 2 K bytes, a 16-byte chunk all in or all out.
   auto load_tile = [&](int kt, int stage) {
-    fp8::load_ab_stage<Cfg>(smem + stage * Cfg::kStageBytes, a_bytes, b_bytes, m0, n0, M, N, 2 * K, kt, tid);
+    mma::load_ab_stage<Cfg>(smem + stage * Cfg::kStageBytes, a_bytes, b_bytes, m0, n0, M, N, 2 * K, kt, tid);
   };
 
 
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dense_mm_kernel(const DenseM
     ptx::cp_async_commit();
   }
 
-  const fp8::FragmentLanes lanes = fp8::fragment_lanes<Cfg>(warp_m, warp_n, lane);
+  const mma::GemmFragmentLanes lanes = mma::gemm_fragment_lanes<Cfg>(warp_m, warp_n, lane);
 
   for (int kt = 0; kt < num_k_tiles; ++kt) {
     ptx::cp_async_wait<kStages - 2>();
@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dense_mm_kernel(const DenseM
     for (int ks = 0; ks < kElemsPerKTile / 16; ++ks) {
       uint32_t af[kMi][4];
       uint32_t bf[kNi][2];
-      fp8::load_ab_fragments<Cfg>(af, bf, stage, lanes, ks);
+      mma::load_ab_fragments<Cfg>(af, bf, stage, lanes, ks);
 #pragma unroll
       for (int i = 0; i < kMi; ++i)
 #pragma unroll
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dense_mm_kernel(const DenseM
           v0 += to_float(bias[n]);
           v1 += to_float(bias[n + 1]);
         }
-        *reinterpret_cast<uint32_t*>(out + m * N + n) = fp8::pack2<T>(v0, v1);
+        *reinterpret_cast<uint32_t*>(out + m * N + n) = mma::pack2<T>(v0, v1);
       }
     }
   }

@@ -29,6 +29,7 @@
 // older than sm_89 or when the code the driver picked for the kernel is such a stub (a newer GPU
 // JIT-compiling the sm_80 PTX).
 #include "fastinfer/common/platform.cuh"
+#include "fastinfer/common/mma.cuh"
 #include "fastinfer/common/ptx.cuh"
 #include "fastinfer/common/smem.cuh"
 #include "fastinfer/common/vec.cuh"
@@ -45,118 +46,21 @@
 
 namespace fastinfer::fp8 {
 
-constexpr int kBlockK = 128;   // k-tile in elements (= bytes); also the blockwise scale block
+constexpr int kBlockK = mma::kGemmKTileBytes;  // k-tile in elements (= bytes); also the blockwise scale block
 constexpr int kScaleBlock = 128;
-
-template <int kBlockM_, int kBlockN_, int kWarpsM_, int kWarpsN_, int kStages_>
-struct GemmConfig {
-  static constexpr int kBlockM = kBlockM_;
-  static constexpr int kBlockN = kBlockN_;
-  static constexpr int kWarpsM = kWarpsM_;
-  static constexpr int kWarpsN = kWarpsN_;
-  static constexpr int kStages = kStages_;
-  static constexpr int kThreads = kWarpsM * kWarpsN * 32;
-  static constexpr int kWarpM = kBlockM / kWarpsM;  // rows per warp
-  static constexpr int kWarpN = kBlockN / kWarpsN;  // cols per warp
-  static constexpr int kMi = kWarpM / 16;
-  static constexpr int kNi = kWarpN / 8;
-  static constexpr int kChunksPerRow = kBlockK / 16;  // 8
-  static constexpr int kABytes = kBlockM * kBlockK;
-  static constexpr int kBBytes = kBlockN * kBlockK;
-  static constexpr int kStageBytes = kABytes + kBBytes;
-  static constexpr int kSmemBytes = kStages * kStageBytes;
-  static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0, "warp tile: multiples of 16 (ldmatrix.x4 covers 2 n8 tiles)");
-  static_assert((kBlockM * kChunksPerRow) % kThreads == 0 && (kBlockN * kChunksPerRow) % kThreads == 0,
-                "tile / thread mismatch in the cp.async loads");
-  static_assert(kScaleBlock % kBlockN == 0, "blockwise: a CTA's columns must share one 128-row block of b");
-  static_assert(kStages >= 2, "pipeline depth");
-};
 
 // The configurations, picked by M bucket in the launcher (cuda/src/gemm_fp8.cu).
 // M <= 16 (decode): 2 warps of 16 x 16, 24 KiB smem. 32-column tiles: with 64 columns a 4096-wide
 // layer was 64 CTAs, half of a 132-SM GPU idle (simt profile / bench/model.py); 32 give 128.
-using Fp8ConfigSmall = GemmConfig<16, 32, 1, 2, 4>;
-using Fp8ConfigMedium = GemmConfig<64, 128, 2, 4, 3>;   // M <= 64: 8 warps of 32 x 32, 72 KiB
-using Fp8ConfigLarge = GemmConfig<128, 128, 2, 4, 3>;   // 8 warps of 64 x 32, 96 KiB (fits sm_89's 99 KiB);
-                                                        // not for blockwise (register spills on sm_90a)
-
-__device__ __forceinline__ int swizzle128(int row, int chunk) { return row * kBlockK + ((chunk ^ (row & 7)) << 4); }
-
-// ---- the pipeline pieces of the mma.sync GEMMs (fp8 here, int8_gemm.cuh, dense_gemm.cuh) -------
-// k-tile kt (kBlockK bytes of every row) of the A rows [m0, m0 + kBlockM) and the B rows
-// [n0, n0 + kBlockN) into a pipeline stage (A then B, swizzled) by 16-byte cp.async chunks; rows
-// past M / N and chunks past row_bytes are zero-filled (row_bytes, K times the element size, is a
-// multiple of 16: a chunk is all in or all out, and zeros add nothing to the products). No commit.
-template <typename Cfg>
-__device__ __forceinline__ void load_ab_stage(uint8_t* stage, const uint8_t* __restrict__ a,
-                                              const uint8_t* __restrict__ b, int64_t m0, int64_t n0, int64_t M,
-                                              int64_t N, int64_t row_bytes, int kt, int tid) {
-  constexpr int kCPR = Cfg::kChunksPerRow;
-  uint8_t* sa = stage;
-  uint8_t* sb = stage + Cfg::kABytes;
-  const int64_t k0 = static_cast<int64_t>(kt) * kBlockK;
-#pragma unroll
-  for (int i = 0; i < Cfg::kBlockM * kCPR / Cfg::kThreads; ++i) {
-    const int idx = tid + i * Cfg::kThreads;
-    const int r = idx / kCPR, c = idx % kCPR;
-    const int64_t k = k0 + c * 16;
-    const bool pred = m0 + r < M && k < row_bytes;
-    ptx::cp_async_cg_16(sa + swizzle128(r, c), pred ? a + (m0 + r) * row_bytes + k : a, pred);
-  }
-#pragma unroll
-  for (int i = 0; i < Cfg::kBlockN * kCPR / Cfg::kThreads; ++i) {
-    const int idx = tid + i * Cfg::kThreads;
-    const int r = idx / kCPR, c = idx % kCPR;
-    const int64_t k = k0 + c * 16;
-    const bool pred = n0 + r < N && k < row_bytes;
-    ptx::cp_async_cg_16(sb + swizzle128(r, c), pred ? b + (n0 + r) * row_bytes + k : b, pred);
-  }
-}
-
-// ldmatrix lane roles of a warp: matrix mat = lane / 8 takes its row address from lane % 8.
-struct FragmentLanes {
-  int a_row, a_chunk_hi;  // A: mats = (rows 0-7 | 8-15) x (k lo | hi)
-  int b_row, b_chunk_hi;  // B: mats = (k lo | hi) x (n 0-7 | 8-15)
-};
-template <typename Cfg>
-__device__ __forceinline__ FragmentLanes fragment_lanes(int warp_m, int warp_n, int lane) {
-  const int mat = lane / 8, mrow = lane % 8;
-  return {warp_m * Cfg::kWarpM + mrow + 8 * (mat & 1), mat >> 1, warp_n * Cfg::kWarpN + mrow + 8 * (mat >> 1),
-          mat & 1};
-}
-
-// The warp's A and B fragments of k-step ks (32 bytes of k: chunks 2 ks and 2 ks + 1) from a stage.
-template <typename Cfg>
-__device__ __forceinline__ void load_ab_fragments(uint32_t (&af)[Cfg::kMi][4], uint32_t (&bf)[Cfg::kNi][2],
-                                                  const uint8_t* stage, const FragmentLanes& l, int ks) {
-  const uint8_t* sa = stage;
-  const uint8_t* sb = stage + Cfg::kABytes;
-#pragma unroll
-  for (int i = 0; i < Cfg::kMi; ++i) ptx::ldmatrix_x4(af[i], sa + swizzle128(l.a_row + 16 * i, 2 * ks + l.a_chunk_hi));
-#pragma unroll
-  for (int j = 0; j < Cfg::kNi / 2; ++j) {
-    uint32_t r[4];
-    ptx::ldmatrix_x4(r, sb + swizzle128(l.b_row + 16 * j, 2 * ks + l.b_chunk_hi));
-    bf[2 * j][0] = r[0];
-    bf[2 * j][1] = r[1];
-    bf[2 * j + 1][0] = r[2];
-    bf[2 * j + 1][1] = r[3];
-  }
-}
-
-template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
+using Fp8ConfigSmall = mma::GemmConfig<16, 32, 1, 2, 4>;
+using Fp8ConfigMedium = mma::GemmConfig<64, 128, 2, 4, 3>;   // M <= 64: 8 warps of 32 x 32, 72 KiB
+using Fp8ConfigLarge = mma::GemmConfig<128, 128, 2, 4, 3>;   // 8 warps of 64 x 32, 96 KiB (fits sm_89's 99 KiB);
+                                                             // not for blockwise (register spills on sm_90a)
 
 // grid (ceil(N / kBlockN), ceil(M / kBlockM)), block Cfg::kThreads, dynamic smem Cfg::kSmemBytes.
 template <typename Cfg, typename TOut, bool kBlockwise>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_scaled_mm_kernel(const Fp8ScaledMmParams p) {
+  static_assert(kScaleBlock % Cfg::kBlockN == 0, "blockwise: a CTA's columns must share one 128-row block of b");
 #if FASTINFER_FP8_MMA_ENABLED
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kMi = Cfg::kMi, kNi = Cfg::kNi;
@@ -174,7 +78,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_scaled_mm_kernel(const F
   uint8_t* smem = dynamic_smem<uint8_t>();
 
   auto load_tile = [&](int kt, int stage) {  // K % 16 == 0 (one byte per element)
-    load_ab_stage<Cfg>(smem + stage * Cfg::kStageBytes, a_ptr, b_ptr, m0, n0, M, N, K, kt, tid);
+    mma::load_ab_stage<Cfg>(smem + stage * Cfg::kStageBytes, a_ptr, b_ptr, m0, n0, M, N, K, kt, tid);
   };
 
   float acc[kMi][kNi][4];
@@ -194,7 +98,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_scaled_mm_kernel(const F
     ptx::cp_async_commit();
   }
 
-  const FragmentLanes lanes = fragment_lanes<Cfg>(warp_m, warp_n, lane);
+  const mma::GemmFragmentLanes lanes = mma::gemm_fragment_lanes<Cfg>(warp_m, warp_n, lane);
 
   for (int kt = 0; kt < num_k_tiles; ++kt) {
     ptx::cp_async_wait<kStages - 2>();
@@ -232,7 +136,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_scaled_mm_kernel(const F
     for (int ks = 0; ks < kBlockK / 32; ++ks) {
       uint32_t af[kMi][4];
       uint32_t bf[kNi][2];
-      load_ab_fragments<Cfg>(af, bf, stage, lanes, ks);
+      mma::load_ab_fragments<Cfg>(af, bf, stage, lanes, ks);
 #pragma unroll
       for (int i = 0; i < kMi; ++i)
 #pragma unroll
@@ -286,7 +190,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_scaled_mm_kernel(const F
           v0 += to_float(bias[n]);
           v1 += to_float(bias[n + 1]);
         }
-        *reinterpret_cast<uint32_t*>(out + m * N + n) = pack2<TOut>(v0, v1);
+        *reinterpret_cast<uint32_t*>(out + m * N + n) = mma::pack2<TOut>(v0, v1);
       }
     }
   }

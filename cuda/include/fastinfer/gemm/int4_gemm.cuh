@@ -17,12 +17,12 @@
 // counts itself in counters[tile]; the last CTA of a tile sums the partials in split order (so
 // the result does not depend on which CTA finishes last) and writes out, resetting the counter.
 #include "fastinfer/common/platform.cuh"
+#include "fastinfer/common/mma.cuh"
 #include "fastinfer/common/ptx.cuh"
 #include "fastinfer/common/smem.cuh"
 #include "fastinfer/gemm/int4.h"
 
 #include <cstring>
-#include <type_traits>
 
 namespace fastinfer::gemm::int4 {
 
@@ -31,6 +31,7 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kBlockN = kWarps * kInt4TileN;  // 128 columns per CTA
 constexpr int kUnitK = kInt4TileK;            // 64
 constexpr int kUnitWords = 128;               // words of one 64 x 16 unit
+constexpr int kAChunksPerRow = kUnitK * 2 / mma::kChunkBytes;  // 8: an activation row of a unit
 constexpr uint32_t kNibbleMask = 0x000F000Fu;
 constexpr int kLop3AndOr = 0xEA;              // (a & b) | c
 
@@ -104,15 +105,6 @@ __device__ __forceinline__ void dequant_word(uint32_t q, uint32_t zs0, uint32_t 
   b[3] = pair_to_bits(__hmul2(__hsub2(bits_to_pair<T2>(v3), z1), sc1));
 }
 
-template <typename T>
-__device__ __forceinline__ uint32_t pack_out(float lo, float hi) {
-  using T2 = typename Half2Of<T>::type;
-  if constexpr (std::is_same_v<T, __half>)
-    return pair_to_bits(__floats2half2_rn(lo, hi));
-  else
-    return pair_to_bits(__floats2bfloat162_rn(lo, hi));
-}
-
 template <typename T, int BM>
 __global__ void __launch_bounds__(kThreads, Config<BM>::kMinCtas)
     int4_gemm_kernel(const Int4GemmParams p, int32_t units_per_split, int32_t num_splits) {
@@ -146,13 +138,13 @@ __global__ void __launch_bounds__(kThreads, Config<BM>::kMinCtas)
     const uint32_t* bsrc =
         p.packed + (static_cast<int64_t>(u) * n_tiles + (warp_valid ? warp_tile : 0)) * kUnitWords + lane * 4;
     ptx::cp_async_cg_16(st + warp * (kUnitWords * 4) + lane * 16, bsrc, warp_valid);
-    // Activations: BM rows x 8 chunks of 16 bytes; chunk c of row r stored at c ^ (r & 7).
+    // Activations: BM rows x 8 chunks of 16 bytes, swizzled.
 #pragma unroll
     for (int c = tid; c < BM * 8; c += kThreads) {
       const int r = c >> 3, ch = c & 7;
       const bool v = r < rows_valid;
       const T* asrc = a + (m0 + (v ? r : 0)) * p.a_row_stride + u * kUnitK + ch * 8;
-      ptx::cp_async_cg_16(st + Cfg::kAOffset + r * 128 + ((ch ^ (r & 7)) * 16), asrc, v);
+      ptx::cp_async_cg_16(st + Cfg::kAOffset + mma::swizzle<kAChunksPerRow>(r, ch), asrc, v);
     }
     // Scales (16 chunks of 8 columns per row) and zero points (8 chunks of 16 columns per row).
     if (tid < 32) {
@@ -189,10 +181,7 @@ __global__ void __launch_bounds__(kThreads, Config<BM>::kMinCtas)
     ptx::cp_async_commit();
   }
 
-  // ldmatrix.x4 addressing for the A fragment: lane l gives row (l & 7) + 8 * ((l >> 3) & 1) of
-  // matrix l >> 3, k chunk 2 j + (l >> 4).
-  const int a_row_in_tile = (lane & 7) + 8 * ((lane >> 3) & 1);
-  const int a_chunk_hi = lane >> 4;
+  const mma::LdmatrixLane a_lane(lane);
   const int col_in_cta = warp * kInt4TileN + g;  // columns col_in_cta and col_in_cta + 8
   const uint32_t symmetric_zero = Half2Of<T>::kMagic | 0x00080008u;
 
@@ -228,10 +217,8 @@ __global__ void __launch_bounds__(kThreads, Config<BM>::kMinCtas)
       const uint32_t b1[2] = {b[2], b[3]};
 #pragma unroll
       for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
-        const int row = mt * 16 + a_row_in_tile;
-        const int ch = 2 * j + a_chunk_hi;
         uint32_t af[4];
-        ptx::ldmatrix_x4(af, st + Cfg::kAOffset + row * 128 + ((ch ^ (row & 7)) * 16));
+        mma::load_a<kAChunksPerRow>(af, st + Cfg::kAOffset, a_lane.a_row(mt), 2 * j + a_lane.a_chunk());
         ptx::mma_m16n8k16<T>(acc[mt][0], af, b0);
         ptx::mma_m16n8k16<T>(acc[mt][1], af, b1);
       }
@@ -253,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, Config<BM>::kMinCtas)
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
           *reinterpret_cast<uint32_t*>(out + (m0 + row) * p.out_row_stride + col_base + 8 * nt) =
-              pack_out<T>(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+              mma::pack2<T>(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
       }
     return;
   }
@@ -297,8 +284,8 @@ __global__ void __launch_bounds__(kThreads, Config<BM>::kMinCtas)
       sum.w += v.w;
     }
     uint32_t* dst = reinterpret_cast<uint32_t*>(out + (m0 + r) * p.out_row_stride + n_cta + c);
-    dst[0] = pack_out<T>(sum.x, sum.y);
-    dst[1] = pack_out<T>(sum.z, sum.w);
+    dst[0] = mma::pack2<T>(sum.x, sum.y);
+    dst[1] = mma::pack2<T>(sum.z, sum.w);
   }
 }
 

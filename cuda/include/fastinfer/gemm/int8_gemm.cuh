@@ -3,7 +3,7 @@
 //   out[M,N] = sa * sb * (a @ b^T - azp[m] * azp_adj[n]) (+ bias)   (exact int32 accumulation)
 //
 // The tile geometry, shared-memory layout and pipeline are the fp8 kernel's (gemm/fp8_gemm.cuh,
-// whose header explains them; the same fp8::GemmConfig tiles): 128-byte k-tile rows with the
+// whose header explains them; the same mma::GemmConfig tiles of common/mma.cuh): 128-byte k-tile rows with the
 // chunk ^ (row & 7) swizzle, so every ldmatrix phase and every cp.async store covers all 32 banks
 // once; a kStages-deep cp.async ring with one __syncthreads per k-tile; ldmatrix.x4 fragments (the
 // s8 m16n8k32 A / B layouts are the e4m3 ones: 4 bytes of k per register). Only the arithmetic
@@ -11,22 +11,22 @@
 // implementation and the reference agree bit for bit), and the epilogue of gemm/int8.h:
 //   c = acc - azp[m] * azp_adj[n] (int32), v = float(c) * (sa[m] * sb[n]) (+ bias[n] by one fma).
 #include "fastinfer/common/platform.cuh"
+#include "fastinfer/common/mma.cuh"
 #include "fastinfer/common/ptx.cuh"
 #include "fastinfer/common/smem.cuh"
 #include "fastinfer/common/vec.cuh"
-#include "fastinfer/gemm/fp8_gemm.cuh"
 #include "fastinfer/gemm/int8.h"
 
 #include <cstdint>
 
 namespace fastinfer::int8 {
 
-using fp8::kBlockK;
+constexpr int kBlockK = mma::kGemmKTileBytes;  // k-tile in elements (= bytes)
 
 // M buckets as for fp8 (launcher: cuda/src/gemm_int8.cu).
-using Int8ConfigSmall = fp8::GemmConfig<16, 32, 1, 2, 4>;    // M <= 16: 2 warps, 24 KiB smem
-using Int8ConfigMedium = fp8::GemmConfig<64, 128, 2, 4, 3>;  // M <= 64: 8 warps of 32 x 32, 72 KiB
-using Int8ConfigLarge = fp8::GemmConfig<128, 128, 2, 4, 3>;  // 8 warps of 64 x 32, 96 KiB
+using Int8ConfigSmall = mma::GemmConfig<16, 32, 1, 2, 4>;    // M <= 16: 2 warps, 24 KiB smem
+using Int8ConfigMedium = mma::GemmConfig<64, 128, 2, 4, 3>;  // M <= 64: 8 warps of 32 x 32, 72 KiB
+using Int8ConfigLarge = mma::GemmConfig<128, 128, 2, 4, 3>;  // 8 warps of 64 x 32, 96 KiB
 
 // grid (ceil(N / kBlockN), ceil(M / kBlockM)), block Cfg::kThreads, dynamic smem Cfg::kSmemBytes.
 template <typename Cfg, typename TOut>
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) int8_scaled_mm_kernel(const 
   uint8_t* smem = dynamic_smem<uint8_t>();
 
   auto load_tile = [&](int kt, int stage) {  // K % 16 == 0 (one byte per element)
-    fp8::load_ab_stage<Cfg>(smem + stage * Cfg::kStageBytes, a_ptr, b_ptr, m0, n0, M, N, K, kt, tid);
+    mma::load_ab_stage<Cfg>(smem + stage * Cfg::kStageBytes, a_ptr, b_ptr, m0, n0, M, N, K, kt, tid);
   };
 
 
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) int8_scaled_mm_kernel(const 
     ptx::cp_async_commit();
   }
 
-  const fp8::FragmentLanes lanes = fp8::fragment_lanes<Cfg>(warp_m, warp_n, lane);
+  const mma::GemmFragmentLanes lanes = mma::gemm_fragment_lanes<Cfg>(warp_m, warp_n, lane);
 
   for (int kt = 0; kt < num_k_tiles; ++kt) {
     ptx::cp_async_wait<kStages - 2>();
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) int8_scaled_mm_kernel(const 
     for (int ks = 0; ks < kBlockK / 32; ++ks) {
       uint32_t af[kMi][4];
       uint32_t bf[kNi][2];
-      fp8::load_ab_fragments<Cfg>(af, bf, stage, lanes, ks);
+      mma::load_ab_fragments<Cfg>(af, bf, stage, lanes, ks);
 #pragma unroll
       for (int i = 0; i < kMi; ++i)
 #pragma unroll
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) int8_scaled_mm_kernel(const 
           v0 = static_cast<float>(c0) * (sa_m * s0);
           v1 = static_cast<float>(c1) * (sa_m * s1);
         }
-        *reinterpret_cast<uint32_t*>(out + m * N + n) = fp8::pack2<TOut>(v0, v1);
+        *reinterpret_cast<uint32_t*>(out + m * N + n) = mma::pack2<TOut>(v0, v1);
       }
     }
   }
