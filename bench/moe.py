@@ -13,7 +13,7 @@ For every case, in the same run:
   index_add of the weighted rows (transformers' MixtralExperts.forward).
 
 Reported: µs per call (median), tokens/s, and ``speedup_of_fastinfer`` on the torch row (torch
-time / fastinfer time). CPU only (the CUDA kernel is not built yet): every row is labelled CPU.
+time / fastinfer time). CPU: every row is labelled CPU (the CUDA kernels' figures are bench/model.py's).
 
     python bench/moe.py [--dtype float32|bfloat16] [--threads N] [--budget SECONDS] [--json PATH]
 """

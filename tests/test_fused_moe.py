@@ -1,8 +1,7 @@
 """fused_moe (the expert MLPs of a MoE layer) against the fp64 oracle of ``fastinfer.reference.moe``,
 a same-precision torch loop over the experts, and the MoE blocks of transformers (Mixtral,
-Qwen3-MoE, gpt-oss) fed the same routing. CPU only: the CUDA kernel is not built yet, and its
-registration raises a clear error (tested through the sim namespace, which builds the same
-binding, and on a GPU with -m cuda).
+Qwen3-MoE, gpt-oss) fed the same routing: the CPU implementation, the CUDA kernels in the simt
+emulator (every tile tier, twice with different schedules, bit-identical) and on a GPU (-m cuda).
 """
 
 from __future__ import annotations
@@ -11,18 +10,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_bits_equal, assert_fa_close, get_backend, make_gen, poison_
+from conftest import assert_bits_equal, assert_fa_close, backend_params, get_backend, make_gen, poison_
 import fastinfer.ops as ops
 import fastinfer.reference.moe as RM
 
 SWIGLU = {"swiglu_alpha": ops.SWIGLU_OAI_ALPHA, "swiglu_limit": ops.SWIGLU_OAI_LIMIT}
 
 
-def poison_heap(numel, dtype):
+def poison_heap(numel, dtype, device="cpu"):
     """Allocate and free poisoned blocks of the output's size, so an element the op does not write
     holds NaN rather than a previous call's (correct) result."""
     for _ in range(4):
-        poison_(torch.empty(numel, dtype=dtype))
+        poison_(torch.empty(numel, dtype=dtype, device=device))
 
 
 def random_ids(T, E, k, seed, skipped=False):
@@ -57,9 +56,16 @@ def make_case(T, E, k, H, I, activation, bias, skipped, dtype, seed):
     return args
 
 
-def run(args, lib=None):
-    poison_heap(args["x"].numel(), args["x"].dtype)
-    return ops.fused_moe(**args, lib=lib)
+def run(args, be=None):
+    """fused_moe on a backend (default: the CPU implementation), the output back on the CPU; the
+    sim backend runs it under two schedules and requires identical bits."""
+    be = be or get_backend("cpu")
+
+    def call():
+        poison_heap(args["x"].numel(), args["x"].dtype, be.device)
+        moved = {n: v.to(be.device) if isinstance(v, torch.Tensor) else v for n, v in args.items()}
+        return ops.fused_moe(**moved, lib=be.ns).cpu()
+    return be.run(call)
 
 
 def naive_fused_moe(x, w13, w2, topk_weights, topk_ids, activation="silu", swiglu_alpha=None, swiglu_limit=None,
@@ -94,35 +100,56 @@ CASE_IDS = [f"T{c[0]}-E{c[1]}-k{c[2]}-H{c[3]}-I{c[4]}-{c[5]}{'-bias' if c[6] els
             for c in CASES]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
-@pytest.mark.parametrize("T,E,k,H,I,activation,bias,skipped", CASES, ids=CASE_IDS)
-def test_fused_moe_matches_reference(dtype, T, E, k, H, I, activation, bias, skipped):
-    get_backend("cpu")
+# The kernels' tile tiers (cuda/src/fused_moe.cu) by rows per expert, T k / E: at most 16 (16-row
+# blocks), at most 64 (64-row blocks), more (128-row blocks where they fill the 132 SMs the
+# emulator reports, else 64): every tier, partial column tiles (I = 40 on 32 and 64 columns).
+SIM_CASES = [
+    (3, 8, 2, 96, 40, "silu", False, False),        # 16-row blocks
+    (37, 60, 4, 64, 24, "silu", False, True),       # -1 slots
+    (37, 32, 4, 96, 40, "swiglu_oai", True, True),
+    (37, 2, 2, 96, 40, "silu", True, False),        # 64-row blocks
+    (1100, 2, 2, 1024, 8, "silu", True, False),     # 128-row blocks
+]
+SIM_IDS = [f"T{c[0]}-E{c[1]}-k{c[2]}-H{c[3]}-I{c[4]}-{c[5]}{'-bias' if c[6] else ''}{'-skip' if c[7] else ''}"
+           for c in SIM_CASES]
+PARAMS = backend_params({"cpu": CASES, "sim": SIM_CASES, "cuda": CASES + SIM_CASES})
+SIM_AND_CPU = ["cpu", pytest.param("sim", marks=pytest.mark.sim), pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.mark.parametrize("backend,dtype,T,E,k,H,I,activation,bias,skipped", PARAMS)
+def test_fused_moe_matches_reference(backend, dtype, T, E, k, H, I, activation, bias, skipped):
+    be = get_backend(backend)
     args = make_case(T, E, k, H, I, activation, bias, skipped, dtype, seed=T * 100 + E + k)
-    out = run(args)
+    out = run(args, be)
     assert out.dtype == dtype and out.shape == (T, H)
     ref = RM.fused_moe(**args)
     naive = naive_fused_moe(**args)
-    assert_fa_close(out, ref, naive, name=f"{dtype} T{T} E{E} k{k} {activation}")
+    assert_fa_close(out, ref, naive, name=f"{backend} {dtype} T{T} E{E} k{k} {activation}")
     if dtype == torch.float32:
         torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
 
 
-def test_unused_experts_and_skipped_tokens():
+@pytest.mark.parametrize("backend", SIM_AND_CPU)
+def test_unused_experts_and_skipped_tokens(backend):
     """Experts chosen by no token cost nothing and change nothing; a token whose slots are all -1
     gets zeros (written, not left as the poison)."""
-    get_backend("cpu")
+    be = get_backend(backend)
     args = make_case(5, 60, 4, 96, 40, "silu", False, False, torch.bfloat16, seed=7)
     args["topk_ids"][2] = -1
     used = args["topk_ids"][args["topk_ids"] >= 0].unique()
     assert used.numel() < 20
-    out = run(args)
+    out = run(args, be)
     assert torch.equal(out[2], torch.zeros(96, dtype=torch.bfloat16))
     unused = torch.ones(60, dtype=torch.bool)
     unused[used.long()] = False
     args["w13"][unused] = float("nan")  # never read
     args["w2"][unused] = float("nan")
-    assert_bits_equal(run(args), out, "unused experts")
+    assert_bits_equal(run(args, be), out, "unused experts")
+
+
+def alone(args, t):
+    return dict(args, x=args["x"][t:t + 1], topk_weights=args["topk_weights"][t:t + 1],
+                topk_ids=args["topk_ids"][t:t + 1])
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
@@ -130,13 +157,28 @@ def test_unused_experts_and_skipped_tokens():
 def test_batch_invariance(dtype, activation, bias, skipped):
     """A token's output alone equals, bit for bit, its output inside a batch of 37 tokens that share
     its experts (8 experts, 2 per token: every expert serves several tokens)."""
-    get_backend("cpu")
     args = make_case(37, 8, 2, 96, 40, activation, bias, skipped, dtype, seed=37)
     batch = run(args)
     for t in range(37):
-        alone = dict(args, x=args["x"][t:t + 1], topk_weights=args["topk_weights"][t:t + 1],
-                     topk_ids=args["topk_ids"][t:t + 1])
-        assert_bits_equal(run(alone), batch[t:t + 1], f"token {t} alone vs in the batch")
+        assert_bits_equal(run(alone(args, t)), batch[t:t + 1], f"token {t} alone vs in the batch")
+
+
+@pytest.mark.parametrize("backend", [pytest.param("sim", marks=pytest.mark.sim),
+                                     pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("activation,bias,skipped", [("silu", True, False), ("swiglu_oai", True, True)])
+def test_batch_invariance_across_tile_tiers(backend, activation, bias, skipped):
+    """The kernels: a token alone runs on 16-row blocks, inside 1100 tokens on two experts on
+    128-row blocks (and 64-row ones for 37 tokens); its output is the same bits in all three."""
+    be = get_backend(backend)
+    args = make_case(1100, 2, 2, 1024, 8, activation, bias, skipped, torch.bfloat16, seed=11)
+    batch = run(args, be)
+    medium = run({n: v[:37] if isinstance(v, torch.Tensor) and n in ("x", "topk_weights", "topk_ids") else v
+                  for n, v in args.items()}, be)
+    for t in (0, 1, 17, 36, 555, 1099):
+        out = run(alone(args, t), be)
+        assert_bits_equal(out, batch[t:t + 1], f"token {t} alone vs among 1100")
+        if t < 37:
+            assert_bits_equal(out, medium[t:t + 1], f"token {t} alone vs among 37")
 
 
 # ---- outside oracles: the MoE blocks of transformers, fp32 --------------------------------------
@@ -225,13 +267,17 @@ def test_swiglu_oai_matches_transformers():
 # ---- the op's contract: opcheck, wrapper, meta, bad input, the CUDA registration ----------------
 
 
+NAMESPACES = ["fastinfer", pytest.param("fastinfer_sim", marks=pytest.mark.sim)]
+
+
+@pytest.mark.parametrize("ns", NAMESPACES)
 @pytest.mark.parametrize("activation,bias", [("silu", False), ("swiglu_oai", True)])
-def test_fused_moe_opcheck(activation, bias):
-    get_backend("cpu")
+def test_fused_moe_opcheck(ns, activation, bias):
+    get_backend("sim" if ns == "fastinfer_sim" else "cpu")
     args = make_case(5, 8, 2, 32, 16, activation, bias, True, torch.bfloat16, seed=5)
     positional = (args["x"], args["w13"], args["w2"], args["topk_weights"], args["topk_ids"], activation,
                   args.get("swiglu_alpha"), args.get("swiglu_limit"), args.get("w13_bias"), args.get("w2_bias"))
-    torch.library.opcheck(torch.ops.fastinfer.fused_moe.default, positional)
+    torch.library.opcheck(getattr(torch.ops, ns).fused_moe.default, positional)
 
 
 def test_fused_moe_meta_and_wrapper():
@@ -292,30 +338,34 @@ BAD = [
 ]
 
 
+@pytest.mark.parametrize("ns", NAMESPACES)
 @pytest.mark.parametrize("case,make,arg_re", BAD, ids=[b[0] for b in BAD])
-def test_bad_input(case, make, arg_re):
-    get_backend("cpu")
+def test_bad_input(ns, case, make, arg_re):
+    get_backend("sim" if ns == "fastinfer_sim" else "cpu")
     with pytest.raises(RuntimeError, match=arg_re) as exc:
-        ops.fused_moe(**make())
-    assert "fastinfer.fused_moe:" in str(exc.value)
+        ops.fused_moe(**make(), lib=getattr(torch.ops, ns))
+    assert f"{ns}.fused_moe:" in str(exc.value)
 
 
 @pytest.mark.sim
-def test_sim_registration_says_the_kernel_is_not_built():
-    """The CUDA binding (built for the emulator as fastinfer_sim) checks the arguments, then raises."""
+def test_kernel_limits():
+    """The kernels keep the expert histogram of the alignment in shared memory: at most 1024
+    experts (the CPU implementation has no such limit); x must be 16-byte aligned."""
     be = get_backend("sim")
-    args = make_case(4, 8, 2, 32, 16, "silu", False, False, torch.bfloat16, seed=1)
-    with pytest.raises(RuntimeError, match="fastinfer_sim.fused_moe: the CUDA kernel of fused_moe is not built yet"):
+    args = make_case(3, 1025, 2, 32, 16, "silu", False, False, torch.bfloat16, seed=2)
+    with pytest.raises(RuntimeError, match="fastinfer_sim.fused_moe: w13 must have num_experts <= 1024"):
         ops.fused_moe(**args, lib=be.ns)
-    with pytest.raises(RuntimeError, match="fastinfer_sim.fused_moe: w13"):
-        ops.fused_moe(**dict(args, w13=args["w13"].half()), lib=be.ns)
-
+    assert run(args).shape == (3, 32)
+    args = make_case(4, 8, 2, 32, 16, "silu", False, False, torch.bfloat16, seed=2)
+    shifted = torch.empty(4 * 32 + 1, dtype=torch.bfloat16)[1:].view(4, 32).copy_(args["x"])
+    with pytest.raises(RuntimeError, match="fastinfer_sim.fused_moe: x"):
+        ops.fused_moe(**dict(args, x=shifted), lib=be.ns)
 
 
 @pytest.mark.cuda
-def test_cuda_says_the_kernel_is_not_built():
+def test_cuda_wants_cuda_tensors():
     get_backend("cuda")
     args = make_case(4, 8, 2, 32, 16, "silu", False, False, torch.bfloat16, seed=1)
     cuda_args = {n: v.cuda() if isinstance(v, torch.Tensor) else v for n, v in args.items()}
-    with pytest.raises(RuntimeError, match="fastinfer.fused_moe: the CUDA kernel of fused_moe is not built yet"):
-        ops.fused_moe(**cuda_args)
+    with pytest.raises(RuntimeError, match="fastinfer.fused_moe: topk_ids"):
+        ops.fused_moe(**dict(cuda_args, topk_ids=args["topk_ids"]))

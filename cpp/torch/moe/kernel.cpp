@@ -54,18 +54,47 @@ std::tuple<Tensor, Tensor, Tensor> moe_align(const Tensor& topk_ids, int64_t num
   return {sorted, experts, total};
 }
 
-// The kernel is not written yet: the arguments are checked, then a clear error (never a silent
-// fallback to another device).
+// Workspace (the activations and expert outputs of every slot, the aligned layout) from the
+// caching allocator; no host sync.
 Tensor fused_moe(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_weights,
                  const Tensor& topk_ids, std::string_view activation, std::optional<double> swiglu_alpha,
                  std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
                  const std::optional<Tensor>& w2_bias) {
   const char* op = "fused_moe";
-  validate_fused_moe(op, x, w13, w2, topk_weights, topk_ids, activation, swiglu_alpha, swiglu_limit, w13_bias,
-                     w2_bias, /*allow_fp32=*/false);
+  const FusedMoeArgs args = validate_fused_moe(op, x, w13, w2, topk_weights, topk_ids, activation, swiglu_alpha,
+                                               swiglu_limit, w13_bias, w2_bias, /*allow_fp32=*/false);
   check_device(x, op, "x");
-  fail(op, "the CUDA kernel of fused_moe is not built yet; the CPU implementation "
-       "(torch.ops.fastinfer.fused_moe on CPU tensors) is the only one");
+  FI_CHECK(args.num_experts <= kMoeAlignMaxExperts, op, "w13 must have num_experts <= ", kMoeAlignMaxExperts,
+           " on CUDA (the expert histogram of the alignment lives in shared memory), got ", args.num_experts);
+  for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{x, "x"}, {w13, "w13"}, {w2, "w2"}})
+    if (t.numel() > 0) check_aligned16(t, op, name);
+  auto out = empty_on(x, {args.num_tokens, args.hidden});
+  if (args.num_tokens == 0) return out;
+  FusedMoeParams p;
+  p.x = x.data_ptr();
+  p.w13 = w13.data_ptr();
+  p.w2 = w2.data_ptr();
+  p.w13_bias = w13_bias.has_value() ? w13_bias->data_ptr() : nullptr;
+  p.w2_bias = w2_bias.has_value() ? w2_bias->data_ptr() : nullptr;
+  p.topk_weights = topk_weights.const_data_ptr<float>();
+  p.topk_ids = topk_ids.const_data_ptr<int32_t>();
+  p.out = out.data_ptr();
+  p.num_tokens = args.num_tokens;
+  p.hidden = static_cast<int32_t>(args.hidden);
+  p.intermediate = static_cast<int32_t>(args.intermediate);
+  p.num_experts = static_cast<int32_t>(args.num_experts);
+  p.top_k = static_cast<int32_t>(args.top_k);
+  p.activation = args.activation;
+  p.swiglu_alpha = args.swiglu_alpha;
+  p.swiglu_limit = args.swiglu_limit;
+  p.dtype = to_dtype(x.scalar_type());
+  auto workspace = empty_on(x, {static_cast<int64_t>(fused_moe_workspace_size(p))}, kByte);
+  p.workspace = workspace.data_ptr();
+  KernelScope scope(op, x);
+  const cudaError_t err = launch_fused_moe(p, scope.stream());
+  FI_CHECK(err != cudaErrorNotSupported, op, "requires sm_80+ (bf16 tensor-core mma: Ampere or later)");
+  check_launch(err, op);
+  return out;
 }
 
 }  // namespace

@@ -16,7 +16,7 @@ down_proj``, or the stacked tensors transformers 5's modules hold (``mlp.experts
 
 Tensor parallelism: attention and the dense MLPs as Llama's; each expert's intermediate dimension
 split over the ranks, one all-reduce after the experts. The experts are never quantised (a
-quantisation config is refused) and ``fused_moe`` has no CUDA kernel yet: these models run on CPU.
+quantisation config is refused).
 """
 
 from __future__ import annotations

@@ -164,6 +164,23 @@ __device__ __forceinline__ void load_k_tile_rows(uint8_t* tile, const uint8_t* _
   }
 }
 
+// The same for gathered rows: tile row r is row row_of[r] of src (row_of in shared memory; a
+// negative entry zero-fills the tile row), as the grouped GEMMs read the tokens of one expert.
+template <int kRows, int kThreads>
+__device__ __forceinline__ void load_k_tile_gathered(uint8_t* tile, const uint8_t* __restrict__ src,
+                                                     const int32_t* row_of, int64_t row_bytes, int kt, int tid) {
+  const int64_t k0 = static_cast<int64_t>(kt) * kGemmKTileBytes;
+#pragma unroll
+  for (int i = 0; i < chunk_passes<kRows, kGemmKTileChunks, kThreads>(); ++i) {
+    const TileChunk rc = tile_chunk<kGemmKTileChunks, kThreads>(tid, i);
+    const int64_t k = k0 + rc.chunk * kChunkBytes;
+    const int32_t row = row_of[rc.row];
+    const bool pred = row >= 0 && k < row_bytes;
+    ptx::cp_async_cg_16(tile + swizzle<kGemmKTileChunks>(rc.row, rc.chunk), pred ? src + row * row_bytes + k : src,
+                        pred);
+  }
+}
+
 // k-tile kt of the A rows [m0, m0 + kBlockM) and the B rows [n0, n0 + kBlockN) into a stage.
 template <typename Cfg>
 __device__ __forceinline__ void load_ab_stage(uint8_t* stage, const uint8_t* __restrict__ a,

@@ -1,7 +1,7 @@
 #pragma once
-// fused_moe: the expert MLPs of a mixture-of-experts layer (torch-free C++ API). The CUDA kernel is
-// not written yet; the CPU implementation (cpp/torch/moe/cpu.cpp) and the fp64 reference
-// (python/fastinfer/reference/moe.py) follow this contract, which the kernel will keep.
+// fused_moe: the expert MLPs of a mixture-of-experts layer (torch-free C++ API). The CUDA kernels
+// (moe/fused_moe.cuh), the CPU implementation (cpp/torch/moe/cpu.cpp) and the fp64 reference
+// (python/fastinfer/reference/moe.py) follow this contract.
 //
 // For token t and each of its k slots j with e = topk_ids[t, j] (e = -1: the slot contributes
 // nothing, as with expert parallelism):
@@ -13,7 +13,12 @@
 //            to x's dtype.
 // Every product accumulates in fp32 in an order fixed by H or I alone, so a token's output does not
 // depend on the other tokens of the batch.
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
 #include <cstdint>
+
+#include "fastinfer/common/types.h"
 
 namespace fastinfer {
 
@@ -22,5 +27,35 @@ enum class MoeActivation : int32_t {
   kSwigluOai = 1,  // gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit),
                    // (u + 1) * g * sigmoid(alpha * g)
 };
+
+struct FusedMoeParams {
+  const void* x = nullptr;             // [T, H] row-major, 16-byte aligned
+  const void* w13 = nullptr;           // [E, 2I, H], 16-byte aligned
+  const void* w2 = nullptr;            // [E, H, I], 16-byte aligned
+  const void* w13_bias = nullptr;      // [E, 2I] or nullptr
+  const void* w2_bias = nullptr;       // [E, H] or nullptr
+  const float* topk_weights = nullptr;  // [T, k]
+  const int32_t* topk_ids = nullptr;   // [T, k] in [-1, E); other ids are skipped like -1
+  void* out = nullptr;                 // [T, H], 4-byte aligned
+  void* workspace = nullptr;           // fused_moe_workspace_size(params) bytes, 16-byte aligned
+  int64_t num_tokens = 0;              // T * k < 2^31
+  int32_t hidden = 0;                  // H, a multiple of 8
+  int32_t intermediate = 0;            // I, a multiple of 8
+  int32_t num_experts = 0;             // 1 <= E <= kMoeAlignMaxExperts (moe/routing.h)
+  int32_t top_k = 0;                   // >= 1
+  MoeActivation activation = MoeActivation::kSilu;
+  float swiglu_alpha = 0.f, swiglu_limit = 0.f;  // kSwigluOai only
+  DType dtype = DType::kBFloat16;      // x, weights, biases, out: float16 or bfloat16
+};
+
+// Bytes of scratch the launch needs (a function of the shapes only): the activations a of every
+// routed slot [T k, I] in the dtype, their expert outputs y [T k, H] in fp32 (the per-token sum
+// runs in slot order over them, which is what makes the result independent of the batch), and
+// the moe_align layout.
+size_t fused_moe_workspace_size(const FusedMoeParams& params);
+
+// moe_align, the gate/up GEMM with the activation, the down GEMM, the per-token weighted sum: four
+// kernels on `stream`, no host sync. mma.sync.m16n8k16 (sm_80+): cudaErrorNotSupported before.
+cudaError_t launch_fused_moe(const FusedMoeParams& params, cudaStream_t stream);
 
 }  // namespace fastinfer

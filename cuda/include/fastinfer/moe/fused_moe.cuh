@@ -1,0 +1,230 @@
+#pragma once
+// fused_moe kernels (contract in moe/fused_moe.h; launcher cuda/src/fused_moe.cu). After moe_align
+// has grouped the slots s = t * k + j by expert into blocks of kBlockM rows:
+//
+//   moe_gemm_kernel<kGateUp>: per (row block, column tile) the block's expert's gate rows and up
+//     rows of w13 for the same kBlockN columns (two B tiles in one stage, two accumulator sets per
+//     warp), so the activation runs on the accumulators: a = act(gate + b, up + b) -> workspace
+//     a[s, :] in the dtype. The A rows are gathered: tile row r reads x[s_r / k].
+//   moe_gemm_kernel<kDown>: per (row block, column tile) y[s, :] = a[s, :] @ w2[e]^T + b in fp32
+//     (A rows gathered from a by slot).
+//   moe_combine_kernel: out[t] = sum over j = 0..k-1 in order of topk_weights[t, j] * y[t k + j],
+//     fp32, rounded once.
+//
+// Both GEMMs are the dense GEMM's pipeline (common/mma.cuh: 128-byte k-tile rows, the XOR
+// swizzle, a kStages-deep cp.async ring, ldmatrix fragments, mma.m16n8k16) with gathered A rows;
+// the grid is (row blocks, column tiles), row blocks fastest, so the CTAs of one expert's blocks
+// run together and share its weight tile in L2. The grid has an upper bound of row blocks (the
+// used count, num_tokens_post_padded, stays on the device): a CTA past it returns at once.
+//
+// Batch invariance: every output element of both GEMMs accumulates the k16 steps of its row in
+// order into an fp32 accumulator that starts at 0 (no split-K), whatever the tile configuration
+// (chosen by the launcher from T k / E), so y[s] depends only on the token's row and its expert;
+// the combine sums a token's slots in slot order. A token's output is bitwise the same alone or in
+// any batch.
+#include "fastinfer/common/mma.cuh"
+#include "fastinfer/common/platform.cuh"
+#include "fastinfer/common/ptx.cuh"
+#include "fastinfer/common/smem.cuh"
+#include "fastinfer/common/vec.cuh"
+#include "fastinfer/moe/fused_moe.h"
+
+#include <cstdint>
+
+namespace fastinfer::moe {
+
+enum class MoeGemm { kGateUp, kDown };
+
+// The launcher's carve-up of the workspace (fused_moe.h).
+struct FusedMoeWorkspace {
+  void* act = nullptr;                         // [T k, I] the dtype, by slot
+  float* y = nullptr;                          // [T k, H] fp32, by slot
+  const int32_t* sorted_token_ids = nullptr;   // moe_align's layout
+  const int32_t* expert_ids = nullptr;
+  const int32_t* num_tokens_post_padded = nullptr;
+};
+
+// One CTA: a kBlockM-row block of one expert x kBlockN output columns, kWarpsM x kWarpsN warps.
+// kGateUp stages kBlockN gate rows then kBlockN up rows of w13 (the same columns of both halves:
+// a warp holds gate and up of its columns and applies the activation in registers).
+template <int kBlockM_, int kBlockN_, int kWarpsM_, int kWarpsN_, int kStages_, MoeGemm kGemm_>
+struct MoeGemmConfig : mma::GemmConfig<kBlockM_, kBlockN_, kWarpsM_, kWarpsN_, kStages_> {
+  using Base = mma::GemmConfig<kBlockM_, kBlockN_, kWarpsM_, kWarpsN_, kStages_>;
+  static constexpr MoeGemm kGemm = kGemm_;
+  static constexpr int kHalves = kGemm == MoeGemm::kGateUp ? 2 : 1;
+  static constexpr int kHalfBytes = kBlockN_ * mma::kGemmKTileBytes;
+  static constexpr int kBBytes = kHalves * kHalfBytes;
+  static constexpr int kStageBytes = Base::kABytes + kBBytes;
+  static constexpr int kSmemBytes = kStages_ * kStageBytes;
+};
+
+constexpr int kElemsPerKTile = mma::kGemmKTileBytes / 2;  // 64 fp16 / bf16
+
+// The activation of one (gate, up) pair in fp32 (fused_moe.h).
+__device__ __forceinline__ float expert_activation(const FusedMoeParams& p, float gate, float up) {
+  if (p.activation == MoeActivation::kSilu) return gate / (1.0f + expf(-gate)) * up;
+  // clamps as torch.clamp: a NaN stays NaN (fminf / fmaxf would return the bound)
+  const float limit = p.swiglu_limit;
+  const float g = gate > limit ? limit : gate;
+  const float u = up > limit ? limit : (up < -limit ? -limit : up);
+  return (u + 1.0f) * (g / (1.0f + expf(-p.swiglu_alpha * g)));
+}
+
+// grid (row blocks (upper bound), ceil(N / kBlockN)), block Cfg::kThreads, dynamic smem
+// Cfg::kSmemBytes; N = I (kGateUp) or H (kDown), K = H or I.
+template <typename Cfg, typename T>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) moe_gemm_kernel(const FusedMoeParams p,
+                                                                     const FusedMoeWorkspace w) {
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
+  constexpr int kMi = Cfg::kMi, kNi = Cfg::kNi, kHalves = Cfg::kHalves;
+  constexpr bool kGateUp = Cfg::kGemm == MoeGemm::kGateUp;
+  const int64_t block_row0 = static_cast<int64_t>(blockIdx.x) * kBlockM;
+  if (block_row0 >= *w.num_tokens_post_padded) return;  // the whole CTA: past the used blocks
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  const int warp_m = warp / Cfg::kWarpsN, warp_n = warp % Cfg::kWarpsN;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kBlockN;
+  const int64_t H = p.hidden, I = p.intermediate;
+  const int64_t N = kGateUp ? I : H, K = kGateUp ? H : I;
+  const int32_t num_slots = static_cast<int32_t>(p.num_tokens * p.top_k);
+  const int64_t expert = w.expert_ids[blockIdx.x];
+
+  // The slot of each tile row (-1: padding) and the row of A it reads.
+  __shared__ int32_t slot_of[kBlockM];
+  __shared__ int32_t a_row_of[kBlockM];
+  for (int r = tid; r < kBlockM; r += Cfg::kThreads) {
+    const int32_t s = w.sorted_token_ids[block_row0 + r];
+    const bool used = s < num_slots;
+    slot_of[r] = used ? s : -1;
+    a_row_of[r] = used ? (kGateUp ? s / p.top_k : s) : -1;
+  }
+  __syncthreads();
+
+  const uint8_t* __restrict__ a_bytes = static_cast<const uint8_t*>(kGateUp ? p.x : w.act);
+  const T* b_expert = static_cast<const T*>(kGateUp ? p.w13 : p.w2) + expert * (kGateUp ? 2 * I : H) * K;
+  const int num_k_tiles = static_cast<int>((K + kElemsPerKTile - 1) / kElemsPerKTile);
+  uint8_t* smem = dynamic_smem<uint8_t>();
+
+  // K % 8 == 0: rows of 2 K bytes, a 16-byte chunk all in or all out. Half 1 of kGateUp: the up
+  // rows, I rows below the gate rows.
+  auto load_tile = [&](int kt, int stage) {
+    uint8_t* tile = smem + stage * Cfg::kStageBytes;
+    mma::load_k_tile_gathered<kBlockM, Cfg::kThreads>(tile, a_bytes, a_row_of, 2 * K, kt, tid);
+#pragma unroll
+    for (int half = 0; half < kHalves; ++half)
+      mma::load_k_tile_rows<kBlockN, Cfg::kThreads>(tile + Cfg::kABytes + half * Cfg::kHalfBytes,
+                                                     reinterpret_cast<const uint8_t*>(b_expert + half * I * K), n0,
+                                                     N, 2 * K, kt, tid);
+  };
+
+  float acc[kHalves][kMi][kNi][4];
+#pragma unroll
+  for (int half = 0; half < kHalves; ++half)
+#pragma unroll
+    for (int i = 0; i < kMi; ++i)
+#pragma unroll
+      for (int j = 0; j < kNi; ++j) acc[half][i][j][0] = acc[half][i][j][1] = acc[half][i][j][2] = acc[half][i][j][3] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_k_tiles) load_tile(s, s);
+    ptx::cp_async_commit();
+  }
+
+  const mma::GemmFragmentLanes lanes = mma::gemm_fragment_lanes<Cfg>(warp_m, warp_n, lane);
+
+  for (int kt = 0; kt < num_k_tiles; ++kt) {
+    ptx::cp_async_wait<kStages - 2>();
+    __syncthreads();
+    {
+      const int next = kt + kStages - 1;
+      if (next < num_k_tiles) load_tile(next, next % kStages);
+      ptx::cp_async_commit();
+    }
+    const uint8_t* stage = smem + (kt % kStages) * Cfg::kStageBytes;
+#pragma unroll
+    for (int ks = 0; ks < kElemsPerKTile / 16; ++ks) {
+      uint32_t af[kMi][4];
+#pragma unroll
+      for (int i = 0; i < kMi; ++i)
+        mma::load_a<mma::kGemmKTileChunks>(af[i], stage, lanes.a_row + 16 * i, 2 * ks + lanes.a_chunk);
+#pragma unroll
+      for (int half = 0; half < kHalves; ++half) {
+        uint32_t bf[kNi][2];
+#pragma unroll
+        for (int j = 0; j < kNi / 2; ++j)
+          mma::load_b_pair<mma::kGemmKTileChunks>(bf[2 * j], bf[2 * j + 1],
+                                                  stage + Cfg::kABytes + half * Cfg::kHalfBytes,
+                                                  lanes.b_row + 16 * j, 2 * ks + lanes.b_chunk);
+#pragma unroll
+        for (int i = 0; i < kMi; ++i)
+#pragma unroll
+          for (int j = 0; j < kNi; ++j) ptx::mma_m16n8k16<T>(acc[half][i][j], af[i], bf[j]);
+      }
+    }
+  }
+  ptx::cp_async_wait<0>();  // only empty groups can be pending; keeps the emulator's bookkeeping clean
+
+  // Epilogue in the mma C layout: lane (g, t) holds rows g and g + 8 of each 16-row tile, columns
+  // 2t and 2t + 1 of each n8 tile (N is even: a pair is all in or all out).
+  const T* __restrict__ bias = static_cast<const T*>(kGateUp ? p.w13_bias : p.w2_bias);
+  if (bias != nullptr) bias += expert * (kGateUp ? 2 * I : H);
+#pragma unroll
+  for (int i = 0; i < kMi; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int32_t slot = slot_of[warp_m * Cfg::kWarpM + i * 16 + g + 8 * h];
+      if (slot < 0) continue;
+#pragma unroll
+      for (int j = 0; j < kNi; ++j) {
+        const int64_t n = n0 + warp_n * Cfg::kWarpN + j * 8 + 2 * t;
+        if (n >= N) continue;
+        float v[kHalves][2];
+#pragma unroll
+        for (int half = 0; half < kHalves; ++half) {
+          v[half][0] = acc[half][i][j][2 * h];
+          v[half][1] = acc[half][i][j][2 * h + 1];
+          if (bias != nullptr) {
+            v[half][0] += to_float(bias[half * I + n]);
+            v[half][1] += to_float(bias[half * I + n + 1]);
+          }
+        }
+        if constexpr (kGateUp) {
+          T* act = static_cast<T*>(w.act) + static_cast<int64_t>(slot) * I + n;
+          *reinterpret_cast<uint32_t*>(act) = mma::pack2<T>(expert_activation(p, v[0][0], v[kHalves - 1][0]),
+                                                            expert_activation(p, v[0][1], v[kHalves - 1][1]));
+        } else {
+          *reinterpret_cast<float2*>(w.y + static_cast<int64_t>(slot) * H + n) = make_float2(v[0][0], v[0][1]);
+        }
+      }
+    }
+  }
+}
+
+constexpr int kCombineThreads = 128;
+
+// grid (T), block kCombineThreads: out[t] from the y of its k slots, in slot order.
+template <typename T>
+__global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(const FusedMoeParams p,
+                                                                       const FusedMoeWorkspace w) {
+  const int64_t token = blockIdx.x;
+  const int64_t H = p.hidden;
+  const int k = p.top_k;
+  T* out = static_cast<T*>(p.out) + token * H;
+  for (int64_t c = 2 * static_cast<int64_t>(threadIdx.x); c < H; c += 2 * kCombineThreads) {
+    float acc0 = 0.f, acc1 = 0.f;
+    for (int j = 0; j < k; ++j) {
+      const int64_t s = token * k + j;
+      const int32_t e = p.topk_ids[s];
+      if (e < 0 || e >= p.num_experts) continue;  // moe_align skipped the slot: no y
+      const float weight = p.topk_weights[s];
+      const float2 y = *reinterpret_cast<const float2*>(w.y + s * H + c);
+      acc0 += weight * y.x;
+      acc1 += weight * y.y;
+    }
+    *reinterpret_cast<uint32_t*>(out + c) = mma::pack2<T>(acc0, acc1);
+  }
+}
+
+}  // namespace fastinfer::moe

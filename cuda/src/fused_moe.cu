@@ -1,0 +1,141 @@
+// fused_moe launcher: moe_align, then the two grouped GEMMs and the combine (moe/fused_moe.cuh).
+// Three tile tiers by the average rows per expert, T k / E, x {fp16, bf16}: 12 GEMM kernels.
+#include "fastinfer/common/dispatch.cuh"
+#include "fastinfer/common/launch.cuh"
+#include "fastinfer/moe/fused_moe.cuh"
+#include "fastinfer/moe/routing.h"
+
+#include <algorithm>
+
+namespace fastinfer {
+namespace {
+
+using moe::MoeGemm;
+using moe::MoeGemmConfig;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// A tier: the gate/up and down configurations of one block_m (moe_align's, shared by both GEMMs).
+//  - small (decode; at most ~16 rows per expert): 16-row blocks; gate/up 32 columns (64 weight
+//    rows) and down 32 columns on 2 warps, deep rings (6 and 8 stages, 60 and 48 KiB) so that the
+//    weight stream has bytes in flight;
+//  - medium (up to ~64 rows per expert): 64-row blocks, 8 warps, 4 stages (96 KiB);
+//  - large: 128-row blocks, 8 warps, 3 stages (96 KiB), where those blocks still fill the SMs.
+// The gate/up tiles cover half the columns of the down tiles: each column costs two weight rows.
+struct TierSmall {
+  static constexpr int kBlockM = 16;
+  using GateUp = MoeGemmConfig<16, 32, 1, 2, 6, MoeGemm::kGateUp>;
+  using Down = MoeGemmConfig<16, 32, 1, 2, 8, MoeGemm::kDown>;
+};
+struct TierMedium {
+  static constexpr int kBlockM = 64;
+  using GateUp = MoeGemmConfig<64, 64, 2, 4, 4, MoeGemm::kGateUp>;
+  using Down = MoeGemmConfig<64, 128, 2, 4, 4, MoeGemm::kDown>;
+};
+struct TierLarge {
+  static constexpr int kBlockM = 128;
+  using GateUp = MoeGemmConfig<128, 64, 2, 4, 3, MoeGemm::kGateUp>;
+  using Down = MoeGemmConfig<128, 128, 2, 4, 3, MoeGemm::kDown>;
+};
+constexpr int kMinBlockM = TierSmall::kBlockM, kMaxBlockM = TierLarge::kBlockM;
+
+struct WorkspaceLayout {
+  size_t act, y, sorted, experts, total, bytes;
+};
+
+// The workspace is sized for every tier (the longest sorted_token_ids, the most blocks), so that
+// its size depends on the shapes alone.
+WorkspaceLayout workspace_layout(const FusedMoeParams& p) {
+  const int64_t slots = p.num_tokens * p.top_k;
+  const int64_t sorted = moe_align_sorted_size(slots, p.num_experts, kMaxBlockM);
+  WorkspaceLayout l{};
+  l.act = 0;
+  l.y = l.act + round_up(static_cast<size_t>(slots * p.intermediate) * 2);
+  l.sorted = l.y + round_up(static_cast<size_t>(slots * p.hidden) * sizeof(float));
+  l.experts = l.sorted + round_up(static_cast<size_t>(sorted) * sizeof(int32_t));
+  l.total = l.experts + round_up(static_cast<size_t>(ceil_div(sorted, kMinBlockM)) * sizeof(int32_t));
+  l.bytes = l.total + round_up(sizeof(int32_t));
+  return l;
+}
+
+template <typename Cfg, typename T>
+cudaError_t launch_gemm(const FusedMoeParams& p, const moe::FusedMoeWorkspace& w, int64_t row_blocks,
+                        cudaStream_t stream) {
+  const int64_t n = Cfg::kGemm == MoeGemm::kGateUp ? p.intermediate : p.hidden;
+  const int64_t col_tiles = ceil_div(n, Cfg::kBlockN);
+  if (row_blocks > 0x7fffffff || col_tiles > 65535) return cudaErrorInvalidValue;
+  return launch_kernel(moe::moe_gemm_kernel<Cfg, T>,
+                       dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(col_tiles)), dim3(Cfg::kThreads),
+                       static_cast<size_t>(Cfg::kSmemBytes), stream, p, w);
+}
+
+template <typename Tier, typename T>
+cudaError_t launch_tier(const FusedMoeParams& p, const WorkspaceLayout& l, cudaStream_t stream) {
+  uint8_t* base = static_cast<uint8_t*>(p.workspace);
+  const int64_t slots = p.num_tokens * p.top_k;
+  MoeAlignParams align;
+  align.topk_ids = p.topk_ids;
+  align.sorted_token_ids = reinterpret_cast<int32_t*>(base + l.sorted);
+  align.expert_ids = reinterpret_cast<int32_t*>(base + l.experts);
+  align.num_tokens_post_padded = reinterpret_cast<int32_t*>(base + l.total);
+  align.num_slots = static_cast<int32_t>(slots);
+  align.num_experts = p.num_experts;
+  align.block_m = Tier::kBlockM;
+  align.index_type = IndexType::kInt32;
+  cudaError_t err = launch_moe_align(align, stream);
+  if (err != cudaSuccess) return err;
+
+  moe::FusedMoeWorkspace w;
+  w.act = base + l.act;
+  w.y = reinterpret_cast<float*>(base + l.y);
+  w.sorted_token_ids = align.sorted_token_ids;
+  w.expert_ids = align.expert_ids;
+  w.num_tokens_post_padded = align.num_tokens_post_padded;
+  // Every used block holds at least one slot: at most `slots` of them.
+  const int64_t row_blocks =
+      std::min(ceil_div(moe_align_sorted_size(slots, p.num_experts, Tier::kBlockM), Tier::kBlockM), slots);
+  err = launch_gemm<typename Tier::GateUp, T>(p, w, row_blocks, stream);
+  if (err == cudaSuccess) err = launch_gemm<typename Tier::Down, T>(p, w, row_blocks, stream);
+  if (err == cudaSuccess)
+    err = launch_kernel(moe::moe_combine_kernel<T>, dim3(static_cast<unsigned>(p.num_tokens)),
+                        dim3(moe::kCombineThreads), 0, stream, p, w);
+  return err;
+}
+
+}  // namespace
+
+size_t fused_moe_workspace_size(const FusedMoeParams& p) { return workspace_layout(p).bytes; }
+
+cudaError_t launch_fused_moe(const FusedMoeParams& p, cudaStream_t stream) {
+  if (p.num_tokens < 0 || p.hidden < 8 || p.hidden % 8 != 0 || p.intermediate < 8 || p.intermediate % 8 != 0 ||
+      p.num_experts < 1 || p.num_experts > kMoeAlignMaxExperts || p.top_k < 1 ||
+      moe_align_sorted_size(p.num_tokens * p.top_k, p.num_experts, kMaxBlockM) > int64_t{0x7fffffff})
+    return cudaErrorInvalidValue;
+  if (p.num_tokens == 0) return cudaSuccess;
+  if (p.x == nullptr || p.w13 == nullptr || p.w2 == nullptr || p.topk_weights == nullptr || p.topk_ids == nullptr ||
+      p.out == nullptr || p.workspace == nullptr)
+    return cudaErrorInvalidValue;
+  if (!is_aligned(p.x, 16) || !is_aligned(p.w13, 16) || !is_aligned(p.w2, 16) || !is_aligned(p.out, 4) ||
+      !is_aligned(p.workspace, 16) || (p.w13_bias && !is_aligned(p.w13_bias, 2)) ||
+      (p.w2_bias && !is_aligned(p.w2_bias, 2)))
+    return cudaErrorInvalidValue;
+  int dev = 0, major = 0, num_sms = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err != cudaSuccess) return err;
+  if (major < 8) return cudaErrorNotSupported;  // mma.m16n8k16 bf16 needs sm_80
+  const WorkspaceLayout layout = workspace_layout(p);
+  // The tier changes with the batch, a token's result does not (moe/fused_moe.cuh).
+  const int64_t slots = p.num_tokens * p.top_k;
+  const int64_t rows_per_expert = ceil_div(slots, p.num_experts);
+  const int64_t large_ctas = ceil_div(slots, TierLarge::kBlockM) * ceil_div(p.hidden, TierLarge::Down::kBlockN);
+  return FASTINFER_DISPATCH_HALF(p.dtype, T, [&] {
+    if (rows_per_expert <= 16) return launch_tier<TierSmall, T>(p, layout, stream);
+    if (rows_per_expert <= 64 || large_ctas < num_sms) return launch_tier<TierMedium, T>(p, layout, stream);
+    return launch_tier<TierLarge, T>(p, layout, stream);
+  });
+}
+
+}  // namespace fastinfer
