@@ -251,9 +251,10 @@ def requested_bytes(kernels):
 
 # ---- cases ---------------------------------------------------------------------------------------
 class Case:
-    def __init__(self, family, label, build, sample=1, reuse=False, extra=None):
+    def __init__(self, family, label, build, sample=1, reuse=False, extra=None, run_whole=()):
         self.family, self.label, self.build, self.sample, self.reuse = family, label, build, sample, reuse
         self.extra = extra  # (kernel name, launch record) -> bytes outside the ideal (workspaces), "ideal" rule
+        self.run_whole = run_whole  # kernels exempt from sampling (fastinfer.simt.profile's run_whole)
 
 
 def _bf16(*shape, gen=None):
@@ -555,6 +556,111 @@ def case_int4(m, n, k, layer, model="8b", deterministic=False):
                 extra=split_k_partials)
 
 
+# Mixture-of-experts layers (H, I per expert, E, k): Mixtral-8x7B and Qwen3-30B-A3B.
+MOE_MODELS = {"mixtral-8x7b": (4096, 14336, 8, 2), "qwen3-30b-a3b": (2048, 768, 128, 8)}
+MOE_TOKENS = (1, 16, 64, 512, 4096)
+
+
+def _moe_routing(t, E, k):
+    """Softmax top-k ids and weights of random router logits (CPU: the routing is an input here)."""
+    logits = torch.randn(t, E, generator=torch.Generator().manual_seed(t + E))
+    return torch.ops.fastinfer.moe_topk(logits, k, True, "softmax")
+
+
+def _moe_block_m(t, H, E, k):
+    """fused_moe's tile tier (cuda/src/fused_moe.cu): the block_m its alignment uses."""
+    slots = t * k
+    rows = -(-slots // E)
+    if rows <= 16:
+        return 16
+    return 64 if rows <= 64 or -(-slots // 128) * -(-H // 128) < H200["sms"] else 128
+
+
+def case_moe_topk(t, model):
+    H, I, E, k = MOE_MODELS[model]
+
+    def build():
+        logits = _bf16(t, E)
+        return dict(fn=lambda: ns().moe_topk(logits, k, True, "softmax"), ideal=t * E * 2 + t * k * 8)
+    return Case("moe_topk", f"{model} T={t} E={E} k={k}", build)
+
+
+def case_moe_align(t, model):
+    H, I, E, k = MOE_MODELS[model]
+    block_m = _moe_block_m(t, H, E, k)
+
+    def build():
+        _, ids = _moe_routing(t, E, k)
+        sorted_size = t * k + E * (block_m - 1)
+        ideal = t * k * 4 + sorted_size * 4 + -(-sorted_size // block_m) * 4 + 4
+        return dict(fn=lambda: ns().moe_align(ids, E, block_m), ideal=ideal)
+    return Case("moe_align", f"{model} T={t} E={E} k={k} block_m={block_m}", build)
+
+
+def _moe_weights(E, H, I):
+    w13 = torch.empty(E, 2 * I, H, dtype=torch.bfloat16).normal_(0, H ** -0.5)
+    w2 = torch.empty(E, H, I, dtype=torch.bfloat16).normal_(0, I ** -0.5)
+    return w13, w2
+
+
+def _moe_ideal(t, H, I, ids):
+    """x and out once, every expert that a token chose read once, the routing once."""
+    used = int(torch.unique(ids[ids >= 0]).numel())
+    return t * H * 2 * 2 + used * 3 * H * I * 2 + ids.numel() * 8, used
+
+
+def case_fused_moe(t, model):
+    """fused_moe (alignment, the two grouped GEMMs, the combine) against the roofline of the experts
+    the batch uses: their weights read once at small T, 2 x T x k x 3 H I FLOPs at large T. Its
+    workspace traffic (a written and read, [T k, I] bf16; y written and read, [T k, H] fp32) is not
+    in the ideal: it is added to the GEMM and combine launches."""
+    H, I, E, k = MOE_MODELS[model]
+    slots = t * k
+
+    def build():
+        w13, w2 = _moe_weights(E, H, I)
+        weights, ids = _moe_routing(t, E, k)
+        x = _bf16(t, H)
+        ideal, used = _moe_ideal(t, H, I, ids)
+        return dict(fn=lambda: ns().fused_moe(x, w13, w2, weights, ids, "silu", None, None, None, None),
+                    ideal=ideal, flops=2.0 * slots * 3 * H * I, peak="bf16", note=f"experts used {used} of {E}")
+
+    def workspace(kname, rec):
+        if "moe_gemm_kernel" in kname:
+            gate_up = "MoeGemm)0" in kname
+            return slots * I * 2 if gate_up else slots * I * 2 + slots * H * 4
+        return slots * H * 4 if "moe_combine_kernel" in kname else 0
+
+    return Case("fused_moe", f"{model} T={t} H={H} I={I} E={E} k={k}", build,
+                sample=max(1, math.ceil(2.0 * slots * 3 * H * I / 1.2e9)), reuse=True, extra=workspace,
+                run_whole=("moe_align_kernel",))
+
+
+def case_moe_expert_loop(t, model):
+    """The same layer as a loop over the experts of separate launches (what a library without a
+    grouped kernel runs): per used expert dense_mm(x_e, w13[e]), silu_and_mul, dense_mm(a, w2[e]).
+    The gathers of x_e and the weighted sum run in torch on the host: not counted."""
+    H, I, E, k = MOE_MODELS[model]
+    slots = t * k
+
+    def build():
+        w13, w2 = _moe_weights(E, H, I)
+        weights, ids = _moe_routing(t, E, k)
+        x = _bf16(t, H)
+        ideal, used = _moe_ideal(t, H, I, ids)
+        rows = {e: (ids == e).nonzero()[:, 0] for e in torch.unique(ids[ids >= 0]).tolist()}
+
+        def loop():
+            for e, tokens in rows.items():
+                a = ns().silu_and_mul(ns().dense_mm(x[tokens], w13[e], None))
+                ns().dense_mm(a, w2[e], None)
+        return dict(fn=loop, ideal=ideal, flops=2.0 * slots * 3 * H * I, peak="bf16",
+                    note=f"experts used {used} of {E}")
+
+    return Case("fused_moe per-expert loop", f"{model} T={t} H={H} I={I} E={E} k={k}", build,
+                sample=max(1, math.ceil(2.0 * slots * 3 * H * I / 1.2e9)), reuse=True)
+
+
 def case_tree_verify(b, n, mode, v=128256):
     def build():  # ideal: the visited nodes' logits read once (docs/design.md's baseline; draft mode also reads q)
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -618,6 +724,11 @@ def all_cases(quick=False):
         (b, 8, mode) for b in (1, 16, 64) for mode in ("greedy", "sample", "draft")] + [
         (1, 64, "greedy"), (16, 64, "greedy"), (16, 64, "sample")]
     cases += [case_tree_verify(*c) for c in tv]
+    for model in MOE_MODELS:
+        for t in ((1, 4096) if quick else MOE_TOKENS):
+            cases += [case_moe_topk(t, model), case_moe_align(t, model), case_fused_moe(t, model)]
+            if not quick:
+                cases.append(case_moe_expert_loop(t, model))
     return cases
 
 
@@ -626,7 +737,7 @@ def run_case(case, ptxas):
     t0 = time.perf_counter()
     torch.manual_seed(0)
     spec = case.build()
-    rep = simt.profile(spec["fn"], sample=case.sample)
+    rep = simt.profile(spec["fn"], sample=case.sample, run_whole=case.run_whole)
     wall = time.perf_counter() - t0
     peak = spec.get("peak")
     lines = summarise_lines(rep["kernels"])

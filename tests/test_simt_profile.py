@@ -276,6 +276,36 @@ def test_python_profile_sampling_runs_every_kth_cta():
 
 
 @needs_simprof
+def test_python_profile_run_whole_exempts_index_producers():
+    """fused_moe under sampling: its alignment (whose output the GEMMs gather by) runs every CTA
+    when named in run_whole, and only the sampled ones otherwise; the other launches stay sampled."""
+    import torch
+
+    import fastinfer.simt as simt
+
+    T, E, k, H, I = 64, 16, 2, 256, 64
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(T, H, generator=g).to(torch.bfloat16)
+    w13 = torch.randn(E, 2 * I, H, generator=g).to(torch.bfloat16)
+    w2 = torch.randn(E, H, I, generator=g).to(torch.bfloat16)
+    weights, ids = torch.ops.fastinfer.moe_topk(torch.randn(T, E, generator=g), k, True, "softmax")
+
+    def run():
+        return torch.ops.fastinfer_sim.fused_moe(x, w13, w2, weights, ids, "silu", None, None, None, None)
+
+    whole = simt.profile(run, sample=4, run_whole=("moe_align_kernel",))
+    (align,) = whole.kernel("moe_align_kernel")["records"]
+    assert align["grid"] == [E, 1, 1] and align["blocks_run"] == E
+    (combine,) = whole.kernel("moe_combine_kernel")["records"]
+    assert combine["blocks_run"] == T // 4
+    # Without the exemption the alignment is sampled like any launch (and fused_moe's GEMMs would
+    # gather rows through unwritten indices: the reason for run_whole).
+    align_only = simt.profile(lambda: torch.ops.fastinfer_sim.moe_align(ids, E, 16), sample=4)
+    (sampled,) = align_only.kernel("moe_align_kernel")["records"]
+    assert sampled["blocks_run"] == E // 4
+
+
+@needs_simprof
 def test_python_profile_sampling_is_unbiased_along_x(monkeypatch):
     """Causal prefill on the work-item grid: item x of a sequence is its (n - 1 - x)-th q-tile, so a
     CTA's mma count falls linearly with x. With 4 KV heads (grid y) and one CTA in 8, the sampled

@@ -98,7 +98,9 @@ cudaError_t launch_tier(const FusedMoeParams& p, const WorkspaceLayout& l, cudaS
   err = launch_gemm<typename Tier::GateUp, T>(p, w, row_blocks, stream);
   if (err == cudaSuccess) err = launch_gemm<typename Tier::Down, T>(p, w, row_blocks, stream);
   if (err == cudaSuccess)
-    err = launch_kernel(moe::moe_combine_kernel<T>, dim3(static_cast<unsigned>(p.num_tokens)),
+    err = launch_kernel(moe::moe_combine_kernel<T>,
+                        dim3(static_cast<unsigned>(p.num_tokens),
+                             static_cast<unsigned>(ceil_div(p.hidden, moe::kCombineColumns))),
                         dim3(moe::kCombineThreads), 0, stream, p, w);
   return err;
 }

@@ -54,6 +54,8 @@ namespace prof {
 
 bool g_on = false;
 bool g_launch_on = false;
+bool g_launch_whole = false;
+std::vector<std::string> g_whole_names;  // profile_run_whole's name fragments
 int g_sample = 1;
 
 namespace {
@@ -495,6 +497,9 @@ bool launch_begin(const void* kernel, dim3 grid, dim3 block, size_t dynamic_smem
     g_kernels.push_back(KernelStats{internal::kernel_name(kernel), reinterpret_cast<uintptr_t>(kernel), {}, {}});
   }
   g_cur = &g_kernels[it->second];
+  g_launch_whole = false;
+  for (const std::string& fragment : g_whole_names)
+    if (g_cur->name.find(fragment) != std::string::npos) g_launch_whole = true;
   g_launch = LaunchRec{};
   g_block_stored = false;
   g_launch.grid = grid;
@@ -627,6 +632,7 @@ bool profile_end(const char* path) {
   if (path && path[0]) ok = prof::write_json(path);
   prof::g_on = false;
   prof::g_sample = 1;
+  prof::g_whole_names.clear();
   prof::reset();
   return ok;
 }
@@ -642,6 +648,19 @@ void prof_record(uintptr_t site, int op, const void* addr, unsigned size, const 
 // C entry points (for ctypes: fastinfer.simt.profile on the instrumented torch module).
 extern "C" __attribute__((visibility("default"))) int fastinfer_simt_profile_begin(int mode, int sample_one_in) {
   fastinfer::simt::profile_begin(mode, sample_one_in);
+  return 0;
+}
+// Newline-separated kernel-name fragments whose launches run whole under sampling (until profile_end).
+extern "C" __attribute__((visibility("default"))) int fastinfer_simt_profile_run_whole(const char* fragments) {
+  std::lock_guard<std::mutex> lock(fastinfer::simt::prof::g_mutex);
+  auto& names = fastinfer::simt::prof::g_whole_names;
+  names.clear();
+  for (const char* p = fragments ? fragments : ""; *p;) {
+    const char* end = strchr(p, '\n');
+    const size_t n = end ? static_cast<size_t>(end - p) : strlen(p);
+    if (n > 0) names.emplace_back(p, n);
+    p += n + (end ? 1 : 0);
+  }
   return 0;
 }
 extern "C" __attribute__((visibility("default"))) int fastinfer_simt_profile_end(const char* path) {

@@ -12,6 +12,10 @@ namespace fastinfer::simt::prof {
 extern bool g_on;
 // True while the running launch is being profiled (only ever read on the launching OS thread).
 extern bool g_launch_on;
+// The running launch is exempt from CTA sampling (its kernel's name contains one of the strings
+// given to profile_run_whole: kernels whose outputs later launches index by, such as an alignment
+// that orders the rows of a grouped GEMM).
+extern bool g_launch_whole;
 
 // Called by launch() after the configuration checks, with the launch mutex held. Returns true
 // when the kernel must not run (launch-configuration-only mode).

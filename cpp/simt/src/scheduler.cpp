@@ -621,7 +621,7 @@ cudaError_t launch(const void* kernel, dim3 grid, dim3 block, size_t dynamic_sme
     return cudaSuccess;
   }
   // Profiler CTA sampling: only the CTAs whose (x, y) the lattice keeps (at least those of (0, 0)).
-  const bool sampled = prof::g_launch_on && prof::g_sample > 1;
+  const bool sampled = prof::g_launch_on && prof::g_sample > 1 && !prof::g_launch_whole;
   bool any_kept = false;
   if (sampled) {
     for (unsigned y = 0; y < grid.y && !any_kept; ++y)

@@ -290,10 +290,11 @@ def _profile_module():
     return mod
 
 
-def profile(fn, *args, launch_only: bool = False, sample: int = 1, **kwargs):
+def profile(fn, *args, launch_only: bool = False, sample: int = 1, run_whole: Sequence[str] = (), **kwargs):
     """Memory-access profile of ``fn(*args, **kwargs)``, which calls ``torch.ops.fastinfer_sim``
     ops: see :func:`fastinfer.simt._profile.profile` (imports torch)."""
-    return _profile_module().profile(fn, *args, launch_only=launch_only, sample=sample, **kwargs)
+    return _profile_module().profile(fn, *args, launch_only=launch_only, sample=sample, run_whole=run_whole,
+                                     **kwargs)
 
 
 def profile_program(source, args: Sequence[str] = (), seed: Optional[int] = None, verbose: bool = False,

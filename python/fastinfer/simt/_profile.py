@@ -257,10 +257,12 @@ def _simprof_lib():
     lib = ctypes.CDLL(mod.__file__)
     lib.fastinfer_simt_profile_begin.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.fastinfer_simt_profile_end.argtypes = [ctypes.c_char_p]
+    lib.fastinfer_simt_profile_run_whole.argtypes = [ctypes.c_char_p]
     return lib
 
 
-def profile(fn: Callable, *args, launch_only: bool = False, sample: int = 1, **kwargs) -> ProfileReport:
+def profile(fn: Callable, *args, launch_only: bool = False, sample: int = 1, run_whole: Sequence[str] = (),
+            **kwargs) -> ProfileReport:
     """Run ``fn(*args, **kwargs)`` with ``torch.ops.fastinfer_sim`` served by the profile build of
     the kernels (``fastinfer._simprof``, namespace ``fastinfer_simprof``) and return its report.
 
@@ -272,7 +274,9 @@ def profile(fn: Callable, *args, launch_only: bool = False, sample: int = 1, **k
     an offset per blockIdx.y spread over the k residues, every blockIdx.z of them: cpp/simt/README.md,
     "Sampling"): outputs are incomplete,
     the counters are those of the CTAs that ran, and each launch record gives ``blocks_run`` next
-    to its grid so that the counters can be scaled (bench/model.py).
+    to its grid so that the counters can be scaled (bench/model.py). The launches of kernels whose
+    name contains a string of ``run_whole`` run every CTA even under sampling: kernels whose
+    outputs later launches index by (fused_moe's alignment orders the rows its GEMMs gather).
     """
     import torch
 
@@ -285,6 +289,7 @@ def profile(fn: Callable, *args, launch_only: bool = False, sample: int = 1, **k
         raw_path = Path(tmp) / "raw.json"
         setattr(torch.ops, "fastinfer_sim", ns)
         lib.fastinfer_simt_profile_begin(1 if launch_only else 0, max(1, int(sample)))
+        lib.fastinfer_simt_profile_run_whole("\n".join(run_whole).encode())
         try:
             result = fn(*args, **kwargs)
         finally:

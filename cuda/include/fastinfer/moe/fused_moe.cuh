@@ -203,28 +203,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_gemm_kernel(const FusedM
 }
 
 constexpr int kCombineThreads = 128;
+constexpr int kCombineColumns = 2 * kCombineThreads;  // a CTA's columns of one token
 
-// grid (T), block kCombineThreads: out[t] from the y of its k slots, in slot order.
+// grid (T, ceil(H / kCombineColumns)), block kCombineThreads: out[t] from the y of its k slots, in
+// slot order (several CTAs per token, so that a decode step's few tokens still spread over SMs).
 template <typename T>
 __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(const FusedMoeParams p,
                                                                        const FusedMoeWorkspace w) {
   const int64_t token = blockIdx.x;
   const int64_t H = p.hidden;
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * kCombineColumns + 2 * threadIdx.x;
+  if (c >= H) return;  // H is even: the pair (c, c + 1) is all in or all out
   const int k = p.top_k;
-  T* out = static_cast<T*>(p.out) + token * H;
-  for (int64_t c = 2 * static_cast<int64_t>(threadIdx.x); c < H; c += 2 * kCombineThreads) {
-    float acc0 = 0.f, acc1 = 0.f;
-    for (int j = 0; j < k; ++j) {
-      const int64_t s = token * k + j;
-      const int32_t e = p.topk_ids[s];
-      if (e < 0 || e >= p.num_experts) continue;  // moe_align skipped the slot: no y
-      const float weight = p.topk_weights[s];
-      const float2 y = *reinterpret_cast<const float2*>(w.y + s * H + c);
-      acc0 += weight * y.x;
-      acc1 += weight * y.y;
-    }
-    *reinterpret_cast<uint32_t*>(out + c) = mma::pack2<T>(acc0, acc1);
+  float acc0 = 0.f, acc1 = 0.f;
+  for (int j = 0; j < k; ++j) {
+    const int64_t s = token * k + j;
+    const int32_t e = p.topk_ids[s];
+    if (e < 0 || e >= p.num_experts) continue;  // moe_align skipped the slot: no y
+    const float weight = p.topk_weights[s];
+    const float2 y = *reinterpret_cast<const float2*>(w.y + s * H + c);
+    acc0 += weight * y.x;
+    acc1 += weight * y.y;
   }
+  *reinterpret_cast<uint32_t*>(static_cast<T*>(p.out) + token * H + c) = mma::pack2<T>(acc0, acc1);
 }
 
 }  // namespace fastinfer::moe
