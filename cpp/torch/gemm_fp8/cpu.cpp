@@ -12,19 +12,10 @@
 #include "cpu_simd.h"
 #include "gemm_dense/batch_invariant_mm.h"
 #include "gemm_fp8/contract.h"
+#include "gemm_fp8/e4m3_cpu.h"
 
 namespace fastinfer::binding {
 namespace {
-
-constexpr float kE4m3Max = 448.0f;
-constexpr float kMinAmax = 1e-12f;
-
-float scale_from_amax(float amax) { return std::max(amax, kMinAmax) / kE4m3Max; }
-
-Float8_e4m3fn to_e4m3(float v, float s) {
-  const float q = v / s;  // IEEE fp32 division, then clamp and a round-to-nearest-even cast
-  return Float8_e4m3fn(std::min(std::max(q, -kE4m3Max), kE4m3Max));
-}
 
 std::tuple<Tensor, Tensor> fp8_quantize_cpu(const Tensor& x, std::string_view mode_str, int64_t group_size,
                                             const std::optional<Tensor>& scale) {
@@ -66,16 +57,6 @@ std::tuple<Tensor, Tensor> fp8_quantize_cpu(const Tensor& x, std::string_view mo
     }
   }
   return {q_t, s_t};
-}
-
-const std::array<float, 256>& e4m3_table() {
-  static const std::array<float, 256> table = [] {
-    std::array<float, 256> t{};
-    for (int i = 0; i < 256; ++i)
-      t[i] = static_cast<float>(Float8_e4m3fn(static_cast<uint8_t>(i), Float8_e4m3fn::from_bits()));
-    return t;
-  }();
-  return table;
 }
 
 // fp32 values of q [R, K] (contiguous e4m3); with `scale` [ceil(R / rows_per_block), ceil(K / 128)],

@@ -23,6 +23,11 @@ inline void define_moe_ops(StableLibrary& m) {
   // The expert MLPs: w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I], the routing of moe_topk.
   m.def("fused_moe(Tensor x, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids, str activation, "
         "float? swiglu_alpha, float? swiglu_limit, Tensor? w13_bias, Tensor? w2_bias) -> Tensor");
+  // FP8 experts: w13 / w2 float8_e4m3fn with per-channel or 128 x 128 blockwise fp32 scales, the
+  // activations quantised per token (or per token and 128-group) inside.
+  m.def("fused_moe_fp8(Tensor x, Tensor w13, Tensor w2, Tensor w13_scale, Tensor w2_scale, Tensor topk_weights, "
+        "Tensor topk_ids, str activation, float? swiglu_alpha, float? swiglu_limit, Tensor? w13_bias, "
+        "Tensor? w2_bias) -> Tensor");
 }
 
 inline MoeScoring parse_moe_scoring(const char* op, std::string_view scoring) {
@@ -92,13 +97,15 @@ inline void check_expert_bias(const char* op, const std::optional<Tensor>& bias,
   check_contiguous(*bias, op, name);
 }
 
-// Checks every argument of fused_moe (the value check of topk_ids: see validate_moe_align);
-// allow_fp32: float32 activations (the CPU implementation).
-inline FusedMoeArgs validate_fused_moe(const char* op, const Tensor& x, const Tensor& w13, const Tensor& w2,
-                                       const Tensor& topk_weights, const Tensor& topk_ids,
-                                       std::string_view activation, std::optional<double> swiglu_alpha,
-                                       std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
-                                       const std::optional<Tensor>& w2_bias, bool allow_fp32) {
+// Checks the arguments every fused_moe variant shares (x, the routing, the activation, the biases)
+// for E experts of intermediate size I; allow_fp32: float32 activations (the CPU implementation).
+inline FusedMoeArgs validate_moe_routing_and_activation(const char* op, const Tensor& x, int64_t E, int64_t I,
+                                                        const Tensor& topk_weights, const Tensor& topk_ids,
+                                                        std::string_view activation,
+                                                        std::optional<double> swiglu_alpha,
+                                                        std::optional<double> swiglu_limit,
+                                                        const std::optional<Tensor>& w13_bias,
+                                                        const std::optional<Tensor>& w2_bias, bool allow_fp32) {
   FusedMoeArgs args{};
   args.activation = parse_moe_activation(op, activation);
   if (args.activation == MoeActivation::kSilu) {
@@ -112,27 +119,7 @@ inline FusedMoeArgs validate_fused_moe(const char* op, const Tensor& x, const Te
     args.swiglu_alpha = static_cast<float>(*swiglu_alpha);
     args.swiglu_limit = static_cast<float>(*swiglu_limit);
   }
-  check_dim(x, 2, op, "x", "[num_tokens, hidden]");
-  check_activation_dtype(x, allow_fp32, op, "x");
-  check_contiguous(x, op, "x");
-  check_dim(w13, 3, op, "w13", "[num_experts, 2 * intermediate, hidden] (gate rows, then up rows)");
-  check_dim(w2, 3, op, "w2", "[num_experts, hidden, intermediate]");
-  const int64_t T = x.size(0), H = x.size(1), E = w13.size(0), I = w13.size(1) / 2;
-  for (const auto& [w, name] : {std::pair<const Tensor&, const char*>{w13, "w13"}, {w2, "w2"}}) {
-    check_same_dtype(w, x, op, name, "x");
-    check_same_device(w, x, op, name, "x");
-    check_contiguous(w, op, name);
-  }
-  FI_CHECK(E >= 1 && E < (int64_t{1} << 31), op, "w13 must have 1 <= num_experts < 2^31, got shape ",
-           shape_str(w13));
-  FI_CHECK(w13.size(1) % 2 == 0 && I >= 1 && w13.size(2) == H, op,
-           "w13 must have shape [num_experts, 2 * intermediate, hidden] with hidden = ", H,
-           " (x.size(1)) and an even, nonzero second dimension, got ", shape_str(w13));
-  FI_CHECK(w2.size(0) == E && w2.size(1) == H && w2.size(2) == I, op,
-           "w2 must have shape [num_experts, hidden, intermediate] = [", E, ", ", H, ", ", I,
-           "] (intermediate = w13.size(1) / 2), got ", shape_str(w2));
-  FI_CHECK(H % 8 == 0 && I % 8 == 0, op, "x and w2 must have hidden and intermediate multiples of 8 (rows move in "
-           "16-byte chunks), got hidden ", H, ", intermediate ", I);
+  const int64_t T = x.size(0), H = x.size(1);
   check_dim(topk_weights, 2, op, "topk_weights", "[num_tokens, top_k]");
   check_dtype_in(topk_weights, {kFloat}, op, "topk_weights");
   check_same_device(topk_weights, x, op, "topk_weights", "x");
@@ -156,6 +143,100 @@ inline FusedMoeArgs validate_fused_moe(const char* op, const Tensor& x, const Te
   args.num_experts = E;
   args.top_k = topk_ids.size(1);
   return args;
+}
+
+// Checks x and the expert weights' shapes (w13 [E, 2I, H], w2 [E, H, I], weight_dtype, contiguous,
+// on x's device); returns (E, I).
+inline std::pair<int64_t, int64_t> validate_expert_weights(const char* op, const Tensor& x, const Tensor& w13,
+                                                           const Tensor& w2, bool allow_fp32) {
+  check_dim(x, 2, op, "x", "[num_tokens, hidden]");
+  check_activation_dtype(x, allow_fp32, op, "x");
+  check_contiguous(x, op, "x");
+  check_dim(w13, 3, op, "w13", "[num_experts, 2 * intermediate, hidden] (gate rows, then up rows)");
+  check_dim(w2, 3, op, "w2", "[num_experts, hidden, intermediate]");
+  const int64_t H = x.size(1), E = w13.size(0), I = w13.size(1) / 2;
+  for (const auto& [w, name] : {std::pair<const Tensor&, const char*>{w13, "w13"}, {w2, "w2"}}) {
+    check_same_device(w, x, op, name, "x");
+    check_contiguous(w, op, name);
+  }
+  FI_CHECK(E >= 1 && E < (int64_t{1} << 31), op, "w13 must have 1 <= num_experts < 2^31, got shape ",
+           shape_str(w13));
+  FI_CHECK(w13.size(1) % 2 == 0 && I >= 1 && w13.size(2) == H, op,
+           "w13 must have shape [num_experts, 2 * intermediate, hidden] with hidden = ", H,
+           " (x.size(1)) and an even, nonzero second dimension, got ", shape_str(w13));
+  FI_CHECK(w2.size(0) == E && w2.size(1) == H && w2.size(2) == I, op,
+           "w2 must have shape [num_experts, hidden, intermediate] = [", E, ", ", H, ", ", I,
+           "] (intermediate = w13.size(1) / 2), got ", shape_str(w2));
+  return {E, I};
+}
+
+// Checks every argument of fused_moe (the value check of topk_ids: see validate_moe_align);
+// allow_fp32: float32 activations (the CPU implementation).
+inline FusedMoeArgs validate_fused_moe(const char* op, const Tensor& x, const Tensor& w13, const Tensor& w2,
+                                       const Tensor& topk_weights, const Tensor& topk_ids,
+                                       std::string_view activation, std::optional<double> swiglu_alpha,
+                                       std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
+                                       const std::optional<Tensor>& w2_bias, bool allow_fp32) {
+  const auto [E, I] = validate_expert_weights(op, x, w13, w2, allow_fp32);
+  check_same_dtype(w13, x, op, "w13", "x");
+  check_same_dtype(w2, x, op, "w2", "x");
+  const int64_t H = x.size(1);
+  FI_CHECK(H % 8 == 0 && I % 8 == 0, op, "x and w2 must have hidden and intermediate multiples of 8 (rows move in "
+           "16-byte chunks), got hidden ", H, ", intermediate ", I);
+  return validate_moe_routing_and_activation(op, x, E, I, topk_weights, topk_ids, activation, swiglu_alpha,
+                                             swiglu_limit, w13_bias, w2_bias, allow_fp32);
+}
+
+// ---- fused_moe_fp8 ----
+
+// The scale block of blockwise FP8 checkpoints (DeepSeek-V3, Qwen3-FP8: weight_scale_inv).
+inline constexpr int64_t kMoeFp8Block = 128;
+
+// Checks every argument of fused_moe_fp8: e4m3 weights, their scales (both per channel or both
+// blockwise), then as fused_moe. Returns the arguments and whether the scales are blockwise.
+inline std::pair<FusedMoeArgs, bool> validate_fused_moe_fp8(
+    const char* op, const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& w13_scale,
+    const Tensor& w2_scale, const Tensor& topk_weights, const Tensor& topk_ids, std::string_view activation,
+    std::optional<double> swiglu_alpha, std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
+    const std::optional<Tensor>& w2_bias, bool allow_fp32) {
+  const auto [E, I] = validate_expert_weights(op, x, w13, w2, allow_fp32);
+  check_dtype_in(w13, {kFloat8_e4m3fn}, op, "w13");
+  check_dtype_in(w2, {kFloat8_e4m3fn}, op, "w2");
+  const int64_t H = x.size(1);
+  for (const auto& [s, name] : {std::pair<const Tensor&, const char*>{w13_scale, "w13_scale"},
+                                {w2_scale, "w2_scale"}}) {
+    check_dtype_in(s, {kFloat}, op, name);
+    check_same_device(s, x, op, name, "x");
+    check_contiguous(s, op, name);
+  }
+  const bool blockwise = w13_scale.dim() == 3;
+  const auto blocks = [](int64_t n) { return (n + kMoeFp8Block - 1) / kMoeFp8Block; };
+  if (blockwise) {
+    FI_CHECK(w13_scale.size(0) == E && w13_scale.size(1) == blocks(2 * I) && w13_scale.size(2) == blocks(H), op,
+             "w13_scale must have shape [num_experts, ceil(2 * intermediate / 128), ceil(hidden / 128)] = [", E,
+             ", ", blocks(2 * I), ", ", blocks(H), "] (128 x 128 blocks) or [num_experts, 2 * intermediate] "
+             "(per channel), got ", shape_str(w13_scale));
+    FI_CHECK(w2_scale.dim() == 3 && w2_scale.size(0) == E && w2_scale.size(1) == blocks(H) &&
+                 w2_scale.size(2) == blocks(I), op,
+             "w2_scale must have shape [num_experts, ceil(hidden / 128), ceil(intermediate / 128)] = [", E, ", ",
+             blocks(H), ", ", blocks(I), "] (blockwise, as w13_scale), got ", shape_str(w2_scale));
+    FI_CHECK(H % kMoeFp8Block == 0 && I % kMoeFp8Block == 0, op,
+             "x and w2 must have hidden and intermediate multiples of 128 with blockwise scales (the activations "
+             "are quantised in groups of 128), got hidden ", H, ", intermediate ", I);
+  } else {
+    FI_CHECK(w13_scale.dim() == 2 && w13_scale.size(0) == E && w13_scale.size(1) == 2 * I, op,
+             "w13_scale must have shape [num_experts, 2 * intermediate] = [", E, ", ", 2 * I,
+             "] (per channel) or [num_experts, ceil(2 * intermediate / 128), ceil(hidden / 128)] (blockwise), got ",
+             shape_str(w13_scale));
+    FI_CHECK(w2_scale.dim() == 2 && w2_scale.size(0) == E && w2_scale.size(1) == H, op,
+             "w2_scale must have shape [num_experts, hidden] = [", E, ", ", H, "] (per channel, as w13_scale), got ",
+             shape_str(w2_scale));
+    FI_CHECK(H % 16 == 0 && I % 16 == 0, op, "x and w2 must have hidden and intermediate multiples of 16 (e4m3 rows "
+             "move in 16-byte chunks), got hidden ", H, ", intermediate ", I);
+  }
+  return {validate_moe_routing_and_activation(op, x, E, I, topk_weights, topk_ids, activation, swiglu_alpha,
+                                              swiglu_limit, w13_bias, w2_bias, allow_fp32),
+          blockwise};
 }
 
 }  // namespace fastinfer::binding

@@ -3,7 +3,9 @@
 // exponentials and divisions, summed serially; one row per task on ATen's thread pool. moe_align:
 // a counting sort of the slots, serial (it is integer bookkeeping over T * top_k ids). fused_moe:
 // the slots grouped by expert, two batch-invariant GEMMs per expert (gemm_dense's), then each
-// token's weighted sum in slot order (moe/fused_moe.h).
+// token's weighted sum in slot order (moe/fused_moe.h). fused_moe_fp8: the same with the GEMM
+// inputs quantised to e4m3 and dequantised back (x and a per row or per 128-group, the rule of
+// gemm/fp8.h) and each expert's weights dequantised to fp32 with its scales.
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +15,7 @@
 
 #include "cpu_simd.h"
 #include "gemm_dense/batch_invariant_mm.h"
+#include "gemm_fp8/e4m3_cpu.h"
 #include "moe/contract.h"
 
 namespace fastinfer::binding {
@@ -114,12 +117,76 @@ inline float expert_activation(const FusedMoeArgs& args, float gate, float up) {
 // Rows of about this many fp32 elements per parallel task.
 int64_t grain_rows(int64_t row_elems) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(row_elems, 1)); }
 
-template <typename T>
-void fused_moe_typed(const FusedMoeArgs& args, const T* x, const T* w13, const T* w2, const float* topk_weights,
+// An expert's weights as a GEMM reads them (rows of K elements of dtype).
+struct ExpertMatrix {
+  const void* data;
+  ScalarType dtype;
+};
+
+// fused_moe's experts: the weights as they are, the GEMM inputs as they are.
+struct FloatExperts {
+  const void *w13, *w2;
+  ScalarType dtype;
+  int64_t H, I;
+  int64_t bytes() const { return dtype == kFloat ? 4 : 2; }
+  ExpertMatrix gate_up(int64_t e) const { return {static_cast<const char*>(w13) + e * 2 * I * H * bytes(), dtype}; }
+  ExpertMatrix down(int64_t e) const { return {static_cast<const char*>(w2) + e * H * I * bytes(), dtype}; }
+  void quantize_rows(float*, int64_t, int64_t) const {}
+};
+
+// fused_moe_fp8's experts: e4m3 weights dequantised per expert into fp32 buffers (scale per
+// row, or per 128 x 128 block), the GEMM inputs quantised and dequantised per row (per-channel
+// scales) or per 128-group of a row (blockwise).
+struct Fp8Experts {
+  const uint8_t *w13, *w2;
+  const float *w13_scale, *w2_scale;
+  bool blockwise;
+  int64_t H, I;
+  std::vector<float> gate_up_buf, down_buf;
+
+  void dequantize(const uint8_t* q, const float* scale, int64_t rows, int64_t K, std::vector<float>& buf) const {
+    buf.resize(static_cast<size_t>(rows * K));
+    const auto& lut = e4m3_table();
+    const int64_t scale_cols = (K + kMoeFp8Block - 1) / kMoeFp8Block;
+    torch::stable::parallel_for(0, rows, grain_rows(K), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        for (int64_t k = 0; k < K; ++k)
+          buf[r * K + k] = lut[q[r * K + k]] *
+                           (blockwise ? scale[(r / kMoeFp8Block) * scale_cols + k / kMoeFp8Block] : scale[r]);
+    });
+  }
+  ExpertMatrix gate_up(int64_t e) {
+    const int64_t scale_stride = blockwise ? ((2 * I + 127) / 128) * ((H + 127) / 128) : 2 * I;
+    dequantize(w13 + e * 2 * I * H, w13_scale + e * scale_stride, 2 * I, H, gate_up_buf);
+    return {gate_up_buf.data(), kFloat};
+  }
+  ExpertMatrix down(int64_t e) {
+    const int64_t scale_stride = blockwise ? ((H + 127) / 128) * ((I + 127) / 128) : H;
+    dequantize(w2 + e * H * I, w2_scale + e * scale_stride, H, I, down_buf);
+    return {down_buf.data(), kFloat};
+  }
+  // rows [n, K] in place: v -> e4m3(v / s) * s, s from the amax of the row or of its 128-group.
+  void quantize_rows(float* rows, int64_t n, int64_t K) const {
+    const int64_t group = blockwise ? kMoeFp8Block : K;
+    const auto& lut = e4m3_table();
+    torch::stable::parallel_for(0, n, grain_rows(K), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        for (int64_t k0 = 0; k0 < K; k0 += group) {
+          float* v = rows + r * K + k0;
+          float amax = 0.f;
+          for (int64_t k = 0; k < group; ++k) amax = std::max(amax, std::fabs(v[k]));
+          const float s = scale_from_amax(amax);
+          for (int64_t k = 0; k < group; ++k) v[k] = lut[to_e4m3(v[k], s).x] * s;
+        }
+    });
+  }
+};
+
+template <typename T, typename Experts>
+void fused_moe_typed(const FusedMoeArgs& args, const T* x, Experts& experts, const float* topk_weights,
                      const int32_t* topk_ids, const T* w13_bias, const T* w2_bias, T* out) {
   const int64_t H = args.hidden, I = args.intermediate, E = args.num_experts, k = args.top_k;
   const int64_t num_slots = args.num_tokens * k;
-  constexpr ScalarType dtype = std::is_same_v<T, float> ? kFloat : std::is_same_v<T, Half> ? kHalf : kBFloat16;
   // Counting sort of the slots by expert (ascending slot within an expert); -1 slots are dropped.
   std::vector<int64_t> first(static_cast<size_t>(E) + 1, 0);
   for (int64_t s = 0; s < num_slots; ++s)
@@ -149,8 +216,10 @@ void fused_moe_typed(const FusedMoeArgs& args, const T* x, const T* w13, const T
         for (int64_t c = 0; c < H; ++c) xs[r * H + c] = static_cast<float>(src[c]);
       }
     });
+    experts.quantize_rows(xs.data(), rows, H);
     // H and I are multiples of 8 (validated): the rows need no padding for the GEMM.
-    batch_invariant_mm_f32_rows(xs.data(), rows, w13 + e * 2 * I * H, dtype, 2 * I, H, h.data());
+    const ExpertMatrix w13 = experts.gate_up(e);
+    batch_invariant_mm_f32_rows(xs.data(), rows, w13.data, w13.dtype, 2 * I, H, h.data());
     torch::stable::parallel_for(0, rows, grain_rows(2 * I), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r)
         for (int64_t i = 0; i < I; ++i) {
@@ -163,7 +232,9 @@ void fused_moe_typed(const FusedMoeArgs& args, const T* x, const T* w13, const T
           a[r * I + i] = static_cast<float>(static_cast<T>(expert_activation(args, gate, up)));
         }
     });
-    batch_invariant_mm_f32_rows(a.data(), rows, w2 + e * H * I, dtype, H, I, y.data() + row0 * H);
+    experts.quantize_rows(a.data(), rows, I);
+    const ExpertMatrix w2 = experts.down(e);
+    batch_invariant_mm_f32_rows(a.data(), rows, w2.data, w2.dtype, H, I, y.data() + row0 * H);
   }
   torch::stable::parallel_for(0, args.num_tokens, grain_rows(H * k), [&](int64_t begin, int64_t end) {
     std::vector<float> acc(static_cast<size_t>(H));
@@ -186,6 +257,22 @@ void fused_moe_typed(const FusedMoeArgs& args, const T* x, const T* w13, const T
   });
 }
 
+template <typename Experts>
+Tensor fused_moe_cpu_with(const FusedMoeArgs& args, const Tensor& x, Experts& experts, const Tensor& topk_weights,
+                          const Tensor& topk_ids, const std::optional<Tensor>& w13_bias,
+                          const std::optional<Tensor>& w2_bias, const char* op) {
+  auto out = empty_on(x, {args.num_tokens, args.hidden});
+  if (args.num_tokens == 0) return out;
+  FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), op, [&] {
+    fused_moe_typed<scalar_t>(args, x.const_data_ptr<scalar_t>(), experts, topk_weights.const_data_ptr<float>(),
+                              topk_ids.const_data_ptr<int32_t>(),
+                              w13_bias.has_value() ? w13_bias->const_data_ptr<scalar_t>() : nullptr,
+                              w2_bias.has_value() ? w2_bias->const_data_ptr<scalar_t>() : nullptr,
+                              out.mutable_data_ptr<scalar_t>());
+  });
+  return out;
+}
+
 Tensor fused_moe_cpu(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_weights,
                      const Tensor& topk_ids, std::string_view activation, std::optional<double> swiglu_alpha,
                      std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
@@ -194,17 +281,30 @@ Tensor fused_moe_cpu(const Tensor& x, const Tensor& w13, const Tensor& w2, const
   const FusedMoeArgs args = validate_fused_moe(op, x, w13, w2, topk_weights, topk_ids, activation, swiglu_alpha,
                                                swiglu_limit, w13_bias, w2_bias, /*allow_fp32=*/true);
   check_on_cpu(x, op, "x");
-  auto out = empty_on(x, {args.num_tokens, args.hidden});
-  if (args.num_tokens == 0) return out;
-  FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), op, [&] {
-    fused_moe_typed<scalar_t>(args, x.const_data_ptr<scalar_t>(), w13.const_data_ptr<scalar_t>(),
-                              w2.const_data_ptr<scalar_t>(), topk_weights.const_data_ptr<float>(),
-                              topk_ids.const_data_ptr<int32_t>(),
-                              w13_bias.has_value() ? w13_bias->const_data_ptr<scalar_t>() : nullptr,
-                              w2_bias.has_value() ? w2_bias->const_data_ptr<scalar_t>() : nullptr,
-                              out.mutable_data_ptr<scalar_t>());
-  });
-  return out;
+  FloatExperts experts{w13.const_data_ptr(), w2.const_data_ptr(), x.scalar_type(), args.hidden, args.intermediate};
+  return fused_moe_cpu_with(args, x, experts, topk_weights, topk_ids, w13_bias, w2_bias, op);
+}
+
+Tensor fused_moe_fp8_cpu(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& w13_scale,
+                         const Tensor& w2_scale, const Tensor& topk_weights, const Tensor& topk_ids,
+                         std::string_view activation, std::optional<double> swiglu_alpha,
+                         std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
+                         const std::optional<Tensor>& w2_bias) {
+  const char* op = "fused_moe_fp8";
+  const auto [args, blockwise] =
+      validate_fused_moe_fp8(op, x, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, activation, swiglu_alpha,
+                             swiglu_limit, w13_bias, w2_bias, /*allow_fp32=*/true);
+  check_on_cpu(x, op, "x");
+  Fp8Experts experts{static_cast<const uint8_t*>(w13.const_data_ptr()),
+                     static_cast<const uint8_t*>(w2.const_data_ptr()),
+                     w13_scale.const_data_ptr<float>(),
+                     w2_scale.const_data_ptr<float>(),
+                     blockwise,
+                     args.hidden,
+                     args.intermediate,
+                     {},
+                     {}};
+  return fused_moe_cpu_with(args, x, experts, topk_weights, topk_ids, w13_bias, w2_bias, op);
 }
 
 }  // namespace
@@ -214,4 +314,5 @@ FASTINFER_LIBRARY_IMPL(CPU, m) {
   m.impl("moe_topk", TORCH_BOX(&fastinfer::binding::moe_topk_cpu));
   m.impl("moe_align", TORCH_BOX(&fastinfer::binding::moe_align_cpu));
   m.impl("fused_moe", TORCH_BOX(&fastinfer::binding::fused_moe_cpu));
+  m.impl("fused_moe_fp8", TORCH_BOX(&fastinfer::binding::fused_moe_fp8_cpu));
 }

@@ -97,6 +97,18 @@ Tensor fused_moe(const Tensor& x, const Tensor& w13, const Tensor& w2, const Ten
   return out;
 }
 
+Tensor fused_moe_fp8(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& w13_scale,
+                     const Tensor& w2_scale, const Tensor& topk_weights, const Tensor& topk_ids,
+                     std::string_view activation, std::optional<double> swiglu_alpha,
+                     std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
+                     const std::optional<Tensor>& w2_bias) {
+  const char* op = "fused_moe_fp8";
+  validate_fused_moe_fp8(op, x, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, activation, swiglu_alpha,
+                         swiglu_limit, w13_bias, w2_bias, /*allow_fp32=*/false);
+  check_device(x, op, "x");
+  fail(op, "the CUDA kernel of fused_moe_fp8 is not built yet; the CPU implementation is the only one");
+}
+
 }  // namespace
 }  // namespace fastinfer::binding
 
@@ -104,4 +116,5 @@ FASTINFER_LIBRARY_IMPL(FASTINFER_KERNEL_KEY, m) {
   m.impl("moe_topk", TORCH_BOX(&fastinfer::binding::moe_topk));
   m.impl("moe_align", TORCH_BOX(&fastinfer::binding::moe_align));
   m.impl("fused_moe", TORCH_BOX(&fastinfer::binding::fused_moe));
+  m.impl("fused_moe_fp8", TORCH_BOX(&fastinfer::binding::fused_moe_fp8));
 }

@@ -11,7 +11,7 @@ from ._fake import check, check_dim, fake, same_device
 
 Tensor = torch.Tensor
 
-__all__ = ["moe_topk", "moe_align", "fused_moe", "gpt_oss_expert_weights", "MOE_SCORINGS", "MOE_ACTIVATIONS",
+__all__ = ["moe_topk", "moe_align", "fused_moe", "fused_moe_fp8", "gpt_oss_expert_weights", "MOE_SCORINGS", "MOE_ACTIVATIONS",
            "SWIGLU_OAI_ALPHA", "SWIGLU_OAI_LIMIT"]
 
 #: the ``scoring`` values of :func:`moe_topk`
@@ -134,6 +134,43 @@ def fused_moe(
                                                   to_float(swiglu_alpha), to_float(swiglu_limit), w13_bias, w2_bias)
 
 
+def fused_moe_fp8(
+    x: Tensor, w13: Tensor, w2: Tensor, w13_scale: Tensor, w2_scale: Tensor, topk_weights: Tensor,
+    topk_ids: Tensor, activation: str = "silu", swiglu_alpha: Optional[float] = None,
+    swiglu_limit: Optional[float] = None, w13_bias: Optional[Tensor] = None, w2_bias: Optional[Tensor] = None, *,
+    lib=None,
+) -> Tensor:
+    """:func:`fused_moe` with float8_e4m3fn experts, the layouts FP8 checkpoints ship.
+
+    The weights are ``w13 [E, 2I, H]`` and ``w2 [E, H, I]`` in e4m3 with fp32 scales, either
+
+    * per channel: ``w13_scale [E, 2I]``, ``w2_scale [E, H]`` (a weight row's scale; a per-tensor
+      scale is this with every row equal). The GEMM inputs (x, and the activation ``a`` between the
+      GEMMs) are quantised per row: ``s = max(amax(row), 1e-12) / 448``, ``q = e4m3(clamp(v / s,
+      -448, 448))`` (:func:`fp8_quantize`'s ``'token'`` rule);
+    * blockwise, 128 x 128 (DeepSeek-V3, Qwen3-FP8 ``weight_scale_inv``): ``w13_scale [E,
+      ceil(2I / 128), ceil(H / 128)]``, ``w2_scale [E, ceil(H / 128), ceil(I / 128)]``; the inputs
+      quantised per row and 128-group (``'group'``); H and I multiples of 128.
+
+    Then, for token ``t`` and slot ``j`` with ``e = topk_ids[t, j]``, with ``xq, sx`` the quantised
+    row of x and its scales and ``W13 = w13[e] * w13_scale[e]`` (per row, or per block)::
+
+        h = (xq * sx) @ W13.T (+ w13_bias[e])     # fp32 accumulation
+        a = act(gate, up)                         # rounded to x.dtype, then quantised as x
+        y = (aq * sa) @ W2.T (+ w2_bias[e])
+        out[t] = sum over j in order of topk_weights[t, j] * y, rounded to x.dtype
+
+    Everything else (routing, activations, biases, -1 slots, batch invariance) is :func:`fused_moe`'s.
+    """
+    if activation == "swiglu_oai":
+        swiglu_alpha = SWIGLU_OAI_ALPHA if swiglu_alpha is None else swiglu_alpha
+        swiglu_limit = SWIGLU_OAI_LIMIT if swiglu_limit is None else swiglu_limit
+    to_float = (lambda v: None if v is None else float(v))
+    return (lib or torch.ops.fastinfer).fused_moe_fp8(x, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids,
+                                                      activation, to_float(swiglu_alpha), to_float(swiglu_limit),
+                                                      w13_bias, w2_bias)
+
+
 def gpt_oss_expert_weights(gate_up_proj: Tensor, gate_up_proj_bias: Tensor, down_proj: Tensor,
                            down_proj_bias: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """gpt-oss's expert weights (transformers' ``GptOssExperts``) in :func:`fused_moe`'s layout.
@@ -181,4 +218,18 @@ def _fused_moe_fake(ns, x, w13, w2, topk_weights, topk_ids, activation, swiglu_a
     check(ns, op, activation in MOE_ACTIVATIONS, f"activation must be 'silu' or 'swiglu_oai', got '{activation}'")
     same_device(ns, op, "x", x, w13=w13, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids, w13_bias=w13_bias,
                 w2_bias=w2_bias)
+    return x.new_empty((x.shape[0], x.shape[1]))
+
+
+@fake("fused_moe_fp8")
+def _fused_moe_fp8_fake(ns, x, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, activation, swiglu_alpha,
+                        swiglu_limit, w13_bias, w2_bias):
+    op = "fused_moe_fp8"
+    check_dim(ns, op, "x", x, 2, "[num_tokens, hidden]")
+    check_dim(ns, op, "w13", w13, 3, "[num_experts, 2 * intermediate, hidden]")
+    check_dim(ns, op, "w2", w2, 3, "[num_experts, hidden, intermediate]")
+    check(ns, op, w13.dtype == torch.float8_e4m3fn, f"w13 must be float8_e4m3fn, got {w13.dtype}")
+    check(ns, op, activation in MOE_ACTIVATIONS, f"activation must be 'silu' or 'swiglu_oai', got '{activation}'")
+    same_device(ns, op, "x", x, w13=w13, w2=w2, w13_scale=w13_scale, w2_scale=w2_scale, topk_weights=topk_weights,
+                topk_ids=topk_ids, w13_bias=w13_bias, w2_bias=w2_bias)
     return x.new_empty((x.shape[0], x.shape[1]))

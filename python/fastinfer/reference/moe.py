@@ -22,7 +22,8 @@ import torch
 
 Tensor = torch.Tensor
 
-__all__ = ["moe_topk", "moe_align", "expert_order", "expert_activation", "fused_moe"]
+__all__ = ["moe_topk", "moe_align", "expert_order", "expert_activation", "fused_moe", "fused_moe_fp8",
+           "fp8_fake_quantize"]
 
 
 def expert_order(router_logits: Tensor) -> Tensor:
@@ -93,6 +94,50 @@ def fused_moe(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids
             h = h + w13_bias[e].double()
         a = expert_activation(h[:, :I], h[:, I:], activation, swiglu_alpha, swiglu_limit)
         y = a.to(x.dtype).double() @ w2[e].double().T
+        if w2_bias is not None:
+            y = y + w2_bias[e].double()
+        out.index_add_(0, tokens, weights[tokens, slots, None] * y)
+    return out
+
+
+def fp8_fake_quantize(v: Tensor, group: Optional[int] = None) -> Tensor:
+    """``v`` (rows) quantised to e4m3 and back, fp64: per row, or per ``group`` consecutive elements
+    of a row; ``s = max(amax, 1e-12) / 448`` and ``e4m3(clamp(v / s))`` in fp32, as fp8_quantize."""
+    rows, K = v.shape
+    g = v.float().reshape(rows, -1, group or K)
+    s = g.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 448.0
+    q = (g / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return (q.double() * s.double()).reshape(rows, K)
+
+
+def _dequantize_experts(w: Tensor, scale: Tensor) -> Tensor:
+    """[E, N, K] e4m3 weights times their per-row [E, N] or 128 x 128 block [E, N/128, K/128] scales, fp64."""
+    if scale.dim() == 2:
+        return w.double() * scale.double()[:, :, None]
+    full = scale.double().repeat_interleave(128, 1).repeat_interleave(128, 2)
+    return w.double() * full[:, :w.shape[1], :w.shape[2]]
+
+
+def fused_moe_fp8(x: Tensor, w13: Tensor, w2: Tensor, w13_scale: Tensor, w2_scale: Tensor, topk_weights: Tensor,
+                  topk_ids: Tensor, activation: str = "silu", swiglu_alpha: Optional[float] = None,
+                  swiglu_limit: Optional[float] = None, w13_bias: Optional[Tensor] = None,
+                  w2_bias: Optional[Tensor] = None) -> Tensor:
+    """``out [T, H]`` float64: x and each activation row quantised (per row, or per 128-group with
+    blockwise scales), the dequantised weights, then :func:`fused_moe`'s computation in fp64."""
+    T, H = x.shape
+    I = w13.shape[1] // 2
+    group = 128 if w13_scale.dim() == 3 else None
+    xq = fp8_fake_quantize(x, group)
+    W13, W2 = _dequantize_experts(w13, w13_scale), _dequantize_experts(w2, w2_scale)
+    ids, weights = topk_ids.long(), topk_weights.double()
+    out = torch.zeros(T, H, dtype=torch.float64)
+    for e in ids[ids >= 0].unique().tolist():
+        tokens, slots = (ids == e).nonzero(as_tuple=True)
+        h = xq[tokens] @ W13[e].T
+        if w13_bias is not None:
+            h = h + w13_bias[e].double()
+        a = expert_activation(h[:, :I], h[:, I:], activation, swiglu_alpha, swiglu_limit).to(x.dtype)
+        y = fp8_fake_quantize(a, group) @ W2[e].T
         if w2_bias is not None:
             y = y + w2_bias[e].double()
         out.index_add_(0, tokens, weights[tokens, slots, None] * y)
