@@ -32,6 +32,7 @@ from fastinfer.layers import TensorDictReader  # noqa: E402
 from fastinfer.models import LlamaForCausalLM, ModelConfig, MoeForCausalLM, load_model  # noqa: E402
 from model_helpers import (  # noqa: E402
     HF_BASE,
+    hf_classes,
     hf_greedy,
     hf_logits,
     lazy_checkpoints,
@@ -250,6 +251,96 @@ def test_tensor_parallel_two_ranks(ckpts):
             assert list(out[0].outputs[0].token_ids) == hf_greedy(hf, ids, NEW_TOKENS), name
         finally:
             llm.shutdown()
+
+
+# ------------------------------------------------------------------------------------------------
+# speculative decoding
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def drafts(ckpts, tmp_path_factory):
+    """``name -> path`` of a one-layer draft of that case's target (its first layer, embedding, final
+    norm and head, as transformers builds the same config with one layer), built on first use."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            hf, _ = ckpts(name)
+            kind, over = CASES[name]
+            cfg_cls, model_cls = hf_classes(kind)
+            draft = model_cls(cfg_cls(**dict(HF_BASE, **dict(over, num_hidden_layers=1)))).eval()
+            target = hf.state_dict()
+            draft.load_state_dict({k: v for k, v in target.items() if k in draft.state_dict()}, strict=True)
+            path = tmp_path_factory.mktemp(f"{name}-draft")
+            draft.save_pretrained(path)
+            cache[name] = str(path)
+        return cache[name]
+
+    return get
+
+
+def _eagle3_head(hf, target_path, path):
+    """An EAGLE-3 head (the EAGLE repository's layout, 200 of the 300 tokens) on the target's aux
+    layers: its layer is a Llama one with 64-wide heads, whatever the target's attention."""
+    from test_eagle3 import _near_copy_head, _save_eagle3
+
+    layers, H = hf.config.num_hidden_layers, hf.config.hidden_size
+    aux = (0, layers // 2, layers - 1)
+    _save_eagle3(path, target_path, _near_copy_head(hf, aux, 200), aux=aux, num_attention_heads=H // 64,
+                 num_key_value_heads=H // 64, head_dim=64, intermediate_size=2 * H)
+    return str(path)
+
+
+def _speculation_workload():
+    """Twelve greedy requests (a 35-token prefix shared by every third, every fourth opting out of
+    speculation) of 8 to 24 tokens."""
+    rng = random.Random(5)
+    shared = [rng.randrange(VOCAB) for _ in range(35)]
+    prompts = [(shared if i % 3 == 0 else []) + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))]
+               for i in range(12)]
+    params = [SamplingParams(max_tokens=rng.randint(8, 24), speculative=False if i % 4 == 1 else None, **GREEDY)
+              for i in range(12)]
+    return prompts, params
+
+
+def _assert_speculation_is_lossless(llm, path, prompts, params):
+    """``llm`` (speculating, in a pool small enough to preempt) gives each request the tokens of plain
+    decoding, both in the deterministic mode (every op batch invariant: verification rows are
+    computed as decode rows are), having drafted, accepted and rejected, and frees every block."""
+    ref = LLM(path, num_kv_blocks=64, block_size=BS, deterministic=True).generate(prompts, params)
+    outs = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == [r.outputs[0].token_ids for r in ref]
+    st = llm.stats()
+    assert st["spec_num_verify"] > 0 and 0 < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"], st
+    assert st["num_preemptions"] > 0 and st["num_free_blocks"] == st["num_kv_blocks"], st
+    for o, p in zip(outs, params):
+        if p.speculative is False:
+            assert o.metrics["spec_num_verify"] == 0
+
+
+SPEC_SIZES = {"chain": dict(num_spec_tokens=4), "tree": dict(num_spec_tokens=6, spec_tree_topk=2)}
+
+
+@pytest.mark.parametrize("mode", list(SPEC_SIZES))
+@pytest.mark.parametrize("name", ARCH_CASES)
+def test_draft_model_speculation_gives_the_tokens_of_plain_decoding(ckpts, drafts, name, mode):
+    """A one-layer draft of the same architecture proposes chains / trees; the MoE target verifies
+    them in one forward (the experts routing every draft row) in a batch that preempts."""
+    _, path = ckpts(name)
+    llm = LLM(path, draft_model=drafts(name), spec_mode=mode, **SPEC_SIZES[mode], num_kv_blocks=12,
+              block_size=BS, max_num_seqs=8, max_num_batched_tokens=64, deterministic=True)
+    _assert_speculation_is_lossless(llm, path, *_speculation_workload())
+
+
+@pytest.mark.parametrize("mode", list(SPEC_SIZES))
+@pytest.mark.parametrize("name", ["qwen2_moe", "olmoe"])
+def test_eagle3_speculation_gives_the_tokens_of_plain_decoding(ckpts, tmp_path, name, mode):
+    """An EAGLE-3 head on the MoE target's aux hidden states (the residual streams entering three of
+    its layers) drafts; the target verifies, as above."""
+    hf, path = ckpts(name)
+    head = _eagle3_head(hf, path, tmp_path / "head")
+    llm = LLM(path, spec_method="eagle3", spec_model=head, spec_mode=mode, **SPEC_SIZES[mode], num_kv_blocks=12,
+              block_size=BS, max_num_seqs=8, max_num_batched_tokens=64, deterministic=True)
+    _assert_speculation_is_lossless(llm, path, *_speculation_workload())
 
 
 # ------------------------------------------------------------------------------------------------
