@@ -9,7 +9,8 @@ than transformers' init, so the routing is far from uniform. Checks: logits at e
 prompt (relative norm error < 1e-5), a dozen greedy tokens through the runner, chunked prefill, a
 batch with prefix caching, chunked prefill and preemption against each prompt alone, tensor
 parallelism (2 ranks; OLMoE with its single KV head replicated), speculative decoding (a draft
-model, chain and tree; an EAGLE-3 head) giving the tokens of plain decoding, the config fields
+model, chain and tree; an EAGLE-3 head) giving the tokens of plain decoding, each architecture on
+the CUDA kernel sources in the emulator (bf16 / fp16), the config fields
 against transformers' defaults and layer layouts, bad configs. ``test_each_moe_detail_is_visible``
 shows each routing and layout detail moves the logits far beyond the tolerance, so the parity
 tests can fail.
@@ -159,16 +160,21 @@ def test_greedy_generation_through_the_runner(ckpts, name):
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("name", ARCH_CASES)
 @pytest.mark.parametrize("dtype, tol", [(torch.bfloat16, 2e-2), (torch.float16, 3e-3)])
 def test_sim_kernels_end_to_end(ckpts, name, dtype, tol):
     """The whole model on the CUDA kernel sources (simt emulator, ``torch.ops.fastinfer_sim``:
     moe_topk, fused_moe and the attention, norm and GEMM kernels) in half precision: chunked
-    prefill + decode against the fp32 CPU logits, bit-identical across emulator schedule seeds."""
+    prefill + decode against the fp32 CPU logits, bit-identical across emulator schedule seeds.
+    The bound is ``tol``, or twice the CPU ops' own error in the same precision where that is
+    larger: a token whose top-k experts are nearly tied may route differently once rounded (both
+    Qwen2-MoE (bf16: 4.0e-2 CPU ops, 3.0e-2 transformers) and OLMoE (fp16: 4.3e-3 / 3.8e-3) have
+    such a token in these checkpoints), which no kernel can help."""
     require_sim()
     _, path = ckpts(name)
     ids = _prompt(30, seed=6)
     ref = prefill_logits(load_model(path), ids, block_size=BS)
+    tol = max(tol, 2 * rel_err(prefill_logits(load_model(path, dtype=dtype), ids, block_size=BS).float(), ref))
     model = load_model(path, dtype=dtype, ops=fastinfer.ops.backend("fastinfer_sim"))
     blocks = [1, 0]
     results = []
