@@ -48,7 +48,9 @@ def hf_classes(kind):
         "qwen2": (t.Qwen2Config, t.Qwen2ForCausalLM),
         "qwen3": (t.Qwen3Config, t.Qwen3ForCausalLM),
         "mixtral": (t.MixtralConfig, t.MixtralForCausalLM),
+        "qwen2_moe": (t.Qwen2MoeConfig, t.Qwen2MoeForCausalLM),
         "qwen3_moe": (t.Qwen3MoeConfig, t.Qwen3MoeForCausalLM),
+        "olmoe": (t.OlmoeConfig, t.OlmoeForCausalLM),
     }[kind]
 
 
@@ -70,7 +72,7 @@ def reinit_(model, seed: int):
 
 
 def make_hf_model(kind: str, seed: int = 0, **overrides):
-    """A random transformers model of ``kind`` (llama / mistral / qwen2 / qwen3 / mixtral / qwen3_moe),
+    """A random transformers model of ``kind`` (a key of :func:`hf_classes`),
     ``HF_BASE`` + ``overrides``."""
     cfg_cls, model_cls = hf_classes(kind)
     kw = dict(HF_BASE, **overrides)

@@ -51,11 +51,14 @@ class FusedMoE(CheckpointModule):
         projections: the per-expert projection names.
         stacked_prefix: where transformers 5's modules keep the same layer (see
             :class:`StackedExpertsReader`); default ``prefix``.
+        reduce_results: sum the output over the tensor-parallel ranks (one all-reduce); False:
+            return this rank's partial sum, for a caller that adds its own partial sums before
+            reducing them all at once (Qwen2-MoE's shared expert).
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, renormalize: bool,
                  prefix: str, projections: ExpertProjections, *, dtype: torch.dtype, device, ops,
-                 tp: ParallelInfo = SINGLE, stacked_prefix: Optional[str] = None):
+                 tp: ParallelInfo = SINGLE, stacked_prefix: Optional[str] = None, reduce_results: bool = True):
         super().__init__()
         n = tp.world_size
         if intermediate_size % n:
@@ -71,6 +74,7 @@ class FusedMoE(CheckpointModule):
         self.hidden_size, self.intermediate_size, self.local_intermediate_size = hidden_size, intermediate_size, local
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
         self.tp = tp
+        self.reduce_results = reduce_results
         self.ops = ops
         # routing decides which experts run: never quantised
         self.router = ReplicatedLinear(hidden_size, [WeightPart(f"{prefix}.gate", num_experts)], False, dtype=dtype,
@@ -104,7 +108,7 @@ class FusedMoE(CheckpointModule):
     def forward(self, x: Tensor) -> Tensor:
         weights, ids = self.ops.moe_topk(self.router(x), self.top_k, self.renormalize, "softmax")
         out = self.ops.fused_moe(x, self.w13, self.w2, weights, ids, "silu")
-        if self.tp.world_size > 1:
+        if self.reduce_results and self.tp.world_size > 1:
             self.tp.comm.all_reduce(out)
         return out
 

@@ -2,7 +2,8 @@
 
 Supported architectures: ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``,
 ``Qwen3ForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, the mixture-of-experts
-``MixtralForCausalLM`` and ``Qwen3MoeForCausalLM`` (and the text model of a
+``MixtralForCausalLM``, ``Qwen2MoeForCausalLM``, ``Qwen3MoeForCausalLM`` and ``OlmoeForCausalLM``
+(and the text model of a
 ``Gemma3ForConditionalGeneration`` checkpoint: its ``text_config``). A key missing from
 ``config.json`` takes the default of the corresponding ``transformers`` config class (so a
 checkpoint means the same thing here as in ``transformers``). Anything the runner cannot run
@@ -162,6 +163,48 @@ _ARCH_DEFAULTS: Dict[str, Dict[str, Any]] = {
         "decoder_sparse_step": 1,
         "mlp_only_layers": None,
     },
+    "Qwen2MoeForCausalLM": {
+        "model_type": "qwen2_moe",
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "max_position_embeddings": 32768,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "qkv_bias": True,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "max_window_layers": 28,
+        "num_experts": 60,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632,
+        "norm_topk_prob": False,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": None,
+    },
+    "OlmoeForCausalLM": {
+        "model_type": "olmoe",
+        "vocab_size": 50304,
+        "hidden_size": 2048,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 16,
+        "num_key_value_heads": None,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "pad_token_id": 1,
+        "bos_token_id": None,
+        "eos_token_id": 50279,
+        "attention_bias": False,
+        "clip_qkv": None,
+        "num_experts": 64,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": False,
+    },
 }
 # Mixtral's config is Mistral's (the same sizes) with experts, no sliding window and its own eps / RoPE base
 _ARCH_DEFAULTS["MixtralForCausalLM"] = dict(
@@ -172,7 +215,10 @@ _QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForC
 # the Gemma decoder (fastinfer.models.gemma): sandwich norms, (1 + weight) RMSNorm, GeGLU, scaled embeddings
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # the mixture-of-experts decoder (fastinfer.models.moe): the Llama-family layer with a routed-experts MLP
-MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen3MoeForCausalLM")
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM")
+# architectures whose attention RMS-normalises q and k over their whole projections (all heads together;
+# weights [Hq * D] and [Hkv * D]) before RoPE
+_QK_PROJECTION_NORM_ARCHITECTURES = ("OlmoeForCausalLM",)
 # a multimodal checkpoint whose text model runs as the architecture named here (its text_config)
 _TEXT_MODEL_OF = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
 SUPPORTED_ARCHITECTURES = tuple(_ARCH_DEFAULTS) + tuple(_TEXT_MODEL_OF)
@@ -206,7 +252,10 @@ class ModelConfig:
     (Llama: ``attention_bias`` applies to q, k, v and o, ``mlp_bias`` to gate, up and down; Qwen2:
     q, k, v always biased, o never; Qwen3: ``attention_bias`` on q, k, v and o). ``qk_norm``: every
     query and key head is RMS-normalised over ``head_dim`` (``self_attn.q_norm`` / ``k_norm``
-    weights) before RoPE (Qwen3). ``sliding_window`` is the transformers value ``W`` (a query at
+    weights) before RoPE (Qwen3); ``qk_projection_norm``: q and k are RMS-normalised over their
+    whole projections instead, every head together (weights ``[Hq * D]`` / ``[Hkv * D]``, OLMoE).
+    ``clip_qkv``: q, k (after those norms) and v are clamped to ``[-clip_qkv, clip_qkv]`` (OLMoE;
+    None: off). ``sliding_window`` is the transformers value ``W`` (a query at
     position p sees keys ``j > p - W``, i.e. ``W`` keys including itself); ``layer_types[i]`` is
     ``"sliding_attention"`` or ``"full_attention"``; the op-level window for layer ``i`` is
     :meth:`window_left` (``W - 1``, or -1).
@@ -223,10 +272,12 @@ class ModelConfig:
     ``final_logit_softcapping`` (the same on the logits); None: off. ``text_weights_prefixes``: where
     the text model's ``model.*`` tensors sit in a multimodal checkpoint (tried in order), else empty.
 
-    Mixture of experts (Mixtral, Qwen3-MoE; ``num_experts`` 0 on dense models): ``num_experts``
-    experts of width ``moe_intermediate_size``, ``num_experts_per_tok`` of them per token, softmax
-    routing whose top-k weights are divided by their sum when ``moe_renormalize`` (Mixtral always,
-    Qwen3-MoE's ``norm_topk_prob``); the layers in ``dense_mlp_layers`` have a dense MLP of width
+    Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE; ``num_experts`` 0 on dense models):
+    ``num_experts`` experts of width ``moe_intermediate_size``, ``num_experts_per_tok`` of them per
+    token, softmax routing whose top-k weights are divided by their sum when ``moe_renormalize``
+    (Mixtral always, the others' ``norm_topk_prob``); ``shared_expert_intermediate_size`` (Qwen2-MoE;
+    0: none): every routed layer also runs a shared SwiGLU MLP of that width, its output scaled by
+    ``sigmoid(shared_expert_gate(x))``; the layers in ``dense_mlp_layers`` have a dense MLP of width
     ``intermediate_size`` instead (:meth:`is_moe_layer`).
     """
 
@@ -248,6 +299,8 @@ class ModelConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
+    qk_projection_norm: bool = False
+    clip_qkv: Optional[float] = None
     sliding_window: Optional[int] = None
     layer_types: List[str] = field(default_factory=list)
     bos_token_id: Optional[int] = None
@@ -264,6 +317,7 @@ class ModelConfig:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0  # each expert's intermediate width
     moe_renormalize: bool = False  # the top-k routing weights divided by their sum
+    shared_expert_intermediate_size: int = 0  # 0: no shared expert
     dense_mlp_layers: List[int] = field(default_factory=list)  # layers of an MoE model with a dense MLP
     torch_dtype: Optional[torch.dtype] = None  # the checkpoint's dtype ("dtype" / "torch_dtype")
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)  # the config.json dict as read
@@ -410,6 +464,10 @@ class ModelConfig:
             head_dim = hidden // heads
         if not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
             raise ValueError(f"head_dim must be an even int, got {head_dim!r}")
+        if arch in _QK_PROJECTION_NORM_ARCHITECTURES and head_dim * heads != hidden:
+            # transformers sizes these norms by hidden_size, the projections by head_dim
+            raise ValueError(f"{arch} needs head_dim * num_attention_heads == hidden_size (its q/k norms span "
+                             f"the whole projections), got head_dim={head_dim}, {heads} heads, hidden {hidden}")
 
         num_layers = get_int("num_hidden_layers")
         max_pos = get_int("max_position_embeddings")
@@ -417,10 +475,12 @@ class ModelConfig:
         # --- biases ------------------------------------------------------------------------------
         if arch == "Qwen2ForCausalLM":
             qkv_bias, o_bias, mlp_bias = True, False, False
+        elif arch == "Qwen2MoeForCausalLM":
+            qkv_bias, o_bias, mlp_bias = bool(get("qkv_bias")), False, False
         elif arch == "LlamaForCausalLM":
             qkv_bias = o_bias = bool(get("attention_bias"))
             mlp_bias = bool(get("mlp_bias"))
-        elif arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM") or gemma:
+        elif arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM") or gemma:
             qkv_bias = o_bias = bool(get("attention_bias"))
             mlp_bias = False
         else:
@@ -454,6 +514,8 @@ class ModelConfig:
             sliding_window = get("sliding_window") if get("use_sliding_window") else None
             if sliding_window is not None:
                 layer_types = ["sliding_attention"] * num_layers
+        elif arch == "Qwen2MoeForCausalLM":
+            layer_types, sliding_window = _qwen2_moe_layer_types(d, num_layers, get, get_int)
         elif gemma:
             layer_types = _gemma_layer_types(d, arch, num_layers, get("sliding_window_pattern"))
             if "sliding_attention" in layer_types:
@@ -485,6 +547,7 @@ class ModelConfig:
                                  "(Gemma 3 has no attention soft-capping; transformers ignores the field)")
 
         moe = _parse_moe(d, arch, num_layers, get, get_int) if arch in MOE_ARCHITECTURES else {}
+        clip_qkv = get_positive("clip_qkv", optional=True) if arch == "OlmoeForCausalLM" else None
 
         # --- tokens / dtype --------------------------------------------------------------------------
         eos = _token_ids(get("eos_token_id"), "eos_token_id")
@@ -518,6 +581,8 @@ class ModelConfig:
             o_bias=o_bias,
             mlp_bias=mlp_bias,
             qk_norm=arch in _QK_NORM_ARCHITECTURES,
+            qk_projection_norm=arch in _QK_PROJECTION_NORM_ARCHITECTURES,
+            clip_qkv=clip_qkv,
             sliding_window=sliding_window,
             layer_types=layer_types,
             hidden_act=hidden_act,
@@ -554,31 +619,82 @@ class ModelConfig:
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
+# the config keys naming the number of experts, per architecture: the field, then the alias its
+# transformers config class maps onto it (attribute_map)
+_EXPERT_COUNT_NAMES = {
+    "MixtralForCausalLM": ("num_local_experts", "num_experts"),
+    "Qwen2MoeForCausalLM": ("num_experts",),
+    "Qwen3MoeForCausalLM": ("num_experts", "num_local_experts"),
+    "OlmoeForCausalLM": ("num_experts", "num_local_experts"),
+}
+
+
 def _parse_moe(d: Dict[str, Any], arch: str, num_layers: int, get, get_int) -> Dict[str, Any]:
-    """The mixture-of-experts fields of a Mixtral / Qwen3-MoE config, as transformers reads them.
-    Mixtral: every layer routed, experts of width ``intermediate_size``, weights always renormalised.
-    Qwen3-MoE: ``num_experts`` (``num_local_experts`` as transformers 5 writes it), experts of width
-    ``moe_intermediate_size``; layer ``i`` is routed unless it is in ``mlp_only_layers`` or
-    ``(i + 1) % decoder_sparse_step != 0`` (then a dense MLP of width ``intermediate_size``)."""
+    """The mixture-of-experts fields of a Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE config, as
+    transformers reads them. The number of experts: :data:`_EXPERT_COUNT_NAMES`. Mixtral: every layer
+    routed, experts of width ``intermediate_size``, weights always renormalised. The others: weights
+    renormalised when ``norm_topk_prob``; OLMoE: every layer routed, experts of width
+    ``intermediate_size``; Qwen2-MoE / Qwen3-MoE: experts of width ``moe_intermediate_size``, layer
+    ``i`` routed unless it is in ``mlp_only_layers`` or ``(i + 1) % decoder_sparse_step != 0`` (then
+    a dense MLP of width ``intermediate_size``); Qwen2-MoE's routed layers add a shared expert of
+    width ``shared_expert_intermediate_size``."""
+    names = _EXPERT_COUNT_NAMES[arch]
+    key = next((k for k in names if k in d), names[0])
+    num_experts = get(key)
+    if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts < 1:
+        raise ValueError(f"config field {key!r} must be an int >= 1, got {num_experts!r} "
+                         f"({arch} without experts is not supported)")
+    shared = 0
     if arch == "MixtralForCausalLM":
-        num_experts = get_int("num_local_experts")
         width, renormalize, dense_layers = get_int("intermediate_size"), True, []
     else:
-        num_experts = d.get("num_experts", d.get("num_local_experts", get("num_experts")))
-        if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts < 1:
-            raise ValueError(f"config field 'num_experts' must be an int >= 1, got {num_experts!r} "
-                             f"({arch} without experts is not supported)")
-        width, renormalize = get_int("moe_intermediate_size"), bool(get("norm_topk_prob"))
-        step = get_int("decoder_sparse_step")
-        only = get("mlp_only_layers") or []
-        if not isinstance(only, list) or any(not isinstance(i, int) or isinstance(i, bool) for i in only):
-            raise ValueError(f"config field 'mlp_only_layers' must be a list of layer indices, got {only!r}")
-        dense_layers = [i for i in range(num_layers) if i in only or (i + 1) % step]
+        renormalize = bool(get("norm_topk_prob"))
+        if arch == "OlmoeForCausalLM":
+            width, dense_layers = get_int("intermediate_size"), []
+        else:
+            width = get_int("moe_intermediate_size")
+            step = get_int("decoder_sparse_step")
+            only = get("mlp_only_layers") or []
+            if not isinstance(only, list) or any(not isinstance(i, int) or isinstance(i, bool) for i in only):
+                raise ValueError(f"config field 'mlp_only_layers' must be a list of layer indices, got {only!r}")
+            dense_layers = [i for i in range(num_layers) if i in only or (i + 1) % step]
+        if arch == "Qwen2MoeForCausalLM":
+            shared = get_int("shared_expert_intermediate_size")
     top_k = get_int("num_experts_per_tok")
     if top_k > num_experts:
         raise ValueError(f"num_experts_per_tok ({top_k}) is larger than the number of experts ({num_experts})")
     return dict(num_experts=num_experts, num_experts_per_tok=top_k, moe_intermediate_size=width,
-                moe_renormalize=renormalize, dense_mlp_layers=dense_layers)
+                moe_renormalize=renormalize, dense_mlp_layers=dense_layers,
+                shared_expert_intermediate_size=shared)
+
+
+def _qwen2_moe_layer_types(d: Dict[str, Any], num_layers: int, get, get_int) -> Tuple[List[str], Optional[int]]:
+    """``(layer_types, sliding_window)`` as transformers' ``Qwen2MoeConfig`` fills them: the stated
+    ``layer_types``, else, with ``use_sliding_window``, sliding attention on the even layers below
+    ``max_window_layers`` (``(i + 1) % 2 and i < max_window_layers``); ``sliding_window`` None when
+    no layer slides. Without ``use_sliding_window`` its window is 0 (no key visible): a sliding
+    layer is then refused."""
+    use_sliding = bool(get("use_sliding_window"))
+    lt = d.get("layer_types")
+    if lt is not None:
+        if not isinstance(lt, list) or len(lt) != num_layers or any(t not in _LAYER_TYPES for t in lt):
+            raise ValueError(f"unsupported layer_types {lt!r} (want {num_layers} of {', '.join(_LAYER_TYPES)})")
+        layer_types = list(lt)
+    elif use_sliding:
+        window_layers = get_int("max_window_layers", minimum=0)
+        layer_types = ["sliding_attention" if (i + 1) % 2 and i < window_layers else "full_attention"
+                       for i in range(num_layers)]
+    else:
+        layer_types = ["full_attention"] * num_layers
+    if "sliding_attention" not in layer_types:
+        return layer_types, None
+    if not use_sliding:
+        raise ValueError("layer_types has sliding_attention layers but use_sliding_window is false (transformers' "
+                         "Qwen2-MoE window is then 0, which leaves a query no key)")
+    sliding_window = get("sliding_window")
+    if sliding_window is None:
+        raise ValueError("sliding_window is null but layer_types has sliding_attention layers")
+    return layer_types, sliding_window
 
 
 def _gemma_layer_types(d: Dict[str, Any], arch: str, num_layers: int, pattern: Any) -> List[str]:

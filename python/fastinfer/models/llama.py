@@ -107,27 +107,44 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         c = config
         kv_shard, prefix = init_layer_geometry(self, c, layer_idx, tp, ops)
-
-        def parts(slot: str, sizes: Sequence[int]) -> List[WeightPart]:
-            return packed_parts(prefix, slot, sizes)
-
         kw = dict(dtype=dtype, device=device, ops=ops)
         lin = dict(kw, quant_config=quant_config, tp=tp)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, f"{prefix}.input_layernorm", **kw)
-        self.qkv_proj = ColumnParallelLinear(c.hidden_size, parts("qkv_proj", (c.q_size, c.kv_size, c.kv_size)),
+        self.init_qkv(c, prefix, kv_shard, lin)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, c.head_dim,
+                                   float(c.head_dim) ** -0.5, c.window_left(layer_idx), layer_idx, ops=ops,
+                                   prefix=f"{prefix}.self_attn", kv_shard=kv_shard, device=device)
+        self.o_proj = RowParallelLinear(c.q_size, packed_parts(prefix, "o_proj", (c.hidden_size,)), c.o_bias, **lin)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps,
+                                                f"{prefix}.post_attention_layernorm", **kw)
+        self.init_mlp(c, prefix, lin)
+
+    def init_qkv(self, c: ModelConfig, prefix: str, kv_shard: Tuple[int, int], lin: dict) -> None:
+        """The q/k/v projection and the q/k norms (``lin``: the linears' keyword arguments); :meth:`qkv`
+        runs them."""
+        tp = lin["tp"]
+        self.qkv_proj = ColumnParallelLinear(c.hidden_size,
+                                             packed_parts(prefix, "qkv_proj", (c.q_size, c.kv_size, c.kv_size)),
                                              c.qkv_bias, part_shards=[(tp.rank, tp.world_size), kv_shard, kv_shard],
                                              **lin)
         self.q_norm = self.k_norm = None
         if c.qk_norm:  # per-head RMSNorm over head_dim before RoPE (Qwen3)
+            kw = dict(dtype=lin["dtype"], device=lin["device"], ops=lin["ops"])
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, f"{prefix}.self_attn.q_norm", **kw)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, f"{prefix}.self_attn.k_norm", **kw)
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, c.head_dim,
-                                   float(c.head_dim) ** -0.5, c.window_left(layer_idx), layer_idx, ops=ops,
-                                   prefix=f"{prefix}.self_attn", kv_shard=kv_shard, device=device)
-        self.o_proj = RowParallelLinear(c.q_size, parts("o_proj", (c.hidden_size,)), c.o_bias, **lin)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps,
-                                                f"{prefix}.post_attention_layernorm", **kw)
-        self.init_mlp(c, prefix, lin)
+
+    def qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """This rank's ``q [T, Hq, D]``, ``k``, ``v [T, Hkv, D]`` of the normed input, before RoPE
+        (token-strided views where no norm copies them)."""
+        T = x.shape[0]
+        qkv = self.qkv_proj(x)
+        q = qkv[:, : self.q_size].view(T, self.num_heads, self.head_dim)
+        k = qkv[:, self.q_size: self.q_size + self.kv_size].view(T, self.num_kv_heads, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size:].view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:  # rms_norm wants contiguous rows: q, k become [T, H, D] copies
+            q = self.q_norm(q.contiguous())
+            k = self.k_norm(k.contiguous())
+        return q, k, v
 
     def init_mlp(self, c: ModelConfig, prefix: str, lin: dict) -> None:
         """The feed-forward block (``lin``: the linears' keyword arguments); :meth:`mlp` runs it."""
@@ -153,14 +170,7 @@ class LlamaDecoderLayer(nn.Module):
                       cos_sin_cache: Tensor) -> Tuple[Tensor, Tensor]:
         """The layer after its input norm: ``x`` the normed input (``qkv_proj``'s width), ``residual``
         the stream (updated in place). Returns ``(mlp_out, residual)``."""
-        T = x.shape[0]
-        qkv = self.qkv_proj(x)
-        q = qkv[:, : self.q_size].view(T, self.num_heads, self.head_dim)
-        k = qkv[:, self.q_size: self.q_size + self.kv_size].view(T, self.num_kv_heads, self.head_dim)
-        v = qkv[:, self.q_size + self.kv_size:].view(T, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:  # rms_norm wants contiguous rows: q, k become [T, H, D] copies
-            q = self.q_norm(q.contiguous())
-            k = self.k_norm(k.contiguous())
+        q, k, v = self.qkv(x)
         self.ops.rotary_embedding(batch.positions, q, k, cos_sin_cache, True)
         x = self.o_proj(self.attn(q, k, v, kv_cache, batch))
         x, residual = self.post_attention_layernorm.add_norm(x, residual)

@@ -39,8 +39,8 @@ Tensor = torch.Tensor
 
 def model_class(config: ModelConfig) -> Type[LlamaForCausalLM]:
     """The model class that runs ``config``: :class:`GemmaForCausalLM` for Gemma 2 / 3,
-    :class:`MoeForCausalLM` for Mixtral / Qwen3-MoE, else :class:`LlamaForCausalLM` (all take the
-    same constructor arguments)."""
+    :class:`MoeForCausalLM` for Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE, else
+    :class:`LlamaForCausalLM` (all take the same constructor arguments)."""
     if config.architecture in GEMMA_ARCHITECTURES:
         return GemmaForCausalLM
     return MoeForCausalLM if config.architecture in MOE_ARCHITECTURES else LlamaForCausalLM
