@@ -312,6 +312,23 @@ def test_greedy_generation_through_the_runner(models, name, experts, other, tmp_
         assert got == hf_greedy(_hf_gguf(path), ids, NEW_TOKENS)
 
 
+def test_tensor_parallel_two_ranks(models, tmp_path):
+    """TP=2 (rank 0 here, one spawned worker): each rank reads its rows of every dequantised expert."""
+    arch, hf, hf_dir = models("mixtral")
+    types = _types(experts=Q.Q4_0, other=Q.Q8_0)
+    path = write_moe_gguf(tmp_path / "m.gguf", hf, hf_dir, arch, types)
+    llm = LLM(path, dtype="float32", device="cpu", num_kv_blocks=16, block_size=16, tensor_parallel_size=2)
+    try:
+        moe = llm.model.layers[0].moe
+        assert moe.w2.shape[2] == moe.intermediate_size // 2
+        ids = _prompt(seed=4)
+        got = list(llm.generate([ids], SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))[0]
+                   .outputs[0].token_ids)
+        assert got == hf_greedy(round_tripped(hf, types), ids, NEW_TOKENS)
+    finally:
+        llm.shutdown()
+
+
 def test_bf16_model_from_quantised_experts(models, tmp_path):
     """The experts are dequantised at load, then held in the model dtype."""
     arch, hf, hf_dir = models("mixtral")
