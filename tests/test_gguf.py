@@ -43,10 +43,9 @@ from fastinfer.entrypoints.eval import perplexity  # noqa: E402
 from fastinfer.layers import TensorDictReader  # noqa: E402
 from fastinfer.models import ModelConfig, find_gguf, load_config, load_model  # noqa: E402
 from fastinfer.quant import describe_quantization  # noqa: E402
+from gguf_helpers import HERE, TINY, add_tokenizer, tiny_tokenizer_meta  # noqa: E402
 from model_helpers import prefill_logits  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-TINY = os.path.join(os.path.dirname(HERE), "python", "fastinfer", "assets", "tiny-llama")
 HELDOUT = os.path.join(HERE, "data", "heldout_en.txt")
 
 
@@ -369,14 +368,7 @@ def _write_gguf(path, cfg: dict, tensors: dict, arch: str = "llama", tokenizer: 
     for k, v in (extra or {}).items():
         w.add_uint32(k, v) if isinstance(v, int) else w.add_string(k, v)
     if tokenizer:
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre(tokenizer["pre"])
-        w.add_token_list(tokenizer["tokens"])
-        w.add_token_merges(tokenizer["merges"])
-        w.add_token_types(tokenizer["types"])
-        w.add_bos_token_id(tokenizer["bos"])
-        w.add_eos_token_id(tokenizer["eos"])
-        w.add_add_bos_token(tokenizer["add_bos"])
+        add_tokenizer(w, tokenizer)
     if rope_freqs is not None:
         w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
     for name, a in (raw or {}).items():  # written as given, under their GGUF names
@@ -407,25 +399,11 @@ def tiny():
     return cfg, tensors
 
 
-def _tiny_tokenizer_meta():
-    with open(os.path.join(TINY, "tokenizer.json"), encoding="utf-8") as f:
-        tj = json.load(f)
-    vocab = tj["model"]["vocab"]
-    tokens = [None] * len(vocab)
-    for t, i in vocab.items():
-        tokens[i] = t
-    special = {a["id"] for a in tj["added_tokens"] if a["special"]}
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
-    return {"pre": "gpt2", "tokens": tokens, "merges": merges, "types": [3 if i in special else 1 for i in
-                                                                         range(len(tokens))],
-            "bos": 0, "eos": 1, "add_bos": True}
-
-
 def test_tiny_model_gguf_equals_safetensors(tiny, tmp_path):
     """The shipped tiny model written as llama.cpp would (q/k permuted, F32 + F16): same logits as
     the safetensors model with the same (f16-rounded) weights, and the same tokenizer."""
     cfg, tensors = tiny
-    path = _write_gguf(tmp_path / "tiny.gguf", cfg, tensors, tokenizer=_tiny_tokenizer_meta())
+    path = _write_gguf(tmp_path / "tiny.gguf", cfg, tensors, tokenizer=tiny_tokenizer_meta())
     conf = load_config(path)
     ref_conf = ModelConfig.from_pretrained(TINY)
     for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

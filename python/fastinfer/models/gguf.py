@@ -9,14 +9,24 @@ through this module:
   and scaling, RMS eps, vocabulary size; tied embeddings when there is no ``output.weight``;
   bos / eos / end-of-turn ids). Architectures: ``llama`` (Llama, Mistral, SmolLM, ... as llama.cpp
   writes them), ``qwen2``, ``qwen3``, ``gemma2`` and ``gemma3`` (the Gemma hyperparameters llama.cpp
-  does not store, it derives: see :func:`_gemma_config`). Any metadata key of the architecture this
-  module does not know is an error naming it (it may change the math), as is an architecture outside
-  that list.
+  does not store, it derives: see :func:`_gemma_config`), and the mixture-of-experts ``llama`` with
+  ``llama.expert_count`` > 0 (Mixtral) and ``qwen3moe`` (Qwen3-MoE), which run on
+  :class:`~fastinfer.models.MoeForCausalLM` (see :data:`_MOE_FORMATS`: ``{arch}.expert_count``
+  experts, ``expert_used_count`` per token, Qwen3-MoE's ``expert_feed_forward_length`` wide; every
+  layer routed and the top-k weights renormalised, as llama.cpp's graphs run them). Any metadata key
+  of the architecture this module does not know is an error naming it (it may change the math), as
+  is an architecture outside that list, a missing or inconsistent expert count, and expert tensors
+  in a file that declares no experts.
 * :class:`GGUFWeightReader` is a :class:`~fastinfer.layers.WeightReader` under Hugging Face tensor
   names (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``). Tensors are
   dequantised to float32 by the ``gguf`` package (every type it implements: F32/F16/BF16, Q4_0..Q8_0,
   the K-quants, the IQ types), then the layers cast them to the model dtype; ``quantization=``
-  re-quantises them on load like any float checkpoint. For ``llama`` files the rows of ``attn_q`` /
+  re-quantises them on load like any float checkpoint (a mixture-of-experts model refuses it: its
+  experts are float only). GGUF stacks a layer's experts in one tensor per projection
+  (``blk.{i}.ffn_gate_exps`` / ``ffn_up_exps`` ``[E, I, H]``, ``ffn_down_exps`` ``[E, H, I]`` in
+  Hugging Face's row-major order, the router ``ffn_gate_inp`` ``[E, H]``); the reader checks those
+  shapes and shows expert ``e`` under the hub's per-expert name, dequantising that expert's slice
+  alone (its rows are whole quantisation blocks). For ``llama`` files the rows of ``attn_q`` /
   ``attn_k`` are put back in Hugging Face order: llama.cpp's converter permutes them from the
   half-split RoPE layout (rotate_half) to interleaved pairs; :func:`unpermute_qk` is its inverse.
   For ``gemma2`` / ``gemma3`` files (q/k not permuted) the norm weights are put back in Hugging
@@ -35,22 +45,23 @@ from __future__ import annotations
 import math
 import os
 from functools import lru_cache
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
 
 from .._optional import require
 from ..layers import WeightReader
-from .config import ModelConfig
+from .config import MOE_ARCHITECTURES, ModelConfig
 
 __all__ = ["GGUF_ARCHITECTURES", "GGUFFile", "GGUFWeightReader", "find_gguf", "open_gguf",
            "gguf_model_config", "unpermute_qk", "permute_qk"]
 
 GGUF_MAGIC = b"GGUF"
 # general.architecture -> the Hugging Face architecture it runs as
+# (a ``llama`` file with experts runs as Mixtral: see _MOE_FORMATS)
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                      "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+                      "qwen3moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 # architectures whose q/k rows llama.cpp's converter permutes (LlamaModel.permute)
 _PERMUTED_QK = ("llama",)
 # Architectures whose norm weights llama.cpp's converter stores as 1 + weight: convert_hf_to_gguf.py,
@@ -93,7 +104,7 @@ _KNOWN_ARCH_KEYS = {
     "attention.key_length", "attention.value_length", "rope.dimension_count", "rope.freq_base",
     "rope.scale_linear", "rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length",
     "rope.scaling.finetuned", "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
-    "expert_count", "expert_used_count",  # accepted when 0 (dense)
+    "expert_count", "expert_used_count",  # 0 (or absent) on a dense file
 }
 # and per architecture (llama.cpp's load_hparams reads these for it)
 _ARCH_KEYS = {
@@ -103,6 +114,38 @@ _ARCH_KEYS = {
     "gemma3": {"attention.sliding_window", "attention.sliding_window_pattern", "rope.freq_base_swa",
                "final_logit_softcapping"},
 }
+
+
+class _MoeFormat(NamedTuple):
+    """How llama.cpp stores and runs one architecture's routed experts. Every layer is routed
+    (``blk.{i}.ffn_gate_inp`` the router ``[E, H]``; ``ffn_gate_exps`` / ``ffn_up_exps`` ``[E, I, H]``
+    and ``ffn_down_exps`` ``[E, H, I]`` all experts stacked, in Hugging Face's row-major notation),
+    with a softmax over the router logits (``expert_gating_func``, when present, must say softmax)."""
+
+    architecture: str  # the Hugging Face architecture a file with experts runs as
+    model_type: str
+    keys: Dict[str, str]  # {arch}.* metadata key -> the Hugging Face config field it is (all required)
+    config: Dict[str, Any]  # the Hugging Face config fields llama.cpp's graph fixes for the architecture
+
+
+# GGUF architecture -> its experts (llama.cpp's src/models/<arch>.cpp: build_moe_ffn's arguments). A
+# further architecture that MoeForCausalLM runs is a line here and one in GGUF_ARCHITECTURES, plus
+# its shared expert's tensors, if any, in _LAYER_TENSORS (qwen2moe: ffn_{gate,up,down}_shexp, and
+# ffn_gate_inp_shexp, which llama.cpp stores as [H] for Hugging Face's [1, H]).
+_MOE_FORMATS = {
+    # Mixtral is llama.cpp's llama graph with experts (src/models/llama.cpp: n_expert > 0): the top-k
+    # weights renormalised (norm_w true); each expert as wide as feed_forward_length; no sliding window
+    "llama": _MoeFormat("MixtralForCausalLM", "mixtral", {}, {"sliding_window": None}),
+    # src/models/qwen3moe.cpp: every layer routed, the top-k weights renormalised (norm_w true, whatever
+    # the original norm_topk_prob)
+    "qwen3moe": _MoeFormat("Qwen3MoeForCausalLM", "qwen3_moe", {"expert_feed_forward_length": "moe_intermediate_size"},
+                           {"norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}),
+}
+EXPERT_GATING_SOFTMAX = 1  # gguf.ExpertGatingFuncType.SOFTMAX
+# a routed layer's GGUF tensors: the router, then the stacked experts' gate, up and down projections
+# (in ExpertProjections' order)
+_ROUTER = "ffn_gate_inp"
+_STACKED_EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 
 def _gguf_module():
@@ -197,12 +240,21 @@ class GGUFFile:
         ``ggml.merges``, ``ggml.token_type``, ``ggml.bos_token_id``, ``chat_template``, ...)."""
         return {k[len("tokenizer."):]: self.get(k) for k in self._fields if k.startswith("tokenizer.")}
 
-    def dequantize(self, name: str) -> np.ndarray:
-        """Tensor ``name`` as float32, in Hugging Face (row-major, reversed GGUF dims) shape."""
+    def shape(self, name: str) -> Tuple[int, ...]:
+        """The shape of tensor ``name`` in Hugging Face (row-major, reversed GGUF dims) order."""
+        return tuple(int(s) for s in reversed(self.tensors[name].shape))
+
+    def dequantize(self, name: str, index: Optional[int] = None) -> np.ndarray:
+        """Tensor ``name`` as float32, in Hugging Face (row-major, reversed GGUF dims) shape; with
+        ``index``, only ``tensor[index]`` (one expert of a stacked ``[E, ...]`` tensor: its rows are
+        whole quantisation blocks, so it dequantises alone)."""
         gguf = _gguf_module()
         t = self.tensors[name]
+        data, shape = t.data, self.shape(name)
+        if index is not None:
+            data, shape = data[index], shape[1:]
         try:
-            w = gguf.dequantize(t.data, t.tensor_type)
+            w = gguf.dequantize(data, t.tensor_type)
         except NotImplementedError as e:
             raise ValueError(f"tensor {name!r} of {self.path!r} has GGML type {t.tensor_type.name}, which the "
                              f"gguf package cannot dequantise ({e})") from e
@@ -211,7 +263,7 @@ class GGUFFile:
                 raise ValueError(f"tensor {name!r} of {self.path!r} has integer GGML type {t.tensor_type.name} "
                                  "(a weight must be a float or quantised type)")
             w = w.astype(np.float32)
-        return w.reshape(tuple(int(s) for s in reversed(t.shape)))
+        return w.reshape(shape)
 
 
 @lru_cache(maxsize=2)
@@ -263,7 +315,8 @@ def gguf_config_dict(f: GGUFFile) -> Dict[str, Any]:
         raise ValueError(f"{f.path!r}: unsupported GGUF architecture {arch!r} "
                          f"(supported: {', '.join(GGUF_ARCHITECTURES)})")
     prefix = arch + "."
-    known = _KNOWN_ARCH_KEYS | _ARCH_KEYS.get(arch, set())
+    moe = _MOE_FORMATS.get(arch)
+    known = _KNOWN_ARCH_KEYS | _ARCH_KEYS.get(arch, set()) | (set(moe.keys) | {"expert_gating_func"} if moe else set())
     unknown = sorted(k for k in f.metadata if k.startswith(prefix) and k[len(prefix):] not in known)
     if unknown:
         raise ValueError(f"{f.path!r}: GGUF metadata {', '.join(unknown)} is not supported (fastinfer does not "
@@ -277,9 +330,17 @@ def gguf_config_dict(f: GGUFFile) -> Dict[str, Any]:
             return default
         return v
 
-    for k in ("expert_count", "expert_used_count"):
-        if key(k, 0):
-            raise ValueError(f"{f.path!r}: mixture-of-experts GGUF ({prefix}{k} = {key(k)}) is not supported")
+    routed = bool(key("expert_count", 0)) or GGUF_ARCHITECTURES[arch] in MOE_ARCHITECTURES
+    if routed and moe is None:
+        raise ValueError(f"{f.path!r}: mixture-of-experts {arch} GGUF ({prefix}expert_count = {key('expert_count')}) "
+                         f"is not supported (supported: {', '.join(_MOE_FORMATS)})")
+    if not routed:
+        expert_tensors = [n for n in f.tensors if any(f".{k}." in n for k in (_ROUTER,) + _STACKED_EXPERTS)]
+        if key("expert_used_count", 0) or expert_tensors:
+            what = f"tensor {expert_tensors[0]!r}" if expert_tensors else \
+                f"{prefix}expert_used_count = {key('expert_used_count')}"
+            raise ValueError(f"{f.path!r}: GGUF metadata {prefix}expert_count is missing or 0, yet the file has "
+                             f"experts ({what})")
     heads = key("attention.head_count")
     kv_heads = key("attention.head_count_kv", heads)
     if isinstance(kv_heads, list):  # per-layer counts
@@ -351,10 +412,12 @@ def gguf_config_dict(f: GGUFFile) -> Dict[str, Any]:
         d["mlp_bias"] = "blk.0.ffn_up.bias" in f.tensors
     elif arch in ("gemma2", "gemma3"):
         _gemma_config(d, f, key)
-    else:  # qwen2 (q/k/v always biased), qwen3; no sliding window in llama.cpp
-        if arch == "qwen3":
+    else:  # qwen2 (q/k/v always biased), qwen3, qwen3moe; no sliding window in llama.cpp
+        if arch in ("qwen3", "qwen3moe"):
             d["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
         d["use_sliding_window"] = False
+    if routed:
+        _moe_config(d, f, key, moe)
     # special tokens: llama.cpp stops on every end-of-generation id (eos, eot, eom)
     bos = f.get("tokenizer.ggml.bos_token_id")
     eos = [f.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
@@ -365,6 +428,27 @@ def gguf_config_dict(f: GGUFFile) -> Dict[str, Any]:
     d["pad_token_id"] = int(pad) if pad is not None else None
     d["gguf_file"] = os.path.basename(f.path)
     return d
+
+
+def _moe_config(d: Dict[str, Any], f: GGUFFile, key, moe: _MoeFormat) -> None:
+    """The mixture-of-experts fields of config dict ``d``: ``{arch}.expert_count`` experts,
+    ``expert_used_count`` of them per token, the keys and fixed fields of ``moe``."""
+    prefix = f.architecture + "."
+    experts, used = key("expert_count"), key("expert_used_count")
+    for name, v in (("expert_count", experts), ("expert_used_count", used)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{f.path!r}: GGUF metadata {prefix}{name} must be an int >= 1, got {v!r}")
+    if used > experts:
+        raise ValueError(f"{f.path!r}: GGUF metadata {prefix}expert_used_count ({used}) is larger than "
+                         f"{prefix}expert_count ({experts})")
+    gating = key("expert_gating_func", EXPERT_GATING_SOFTMAX)
+    if gating != EXPERT_GATING_SOFTMAX:
+        raise ValueError(f"{f.path!r}: GGUF metadata {prefix}expert_gating_func = {gating!r} is not supported "
+                         f"(only {EXPERT_GATING_SOFTMAX}, softmax routing)")
+    d.update(architectures=[moe.architecture], model_type=moe.model_type, num_local_experts=experts,
+             num_experts_per_tok=used)
+    d.update({field: key(k) for k, field in moe.keys.items()})
+    d.update(moe.config)
 
 
 def _gemma_config(d: Dict[str, Any], f: GGUFFile, key) -> None:
@@ -465,7 +549,12 @@ class GGUFWeightReader(WeightReader):
     """The tensors of GGUF file ``path`` under Hugging Face names, dequantised to float32 when read
     (q/k rows un-permuted for ``llama`` files, 1 taken off Gemma's norm weights). A GGUF tensor
     without a mapping keeps its GGUF name, so the loader reports it as unexpected;
-    ``rope_freqs.weight`` is read into the config instead."""
+    ``rope_freqs.weight`` is read into the config instead. A mixture-of-experts model's stacked
+    expert tensors are seen as the hub's per-expert ones: ``blk.{i}.ffn_gate_exps.weight[e]`` is
+    ``model.layers.{i}.mlp.experts.{e}.gate_proj.weight`` for Qwen3-MoE and
+    ``model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight`` for Mixtral, the router
+    ``blk.{i}.ffn_gate_inp.weight`` is ``model.layers.{i}.mlp.gate.weight`` /
+    ``...block_sparse_moe.gate.weight``; each expert is dequantised on its own when read."""
 
     def __init__(self, path: str, config: Optional[ModelConfig] = None):
         self.file = open_gguf(path)
@@ -478,6 +567,9 @@ class GGUFWeightReader(WeightReader):
                 continue
             name = hf_tensor_name(g, self.file.architecture) or g
             self._where[name] = g
+        self._expert: Dict[str, int] = {}  # per-expert HF name -> its index in the stacked GGUF tensor
+        if config.num_experts:
+            self._map_experts(config)
         self._norm_plus_one = self.file.architecture in _NORM_PLUS_ONE
         self._heads: Dict[str, int] = {}  # HF name -> heads of the q/k permutation
         if self.file.architecture in _PERMUTED_QK:
@@ -487,6 +579,38 @@ class GGUFWeightReader(WeightReader):
                         self._heads[f"model.layers.{i}.self_attn.{proj}.{suffix}"] = n
         self._check_types()
 
+    def _map_experts(self, config: ModelConfig) -> None:
+        """The routed layers' router and stacked experts under their per-expert Hugging Face names
+        (the module and projection names :class:`~fastinfer.models.moe.MoeForCausalLM` reads), after
+        checking each stacked tensor holds ``[E, I, H]`` / ``[E, H, I]``."""
+        from .moe import MOE_CHECKPOINT_NAMES  # the models import this module
+
+        module, projections = MOE_CHECKPOINT_NAMES[config.architecture]
+        E, H, I = config.num_experts, config.hidden_size, config.moe_intermediate_size
+        prefix = self.file.architecture + "."
+        for i in range(config.num_hidden_layers):
+            if not config.is_moe_layer(i):
+                continue
+            layer = f"model.layers.{i}.{module}"
+            stacked = zip((_ROUTER,) + _STACKED_EXPERTS, (None,) + tuple(projections),
+                          ((E, H), (E, I, H), (E, I, H), (E, H, I)))
+            for kind, projection, want in stacked:
+                g = f"blk.{i}.{kind}.weight"
+                if g not in self.file.tensors:
+                    raise ValueError(f"{self.path!r}: tensor {g!r} is missing (layer {i} routes over {E} experts)")
+                got = self.file.shape(g)
+                if got != want:
+                    raise ValueError(f"{self.path!r}: tensor {g!r} has shape {list(got)}, expected {list(want)} "
+                                     f"({prefix}expert_count {E}, hidden {H}, expert width {I})")
+                del self._where[g]
+                if projection is None:
+                    self._where[f"{layer}.gate.weight"] = g
+                    continue
+                for e in range(E):
+                    name = f"{layer}.experts.{e}.{projection}.weight"
+                    self._where[name] = g
+                    self._expert[name] = e
+
     def _check_types(self) -> None:
         """Refuse a tensor type the gguf package cannot dequantise now, not half-way through loading."""
         seen = set()
@@ -495,7 +619,7 @@ class GGUFWeightReader(WeightReader):
                 continue
             seen.add(t.tensor_type)
             gguf = _gguf_module()
-            block = t.data[:1] if t.data.ndim > 1 else t.data  # one row
+            block = t.data.reshape(-1, t.data.shape[-1])[:1]  # one row
             try:
                 out = gguf.dequantize(block, t.tensor_type)
             except NotImplementedError as e:
@@ -512,14 +636,16 @@ class GGUFWeightReader(WeightReader):
         return name in self._where
 
     def shape(self, name: str) -> Tuple[int, ...]:
-        return tuple(int(s) for s in reversed(self.file.tensors[self._where[name]].shape))
+        shape = self.file.shape(self._where[name])
+        return shape[1:] if name in self._expert else shape
 
     def gguf_type(self, name: str) -> str:
         """The GGML type name of a tensor (``Q4_1``, ``F32``, ...)."""
         return self.file.tensors[self._where[name]].tensor_type.name
 
     def _read(self, name: str) -> torch.Tensor:
-        w = torch.from_numpy(np.array(self.file.dequantize(self._where[name]), dtype=np.float32, copy=True))
+        w = self.file.dequantize(self._where[name], self._expert.get(name))
+        w = torch.from_numpy(np.array(w, dtype=np.float32, copy=True))
         n = self._heads.get(name)
         if n:
             return unpermute_qk(w, n)

@@ -1,0 +1,435 @@
+"""Mixture-of-experts GGUF files: Mixtral (``llama`` with experts) and Qwen3-MoE (``qwen3moe``),
+the experts stacked (``blk.{i}.ffn_gate_exps`` / ``ffn_up_exps`` ``[E, I, H]``, ``ffn_down_exps``
+``[E, H, I]``, the router ``ffn_gate_inp`` ``[E, H]``), unquantised and quantised.
+
+The files are written here as llama.cpp's converter writes them, from a tiny random transformers
+model saved with ``save_pretrained`` (the hub's per-expert tensors): each projection's experts
+stacked along a new first dimension, every name given by the gguf package's own ``TensorNameMap``,
+llama's q/k rows permuted (llama.cpp's permutation, written out here), the metadata keys the
+converter writes, the tiny model's byte-level BPE tokenizer. Tensor types: the router and the norms
+F32 (as llama.cpp's quantiser leaves them), the experts and the other matrices in the type under test,
+quantised by the gguf package (``gguf.quantize``).
+
+Oracles (outside fastinfer):
+
+* transformers' modelling on the weights the file holds: the source model with each parameter
+  passed through the gguf package's quantise -> dequantise for its type (rows are whole blocks, so
+  stacked and per-expert tensors round alike). Both runners compute in float32 on the same floats.
+* transformers' GGUF loader on the same file, for ``qwen3moe`` (it dequantises with the gguf
+  package too). It reads no ``expert_feed_forward_length`` (the experts are then Qwen3MoeConfig's
+  default 768 wide, which the Qwen3-MoE models it checks use), no attention biases for qwen3moe,
+  and no ``llama.expert_count`` (a llama file is a dense Llama to it), so Mixtral's and the biased
+  Qwen3-MoE's oracle is the first one only.
+
+Measured on the 2-core CPU machine: logits relative error 3.2e-7..4.6e-7 against both oracles
+(tolerance 1e-5) for F32, F16, BF16, Q8_0, Q4_0 and Q4_K experts, while the quantised files' logits
+are 1.5e-4 (F16 experts) to 7.7e-2 (Q4_0 experts) away from the unquantised model's: the round trip
+in the reference is what makes them agree. Swapping the gate and up experts in the file, reading
+every expert's slice as expert 0, or swapping the gate and up projections in the reader's mapping
+each fails the parity tests.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from fastinfer import LLM, SamplingParams  # noqa: E402
+from fastinfer.models import GGUFWeightReader, MoeForCausalLM, load_config, load_model  # noqa: E402
+from gguf_helpers import add_tokenizer, tiny_tokenizer_meta  # noqa: E402
+from model_helpers import hf_greedy, hf_logits, make_hf_model, prefill_logits, random_prompt, rel_err  # noqa: E402
+
+Q = gguf.GGMLQuantizationType
+VOCAB = 4096  # the tiny tokenizer's
+PROMPT_LEN = 40
+NEW_TOKENS = 12
+REL_TOL = 1e-5
+
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
+
+# GGUF architecture, transformers kind, config overrides (HF_BASE: hidden 128, head_dim 64, GQA 4/2)
+CASES = {
+    # 4 experts of width 64, 2 per token; no sliding window (llama.cpp's llama graph has none)
+    "mixtral": ("llama", "mixtral", dict(vocab_size=VOCAB, intermediate_size=64, num_local_experts=4,
+                                         num_experts_per_tok=2, sliding_window=None, rope_theta=1e6)),
+    # 8 experts of width 768 (what transformers' GGUF loader assumes), 3 per token, renormalised (as
+    # llama.cpp always does), every layer routed, untied
+    "qwen3_moe": ("qwen3moe", "qwen3_moe", dict(vocab_size=VOCAB, num_experts=8, num_experts_per_tok=3,
+                                                moe_intermediate_size=768, norm_topk_prob=True, rope_theta=1e6)),
+    # q/k/v/o biases (transformers' GGUF loader drops them: no attention_bias in its qwen3moe config
+    # mapping), experts of width 64
+    "qwen3_moe_bias": ("qwen3moe", "qwen3_moe", dict(vocab_size=VOCAB, num_experts=4, num_experts_per_tok=2,
+                                                     moe_intermediate_size=64, norm_topk_prob=True,
+                                                     attention_bias=True)),
+    # tied embeddings; hidden 256 (Q4_K blocks hold 256 values of a row)
+    "qwen3_moe_h256": ("qwen3moe", "qwen3_moe", dict(vocab_size=VOCAB, hidden_size=256, num_experts=4,
+                                                     num_experts_per_tok=2, moe_intermediate_size=768,
+                                                     norm_topk_prob=True, tie_word_embeddings=True)),
+}
+
+_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE}
+
+
+# ------------------------------------------------------------------------------------------------
+# writing the files
+# ------------------------------------------------------------------------------------------------
+def _llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf permutation of q/k rows (LlamaModel.permute)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _kind(hf_name: str) -> str:
+    """Which type a tensor gets: ``router`` / ``norm`` (kept F32), ``experts``, ``other``."""
+    if ".experts." in hf_name:
+        return "experts"
+    if hf_name.endswith((".mlp.gate.weight", ".block_sparse_moe.gate.weight")):
+        return "router"
+    return "norm" if "norm" in hf_name or hf_name.endswith(".bias") else "other"
+
+
+def _types(experts, other):
+    return {"experts": experts, "other": other, "router": Q.F32, "norm": Q.F32}
+
+
+def round_trip(a: np.ndarray, qtype) -> np.ndarray:
+    """``a`` as a GGUF tensor of ``qtype`` holds it, by the gguf package."""
+    return a if qtype == Q.F32 else gguf.dequantize(gguf.quantize(np.ascontiguousarray(a, np.float32), qtype), qtype)
+
+
+def write_moe_gguf(path, hf, hf_dir: str, arch: str, types: dict, *, drop_keys=(), extra_keys=None,
+                   tamper=None) -> str:
+    """``hf`` (saved per expert in ``hf_dir``) as llama.cpp's converter writes a GGUF of ``arch``.
+    ``drop_keys`` / ``extra_keys``: metadata left out / added (under ``{arch}.``); ``tamper``:
+    ``tamper(tensors)`` edits the GGUF-named float32 arrays before they are written (a ``(type,
+    data)`` pair is written as given)."""
+    from safetensors.numpy import load_file
+
+    c = hf.config
+    keys = {
+        "context_length": ("uint32", c.max_position_embeddings),
+        "embedding_length": ("uint32", c.hidden_size),
+        "block_count": ("uint32", c.num_hidden_layers),
+        "feed_forward_length": ("uint32", c.intermediate_size),
+        "attention.head_count": ("uint32", c.num_attention_heads),
+        "attention.head_count_kv": ("uint32", c.num_key_value_heads),
+        "attention.layer_norm_rms_epsilon": ("float32", c.rms_norm_eps),
+        "attention.key_length": ("uint32", c.head_dim),
+        "attention.value_length": ("uint32", c.head_dim),
+        "rope.freq_base": ("float32", c.rope_parameters["rope_theta"]),
+        "vocab_size": ("uint32", c.vocab_size),
+        "expert_count": ("uint32", c.num_local_experts),
+        "expert_used_count": ("uint32", c.num_experts_per_tok),
+    }
+    if arch == "llama":
+        keys["rope.dimension_count"] = ("uint32", c.head_dim)
+    else:
+        keys["expert_feed_forward_length"] = ("uint32", c.moe_intermediate_size)
+    keys.update(extra_keys or {})
+    w = gguf.GGUFWriter(str(path), arch)
+    for k, (typ, v) in keys.items():
+        if k not in drop_keys:
+            getattr(w, f"add_{typ}")(f"{arch}.{k}", v)
+    add_tokenizer(w, tiny_tokenizer_meta())
+
+    hub = load_file(os.path.join(hf_dir, "model.safetensors"))
+    names = gguf.get_tensor_name_map(_ARCH[arch], c.num_hidden_layers)
+    tensors, kinds, stacks = {}, {}, {}
+    for name, a in hub.items():
+        if c.tie_word_embeddings and name == "lm_head.weight":
+            continue
+        a = a.astype(np.float32)
+        base, suffix = name.rsplit(".", 1)
+        if ".experts." in base:  # experts.{e}.w1 -> experts.w1, stacked over e (the converter's merge)
+            head, rest = base.split(".experts.")
+            e, proj = rest.split(".")
+            stacks.setdefault(f"{head}.experts.{proj}", {})[int(e)] = a
+            continue
+        if arch == "llama" and base.endswith("self_attn.q_proj"):
+            a = _llamacpp_permute(a, c.num_attention_heads)
+        if arch == "llama" and base.endswith("self_attn.k_proj"):
+            a = _llamacpp_permute(a, c.num_key_value_heads)
+        g = names.get_name(base) + "." + suffix
+        tensors[g], kinds[g] = a, _kind(name)
+    for base, per_expert in stacks.items():
+        g = names.get_name(base) + ".weight"
+        tensors[g] = np.stack([per_expert[e] for e in range(len(per_expert))])
+        kinds[g] = "experts"
+    if tamper is not None:
+        tamper(tensors)
+    for g, a in tensors.items():
+        if isinstance(a, tuple):  # (type, data) from tamper, written as given
+            w.add_tensor(g, a[1], raw_dtype=a[0])
+            continue
+        qtype = types[kinds.get(g, "other")]
+        if qtype in (Q.F32, Q.F16):
+            w.add_tensor(g, a.astype(np.float16) if qtype == Q.F16 else a)
+        else:
+            w.add_tensor(g, gguf.quantize(np.ascontiguousarray(a), qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def round_tripped(hf, types: dict):
+    """A copy of ``hf`` with every parameter as a GGUF file of ``types`` holds it."""
+    ref = copy.deepcopy(hf)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            qtype = types[_kind(name)]
+            p.copy_(torch.from_numpy(round_trip(p.detach().numpy(), qtype).reshape(p.shape)))
+    return ref
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """``name -> (arch, hf model, its save_pretrained directory)``, built on first use."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            arch, kind, over = CASES[name]
+            hf = make_hf_model(kind, seed=list(CASES).index(name) + 1, **over)
+            path = tmp_path_factory.mktemp(name)
+            hf.save_pretrained(path)
+            cache[name] = (arch, hf, str(path))
+        return cache[name]
+
+    return get
+
+
+def _hf_gguf(path: str):
+    """transformers' GGUF loader on ``path`` (float32)."""
+    d, f = os.path.split(path)
+    return transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+
+
+def _prompt(seed=0):
+    return random_prompt(PROMPT_LEN, VOCAB, seed)
+
+
+# ------------------------------------------------------------------------------------------------
+# config
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe", "qwen3_moe_bias"])
+def test_config_from_metadata(models, name, tmp_path):
+    arch, hf, hf_dir = models(name)
+    path = write_moe_gguf(tmp_path / "m.gguf", hf, hf_dir, arch, _types(Q.F32, Q.F32))
+    conf, c = load_config(path), hf.config
+    assert conf.architecture == hf.config.architectures[0]
+    width = c.intermediate_size if name == "mixtral" else c.moe_intermediate_size
+    assert (conf.num_experts, conf.num_experts_per_tok, conf.moe_intermediate_size) == \
+        (c.num_local_experts, c.num_experts_per_tok, width)
+    assert conf.moe_renormalize and conf.dense_mlp_layers == [] and conf.sliding_window is None
+    for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "vocab_size", "tie_word_embeddings"):
+        assert getattr(conf, k) == getattr(c, k), k
+    assert conf.rope_theta == c.rope_parameters["rope_theta"] and conf.rms_norm_eps == pytest.approx(c.rms_norm_eps)
+    assert conf.qk_norm == (name != "mixtral") and conf.qkv_bias == bool(getattr(c, "attention_bias", False))
+
+
+# ------------------------------------------------------------------------------------------------
+# logits and greedy tokens
+# ------------------------------------------------------------------------------------------------
+PARITY = [  # (case, expert type, type of the other matrices)
+    ("mixtral", Q.F32, Q.F32), ("mixtral", Q.F16, Q.F32), ("mixtral", Q.Q8_0, Q.F16), ("mixtral", Q.Q4_0, Q.Q8_0),
+    ("qwen3_moe", Q.F32, Q.F32), ("qwen3_moe", Q.BF16, Q.BF16), ("qwen3_moe", Q.Q8_0, Q.F16),
+    ("qwen3_moe", Q.Q4_0, Q.Q8_0), ("qwen3_moe_bias", Q.F32, Q.F32), ("qwen3_moe_bias", Q.Q8_0, Q.Q8_0),
+]
+
+
+@pytest.mark.parametrize("name, experts, other", PARITY, ids=[f"{n}-{e.name}-{o.name}" for n, e, o in PARITY])
+def test_logits_match_transformers(models, name, experts, other, tmp_path):
+    arch, hf, hf_dir = models(name)
+    types = _types(experts, other)
+    path = write_moe_gguf(tmp_path / "m.gguf", hf, hf_dir, arch, types)
+    model = load_model(path, dtype=torch.float32)
+    assert isinstance(model, MoeForCausalLM)
+    moe_name = next(n for n, _ in model.checkpoint_tensors() if ".experts.1." in n)
+    assert GGUFWeightReader(path).gguf_type(moe_name) == experts.name  # a per-expert view of the stacked tensor
+    ids = _prompt()
+    out = prefill_logits(model, ids)
+    ref = hf_logits(round_tripped(hf, types), ids)
+    err = rel_err(out, ref)
+    away = rel_err(out, hf_logits(hf, ids))  # from the unquantised model: what the round trip accounts for
+    print(f"{name} {experts.name}/{other.name}: logits rel err vs transformers {err:.1e}, "
+          f"vs the unquantised model {away:.1e}")
+    assert err < REL_TOL
+    if experts != Q.F32:
+        assert away > 10 * REL_TOL
+    if arch == "qwen3moe" and not hf.config.attention_bias:  # transformers' own GGUF loader reads the file alike
+        theirs = hf_logits(_hf_gguf(path), ids)
+        print(f"  vs transformers' GGUF loader: {rel_err(out, theirs):.1e}")
+        assert rel_err(out, theirs) < REL_TOL
+
+
+def _q4_k_experts(tensors: dict) -> None:
+    """Experts as random Q4_K blocks (the gguf package dequantises the K-quants but cannot quantise
+    to them): 144 bytes per 256 values of a row, the two f16 super-block scales small and positive."""
+    rng = np.random.default_rng(0)
+    for g, a in list(tensors.items()):
+        if "_exps." in g:
+            blocks = rng.integers(0, 256, size=(*a.shape[:-1], a.shape[-1] // 256, 144), dtype=np.uint8)
+            blocks[..., 0:2] = np.frombuffer(np.float16(2e-4).tobytes(), np.uint8)  # d
+            blocks[..., 2:4] = np.frombuffer(np.float16(1e-3).tobytes(), np.uint8)  # dmin
+            tensors[g] = (Q.Q4_K, blocks.reshape(*a.shape[:-1], -1))
+
+
+def test_q4_k_experts_match_transformers_gguf_loader(models, tmp_path):
+    """Q4_K experts (K-quant super-blocks of 256 values) against transformers loading the same file."""
+    arch, hf, hf_dir = models("qwen3_moe_h256")
+    path = write_moe_gguf(tmp_path / "k.gguf", hf, hf_dir, arch, _types(Q.F32, Q.F16), tamper=_q4_k_experts)
+    model = load_model(path, dtype=torch.float32)
+    assert GGUFWeightReader(path).gguf_type("model.layers.0.mlp.experts.3.down_proj.weight") == "Q4_K"
+    ids = _prompt()
+    out = prefill_logits(model, ids)
+    err = rel_err(out, hf_logits(_hf_gguf(path), ids))
+    print(f"Q4_K experts: logits rel err vs transformers' GGUF loader {err:.1e}")
+    assert err < REL_TOL
+
+
+@pytest.mark.parametrize("name, experts, other", [("mixtral", Q.Q8_0, Q.F16), ("qwen3_moe", Q.Q4_0, Q.Q8_0)],
+                         ids=["mixtral-Q8_0", "qwen3_moe-Q4_0"])
+def test_greedy_generation_through_the_runner(models, name, experts, other, tmp_path):
+    arch, hf, hf_dir = models(name)
+    types = _types(experts, other)
+    path = write_moe_gguf(tmp_path / "m.gguf", hf, hf_dir, arch, types)
+    llm = LLM(path, dtype="float32", device="cpu", num_kv_blocks=16, block_size=16)
+    ids = _prompt(seed=1)
+    got = list(llm.generate([ids], SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))[0]
+               .outputs[0].token_ids)
+    assert got == hf_greedy(round_tripped(hf, types), ids, NEW_TOKENS)
+    if arch == "qwen3moe":
+        assert got == hf_greedy(_hf_gguf(path), ids, NEW_TOKENS)
+
+
+def test_tensor_parallel_two_ranks(models, tmp_path):
+    """TP=2 (rank 0 here, one spawned worker): each rank reads its rows of every dequantised expert."""
+    arch, hf, hf_dir = models("mixtral")
+    types = _types(experts=Q.Q4_0, other=Q.Q8_0)
+    path = write_moe_gguf(tmp_path / "m.gguf", hf, hf_dir, arch, types)
+    llm = LLM(path, dtype="float32", device="cpu", num_kv_blocks=16, block_size=16, tensor_parallel_size=2)
+    try:
+        moe = llm.model.layers[0].moe
+        assert moe.w2.shape[2] == moe.intermediate_size // 2
+        ids = _prompt(seed=4)
+        got = list(llm.generate([ids], SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))[0]
+                   .outputs[0].token_ids)
+        assert got == hf_greedy(round_tripped(hf, types), ids, NEW_TOKENS)
+    finally:
+        llm.shutdown()
+
+
+def test_bf16_model_from_quantised_experts(models, tmp_path):
+    """The experts are dequantised at load, then held in the model dtype."""
+    arch, hf, hf_dir = models("mixtral")
+    path = write_moe_gguf(tmp_path / "m.gguf", hf, hf_dir, arch, _types(Q.Q4_0, Q.F16))
+    fp32, bf16 = load_model(path, dtype=torch.float32), load_model(path, dtype=torch.bfloat16)
+    a, b = fp32.layers[1].moe, bf16.layers[1].moe
+    assert b.w13.dtype == b.w2.dtype == torch.bfloat16
+    assert torch.equal(b.w13, a.w13.to(torch.bfloat16)) and torch.equal(b.w2, a.w2.to(torch.bfloat16))
+    ids = _prompt()
+    assert rel_err(prefill_logits(bf16, ids), prefill_logits(fp32, ids)) < 0.05
+
+
+def test_swapped_gate_and_up_experts_are_visible(models, tmp_path):
+    """The test can fail: the gate and up experts written the wrong way round put the logits far away."""
+    arch, hf, hf_dir = models("qwen3_moe")
+
+    def swap(tensors):
+        for g in [g for g in tensors if g.endswith("ffn_gate_exps.weight")]:
+            up = g.replace("gate_exps", "up_exps")
+            tensors[g], tensors[up] = tensors[up], tensors[g]
+
+    path = write_moe_gguf(tmp_path / "s.gguf", hf, hf_dir, arch, _types(Q.F32, Q.F32), tamper=swap)
+    ids = _prompt()
+    err = rel_err(prefill_logits(load_model(path, dtype=torch.float32), ids), hf_logits(hf, ids))
+    assert err > 1000 * REL_TOL, err
+
+
+# ------------------------------------------------------------------------------------------------
+# bad files
+# ------------------------------------------------------------------------------------------------
+def _drop_expert(g):
+    def tamper(tensors):
+        tensors[g] = tensors[g][:-1]
+    return tamper
+
+
+def _remove(g):
+    def tamper(tensors):
+        del tensors[g]
+    return tamper
+
+
+def _keep_dense_layers(tensors):
+    """No expert tensors: a dense MLP in their place."""
+    for g in [g for g in tensors if "_exps." in g or "ffn_gate_inp" in g]:
+        a = tensors.pop(g)
+        if "_exps." in g:
+            tensors[g.replace("_exps", "")] = a[0]
+
+
+BAD = [
+    # (case, writer arguments, what load_model says)
+    ("qwen3_moe", dict(drop_keys=["expert_count"]), "GGUF metadata qwen3moe.expert_count is missing"),
+    ("qwen3_moe", dict(drop_keys=["expert_used_count"]), "GGUF metadata qwen3moe.expert_used_count is missing"),
+    ("qwen3_moe", dict(drop_keys=["expert_feed_forward_length"]),
+     "GGUF metadata qwen3moe.expert_feed_forward_length is missing"),
+    ("mixtral", dict(drop_keys=["expert_count"]),
+     r"llama.expert_count is missing or 0, yet the file has experts \(tensor 'blk.0.ffn_gate_inp.weight'\)"),
+    ("mixtral", dict(drop_keys=["expert_count"], tamper=_keep_dense_layers),
+     r"llama.expert_count is missing or 0, yet the file has experts \(llama.expert_used_count = 2\)"),
+    ("mixtral", dict(extra_keys={"expert_used_count": ("uint32", 5)}),
+     r"llama.expert_used_count \(5\) is larger than llama.expert_count \(4\)"),
+    ("qwen3_moe", dict(extra_keys={"expert_count": ("uint32", 0)}), "qwen3moe.expert_count must be an int >= 1"),
+    ("qwen3_moe", dict(extra_keys={"expert_gating_func": ("uint32", 2)}),
+     "qwen3moe.expert_gating_func = 2 is not supported"),
+    ("qwen3_moe", dict(extra_keys={"expert_weights_scale": ("float32", 2.5)}),
+     "qwen3moe.expert_weights_scale is not supported"),
+    ("mixtral", dict(extra_keys={"expert_feed_forward_length": ("uint32", 64)}),
+     "llama.expert_feed_forward_length is not supported"),
+    ("qwen3_moe", dict(tamper=_drop_expert("blk.1.ffn_up_exps.weight")),
+     r"tensor 'blk.1.ffn_up_exps.weight' has shape \[7, 768, 128\], expected \[8, 768, 128\]"),
+    ("qwen3_moe", dict(extra_keys={"expert_feed_forward_length": ("uint32", 512)}),
+     r"tensor 'blk.0.ffn_gate_exps.weight' has shape \[8, 768, 128\], expected \[8, 512, 128\]"),
+    ("mixtral", dict(extra_keys={"expert_count": ("uint32", 5)}),
+     r"tensor 'blk.0.ffn_gate_inp.weight' has shape \[4, 128\], expected \[5, 128\]"),
+    ("mixtral", dict(tamper=_remove("blk.1.ffn_down_exps.weight")),
+     "tensor 'blk.1.ffn_down_exps.weight' is missing"),
+]
+
+
+@pytest.mark.parametrize("name, kwargs, what", BAD, ids=[f"{c}-{w[:40]}" for c, _, w in BAD])
+def test_bad_files_are_refused(models, name, kwargs, what, tmp_path):
+    arch, hf, hf_dir = models(name)
+    path = write_moe_gguf(tmp_path / "bad.gguf", hf, hf_dir, arch, _types(Q.F32, Q.F32), **kwargs)
+    with pytest.raises(ValueError, match=what):
+        load_model(path)
+
+
+def test_other_moe_architectures_are_refused(tmp_path):
+    """An architecture with experts this module does not map: refused by name."""
+    for arch, what in [("qwen2moe", "unsupported GGUF architecture 'qwen2moe'"),
+                       ("qwen3", "mixture-of-experts qwen3 GGUF")]:
+        w = gguf.GGUFWriter(str(tmp_path / f"{arch}.gguf"), arch)
+        for k, v in (("context_length", 64), ("embedding_length", 64), ("block_count", 1), ("feed_forward_length", 64),
+                     ("attention.head_count", 1), ("expert_count", 4), ("expert_used_count", 2)):
+            w.add_uint32(f"{arch}.{k}", v)
+        w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+        w.add_tensor("token_embd.weight", np.ones((8, 64), np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with pytest.raises(ValueError, match=what):
+            load_config(str(tmp_path / f"{arch}.gguf"))
