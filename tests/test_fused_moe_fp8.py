@@ -73,10 +73,11 @@ CASES = [
     (37, 60, 4, 128, 256, "swiglu_oai", True, False, True),
     (200, 2, 2, 256, 128, "silu", False, False, True),
 ]
-IDS = [f"T{c[0]}-E{c[1]}-k{c[2]}-H{c[3]}-I{c[4]}-{c[5]}{'-bias' if c[6] else ''}{'-skip' if c[7] else ''}"
-       f"-{'block' if c[8] else 'channel'}" for c in CASES]
-PARAMS = backend_params({"cpu": CASES},
-                        {"cpu": (torch.float32, torch.bfloat16)})
+# where float weights take the 128-row tier (e4m3 stays on 64-row blocks: registers)
+LARGE = [(1100, 2, 2, 1024, 16, "silu", True, False, False)]
+PARAMS = backend_params({"cpu": CASES, "sim": CASES + LARGE, "cuda": CASES + LARGE},
+                        {"cpu": (torch.float32, torch.bfloat16), "sim": (torch.bfloat16, torch.float16),
+                         "cuda": (torch.bfloat16, torch.float16)})
 
 
 @pytest.mark.parametrize("backend,dtype,T,E,k,H,I,activation,bias,skipped,blockwise", PARAMS)
@@ -137,6 +138,21 @@ def test_fp8_matches_transformers_mixtral_block(blockwise):
     assert err > 1e-4  # the activations really are quantised
 
 
+@pytest.mark.parametrize("backend", [pytest.param("sim", marks=pytest.mark.sim),
+                                     pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_batch_invariance_across_tile_tiers(backend):
+    """A token alone (16-row blocks) and among 1100 or 200 tokens (64-row blocks): the same bits."""
+    be = get_backend(backend)
+    for T, I, blockwise in ((1100, 16, False), (200, 128, True)):
+        args = make_fp8_case(T, 2, 2, 1024 if T > 200 else 256, I, "silu", True, False, blockwise,
+                             torch.bfloat16, seed=13)
+        batch = run(args, be)
+        for t in (0, 77, T - 1):
+            alone = dict(args, x=args["x"][t:t + 1], topk_weights=args["topk_weights"][t:t + 1],
+                         topk_ids=args["topk_ids"][t:t + 1])
+            assert_bits_equal(run(alone, be), batch[t:t + 1], f"token {t} alone vs among {T}")
+
+
 def test_batch_invariance():
     for blockwise in (False, True):
         args = make_fp8_case(37, 8, 2, 256, 128, "silu", True, False, blockwise, torch.bfloat16, seed=9)
@@ -150,7 +166,7 @@ def test_batch_invariance():
 NAMESPACES = ["fastinfer", pytest.param("fastinfer_sim", marks=pytest.mark.sim)]
 
 
-@pytest.mark.parametrize("ns", ["fastinfer"])
+@pytest.mark.parametrize("ns", NAMESPACES)
 @pytest.mark.parametrize("blockwise", [False, True])
 def test_fused_moe_fp8_opcheck(ns, blockwise):
     get_backend("sim" if ns == "fastinfer_sim" else "cpu")

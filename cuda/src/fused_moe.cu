@@ -1,11 +1,16 @@
-// fused_moe launcher: moe_align, then the two grouped GEMMs and the combine (moe/fused_moe.cuh).
-// Three tile tiers by the average rows per expert, T k / E, x {fp16, bf16}: 12 GEMM kernels.
+// fused_moe launcher: moe_align, then the two grouped GEMMs and the combine (moe/fused_moe.cuh);
+// with e4m3 weights x and a are quantised first (gemm/fp8_quantize.cuh's launcher). Three tile tiers
+// by the average rows per expert, T k / E, x {fp16, bf16} x {float, e4m3 per channel, e4m3
+// blockwise} weights (e4m3 without the 128-row tier: it needs more than 255 registers on sm_90a,
+// per channel as blockwise with its partial accumulators, and would spill).
 #include "fastinfer/common/dispatch.cuh"
 #include "fastinfer/common/launch.cuh"
+#include "fastinfer/gemm/fp8.h"
 #include "fastinfer/moe/fused_moe.cuh"
 #include "fastinfer/moe/routing.h"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace fastinfer {
 namespace {
@@ -41,8 +46,15 @@ struct TierLarge {
 constexpr int kMinBlockM = TierSmall::kBlockM, kMaxBlockM = TierLarge::kBlockM;
 
 struct WorkspaceLayout {
-  size_t act, y, sorted, experts, total, bytes;
+  size_t act, y, sorted, experts, total, x_q, x_scale, act_q, act_scale, bytes;
 };
+
+bool is_fp8(const FusedMoeParams& p) { return p.weights != MoeWeightFormat::kFloat; }
+
+// Scales per row of a quantised GEMM input of `cols` elements.
+int64_t scales_per_row(const FusedMoeParams& p, int64_t cols) {
+  return p.weights == MoeWeightFormat::kFp8Blockwise ? ceil_div(cols, moe::kScaleBlock) : 1;
+}
 
 // The workspace is sized for every tier (the longest sorted_token_ids, the most blocks), so that
 // its size depends on the shapes alone.
@@ -55,23 +67,48 @@ WorkspaceLayout workspace_layout(const FusedMoeParams& p) {
   l.sorted = l.y + round_up(static_cast<size_t>(slots * p.hidden) * sizeof(float));
   l.experts = l.sorted + round_up(static_cast<size_t>(sorted) * sizeof(int32_t));
   l.total = l.experts + round_up(static_cast<size_t>(ceil_div(sorted, kMinBlockM)) * sizeof(int32_t));
-  l.bytes = l.total + round_up(sizeof(int32_t));
+  l.x_q = l.total + round_up(sizeof(int32_t));
+  const bool fp8 = is_fp8(p);
+  l.x_scale = l.x_q + (fp8 ? round_up(static_cast<size_t>(p.num_tokens * p.hidden)) : 0);
+  l.act_q = l.x_scale + (fp8 ? round_up(static_cast<size_t>(p.num_tokens * scales_per_row(p, p.hidden)) * 4) : 0);
+  l.act_scale = l.act_q + (fp8 ? round_up(static_cast<size_t>(slots * p.intermediate)) : 0);
+  l.bytes = l.act_scale + (fp8 ? round_up(static_cast<size_t>(slots * scales_per_row(p, p.intermediate)) * 4) : 0);
   return l;
 }
 
-template <typename Cfg, typename T>
+template <typename Cfg, typename T, MoeWeightFormat kWeights>
 cudaError_t launch_gemm(const FusedMoeParams& p, const moe::FusedMoeWorkspace& w, int64_t row_blocks,
                         cudaStream_t stream) {
   const int64_t n = Cfg::kGemm == MoeGemm::kGateUp ? p.intermediate : p.hidden;
   const int64_t col_tiles = ceil_div(n, Cfg::kBlockN);
   if (row_blocks > 0x7fffffff || col_tiles > 65535) return cudaErrorInvalidValue;
-  return launch_kernel(moe::moe_gemm_kernel<Cfg, T>,
+  if constexpr (kWeights != MoeWeightFormat::kFloat) {  // e4m3 mma: an sm_89+ build of the kernel
+    if (cudaError_t err = require_kernel_arch<moe::moe_gemm_kernel<Cfg, T, kWeights>>(89); err != cudaSuccess)
+      return err;
+  }
+  return launch_kernel(moe::moe_gemm_kernel<Cfg, T, kWeights>,
                        dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(col_tiles)), dim3(Cfg::kThreads),
                        static_cast<size_t>(Cfg::kSmemBytes), stream, p, w);
 }
 
-template <typename Tier, typename T>
+// x or a [rows, cols] (the dtype) -> e4m3 and its scales, per row or per row and 128-group.
+cudaError_t quantize_input(const FusedMoeParams& p, const void* src, void* dst, float* scale, int64_t rows,
+                           int64_t cols, cudaStream_t stream) {
+  Fp8QuantizeParams q;
+  q.x = src;
+  q.out = dst;
+  q.scale = scale;
+  q.rows = rows;
+  q.cols = cols;
+  q.group_size = moe::kScaleBlock;
+  q.mode = p.weights == MoeWeightFormat::kFp8Blockwise ? Fp8QuantMode::kGroup : Fp8QuantMode::kToken;
+  q.dtype = p.dtype;
+  return launch_fp8_quantize(q, stream);
+}
+
+template <typename Tier, typename T, MoeWeightFormat kWeights>
 cudaError_t launch_tier(const FusedMoeParams& p, const WorkspaceLayout& l, cudaStream_t stream) {
+  constexpr bool kFp8 = kWeights != MoeWeightFormat::kFloat;
   uint8_t* base = static_cast<uint8_t*>(p.workspace);
   const int64_t slots = p.num_tokens * p.top_k;
   MoeAlignParams align;
@@ -84,6 +121,9 @@ cudaError_t launch_tier(const FusedMoeParams& p, const WorkspaceLayout& l, cudaS
   align.block_m = Tier::kBlockM;
   align.index_type = IndexType::kInt32;
   cudaError_t err = launch_moe_align(align, stream);
+  if (err == cudaSuccess && kFp8)
+    err = quantize_input(p, p.x, base + l.x_q, reinterpret_cast<float*>(base + l.x_scale), p.num_tokens, p.hidden,
+                         stream);
   if (err != cudaSuccess) return err;
 
   moe::FusedMoeWorkspace w;
@@ -92,11 +132,21 @@ cudaError_t launch_tier(const FusedMoeParams& p, const WorkspaceLayout& l, cudaS
   w.sorted_token_ids = align.sorted_token_ids;
   w.expert_ids = align.expert_ids;
   w.num_tokens_post_padded = align.num_tokens_post_padded;
+  if (kFp8) {
+    w.x_q = base + l.x_q;
+    w.x_scale = reinterpret_cast<const float*>(base + l.x_scale);
+    w.act_q = base + l.act_q;
+    w.act_scale = reinterpret_cast<const float*>(base + l.act_scale);
+  }
   // Every used block holds at least one slot: at most `slots` of them.
   const int64_t row_blocks =
       std::min(ceil_div(moe_align_sorted_size(slots, p.num_experts, Tier::kBlockM), Tier::kBlockM), slots);
-  err = launch_gemm<typename Tier::GateUp, T>(p, w, row_blocks, stream);
-  if (err == cudaSuccess) err = launch_gemm<typename Tier::Down, T>(p, w, row_blocks, stream);
+  err = launch_gemm<typename Tier::GateUp, T, kWeights>(p, w, row_blocks, stream);
+  // a of the slots no block holds (ids outside [0, E)) is never written: quantised, never read
+  if (err == cudaSuccess && kFp8)
+    err = quantize_input(p, w.act, base + l.act_q, reinterpret_cast<float*>(base + l.act_scale), slots,
+                         p.intermediate, stream);
+  if (err == cudaSuccess) err = launch_gemm<typename Tier::Down, T, kWeights>(p, w, row_blocks, stream);
   if (err == cudaSuccess)
     err = launch_kernel(moe::moe_combine_kernel<T>,
                         dim3(static_cast<unsigned>(p.num_tokens),
@@ -118,26 +168,47 @@ cudaError_t launch_fused_moe(const FusedMoeParams& p, cudaStream_t stream) {
   if (p.x == nullptr || p.w13 == nullptr || p.w2 == nullptr || p.topk_weights == nullptr || p.topk_ids == nullptr ||
       p.out == nullptr || p.workspace == nullptr)
     return cudaErrorInvalidValue;
+  const int64_t k_multiple = p.weights == MoeWeightFormat::kFp8Blockwise   ? moe::kScaleBlock
+                             : p.weights == MoeWeightFormat::kFp8PerChannel ? 16
+                                                                           : 8;
+  if (is_fp8(p) && (p.w13_scale == nullptr || p.w2_scale == nullptr || p.hidden % k_multiple != 0 ||
+                    p.intermediate % k_multiple != 0))
+    return cudaErrorInvalidValue;
   if (!is_aligned(p.x, 16) || !is_aligned(p.w13, 16) || !is_aligned(p.w2, 16) || !is_aligned(p.out, 4) ||
       !is_aligned(p.workspace, 16) || (p.w13_bias && !is_aligned(p.w13_bias, 2)) ||
       (p.w2_bias && !is_aligned(p.w2_bias, 2)))
     return cudaErrorInvalidValue;
-  int dev = 0, major = 0, num_sms = 0;
+  int dev = 0, major = 0, minor = 0, num_sms = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
   if (err != cudaSuccess) return err;
-  if (major < 8) return cudaErrorNotSupported;  // mma.m16n8k16 bf16 needs sm_80
+  if (major < 8) return cudaErrorNotSupported;                     // mma.m16n8k16 bf16 needs sm_80
+  if (is_fp8(p) && major * 10 + minor < 89) return cudaErrorNotSupported;  // e4m3 mma: sm_89
   const WorkspaceLayout layout = workspace_layout(p);
   // The tier changes with the batch, a token's result does not (moe/fused_moe.cuh).
   const int64_t slots = p.num_tokens * p.top_k;
   const int64_t rows_per_expert = ceil_div(slots, p.num_experts);
   const int64_t large_ctas = ceil_div(slots, TierLarge::kBlockM) * ceil_div(p.hidden, TierLarge::Down::kBlockN);
-  return FASTINFER_DISPATCH_HALF(p.dtype, T, [&] {
-    if (rows_per_expert <= 16) return launch_tier<TierSmall, T>(p, layout, stream);
-    if (rows_per_expert <= 64 || large_ctas < num_sms) return launch_tier<TierMedium, T>(p, layout, stream);
-    return launch_tier<TierLarge, T>(p, layout, stream);
-  });
+  const auto by_tier = [&](auto weights) {
+    constexpr MoeWeightFormat kWeights = decltype(weights)::value;
+    return FASTINFER_DISPATCH_HALF(p.dtype, T, [&] {
+      if (rows_per_expert <= 16) return launch_tier<TierSmall, T, kWeights>(p, layout, stream);
+      if constexpr (kWeights == MoeWeightFormat::kFloat)
+        if (rows_per_expert > 64 && large_ctas >= num_sms) return launch_tier<TierLarge, T, kWeights>(p, layout, stream);
+      return launch_tier<TierMedium, T, kWeights>(p, layout, stream);
+    });
+  };
+  switch (p.weights) {
+    case MoeWeightFormat::kFloat:
+      return by_tier(std::integral_constant<MoeWeightFormat, MoeWeightFormat::kFloat>{});
+    case MoeWeightFormat::kFp8PerChannel:
+      return by_tier(std::integral_constant<MoeWeightFormat, MoeWeightFormat::kFp8PerChannel>{});
+    case MoeWeightFormat::kFp8Blockwise:
+      return by_tier(std::integral_constant<MoeWeightFormat, MoeWeightFormat::kFp8Blockwise>{});
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace fastinfer

@@ -8,7 +8,6 @@
 #include "fastinfer/gemm/fp8_quantize.cuh"
 #include "fastinfer/gemm/w8a8_sm90.h"
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -17,8 +16,6 @@ namespace fp8 {
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-constexpr int kMaxDevices = 64;
 
 template <typename T>
 cudaError_t launch_quantize(const Fp8QuantizeParams& p, cudaStream_t stream) {
@@ -70,22 +67,9 @@ template <typename Cfg, typename TOut, bool kBlockwise>
 cudaError_t launch_mma_sync_cfg(const Fp8ScaledMmParams& p, cudaStream_t stream) {
   const int64_t gx = ceil_div(p.n, Cfg::kBlockN), gy = ceil_div(p.m, Cfg::kBlockM);
   if (gx > 0x7fffffff || gy > 65535) return cudaErrorInvalidValue;
-#if !defined(FASTINFER_SIMT)
-  // The code the driver loaded for this device must come from an sm_89+ build, not the trapping
-  // stub of the sm_80 cubin / PTX (e.g. a GPU newer than the archs built JIT-compiles the sm_80
-  // PTX). Checked once per kernel and device (cudaFuncGetAttributes is a driver call).
-  static std::atomic<int8_t> usable[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no
-  int dev = 0;
-  if (cudaError_t err = cudaGetDevice(&dev); err != cudaSuccess) return err;
-  if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
-  if (usable[dev].load(std::memory_order_relaxed) == 0) {
-    cudaFuncAttributes attr{};
-    if (cudaError_t err = cudaFuncGetAttributes(&attr, fp8_scaled_mm_kernel<Cfg, TOut, kBlockwise>); err != cudaSuccess)
-      return err;
-    usable[dev].store(attr.ptxVersion >= 89 && attr.binaryVersion >= 89 ? 1 : -1, std::memory_order_relaxed);
-  }
-  if (usable[dev].load(std::memory_order_relaxed) < 0) return cudaErrorNotSupported;
-#endif
+  // e4m3 mma: the code the driver loaded must come from an sm_89+ build (common/launch.cuh)
+  if (cudaError_t err = require_kernel_arch<fp8_scaled_mm_kernel<Cfg, TOut, kBlockwise>>(89); err != cudaSuccess)
+    return err;
   return launch_kernel(fp8_scaled_mm_kernel<Cfg, TOut, kBlockwise>, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)),
                        dim3(Cfg::kThreads), static_cast<size_t>(Cfg::kSmemBytes), stream, p);
 }

@@ -54,15 +54,12 @@ std::tuple<Tensor, Tensor, Tensor> moe_align(const Tensor& topk_ids, int64_t num
   return {sorted, experts, total};
 }
 
-// Workspace (the activations and expert outputs of every slot, the aligned layout) from the
-// caching allocator; no host sync.
-Tensor fused_moe(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_weights,
-                 const Tensor& topk_ids, std::string_view activation, std::optional<double> swiglu_alpha,
-                 std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
-                 const std::optional<Tensor>& w2_bias) {
-  const char* op = "fused_moe";
-  const FusedMoeArgs args = validate_fused_moe(op, x, w13, w2, topk_weights, topk_ids, activation, swiglu_alpha,
-                                               swiglu_limit, w13_bias, w2_bias, /*allow_fp32=*/false);
+// Fills the Params every variant shares, allocates out and the workspace (the activations and
+// expert outputs of every slot, the aligned layout; the caching allocator, no host sync) and
+// launches.
+Tensor launch_checked(const char* op, const FusedMoeArgs& args, FusedMoeParams& p, const Tensor& x,
+                      const Tensor& w13, const Tensor& w2, const Tensor& topk_weights, const Tensor& topk_ids,
+                      const std::optional<Tensor>& w13_bias, const std::optional<Tensor>& w2_bias) {
   check_device(x, op, "x");
   FI_CHECK(args.num_experts <= kMoeAlignMaxExperts, op, "w13 must have num_experts <= ", kMoeAlignMaxExperts,
            " on CUDA (the expert histogram of the alignment lives in shared memory), got ", args.num_experts);
@@ -70,7 +67,6 @@ Tensor fused_moe(const Tensor& x, const Tensor& w13, const Tensor& w2, const Ten
     if (t.numel() > 0) check_aligned16(t, op, name);
   auto out = empty_on(x, {args.num_tokens, args.hidden});
   if (args.num_tokens == 0) return out;
-  FusedMoeParams p;
   p.x = x.data_ptr();
   p.w13 = w13.data_ptr();
   p.w2 = w2.data_ptr();
@@ -92,9 +88,23 @@ Tensor fused_moe(const Tensor& x, const Tensor& w13, const Tensor& w2, const Ten
   p.workspace = workspace.data_ptr();
   KernelScope scope(op, x);
   const cudaError_t err = launch_fused_moe(p, scope.stream());
-  FI_CHECK(err != cudaErrorNotSupported, op, "requires sm_80+ (bf16 tensor-core mma: Ampere or later)");
+  FI_CHECK(err != cudaErrorNotSupported, op,
+           p.weights == MoeWeightFormat::kFloat
+               ? "requires sm_80+ (bf16 tensor-core mma: Ampere or later)"
+               : "requires sm_89+ (e4m3 tensor-core mma: Ada, Hopper or later) and a build for it");
   check_launch(err, op);
   return out;
+}
+
+Tensor fused_moe(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_weights,
+                 const Tensor& topk_ids, std::string_view activation, std::optional<double> swiglu_alpha,
+                 std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
+                 const std::optional<Tensor>& w2_bias) {
+  const char* op = "fused_moe";
+  const FusedMoeArgs args = validate_fused_moe(op, x, w13, w2, topk_weights, topk_ids, activation, swiglu_alpha,
+                                               swiglu_limit, w13_bias, w2_bias, /*allow_fp32=*/false);
+  FusedMoeParams p;
+  return launch_checked(op, args, p, x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias);
 }
 
 Tensor fused_moe_fp8(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& w13_scale,
@@ -103,10 +113,14 @@ Tensor fused_moe_fp8(const Tensor& x, const Tensor& w13, const Tensor& w2, const
                      std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
                      const std::optional<Tensor>& w2_bias) {
   const char* op = "fused_moe_fp8";
-  validate_fused_moe_fp8(op, x, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, activation, swiglu_alpha,
-                         swiglu_limit, w13_bias, w2_bias, /*allow_fp32=*/false);
-  check_device(x, op, "x");
-  fail(op, "the CUDA kernel of fused_moe_fp8 is not built yet; the CPU implementation is the only one");
+  const auto [args, blockwise] =
+      validate_fused_moe_fp8(op, x, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, activation, swiglu_alpha,
+                             swiglu_limit, w13_bias, w2_bias, /*allow_fp32=*/false);
+  FusedMoeParams p;
+  p.w13_scale = w13_scale.const_data_ptr<float>();
+  p.w2_scale = w2_scale.const_data_ptr<float>();
+  p.weights = blockwise ? MoeWeightFormat::kFp8Blockwise : MoeWeightFormat::kFp8PerChannel;
+  return launch_checked(op, args, p, x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias);
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 
 #include "fastinfer/common/platform.cuh"
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -38,6 +40,32 @@ inline cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block
   }
   kernel<<<grid, block, dynamic_smem, stream>>>(std::forward<Args>(args)...);
   return cudaGetLastError();
+#endif
+}
+
+// cudaSuccess when the code the driver loaded for kKernel on the current device was compiled for
+// sm_<min_arch> or newer; cudaErrorNotSupported when it is the trapping stub of an older target
+// (FASTINFER_PTX's floor: a GPU newer than the architectures built JIT-compiles the sm_80 PTX).
+// Checked once per kernel and device (cudaFuncGetAttributes is a driver call); the emulator runs
+// every kernel.
+template <auto kKernel>
+inline cudaError_t require_kernel_arch(int min_arch) {
+#if defined(FASTINFER_SIMT)
+  (void)min_arch;
+  return cudaSuccess;
+#else
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int8_t> usable[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no
+  int dev = 0;
+  if (cudaError_t err = cudaGetDevice(&dev); err != cudaSuccess) return err;
+  if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  if (usable[dev].load(std::memory_order_relaxed) == 0) {
+    cudaFuncAttributes attr{};
+    if (cudaError_t err = cudaFuncGetAttributes(&attr, kKernel); err != cudaSuccess) return err;
+    usable[dev].store(attr.ptxVersion >= min_arch && attr.binaryVersion >= min_arch ? 1 : -1,
+                      std::memory_order_relaxed);
+  }
+  return usable[dev].load(std::memory_order_relaxed) > 0 ? cudaSuccess : cudaErrorNotSupported;
 #endif
 }
 

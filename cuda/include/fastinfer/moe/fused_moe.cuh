@@ -11,6 +11,12 @@
 //   moe_combine_kernel: out[t] = sum over j = 0..k-1 in order of topk_weights[t, j] * y[t k + j],
 //     fp32, rounded once.
 //
+// e4m3 weights (fused_moe_fp8): the launcher quantises x, and a between the GEMMs, with
+// fp8_quantize's kernels; the GEMMs read e4m3 A and B rows (a 128-byte k-tile is 128 elements, four
+// mma.m16n8k32 steps: the same ldmatrix fragments as 16-bit data) and apply the scales per channel
+// in the epilogue, or blockwise per k-tile (one 128-wide scale block: partial accumulators, then
+// acc += part * sa * sb, as gemm/fp8_gemm.cuh).
+//
 // Both GEMMs are the dense GEMM's pipeline (common/mma.cuh: 128-byte k-tile rows, the XOR
 // swizzle, a kStages-deep cp.async ring, ldmatrix fragments, mma.m16n8k16) with gathered A rows;
 // the grid is (row blocks, column tiles), row blocks fastest, so the CTAs of one expert's blocks
@@ -39,6 +45,10 @@ enum class MoeGemm { kGateUp, kDown };
 struct FusedMoeWorkspace {
   void* act = nullptr;                         // [T k, I] the dtype, by slot
   float* y = nullptr;                          // [T k, H] fp32, by slot
+  const void* x_q = nullptr;                   // e4m3 weights: x quantised [T, H] and its scales
+  const float* x_scale = nullptr;              //   [T] or [T, H / 128]
+  const void* act_q = nullptr;                 //   a quantised [T k, I] and its scales
+  const float* act_scale = nullptr;            //   [T k] or [T k, I / 128]
   const int32_t* sorted_token_ids = nullptr;   // moe_align's layout
   const int32_t* expert_ids = nullptr;
   const int32_t* num_tokens_post_padded = nullptr;
@@ -58,7 +68,7 @@ struct MoeGemmConfig : mma::GemmConfig<kBlockM_, kBlockN_, kWarpsM_, kWarpsN_, k
   static constexpr int kSmemBytes = kStages_ * kStageBytes;
 };
 
-constexpr int kElemsPerKTile = mma::kGemmKTileBytes / 2;  // 64 fp16 / bf16
+constexpr int kScaleBlock = 128;  // blockwise e4m3 scales: 128 x 128 weight blocks, 128-groups of x / a
 
 // The activation of one (gate, up) pair in fp32 (fused_moe.h).
 __device__ __forceinline__ float expert_activation(const FusedMoeParams& p, float gate, float up) {
@@ -72,12 +82,15 @@ __device__ __forceinline__ float expert_activation(const FusedMoeParams& p, floa
 
 // grid (row blocks (upper bound), ceil(N / kBlockN)), block Cfg::kThreads, dynamic smem
 // Cfg::kSmemBytes; N = I (kGateUp) or H (kDown), K = H or I.
-template <typename Cfg, typename T>
+template <typename Cfg, typename T, MoeWeightFormat kWeights>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_gemm_kernel(const FusedMoeParams p,
                                                                      const FusedMoeWorkspace w) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kMi = Cfg::kMi, kNi = Cfg::kNi, kHalves = Cfg::kHalves;
   constexpr bool kGateUp = Cfg::kGemm == MoeGemm::kGateUp;
+  constexpr bool kFp8 = kWeights != MoeWeightFormat::kFloat;
+  constexpr bool kBlockwise = kWeights == MoeWeightFormat::kFp8Blockwise;
+  constexpr int kElemBytes = kFp8 ? 1 : 2;
   const int64_t block_row0 = static_cast<int64_t>(blockIdx.x) * kBlockM;
   if (block_row0 >= *w.num_tokens_post_padded) return;  // the whole CTA: past the used blocks
   const int tid = threadIdx.x;
@@ -101,21 +114,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_gemm_kernel(const FusedM
   }
   __syncthreads();
 
-  const uint8_t* __restrict__ a_bytes = static_cast<const uint8_t*>(kGateUp ? p.x : w.act);
-  const T* b_expert = static_cast<const T*>(kGateUp ? p.w13 : p.w2) + expert * (kGateUp ? 2 * I : H) * K;
-  const int num_k_tiles = static_cast<int>((K + kElemsPerKTile - 1) / kElemsPerKTile);
+  // A: x (or its e4m3 copy) by token for kGateUp, a (or its e4m3 copy) by slot for kDown; the
+  // e4m3 inputs' scales per A row ([rows] or [rows, K / 128]) and the expert's weight scales.
+  const void* a_src = kGateUp ? (kFp8 ? w.x_q : p.x) : (kFp8 ? w.act_q : w.act);
+  const uint8_t* __restrict__ a_bytes = static_cast<const uint8_t*>(a_src);
+  const float* __restrict__ a_scale = kGateUp ? w.x_scale : w.act_scale;
+  const int64_t w_rows = kGateUp ? 2 * I : H;  // the expert's weight rows
+  const uint8_t* b_expert = static_cast<const uint8_t*>(kGateUp ? p.w13 : p.w2) + expert * w_rows * K * kElemBytes;
+  const int64_t k_groups = (K + kScaleBlock - 1) / kScaleBlock;
+  const float* __restrict__ w_scale = kGateUp ? p.w13_scale : p.w2_scale;
+  if (kFp8) w_scale += expert * (kBlockwise ? (w_rows / kScaleBlock) * k_groups : w_rows);
+  const int64_t row_bytes = K * kElemBytes;
+  const int num_k_tiles = static_cast<int>((row_bytes + mma::kGemmKTileBytes - 1) / mma::kGemmKTileBytes);
   uint8_t* smem = dynamic_smem<uint8_t>();
 
-  // K % 8 == 0: rows of 2 K bytes, a 16-byte chunk all in or all out. Half 1 of kGateUp: the up
-  // rows, I rows below the gate rows.
+  // Rows of K elements are a multiple of 16 bytes: a chunk is all in or all out. Half 1 of kGateUp:
+  // the up rows, I rows below the gate rows.
   auto load_tile = [&](int kt, int stage) {
     uint8_t* tile = smem + stage * Cfg::kStageBytes;
-    mma::load_k_tile_gathered<kBlockM, Cfg::kThreads>(tile, a_bytes, a_row_of, 2 * K, kt, tid);
+    mma::load_k_tile_gathered<kBlockM, Cfg::kThreads>(tile, a_bytes, a_row_of, row_bytes, kt, tid);
 #pragma unroll
     for (int half = 0; half < kHalves; ++half)
       mma::load_k_tile_rows<kBlockN, Cfg::kThreads>(tile + Cfg::kABytes + half * Cfg::kHalfBytes,
-                                                     reinterpret_cast<const uint8_t*>(b_expert + half * I * K), n0,
-                                                     N, 2 * K, kt, tid);
+                                                     b_expert + half * I * row_bytes, n0, N, row_bytes, kt, tid);
   };
 
   float acc[kHalves][kMi][kNi][4];
@@ -142,9 +163,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_gemm_kernel(const FusedM
       if (next < num_k_tiles) load_tile(next, next % kStages);
       ptx::cp_async_commit();
     }
+    // Blockwise: this k-tile (one 128-wide scale block) accumulates into zeroed partials, then
+    // acc += part * sa * sb; the scales are read before the mmas so their latency hides.
+    float blk_scale[kBlockwise ? kHalves : 1][kBlockwise ? kMi : 1][2];
+    float part[kBlockwise ? kHalves : 1][kBlockwise ? kMi : 1][kBlockwise ? kNi : 1][4];
+    if constexpr (kBlockwise) {
+#pragma unroll
+      for (int half = 0; half < kHalves; ++half) {
+        // kBlockN divides 128 and I is a multiple of 128: the CTA's rows of a half are in one block
+        const float sb = w_scale[((half * I + n0) / kScaleBlock) * k_groups + kt];
+#pragma unroll
+        for (int i = 0; i < kMi; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int32_t row = a_row_of[warp_m * Cfg::kWarpM + i * 16 + g + 8 * h];
+            blk_scale[half][i][h] = row >= 0 ? a_scale[row * k_groups + kt] * sb : 0.f;
+          }
+#pragma unroll
+        for (int i = 0; i < kMi; ++i)
+#pragma unroll
+          for (int j = 0; j < kNi; ++j)
+            part[half][i][j][0] = part[half][i][j][1] = part[half][i][j][2] = part[half][i][j][3] = 0.f;
+      }
+    }
     const uint8_t* stage = smem + (kt % kStages) * Cfg::kStageBytes;
 #pragma unroll
-    for (int ks = 0; ks < kElemsPerKTile / 16; ++ks) {
+    for (int ks = 0; ks < mma::kGemmKTileBytes / 32; ++ks) {  // 32 bytes of k per mma step
       uint32_t af[kMi][4];
 #pragma unroll
       for (int i = 0; i < kMi; ++i)
@@ -160,8 +204,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_gemm_kernel(const FusedM
 #pragma unroll
         for (int i = 0; i < kMi; ++i)
 #pragma unroll
-          for (int j = 0; j < kNi; ++j) ptx::mma_m16n8k16<T>(acc[half][i][j], af[i], bf[j]);
+          for (int j = 0; j < kNi; ++j) {
+            if constexpr (kBlockwise)
+              ptx::mma_m16n8k32_e4m3(part[half][i][j], af[i], bf[j], part[half][i][j]);
+            else if constexpr (kFp8)
+              ptx::mma_m16n8k32_e4m3(acc[half][i][j], af[i], bf[j], acc[half][i][j]);
+            else
+              ptx::mma_m16n8k16<T>(acc[half][i][j], af[i], bf[j]);
+          }
       }
+    }
+    if constexpr (kBlockwise) {
+#pragma unroll
+      for (int half = 0; half < kHalves; ++half)
+#pragma unroll
+        for (int i = 0; i < kMi; ++i)
+#pragma unroll
+          for (int j = 0; j < kNi; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              acc[half][i][j][e] = fmaf(part[half][i][j][e], blk_scale[half][i][e / 2], acc[half][i][j][e]);
     }
   }
   ptx::cp_async_wait<0>();  // only empty groups can be pending; keeps the emulator's bookkeeping clean
@@ -174,8 +236,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_gemm_kernel(const FusedM
   for (int i = 0; i < kMi; ++i) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int32_t slot = slot_of[warp_m * Cfg::kWarpM + i * 16 + g + 8 * h];
+      const int r = warp_m * Cfg::kWarpM + i * 16 + g + 8 * h;
+      const int32_t slot = slot_of[r];
       if (slot < 0) continue;
+      const float sa = kWeights == MoeWeightFormat::kFp8PerChannel ? a_scale[a_row_of[r]] : 1.f;
 #pragma unroll
       for (int j = 0; j < kNi; ++j) {
         const int64_t n = n0 + warp_n * Cfg::kWarpN + j * 8 + 2 * t;
@@ -185,6 +249,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_gemm_kernel(const FusedM
         for (int half = 0; half < kHalves; ++half) {
           v[half][0] = acc[half][i][j][2 * h];
           v[half][1] = acc[half][i][j][2 * h + 1];
+          if constexpr (kWeights == MoeWeightFormat::kFp8PerChannel) {
+            v[half][0] *= sa * w_scale[half * I + n];
+            v[half][1] *= sa * w_scale[half * I + n + 1];
+          }
           if (bias != nullptr) {
             v[half][0] += to_float(bias[half * I + n]);
             v[half][1] += to_float(bias[half * I + n + 1]);

@@ -28,10 +28,23 @@ enum class MoeActivation : int32_t {
                    // (u + 1) * g * sigmoid(alpha * g)
 };
 
+// The experts' weights: as the activations, or e4m3 with fp32 scales (fused_moe_fp8). With e4m3
+// weights x and a are quantised to e4m3 before their GEMM (gemm/fp8.h's rule: per row, or per row
+// and 128-group), h = (xq sx) (wq sw)^T accumulated in fp32 (blockwise: per 128-wide k block, scaled,
+// then summed in k order), likewise y from aq; everything else as above. e4m3 needs sm_89+.
+enum class MoeWeightFormat : int32_t {
+  kFloat = 0,          // w13, w2 in the activation dtype
+  kFp8PerChannel = 1,  // e4m3; w13_scale [E, 2I], w2_scale [E, H]; x and a per row; H, I % 16 == 0
+  kFp8Blockwise = 2,   // e4m3; w13_scale [E, 2I/128, H/128], w2_scale [E, H/128, I/128]; x and a per
+                       // row and 128-group; H, I % 128 == 0
+};
+
 struct FusedMoeParams {
   const void* x = nullptr;             // [T, H] row-major, 16-byte aligned
-  const void* w13 = nullptr;           // [E, 2I, H], 16-byte aligned
+  const void* w13 = nullptr;           // [E, 2I, H], 16-byte aligned (the dtype, or e4m3)
   const void* w2 = nullptr;            // [E, H, I], 16-byte aligned
+  const float* w13_scale = nullptr;    // e4m3 weights: their scales (MoeWeightFormat)
+  const float* w2_scale = nullptr;
   const void* w13_bias = nullptr;      // [E, 2I] or nullptr
   const void* w2_bias = nullptr;       // [E, H] or nullptr
   const float* topk_weights = nullptr;  // [T, k]
@@ -45,17 +58,19 @@ struct FusedMoeParams {
   int32_t top_k = 0;                   // >= 1
   MoeActivation activation = MoeActivation::kSilu;
   float swiglu_alpha = 0.f, swiglu_limit = 0.f;  // kSwigluOai only
-  DType dtype = DType::kBFloat16;      // x, weights, biases, out: float16 or bfloat16
+  DType dtype = DType::kBFloat16;      // x, biases, out (and kFloat weights): float16 or bfloat16
+  MoeWeightFormat weights = MoeWeightFormat::kFloat;
 };
 
 // Bytes of scratch the launch needs (a function of the shapes only): the activations a of every
 // routed slot [T k, I] in the dtype, their expert outputs y [T k, H] in fp32 (the per-token sum
-// runs in slot order over them, which is what makes the result independent of the batch), and
-// the moe_align layout.
+// runs in slot order over them, which is what makes the result independent of the batch), the
+// moe_align layout, and with e4m3 weights the quantised x and a with their scales.
 size_t fused_moe_workspace_size(const FusedMoeParams& params);
 
 // moe_align, the gate/up GEMM with the activation, the down GEMM, the per-token weighted sum: four
-// kernels on `stream`, no host sync. mma.sync.m16n8k16 (sm_80+): cudaErrorNotSupported before.
+// kernels on `stream` (six with e4m3 weights: x and a quantised first), no host sync.
+// mma.sync.m16n8k16 (sm_80+) / m16n8k32 e4m3 (sm_89+): cudaErrorNotSupported before.
 cudaError_t launch_fused_moe(const FusedMoeParams& params, cudaStream_t stream);
 
 }  // namespace fastinfer
