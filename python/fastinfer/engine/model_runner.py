@@ -18,8 +18,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ..distributed import SINGLE, ParallelInfo
-from ..layers import BatchBuilder, TensorDictReader
+from ..distributed import SINGLE, ParallelInfo, model_parallel
+from ..layers import BatchBuilder, FusedMoE, TensorDictReader
 from ..models import LlamaForCausalLM, load_model
 from ..quant import resolve_quantization
 from .checkpoints import load_checkpoint
@@ -72,6 +72,10 @@ class ForwardPlan:
 class ModelRunner:
     """One rank's target model, KV pool and decode graphs (see the module docstring).
 
+    ``tp``: this process's place among the engine's processes (every rank runs this runner); the
+    model is built with :func:`~fastinfer.distributed.model_parallel` of it (tensor- and / or
+    expert-parallel, as the config says).
+
     After construction: ``model``, ``device``, ``model_max_len``, ``kv_cache_dtype`` (the pool's
     torch dtype: the ``kv_cache_dtype`` option resolved against the model's dtype); after
     :meth:`init_kv`: ``kv_caches``, ``num_kv_blocks``, ``max_model_len``.
@@ -80,6 +84,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, tp: ParallelInfo = SINGLE):
         self.config = config
         self.tp = tp
+        self.model_parallel = model_parallel(tp, config.tensor_parallel_size, config.expert_parallel_size)
         self.block_size = config.block_size
         self.model = self._load_target(config)
         self.device = self.model.device
@@ -97,7 +102,10 @@ class ModelRunner:
             dev = torch.device("cuda", torch.cuda.current_device())
         if isinstance(c.model, str):
             model = load_checkpoint(c.model, c.dtype, dev, c.max_model_len, c.ops_backend(), c.quant_options,
-                                    c.load_progress and self.tp.rank == 0, self.tp)
+                                    c.load_progress and self.tp.rank == 0, self.model_parallel)
+            if self.model_parallel.ep is not None and not any(isinstance(m, FusedMoE) for m in model.modules()):
+                raise ValueError(f"expert_parallel_size={c.expert_parallel_size} needs a mixture-of-experts model; "
+                                 f"{model.config.architecture} has no experts")
         else:
             model = c.model
             ops = c.ops_backend(model.op_namespace)

@@ -33,7 +33,8 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..distributed import CollectiveError, ParallelInfo, build_groups, master_store, torchrun_env, torchrun_groups
-from ..models import load_config
+from ..layers.moe import expert_shard
+from ..models import ModelConfig, load_config
 from ..models.llama import attention_shards
 from .config import EngineConfig
 from .model_runner import ForwardPlan, ModelRunner
@@ -58,6 +59,24 @@ def _describe_exit(code: Optional[int]) -> str:
         except ValueError:
             return f"died (signal {-code})"
     return f"exited with code {code}"
+
+
+def world_size_text(config: EngineConfig) -> str:
+    """The sizes that make the engine's processes, as an error message names them."""
+    tp, ep = config.tensor_parallel_size, config.expert_parallel_size
+    return f"tensor_parallel_size={tp}" + (f", expert_parallel_size={ep}" if ep > 1 else "")
+
+
+def check_split(model_config: ModelConfig, config: EngineConfig) -> None:
+    """A ValueError for a model that does not split as ``config`` asks (heads over the tensor-parallel
+    ranks, experts over the expert-parallel ones), before any process starts."""
+    attention_shards(model_config, ParallelInfo(0, config.tensor_parallel_size))
+    ep = config.expert_parallel_size
+    if ep > 1:
+        if model_config.num_experts == 0:
+            raise ValueError(f"expert_parallel_size={ep} needs a mixture-of-experts model; "
+                             f"{model_config.architecture} has no experts")
+        expert_shard(model_config.num_experts, ParallelInfo(0, ep))
 
 
 class _Workers:
@@ -151,9 +170,9 @@ class TensorParallelRunner(ModelRunner):
     """Rank 0 of a tensor-parallel group (see the module docstring)."""
 
     def __init__(self, config: EngineConfig):
-        n = config.tensor_parallel_size
+        n = config.world_size
         if isinstance(config.model, str):  # refuse a bad split before starting anything
-            attention_shards(load_config(config.model), ParallelInfo(0, n))
+            check_split(load_config(config.model), config)
         env = torchrun_env()
         timeout = tp_timeout_s()
         self._state: dict = {}
@@ -166,8 +185,8 @@ class TensorParallelRunner(ModelRunner):
             if env is not None and env["world_size"] > 1:
                 if env["world_size"] != n or env["rank"] != 0:
                     raise ValueError(f"launched by torchrun as rank {env['rank']} of {env['world_size']}, but "
-                                     f"tensor_parallel_size={n}: they must be equal, and ranks > 0 serve through "
-                                     "fastinfer.engine.worker.serve_torchrun_worker")
+                                     f"the engine has {n} processes ({world_size_text(config)}): they must be "
+                                     "equal, and ranks > 0 serve through fastinfer.engine.worker.serve_torchrun_worker")
                 torch.set_num_threads(min(torch.get_num_threads(), worker_threads(
                     int(os.environ.get("LOCAL_WORLD_SIZE", n)))))
                 if config.device.type == "cuda":
@@ -178,7 +197,7 @@ class TensorParallelRunner(ModelRunner):
                 torch.set_num_threads(threads)
                 if config.device.type == "cuda":
                     if torch.cuda.device_count() < n:
-                        raise ValueError(f"tensor_parallel_size={n} needs {n} GPUs, {torch.cuda.device_count()} "
+                        raise ValueError(f"{world_size_text(config)} needs {n} GPUs, {torch.cuda.device_count()} "
                                          "visible")
                     torch.cuda.set_device(0)
                 store = self._state["store"] = master_store()
