@@ -6,9 +6,10 @@ captures CUDA graphs; ``execute(step) -> ModelOutput`` runs one engine step: the
 one target forward over the ragged batch (prefill chunks, speculative trees, decode rows), the
 verification of the drafts (KV slot moves applied here), and sampling. What it returns is token
 ids and numbers, never a tensor. The target forward is a tensor-free
-:class:`~.model_runner.ForwardPlan` run by the runner: in process at ``tensor_parallel_size=1``,
-on every rank at once otherwise (:mod:`.workers`: rank 0 broadcasts the plan, all ranks run their
-shard, the logits come back gathered on rank 0, where drafting, verification and sampling stay).
+:class:`~.model_runner.ForwardPlan` run by the runner: in this process when the engine has one
+(``tensor_parallel_size`` and ``expert_parallel_size`` 1), on every rank at once otherwise
+(:mod:`.workers`: rank 0 broadcasts the plan, all ranks run their shard, the logits come back
+gathered on rank 0, where drafting, verification and sampling stay).
 """
 
 from __future__ import annotations

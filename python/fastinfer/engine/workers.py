@@ -3,7 +3,8 @@
 :class:`TensorParallelRunner` is rank 0's :class:`~.model_runner.ModelRunner` (its own shard) that
 also broadcasts every :class:`~.model_runner.ForwardPlan` to the N-1 workers (:mod:`.worker`)
 before running it, so all ranks run the same forward on their shards; the logits come back
-gathered on rank 0. The KV slot moves of a verification are applied on rank 0 at once and travel
+gathered on rank 0. Expert parallelism runs on the same processes (N = ``config.world_size``,
+the larger of ``tensor_parallel_size`` and ``expert_parallel_size``). The KV slot moves of a verification are applied on rank 0 at once and travel
 with the next plan (nothing reads those slots in between).
 
 Workers are processes started with the ``spawn`` start method (rank r on ``cuda:r`` on a GPU
