@@ -368,4 +368,15 @@ def test_refusals(ckpts):
     with pytest.raises(ValueError, match="expert_parallel_size=2 needs a checkpoint path"):
         EngineConfig(model=load_model(path), device="cpu", expert_parallel_size=2)
     assert EngineConfig(model=path, device="cpu", expert_parallel_size=2).world_size == 2
+    # what each rank's model is built with
+    from fastinfer.distributed import model_parallel
+
+    group = ParallelInfo(1, 2)
+    assert model_parallel(group, 2, 1) is group and group.ep is None
+    alone = model_parallel(group, 1, 2)
+    assert (alone.rank, alone.world_size, alone.ep) == (0, 1, group)
+    both = model_parallel(group, 2, 2)
+    assert (both.rank, both.world_size, both.ep) == (1, 2, group)
+    with pytest.raises(ValueError, match="do not describe a group of 2 processes"):
+        model_parallel(group, 4, 1)
     assert EngineConfig(model=path, device="cpu", tensor_parallel_size=2, expert_parallel_size=2).world_size == 2
