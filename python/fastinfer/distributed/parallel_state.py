@@ -29,8 +29,8 @@ import torch
 
 from .communication import Communicator, ControlChannel
 
-__all__ = ["ParallelInfo", "SINGLE", "model_parallel", "build_groups", "master_store", "client_store", "torchrun_env",
-           "torchrun_groups", "CONTROL_TIMEOUT_S", "LOOPBACK"]
+__all__ = ["ParallelInfo", "SINGLE", "model_parallel", "build_groups", "master_store", "client_store",
+           "torchrun_env", "torchrun_groups", "CONTROL_TIMEOUT_S", "LOOPBACK"]
 
 LOOPBACK = "127.0.0.1"
 CONTROL_TIMEOUT_S = 7 * 24 * 3600.0  # a worker waits for the next step as long as its engine lives

@@ -19,15 +19,18 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ..distributed import SINGLE, ParallelInfo, model_parallel
-from ..layers import BatchBuilder, FusedMoE, TensorDictReader
-from ..models import LlamaForCausalLM, load_model
+from ..layers import BatchBuilder, TensorDictReader
+from ..layers.moe import expert_shard
+from ..models import LlamaForCausalLM, ModelConfig, load_config, load_model
+from ..models.llama import attention_shards
 from ..quant import resolve_quantization
 from .checkpoints import load_checkpoint
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs
 from .speculative.drafter import move_slots
 
-__all__ = ["ForwardPlan", "Chunk", "ModelRunner", "load_checkpoint", "num_kv_blocks_for", "nvtx_range"]
+__all__ = ["ForwardPlan", "Chunk", "ModelRunner", "check_split", "load_checkpoint", "num_kv_blocks_for",
+           "nvtx_range"]
 
 Tensor = torch.Tensor
 
@@ -37,6 +40,18 @@ def nvtx_range(name: str, enabled: bool):
     import contextlib
 
     return torch.cuda.nvtx.range(name) if enabled else contextlib.nullcontext()
+
+
+def check_split(model_config: ModelConfig, config: EngineConfig) -> None:
+    """A ValueError for a model that does not split as ``config`` asks (heads over the tensor-parallel
+    ranks, experts over the expert-parallel ones); rank 0 checks before it starts any process."""
+    attention_shards(model_config, ParallelInfo(0, config.tensor_parallel_size))
+    ep = config.expert_parallel_size
+    if ep > 1:
+        if model_config.num_experts == 0:
+            raise ValueError(f"expert_parallel_size={ep} needs a mixture-of-experts model; "
+                             f"{model_config.architecture} has no experts")
+        expert_shard(model_config.num_experts, ParallelInfo(0, ep))
 
 
 @dataclass
@@ -101,11 +116,10 @@ class ModelRunner:
         if dev.type == "cuda" and self.tp.world_size > 1:
             dev = torch.device("cuda", torch.cuda.current_device())
         if isinstance(c.model, str):
+            if self.tp.world_size > 1:
+                check_split(load_config(c.model), c)
             model = load_checkpoint(c.model, c.dtype, dev, c.max_model_len, c.ops_backend(), c.quant_options,
                                     c.load_progress and self.tp.rank == 0, self.model_parallel)
-            if self.model_parallel.ep is not None and not any(isinstance(m, FusedMoE) for m in model.modules()):
-                raise ValueError(f"expert_parallel_size={c.expert_parallel_size} needs a mixture-of-experts model; "
-                                 f"{model.config.architecture} has no experts")
         else:
             model = c.model
             ops = c.ops_backend(model.op_namespace)

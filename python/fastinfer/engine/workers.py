@@ -4,8 +4,9 @@
 also broadcasts every :class:`~.model_runner.ForwardPlan` to the N-1 workers (:mod:`.worker`)
 before running it, so all ranks run the same forward on their shards; the logits come back
 gathered on rank 0. Expert parallelism runs on the same processes (N = ``config.world_size``,
-the larger of ``tensor_parallel_size`` and ``expert_parallel_size``). The KV slot moves of a verification are applied on rank 0 at once and travel
-with the next plan (nothing reads those slots in between).
+the larger of ``tensor_parallel_size`` and ``expert_parallel_size``). The KV slot moves of a
+verification are applied on rank 0 at once and travel with the next plan (nothing reads those
+slots in between).
 
 Workers are processes started with the ``spawn`` start method (rank r on ``cuda:r`` on a GPU
 machine), meeting rank 0 at a ``TCPStore`` on 127.0.0.1 at a port the OS chose (so two engines on
@@ -33,12 +34,10 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ..distributed import CollectiveError, ParallelInfo, build_groups, master_store, torchrun_env, torchrun_groups
-from ..layers.moe import expert_shard
-from ..models import ModelConfig, load_config
-from ..models.llama import attention_shards
+from ..distributed import CollectiveError, build_groups, master_store, torchrun_env, torchrun_groups
+from ..models import load_config
 from .config import EngineConfig
-from .model_runner import ForwardPlan, ModelRunner
+from .model_runner import ForwardPlan, ModelRunner, check_split
 from .worker import PlanEncoder, spawned_worker_main, tp_timeout_s, worker_config, worker_threads
 
 __all__ = ["TensorParallelRunner", "TensorParallelError"]
@@ -66,18 +65,6 @@ def world_size_text(config: EngineConfig) -> str:
     """The sizes that make the engine's processes, as an error message names them."""
     tp, ep = config.tensor_parallel_size, config.expert_parallel_size
     return f"tensor_parallel_size={tp}" + (f", expert_parallel_size={ep}" if ep > 1 else "")
-
-
-def check_split(model_config: ModelConfig, config: EngineConfig) -> None:
-    """A ValueError for a model that does not split as ``config`` asks (heads over the tensor-parallel
-    ranks, experts over the expert-parallel ones), before any process starts."""
-    attention_shards(model_config, ParallelInfo(0, config.tensor_parallel_size))
-    ep = config.expert_parallel_size
-    if ep > 1:
-        if model_config.num_experts == 0:
-            raise ValueError(f"expert_parallel_size={ep} needs a mixture-of-experts model; "
-                             f"{model_config.architecture} has no experts")
-        expert_shard(model_config.num_experts, ParallelInfo(0, ep))
 
 
 class _Workers:
