@@ -181,7 +181,8 @@ class FusedMoE(CheckpointModule):
             yield self.expert_name(e, p.down), self.w2.detach()[i]
 
     def forward(self, x: Tensor) -> Tensor:
-        # every token is routed on every rank, expert parallel or not: the same bits as one process
+        # every token is routed on every rank, expert parallel or not: the router's GEMM runs on the
+        # batch one process runs it on, so the routing has the same bits
         weights, ids = self.ops.moe_topk(self.router(x), self.top_k, self.renormalize, "softmax")
         if self.ep is not None:
             return self._expert_parallel(x, weights, ids)
@@ -220,12 +221,14 @@ class FusedMoE(CheckpointModule):
         got_rows = got[:, :row_bytes].contiguous().view(x.dtype)
         got_ids = got[:, row_bytes:].contiguous().view(torch.int32)
         # 3. one slot per row, weight 1: the expert's output itself (exact in float32), so that the
-        #    home can weight and sum a token's slots in fused_moe's order
+        #    home can weight and sum a token's slots in fused_moe's order. Owners returning weighted
+        #    partial sums instead would add the slots of a token split over ranks in another order
+        #    (k >= 3: (s0 + s2) + s1 is not s0 + s1 + s2 in float32).
         unit = torch.ones(got_ids.shape, dtype=torch.float32, device=x.device)
         y = self.ops.fused_moe(got_rows, self.w13, self.w2, unit, got_ids, "silu")
         # 4. combine: back to the homes, into slot order, weighted and summed over j = 0 .. k-1 in
         #    order in float32 from zero, rounded once: fused_moe's sum, so the same bits. Separate
-        #    multiply and add (each rounded), as fused_moe's loop; a fused multiply-add would not be.
+        #    multiply and add, each rounded, as fused_moe's (a fused multiply-add rounds once: other bits).
         back = comm.all_to_all(y, recv, send)
         slot_out = torch.empty_like(back).index_copy_(0, order, back).view(hi - lo, k, H)
         w = weights[lo:hi]
