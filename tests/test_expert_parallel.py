@@ -4,10 +4,12 @@ The collectives (uneven all-to-all, all-gather, empty shares) on two spawned pro
 :class:`FusedMoE` layer split over 2 ranks against the same layer in one process (float32: bit
 for bit, for batches that leave a rank without tokens too; bfloat16: within the extra rounding of
 each slot's output), with each rank's load checked against the routing; through the engine,
-Mixtral and Qwen3-MoE tiny random models (``tests/model_helpers.py``): ``expert_parallel_size=2``
-(attention whole on each rank) equals one process bit for bit (prefill logits of every row, a
-decode row, greedy tokens), ``tensor_parallel_size=2, expert_parallel_size=2`` equals transformers
-within 1e-5; the load counters in ``LLM.stats()`` and the server's ``/metrics``; the refusals.
+Mixtral, Qwen3-MoE, Qwen2-MoE (a shared expert) and OLMoE tiny random models
+(``tests/model_helpers.py``): ``expert_parallel_size=2`` (attention whole on each rank) equals one
+process bit for bit (prefill logits of every row, a decode row, greedy tokens),
+``tensor_parallel_size=2, expert_parallel_size=2`` equals transformers within 1e-5; the load
+counters in ``LLM.stats()`` and the server's ``/metrics``; the refusals. (A GGUF file:
+``tests/test_gguf_moe.py``.)
 
 Every process has a deadline and is killed at teardown; every engine is shut down.
 """
@@ -229,13 +231,21 @@ def test_layer_refuses_experts_that_do_not_split():
 # ------------------------------------------------------------------------------------------------
 # through the engine
 # ------------------------------------------------------------------------------------------------
-CASES = {
-    # 4 experts, 2 per token, sliding window 24 (as tests/test_models_moe.py)
+CASES = {  # one model of each architecture, as tests/test_models_moe.py makes them
+    # 4 experts, 2 per token, sliding window 24
     "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=24)),
     # 8 experts of width 64, 3 per token, norm_topk_prob; layers 0 and 2 dense
     "qwen3_moe": ("qwen3_moe", dict(num_hidden_layers=4, num_experts=8, num_experts_per_tok=3,
                                     moe_intermediate_size=64, norm_topk_prob=True, decoder_sparse_step=2,
                                     mlp_only_layers=[2], rope_theta=1e6)),
+    # a shared expert of width 96 on the routed layers 0, 2 and 3; 8 experts of width 64, 3 per token
+    "qwen2_moe": ("qwen2_moe", dict(num_hidden_layers=4, num_experts=8, num_experts_per_tok=3,
+                                    moe_intermediate_size=64, shared_expert_intermediate_size=96,
+                                    norm_topk_prob=True, mlp_only_layers=[1], use_sliding_window=True,
+                                    sliding_window=24, max_window_layers=3)),
+    # one KV head, 8 experts of width 256, 3 per token, q / k / v clipped
+    "olmoe": ("olmoe", dict(num_attention_heads=2, num_key_value_heads=1, num_experts=8, num_experts_per_tok=3,
+                            clip_qkv=1.5, eos_token_id=2)),
 }
 
 
@@ -336,7 +346,8 @@ def test_ep2_equals_one_process_bit_for_bit(ckpts, engines, monkeypatch, name):
 
 def test_tp2_ep2_matches_transformers(ckpts, engines):
     """``tensor_parallel_size=2, expert_parallel_size=2``: attention and the dense layers
-    tensor-parallel, the experts whole and split over the same two ranks; transformers' logits
+    tensor-parallel, the experts whole and split over the same two ranks (Qwen2-MoE: the experts'
+    shares and the shared expert's partial sums reduced by one all-reduce); transformers' logits
     within 1e-5 and its greedy tokens."""
     for name in CASES:
         hf, path = ckpts(name)
@@ -345,6 +356,7 @@ def test_tp2_ep2_matches_transformers(ckpts, engines):
         assert layer.num_heads == hf.config.num_attention_heads // EP
         moe = layer.moe
         assert moe.w13.shape == (moe.num_experts // EP, 2 * moe.intermediate_size, moe.hidden_size)
+        assert moe.reduce_results == (layer.shared_expert is None)
         ids = random_prompt(40, VOCAB, 4)
         logits = _plan_logits(llm, ids)[:-1]
         assert rel_err(logits, hf_logits(hf, ids)) < REL_TOL, name

@@ -215,7 +215,8 @@ class EngineConfig:
     load_progress: bool = _option(False, "model", "show a progress bar while the weights load", cli=False)
     enforce_eager: bool = _option(
         False, "scheduler", "CUDA: no CUDA graphs for decode steps (by default one graph per batch bucket 1, "
-        "2, 4, ... up to min(max_num_seqs, 256) is captured at start-up and replayed for decode-only steps)")
+        "2, 4, ... up to min(max_num_seqs, 256) is captured at start-up and replayed for decode-only steps; "
+        "with expert_parallel_size > 1 decode steps always run eagerly)")
     static_batching: bool = _option(
         False, "scheduler", "admit new requests only into a batch still forming, not into a running one "
         "(a baseline for comparisons; default: continuous batching)")
@@ -264,13 +265,13 @@ class EngineConfig:
         "llm.model is then rank 0's shard: run forwards through the engine",
         cli_default_doc="WORLD_SIZE under torchrun, else 1")
     expert_parallel_size: int = _option(
-        1, "parallel", "split the experts of mixture-of-experts models (Mixtral, Qwen3-MoE) over this many "
-        "processes: rank r holds experts [r E / N, (r + 1) E / N) whole (E divisible by N); each layer sends "
-        "every (token, expert) pair to the rank holding the expert and the expert's output back (all-to-all), "
-        "and a token's output is bit for bit that of the experts in one process (float32). 1, or "
-        "tensor_parallel_size (attention and the dense layers tensor-parallel over the same processes), or, "
-        "with tensor_parallel_size=1, processes that each run attention and the dense layers whole, on every "
-        "token. The slots each rank's experts processed: LLM.stats()['expert_parallel_routed_slots']")
+        1, "parallel", "split the experts of mixture-of-experts models over this many processes: rank r holds "
+        "experts [r E / N, (r + 1) E / N) whole (E divisible by N); each layer sends every (token, expert) pair "
+        "to the rank holding the expert and the expert's output back (all-to-all), and a token's output is bit "
+        "for bit that of the experts in one process (float32). 1, or tensor_parallel_size (attention and the "
+        "dense layers tensor-parallel over the same processes), or, with tensor_parallel_size=1, processes "
+        "that each run attention and the dense layers whole, on every token. The slots each rank's experts "
+        "processed: LLM.stats()['expert_parallel_routed_slots']")
     deterministic: bool = _option(
         False, "mode", "batch-invariant mode: a token's logits (and a seeded request's tokens) depend only "
         "on the model, the tokens before it and the sampling parameters, bit for bit, whatever the batch, "

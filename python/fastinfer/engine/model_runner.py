@@ -154,12 +154,14 @@ class ModelRunner:
         return self.local_num_kv_blocks(extra_bytes_per_block)
 
     def init_kv(self, num_blocks: int) -> None:
-        """Allocate the pool of ``num_blocks`` blocks (every rank the same) and capture graphs."""
+        """Allocate the pool of ``num_blocks`` blocks (every rank the same) and capture graphs
+        (CUDA, unless ``enforce_eager`` or expert parallelism)."""
         c = self.config
         self.num_kv_blocks = int(num_blocks)
         self.max_model_len = min(self.max_model_len, self.num_kv_blocks * self.block_size)
         self.kv_caches = self.model.allocate_kv_cache(self.num_kv_blocks, self.block_size, self.kv_cache_dtype)
-        if self.device.type == "cuda" and not c.enforce_eager:
+        # expert parallelism reads its exchange sizes on the host, which a CUDA graph cannot replay
+        if self.device.type == "cuda" and not c.enforce_eager and self.model_parallel.ep is None:
             self.enable_decode_graphs(min(c.max_num_seqs, 256), -(-self.max_model_len // self.block_size), True)
 
     def enable_decode_graphs(self, max_batch: int, max_blocks: int, use_graphs: bool) -> DecodeGraphs:

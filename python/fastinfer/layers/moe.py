@@ -28,14 +28,17 @@ runs it on, so the same bits), and is the *home* of a contiguous share of the to
 3. the owner runs ``fused_moe`` on what it received, one slot per row with weight 1: the
    expert's output itself, unweighted;
 4. combine (all-to-all back): the home sums its tokens' slot outputs times their weights in float32
-   in slot order (``fused_moe``'s own order), rounds once, and the shares are all-gathered.
+   in slot order (``fused_moe``'s own order), rounds once, and the shares are all-gathered (with
+   ``reduce_results=False`` under tensor parallelism over the same ranks, each rank returns its
+   share in its rows and zeros elsewhere: the caller's all-reduce gathers them).
 
 ``fused_moe`` is batch invariant (a row's output depends on that row alone), and a float32 slot
 output is exact, so a token's output is bit for bit the one-process ``fused_moe``'s in float32; in
 bfloat16 / float16 each slot output is rounded to that dtype before the sum (``fused_moe``
 returns the activation dtype), an extra rounding of the order of the dtype's epsilon. gloo (CPU)
 and NCCL both implement ``all_to_all_single`` with uneven splits. Four collectives per layer, the
-sizes read on the host: not capturable in a CUDA graph.
+sizes read on the host: not capturable in a CUDA graph (decode steps run eagerly,
+:class:`~fastinfer.engine.model_runner.ModelRunner`).
 """
 
 from __future__ import annotations
@@ -113,6 +116,9 @@ class FusedMoE(CheckpointModule):
         super().__init__()
         self.ep = tp.ep if tp.ep is not None and tp.ep.world_size > 1 else None
         self.routed_slots: List[int] = []
+        if self.ep is not None and tp.world_size not in (1, self.ep.world_size):
+            raise ValueError(f"{prefix}: expert parallelism over {self.ep.world_size} ranks with tensor parallelism "
+                             f"over {tp.world_size}: the experts split over the tensor-parallel ranks or without them")
         if self.ep is not None:  # whole experts, a share of them
             try:
                 self.first_expert, self.num_local_experts = expert_shard(num_experts, self.ep)
@@ -235,6 +241,12 @@ class FusedMoE(CheckpointModule):
         acc = torch.zeros(hi - lo, H, dtype=torch.float32, device=x.device)
         for j in range(k):
             acc = acc + w[:, j:j + 1] * slot_out[:, j].float()
+        if not self.reduce_results and self.tp.world_size > 1:
+            # the caller all-reduces over these same ranks: this rank's share in its rows, zeros
+            # elsewhere, is its partial sum (adding zeros is exact), and no all-gather is needed
+            out = x.new_zeros(T, H)
+            out[lo:hi] = acc.to(x.dtype)
+            return out
         mine = x.new_zeros(share, H)
         mine[: hi - lo] = acc.to(x.dtype)
         return comm.all_gather(mine)[:T]
