@@ -90,6 +90,9 @@ def test_help_and_signature_list_every_option_with_its_default():
     (dict(gpu_memory_utilization=1.5), r"gpu_memory_utilization must be in \(0, 1\]"),
     (dict(max_num_batched_tokens=0), "max_num_batched_tokens must be >= 1"),
     (dict(tensor_parallel_size=0), "tensor_parallel_size must be an int >= 1"),
+    (dict(expert_parallel_size=0), "expert_parallel_size must be an int >= 1, got 0"),
+    (dict(tensor_parallel_size=2, expert_parallel_size=4),
+     "expert_parallel_size=4 with tensor_parallel_size=2: the experts split over the tensor-parallel processes"),
     (dict(dtype="fp12"), "unknown dtype 'fp12'"),
     (dict(model="/nonexistent/model"), "model directory not found"),
     (dict(spec_method="ngram", spec_model=DRAFT),
@@ -98,6 +101,8 @@ def test_help_and_signature_list_every_option_with_its_default():
     (dict(draft_model=DRAFT, spec_tree_topk=0), "spec_tree_topk must be an int >= 1"),
     (dict(draft_model=DRAFT, spec_tree=[[0]]), "spec_tree .* needs spec_method='medusa' in tree mode"),
     (dict(spec_method="eagle", spec_model=EAGLE, tensor_parallel_size=2), "needs the target's hidden states"),
+    (dict(spec_method="eagle", spec_model=EAGLE, expert_parallel_size=2),
+     "needs the target's hidden states, which expert_parallel_size=2 does not return yet"),
     (dict(quantization_config={"group_size": 64}), "quantization_config given without quantization"),
 ])
 def test_validation_names_the_option(kw, message):
@@ -181,6 +186,14 @@ def test_cli_flags_parse_to_the_same_config():
         _parsed("generate", ["--spec-tree", "[[0]"])
     with pytest.raises(ValueError, match="need --quantization int4"):
         _parsed("eval", ["--symmetric"])
+
+
+def test_expert_parallel_flag_sits_next_to_tensor_parallel():
+    for command in ("generate", "serve", "bench"):
+        names = COMMAND_OPTIONS[command]
+        assert names[names.index("tensor_parallel_size") + 1] == "expert_parallel_size", command
+        assert _parsed(command, ["--expert-parallel-size", "2"])["expert_parallel_size"] == 2, command
+    assert "expert_parallel_size" not in COMMAND_OPTIONS["eval"]
 
 
 def test_torchrun_world_size_is_the_default_tp(monkeypatch):

@@ -329,6 +329,29 @@ def test_tensor_parallel_two_ranks(models, tmp_path):
         llm.shutdown()
 
 
+def test_expert_parallel_two_ranks(models, tmp_path, monkeypatch):
+    """EP=2 (rank 0 here, one spawned worker): each rank dequantises only its half of the experts,
+    and the logits are one process's bit for bit."""
+    from fastinfer.engine.model_runner import Chunk, ForwardPlan
+
+    monkeypatch.setenv("FASTINFER_TP_THREADS", "1")  # every rank's kernels as this process's
+    arch, hf, hf_dir = models("mixtral")
+    types = _types(experts=Q.Q4_0, other=Q.Q8_0)
+    path = write_moe_gguf(tmp_path / "m.gguf", hf, hf_dir, arch, types)
+    kw = dict(dtype="float32", device="cpu", num_kv_blocks=16, block_size=16)
+    one, llm = LLM(path, **kw), LLM(path, expert_parallel_size=2, **kw)
+    try:
+        moe = llm.model.layers[0].moe
+        assert moe.w13.shape[0] == moe.num_experts // 2 and moe.w2.shape[2] == moe.intermediate_size
+        ids = _prompt(seed=4)
+        ref, got = (e.executor.runner.forward(ForwardPlan(chunks=[Chunk(-1, ids, 0, "all")], tables={-1: [0, 1, 2]},
+                                                          finished=[-1]))[0] for e in (one, llm))
+        assert torch.equal(got, ref)
+        assert rel_err(got, hf_logits(round_tripped(hf, types), ids)) < REL_TOL
+    finally:
+        llm.shutdown()
+
+
 def test_bf16_model_from_quantised_experts(models, tmp_path):
     """The experts are dequantised at load, then held in the model dtype."""
     arch, hf, hf_dir = models("mixtral")

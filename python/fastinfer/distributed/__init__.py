@@ -1,6 +1,6 @@
-"""Tensor parallelism on ``torch.distributed``: the groups of one engine (gloo on CPU, NCCL on CUDA),
-collectives with deadlines, and the control channel rank 0 drives its workers with. The worker
-processes themselves are the engine's (:mod:`fastinfer.engine.workers`)."""
+"""Tensor and expert parallelism on ``torch.distributed``: the groups of one engine (gloo on CPU,
+NCCL on CUDA), collectives with deadlines, and the control channel rank 0 drives its workers with.
+The worker processes themselves are the engine's (:mod:`fastinfer.engine.workers`)."""
 
 from .communication import FRAME_BYTES, CollectiveError, Communicator, ControlChannel  # noqa: F401
 from .parallel_state import (  # noqa: F401
@@ -10,9 +10,11 @@ from .parallel_state import (  # noqa: F401
     build_groups,
     client_store,
     master_store,
+    model_parallel,
     torchrun_env,
     torchrun_groups,
 )
 
 __all__ = ["Communicator", "ControlChannel", "CollectiveError", "FRAME_BYTES", "ParallelInfo", "SINGLE",
-           "build_groups", "master_store", "client_store", "torchrun_env", "torchrun_groups", "CONTROL_TIMEOUT_S"]
+           "model_parallel", "build_groups", "master_store", "client_store", "torchrun_env", "torchrun_groups",
+           "CONTROL_TIMEOUT_S"]

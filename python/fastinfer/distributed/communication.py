@@ -1,6 +1,10 @@
 """Collectives of one tensor-parallel group, each with a deadline, and the control channel rank 0
 drives the workers with.
 
+Expert parallelism exchanges rows with :meth:`Communicator.all_to_all` (``all_to_all_single``
+with uneven splits: gloo implements it on CPU tensors, as NCCL on CUDA ones) and
+:meth:`Communicator.all_gather`.
+
 :class:`Communicator` wraps a ``torch.distributed`` process group (gloo on CPU, NCCL on CUDA) that
 was built for this group alone (not the default group: two engines can live in one process). Every
 collective waits at most ``timeout_s``; a dead peer (connection reset) or one that does not arrive
@@ -49,7 +53,8 @@ class Communicator:
         self.name = name
         self.num_collectives = 0  # counters for bench/tp.py
         self.bytes_all_reduced = 0
-        self.bytes_gathered = 0  # this rank's contribution
+        self.bytes_gathered = 0  # this rank's contribution (gather_to_first and all_gather)
+        self.bytes_all_to_all = 0  # what this rank sent
 
     def _wait(self, what: str, work, timeout_s: Optional[float] = None) -> None:
         try:
@@ -87,6 +92,28 @@ class Communicator:
         outs = [[torch.empty_like(t) for _ in range(self.world_size)]] if self.rank == 0 else []
         self._wait("gather", self._pg().gather(outs, [t], _opts("GatherOptions", 0)))
         return torch.cat(outs[0], dim=dim) if self.rank == 0 else t
+
+    def all_gather(self, t: Tensor) -> Tensor:
+        """Every rank: the ranks' ``t`` (the same shape on each) concatenated along dim 0, in rank order."""
+        t = t.contiguous()
+        self.bytes_gathered += t.numel() * t.element_size()
+        outs = [torch.empty_like(t) for _ in range(self.world_size)]
+        self._wait("all_gather", self._pg().allgather([outs], [t]))
+        return torch.cat(outs)
+
+    def all_to_all(self, t: Tensor, send_rows: List[int], recv_rows: List[int]) -> Tensor:
+        """Rows ``t[sum(send_rows[:j]) :][: send_rows[j]]`` go to rank ``j``; returns the rows
+        received, rank ``i``'s ``recv_rows[i]`` rows at offset ``sum(recv_rows[:i])`` (every rank
+        passes the sizes its peers pass it: ``recv_rows[i]`` is rank ``i``'s ``send_rows[rank]``)."""
+        t = t.contiguous()
+        if len(send_rows) != self.world_size or len(recv_rows) != self.world_size or sum(send_rows) != t.shape[0]:
+            raise ValueError(f"all_to_all: {t.shape[0]} rows split as {send_rows}, receiving {recv_rows}, over "
+                             f"{self.world_size} ranks")
+        self.bytes_all_to_all += t.numel() * t.element_size()
+        out = t.new_empty((sum(recv_rows),) + tuple(t.shape[1:]))
+        self._wait("all_to_all", self._pg().alltoall_base(out, t, list(recv_rows), list(send_rows),
+                                                          torch.distributed.AllToAllOptions()))
+        return out
 
     def broadcast(self, t: Tensor, root: int = 0, timeout_s: Optional[float] = None) -> Tensor:
         self._wait("broadcast", self._pg().broadcast([t], _opts("BroadcastOptions", root)), timeout_s)

@@ -1,7 +1,10 @@
 """Where this process sits in the tensor-parallel group, and how the group is built.
 
 * :class:`ParallelInfo`: ``rank``, ``world_size`` and the group's :class:`Communicator` (None at
-  world size 1). Layers shard by it (:mod:`fastinfer.layers`).
+  world size 1). Layers shard by it (:mod:`fastinfer.layers`); its ``ep`` is the group the
+  mixture-of-experts layers split their experts over (expert parallelism).
+* :func:`model_parallel`: what the model is built with, from the engine's group of processes and
+  its ``tensor_parallel_size`` / ``expert_parallel_size``.
 * :func:`build_groups`: the two groups of one engine over a ``torch.distributed`` store: the tensor
   group (gloo on CPU, NCCL on CUDA; all-reduces and the logits gather, deadline
   ``timeout_s``) and the control group (always gloo; rank 0's per-step message, which an idle
@@ -16,6 +19,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 from dataclasses import dataclass, field
@@ -25,8 +29,8 @@ import torch
 
 from .communication import Communicator, ControlChannel
 
-__all__ = ["ParallelInfo", "SINGLE", "build_groups", "master_store", "client_store", "torchrun_env",
-           "torchrun_groups", "CONTROL_TIMEOUT_S", "LOOPBACK"]
+__all__ = ["ParallelInfo", "SINGLE", "model_parallel", "build_groups", "master_store", "client_store",
+           "torchrun_env", "torchrun_groups", "CONTROL_TIMEOUT_S", "LOOPBACK"]
 
 LOOPBACK = "127.0.0.1"
 CONTROL_TIMEOUT_S = 7 * 24 * 3600.0  # a worker waits for the next step as long as its engine lives
@@ -34,14 +38,33 @@ CONTROL_TIMEOUT_S = 7 * 24 * 3600.0  # a worker waits for the next step as long 
 
 @dataclass(frozen=True)
 class ParallelInfo:
-    """This process's place in the tensor-parallel group (``comm`` is None at world size 1)."""
+    """This process's place in the tensor-parallel group (``comm`` is None at world size 1).
+
+    ``ep``: the group the mixture-of-experts layers split their experts over (rank r holds a
+    contiguous ``1 / ep.world_size`` of them, :class:`~fastinfer.layers.FusedMoE`); None: no expert
+    parallelism (each expert's intermediate dimension is split over this group instead). The
+    layers other than the experts never read it."""
 
     rank: int = 0
     world_size: int = 1
     comm: Optional[Communicator] = field(default=None, compare=False, repr=False)
+    ep: Optional["ParallelInfo"] = field(default=None, compare=False, repr=False)
 
 
 SINGLE = ParallelInfo()
+
+
+def model_parallel(group: ParallelInfo, tensor_parallel_size: int, expert_parallel_size: int) -> ParallelInfo:
+    """How one rank's model splits over the engine's processes ``group`` (``world_size`` = the larger
+    of the two sizes; each size is 1 or that): tensor-parallel over all of them, or over none
+    (``tensor_parallel_size=1``: every rank builds attention and the dense layers whole and runs
+    them on every token), and with ``expert_parallel_size > 1`` the experts split over all of them."""
+    sizes = {tensor_parallel_size, expert_parallel_size} - {1}
+    if sizes and sizes != {group.world_size}:
+        raise ValueError(f"tensor_parallel_size={tensor_parallel_size} and expert_parallel_size="
+                         f"{expert_parallel_size} do not describe a group of {group.world_size} processes")
+    tp = group if tensor_parallel_size > 1 else SINGLE
+    return dataclasses.replace(tp, ep=group) if expert_parallel_size > 1 else tp
 
 
 def _td(seconds: float) -> datetime.timedelta:

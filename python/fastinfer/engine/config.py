@@ -215,7 +215,8 @@ class EngineConfig:
     load_progress: bool = _option(False, "model", "show a progress bar while the weights load", cli=False)
     enforce_eager: bool = _option(
         False, "scheduler", "CUDA: no CUDA graphs for decode steps (by default one graph per batch bucket 1, "
-        "2, 4, ... up to min(max_num_seqs, 256) is captured at start-up and replayed for decode-only steps)")
+        "2, 4, ... up to min(max_num_seqs, 256) is captured at start-up and replayed for decode-only steps; "
+        "with expert_parallel_size > 1 decode steps always run eagerly)")
     static_batching: bool = _option(
         False, "scheduler", "admit new requests only into a batch still forming, not into a running one "
         "(a baseline for comparisons; default: continuous batching)")
@@ -263,6 +264,14 @@ class EngineConfig:
         "if __name__ == '__main__':), or under torchrun its processes; LLM.shutdown() stops them. "
         "llm.model is then rank 0's shard: run forwards through the engine",
         cli_default_doc="WORLD_SIZE under torchrun, else 1")
+    expert_parallel_size: int = _option(
+        1, "parallel", "split the experts of mixture-of-experts models over this many processes: rank r holds "
+        "experts [r E / N, (r + 1) E / N) whole (E divisible by N); each layer sends every (token, expert) pair "
+        "to the rank holding the expert and the expert's output back (all-to-all), and a token's output is bit "
+        "for bit that of the experts in one process (float32). 1, or tensor_parallel_size (attention and the "
+        "dense layers tensor-parallel over the same processes), or, with tensor_parallel_size=1, processes "
+        "that each run attention and the dense layers whole, on every token. The slots each rank's experts "
+        "processed: LLM.stats()['expert_parallel_routed_slots']")
     deterministic: bool = _option(
         False, "mode", "batch-invariant mode: a token's logits (and a seeded request's tokens) depend only "
         "on the model, the tokens before it and the sampling parameters, bit for bit, whatever the batch, "
@@ -304,15 +313,22 @@ class EngineConfig:
                              f"got {self.kv_cache_dtype!r}")
         self.speculative = self._speculative()
         self.quant_options = QuantOptions.from_any(self.quantization, self.quantization_config)
-        tp = self.tensor_parallel_size
+        tp, ep = self.tensor_parallel_size, self.expert_parallel_size
         if not _is_int(tp) or tp < 1:
             raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tp!r}")
-        if tp > 1 and not isinstance(self.model, str):
-            raise ValueError("tensor_parallel_size > 1 needs a checkpoint path (every rank loads its own shard), "
-                             "not a model object")
-        if tp > 1 and self.speculative is not None and not self.speculative.entry.tensor_parallel:
+        if not _is_int(ep) or ep < 1:
+            raise ValueError(f"expert_parallel_size must be an int >= 1, got {ep!r}")
+        if tp > 1 and ep > 1 and tp != ep:
+            raise ValueError(f"expert_parallel_size={ep} with tensor_parallel_size={tp}: the experts split over the "
+                             "tensor-parallel processes (expert_parallel_size equal to tensor_parallel_size) or over "
+                             "their own (tensor_parallel_size=1), not over a part of them")
+        sizes = f"tensor_parallel_size={tp}" if ep == 1 else f"expert_parallel_size={ep}"
+        if self.world_size > 1 and not isinstance(self.model, str):
+            raise ValueError(f"{sizes} needs a checkpoint path (every rank loads its own shard), not a model object")
+        if self.world_size > 1 and self.speculative is not None and not self.speculative.entry.tensor_parallel:
             raise ValueError(f"spec_method={self.speculative.method!r} needs the target's hidden states, which "
-                             "tensor_parallel_size > 1 does not return yet: use tensor_parallel_size=1")
+                             f"{sizes} does not return yet: use one process (tensor_parallel_size=1, "
+                             "expert_parallel_size=1)")
 
     def _speculative(self) -> Optional[SpeculativeConfig]:
         """The :class:`SpeculativeConfig` of the ``spec_*`` options (None: no speculation; the
@@ -339,6 +355,11 @@ class EngineConfig:
         """The element type of the KV pools of a model in ``model_dtype`` (``kv_cache_dtype`` "auto":
         that dtype)."""
         return KV_CACHE_DTYPES[self.kv_cache_dtype] or model_dtype
+
+    @property
+    def world_size(self) -> int:
+        """The engine's processes: ``max(tensor_parallel_size, expert_parallel_size)`` (each is 1 or this)."""
+        return max(self.tensor_parallel_size, self.expert_parallel_size)
 
     @property
     def model_path(self) -> Optional[str]:

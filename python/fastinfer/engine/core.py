@@ -233,7 +233,8 @@ class EngineCore:
 
     # ------------------------------------------------------------------------------------------
     def stats(self) -> Dict[str, object]:
-        """Engine counters; with speculation also the proposer's (``spec_*``)."""
+        """Engine counters; with speculation also the proposer's (``spec_*``); the executor's
+        (:meth:`~.messages.StepExecutor.stats`)."""
         bm = self.block_manager
         st: Dict[str, object] = {
             "num_kv_blocks": bm.num_blocks,
@@ -249,5 +250,5 @@ class EngineCore:
         }
         if self.proposer is not None:
             st.update(self.proposer.stats())
-            st.update(self.executor.stats())
+        st.update(self.executor.stats())
         return st

@@ -6,9 +6,10 @@ captures CUDA graphs; ``execute(step) -> ModelOutput`` runs one engine step: the
 one target forward over the ragged batch (prefill chunks, speculative trees, decode rows), the
 verification of the drafts (KV slot moves applied here), and sampling. What it returns is token
 ids and numbers, never a tensor. The target forward is a tensor-free
-:class:`~.model_runner.ForwardPlan` run by the runner: in process at ``tensor_parallel_size=1``,
-on every rank at once otherwise (:mod:`.workers`: rank 0 broadcasts the plan, all ranks run their
-shard, the logits come back gathered on rank 0, where drafting, verification and sampling stay).
+:class:`~.model_runner.ForwardPlan` run by the runner: in this process when the engine has one
+(``tensor_parallel_size`` and ``expert_parallel_size`` 1), on every rank at once otherwise
+(:mod:`.workers`: rank 0 broadcasts the plan, all ranks run their shard, the logits come back
+gathered on rank 0, where drafting, verification and sampling stay).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Dict, List, Optional, Sequence as Seq, Tuple
 
 import torch
 
+from ..layers.moe import expert_parallel_layers, routed_slots_per_rank
 from .config import EngineConfig
 from .messages import ModelOutput, PromptLogprobs, SampledToken, StepInput, VerifiedDraft
 from .model_runner import Chunk, ForwardPlan, ModelRunner, num_kv_blocks_for, nvtx_range
@@ -46,13 +48,14 @@ class Executor:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.block_size = config.block_size
-        if config.tensor_parallel_size > 1:
+        if config.world_size > 1:
             from .workers import TensorParallelRunner  # spawns the workers
 
             self.runner = TensorParallelRunner(config)
         else:
             self.runner = ModelRunner(config)
         self.model = self.runner.model
+        self.expert_parallel_layers = expert_parallel_layers(self.model)  # their load counters, for stats()
         self.device = self.runner.device
         self.use_nvtx = self.device.type == "cuda"
         spec = config.speculative
@@ -257,5 +260,14 @@ class Executor:
         return [SampledToken(s, t, lp) for s, t, lp in zip(row_seqs, tokens, lps)]
 
     def stats(self) -> Dict[str, object]:
-        return {"spec_num_draft_forwards": self.drafter.num_draft_forwards} if self.drafter is not None else {}
+        """``spec_num_draft_forwards`` with speculation; ``expert_parallel_routed_slots`` (per rank, the
+        (token, expert) pairs its experts processed, summed over the layers and steps) with expert
+        parallelism."""
+        st: Dict[str, object] = {}
+        if self.drafter is not None:
+            st["spec_num_draft_forwards"] = self.drafter.num_draft_forwards
+        load = routed_slots_per_rank(self.expert_parallel_layers)
+        if load is not None:
+            st["expert_parallel_routed_slots"] = load
+        return st
 

@@ -18,16 +18,19 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ..distributed import SINGLE, ParallelInfo
+from ..distributed import SINGLE, ParallelInfo, model_parallel
 from ..layers import BatchBuilder, TensorDictReader
-from ..models import LlamaForCausalLM, load_model
+from ..layers.moe import expert_shard
+from ..models import LlamaForCausalLM, ModelConfig, load_config, load_model
+from ..models.llama import attention_shards
 from ..quant import resolve_quantization
 from .checkpoints import load_checkpoint
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs
 from .speculative.drafter import move_slots
 
-__all__ = ["ForwardPlan", "Chunk", "ModelRunner", "load_checkpoint", "num_kv_blocks_for", "nvtx_range"]
+__all__ = ["ForwardPlan", "Chunk", "ModelRunner", "check_split", "load_checkpoint", "num_kv_blocks_for",
+           "nvtx_range"]
 
 Tensor = torch.Tensor
 
@@ -37,6 +40,18 @@ def nvtx_range(name: str, enabled: bool):
     import contextlib
 
     return torch.cuda.nvtx.range(name) if enabled else contextlib.nullcontext()
+
+
+def check_split(model_config: ModelConfig, config: EngineConfig) -> None:
+    """A ValueError for a model that does not split as ``config`` asks (heads over the tensor-parallel
+    ranks, experts over the expert-parallel ones); rank 0 checks before it starts any process."""
+    attention_shards(model_config, ParallelInfo(0, config.tensor_parallel_size))
+    ep = config.expert_parallel_size
+    if ep > 1:
+        if model_config.num_experts == 0:
+            raise ValueError(f"expert_parallel_size={ep} needs a mixture-of-experts model; "
+                             f"{model_config.architecture} has no experts")
+        expert_shard(model_config.num_experts, ParallelInfo(0, ep))
 
 
 @dataclass
@@ -72,6 +87,10 @@ class ForwardPlan:
 class ModelRunner:
     """One rank's target model, KV pool and decode graphs (see the module docstring).
 
+    ``tp``: this process's place among the engine's processes (every rank runs this runner); the
+    model is built with :func:`~fastinfer.distributed.model_parallel` of it (tensor- and / or
+    expert-parallel, as the config says).
+
     After construction: ``model``, ``device``, ``model_max_len``, ``kv_cache_dtype`` (the pool's
     torch dtype: the ``kv_cache_dtype`` option resolved against the model's dtype); after
     :meth:`init_kv`: ``kv_caches``, ``num_kv_blocks``, ``max_model_len``.
@@ -80,6 +99,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, tp: ParallelInfo = SINGLE):
         self.config = config
         self.tp = tp
+        self.model_parallel = model_parallel(tp, config.tensor_parallel_size, config.expert_parallel_size)
         self.block_size = config.block_size
         self.model = self._load_target(config)
         self.device = self.model.device
@@ -96,8 +116,10 @@ class ModelRunner:
         if dev.type == "cuda" and self.tp.world_size > 1:
             dev = torch.device("cuda", torch.cuda.current_device())
         if isinstance(c.model, str):
+            if self.tp.world_size > 1:
+                check_split(load_config(c.model), c)
             model = load_checkpoint(c.model, c.dtype, dev, c.max_model_len, c.ops_backend(), c.quant_options,
-                                    c.load_progress and self.tp.rank == 0, self.tp)
+                                    c.load_progress and self.tp.rank == 0, self.model_parallel)
         else:
             model = c.model
             ops = c.ops_backend(model.op_namespace)
@@ -132,12 +154,14 @@ class ModelRunner:
         return self.local_num_kv_blocks(extra_bytes_per_block)
 
     def init_kv(self, num_blocks: int) -> None:
-        """Allocate the pool of ``num_blocks`` blocks (every rank the same) and capture graphs."""
+        """Allocate the pool of ``num_blocks`` blocks (every rank the same) and capture graphs
+        (CUDA, unless ``enforce_eager`` or expert parallelism)."""
         c = self.config
         self.num_kv_blocks = int(num_blocks)
         self.max_model_len = min(self.max_model_len, self.num_kv_blocks * self.block_size)
         self.kv_caches = self.model.allocate_kv_cache(self.num_kv_blocks, self.block_size, self.kv_cache_dtype)
-        if self.device.type == "cuda" and not c.enforce_eager:
+        # expert parallelism reads its exchange sizes on the host, which a CUDA graph cannot replay
+        if self.device.type == "cuda" and not c.enforce_eager and self.model_parallel.ep is None:
             self.enable_decode_graphs(min(c.max_num_seqs, 256), -(-self.max_model_len // self.block_size), True)
 
     def enable_decode_graphs(self, max_batch: int, max_blocks: int, use_graphs: bool) -> DecodeGraphs:

@@ -189,9 +189,10 @@ def serve_torchrun_worker(llm_kwargs: Dict[str, Any]) -> bool:
     if env is None or env["world_size"] == 1 or env["rank"] == 0:
         return False
     config = worker_config(EngineConfig.from_options(**llm_kwargs))
-    if config.tensor_parallel_size != env["world_size"]:
-        raise ValueError(f"torchrun started {env['world_size']} processes but tensor_parallel_size is "
-                         f"{config.tensor_parallel_size}: they must be equal")
+    if config.world_size != env["world_size"]:
+        raise ValueError(f"torchrun started {env['world_size']} processes but the engine has {config.world_size} "
+                         f"(tensor_parallel_size={config.tensor_parallel_size}, expert_parallel_size="
+                         f"{config.expert_parallel_size}): they must be equal")
     torch.set_num_threads(worker_threads(int(os.environ.get("LOCAL_WORLD_SIZE", env["world_size"]))))
     _set_device(config, env["local_rank"])
     tp, ctrl = torchrun_groups(config.device, tp_timeout_s())

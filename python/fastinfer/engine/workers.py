@@ -3,8 +3,10 @@
 :class:`TensorParallelRunner` is rank 0's :class:`~.model_runner.ModelRunner` (its own shard) that
 also broadcasts every :class:`~.model_runner.ForwardPlan` to the N-1 workers (:mod:`.worker`)
 before running it, so all ranks run the same forward on their shards; the logits come back
-gathered on rank 0. The KV slot moves of a verification are applied on rank 0 at once and travel
-with the next plan (nothing reads those slots in between).
+gathered on rank 0. Expert parallelism runs on the same processes (N = ``config.world_size``,
+the larger of ``tensor_parallel_size`` and ``expert_parallel_size``). The KV slot moves of a
+verification are applied on rank 0 at once and travel with the next plan (nothing reads those
+slots in between).
 
 Workers are processes started with the ``spawn`` start method (rank r on ``cuda:r`` on a GPU
 machine), meeting rank 0 at a ``TCPStore`` on 127.0.0.1 at a port the OS chose (so two engines on
@@ -32,11 +34,10 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ..distributed import CollectiveError, ParallelInfo, build_groups, master_store, torchrun_env, torchrun_groups
+from ..distributed import CollectiveError, build_groups, master_store, torchrun_env, torchrun_groups
 from ..models import load_config
-from ..models.llama import attention_shards
 from .config import EngineConfig
-from .model_runner import ForwardPlan, ModelRunner
+from .model_runner import ForwardPlan, ModelRunner, check_split
 from .worker import PlanEncoder, spawned_worker_main, tp_timeout_s, worker_config, worker_threads
 
 __all__ = ["TensorParallelRunner", "TensorParallelError"]
@@ -58,6 +59,12 @@ def _describe_exit(code: Optional[int]) -> str:
         except ValueError:
             return f"died (signal {-code})"
     return f"exited with code {code}"
+
+
+def world_size_text(config: EngineConfig) -> str:
+    """The sizes that make the engine's processes, as an error message names them."""
+    tp, ep = config.tensor_parallel_size, config.expert_parallel_size
+    return f"tensor_parallel_size={tp}" + (f", expert_parallel_size={ep}" if ep > 1 else "")
 
 
 class _Workers:
@@ -151,9 +158,9 @@ class TensorParallelRunner(ModelRunner):
     """Rank 0 of a tensor-parallel group (see the module docstring)."""
 
     def __init__(self, config: EngineConfig):
-        n = config.tensor_parallel_size
+        n = config.world_size
         if isinstance(config.model, str):  # refuse a bad split before starting anything
-            attention_shards(load_config(config.model), ParallelInfo(0, n))
+            check_split(load_config(config.model), config)
         env = torchrun_env()
         timeout = tp_timeout_s()
         self._state: dict = {}
@@ -166,8 +173,8 @@ class TensorParallelRunner(ModelRunner):
             if env is not None and env["world_size"] > 1:
                 if env["world_size"] != n or env["rank"] != 0:
                     raise ValueError(f"launched by torchrun as rank {env['rank']} of {env['world_size']}, but "
-                                     f"tensor_parallel_size={n}: they must be equal, and ranks > 0 serve through "
-                                     "fastinfer.engine.worker.serve_torchrun_worker")
+                                     f"the engine has {n} processes ({world_size_text(config)}): they must be "
+                                     "equal, and ranks > 0 serve through fastinfer.engine.worker.serve_torchrun_worker")
                 torch.set_num_threads(min(torch.get_num_threads(), worker_threads(
                     int(os.environ.get("LOCAL_WORLD_SIZE", n)))))
                 if config.device.type == "cuda":
@@ -178,7 +185,7 @@ class TensorParallelRunner(ModelRunner):
                 torch.set_num_threads(threads)
                 if config.device.type == "cuda":
                     if torch.cuda.device_count() < n:
-                        raise ValueError(f"tensor_parallel_size={n} needs {n} GPUs, {torch.cuda.device_count()} "
+                        raise ValueError(f"{world_size_text(config)} needs {n} GPUs, {torch.cuda.device_count()} "
                                          "visible")
                     torch.cuda.set_device(0)
                 store = self._state["store"] = master_store()

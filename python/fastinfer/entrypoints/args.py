@@ -17,10 +17,13 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 from ..engine.config import default_text, option_fields
 
-__all__ = ["add_cli_args", "llm_kwargs", "add_quant_args", "flag_of", "MODEL_OPTIONS", "SPEC_OPTIONS",
-           "ENGINE_OPTIONS", "PRECISION_OPTIONS", "GENERATE_OPTIONS", "SERVE_OPTIONS", "BENCH_OPTIONS", "EVAL_OPTIONS"]
+__all__ = ["add_cli_args", "llm_kwargs", "add_quant_args", "flag_of", "MODEL_OPTIONS", "PARALLEL_OPTIONS",
+           "SPEC_OPTIONS", "ENGINE_OPTIONS", "PRECISION_OPTIONS", "GENERATE_OPTIONS", "SERVE_OPTIONS", "BENCH_OPTIONS",
+           "EVAL_OPTIONS"]
 
-MODEL_OPTIONS = ("model", "device", "dtype", "max_model_len", "tensor_parallel_size")
+#: the processes of the engine (tensor and expert parallelism)
+PARALLEL_OPTIONS = ("tensor_parallel_size", "expert_parallel_size")
+MODEL_OPTIONS = ("model", "device", "dtype", "max_model_len") + PARALLEL_OPTIONS
 SPEC_OPTIONS = ("draft_model", "spec_method", "spec_model", "spec_mode", "num_spec_tokens", "spec_tree_topk",
                 "spec_tree_depth", "spec_tree")
 ENGINE_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "gpu_memory_utilization",
@@ -33,7 +36,7 @@ PRECISION_OPTIONS = ("quantization", "kv_cache_dtype")
 GENERATE_OPTIONS = MODEL_OPTIONS + ("seed",) + SPEC_OPTIONS + PRECISION_OPTIONS
 SERVE_OPTIONS = MODEL_OPTIONS + ENGINE_OPTIONS + SPEC_OPTIONS + PRECISION_OPTIONS
 BENCH_OPTIONS = ("model", "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "gpu_memory_utilization",
-                 "enforce_eager", "device", "dtype") + SPEC_OPTIONS + ("tensor_parallel_size",) + PRECISION_OPTIONS
+                 "enforce_eager", "device", "dtype") + SPEC_OPTIONS + PARALLEL_OPTIONS + PRECISION_OPTIONS
 EVAL_OPTIONS = ("model", "dtype", "device") + PRECISION_OPTIONS
 
 

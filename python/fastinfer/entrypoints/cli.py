@@ -10,6 +10,7 @@
     fastinfer quantize --method int8 --smoothquant 0.5 [--calibration FILE] IN_DIR OUT_DIR
     fastinfer eval --dtype bfloat16 [--quantization int4]                        # held-out perplexity
     fastinfer generate --model PATH --tensor-parallel-size 2 --prompt "..."      # 2 spawned ranks
+    fastinfer generate --model MOE --tensor-parallel-size 2 --expert-parallel-size 2 --prompt "..."  # experts split
     torchrun --nproc-per-node 2 -m fastinfer generate --model PATH --prompt "..." # rank 0 drives
 
 ``fastinfer <command> --help`` lists every option with its unit and default.

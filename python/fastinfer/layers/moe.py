@@ -14,13 +14,39 @@ Tensor parallelism: every rank holds all experts, each expert's intermediate dim
 the ranks (its gate and up rows sliced alike, its down columns), so a rank's ``fused_moe`` output is
 a partial sum over the intermediate dimension, summed by one all-reduce (as ``RowParallelLinear``).
 The router is replicated.
+
+Expert parallelism (``tp.ep``, N ranks): rank r holds experts ``[r E / N, (r + 1) E / N)`` whole
+(:func:`expert_shard`). Every rank holds every token's hidden state (after attention's all-reduce,
+or from attention run whole) and routes all of them (the router's GEMM on the batch one process
+runs it on, so the same bits), and is the *home* of a contiguous share of the tokens
+(``ceil(T / N)`` each). Per layer:
+
+1. the home ranks' (token, slot) counts per owner rank, all-gathered (an ``[N, N]`` matrix: the
+   split sizes of both exchanges, and each owner's load, :attr:`FusedMoE.routed_slots`);
+2. dispatch (all-to-all): each of the home's slots goes to the rank owning its expert as the
+   token's hidden row and the expert's local id (one packed row);
+3. the owner runs ``fused_moe`` on what it received, one slot per row with weight 1: the
+   expert's output itself, unweighted;
+4. combine (all-to-all back): the home sums its tokens' slot outputs times their weights in float32
+   in slot order (``fused_moe``'s own order), rounds once, and the shares are all-gathered (with
+   ``reduce_results=False`` under tensor parallelism over the same ranks, each rank returns its
+   share in its rows and zeros elsewhere: the caller's all-reduce gathers them).
+
+``fused_moe`` is batch invariant (a row's output depends on that row alone), and a float32 slot
+output is exact, so a token's output is bit for bit the one-process ``fused_moe``'s in float32; in
+bfloat16 / float16 each slot output is rounded to that dtype before the sum (``fused_moe``
+returns the activation dtype), an extra rounding of the order of the dtype's epsilon. gloo (CPU)
+and NCCL both implement ``all_to_all_single`` with uneven splits. Four collectives per layer, the
+sizes read on the host: not capturable in a CUDA graph (decode steps run eagerly,
+:class:`~fastinfer.engine.model_runner.ModelRunner`).
 """
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
+from torch import nn
 
 from ..distributed import SINGLE, ParallelInfo
 from .linear import ReplicatedLinear, UnquantizedLinearMethod, WeightPart, param
@@ -28,7 +54,29 @@ from .weights import CheckpointModule, WeightReader
 
 Tensor = torch.Tensor
 
-__all__ = ["FusedMoE", "ExpertProjections", "StackedExpertsReader"]
+__all__ = ["FusedMoE", "ExpertProjections", "StackedExpertsReader", "expert_shard", "expert_parallel_layers",
+           "routed_slots_per_rank"]
+
+
+def expert_shard(num_experts: int, ep: ParallelInfo) -> Tuple[int, int]:
+    """``(first expert, experts)`` rank ``ep.rank`` holds: a contiguous ``1 / ep.world_size`` of them."""
+    n = ep.world_size
+    if num_experts % n:
+        raise ValueError(f"{num_experts} experts do not split over expert_parallel_size={n} (each rank holds "
+                         f"num_experts / {n} of them)")
+    return ep.rank * (num_experts // n), num_experts // n
+
+
+def expert_parallel_layers(model: nn.Module) -> List["FusedMoE"]:
+    """The model's expert-parallel :class:`FusedMoE` layers (none without expert parallelism)."""
+    return [m for m in model.modules() if isinstance(m, FusedMoE) and m.ep is not None]
+
+
+def routed_slots_per_rank(layers: Sequence["FusedMoE"]) -> Optional[List[int]]:
+    """The (token, expert) slots each expert-parallel rank's experts processed, summed over
+    ``layers`` (:func:`expert_parallel_layers`) since they were built: every layer counts every
+    rank's slots, from the exchange sizes. None without such layers."""
+    return [sum(c) for c in zip(*(m.routed_slots for m in layers))] if layers else None
 
 
 class ExpertProjections(NamedTuple):
@@ -51,20 +99,40 @@ class FusedMoE(CheckpointModule):
         projections: the per-expert projection names.
         stacked_prefix: where transformers 5's modules keep the same layer (see
             :class:`StackedExpertsReader`); default ``prefix``.
+        tp: the tensor-parallel group; with ``tp.ep`` the experts split over that group instead
+            (see the module docstring).
         reduce_results: sum the output over the tensor-parallel ranks (one all-reduce); False:
             return this rank's partial sum, for a caller that adds its own partial sums before
             reducing them all at once (Qwen2-MoE's shared expert).
+
+    ``w13`` / ``w2`` hold this rank's experts, ``first_expert`` the global id of the first.
+    ``routed_slots``: per expert-parallel rank, the slots its experts processed in this layer
+    (empty without expert parallelism).
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, renormalize: bool,
                  prefix: str, projections: ExpertProjections, *, dtype: torch.dtype, device, ops,
                  tp: ParallelInfo = SINGLE, stacked_prefix: Optional[str] = None, reduce_results: bool = True):
         super().__init__()
-        n = tp.world_size
-        if intermediate_size % n:
-            raise ValueError(f"{prefix}: the experts' intermediate size {intermediate_size} does not split over "
-                             f"{n} ranks (tensor_parallel_size={n})")
-        local = intermediate_size // n
+        self.ep = tp.ep if tp.ep is not None and tp.ep.world_size > 1 else None
+        self.routed_slots: List[int] = []
+        if self.ep is not None and tp.world_size not in (1, self.ep.world_size):
+            raise ValueError(f"{prefix}: expert parallelism over {self.ep.world_size} ranks with tensor parallelism "
+                             f"over {tp.world_size}: the experts split over the tensor-parallel ranks or without them")
+        if self.ep is not None:  # whole experts, a share of them
+            try:
+                self.first_expert, self.num_local_experts = expert_shard(num_experts, self.ep)
+            except ValueError as e:
+                raise ValueError(f"{prefix}: {e}") from None
+            local = intermediate_size
+            self.routed_slots = [0] * self.ep.world_size
+        else:  # every expert, a slice of each
+            n = tp.world_size
+            if intermediate_size % n:
+                raise ValueError(f"{prefix}: the experts' intermediate size {intermediate_size} does not split over "
+                                 f"{n} ranks (tensor_parallel_size={n})")
+            local = intermediate_size // n
+            self.first_expert, self.num_local_experts = 0, num_experts
         if hidden_size % 8 or local % 8:  # fused_moe's contract
             raise ValueError(f"{prefix}: fused_moe needs the hidden size ({hidden_size}) and each rank's expert "
                              f"intermediate size ({local}) to be multiples of 8")
@@ -79,41 +147,114 @@ class FusedMoE(CheckpointModule):
         # routing decides which experts run: never quantised
         self.router = ReplicatedLinear(hidden_size, [WeightPart(f"{prefix}.gate", num_experts)], False, dtype=dtype,
                                        device=device, ops=ops, method=UnquantizedLinearMethod())
-        self.w13 = param((num_experts, 2 * local, hidden_size), dtype, device)  # gate rows, then up rows
-        self.w2 = param((num_experts, hidden_size, local), dtype, device)
+        self.w13 = param((self.num_local_experts, 2 * local, hidden_size), dtype, device)  # gate rows, then up
+        self.w2 = param((self.num_local_experts, hidden_size, local), dtype, device)
 
     def expert_name(self, expert: int, projection: str) -> str:
         return f"{self.prefix}.experts.{expert}.{projection}.weight"
 
+    def local_experts(self) -> range:
+        """The global ids of this rank's experts."""
+        return range(self.first_expert, self.first_expert + self.num_local_experts)
+
     def load_from(self, reader: WeightReader) -> None:
-        """The experts (the router loads itself): this rank's slice of each expert's intermediate rows."""
+        """The experts (the router loads itself): this rank's experts, each whole (expert
+        parallelism) or this rank's slice of its intermediate rows; the other ranks' experts are
+        skipped (their rank reads them)."""
         H, I, local = self.hidden_size, self.intermediate_size, self.local_intermediate_size
-        shard = None if self.tp.world_size == 1 else (self.tp.rank * local, local)
+        shard = None if self.ep is not None or self.tp.world_size == 1 else (self.tp.rank * local, local)
         p = self.projections
+        mine = self.local_experts()
         with torch.no_grad():
             for e in range(self.num_experts):
-                gate = reader.get_float(self.expert_name(e, p.gate), (I, H), rows=shard)
-                up = reader.get_float(self.expert_name(e, p.up), (I, H), rows=shard)
-                down = reader.get_float(self.expert_name(e, p.down), (H, I), cols=shard)
-                self.w13[e].copy_(torch.cat([gate, up]).to(self.w13.dtype))
-                self.w2[e].copy_(down.to(self.w2.dtype))
+                names = [self.expert_name(e, proj) for proj in (p.gate, p.up, p.down)]
+                if e not in mine:
+                    for name in names:
+                        if reader.has(name):
+                            reader.skip(name)
+                    continue
+                gate = reader.get_float(names[0], (I, H), rows=shard)
+                up = reader.get_float(names[1], (I, H), rows=shard)
+                down = reader.get_float(names[2], (H, I), cols=shard)
+                self.w13[e - self.first_expert].copy_(torch.cat([gate, up]).to(self.w13.dtype))
+                self.w2[e - self.first_expert].copy_(down.to(self.w2.dtype))
 
     def checkpoint_tensors(self) -> Iterable[Tuple[str, Tensor]]:
         local, p = self.local_intermediate_size, self.projections
-        for e in range(self.num_experts):
-            yield self.expert_name(e, p.gate), self.w13.detach()[e, :local]
-            yield self.expert_name(e, p.up), self.w13.detach()[e, local:]
-            yield self.expert_name(e, p.down), self.w2.detach()[e]
+        for i, e in enumerate(self.local_experts()):
+            yield self.expert_name(e, p.gate), self.w13.detach()[i, :local]
+            yield self.expert_name(e, p.up), self.w13.detach()[i, local:]
+            yield self.expert_name(e, p.down), self.w2.detach()[i]
 
     def forward(self, x: Tensor) -> Tensor:
+        # every token is routed on every rank, expert parallel or not: the router's GEMM runs on the
+        # batch one process runs it on, so the routing has the same bits
         weights, ids = self.ops.moe_topk(self.router(x), self.top_k, self.renormalize, "softmax")
+        if self.ep is not None:
+            return self._expert_parallel(x, weights, ids)
         out = self.ops.fused_moe(x, self.w13, self.w2, weights, ids, "silu")
         if self.reduce_results and self.tp.world_size > 1:
             self.tp.comm.all_reduce(out)
         return out
 
+    def _expert_parallel(self, x: Tensor, weights: Tensor, ids: Tensor) -> Tensor:
+        """Dispatch this rank's share of the tokens to the experts' owners, run the slots sent here,
+        combine the share, all-gather the shares (the module docstring's steps 1-4)."""
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("expert parallelism reads the exchange sizes on the host: it cannot run inside a "
+                               "CUDA graph (use enforce_eager=True)")
+        comm, n, rank = self.ep.comm, self.ep.world_size, self.ep.rank
+        T, H, k = x.shape[0], self.hidden_size, self.top_k
+        share = -(-T // n)
+        lo, hi = min(rank * share, T), min((rank + 1) * share, T)
+        # this rank's slots s = (token - lo) * k + j, grouped by owner rank, in slot order within each
+        slot_ids = ids[lo:hi].reshape(-1).long()
+        owner = torch.div(slot_ids, self.num_local_experts, rounding_mode="floor")
+        order = torch.argsort(owner, stable=True)
+        # 1. counts[home][owner]: each exchange's sizes on every rank, and every owner's load
+        counts = comm.all_gather(torch.bincount(owner, minlength=n).view(1, n)).tolist()
+        send = counts[rank]
+        recv = [counts[home][rank] for home in range(n)]
+        for r in range(n):
+            self.routed_slots[r] += sum(counts[home][r] for home in range(n))
+        # 2. dispatch: a slot travels as its token's row and its expert's local id, packed into one
+        #    byte row so that one all-to-all carries both
+        rows = x[lo:hi].index_select(0, torch.div(order, k, rounding_mode="floor"))
+        local_ids = (slot_ids - owner * self.num_local_experts).index_select(0, order).to(torch.int32)
+        row_bytes = H * x.element_size()
+        packed = torch.cat([rows.contiguous().view(torch.uint8), local_ids.view(-1, 1).view(torch.uint8)], dim=1)
+        got = comm.all_to_all(packed, send, recv)
+        got_rows = got[:, :row_bytes].contiguous().view(x.dtype)
+        got_ids = got[:, row_bytes:].contiguous().view(torch.int32)
+        # 3. one slot per row, weight 1: the expert's output itself (exact in float32), so that the
+        #    home can weight and sum a token's slots in fused_moe's order. Owners returning weighted
+        #    partial sums instead would add the slots of a token split over ranks in another order
+        #    (k >= 3: (s0 + s2) + s1 is not s0 + s1 + s2 in float32).
+        unit = torch.ones(got_ids.shape, dtype=torch.float32, device=x.device)
+        y = self.ops.fused_moe(got_rows, self.w13, self.w2, unit, got_ids, "silu")
+        # 4. combine: back to the homes, into slot order, weighted and summed over j = 0 .. k-1 in
+        #    order in float32 from zero, rounded once: fused_moe's sum, so the same bits. Separate
+        #    multiply and add, each rounded, as fused_moe's (a fused multiply-add rounds once: other bits).
+        back = comm.all_to_all(y, recv, send)
+        slot_out = torch.empty_like(back).index_copy_(0, order, back).view(hi - lo, k, H)
+        w = weights[lo:hi]
+        acc = torch.zeros(hi - lo, H, dtype=torch.float32, device=x.device)
+        for j in range(k):
+            acc = acc + w[:, j:j + 1] * slot_out[:, j].float()
+        if not self.reduce_results and self.tp.world_size > 1:
+            # the caller all-reduces over these same ranks: this rank's share in its rows, zeros
+            # elsewhere, is its partial sum (adding zeros is exact), and no all-gather is needed
+            out = x.new_zeros(T, H)
+            out[lo:hi] = acc.to(x.dtype)
+            return out
+        mine = x.new_zeros(share, H)
+        mine[: hi - lo] = acc.to(x.dtype)
+        return comm.all_gather(mine)[:T]
+
     def extra_repr(self) -> str:
-        return (f"experts={self.num_experts}, top_k={self.top_k}, hidden={self.hidden_size}, "
+        experts = (f"experts={self.num_local_experts} of {self.num_experts} (from {self.first_expert})"
+                   if self.ep is not None else f"experts={self.num_experts}")
+        return (f"{experts}, top_k={self.top_k}, hidden={self.hidden_size}, "
                 f"intermediate={self.local_intermediate_size} of {self.intermediate_size}, "
                 f"renormalize={self.renormalize}")
 

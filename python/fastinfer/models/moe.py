@@ -33,7 +33,10 @@ with its gate replicated; as a per-token factor the gate scales each rank's part
 experts' and the shared expert's partial sums are added and reduced by one all-reduce, as the
 experts alone are. OLMoE's q/k norms span every head, so each rank computes the whole q and k
 projections (their weights replicated: no communication), normalises them and keeps its own heads;
-v stays split as Llama's. The experts are never quantised (a quantisation config is refused).
+v stays split as Llama's. Expert parallelism (``tp.ep``, :mod:`fastinfer.layers.moe`) splits the
+experts whole over the ranks instead; with tensor parallelism the shared expert's partial sums and
+the experts' shares (each rank's tokens, zeros elsewhere) are reduced by the same one all-reduce.
+The experts are never quantised (a quantisation config is refused).
 """
 
 from __future__ import annotations

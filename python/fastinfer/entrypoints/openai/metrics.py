@@ -9,8 +9,11 @@ Per request, observed when it ends: ``time_to_first_token_seconds``, ``time_per_
 refused with an error status. Read from the engine at scrape time: ``num_requests_running`` / ``num_requests_waiting``,
 ``kv_cache_usage_perc`` and the block pool (``kv_cache_free_blocks`` / ``kv_cache_total_blocks``:
 every block is free again once nothing runs), the prefix cache's queried / hit tokens and hit rate,
-preemptions, engine steps (forward passes), and with a draft model the speculative draft / accepted
-tokens and acceptance rate.
+preemptions, engine steps (forward passes), with a draft model the speculative draft / accepted
+tokens and acceptance rate, and with expert parallelism each rank's load:
+``expert_parallel_routed_slots_total{rank}`` (the (token, expert) slots its experts processed,
+summed over the layers) and ``expert_parallel_load_imbalance`` (the busiest rank's slots over the
+mean; 1 = balanced).
 """
 
 from __future__ import annotations
@@ -73,6 +76,17 @@ class _EngineCollector:
             yield counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.", acc)
             yield gauge("spec_decode_acceptance_rate", "Accepted / verified draft tokens.",
                         acc / draft if draft else 0.0)
+        slots = st.get("expert_parallel_routed_slots")
+        if slots:
+            c = CounterMetricFamily(_P + "expert_parallel_routed_slots",
+                                    "(Token, expert) slots each expert-parallel rank's experts processed.",
+                                    labels=names + ["rank"])
+            for rank, n in enumerate(slots):
+                c.add_metric(values + [str(rank)], float(n))
+            yield c
+            mean = sum(slots) / len(slots)
+            yield gauge("expert_parallel_load_imbalance", "Busiest expert-parallel rank's slots / the mean.",
+                        max(slots) / mean if mean else 1.0)
 
 
 class ServerMetrics:
