@@ -636,6 +636,38 @@ def case_fused_moe(t, model):
                 run_whole=("moe_align_kernel",))
 
 
+def case_fused_moe_fp8(t, model, blockwise):
+    """fused_moe_fp8 (e4m3 experts: the weights read once at 1 byte, e4m3 FLOPs at large T); the
+    quantised copies of x and a and their scales join the workspace traffic."""
+    H, I, E, k = MOE_MODELS[model]
+    slots = t * k
+
+    def build():
+        w13 = _rand_fp8(E, 2 * I, H)
+        w2 = _rand_fp8(E, H, I)
+        if blockwise:
+            s13, s2 = torch.rand(E, 2 * I // 128, H // 128) + 0.5, torch.rand(E, H // 128, I // 128) + 0.5
+        else:
+            s13, s2 = torch.rand(E, 2 * I) + 0.5, torch.rand(E, H) + 0.5
+        weights, ids = _moe_routing(t, E, k)
+        x = _bf16(t, H)
+        used = int(torch.unique(ids).numel())
+        ideal = t * H * 2 * 2 + used * 3 * H * I + ids.numel() * 8
+        return dict(fn=lambda: ns().fused_moe_fp8(x, w13, w2, s13, s2, weights, ids, "silu", None, None, None, None),
+                    ideal=ideal, flops=2.0 * slots * 3 * H * I, peak="fp8", note=f"experts used {used} of {E}")
+
+    def workspace(kname, rec):
+        if "moe_gemm_kernel" in kname:  # a written (bf16) and its e4m3 copy read; y written
+            return slots * I * 2 if "MoeGemm)0" in kname else slots * I + slots * H * 4
+        if "moe_combine_kernel" in kname:
+            return slots * H * 4
+        return slots * I * 3 if "quantize" in kname else 0  # x's copy is small next to a's
+
+    return Case("fused_moe_fp8", f"{model} T={t} H={H} I={I} E={E} k={k} {'blockwise' if blockwise else 'channel'}",
+                build, sample=max(1, math.ceil(2.0 * slots * 3 * H * I / 2.4e9)), reuse=True, extra=workspace,
+                run_whole=("moe_align_kernel",))
+
+
 def case_moe_expert_loop(t, model):
     """The same layer as a loop over the experts of separate launches (what a library without a
     grouped kernel runs): per used expert dense_mm(x_e, w13[e]), silu_and_mul, dense_mm(a, w2[e]).
@@ -727,6 +759,7 @@ def all_cases(quick=False):
     for model in MOE_MODELS:
         for t in ((1, 4096) if quick else MOE_TOKENS):
             cases += [case_moe_topk(t, model), case_moe_align(t, model), case_fused_moe(t, model)]
+            cases += [case_fused_moe_fp8(t, model, blockwise) for blockwise in (False, True)]
             if not quick:
                 cases.append(case_moe_expert_loop(t, model))
     return cases

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "common.h"
+#include "gemm_int4/contract.h"
 #include "fastinfer/moe/fused_moe.h"
 #include "fastinfer/moe/routing.h"
 
@@ -28,6 +29,10 @@ inline void define_moe_ops(StableLibrary& m) {
   m.def("fused_moe_fp8(Tensor x, Tensor w13, Tensor w2, Tensor w13_scale, Tensor w2_scale, Tensor topk_weights, "
         "Tensor topk_ids, str activation, float? swiglu_alpha, float? swiglu_limit, Tensor? w13_bias, "
         "Tensor? w2_bias) -> Tensor");
+  // INT4 (W4A16) experts: w13 / w2 in int4_pack's layout per expert, group scales and zero points.
+  m.def("fused_moe_int4(Tensor x, Tensor w13, Tensor w2, Tensor w13_scales, Tensor w2_scales, Tensor? w13_zeros, "
+        "Tensor? w2_zeros, Tensor topk_weights, Tensor topk_ids, int group_size, str activation, "
+        "float? swiglu_alpha, float? swiglu_limit, Tensor? w13_bias, Tensor? w2_bias) -> Tensor");
 }
 
 inline MoeScoring parse_moe_scoring(const char* op, std::string_view scoring) {
@@ -237,6 +242,67 @@ inline std::pair<FusedMoeArgs, bool> validate_fused_moe_fp8(
   return {validate_moe_routing_and_activation(op, x, E, I, topk_weights, topk_ids, activation, swiglu_alpha,
                                               swiglu_limit, w13_bias, w2_bias, allow_fp32),
           blockwise};
+}
+
+// ---- fused_moe_int4 ----
+
+// One expert stack of int4 weights: packed int32 [E, K / 64, 8 N], scales [E, K / G, N] (x's dtype),
+// zeros uint8 [E, K / G, N] or None.
+inline void check_int4_experts(const char* op, const Tensor& x, const Tensor& packed, const char* name,
+                               const Tensor& scales, const char* scales_name, const std::optional<Tensor>& zeros,
+                               const char* zeros_name, int64_t E, int64_t N, int64_t K, int64_t group_size) {
+  check_dim(packed, 3, op, name, "[num_experts, K / 64, 8 * N] int32 (int4_pack's layout per expert)");
+  check_dtype_in(packed, {kInt}, op, name);
+  check_same_device(packed, x, op, name, "x");
+  check_contiguous(packed, op, name);
+  FI_CHECK(packed.size(0) == E && packed.size(1) * kInt4MinK == K && packed.size(2) == 8 * N, op, name,
+           " must have shape [num_experts, K / 64, 8 * N] = [", E, ", ", K / kInt4MinK, ", ", 8 * N, "], got ",
+           shape_str(packed));
+  check_dim(scales, 3, op, scales_name, "[num_experts, K / group_size, N]");
+  check_same_dtype(scales, x, op, scales_name, "x");
+  check_same_device(scales, x, op, scales_name, "x");
+  check_contiguous(scales, op, scales_name);
+  FI_CHECK(scales.size(0) == E && scales.size(1) == K / group_size && scales.size(2) == N, op, scales_name,
+           " must have shape [num_experts, K / group_size, N] = [", E, ", ", K / group_size, ", ", N, "], got ",
+           shape_str(scales));
+  if (!zeros.has_value()) return;
+  check_dim(*zeros, 3, op, zeros_name, "[num_experts, K / group_size, N] uint8 (0..15), or None (symmetric)");
+  check_dtype_in(*zeros, {kByte}, op, zeros_name);
+  check_same_device(*zeros, x, op, zeros_name, "x");
+  check_contiguous(*zeros, op, zeros_name);
+  FI_CHECK(zeros->size(0) == E && zeros->size(1) == K / group_size && zeros->size(2) == N, op, zeros_name,
+           " must have shape [num_experts, K / group_size, N] = [", E, ", ", K / group_size, ", ", N, "], got ",
+           shape_str(*zeros));
+  check_index_range(*zeros, 0, 16, op, zeros_name, "4-bit zero points");
+}
+
+// Checks every argument of fused_moe_int4 (w13 packs N = 2I rows of K = H, w2 N = H rows of K = I).
+inline FusedMoeArgs validate_fused_moe_int4(
+    const char* op, const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& w13_scales,
+    const Tensor& w2_scales, const std::optional<Tensor>& w13_zeros, const std::optional<Tensor>& w2_zeros,
+    const Tensor& topk_weights, const Tensor& topk_ids, int64_t group_size, std::string_view activation,
+    std::optional<double> swiglu_alpha, std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
+    const std::optional<Tensor>& w2_bias, bool allow_fp32) {
+  check_dim(x, 2, op, "x", "[num_tokens, hidden]");
+  check_activation_dtype(x, allow_fp32, op, "x");
+  check_contiguous(x, op, "x");
+  check_dim(w13, 3, op, "w13", "[num_experts, hidden / 64, 8 * 2 * intermediate] int32 (int4_pack per expert)");
+  check_dim(w2, 3, op, "w2", "[num_experts, intermediate / 64, 8 * hidden] int32 (int4_pack per expert)");
+  const int64_t H = x.size(1), E = w13.size(0), I = w13.size(2) / 16;
+  FI_CHECK(E >= 1 && E < (int64_t{1} << 31), op, "w13 must have 1 <= num_experts < 2^31, got shape ",
+           shape_str(w13));
+  FI_CHECK(H % kInt4MinK == 0 && I % kInt4MinK == 0 && I > 0 && w13.size(2) == 16 * I, op,
+           "x and w13 must have hidden and intermediate (w13.size(2) / 16) positive multiples of 64 (the int4 "
+           "layout's unit is 16 columns x 64 k), got hidden ", H, ", w13 ", shape_str(w13));
+  FI_CHECK(group_size > 0 && group_size % 32 == 0 && H % group_size == 0 && I % group_size == 0, op,
+           "group_size must be a positive multiple of 32 dividing hidden = ", H, " and intermediate = ", I, ", got ",
+           group_size);
+  FI_CHECK(w13_zeros.has_value() == w2_zeros.has_value(), op,
+           "w13_zeros and w2_zeros must both be given (asymmetric) or both None (symmetric, z = 8)");
+  check_int4_experts(op, x, w13, "w13", w13_scales, "w13_scales", w13_zeros, "w13_zeros", E, 2 * I, H, group_size);
+  check_int4_experts(op, x, w2, "w2", w2_scales, "w2_scales", w2_zeros, "w2_zeros", E, H, I, group_size);
+  return validate_moe_routing_and_activation(op, x, E, I, topk_weights, topk_ids, activation, swiglu_alpha,
+                                             swiglu_limit, w13_bias, w2_bias, allow_fp32);
 }
 
 }  // namespace fastinfer::binding

@@ -5,7 +5,8 @@
 // the slots grouped by expert, two batch-invariant GEMMs per expert (gemm_dense's), then each
 // token's weighted sum in slot order (moe/fused_moe.h). fused_moe_fp8: the same with the GEMM
 // inputs quantised to e4m3 and dequantised back (x and a per row or per 128-group, the rule of
-// gemm/fp8.h) and each expert's weights dequantised to fp32 with its scales.
+// gemm/fp8.h) and each expert's weights dequantised to fp32 with its scales. fused_moe_int4: each
+// expert's weights decoded and dequantised as int4_gemm's CPU path does (rounded to x's dtype).
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "cpu_simd.h"
 #include "gemm_dense/batch_invariant_mm.h"
 #include "gemm_fp8/e4m3_cpu.h"
+#include "gemm_int4/dequantize_cpu.h"
 #include "moe/contract.h"
 
 namespace fastinfer::binding {
@@ -182,6 +184,34 @@ struct Fp8Experts {
   }
 };
 
+// fused_moe_int4's experts: each expert's packed weights decoded into fp32 buffers of values rounded
+// to the activation dtype T (gemm/int4.h's dequantisation), the inputs as they are.
+template <typename T>
+struct Int4Experts {
+  const int32_t *w13, *w2;
+  const T *w13_scales, *w2_scales;
+  const uint8_t *w13_zeros, *w2_zeros;  // nullptr: symmetric
+  int64_t H, I, group_size;
+  std::vector<float> gate_up_buf, down_buf;
+
+  ExpertMatrix gate_up(int64_t e) {
+    gate_up_buf.resize(static_cast<size_t>(2 * I * H));
+    const int64_t groups = H / group_size;
+    dequantize_int4_rows<T>(w13 + e * (H / 64) * 16 * I, w13_scales + e * groups * 2 * I,
+                            w13_zeros ? w13_zeros + e * groups * 2 * I : nullptr, 2 * I, H, group_size, 0, 2 * I,
+                            gate_up_buf.data());
+    return {gate_up_buf.data(), kFloat};
+  }
+  ExpertMatrix down(int64_t e) {
+    down_buf.resize(static_cast<size_t>(H * I));
+    const int64_t groups = I / group_size;
+    dequantize_int4_rows<T>(w2 + e * (I / 64) * 8 * H, w2_scales + e * groups * H,
+                            w2_zeros ? w2_zeros + e * groups * H : nullptr, H, I, group_size, 0, H, down_buf.data());
+    return {down_buf.data(), kFloat};
+  }
+  void quantize_rows(float*, int64_t, int64_t) const {}
+};
+
 template <typename T, typename Experts>
 void fused_moe_typed(const FusedMoeArgs& args, const T* x, Experts& experts, const float* topk_weights,
                      const int32_t* topk_ids, const T* w13_bias, const T* w2_bias, T* out) {
@@ -257,13 +287,15 @@ void fused_moe_typed(const FusedMoeArgs& args, const T* x, Experts& experts, con
   });
 }
 
-template <typename Experts>
-Tensor fused_moe_cpu_with(const FusedMoeArgs& args, const Tensor& x, Experts& experts, const Tensor& topk_weights,
-                          const Tensor& topk_ids, const std::optional<Tensor>& w13_bias,
+// make_experts(scalar_t tag) builds the variant's experts for the activation dtype.
+template <typename MakeExperts>
+Tensor fused_moe_cpu_with(const FusedMoeArgs& args, const Tensor& x, MakeExperts&& make_experts,
+                          const Tensor& topk_weights, const Tensor& topk_ids, const std::optional<Tensor>& w13_bias,
                           const std::optional<Tensor>& w2_bias, const char* op) {
   auto out = empty_on(x, {args.num_tokens, args.hidden});
   if (args.num_tokens == 0) return out;
   FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), op, [&] {
+    auto experts = make_experts(scalar_t{});
     fused_moe_typed<scalar_t>(args, x.const_data_ptr<scalar_t>(), experts, topk_weights.const_data_ptr<float>(),
                               topk_ids.const_data_ptr<int32_t>(),
                               w13_bias.has_value() ? w13_bias->const_data_ptr<scalar_t>() : nullptr,
@@ -281,8 +313,10 @@ Tensor fused_moe_cpu(const Tensor& x, const Tensor& w13, const Tensor& w2, const
   const FusedMoeArgs args = validate_fused_moe(op, x, w13, w2, topk_weights, topk_ids, activation, swiglu_alpha,
                                                swiglu_limit, w13_bias, w2_bias, /*allow_fp32=*/true);
   check_on_cpu(x, op, "x");
-  FloatExperts experts{w13.const_data_ptr(), w2.const_data_ptr(), x.scalar_type(), args.hidden, args.intermediate};
-  return fused_moe_cpu_with(args, x, experts, topk_weights, topk_ids, w13_bias, w2_bias, op);
+  const auto make = [&](auto) {
+    return FloatExperts{w13.const_data_ptr(), w2.const_data_ptr(), x.scalar_type(), args.hidden, args.intermediate};
+  };
+  return fused_moe_cpu_with(args, x, make, topk_weights, topk_ids, w13_bias, w2_bias, op);
 }
 
 Tensor fused_moe_fp8_cpu(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& w13_scale,
@@ -295,16 +329,50 @@ Tensor fused_moe_fp8_cpu(const Tensor& x, const Tensor& w13, const Tensor& w2, c
       validate_fused_moe_fp8(op, x, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, activation, swiglu_alpha,
                              swiglu_limit, w13_bias, w2_bias, /*allow_fp32=*/true);
   check_on_cpu(x, op, "x");
-  Fp8Experts experts{static_cast<const uint8_t*>(w13.const_data_ptr()),
-                     static_cast<const uint8_t*>(w2.const_data_ptr()),
-                     w13_scale.const_data_ptr<float>(),
-                     w2_scale.const_data_ptr<float>(),
-                     blockwise,
-                     args.hidden,
-                     args.intermediate,
-                     {},
-                     {}};
-  return fused_moe_cpu_with(args, x, experts, topk_weights, topk_ids, w13_bias, w2_bias, op);
+  const auto make = [&](auto) {
+    return Fp8Experts{static_cast<const uint8_t*>(w13.const_data_ptr()),
+                      static_cast<const uint8_t*>(w2.const_data_ptr()),
+                      w13_scale.const_data_ptr<float>(),
+                      w2_scale.const_data_ptr<float>(),
+                      blockwise,
+                      args.hidden,
+                      args.intermediate,
+                      {},
+                      {}};
+  };
+  return fused_moe_cpu_with(args, x, make, topk_weights, topk_ids, w13_bias, w2_bias, op);
+}
+
+Tensor fused_moe_int4_cpu(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& w13_scales,
+                          const Tensor& w2_scales, const std::optional<Tensor>& w13_zeros,
+                          const std::optional<Tensor>& w2_zeros, const Tensor& topk_weights, const Tensor& topk_ids,
+                          int64_t group_size, std::string_view activation, std::optional<double> swiglu_alpha,
+                          std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
+                          const std::optional<Tensor>& w2_bias) {
+  const char* op = "fused_moe_int4";
+  const FusedMoeArgs args =
+      validate_fused_moe_int4(op, x, w13, w2, w13_scales, w2_scales, w13_zeros, w2_zeros, topk_weights, topk_ids,
+                              group_size, activation, swiglu_alpha, swiglu_limit, w13_bias, w2_bias,
+                              /*allow_fp32=*/true);
+  check_on_cpu(x, op, "x");
+  const auto zeros_of = [](const std::optional<Tensor>& z) {
+    return z.has_value() ? static_cast<const uint8_t*>(z->const_data_ptr()) : nullptr;
+  };
+  const auto make = [&](auto tag) {
+    using T = decltype(tag);
+    return Int4Experts<T>{w13.const_data_ptr<int32_t>(),
+                          w2.const_data_ptr<int32_t>(),
+                          w13_scales.const_data_ptr<T>(),
+                          w2_scales.const_data_ptr<T>(),
+                          zeros_of(w13_zeros),
+                          zeros_of(w2_zeros),
+                          args.hidden,
+                          args.intermediate,
+                          group_size,
+                          {},
+                          {}};
+  };
+  return fused_moe_cpu_with(args, x, make, topk_weights, topk_ids, w13_bias, w2_bias, op);
 }
 
 }  // namespace
@@ -315,4 +383,5 @@ FASTINFER_LIBRARY_IMPL(CPU, m) {
   m.impl("moe_align", TORCH_BOX(&fastinfer::binding::moe_align_cpu));
   m.impl("fused_moe", TORCH_BOX(&fastinfer::binding::fused_moe_cpu));
   m.impl("fused_moe_fp8", TORCH_BOX(&fastinfer::binding::fused_moe_fp8_cpu));
+  m.impl("fused_moe_int4", TORCH_BOX(&fastinfer::binding::fused_moe_int4_cpu));
 }

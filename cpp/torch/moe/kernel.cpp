@@ -123,6 +123,21 @@ Tensor fused_moe_fp8(const Tensor& x, const Tensor& w13, const Tensor& w2, const
   return launch_checked(op, args, p, x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias);
 }
 
+// The grouped int4 GEMM is not written yet: the arguments are checked, then a clear error (never a
+// silent fallback to another device).
+Tensor fused_moe_int4(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& w13_scales,
+                      const Tensor& w2_scales, const std::optional<Tensor>& w13_zeros,
+                      const std::optional<Tensor>& w2_zeros, const Tensor& topk_weights, const Tensor& topk_ids,
+                      int64_t group_size, std::string_view activation, std::optional<double> swiglu_alpha,
+                      std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
+                      const std::optional<Tensor>& w2_bias) {
+  const char* op = "fused_moe_int4";
+  validate_fused_moe_int4(op, x, w13, w2, w13_scales, w2_scales, w13_zeros, w2_zeros, topk_weights, topk_ids,
+                          group_size, activation, swiglu_alpha, swiglu_limit, w13_bias, w2_bias, /*allow_fp32=*/false);
+  check_device(x, op, "x");
+  fail(op, "the CUDA kernel of fused_moe_int4 is not built yet; the CPU implementation is the only one");
+}
+
 }  // namespace
 }  // namespace fastinfer::binding
 
@@ -131,4 +146,5 @@ FASTINFER_LIBRARY_IMPL(FASTINFER_KERNEL_KEY, m) {
   m.impl("moe_align", TORCH_BOX(&fastinfer::binding::moe_align));
   m.impl("fused_moe", TORCH_BOX(&fastinfer::binding::fused_moe));
   m.impl("fused_moe_fp8", TORCH_BOX(&fastinfer::binding::fused_moe_fp8));
+  m.impl("fused_moe_int4", TORCH_BOX(&fastinfer::binding::fused_moe_int4));
 }

@@ -11,7 +11,7 @@ from ._fake import check, check_dim, fake, same_device
 
 Tensor = torch.Tensor
 
-__all__ = ["moe_topk", "moe_align", "fused_moe", "fused_moe_fp8", "gpt_oss_expert_weights", "MOE_SCORINGS", "MOE_ACTIVATIONS",
+__all__ = ["moe_topk", "moe_align", "fused_moe", "fused_moe_fp8", "fused_moe_int4", "gpt_oss_expert_weights", "MOE_SCORINGS", "MOE_ACTIVATIONS",
            "SWIGLU_OAI_ALPHA", "SWIGLU_OAI_LIMIT"]
 
 #: the ``scoring`` values of :func:`moe_topk`
@@ -171,6 +171,36 @@ def fused_moe_fp8(
                                                       w13_bias, w2_bias)
 
 
+def fused_moe_int4(
+    x: Tensor, w13: Tensor, w2: Tensor, w13_scales: Tensor, w2_scales: Tensor, w13_zeros: Optional[Tensor],
+    w2_zeros: Optional[Tensor], topk_weights: Tensor, topk_ids: Tensor, group_size: int = 128,
+    activation: str = "silu", swiglu_alpha: Optional[float] = None, swiglu_limit: Optional[float] = None,
+    w13_bias: Optional[Tensor] = None, w2_bias: Optional[Tensor] = None, *, lib=None,
+) -> Tensor:
+    """:func:`fused_moe` with INT4 (W4A16) experts: each expert's weights in :func:`int4_gemm`'s
+    packed layout with group scales and optional zero points.
+
+    Expert ``e``'s gate/up weight ``W13[e] [2I, H]`` is ``w13[e]`` (``int4_pack`` of its 4-bit
+    codes: int32 ``[H / 64, 8 * 2I]``), dequantised as ``(q - z) * s`` with ``s = w13_scales[e][k //
+    group_size][n]`` (x's dtype) and ``z = w13_zeros[e][k // group_size][n]`` (uint8 0..15; 8 for
+    every weight with ``w13_zeros=None``), the product rounded once to x's dtype (as int4_gemm);
+    ``w2`` ``[E, I / 64, 8 * H]`` likewise. Then :func:`fused_moe` on the dequantised weights:
+    x is not quantised. The zero points are given for both stacks or for neither. H and I are
+    multiples of 64 and of ``group_size`` (a multiple of 32). Per-expert AutoAWQ / GPTQ tensors
+    convert with :func:`int4_repack` (act-order, GPTQ's ``g_idx``, is not supported here).
+
+    CPU only for now: on CUDA tensors the op raises (the grouped int4 kernel is not built yet).
+    """
+    if activation == "swiglu_oai":
+        swiglu_alpha = SWIGLU_OAI_ALPHA if swiglu_alpha is None else swiglu_alpha
+        swiglu_limit = SWIGLU_OAI_LIMIT if swiglu_limit is None else swiglu_limit
+    to_float = (lambda v: None if v is None else float(v))
+    return (lib or torch.ops.fastinfer).fused_moe_int4(x, w13, w2, w13_scales, w2_scales, w13_zeros, w2_zeros,
+                                                       topk_weights, topk_ids, int(group_size), activation,
+                                                       to_float(swiglu_alpha), to_float(swiglu_limit), w13_bias,
+                                                       w2_bias)
+
+
 def gpt_oss_expert_weights(gate_up_proj: Tensor, gate_up_proj_bias: Tensor, down_proj: Tensor,
                            down_proj_bias: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """gpt-oss's expert weights (transformers' ``GptOssExperts``) in :func:`fused_moe`'s layout.
@@ -232,4 +262,18 @@ def _fused_moe_fp8_fake(ns, x, w13, w2, w13_scale, w2_scale, topk_weights, topk_
     check(ns, op, activation in MOE_ACTIVATIONS, f"activation must be 'silu' or 'swiglu_oai', got '{activation}'")
     same_device(ns, op, "x", x, w13=w13, w2=w2, w13_scale=w13_scale, w2_scale=w2_scale, topk_weights=topk_weights,
                 topk_ids=topk_ids, w13_bias=w13_bias, w2_bias=w2_bias)
+    return x.new_empty((x.shape[0], x.shape[1]))
+
+
+@fake("fused_moe_int4")
+def _fused_moe_int4_fake(ns, x, w13, w2, w13_scales, w2_scales, w13_zeros, w2_zeros, topk_weights, topk_ids,
+                         group_size, activation, swiglu_alpha, swiglu_limit, w13_bias, w2_bias):
+    op = "fused_moe_int4"
+    check_dim(ns, op, "x", x, 2, "[num_tokens, hidden]")
+    check_dim(ns, op, "w13", w13, 3, "[num_experts, hidden / 64, 8 * 2 * intermediate]")
+    check_dim(ns, op, "w2", w2, 3, "[num_experts, intermediate / 64, 8 * hidden]")
+    check(ns, op, w13.dtype == torch.int32, f"w13 must be int32 (int4_pack's layout), got {w13.dtype}")
+    check(ns, op, activation in MOE_ACTIVATIONS, f"activation must be 'silu' or 'swiglu_oai', got '{activation}'")
+    same_device(ns, op, "x", x, w13=w13, w2=w2, w13_scales=w13_scales, w2_scales=w2_scales, w13_zeros=w13_zeros,
+                w2_zeros=w2_zeros, topk_weights=topk_weights, topk_ids=topk_ids, w13_bias=w13_bias, w2_bias=w2_bias)
     return x.new_empty((x.shape[0], x.shape[1]))

@@ -23,7 +23,7 @@ import torch
 Tensor = torch.Tensor
 
 __all__ = ["moe_topk", "moe_align", "expert_order", "expert_activation", "fused_moe", "fused_moe_fp8",
-           "fp8_fake_quantize"]
+           "fp8_fake_quantize", "int4_expert_weights", "fused_moe_int4"]
 
 
 def expert_order(router_logits: Tensor) -> Tensor:
@@ -142,3 +142,24 @@ def fused_moe_fp8(x: Tensor, w13: Tensor, w2: Tensor, w13_scale: Tensor, w2_scal
             y = y + w2_bias[e].double()
         out.index_add_(0, tokens, weights[tokens, slots, None] * y)
     return out
+
+
+def int4_expert_weights(packed: Tensor, scales: Tensor, zeros: Optional[Tensor], group_size: int,
+                        dtype: torch.dtype) -> Tensor:
+    """[E, N, K] in ``dtype``: each expert's int4_pack words unpacked (:func:`fastinfer.reference.gemm.int4_unpack`)
+    and dequantised, ``(q - z) * s`` rounded once to ``dtype``."""
+    from .gemm import int4_dequantize, int4_unpack
+
+    return torch.stack([int4_dequantize(int4_unpack(packed[e]), scales[e], None if zeros is None else zeros[e],
+                                        group_size, dtype=dtype).to(dtype) for e in range(packed.shape[0])])
+
+
+def fused_moe_int4(x: Tensor, w13: Tensor, w2: Tensor, w13_scales: Tensor, w2_scales: Tensor,
+                   w13_zeros: Optional[Tensor], w2_zeros: Optional[Tensor], topk_weights: Tensor, topk_ids: Tensor,
+                   group_size: int = 128, activation: str = "silu", swiglu_alpha: Optional[float] = None,
+                   swiglu_limit: Optional[float] = None, w13_bias: Optional[Tensor] = None,
+                   w2_bias: Optional[Tensor] = None) -> Tensor:
+    """``out [T, H]`` float64: :func:`fused_moe` on the dequantised experts (rounded to x's dtype)."""
+    W13 = int4_expert_weights(w13, w13_scales, w13_zeros, group_size, x.dtype)
+    W2 = int4_expert_weights(w2, w2_scales, w2_zeros, group_size, x.dtype)
+    return fused_moe(x, W13, W2, topk_weights, topk_ids, activation, swiglu_alpha, swiglu_limit, w13_bias, w2_bias)
