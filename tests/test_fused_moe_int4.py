@@ -1,8 +1,8 @@
 """fused_moe_int4 (INT4 W4A16 experts in int4_pack's layout, group scales, optional zero points)
 against the fp64 oracle of ``fastinfer.reference.moe`` (which unpacks with the reference unpacker
 and dequantises with ``fastinfer.reference.gemm.int4_dequantize``), and against transformers'
-Mixtral block run on the dequantised weights. CPU only: the CUDA registration checks the arguments
-and raises (the sim namespace builds the same binding; -m cuda on a GPU)."""
+Mixtral block run on the dequantised weights: the CPU implementation, the CUDA kernels in the simt
+emulator (both tiers, two schedules, identical bits) and on a GPU (-m cuda)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,11 @@ CASES = [
     (37, 60, 4, 128, 192, "swiglu_oai", True, False, True, 64),
     (37, 32, 4, 128, 64, "silu", False, False, False, 32),
 ]
-PARAMS = backend_params({"cpu": CASES}, {"cpu": (torch.float32, torch.bfloat16, torch.float16)})
+# the 64-row tier (rows per expert > 16; int4 has no 128-row tier)
+MEDIUM = [(200, 2, 2, 128, 128, "silu", True, False, False, 32)]
+PARAMS = backend_params({"cpu": CASES, "sim": CASES + MEDIUM, "cuda": CASES + MEDIUM},
+                        {"cpu": (torch.float32, torch.bfloat16, torch.float16), "sim": (torch.bfloat16, torch.float16),
+                         "cuda": (torch.bfloat16, torch.float16)})
 
 
 @pytest.mark.parametrize("backend,dtype,T,E,k,H,I,activation,bias,skipped,symmetric,group_size", PARAMS)
@@ -137,13 +141,14 @@ def test_batch_invariance():
 
 
 @pytest.mark.parametrize("symmetric", [True, False])
-def test_fused_moe_int4_opcheck(symmetric):
-    get_backend("cpu")
+@pytest.mark.parametrize("ns", ["fastinfer", pytest.param("fastinfer_sim", marks=pytest.mark.sim)])
+def test_fused_moe_int4_opcheck(ns, symmetric):
+    get_backend("sim" if ns == "fastinfer_sim" else "cpu")
     a = make_int4_case(5, 8, 2, 128, 64, "swiglu_oai", True, True, symmetric, 64, torch.bfloat16, seed=5)
     positional = (a["x"], a["w13"], a["w2"], a["w13_scales"], a["w2_scales"], a["w13_zeros"], a["w2_zeros"],
                   a["topk_weights"], a["topk_ids"], 64, "swiglu_oai", a["swiglu_alpha"], a["swiglu_limit"],
                   a["w13_bias"], a["w2_bias"])
-    torch.library.opcheck(torch.ops.fastinfer.fused_moe_int4.default, positional)
+    torch.library.opcheck(getattr(torch.ops, ns).fused_moe_int4.default, positional)
 
 
 def bad(symmetric=False, **changes):
@@ -181,19 +186,14 @@ def test_bad_input(ns, case, make, arg_re):
     assert f"{ns}.fused_moe_int4:" in str(exc.value)
 
 
-@pytest.mark.sim
-def test_sim_registration_says_the_kernel_is_not_built():
-    be = get_backend("sim")
-    args = make_int4_case(4, 8, 2, 128, 64, "silu", False, False, True, 64, torch.bfloat16, seed=1)
-    with pytest.raises(RuntimeError, match="fastinfer_sim.fused_moe_int4: the CUDA kernel of fused_moe_int4 is not "
-                                           "built yet"):
-        ops.fused_moe_int4(**args, lib=be.ns)
-
-
-@pytest.mark.cuda
-def test_cuda_says_the_kernel_is_not_built():
-    get_backend("cuda")
-    args = make_int4_case(4, 8, 2, 128, 64, "silu", False, False, True, 64, torch.bfloat16, seed=1)
-    cuda_args = {n: v.cuda() if isinstance(v, torch.Tensor) else v for n, v in args.items()}
-    with pytest.raises(RuntimeError, match="fastinfer.fused_moe_int4: the CUDA kernel of fused_moe_int4 is not"):
-        ops.fused_moe_int4(**cuda_args)
+@pytest.mark.parametrize("backend", [pytest.param("sim", marks=pytest.mark.sim),
+                                     pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_batch_invariance_across_tile_tiers(backend):
+    """A token alone (16-row blocks) and among 200 tokens on 2 experts (64-row blocks): the same bits."""
+    be = get_backend(backend)
+    args = make_int4_case(200, 2, 2, 128, 128, "swiglu_oai", True, False, False, 64, torch.bfloat16, seed=13)
+    batch = run(args, be)
+    for t in (0, 77, 199):
+        alone = dict(args, x=args["x"][t:t + 1], topk_weights=args["topk_weights"][t:t + 1],
+                     topk_ids=args["topk_ids"][t:t + 1])
+        assert_bits_equal(run(alone, be), batch[t:t + 1], f"token {t} alone vs among 200")

@@ -1,12 +1,14 @@
 // fused_moe launcher: moe_align, then the two grouped GEMMs and the combine (moe/fused_moe.cuh);
 // with e4m3 weights x and a are quantised first (gemm/fp8_quantize.cuh's launcher). Three tile tiers
 // by the average rows per expert, T k / E, x {fp16, bf16} x {float, e4m3 per channel, e4m3
-// blockwise} weights (e4m3 without the 128-row tier: it needs more than 255 registers on sm_90a,
-// per channel as blockwise with its partial accumulators, and would spill).
+// blockwise, int4} weights (e4m3 and int4 without the 128-row tier: e4m3 needs more than 255
+// registers there, per channel as blockwise with its partial accumulators, and would spill; int4's
+// kernel is gemm/int4_gemm.cuh's, whose tiles stop at 64 rows).
 #include "fastinfer/common/dispatch.cuh"
 #include "fastinfer/common/launch.cuh"
 #include "fastinfer/gemm/fp8.h"
 #include "fastinfer/moe/fused_moe.cuh"
+#include "fastinfer/moe/fused_moe_int4.cuh"
 #include "fastinfer/moe/routing.h"
 
 #include <algorithm>
@@ -49,7 +51,9 @@ struct WorkspaceLayout {
   size_t act, y, sorted, experts, total, x_q, x_scale, act_q, act_scale, bytes;
 };
 
-bool is_fp8(const FusedMoeParams& p) { return p.weights != MoeWeightFormat::kFloat; }
+bool is_fp8(const FusedMoeParams& p) {
+  return p.weights == MoeWeightFormat::kFp8PerChannel || p.weights == MoeWeightFormat::kFp8Blockwise;
+}
 
 // Scales per row of a quantised GEMM input of `cols` elements.
 int64_t scales_per_row(const FusedMoeParams& p, int64_t cols) {
@@ -76,19 +80,36 @@ WorkspaceLayout workspace_layout(const FusedMoeParams& p) {
   return l;
 }
 
+// The int4 grouped GEMM of a tier's block_m (moe/fused_moe_int4.cuh).
+template <int kBlockM, MoeGemm kGemm, typename T>
+cudaError_t launch_int4_gemm(const FusedMoeParams& p, const moe::FusedMoeWorkspace& w, int64_t row_blocks,
+                             cudaStream_t stream) {
+  using Cfg = moe::MoeInt4Config<kBlockM, kGemm>;
+  const int64_t n = kGemm == MoeGemm::kGateUp ? p.intermediate : p.hidden;
+  const int64_t col_tiles = ceil_div(n, Cfg::kCols);
+  if (row_blocks > 0x7fffffff || col_tiles > 65535) return cudaErrorInvalidValue;
+  return launch_kernel(moe::moe_int4_gemm_kernel<Cfg, T>,
+                       dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(col_tiles)), dim3(Cfg::kThreads),
+                       static_cast<size_t>(Cfg::kSmemBytes), stream, p, w);
+}
+
 template <typename Cfg, typename T, MoeWeightFormat kWeights>
 cudaError_t launch_gemm(const FusedMoeParams& p, const moe::FusedMoeWorkspace& w, int64_t row_blocks,
                         cudaStream_t stream) {
-  const int64_t n = Cfg::kGemm == MoeGemm::kGateUp ? p.intermediate : p.hidden;
-  const int64_t col_tiles = ceil_div(n, Cfg::kBlockN);
-  if (row_blocks > 0x7fffffff || col_tiles > 65535) return cudaErrorInvalidValue;
-  if constexpr (kWeights != MoeWeightFormat::kFloat) {  // e4m3 mma: an sm_89+ build of the kernel
-    if (cudaError_t err = require_kernel_arch<moe::moe_gemm_kernel<Cfg, T, kWeights>>(89); err != cudaSuccess)
-      return err;
+  if constexpr (kWeights == MoeWeightFormat::kInt4) {
+    return launch_int4_gemm<Cfg::kBlockM, Cfg::kGemm, T>(p, w, row_blocks, stream);
+  } else {
+    const int64_t n = Cfg::kGemm == MoeGemm::kGateUp ? p.intermediate : p.hidden;
+    const int64_t col_tiles = ceil_div(n, Cfg::kBlockN);
+    if (row_blocks > 0x7fffffff || col_tiles > 65535) return cudaErrorInvalidValue;
+    if constexpr (kWeights != MoeWeightFormat::kFloat) {  // e4m3 mma: an sm_89+ build of the kernel
+      if (cudaError_t err = require_kernel_arch<moe::moe_gemm_kernel<Cfg, T, kWeights>>(89); err != cudaSuccess)
+        return err;
+    }
+    return launch_kernel(moe::moe_gemm_kernel<Cfg, T, kWeights>,
+                         dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(col_tiles)),
+                         dim3(Cfg::kThreads), static_cast<size_t>(Cfg::kSmemBytes), stream, p, w);
   }
-  return launch_kernel(moe::moe_gemm_kernel<Cfg, T, kWeights>,
-                       dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(col_tiles)), dim3(Cfg::kThreads),
-                       static_cast<size_t>(Cfg::kSmemBytes), stream, p, w);
 }
 
 // x or a [rows, cols] (the dtype) -> e4m3 and its scales, per row or per row and 128-group.
@@ -108,7 +129,7 @@ cudaError_t quantize_input(const FusedMoeParams& p, const void* src, void* dst, 
 
 template <typename Tier, typename T, MoeWeightFormat kWeights>
 cudaError_t launch_tier(const FusedMoeParams& p, const WorkspaceLayout& l, cudaStream_t stream) {
-  constexpr bool kFp8 = kWeights != MoeWeightFormat::kFloat;
+  constexpr bool kFp8 = kWeights == MoeWeightFormat::kFp8PerChannel || kWeights == MoeWeightFormat::kFp8Blockwise;
   uint8_t* base = static_cast<uint8_t*>(p.workspace);
   const int64_t slots = p.num_tokens * p.top_k;
   MoeAlignParams align;
@@ -170,9 +191,14 @@ cudaError_t launch_fused_moe(const FusedMoeParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const int64_t k_multiple = p.weights == MoeWeightFormat::kFp8Blockwise   ? moe::kScaleBlock
                              : p.weights == MoeWeightFormat::kFp8PerChannel ? 16
+                             : p.weights == MoeWeightFormat::kInt4          ? kInt4TileK
                                                                            : 8;
-  if (is_fp8(p) && (p.w13_scale == nullptr || p.w2_scale == nullptr || p.hidden % k_multiple != 0 ||
-                    p.intermediate % k_multiple != 0))
+  if (p.hidden % k_multiple != 0 || p.intermediate % k_multiple != 0) return cudaErrorInvalidValue;
+  if (is_fp8(p) && (p.w13_scale == nullptr || p.w2_scale == nullptr)) return cudaErrorInvalidValue;
+  if (p.weights == MoeWeightFormat::kInt4 &&
+      (p.w13_group_scales == nullptr || p.w2_group_scales == nullptr || (p.w13_zeros == nullptr) != (p.w2_zeros == nullptr) ||
+       p.group_size <= 0 || p.group_size % 32 != 0 || p.hidden % p.group_size != 0 ||
+       p.intermediate % p.group_size != 0))
     return cudaErrorInvalidValue;
   if (!is_aligned(p.x, 16) || !is_aligned(p.w13, 16) || !is_aligned(p.w2, 16) || !is_aligned(p.out, 4) ||
       !is_aligned(p.workspace, 16) || (p.w13_bias && !is_aligned(p.w13_bias, 2)) ||
@@ -207,6 +233,8 @@ cudaError_t launch_fused_moe(const FusedMoeParams& p, cudaStream_t stream) {
       return by_tier(std::integral_constant<MoeWeightFormat, MoeWeightFormat::kFp8PerChannel>{});
     case MoeWeightFormat::kFp8Blockwise:
       return by_tier(std::integral_constant<MoeWeightFormat, MoeWeightFormat::kFp8Blockwise>{});
+    case MoeWeightFormat::kInt4:
+      return by_tier(std::integral_constant<MoeWeightFormat, MoeWeightFormat::kInt4>{});
   }
   return cudaErrorInvalidValue;
 }

@@ -123,8 +123,6 @@ Tensor fused_moe_fp8(const Tensor& x, const Tensor& w13, const Tensor& w2, const
   return launch_checked(op, args, p, x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias);
 }
 
-// The grouped int4 GEMM is not written yet: the arguments are checked, then a clear error (never a
-// silent fallback to another device).
 Tensor fused_moe_int4(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& w13_scales,
                       const Tensor& w2_scales, const std::optional<Tensor>& w13_zeros,
                       const std::optional<Tensor>& w2_zeros, const Tensor& topk_weights, const Tensor& topk_ids,
@@ -132,10 +130,26 @@ Tensor fused_moe_int4(const Tensor& x, const Tensor& w13, const Tensor& w2, cons
                       std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
                       const std::optional<Tensor>& w2_bias) {
   const char* op = "fused_moe_int4";
-  validate_fused_moe_int4(op, x, w13, w2, w13_scales, w2_scales, w13_zeros, w2_zeros, topk_weights, topk_ids,
-                          group_size, activation, swiglu_alpha, swiglu_limit, w13_bias, w2_bias, /*allow_fp32=*/false);
-  check_device(x, op, "x");
-  fail(op, "the CUDA kernel of fused_moe_int4 is not built yet; the CPU implementation is the only one");
+  const FusedMoeArgs args =
+      validate_fused_moe_int4(op, x, w13, w2, w13_scales, w2_scales, w13_zeros, w2_zeros, topk_weights, topk_ids,
+                              group_size, activation, swiglu_alpha, swiglu_limit, w13_bias, w2_bias,
+                              /*allow_fp32=*/false);
+  const auto zeros_of = [](const std::optional<Tensor>& z) {
+    return z.has_value() ? static_cast<const uint8_t*>(z->const_data_ptr()) : nullptr;
+  };
+  FusedMoeParams p;
+  p.w13_group_scales = w13_scales.const_data_ptr();
+  p.w2_group_scales = w2_scales.const_data_ptr();
+  p.w13_zeros = zeros_of(w13_zeros);
+  p.w2_zeros = zeros_of(w2_zeros);
+  p.group_size = static_cast<int32_t>(group_size);
+  p.weights = MoeWeightFormat::kInt4;
+  // the scales and zero points move in 16-byte cp.async chunks
+  check_aligned16(w13_scales, op, "w13_scales");
+  check_aligned16(w2_scales, op, "w2_scales");
+  if (w13_zeros.has_value()) check_aligned16(*w13_zeros, op, "w13_zeros");
+  if (w2_zeros.has_value()) check_aligned16(*w2_zeros, op, "w2_zeros");
+  return launch_checked(op, args, p, x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias);
 }
 
 }  // namespace

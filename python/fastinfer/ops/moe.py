@@ -189,7 +189,8 @@ def fused_moe_int4(
     multiples of 64 and of ``group_size`` (a multiple of 32). Per-expert AutoAWQ / GPTQ tensors
     convert with :func:`int4_repack` (act-order, GPTQ's ``g_idx``, is not supported here).
 
-    CPU only for now: on CUDA tensors the op raises (the grouped int4 kernel is not built yet).
+    On CUDA (sm_80+) the grouped GEMMs dequantise the packed words in registers, as int4_gemm does
+    (16- and 64-row blocks); otherwise as :func:`fused_moe`.
     """
     if activation == "swiglu_oai":
         swiglu_alpha = SWIGLU_OAI_ALPHA if swiglu_alpha is None else swiglu_alpha

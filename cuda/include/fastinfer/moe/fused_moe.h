@@ -37,6 +37,9 @@ enum class MoeWeightFormat : int32_t {
   kFp8PerChannel = 1,  // e4m3; w13_scale [E, 2I], w2_scale [E, H]; x and a per row; H, I % 16 == 0
   kFp8Blockwise = 2,   // e4m3; w13_scale [E, 2I/128, H/128], w2_scale [E, H/128, I/128]; x and a per
                        // row and 128-group; H, I % 128 == 0
+  kInt4 = 3,           // int4_pack's layout per expert (gemm/int4.h): w13 [E, H/64, 16 I], w2 [E, I/64, 8 H]
+                       // int32; group scales (the dtype) and zero points (uint8, or none: z = 8),
+                       // dequantised as int4_gemm's; x and a as they are; H, I % 64 == 0 and % group_size
 };
 
 struct FusedMoeParams {
@@ -45,6 +48,11 @@ struct FusedMoeParams {
   const void* w2 = nullptr;            // [E, H, I], 16-byte aligned
   const float* w13_scale = nullptr;    // e4m3 weights: their scales (MoeWeightFormat)
   const float* w2_scale = nullptr;
+  const void* w13_group_scales = nullptr;  // int4 weights: [E, H / G, 2I] and [E, I / G, H], the dtype
+  const void* w2_group_scales = nullptr;
+  const uint8_t* w13_zeros = nullptr;      // int4 weights: the same shapes, 0..15, or both nullptr
+  const uint8_t* w2_zeros = nullptr;
+  int32_t group_size = 128;                // int4 weights: a multiple of 32 dividing H and I
   const void* w13_bias = nullptr;      // [E, 2I] or nullptr
   const void* w2_bias = nullptr;       // [E, H] or nullptr
   const float* topk_weights = nullptr;  // [T, k]
