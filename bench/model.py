@@ -668,6 +668,36 @@ def case_fused_moe_fp8(t, model, blockwise):
                 run_whole=("moe_align_kernel",))
 
 
+def case_fused_moe_int4(t, model, group_size=128):
+    """fused_moe_int4 (W4A16 experts, int4_pack's layout, symmetric group-128 scales): the weights read
+    once at half a byte plus their scales, bf16 FLOPs at large T."""
+    H, I, E, k = MOE_MODELS[model]
+    slots = t * k
+
+    def build():
+        w13 = torch.randint(-2 ** 31, 2 ** 31 - 1, (E, H // 64, 16 * I), dtype=torch.int32)
+        w2 = torch.randint(-2 ** 31, 2 ** 31 - 1, (E, I // 64, 8 * H), dtype=torch.int32)
+        s13 = (torch.rand(E, H // group_size, 2 * I) * 0.01 + 0.001).to(torch.bfloat16)
+        s2 = (torch.rand(E, I // group_size, H) * 0.01 + 0.001).to(torch.bfloat16)
+        weights, ids = _moe_routing(t, E, k)
+        x = _bf16(t, H)
+        used = int(torch.unique(ids).numel())
+        scale_bytes = used * (H // group_size * 2 * I + I // group_size * H) * 2
+        ideal = t * H * 2 * 2 + used * 3 * H * I // 2 + scale_bytes + ids.numel() * 8
+        return dict(fn=lambda: ns().fused_moe_int4(x, w13, w2, s13, s2, None, None, weights, ids, group_size, "silu",
+                                                   None, None, None, None),
+                    ideal=ideal, flops=2.0 * slots * 3 * H * I, peak="bf16", note=f"experts used {used} of {E}")
+
+    def workspace(kname, rec):
+        if "moe_int4_gemm_kernel" in kname:
+            return slots * I * 2 if "MoeGemm)0" in kname else slots * I * 2 + slots * H * 4
+        return slots * H * 4 if "moe_combine_kernel" in kname else 0
+
+    return Case("fused_moe_int4", f"{model} T={t} H={H} I={I} E={E} k={k} g{group_size}", build,
+                sample=max(1, math.ceil(2.0 * slots * 3 * H * I / 1.2e9)), reuse=True, extra=workspace,
+                run_whole=("moe_align_kernel",))
+
+
 def case_moe_expert_loop(t, model):
     """The same layer as a loop over the experts of separate launches (what a library without a
     grouped kernel runs): per used expert dense_mm(x_e, w13[e]), silu_and_mul, dense_mm(a, w2[e]).
@@ -760,6 +790,7 @@ def all_cases(quick=False):
         for t in ((1, 4096) if quick else MOE_TOKENS):
             cases += [case_moe_topk(t, model), case_moe_align(t, model), case_fused_moe(t, model)]
             cases += [case_fused_moe_fp8(t, model, blockwise) for blockwise in (False, True)]
+            cases.append(case_fused_moe_int4(t, model))
             if not quick:
                 cases.append(case_moe_expert_loop(t, model))
     return cases

@@ -56,15 +56,15 @@ def make_case(T, E, k, H, I, activation, bias, skipped, dtype, seed):
     return args
 
 
-def run(args, be=None):
-    """fused_moe on a backend (default: the CPU implementation), the output back on the CPU; the
-    sim backend runs it under two schedules and requires identical bits."""
+def run(args, be=None, op=ops.fused_moe):
+    """``op`` (a fused_moe variant's wrapper) on a backend (default: the CPU implementation), the
+    output back on the CPU; the sim backend runs it under two schedules and requires identical bits."""
     be = be or get_backend("cpu")
 
     def call():
         poison_heap(args["x"].numel(), args["x"].dtype, be.device)
         moved = {n: v.to(be.device) if isinstance(v, torch.Tensor) else v for n, v in args.items()}
-        return ops.fused_moe(**moved, lib=be.ns).cpu()
+        return op(**moved, lib=be.ns).cpu()
     return be.run(call)
 
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from conftest import assert_fa_close, assert_bits_equal, backend_params, get_backend, make_gen
 import fastinfer.ops as ops
 import fastinfer.reference.moe as RM
-from test_fused_moe import make_case, poison_heap
+from test_fused_moe import make_case, run as run_variant
 
 
 def quantize_experts(w, blockwise):
@@ -54,13 +54,7 @@ def naive_fused_moe_fp8(x, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids,
 
 
 def run(args, be=None):
-    be = be or get_backend("cpu")
-
-    def call():
-        poison_heap(args["x"].numel(), args["x"].dtype, be.device)
-        moved = {n: v.to(be.device) if isinstance(v, torch.Tensor) else v for n, v in args.items()}
-        return ops.fused_moe_fp8(**moved, lib=be.ns).cpu()
-    return be.run(call)
+    return run_variant(args, be, op=ops.fused_moe_fp8)
 
 
 # (T, E, k, H, I, activation, bias, skipped, blockwise)

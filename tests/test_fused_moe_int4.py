@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from conftest import assert_bits_equal, assert_fa_close, backend_params, get_backend, make_gen
 import fastinfer.ops as ops
 import fastinfer.reference.moe as RM
 from fastinfer.reference.gemm import quantize_int4
-from test_fused_moe import make_case, poison_heap
+from test_fused_moe import make_case, naive_fused_moe, run as run_variant
 
 
 def quantize_experts(w, group_size, symmetric):
@@ -46,28 +45,8 @@ def dequantized(args):
     return out
 
 
-def naive_fused_moe(x, w13, w2, topk_weights, topk_ids, activation="silu", swiglu_alpha=None, swiglu_limit=None,
-                    w13_bias=None, w2_bias=None):
-    I = w13.shape[1] // 2
-    out = torch.zeros_like(x)
-    ids = topk_ids.long()
-    for e in ids[ids >= 0].unique().tolist():
-        tokens, slots = (ids == e).nonzero(as_tuple=True)
-        h = F.linear(x[tokens], w13[e], None if w13_bias is None else w13_bias[e])
-        a = RM.expert_activation(h[:, :I], h[:, I:], activation, swiglu_alpha, swiglu_limit)
-        y = F.linear(a, w2[e], None if w2_bias is None else w2_bias[e])
-        out.index_add_(0, tokens, y * topk_weights[tokens, slots, None].to(x.dtype))
-    return out
-
-
 def run(args, be=None):
-    be = be or get_backend("cpu")
-
-    def call():
-        poison_heap(args["x"].numel(), args["x"].dtype, be.device)
-        moved = {n: v.to(be.device) if isinstance(v, torch.Tensor) else v for n, v in args.items()}
-        return ops.fused_moe_int4(**moved, lib=be.ns).cpu()
-    return be.run(call)
+    return run_variant(args, be, op=ops.fused_moe_int4)
 
 
 # (T, E, k, H, I, activation, bias, skipped, symmetric, group_size)

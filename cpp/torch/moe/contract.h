@@ -246,6 +246,11 @@ inline std::pair<FusedMoeArgs, bool> validate_fused_moe_fp8(
 
 // ---- fused_moe_int4 ----
 
+// The zero points' bytes, or nullptr for symmetric weights.
+inline const uint8_t* zero_points_of(const std::optional<Tensor>& zeros) {
+  return zeros.has_value() ? static_cast<const uint8_t*>(zeros->const_data_ptr()) : nullptr;
+}
+
 // One expert stack of int4 weights: packed int32 [E, K / 64, 8 N], scales [E, K / G, N] (x's dtype),
 // zeros uint8 [E, K / G, N] or None.
 inline void check_int4_experts(const char* op, const Tensor& x, const Tensor& packed, const char* name,

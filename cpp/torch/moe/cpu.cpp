@@ -355,17 +355,14 @@ Tensor fused_moe_int4_cpu(const Tensor& x, const Tensor& w13, const Tensor& w2, 
                               group_size, activation, swiglu_alpha, swiglu_limit, w13_bias, w2_bias,
                               /*allow_fp32=*/true);
   check_on_cpu(x, op, "x");
-  const auto zeros_of = [](const std::optional<Tensor>& z) {
-    return z.has_value() ? static_cast<const uint8_t*>(z->const_data_ptr()) : nullptr;
-  };
   const auto make = [&](auto tag) {
     using T = decltype(tag);
     return Int4Experts<T>{w13.const_data_ptr<int32_t>(),
                           w2.const_data_ptr<int32_t>(),
                           w13_scales.const_data_ptr<T>(),
                           w2_scales.const_data_ptr<T>(),
-                          zeros_of(w13_zeros),
-                          zeros_of(w2_zeros),
+                          zero_points_of(w13_zeros),
+                          zero_points_of(w2_zeros),
                           args.hidden,
                           args.intermediate,
                           group_size,

@@ -134,14 +134,11 @@ Tensor fused_moe_int4(const Tensor& x, const Tensor& w13, const Tensor& w2, cons
       validate_fused_moe_int4(op, x, w13, w2, w13_scales, w2_scales, w13_zeros, w2_zeros, topk_weights, topk_ids,
                               group_size, activation, swiglu_alpha, swiglu_limit, w13_bias, w2_bias,
                               /*allow_fp32=*/false);
-  const auto zeros_of = [](const std::optional<Tensor>& z) {
-    return z.has_value() ? static_cast<const uint8_t*>(z->const_data_ptr()) : nullptr;
-  };
   FusedMoeParams p;
   p.w13_group_scales = w13_scales.const_data_ptr();
   p.w2_group_scales = w2_scales.const_data_ptr();
-  p.w13_zeros = zeros_of(w13_zeros);
-  p.w2_zeros = zeros_of(w2_zeros);
+  p.w13_zeros = zero_points_of(w13_zeros);
+  p.w2_zeros = zero_points_of(w2_zeros);
   p.group_size = static_cast<int32_t>(group_size);
   p.weights = MoeWeightFormat::kInt4;
   // the scales and zero points move in 16-byte cp.async chunks

@@ -79,6 +79,14 @@ def moe_align(topk_ids: Tensor, num_experts: int, block_m: int, *, lib=None) -> 
     return tuple((lib or torch.ops.fastinfer).moe_align(topk_ids, int(num_experts), int(block_m)))
 
 
+def _swiglu_args(activation: str, alpha: Optional[float], limit: Optional[float]):
+    """The op's swiglu_alpha / swiglu_limit: gpt-oss's by default with 'swiglu_oai', as floats."""
+    if activation == "swiglu_oai":
+        alpha = SWIGLU_OAI_ALPHA if alpha is None else alpha
+        limit = SWIGLU_OAI_LIMIT if limit is None else limit
+    return (None if alpha is None else float(alpha)), (None if limit is None else float(limit))
+
+
 def fused_moe(
     x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor, activation: str = "silu",
     swiglu_alpha: Optional[float] = None, swiglu_limit: Optional[float] = None, w13_bias: Optional[Tensor] = None,
@@ -126,12 +134,9 @@ def fused_moe(
     at most 1024 experts. Workspace ``T * k * (I * x.element_size() + 4 * H)`` bytes from the
     caching allocator; no host sync.
     """
-    if activation == "swiglu_oai":
-        swiglu_alpha = SWIGLU_OAI_ALPHA if swiglu_alpha is None else swiglu_alpha
-        swiglu_limit = SWIGLU_OAI_LIMIT if swiglu_limit is None else swiglu_limit
-    to_float = (lambda v: None if v is None else float(v))
+    swiglu_alpha, swiglu_limit = _swiglu_args(activation, swiglu_alpha, swiglu_limit)
     return (lib or torch.ops.fastinfer).fused_moe(x, w13, w2, topk_weights, topk_ids, activation,
-                                                  to_float(swiglu_alpha), to_float(swiglu_limit), w13_bias, w2_bias)
+                                                  swiglu_alpha, swiglu_limit, w13_bias, w2_bias)
 
 
 def fused_moe_fp8(
@@ -162,12 +167,9 @@ def fused_moe_fp8(
 
     Everything else (routing, activations, biases, -1 slots, batch invariance) is :func:`fused_moe`'s.
     """
-    if activation == "swiglu_oai":
-        swiglu_alpha = SWIGLU_OAI_ALPHA if swiglu_alpha is None else swiglu_alpha
-        swiglu_limit = SWIGLU_OAI_LIMIT if swiglu_limit is None else swiglu_limit
-    to_float = (lambda v: None if v is None else float(v))
+    swiglu_alpha, swiglu_limit = _swiglu_args(activation, swiglu_alpha, swiglu_limit)
     return (lib or torch.ops.fastinfer).fused_moe_fp8(x, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids,
-                                                      activation, to_float(swiglu_alpha), to_float(swiglu_limit),
+                                                      activation, swiglu_alpha, swiglu_limit,
                                                       w13_bias, w2_bias)
 
 
@@ -192,13 +194,10 @@ def fused_moe_int4(
     On CUDA (sm_80+) the grouped GEMMs dequantise the packed words in registers, as int4_gemm does
     (16- and 64-row blocks); otherwise as :func:`fused_moe`.
     """
-    if activation == "swiglu_oai":
-        swiglu_alpha = SWIGLU_OAI_ALPHA if swiglu_alpha is None else swiglu_alpha
-        swiglu_limit = SWIGLU_OAI_LIMIT if swiglu_limit is None else swiglu_limit
-    to_float = (lambda v: None if v is None else float(v))
+    swiglu_alpha, swiglu_limit = _swiglu_args(activation, swiglu_alpha, swiglu_limit)
     return (lib or torch.ops.fastinfer).fused_moe_int4(x, w13, w2, w13_scales, w2_scales, w13_zeros, w2_zeros,
                                                        topk_weights, topk_ids, int(group_size), activation,
-                                                       to_float(swiglu_alpha), to_float(swiglu_limit), w13_bias,
+                                                       swiglu_alpha, swiglu_limit, w13_bias,
                                                        w2_bias)
 
 

@@ -80,6 +80,29 @@ __device__ __forceinline__ float expert_activation(const FusedMoeParams& p, floa
   return (u + 1.0f) * (g / (1.0f + expf(-p.swiglu_alpha * g)));
 }
 
+// The end of both grouped GEMMs for the output columns n, n + 1 of a slot: v[half] the pair of each
+// half in fp32 (scaled); + the expert's bias (its gate, then up rows), then kGateUp stores the
+// activation of (gate, up) into a in the dtype, kDown y in fp32.
+template <typename T, bool kGateUp, int kHalves>
+__device__ __forceinline__ void finish_output_pair(const FusedMoeParams& p, const FusedMoeWorkspace& w,
+                                                   const T* bias, int32_t slot, int64_t n, float (&v)[kHalves][2]) {
+  const int64_t I = p.intermediate;
+  if (bias != nullptr) {
+#pragma unroll
+    for (int half = 0; half < kHalves; ++half) {
+      v[half][0] += to_float(bias[half * I + n]);
+      v[half][1] += to_float(bias[half * I + n + 1]);
+    }
+  }
+  if constexpr (kGateUp) {
+    T* act = static_cast<T*>(w.act) + static_cast<int64_t>(slot) * I + n;
+    *reinterpret_cast<uint32_t*>(act) = mma::pack2<T>(expert_activation(p, v[0][0], v[kHalves - 1][0]),
+                                                      expert_activation(p, v[0][1], v[kHalves - 1][1]));
+  } else {
+    *reinterpret_cast<float2*>(w.y + static_cast<int64_t>(slot) * p.hidden + n) = make_float2(v[0][0], v[0][1]);
+  }
+}
+
 // grid (row blocks (upper bound), ceil(N / kBlockN)), block Cfg::kThreads, dynamic smem
 // Cfg::kSmemBytes; N = I (kGateUp) or H (kDown), K = H or I.
 template <typename Cfg, typename T, MoeWeightFormat kWeights>
@@ -253,18 +276,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_gemm_kernel(const FusedM
             v[half][0] *= sa * w_scale[half * I + n];
             v[half][1] *= sa * w_scale[half * I + n + 1];
           }
-          if (bias != nullptr) {
-            v[half][0] += to_float(bias[half * I + n]);
-            v[half][1] += to_float(bias[half * I + n + 1]);
-          }
         }
-        if constexpr (kGateUp) {
-          T* act = static_cast<T*>(w.act) + static_cast<int64_t>(slot) * I + n;
-          *reinterpret_cast<uint32_t*>(act) = mma::pack2<T>(expert_activation(p, v[0][0], v[kHalves - 1][0]),
-                                                            expert_activation(p, v[0][1], v[kHalves - 1][1]));
-        } else {
-          *reinterpret_cast<float2*>(w.y + static_cast<int64_t>(slot) * H + n) = make_float2(v[0][0], v[0][1]);
-        }
+        finish_output_pair<T, kGateUp, kHalves>(p, w, bias, slot, n, v);
       }
     }
   }

@@ -206,18 +206,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) moe_int4_gemm_kernel(const Fuse
         for (int half = 0; half < kHalves; ++half) {
           v[half][0] = acc[half][mt][nt][2 * h];
           v[half][1] = acc[half][mt][nt][2 * h + 1];
-          if (bias != nullptr) {
-            v[half][0] += to_float(bias[half * I + n]);
-            v[half][1] += to_float(bias[half * I + n + 1]);
-          }
         }
-        if constexpr (kGateUp) {
-          T* act = static_cast<T*>(w.act) + static_cast<int64_t>(slot) * I + n;
-          *reinterpret_cast<uint32_t*>(act) = mma::pack2<T>(expert_activation(p, v[0][0], v[kHalves - 1][0]),
-                                                            expert_activation(p, v[0][1], v[kHalves - 1][1]));
-        } else {
-          *reinterpret_cast<float2*>(w.y + static_cast<int64_t>(slot) * H + n) = make_float2(v[0][0], v[0][1]);
-        }
+        finish_output_pair<T, kGateUp, kHalves>(p, w, bias, slot, n, v);
       }
     }
   }
