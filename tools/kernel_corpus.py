@@ -16,7 +16,10 @@ The cases run the CUDA kernel sources through the emulator (``torch.ops.fastinfe
   bucket with M, N and K tails;
 * quantize: fp8_quantize (token, group, tensor) and int8_quantize (token symmetric / asymmetric,
   tensor), with rows of zeros, infinities, NaNs and saturating values, rows short enough to stay
-  in registers and longer ones.
+  in registers and longer ones;
+* moe: moe_topk (both scorings), moe_align, and fused_moe / fused_moe_fp8 (per channel,
+  blockwise) / fused_moe_int4 (symmetric, zero points) over their tile tiers, silu and gpt-oss's
+  swiglu with biases, -1 slots.
 
 Inputs come from fixed seeds, so two builds see the same bytes; the test overrides
 (docs/design.md) force the plans that the shapes would not choose on their own.
@@ -318,7 +321,73 @@ def quantize_cases(ns, dtypes) -> List[Case]:
     return out
 
 
-FAMILIES = ("attention", "gemm", "quantize")
+def moe_cases(ns, dtypes) -> List[Case]:
+    out: List[Case] = []
+
+    def routing(T, E, k, scoring, seed):
+        def run():
+            gen = torch.Generator().manual_seed(seed)
+            logits = _randn((T, E), torch.float32, gen)
+            w, ids = ns.moe_topk(logits, k, scoring == "softmax", scoring)
+            return w, ids, *ns.moe_align(ids, E, 16)
+        return run
+
+    def experts(T, E, k, H, I, fmt, activation, dtype, seed):
+        def run():
+            gen = torch.Generator().manual_seed(seed)
+            x = _randn((T, H), dtype, gen)
+            w13 = _randn((E, 2 * I, H), torch.float32, gen) * H ** -0.5
+            w2 = _randn((E, H, I), torch.float32, gen) * I ** -0.5
+            scores = torch.rand((T, E), generator=gen)
+            ids = torch.topk(scores, k, dim=-1).indices.int()
+            ids[torch.rand((T, k), generator=gen) < 0.2] = -1
+            weights = torch.rand((T, k), generator=gen) + 0.1
+            swiglu = (1.702, 7.0) if activation == "swiglu_oai" else (None, None)
+            b13 = _randn((E, 2 * I), dtype, gen) if activation == "swiglu_oai" else None
+            b2 = _randn((E, H), dtype, gen) if activation == "swiglu_oai" else None
+            if fmt == "float":
+                return ns.fused_moe(x, w13.to(dtype), w2.to(dtype), weights, ids, activation, *swiglu, b13, b2)
+            if fmt.startswith("fp8"):
+                def quant(w):
+                    if fmt == "fp8-block":
+                        e, n, kk = w.shape
+                        blocks = w.reshape(e, n // 128, 128, kk // 128, 128)
+                        s = blocks.abs().amax(dim=(2, 4)) / 448
+                        return (blocks / s[:, :, None, :, None]).to(torch.float8_e4m3fn).reshape(e, n, kk), s
+                    s = w.abs().amax(-1) / 448
+                    return (w / s[..., None]).to(torch.float8_e4m3fn), s
+                (q13, s13), (q2, s2) = quant(w13), quant(w2)
+                return ns.fused_moe_fp8(x, q13, q2, s13, s2, weights, ids, activation, *swiglu, b13, b2)
+            zeros = fmt == "int4-zeros"
+            packs = []
+            for w in (w13, w2):
+                q = torch.randint(0, 16, w.shape, generator=gen, dtype=torch.uint8)
+                packed = torch.stack([torch.ops.fastinfer.int4_pack(q[e]) for e in range(E)])
+                groups = w.shape[2] // 64
+                scales = (torch.rand((E, groups, w.shape[1]), generator=gen) * 0.02).to(dtype)
+                z = torch.randint(0, 16, (E, groups, w.shape[1]), generator=gen, dtype=torch.uint8) if zeros else None
+                packs.append((packed, scales, z))
+            (p13, s13, z13), (p2, s2, z2) = packs
+            return ns.fused_moe_int4(x, p13, p2, s13, s2, z13, z2, weights, ids, 64, activation, *swiglu, b13, b2)
+        return run
+
+    for T, E, k, scoring in ((1, 8, 2, "softmax"), (37, 60, 4, "softmax"), (37, 32, 4, "topk_softmax")):
+        out.append((f"moe_routing-T{T}-E{E}-k{k}-{scoring}", {}, routing(T, E, k, scoring, seed=T + E)))
+    for dtype in dtypes:
+        tag = str(dtype).replace("torch.", "")
+        # T * k / E rows per expert: <= 16 (16-row blocks), <= 64 (64-row), more (128-row for float)
+        # T * k / E rows per expert: <= 16 (16-row blocks), <= 64 and 300 on 2 col tiles (64-row);
+        # float's 128-row tier needs the blocks to fill 132 SMs: 1100 tokens, H 1024
+        shapes = [(T, E, k, 256, 128, fmt) for T, E, k in ((3, 8, 2), (37, 2, 2), (300, 2, 2))
+                  for fmt in ("float", "fp8-channel", "fp8-block", "int4", "int4-zeros")]
+        for T, E, k, H, I, fmt in shapes + [(1100, 2, 2, 1024, 16, "float")]:
+            for activation in ("silu", "swiglu_oai"):
+                out.append((f"moe_{fmt}-{tag}-T{T}-E{E}-k{k}-H{H}-I{I}-{activation}", {},
+                            experts(T, E, k, H, I, fmt, activation, dtype, seed=T * 7 + E)))
+    return out
+
+
+FAMILIES = ("attention", "gemm", "quantize", "moe")
 
 
 def cases(ns, families, dtypes, head_dims) -> List[Case]:
@@ -329,6 +398,8 @@ def cases(ns, families, dtypes, head_dims) -> List[Case]:
         out += gemm_cases(ns, dtypes)
     if "quantize" in families:
         out += quantize_cases(ns, dtypes)
+    if "moe" in families:
+        out += moe_cases(ns, dtypes)
     return out
 
 
