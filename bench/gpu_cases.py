@@ -113,6 +113,10 @@ def sanitize_cases():
            M.case_int4(300, 256, 1024, "small", deterministic=True)]  # fixed split-K, 256-row launches
     cs += [M.case_dense_mm(4, 256, 512, "small"), M.case_dense_mm(100, 384, 520, "small")]  # small / large tiles
     cs += [M.case_tree_verify(2, 8, mode, v=5000) for mode in ("greedy", "sample", "draft")]
+    cs += [M.case_moe_topk(37, "tiny"), M.case_moe_align(37, "tiny"),
+           M.case_fused_moe(3, "tiny"), M.case_fused_moe(300, "tiny"),  # 16- and 64-row blocks
+           M.case_fused_moe_fp8(37, "tiny", False), M.case_fused_moe_fp8(37, "tiny", True),
+           M.case_fused_moe_int4(37, "tiny"), M.case_moe_expert_loop(5, "tiny")]
     return cs
 
 

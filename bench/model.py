@@ -557,7 +557,9 @@ def case_int4(m, n, k, layer, model="8b", deterministic=False):
 
 
 # Mixture-of-experts layers (H, I per expert, E, k): Mixtral-8x7B and Qwen3-30B-A3B.
-MOE_MODELS = {"mixtral-8x7b": (4096, 14336, 8, 2), "qwen3-30b-a3b": (2048, 768, 128, 8)}
+MOE_MODELS = {"mixtral-8x7b": (4096, 14336, 8, 2), "qwen3-30b-a3b": (2048, 768, 128, 8),
+              "tiny": (256, 128, 8, 2)}  # the GPU check's sanitizer cases (bench/gpu_cases.py)
+MOE_BENCH_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b")
 MOE_TOKENS = (1, 16, 64, 512, 4096)
 
 
@@ -786,7 +788,7 @@ def all_cases(quick=False):
         (b, 8, mode) for b in (1, 16, 64) for mode in ("greedy", "sample", "draft")] + [
         (1, 64, "greedy"), (16, 64, "greedy"), (16, 64, "sample")]
     cases += [case_tree_verify(*c) for c in tv]
-    for model in MOE_MODELS:
+    for model in MOE_BENCH_MODELS:
         for t in ((1, 4096) if quick else MOE_TOKENS):
             cases += [case_moe_topk(t, model), case_moe_align(t, model), case_fused_moe(t, model)]
             cases += [case_fused_moe_fp8(t, model, blockwise) for blockwise in (False, True)]
