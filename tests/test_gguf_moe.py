@@ -1,32 +1,43 @@
-"""Mixture-of-experts GGUF files: Mixtral (``llama`` with experts) and Qwen3-MoE (``qwen3moe``),
-the experts stacked (``blk.{i}.ffn_gate_exps`` / ``ffn_up_exps`` ``[E, I, H]``, ``ffn_down_exps``
-``[E, H, I]``, the router ``ffn_gate_inp`` ``[E, H]``), unquantised and quantised.
+"""Mixture-of-experts GGUF files: Mixtral (``llama`` with experts), Qwen2-MoE (``qwen2moe``),
+Qwen3-MoE (``qwen3moe``) and OLMoE (``olmoe``), the experts stacked (``blk.{i}.ffn_gate_exps`` /
+``ffn_up_exps`` ``[E, I, H]``, ``ffn_down_exps`` ``[E, H, I]``, the router ``ffn_gate_inp``
+``[E, H]``), Qwen2-MoE's shared expert (``ffn_{gate,up,down}_shexp``, its gate
+``ffn_gate_inp_shexp`` ``[H]``), OLMoE's q/k norms over the whole projections, unquantised and
+quantised.
 
 The files are written here as llama.cpp's converter writes them, from a tiny random transformers
 model saved with ``save_pretrained`` (the hub's per-expert tensors): each projection's experts
 stacked along a new first dimension, every name given by the gguf package's own ``TensorNameMap``,
-llama's q/k rows permuted (llama.cpp's permutation, written out here), the metadata keys the
-converter writes, the tiny model's byte-level BPE tokenizer. Tensor types: the router and the norms
-F32 (as llama.cpp's quantiser leaves them), the experts and the other matrices in the type under test,
-quantised by the gguf package (``gguf.quantize``).
+llama's q/k rows permuted (llama.cpp's permutation, written out here; the other architectures'
+converters permute nothing), the metadata keys the converter writes (expert widths for qwen3moe and
+qwen2moe, key_length when the config has a head_dim), the tiny model's byte-level BPE tokenizer.
+Tensor types: the routers (the shared expert's gate included: 1-D) and the norms F32 (as llama.cpp's
+quantiser leaves them), the experts and the other matrices in the type under test, quantised by the
+gguf package (``gguf.quantize``). The models' top-k renormalisation is llama.cpp's for the
+architecture (on for Mixtral and Qwen3-MoE, off for Qwen2-MoE and OLMoE), since llama.cpp's graphs
+fix it whatever the original config said.
 
 Oracles (outside fastinfer):
 
 * transformers' modelling on the weights the file holds: the source model with each parameter
   passed through the gguf package's quantise -> dequantise for its type (rows are whole blocks, so
   stacked and per-expert tensors round alike). Both runners compute in float32 on the same floats.
-* transformers' GGUF loader on the same file, for ``qwen3moe`` (it dequantises with the gguf
-  package too). It reads no ``expert_feed_forward_length`` (the experts are then Qwen3MoeConfig's
-  default 768 wide, which the Qwen3-MoE models it checks use), no attention biases for qwen3moe,
-  and no ``llama.expert_count`` (a llama file is a dense Llama to it), so Mixtral's and the biased
-  Qwen3-MoE's oracle is the first one only.
+* transformers' GGUF loader on the same file (:data:`HF_GGUF_CASES`; it dequantises with the gguf
+  package too). It reads no expert widths (the experts are then its config classes' defaults:
+  Qwen3-MoE's 768, Qwen2-MoE's 1408 and shared 5632, which those cases use), no attention key
+  length for qwen2moe, no attention biases for qwen3moe, no ``llama.expert_count`` (a llama file is a
+  dense Llama to it) and no ``olmoe`` at all, so Mixtral's, OLMoE's, the biased Qwen3-MoE's and the
+  small Qwen2-MoE's oracle is the first one only.
 
-Measured on the 2-core CPU machine: logits relative error 3.2e-7..4.6e-7 against both oracles
+Measured on the 2-core CPU machine: logits relative error 2.8e-7..4.6e-7 against both oracles
 (tolerance 1e-5) for F32, F16, BF16, Q8_0, Q4_0 and Q4_K experts, while the quantised files' logits
-are 1.5e-4 (F16 experts) to 7.7e-2 (Q4_0 experts) away from the unquantised model's: the round trip
+are 1.1e-4 (F16 experts) to 7.7e-2 (Q4_0 experts) away from the unquantised model's: the round trip
 in the reference is what makes them agree. Swapping the gate and up experts in the file, reading
 every expert's slice as expert 0, or swapping the gate and up projections in the reader's mapping
-each fails the parity tests.
+each fails the parity tests; so do renormalising Qwen2-MoE's or OLMoE's top-k weights, permuting
+their q/k rows as llama's, and swapping the shared expert's gate and up in the reader's mapping. A
+file with the shared expert's gate and up swapped or its gate negated is 2.3e-1 away, one with
+OLMoE's q and k norms swapped 3.0e-2.
 """
 
 from __future__ import annotations
