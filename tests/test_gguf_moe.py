@@ -387,13 +387,14 @@ def test_tensor_parallel_two_ranks(models, name, tmp_path):
         llm.shutdown()
 
 
-def test_expert_parallel_two_ranks(models, tmp_path, monkeypatch):
-    """EP=2 (rank 0 here, one spawned worker): each rank dequantises only its half of the experts,
-    and the logits are one process's bit for bit."""
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe_small"])
+def test_expert_parallel_two_ranks(models, name, tmp_path, monkeypatch):
+    """EP=2 (rank 0 here, one spawned worker): each rank dequantises only its half of the experts
+    (Qwen2-MoE: and holds the whole shared expert), and the logits are one process's bit for bit."""
     from fastinfer.engine.model_runner import Chunk, ForwardPlan
 
     monkeypatch.setenv("FASTINFER_TP_THREADS", "1")  # every rank's kernels as this process's
-    arch, hf, hf_dir = models("mixtral")
+    arch, hf, hf_dir = models(name)
     types = _types(experts=Q.Q4_0, other=Q.Q8_0)
     path = write_moe_gguf(tmp_path / "m.gguf", hf, hf_dir, arch, types)
     kw = dict(dtype="float32", device="cpu", num_kv_blocks=16, block_size=16)
