@@ -1,32 +1,43 @@
-"""Mixture-of-experts GGUF files: Mixtral (``llama`` with experts) and Qwen3-MoE (``qwen3moe``),
-the experts stacked (``blk.{i}.ffn_gate_exps`` / ``ffn_up_exps`` ``[E, I, H]``, ``ffn_down_exps``
-``[E, H, I]``, the router ``ffn_gate_inp`` ``[E, H]``), unquantised and quantised.
+"""Mixture-of-experts GGUF files: Mixtral (``llama`` with experts), Qwen2-MoE (``qwen2moe``),
+Qwen3-MoE (``qwen3moe``) and OLMoE (``olmoe``), the experts stacked (``blk.{i}.ffn_gate_exps`` /
+``ffn_up_exps`` ``[E, I, H]``, ``ffn_down_exps`` ``[E, H, I]``, the router ``ffn_gate_inp``
+``[E, H]``), Qwen2-MoE's shared expert (``ffn_{gate,up,down}_shexp``, its gate
+``ffn_gate_inp_shexp`` ``[H]``), OLMoE's q/k norms over the whole projections, unquantised and
+quantised.
 
 The files are written here as llama.cpp's converter writes them, from a tiny random transformers
 model saved with ``save_pretrained`` (the hub's per-expert tensors): each projection's experts
 stacked along a new first dimension, every name given by the gguf package's own ``TensorNameMap``,
-llama's q/k rows permuted (llama.cpp's permutation, written out here), the metadata keys the
-converter writes, the tiny model's byte-level BPE tokenizer. Tensor types: the router and the norms
-F32 (as llama.cpp's quantiser leaves them), the experts and the other matrices in the type under test,
-quantised by the gguf package (``gguf.quantize``).
+llama's q/k rows permuted (llama.cpp's permutation, written out here; the other architectures'
+converters permute nothing), the metadata keys the converter writes (expert widths for qwen3moe and
+qwen2moe, key_length when the config has a head_dim), the tiny model's byte-level BPE tokenizer.
+Tensor types: the routers (the shared expert's gate included: 1-D) and the norms F32 (as llama.cpp's
+quantiser leaves them), the experts and the other matrices in the type under test, quantised by the
+gguf package (``gguf.quantize``). The models' top-k renormalisation is llama.cpp's for the
+architecture (on for Mixtral and Qwen3-MoE, off for Qwen2-MoE and OLMoE), since llama.cpp's graphs
+fix it whatever the original config said.
 
 Oracles (outside fastinfer):
 
 * transformers' modelling on the weights the file holds: the source model with each parameter
   passed through the gguf package's quantise -> dequantise for its type (rows are whole blocks, so
   stacked and per-expert tensors round alike). Both runners compute in float32 on the same floats.
-* transformers' GGUF loader on the same file, for ``qwen3moe`` (it dequantises with the gguf
-  package too). It reads no ``expert_feed_forward_length`` (the experts are then Qwen3MoeConfig's
-  default 768 wide, which the Qwen3-MoE models it checks use), no attention biases for qwen3moe,
-  and no ``llama.expert_count`` (a llama file is a dense Llama to it), so Mixtral's and the biased
-  Qwen3-MoE's oracle is the first one only.
+* transformers' GGUF loader on the same file (:data:`HF_GGUF_CASES`; it dequantises with the gguf
+  package too). It reads no expert widths (the experts are then its config classes' defaults:
+  Qwen3-MoE's 768, Qwen2-MoE's 1408 and shared 5632, which those cases use), no attention key
+  length for qwen2moe, no attention biases for qwen3moe, no ``llama.expert_count`` (a llama file is a
+  dense Llama to it) and no ``olmoe`` at all, so Mixtral's, OLMoE's, the biased Qwen3-MoE's and the
+  small Qwen2-MoE's oracle is the first one only.
 
-Measured on the 2-core CPU machine: logits relative error 3.2e-7..4.6e-7 against both oracles
+Measured on the 2-core CPU machine: logits relative error 2.8e-7..4.6e-7 against both oracles
 (tolerance 1e-5) for F32, F16, BF16, Q8_0, Q4_0 and Q4_K experts, while the quantised files' logits
-are 1.5e-4 (F16 experts) to 7.7e-2 (Q4_0 experts) away from the unquantised model's: the round trip
+are 1.1e-4 (F16 experts) to 7.7e-2 (Q4_0 experts) away from the unquantised model's: the round trip
 in the reference is what makes them agree. Swapping the gate and up experts in the file, reading
 every expert's slice as expert 0, or swapping the gate and up projections in the reader's mapping
-each fails the parity tests.
+each fails the parity tests; so do renormalising Qwen2-MoE's or OLMoE's top-k weights, permuting
+their q/k rows as llama's, and swapping the shared expert's gate and up in the reader's mapping. A
+file with the shared expert's gate and up swapped or its gate negated is 2.3e-1 away, one with
+OLMoE's q and k norms swapped 3.0e-2.
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ pytest.importorskip("safetensors")
 
 from fastinfer import LLM, SamplingParams  # noqa: E402
 from fastinfer.models import GGUFWeightReader, MoeForCausalLM, load_config, load_model  # noqa: E402
+from fastinfer.models.gguf import GGUFFile  # noqa: E402
 from gguf_helpers import add_tokenizer, tiny_tokenizer_meta  # noqa: E402
 from model_helpers import hf_greedy, hf_logits, make_hf_model, prefill_logits, random_prompt, rel_err  # noqa: E402
 
@@ -73,9 +85,34 @@ CASES = {
     "qwen3_moe_h256": ("qwen3moe", "qwen3_moe", dict(vocab_size=VOCAB, hidden_size=256, num_experts=4,
                                                      num_experts_per_tok=2, moe_intermediate_size=768,
                                                      norm_topk_prob=True, tie_word_embeddings=True)),
+    # what transformers' GGUF loader assumes of a qwen2moe file (it reads no expert widths and no
+    # key_length): Qwen2MoeConfig's default widths (experts 1408 = 5632 / 4, the shared expert 5632),
+    # head_dim = hidden / heads (2 heads of 64, one KV head), top-k weights not renormalised (as
+    # llama.cpp runs qwen2moe), q/k/v biases; 6 experts, 4 per token
+    "qwen2_moe": ("qwen2moe", "qwen2_moe", dict(vocab_size=VOCAB, num_attention_heads=2, num_key_value_heads=1,
+                                                intermediate_size=5632,
+                                                num_experts=6, num_experts_per_tok=4, moe_intermediate_size=1408,
+                                                shared_expert_intermediate_size=5632, norm_topk_prob=False,
+                                                rope_theta=1e6)),
+    # small widths (experts 64, the shared expert 96), head_dim 64 (attention.key_length), no q/k/v
+    # bias, tied embeddings
+    "qwen2_moe_small": ("qwen2moe", "qwen2_moe", dict(vocab_size=VOCAB, num_experts=4, num_experts_per_tok=2,
+                                                      moe_intermediate_size=64, shared_expert_intermediate_size=96,
+                                                      norm_topk_prob=False, qkv_bias=False,
+                                                      tie_word_embeddings=True)),
+    # as llama.cpp runs OLMoE: one KV head per head (its k norm is [n_embd]), head_dim = hidden / heads
+    # (2 heads of 64), 8 experts of width 64, 3 per token, not renormalised, no clip_qkv
+    "olmoe": ("olmoe", "olmoe", dict(vocab_size=VOCAB, num_attention_heads=2, num_key_value_heads=2,
+                                     intermediate_size=64,
+                                     num_experts=8, num_experts_per_tok=3, norm_topk_prob=False, clip_qkv=None,
+                                     eos_token_id=2)),
 }
+# the cases transformers' GGUF loader reads as it is written (no attention biases for qwen3moe, the
+# default widths for qwen2moe; it has no olmoe, and reads a llama file as a dense Llama)
+HF_GGUF_CASES = ("qwen3_moe", "qwen3_moe_h256", "qwen2_moe")
 
-_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE}
+_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE, "qwen2moe": gguf.MODEL_ARCH.QWEN2MOE,
+         "olmoe": gguf.MODEL_ARCH.OLMOE}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -87,10 +124,11 @@ def _llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _kind(hf_name: str) -> str:
-    """Which type a tensor gets: ``router`` / ``norm`` (kept F32), ``experts``, ``other``."""
+    """Which type a tensor gets: ``router`` / ``norm`` (kept F32), ``experts``, ``other``. The shared
+    expert's gate is a router too: the converter writes it 1-D ([H]), and 1-D tensors stay F32."""
     if ".experts." in hf_name:
         return "experts"
-    if hf_name.endswith((".mlp.gate.weight", ".block_sparse_moe.gate.weight")):
+    if hf_name.endswith((".mlp.gate.weight", ".block_sparse_moe.gate.weight", ".mlp.shared_expert_gate.weight")):
         return "router"
     return "norm" if "norm" in hf_name or hf_name.endswith(".bias") else "other"
 
@@ -105,11 +143,13 @@ def round_trip(a: np.ndarray, qtype) -> np.ndarray:
 
 
 def write_moe_gguf(path, hf, hf_dir: str, arch: str, types: dict, *, drop_keys=(), extra_keys=None,
-                   tamper=None) -> str:
+                   tamper=None, squeeze_shared_gate=True) -> str:
     """``hf`` (saved per expert in ``hf_dir``) as llama.cpp's converter writes a GGUF of ``arch``.
     ``drop_keys`` / ``extra_keys``: metadata left out / added (under ``{arch}.``); ``tamper``:
     ``tamper(tensors)`` edits the GGUF-named float32 arrays before they are written (a ``(type,
-    data)`` pair is written as given)."""
+    data)`` pair is written as given); ``squeeze_shared_gate``: Qwen2-MoE's ``ffn_gate_inp_shexp``
+    as ``[H]`` (the converter's squeeze, which llama.cpp's loader declares), else as Hugging Face's
+    ``[1, H]`` (what the converter writes since it stopped squeezing)."""
     from safetensors.numpy import load_file
 
     c = hf.config
@@ -120,18 +160,20 @@ def write_moe_gguf(path, hf, hf_dir: str, arch: str, types: dict, *, drop_keys=(
         "feed_forward_length": ("uint32", c.intermediate_size),
         "attention.head_count": ("uint32", c.num_attention_heads),
         "attention.head_count_kv": ("uint32", c.num_key_value_heads),
-        "attention.layer_norm_rms_epsilon": ("float32", c.rms_norm_eps),
-        "attention.key_length": ("uint32", c.head_dim),
-        "attention.value_length": ("uint32", c.head_dim),
+        "attention.layer_norm_rms_epsilon": ("float32", c.rms_norm_eps),  # olmoe: the converter's 1e-5
         "rope.freq_base": ("float32", c.rope_parameters["rope_theta"]),
         "vocab_size": ("uint32", c.vocab_size),
-        "expert_count": ("uint32", c.num_local_experts),
+        "expert_count": ("uint32", c.num_experts if arch == "qwen2moe" else c.num_local_experts),
         "expert_used_count": ("uint32", c.num_experts_per_tok),
     }
+    if getattr(c, "head_dim", None) is not None:  # the converter: when the config has a head_dim
+        keys["attention.key_length"] = keys["attention.value_length"] = ("uint32", c.head_dim)
     if arch == "llama":
         keys["rope.dimension_count"] = ("uint32", c.head_dim)
-    else:
+    if arch in ("qwen3moe", "qwen2moe"):
         keys["expert_feed_forward_length"] = ("uint32", c.moe_intermediate_size)
+    if arch == "qwen2moe":
+        keys["expert_shared_feed_forward_length"] = ("uint32", c.shared_expert_intermediate_size)
     keys.update(extra_keys or {})
     w = gguf.GGUFWriter(str(path), arch)
     for k, (typ, v) in keys.items():
@@ -156,6 +198,8 @@ def write_moe_gguf(path, hf, hf_dir: str, arch: str, types: dict, *, drop_keys=(
             a = _llamacpp_permute(a, c.num_attention_heads)
         if arch == "llama" and base.endswith("self_attn.k_proj"):
             a = _llamacpp_permute(a, c.num_key_value_heads)
+        if base.endswith("mlp.shared_expert_gate") and squeeze_shared_gate:
+            a = a.reshape(-1)
         g = names.get_name(base) + "." + suffix
         tensors[g], kinds[g] = a, _kind(name)
     for base, per_expert in stacks.items():
@@ -220,21 +264,26 @@ def _prompt(seed=0):
 # ------------------------------------------------------------------------------------------------
 # config
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe", "qwen3_moe_bias"])
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe", "qwen3_moe_bias", "qwen2_moe", "qwen2_moe_small", "olmoe"])
 def test_config_from_metadata(models, name, tmp_path):
     arch, hf, hf_dir = models(name)
     path = write_moe_gguf(tmp_path / "m.gguf", hf, hf_dir, arch, _types(Q.F32, Q.F32))
     conf, c = load_config(path), hf.config
     assert conf.architecture == hf.config.architectures[0]
-    width = c.intermediate_size if name == "mixtral" else c.moe_intermediate_size
+    width = c.intermediate_size if arch in ("llama", "olmoe") else c.moe_intermediate_size
     assert (conf.num_experts, conf.num_experts_per_tok, conf.moe_intermediate_size) == \
-        (c.num_local_experts, c.num_experts_per_tok, width)
-    assert conf.moe_renormalize and conf.dense_mlp_layers == [] and conf.sliding_window is None
+        (c.num_experts if arch == "qwen2moe" else c.num_local_experts, c.num_experts_per_tok, width)
+    assert conf.shared_expert_intermediate_size == (c.shared_expert_intermediate_size if arch == "qwen2moe" else 0)
+    # llama.cpp renormalises Mixtral's and Qwen3-MoE's top-k weights, not Qwen2-MoE's or OLMoE's
+    assert conf.moe_renormalize == (arch in ("llama", "qwen3moe"))
+    assert conf.dense_mlp_layers == [] and conf.sliding_window is None
     for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
               "vocab_size", "tie_word_embeddings"):
         assert getattr(conf, k) == getattr(c, k), k
     assert conf.rope_theta == c.rope_parameters["rope_theta"] and conf.rms_norm_eps == pytest.approx(c.rms_norm_eps)
-    assert conf.qk_norm == (name != "mixtral") and conf.qkv_bias == bool(getattr(c, "attention_bias", False))
+    assert conf.qk_norm == (arch == "qwen3moe") and conf.qk_projection_norm == (arch == "olmoe")
+    assert conf.qkv_bias == bool(c.qkv_bias if arch == "qwen2moe" else getattr(c, "attention_bias", False))
+    assert conf.clip_qkv is None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -244,6 +293,10 @@ PARITY = [  # (case, expert type, type of the other matrices)
     ("mixtral", Q.F32, Q.F32), ("mixtral", Q.F16, Q.F32), ("mixtral", Q.Q8_0, Q.F16), ("mixtral", Q.Q4_0, Q.Q8_0),
     ("qwen3_moe", Q.F32, Q.F32), ("qwen3_moe", Q.BF16, Q.BF16), ("qwen3_moe", Q.Q8_0, Q.F16),
     ("qwen3_moe", Q.Q4_0, Q.Q8_0), ("qwen3_moe_bias", Q.F32, Q.F32), ("qwen3_moe_bias", Q.Q8_0, Q.Q8_0),
+    ("qwen2_moe", Q.F32, Q.F32), ("qwen2_moe", Q.BF16, Q.BF16), ("qwen2_moe", Q.Q8_0, Q.F16),
+    ("qwen2_moe", Q.Q4_0, Q.Q8_0), ("qwen2_moe_small", Q.F16, Q.F32), ("qwen2_moe_small", Q.Q4_0, Q.Q8_0),
+    ("olmoe", Q.F32, Q.F32), ("olmoe", Q.F16, Q.F16), ("olmoe", Q.BF16, Q.F32), ("olmoe", Q.Q8_0, Q.F16),
+    ("olmoe", Q.Q4_0, Q.Q8_0),
 ]
 
 
@@ -266,7 +319,7 @@ def test_logits_match_transformers(models, name, experts, other, tmp_path):
     assert err < REL_TOL
     if experts != Q.F32:
         assert away > 10 * REL_TOL
-    if arch == "qwen3moe" and not hf.config.attention_bias:  # transformers' own GGUF loader reads the file alike
+    if name in HF_GGUF_CASES:  # transformers' own GGUF loader reads the file alike
         theirs = hf_logits(_hf_gguf(path), ids)
         print(f"  vs transformers' GGUF loader: {rel_err(out, theirs):.1e}")
         assert rel_err(out, theirs) < REL_TOL
@@ -297,8 +350,11 @@ def test_q4_k_experts_match_transformers_gguf_loader(models, tmp_path):
     assert err < REL_TOL
 
 
-@pytest.mark.parametrize("name, experts, other", [("mixtral", Q.Q8_0, Q.F16), ("qwen3_moe", Q.Q4_0, Q.Q8_0)],
-                         ids=["mixtral-Q8_0", "qwen3_moe-Q4_0"])
+GREEDY = [("mixtral", Q.Q8_0, Q.F16), ("qwen3_moe", Q.Q4_0, Q.Q8_0), ("qwen2_moe", Q.Q4_0, Q.Q8_0),
+          ("olmoe", Q.Q8_0, Q.F16)]
+
+
+@pytest.mark.parametrize("name, experts, other", GREEDY, ids=[f"{n}-{e.name}" for n, e, _ in GREEDY])
 def test_greedy_generation_through_the_runner(models, name, experts, other, tmp_path):
     arch, hf, hf_dir = models(name)
     types = _types(experts, other)
@@ -308,13 +364,15 @@ def test_greedy_generation_through_the_runner(models, name, experts, other, tmp_
     got = list(llm.generate([ids], SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))[0]
                .outputs[0].token_ids)
     assert got == hf_greedy(round_tripped(hf, types), ids, NEW_TOKENS)
-    if arch == "qwen3moe":
+    if name in HF_GGUF_CASES:
         assert got == hf_greedy(_hf_gguf(path), ids, NEW_TOKENS)
 
 
-def test_tensor_parallel_two_ranks(models, tmp_path):
-    """TP=2 (rank 0 here, one spawned worker): each rank reads its rows of every dequantised expert."""
-    arch, hf, hf_dir = models("mixtral")
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe_small", "olmoe"])
+def test_tensor_parallel_two_ranks(models, name, tmp_path):
+    """TP=2 (rank 0 here, one spawned worker): each rank reads its rows of every dequantised expert
+    (and of Qwen2-MoE's shared expert; OLMoE's whole q and k projections)."""
+    arch, hf, hf_dir = models(name)
     types = _types(experts=Q.Q4_0, other=Q.Q8_0)
     path = write_moe_gguf(tmp_path / "m.gguf", hf, hf_dir, arch, types)
     llm = LLM(path, dtype="float32", device="cpu", num_kv_blocks=16, block_size=16, tensor_parallel_size=2)
@@ -329,13 +387,14 @@ def test_tensor_parallel_two_ranks(models, tmp_path):
         llm.shutdown()
 
 
-def test_expert_parallel_two_ranks(models, tmp_path, monkeypatch):
-    """EP=2 (rank 0 here, one spawned worker): each rank dequantises only its half of the experts,
-    and the logits are one process's bit for bit."""
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe_small"])
+def test_expert_parallel_two_ranks(models, name, tmp_path, monkeypatch):
+    """EP=2 (rank 0 here, one spawned worker): each rank dequantises only its half of the experts
+    (Qwen2-MoE: and holds the whole shared expert), and the logits are one process's bit for bit."""
     from fastinfer.engine.model_runner import Chunk, ForwardPlan
 
     monkeypatch.setenv("FASTINFER_TP_THREADS", "1")  # every rank's kernels as this process's
-    arch, hf, hf_dir = models("mixtral")
+    arch, hf, hf_dir = models(name)
     types = _types(experts=Q.Q4_0, other=Q.Q8_0)
     path = write_moe_gguf(tmp_path / "m.gguf", hf, hf_dir, arch, types)
     kw = dict(dtype="float32", device="cpu", num_kv_blocks=16, block_size=16)
@@ -379,6 +438,71 @@ def test_swapped_gate_and_up_experts_are_visible(models, tmp_path):
     assert err > 1000 * REL_TOL, err
 
 
+def test_qwen2moe_without_the_width_keys(models, tmp_path):
+    """A qwen2moe file as converted before the expert width keys (and key_length) existed: llama.cpp
+    takes the experts as feed_forward_length / expert_used_count wide and the shared expert as
+    feed_forward_length (Qwen1.5-MoE's 5632 / 4 = 1408 and 5632), head_dim as hidden / heads."""
+    arch, hf, hf_dir = models("qwen2_moe")
+    types = _types(Q.Q8_0, Q.F16)
+    path = write_moe_gguf(tmp_path / "old.gguf", hf, hf_dir, arch, types,
+                          drop_keys=["expert_feed_forward_length", "expert_shared_feed_forward_length",
+                                     "attention.key_length", "attention.value_length"])
+    conf = load_config(path)
+    assert (conf.moe_intermediate_size, conf.shared_expert_intermediate_size, conf.head_dim) == (1408, 5632, 64)
+    ids = _prompt()
+    out = prefill_logits(load_model(path, dtype=torch.float32), ids)
+    err, theirs = rel_err(out, hf_logits(round_tripped(hf, types), ids)), rel_err(out, hf_logits(_hf_gguf(path), ids))
+    print(f"qwen2moe without width keys: logits rel err vs transformers {err:.1e}, vs its GGUF loader {theirs:.1e}")
+    assert err < REL_TOL and theirs < REL_TOL
+
+
+def test_qwen2moe_shared_gate_as_a_row(models, tmp_path):
+    """``ffn_gate_inp_shexp`` written ``[1, H]`` (the converter since it stopped squeezing) reads as
+    the ``[H]`` one does."""
+    arch, hf, hf_dir = models("qwen2_moe_small")
+    types = _types(Q.F32, Q.F32)
+    row, flat = (write_moe_gguf(tmp_path / f"{n}.gguf", hf, hf_dir, arch, types, squeeze_shared_gate=n == "flat")
+                 for n in ("row", "flat"))
+    assert GGUFFile(row).shape("blk.0.ffn_gate_inp_shexp.weight") == (1, 128)
+    assert GGUFFile(flat).shape("blk.0.ffn_gate_inp_shexp.weight") == (128,)
+    ids = _prompt()
+    out = prefill_logits(load_model(row, dtype=torch.float32), ids)
+    assert rel_err(out, hf_logits(hf, ids)) < REL_TOL
+    assert torch.equal(out, prefill_logits(load_model(flat, dtype=torch.float32), ids))
+
+
+def _swap(a: str, b: str):
+    """Swap GGUF tensors ``blk.*.{a}.weight`` and ``blk.*.{b}.weight``."""
+    def tamper(tensors):
+        for g in [g for g in tensors if g.endswith(f".{a}.weight")]:
+            h = g.replace(a, b)
+            tensors[g], tensors[h] = tensors[h], tensors[g]
+    return tamper
+
+
+def _negate(kind: str):
+    def tamper(tensors):
+        for g in [g for g in tensors if g.endswith(f".{kind}.weight")]:
+            tensors[g] = -tensors[g]
+    return tamper
+
+
+@pytest.mark.parametrize("name, tamper, what", [
+    ("qwen2_moe_small", _swap("ffn_gate_shexp", "ffn_up_shexp"), "shared expert gate / up swapped"),
+    ("qwen2_moe_small", _negate("ffn_gate_inp_shexp"), "shared expert gate negated"),
+    ("olmoe", _swap("attn_q_norm", "attn_k_norm"), "q / k norms swapped"),
+], ids=["qwen2moe-shexp-swapped", "qwen2moe-shexp-gate-negated", "olmoe-qk-norms-swapped"])
+def test_tampered_files_are_visible(models, name, tamper, what, tmp_path):
+    """The tests can fail: a file whose shared expert or q/k norms are wrong puts the logits far
+    from transformers'."""
+    arch, hf, hf_dir = models(name)
+    path = write_moe_gguf(tmp_path / "t.gguf", hf, hf_dir, arch, _types(Q.F32, Q.F32), tamper=tamper)
+    ids = _prompt()
+    err = rel_err(prefill_logits(load_model(path, dtype=torch.float32), ids), hf_logits(hf, ids))
+    print(f"{what}: logits rel err {err:.1e}")
+    assert err > 1000 * REL_TOL, err
+
+
 # ------------------------------------------------------------------------------------------------
 # bad files
 # ------------------------------------------------------------------------------------------------
@@ -391,6 +515,12 @@ def _drop_expert(g):
 def _remove(g):
     def tamper(tensors):
         del tensors[g]
+    return tamper
+
+
+def _reshape(g, shape):
+    def tamper(tensors):
+        tensors[g] = np.resize(tensors[g], shape)
     return tamper
 
 
@@ -429,6 +559,27 @@ BAD = [
      r"tensor 'blk.0.ffn_gate_inp.weight' has shape \[4, 128\], expected \[5, 128\]"),
     ("mixtral", dict(tamper=_remove("blk.1.ffn_down_exps.weight")),
      "tensor 'blk.1.ffn_down_exps.weight' is missing"),
+    ("qwen2_moe_small", dict(tamper=_remove("blk.1.ffn_down_shexp.weight")),
+     r"tensor 'blk.1.ffn_down_shexp.weight' is missing \(layer 1 has a shared expert\)"),
+    ("qwen2_moe_small", dict(extra_keys={"expert_shared_feed_forward_length": ("uint32", 128)}),
+     r"tensor 'blk.0.ffn_gate_shexp.weight' has shape \[96, 128\], expected \[128, 128\] \(hidden 128, "
+     r"qwen2moe.expert_shared_feed_forward_length 128\)"),
+    ("qwen2_moe_small", dict(tamper=_reshape("blk.1.ffn_gate_inp_shexp.weight", (2, 128))),
+     r"tensor 'blk.1.ffn_gate_inp_shexp.weight' has shape \[2, 128\], expected \[128\] or \[1, 128\]"),
+    # without the key, llama.cpp's default width 256 / 2 = 128 is not the experts' 64
+    ("qwen2_moe_small", dict(drop_keys=["expert_feed_forward_length"]),
+     r"tensor 'blk.0.ffn_gate_exps.weight' has shape \[4, 64, 128\], expected \[4, 128, 128\]"),
+    ("qwen2_moe_small", dict(extra_keys={"expert_weights_norm": ("bool", True)}),
+     "qwen2moe.expert_weights_norm is not supported"),
+    ("qwen2_moe_small", dict(extra_keys={"expert_shared_count": ("uint32", 2)}),
+     "qwen2moe.expert_shared_count is not supported"),
+    ("olmoe", dict(extra_keys={"attention.clamp_kqv": ("float32", 8.0)}),
+     "olmoe.attention.clamp_kqv is not supported"),
+    ("olmoe", dict(extra_keys={"expert_feed_forward_length": ("uint32", 64)}),
+     "olmoe.expert_feed_forward_length is not supported"),
+    ("olmoe", dict(drop_keys=["expert_used_count"]), "GGUF metadata olmoe.expert_used_count is missing"),
+    ("olmoe", dict(tamper=_drop_expert("blk.0.ffn_down_exps.weight")),
+     r"tensor 'blk.0.ffn_down_exps.weight' has shape \[7, 128, 64\], expected \[8, 128, 64\]"),
 ]
 
 
@@ -442,7 +593,7 @@ def test_bad_files_are_refused(models, name, kwargs, what, tmp_path):
 
 def test_other_moe_architectures_are_refused(tmp_path):
     """An architecture with experts this module does not map: refused by name."""
-    for arch, what in [("qwen2moe", "unsupported GGUF architecture 'qwen2moe'"),
+    for arch, what in [("deepseek2", "unsupported GGUF architecture 'deepseek2'"),
                        ("qwen3", "mixture-of-experts qwen3 GGUF")]:
         w = gguf.GGUFWriter(str(tmp_path / f"{arch}.gguf"), arch)
         for k, v in (("context_length", 64), ("embedding_length", 64), ("block_count", 1), ("feed_forward_length", 64),

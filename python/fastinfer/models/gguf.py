@@ -10,13 +10,18 @@ through this module:
   bos / eos / end-of-turn ids). Architectures: ``llama`` (Llama, Mistral, SmolLM, ... as llama.cpp
   writes them), ``qwen2``, ``qwen3``, ``gemma2`` and ``gemma3`` (the Gemma hyperparameters llama.cpp
   does not store, it derives: see :func:`_gemma_config`), and the mixture-of-experts ``llama`` with
-  ``llama.expert_count`` > 0 (Mixtral) and ``qwen3moe`` (Qwen3-MoE), which run on
-  :class:`~fastinfer.models.MoeForCausalLM` (see :data:`_MOE_FORMATS`: ``{arch}.expert_count``
-  experts, ``expert_used_count`` per token, Qwen3-MoE's ``expert_feed_forward_length`` wide; every
-  layer routed and the top-k weights renormalised, as llama.cpp's graphs run them). Any metadata key
-  of the architecture this module does not know is an error naming it (it may change the math), as
-  is an architecture outside that list, a missing or inconsistent expert count, and expert tensors
-  in a file that declares no experts.
+  ``llama.expert_count`` > 0 (Mixtral), ``qwen2moe`` (Qwen2-MoE), ``qwen3moe`` (Qwen3-MoE) and
+  ``olmoe`` (OLMoE), which run on :class:`~fastinfer.models.MoeForCausalLM` (see
+  :data:`_MOE_FORMATS`: ``{arch}.expert_count`` experts, ``expert_used_count`` per token, each
+  ``feed_forward_length`` wide (Mixtral, OLMoE) or ``expert_feed_forward_length`` (Qwen3-MoE;
+  Qwen2-MoE, where llama.cpp's default ``feed_forward_length / expert_used_count`` stands in for a
+  missing key, as it does ``feed_forward_length`` for Qwen2-MoE's shared expert width
+  ``expert_shared_feed_forward_length``); every layer routed, the top-k weights renormalised for
+  Mixtral and Qwen3-MoE and not for Qwen2-MoE and OLMoE, as llama.cpp's graphs run them whatever the
+  original ``norm_topk_prob``). Any metadata key of the architecture this module does not know is an
+  error naming it (it may change the math: OLMoE's ``attention.clamp_kqv``, which llama.cpp's OLMoE
+  graph never applies, is one), as is an architecture outside that list, a missing or inconsistent
+  expert count, and expert tensors in a file that declares no experts.
 * :class:`GGUFWeightReader` is a :class:`~fastinfer.layers.WeightReader` under Hugging Face tensor
   names (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``). Tensors are
   dequantised to float32 by the ``gguf`` package (every type it implements: F32/F16/BF16, Q4_0..Q8_0,
@@ -26,9 +31,13 @@ through this module:
   (``blk.{i}.ffn_gate_exps`` / ``ffn_up_exps`` ``[E, I, H]``, ``ffn_down_exps`` ``[E, H, I]`` in
   Hugging Face's row-major order, the router ``ffn_gate_inp`` ``[E, H]``); the reader checks those
   shapes and shows expert ``e`` under the hub's per-expert name, dequantising that expert's slice
-  alone (its rows are whole quantisation blocks). For ``llama`` files the rows of ``attn_q`` /
-  ``attn_k`` are put back in Hugging Face order: llama.cpp's converter permutes them from the
-  half-split RoPE layout (rotate_half) to interleaved pairs; :func:`unpermute_qk` is its inverse.
+  alone (its rows are whole quantisation blocks). Qwen2-MoE's shared expert is
+  ``blk.{i}.ffn_gate_shexp`` / ``ffn_up_shexp`` ``[Is, H]``, ``ffn_down_shexp`` ``[H, Is]`` and its
+  gate ``ffn_gate_inp_shexp``, ``[H]`` (or ``[1, H]`` from newer converters), read as Hugging Face's
+  ``[1, H]``; OLMoE's q/k norms over the whole projections are ``attn_q_norm`` / ``attn_k_norm``.
+  For ``llama`` files the rows of ``attn_q`` / ``attn_k`` are put back in Hugging Face order:
+  llama.cpp's converter permutes them from the half-split RoPE layout (rotate_half) to interleaved
+  pairs; :func:`unpermute_qk` is its inverse (the other architectures' rows are stored as they are).
   For ``gemma2`` / ``gemma3`` files (q/k not permuted) the norm weights are put back in Hugging
   Face's convention: llama.cpp's converter stores Gemma's ``1 + weight`` (see
   :data:`_NORM_PLUS_ONE`), the reader subtracts the 1 (exact: the stored values lie in [0.5, 2]
@@ -45,7 +54,7 @@ from __future__ import annotations
 import math
 import os
 from functools import lru_cache
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 import numpy as np
 import torch
@@ -61,8 +70,10 @@ GGUF_MAGIC = b"GGUF"
 # general.architecture -> the Hugging Face architecture it runs as
 # (a ``llama`` file with experts runs as Mixtral: see _MOE_FORMATS)
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                      "qwen3moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
-# architectures whose q/k rows llama.cpp's converter permutes (LlamaModel.permute)
+                      "qwen2moe": "Qwen2MoeForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
+                      "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+# architectures whose q/k rows llama.cpp's converter permutes (LlamaModel.permute; the others' graphs
+# rotate Hugging Face's half-split layout as it is: NeoX RoPE)
 _PERMUTED_QK = ("llama",)
 # Architectures whose norm weights llama.cpp's converter stores as 1 + weight: convert_hf_to_gguf.py,
 # Gemma2Model.modify_tensors ("if name.endswith('norm.weight'): data_torch = data_torch + 1") and
@@ -82,8 +93,13 @@ _LAYER_TENSORS = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
-    "attn_q_norm": "self_attn.q_norm",  # qwen3
+    "attn_q_norm": "self_attn.q_norm",  # qwen3 (per head), olmoe (over the whole projection)
     "attn_k_norm": "self_attn.k_norm",
+    # qwen2moe's shared expert and its gate (see _SHARED_EXPERT)
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 # Gemma's four norms per layer (gguf's TENSOR_NAMES for MODEL_ARCH.GEMMA2 / GEMMA3): "ffn_norm" is the
 # norm before the feed-forward block there, and the post-attention norm has its own name
@@ -124,28 +140,50 @@ class _MoeFormat(NamedTuple):
 
     architecture: str  # the Hugging Face architecture a file with experts runs as
     model_type: str
-    keys: Dict[str, str]  # {arch}.* metadata key -> the Hugging Face config field it is (all required)
+    # {arch}.* metadata key -> (the Hugging Face config field it is, the value llama.cpp takes when the
+    # key is absent or 0, from the config dict built so far; None: the key is required)
+    keys: Dict[str, Tuple[str, Optional[Callable[[Dict[str, Any]], int]]]]
     config: Dict[str, Any]  # the Hugging Face config fields llama.cpp's graph fixes for the architecture
 
 
-# GGUF architecture -> its experts (llama.cpp's src/models/<arch>.cpp: build_moe_ffn's arguments). A
-# further architecture that MoeForCausalLM runs is a line here and one in GGUF_ARCHITECTURES, plus
-# its shared expert's tensors, if any, in _LAYER_TENSORS (qwen2moe: ffn_{gate,up,down}_shexp, and
-# ffn_gate_inp_shexp, which llama.cpp stores as [H] for Hugging Face's [1, H]).
+# GGUF architecture -> its experts (llama.cpp's src/models/<arch>.cpp: load_arch_hparams and
+# build_moe_ffn's arguments). A further architecture that MoeForCausalLM runs is a line here and one
+# in GGUF_ARCHITECTURES.
 _MOE_FORMATS = {
     # Mixtral is llama.cpp's llama graph with experts (src/models/llama.cpp: n_expert > 0): the top-k
     # weights renormalised (norm_w true); each expert as wide as feed_forward_length; no sliding window
     "llama": _MoeFormat("MixtralForCausalLM", "mixtral", {}, {"sliding_window": None}),
     # src/models/qwen3moe.cpp: every layer routed, the top-k weights renormalised (norm_w true, whatever
     # the original norm_topk_prob)
-    "qwen3moe": _MoeFormat("Qwen3MoeForCausalLM", "qwen3_moe", {"expert_feed_forward_length": "moe_intermediate_size"},
+    "qwen3moe": _MoeFormat("Qwen3MoeForCausalLM", "qwen3_moe",
+                           {"expert_feed_forward_length": ("moe_intermediate_size", None)},
                            {"norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}),
+    # src/models/qwen2moe.cpp: every layer routed and with the shared expert (see _SHARED_EXPERT), the
+    # top-k weights not renormalised (norm_w false, whatever the original norm_topk_prob); the widths
+    # default as llama.cpp's loader has them (files converted before the keys existed lack them)
+    "qwen2moe": _MoeFormat("Qwen2MoeForCausalLM", "qwen2_moe",
+                           {"expert_feed_forward_length":
+                            ("moe_intermediate_size", lambda d: d["intermediate_size"] // d["num_experts_per_tok"]),
+                            "expert_shared_feed_forward_length":
+                            ("shared_expert_intermediate_size", lambda d: d["intermediate_size"])},
+                           {"norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                            "use_sliding_window": False}),
+    # src/models/olmoe.cpp: every layer routed, each expert as wide as feed_forward_length, the top-k
+    # weights not renormalised (norm_w false); q and k RMS-normalised over their whole projections
+    # (attn_q_norm / attn_k_norm, as Hugging Face's); no clamping (the converter writes no
+    # attention.clamp_kqv for OLMoE and the graph applies none)
+    "olmoe": _MoeFormat("OlmoeForCausalLM", "olmoe", {}, {"norm_topk_prob": False, "clip_qkv": None}),
 }
 EXPERT_GATING_SOFTMAX = 1  # gguf.ExpertGatingFuncType.SOFTMAX
 # a routed layer's GGUF tensors: the router, then the stacked experts' gate, up and down projections
 # (in ExpertProjections' order)
 _ROUTER = "ffn_gate_inp"
 _STACKED_EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+# Qwen2-MoE's shared expert on every routed layer: a SwiGLU MLP (gate and up [Is, H], down [H, Is])
+# scaled by sigmoid(ffn_gate_inp_shexp . x). That gate is [H] in llama.cpp's loader; the converter
+# squeezed Hugging Face's [1, H] to it, and since it stopped squeezing writes [1, H], which ggml reads
+# alike: the reader shows both as [1, H].
+_SHARED_EXPERT = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "ffn_gate_inp_shexp")
 
 
 def _gguf_module():
@@ -412,9 +450,13 @@ def gguf_config_dict(f: GGUFFile) -> Dict[str, Any]:
         d["mlp_bias"] = "blk.0.ffn_up.bias" in f.tensors
     elif arch in ("gemma2", "gemma3"):
         _gemma_config(d, f, key)
-    else:  # qwen2 (q/k/v always biased), qwen3, qwen3moe; no sliding window in llama.cpp
+    elif arch == "olmoe":  # q/k/v and o biased together in Hugging Face's OLMoE
+        d["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
+    else:  # qwen2 (q/k/v always biased), qwen2moe, qwen3, qwen3moe; no sliding window in llama.cpp
         if arch in ("qwen3", "qwen3moe"):
             d["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
+        elif arch == "qwen2moe":
+            d["qkv_bias"] = "blk.0.attn_q.bias" in f.tensors
         d["use_sliding_window"] = False
     if routed:
         _moe_config(d, f, key, moe)
@@ -432,7 +474,7 @@ def gguf_config_dict(f: GGUFFile) -> Dict[str, Any]:
 
 def _moe_config(d: Dict[str, Any], f: GGUFFile, key, moe: _MoeFormat) -> None:
     """The mixture-of-experts fields of config dict ``d``: ``{arch}.expert_count`` experts,
-    ``expert_used_count`` of them per token, the keys and fixed fields of ``moe``."""
+    ``expert_used_count`` of them per token, the keys (or their defaults) and fixed fields of ``moe``."""
     prefix = f.architecture + "."
     experts, used = key("expert_count"), key("expert_used_count")
     for name, v in (("expert_count", experts), ("expert_used_count", used)):
@@ -445,9 +487,16 @@ def _moe_config(d: Dict[str, Any], f: GGUFFile, key, moe: _MoeFormat) -> None:
     if gating != EXPERT_GATING_SOFTMAX:
         raise ValueError(f"{f.path!r}: GGUF metadata {prefix}expert_gating_func = {gating!r} is not supported "
                          f"(only {EXPERT_GATING_SOFTMAX}, softmax routing)")
-    d.update(architectures=[moe.architecture], model_type=moe.model_type, num_local_experts=experts,
+    # "num_experts": every MoE config class reads it (Mixtral's as an alias of num_local_experts)
+    d.update(architectures=[moe.architecture], model_type=moe.model_type, num_experts=experts,
              num_experts_per_tok=used)
-    d.update({field: key(k) for k, field in moe.keys.items()})
+    for k, (field, default) in moe.keys.items():
+        v = key(k, None) if default is not None else key(k)
+        if default is not None and not v:  # llama.cpp's loader: absent or 0 takes the default
+            v = default(d)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{f.path!r}: GGUF metadata {prefix}{k} must be an int >= 1, got {v!r}")
+        d[field] = v
     d.update(moe.config)
 
 
@@ -551,10 +600,14 @@ class GGUFWeightReader(WeightReader):
     without a mapping keeps its GGUF name, so the loader reports it as unexpected;
     ``rope_freqs.weight`` is read into the config instead. A mixture-of-experts model's stacked
     expert tensors are seen as the hub's per-expert ones: ``blk.{i}.ffn_gate_exps.weight[e]`` is
-    ``model.layers.{i}.mlp.experts.{e}.gate_proj.weight`` for Qwen3-MoE and
+    ``model.layers.{i}.mlp.experts.{e}.gate_proj.weight`` for Qwen2-MoE, Qwen3-MoE and OLMoE and
     ``model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight`` for Mixtral, the router
     ``blk.{i}.ffn_gate_inp.weight`` is ``model.layers.{i}.mlp.gate.weight`` /
-    ``...block_sparse_moe.gate.weight``; each expert is dequantised on its own when read."""
+    ``...block_sparse_moe.gate.weight``; each expert is dequantised on its own when read. Qwen2-MoE's
+    shared expert keeps its own names (``blk.{i}.ffn_gate_shexp.weight`` is
+    ``model.layers.{i}.mlp.shared_expert.gate_proj.weight``, ``ffn_gate_inp_shexp`` is
+    ``mlp.shared_expert_gate``, shown ``[1, H]`` when stored ``[H]``), its shapes checked with the
+    experts'."""
 
     def __init__(self, path: str, config: Optional[ModelConfig] = None):
         self.file = open_gguf(path)
@@ -568,6 +621,7 @@ class GGUFWeightReader(WeightReader):
             name = hf_tensor_name(g, self.file.architecture) or g
             self._where[name] = g
         self._expert: Dict[str, int] = {}  # per-expert HF name -> its index in the stacked GGUF tensor
+        self._as_row: Set[str] = set()  # GGUF names of [H] tensors read as Hugging Face's [1, H]
         if config.num_experts:
             self._map_experts(config)
         self._norm_plus_one = self.file.architecture in _NORM_PLUS_ONE
@@ -610,6 +664,26 @@ class GGUFWeightReader(WeightReader):
                     name = f"{layer}.experts.{e}.{projection}.weight"
                     self._where[name] = g
                     self._expert[name] = e
+            if config.shared_expert_intermediate_size:
+                self._check_shared_expert(i, H, config.shared_expert_intermediate_size)
+
+    def _check_shared_expert(self, layer: int, H: int, Is: int) -> None:
+        """Layer ``layer``'s shared expert (:data:`_SHARED_EXPERT`) is all there, each tensor of its
+        shape; a ``[H]`` gate is read as ``[1, H]``."""
+        prefix = self.file.architecture + "."
+        want = {"ffn_gate_shexp": [(Is, H)], "ffn_up_shexp": [(Is, H)], "ffn_down_shexp": [(H, Is)],
+                "ffn_gate_inp_shexp": [(H,), (1, H)]}
+        for kind in _SHARED_EXPERT:
+            g = f"blk.{layer}.{kind}.weight"
+            if g not in self.file.tensors:
+                raise ValueError(f"{self.path!r}: tensor {g!r} is missing (layer {layer} has a shared expert)")
+            got = self.file.shape(g)
+            if got not in want[kind]:
+                raise ValueError(f"{self.path!r}: tensor {g!r} has shape {list(got)}, expected "
+                                 f"{' or '.join(str(list(w)) for w in want[kind])} (hidden {H}, "
+                                 f"{prefix}expert_shared_feed_forward_length {Is})")
+            if got == (H,):
+                self._as_row.add(g)
 
     def _check_types(self) -> None:
         """Refuse a tensor type the gguf package cannot dequantise now, not half-way through loading."""
@@ -636,7 +710,10 @@ class GGUFWeightReader(WeightReader):
         return name in self._where
 
     def shape(self, name: str) -> Tuple[int, ...]:
-        shape = self.file.shape(self._where[name])
+        g = self._where[name]
+        shape = self.file.shape(g)
+        if g in self._as_row:
+            return (1,) + shape
         return shape[1:] if name in self._expert else shape
 
     def gguf_type(self, name: str) -> str:
@@ -644,8 +721,11 @@ class GGUFWeightReader(WeightReader):
         return self.file.tensors[self._where[name]].tensor_type.name
 
     def _read(self, name: str) -> torch.Tensor:
-        w = self.file.dequantize(self._where[name], self._expert.get(name))
+        g = self._where[name]
+        w = self.file.dequantize(g, self._expert.get(name))
         w = torch.from_numpy(np.array(w, dtype=np.float32, copy=True))
+        if g in self._as_row:
+            return w.reshape(1, -1)
         n = self._heads.get(name)
         if n:
             return unpermute_qk(w, n)
