@@ -122,7 +122,8 @@ def measure(shape_name: str, tp: int, batch: int, root: str) -> Dict[str, object
     if not os.path.exists(os.path.join(path, "config.json")):
         _write_checkpoint(s, path)
     ctx, bs = 32, 16
-    llm = LLM(path, num_kv_blocks=batch * (-(-(ctx + 1) // bs)) + 1, max_num_seqs=batch, tensor_parallel_size=tp)
+    llm = LLM(path, num_kv_blocks=batch * (-(-(ctx + 1) // bs)) + 1, max_num_seqs=batch, tensor_parallel_size=tp,
+              dtype="float32")  # the formula's act_bytes below
     try:
         runner = llm.executor.runner
         runner.forward(_decode_plan(batch, bs, ctx))  # warm-up (and the tables reach the workers)
@@ -136,7 +137,7 @@ def measure(shape_name: str, tp: int, batch: int, root: str) -> Dict[str, object
                    gather_bytes=comm.bytes_gathered - before[2], control_bytes=ctrl.bytes_sent - before[3])
     finally:
         llm.shutdown()
-    want = computed(s, tp, batch, act_bytes=4)  # the CPU runs float32
+    want = computed(s, tp, batch, act_bytes=4)  # float32, as the engine above runs
     return dict(shape=f"{shape_name} (skinny: same hidden size, {MEASURED_LAYERS} layers, vocab 4096)", tp=tp,
                 batch=batch,
                 measured=got, computed=want, step_ms_cpu=dt * 1e3,
@@ -153,7 +154,7 @@ def cpu_tokens_per_s(preset: str, tp: int, threads: int, batch: int, out_len: in
         _write_checkpoint(CPU_PRESETS[preset], path)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)  # rank 0's; workers get cores // tp, and rank 0 at most that
-    llm = LLM(path, num_kv_blocks=batch * 8, max_num_seqs=batch, tensor_parallel_size=tp)
+    llm = LLM(path, num_kv_blocks=batch * 8, max_num_seqs=batch, tensor_parallel_size=tp, dtype="float32")
     try:
         prompts = [[3 + i + j for j in range(16)] for i in range(batch)]
         sp = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True)

@@ -63,6 +63,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cpu_auto_dtype_is_float32():
+    """``dtype="auto"`` on a CPU resolves to float32 in every test, whatever this CPU is: the CPU's
+    auto is bfloat16 where it computes bfloat16 natively (:func:`fastinfer.cpu_has_native_bf16`),
+    and a suite whose models change precision with the machine it runs on would not be
+    deterministic. Tests that need bfloat16 ask for it; ``tests/test_engine_config.py`` tests the
+    detection and both outcomes of the rule by patching it themselves. Session-scoped, so that it
+    is in place before any module's engines are built. Processes a test starts (``fastinfer
+    serve``, torchrun) do not see it: they are given ``--dtype`` explicitly."""
+    try:
+        fi = _import_fastinfer()
+    except ImportError:  # not built: the tests that need it say so themselves
+        yield
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fi, "cpu_has_native_bf16", lambda cpuinfo="/proc/cpuinfo": False)
+        yield
+
+
 # --------------------------------------------------------------------------------------------
 # library loading
 # --------------------------------------------------------------------------------------------

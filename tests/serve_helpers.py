@@ -35,8 +35,11 @@ class ServerProcess:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="fastinfer-serve-", suffix=".log", delete=False)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([PKG_ROOT, os.environ.get("PYTHONPATH", "")]))
+        # float32 unless a test says otherwise: the CPU's dtype "auto" depends on the CPU, and the
+        # in-process engines the tests compare with run float32 (conftest.cpu_auto_dtype_is_float32)
+        dtype = [] if "--dtype" in args else ["--dtype", "float32"]
         cmd = [sys.executable, "-m", "fastinfer.entrypoints.cli", "serve", "--host", "127.0.0.1",
-               "--port", str(self.port), "--log-level", "warning", *args]
+               "--port", str(self.port), "--log-level", "warning", *dtype, *args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         deadline = time.monotonic() + startup_timeout
         while True:

@@ -71,7 +71,7 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def llm(ckpt):
-    return LLM(ckpt, num_kv_blocks=128, seed=0)
+    return LLM(ckpt, dtype="float32", num_kv_blocks=128, seed=0)
 
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -106,7 +106,7 @@ def test_batch_invariance_preemption_prefix_cache(ckpt, llm):
     # alone (one request at a time, roomy KV pool)
     ref = [llm.generate(p, sp)[0].outputs[0].token_ids for p, sp in zip(prompts, params)]
     # together: small pool forces preemption; small token budget forces chunked prefill
-    small = LLM(ckpt, num_kv_blocks=20, max_num_seqs=24, max_num_batched_tokens=96)
+    small = LLM(ckpt, dtype="float32", num_kv_blocks=20, max_num_seqs=24, max_num_batched_tokens=96)
     outs = small.generate(prompts, params)
     assert [o.outputs[0].token_ids for o in outs] == ref
     assert all(len(o.outputs[0].token_ids) == sp.max_tokens for o, sp in zip(outs, params))
@@ -123,12 +123,12 @@ def test_chunked_prefill_same_output(ckpt, llm):
     prompts = [list(range(1, 60)), list(range(100, 133)), [7]]
     sp = SamplingParams(max_tokens=8, **GREEDY)
     ref = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
-    chunked = LLM(ckpt, num_kv_blocks=64, max_num_batched_tokens=7, enable_prefix_caching=False)
+    chunked = LLM(ckpt, dtype="float32", num_kv_blocks=64, max_num_batched_tokens=7, enable_prefix_caching=False)
     assert [o.outputs[0].token_ids for o in chunked.generate(prompts, sp)] == ref
 
 
 def test_prefix_cache_hit_same_output(ckpt):
-    eng = LLM(ckpt, num_kv_blocks=64)
+    eng = LLM(ckpt, dtype="float32", num_kv_blocks=64)
     p = list(range(1, 50))
     sp = SamplingParams(max_tokens=6, **GREEDY)
     a = eng.generate(p, sp)[0]
@@ -149,7 +149,7 @@ def test_seeded_sampling_reproducible(llm):
 
 
 def test_n_completions_share_prompt(ckpt):
-    eng = LLM(ckpt, num_kv_blocks=64)
+    eng = LLM(ckpt, dtype="float32", num_kv_blocks=64)
     p = list(range(1, 40))  # 2 full blocks + 7 tokens
     g = eng.generate(p, SamplingParams(max_tokens=10, **GREEDY))[0].outputs[0].token_ids
     eng.reset_prefix_cache()
@@ -176,7 +176,7 @@ def test_max_tokens_and_stop_token_ids(llm):
 
 
 def test_eos_stops_unless_ignored(ckpt):
-    eng = LLM(ckpt, num_kv_blocks=32)
+    eng = LLM(ckpt, dtype="float32", num_kv_blocks=32)
     base = eng.generate([1, 2], SamplingParams(max_tokens=6, **GREEDY))[0].outputs[0]
     eng.engine_core.eos_token_ids = {base.token_ids[2]}
     o = eng.generate([1, 2], SamplingParams(max_tokens=6, temperature=0.0))[0].outputs[0]
@@ -242,7 +242,7 @@ def test_stream(llm):
 
 
 def test_stream_close_aborts_and_frees(ckpt):
-    eng = LLM(ckpt, num_kv_blocks=32)
+    eng = LLM(ckpt, dtype="float32", num_kv_blocks=32)
     it = eng.stream([1, 2, 3], SamplingParams(max_tokens=50, **GREEDY))
     next(it)
     it.close()
@@ -415,9 +415,9 @@ def test_decode_graph_buffers_match_eager(ckpt):
     rng = random.Random(5)
     prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randrange(2, 40))] for _ in range(11)]
     sp = [SamplingParams(max_tokens=4 + i, **GREEDY) for i in range(11)]  # the batch shrinks
-    eager = LLM(ckpt, num_kv_blocks=128, max_num_seqs=11)
+    eager = LLM(ckpt, dtype="float32", num_kv_blocks=128, max_num_seqs=11)
     want = [o.outputs[0].token_ids for o in eager.generate(prompts, sp)]
-    graphed = LLM(ckpt, num_kv_blocks=128, max_num_seqs=11)
+    graphed = LLM(ckpt, dtype="float32", num_kv_blocks=128, max_num_seqs=11)
     graphs = graphed.executor.enable_decode_graphs(11, 8, use_graphs=False)
     assert graphs.buckets == [1, 2, 4, 8, 11]
     calls = []
@@ -452,7 +452,7 @@ def test_long_running_loop_keeps_a_bounded_registry(ckpt):
     """A server-style loop (add_request / step) over 1,000 requests in sequence: every request's
     final output comes exactly once, finished requests leave the core and the output processor
     (their ids can be reused), and the KV pool is whole again at the end."""
-    eng = LLM(ckpt, num_kv_blocks=32, max_num_seqs=8)
+    eng = LLM(ckpt, dtype="float32", num_kv_blocks=32, max_num_seqs=8)
     rng = random.Random(7)
     pending, num_final, peak = set(), 0, 0
 
@@ -498,7 +498,7 @@ def test_interleaved_streams_each_end_with_their_own_output(ckpt, llm):
     prompts = [[3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8]]
     sps = [SamplingParams(max_tokens=5, **GREEDY), SamplingParams(max_tokens=9, **GREEDY)]
     want = [o.outputs[0].token_ids for o in llm.generate(prompts, sps)]
-    eng = LLM(ckpt, num_kv_blocks=32)
+    eng = LLM(ckpt, dtype="float32", num_kv_blocks=32)
     its = [eng.stream(p, sp) for p, sp in zip(prompts, sps)]
     got = [[], []]
     live = [0, 1]
@@ -521,7 +521,7 @@ def test_executor_hands_hidden_states_to_a_drafter_that_asks(ckpt):
     heads): one row per logits row, and lm_head of those rows is the step's logits."""
     from fastinfer.engine.speculative import Drafter
 
-    eng = LLM(ckpt, num_kv_blocks=32)
+    eng = LLM(ckpt, dtype="float32", num_kv_blocks=32)
     seen = []
 
     class Recorder(Drafter):
@@ -538,7 +538,7 @@ def test_executor_hands_hidden_states_to_a_drafter_that_asks(ckpt):
     prompts, sp = [[5, 6, 7], [8, 9]], SamplingParams(max_tokens=3, **GREEDY)
     out = eng.generate(prompts, sp)
     ex.model.compute_logits = real
-    want = LLM(ckpt, num_kv_blocks=32).generate(prompts, sp)
+    want = LLM(ckpt, dtype="float32", num_kv_blocks=32).generate(prompts, sp)
     assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in want]
     assert [n for n, _ in seen] == [2, 2, 2]
     for (n, h), lg in zip(seen, logits):

@@ -13,7 +13,8 @@ import re
 import pytest
 import torch
 
-from fastinfer import LLM
+import fastinfer
+from fastinfer import LLM, cpu_has_native_bf16
 from fastinfer.engine.config import EngineConfig, default_model_path, option_fields
 from fastinfer.engine.speculative.registry import SPEC_METHODS, SPEC_REGISTRY, spec_method
 from fastinfer.entrypoints import args as cli_args
@@ -154,7 +155,7 @@ def test_cli_flags_are_generated_from_the_fields(command):
         a, f = by_dest[name], fields[name]
         assert cli_args.flag_of(name) in a.option_strings
         assert a.default is None  # not given: the field's default applies
-        assert a.help.startswith(f.metadata["help"]) or name in ("model", "max_model_len", "dtype")
+        assert a.help.startswith(f.metadata["help"]) or name in ("model", "max_model_len")
         if isinstance(f.default, bool):
             assert isinstance(a, argparse._StoreFalseAction if f.default else argparse._StoreTrueAction)
 
@@ -220,6 +221,103 @@ def test_each_default_is_declared_once():
                     hits += [f"{path}:{i}: {line.strip()}" for i, line in enumerate(f, 1) if pattern.search(line)]
     assert not hits, "\n".join(hits)
     assert pattern.search("    block_size: int = 16,") and pattern.search("spec_tree_topk=2")  # the pattern bites
+
+
+# ---- dtype "auto" ------------------------------------------------------------------------------------------
+# tests/conftest.py pins fastinfer.cpu_has_native_bf16 to False for the session; cpu_has_native_bf16
+# here is the function itself (imported when the module is collected, before the pin)
+
+
+@pytest.mark.parametrize("flags, native", [
+    ("fpu vme avx2 avx512f avx512bw avx512_vnni", False),  # AVX-512 without BF16
+    ("fpu avx2 avx512f avx512_bf16 avx512_vnni", True),  # Cooper Lake, Zen 4
+    ("fpu avx2 amx_tile amx_bf16 amx_int8", True),  # AMX alone
+    ("fpu avx2 avx512_bf16x", False),  # a whole flag, not a prefix
+])
+def test_native_bf16_detection_reads_the_cpu_flags(tmp_path, flags, native):
+    assert cpu_has_native_bf16.__module__ == "fastinfer"  # the function, not the suite's pin
+    info = tmp_path / "cpuinfo"
+    # Intel's cpuinfo also has a "vmx flags" line: only "flags" counts
+    info.write_text("processor\t: 0\nmodel name\t: x\n"
+                    f"flags\t\t: {flags}\nvmx flags\t: vnmi amx_bf16 avx512_bf16\nbugs\t\t: spectre_v1\n\n"
+                    f"processor\t: 1\nflags\t\t: {flags}\n")
+    assert cpu_has_native_bf16(str(info)) is native
+    assert cpu_has_native_bf16(str(tmp_path / "missing")) is False  # no cpuinfo (not Linux): float32
+
+
+@pytest.mark.parametrize("native, expected", [(True, torch.bfloat16), (False, torch.float32)])
+def test_dtype_auto_on_a_cpu_follows_native_bf16(monkeypatch, native, expected):
+    monkeypatch.setattr(fastinfer, "cpu_has_native_bf16", lambda *a, **k: native)
+    for given in ({}, {"dtype": "auto"}, {"dtype": None}):
+        c = _config(**given)
+        assert (c.dtype, c.model_dtype) == (None, expected), given
+    for name, explicit in (("float32", torch.float32), ("bfloat16", torch.bfloat16), ("fp16", torch.float16)):
+        c = _config(dtype=name)  # an explicit dtype always wins
+        assert c.dtype == c.model_dtype == explicit
+    assert _config(dtype=torch.float32).model_dtype == torch.float32
+    assert dataclasses.replace(_config()).model_dtype == expected
+
+
+def test_tensor_parallel_workers_build_rank_0_s_dtype(monkeypatch):
+    from fastinfer.engine.worker import worker_config
+
+    monkeypatch.setattr(fastinfer, "cpu_has_native_bf16", lambda *a, **k: True)
+    rank0 = _config(draft_model=DRAFT)
+    monkeypatch.setattr(fastinfer, "cpu_has_native_bf16", lambda *a, **k: False)  # what a worker would find
+    w = worker_config(rank0)
+    assert w.model_dtype == rank0.model_dtype == torch.bfloat16
+    assert worker_config(w).model_dtype == torch.bfloat16  # applied again in the worker process
+    assert w.speculative is None and not w.load_progress
+
+
+def test_dtype_auto_on_cuda_is_the_checkpoint_s():
+    from fastinfer.models import ModelConfig, default_dtype, load_config
+
+    cuda = torch.device("cuda")
+    conf = load_config(default_model_path())
+    for stored, expected in ((torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16),
+                             (torch.float32, torch.bfloat16), (None, torch.bfloat16)):
+        assert default_dtype(dataclasses.replace(conf, torch_dtype=stored), cuda) == expected
+    assert isinstance(conf, ModelConfig)
+
+
+def test_the_engine_runs_the_resolved_dtype_and_says_it_once(monkeypatch, capsys):
+    monkeypatch.setattr(fastinfer, "cpu_has_native_bf16", lambda *a, **k: True)
+    llm = LLM(device="cpu", num_kv_blocks=16, load_progress=True)
+    assert llm.config.model_dtype == llm.model.dtype == llm.kv_cache_dtype == torch.bfloat16
+    err = capsys.readouterr().err
+    line = (f"fastinfer: loading {default_model_path()} on cpu, bfloat16 "
+            "(dtype auto: this CPU computes bfloat16 natively)")
+    assert err.count("fastinfer: loading") == 1 and line in err, err
+    monkeypatch.setattr(fastinfer, "cpu_has_native_bf16", lambda *a, **k: False)
+    llm = LLM(device="cpu", num_kv_blocks=16, load_progress=True)
+    assert llm.model.dtype == torch.float32
+    assert "float32 (dtype auto: this CPU has no native bfloat16)" in capsys.readouterr().err
+    llm = LLM(device="cpu", num_kv_blocks=16, dtype="bfloat16", load_progress=True)
+    assert llm.model.dtype == torch.bfloat16
+    assert "bfloat16 (dtype given)" in capsys.readouterr().err
+    LLM(device="cpu", num_kv_blocks=16)
+    assert "fastinfer: loading" not in capsys.readouterr().err  # the library is quiet unless asked
+
+
+def test_a_given_model_keeps_its_dtype_unless_one_is_given(monkeypatch):
+    from fastinfer.models import load_model
+
+    monkeypatch.setattr(fastinfer, "cpu_has_native_bf16", lambda *a, **k: True)  # auto must not convert it
+    model = load_model(default_model_path(), dtype=torch.float32)
+    same = LLM(model, device="cpu", num_kv_blocks=16)
+    assert same.model is model and same.config.model_dtype == torch.float32
+    bf16 = LLM(model, device="cpu", num_kv_blocks=16, dtype="bfloat16")
+    assert bf16.model is not model and bf16.model.dtype == torch.bfloat16
+    assert model.dtype == torch.float32  # the caller's model is left alone
+
+
+def test_dtype_help_states_the_rule():
+    for command in ("generate", "serve", "bench", "eval"):
+        a = next(a for a in _subparsers()[command]._actions if "--dtype" in a.option_strings)
+        assert "auto: on a CPU bfloat16 where the CPU computes it natively" in a.help, command
+        assert "(default: 'auto')" in a.help, command
+    assert "auto: on a CPU bfloat16" in LLM.__doc__
 
 
 # ---- the op backend, given at construction -------------------------------------------------------------

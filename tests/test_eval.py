@@ -25,7 +25,7 @@ def test_perplexity_matches_transformers_on_heldout_windows():
 
     stream = token_stream(Tokenizer(TARGET), _files_or_skip())
     assert stream.numel() > 50_000
-    ppl, n = perplexity(load_model(TARGET), stream, max_tokens=3 * CONTEXT)
+    ppl, n = perplexity(load_model(TARGET, dtype=torch.float32), stream, max_tokens=3 * CONTEXT)
     assert n == 3 * CONTEXT
     hf = transformers.AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
     x = torch.stack([stream[i * CONTEXT:i * CONTEXT + CONTEXT + 1] for i in range(3)])

@@ -128,7 +128,7 @@ def _fi_greedy(model, ids, n):
                                   "linear"])
 def test_prefill_logits_match_transformers(ckpts, name):
     hf, path = ckpts(name)
-    model = load_model(path)
+    model = load_model(path, dtype=torch.float32)
     ids = _prompt()
     ref = _hf_logits(hf, ids)
     out = prefill_logits(model, ids, block_size=BS)
@@ -142,7 +142,7 @@ def test_prefill_logits_match_transformers(ckpts, name):
 @pytest.mark.parametrize("name", ["llama3", "llama_tied", "mistral", "qwen2", "qwen3", "qwen3_tied"])
 def test_greedy_decode_matches_transformers(ckpts, name):
     hf, path = ckpts(name)
-    model = load_model(path)
+    model = load_model(path, dtype=torch.float32)
     ids = _prompt(seed=1)
     assert _fi_greedy(model, ids, NEW_TOKENS) == _hf_greedy(hf, ids, NEW_TOKENS)
 
@@ -150,7 +150,7 @@ def test_greedy_decode_matches_transformers(ckpts, name):
 @pytest.mark.parametrize("name", ["llama3", "mistral"])
 def test_chunked_prefill_equals_single_shot(ckpts, name):
     _, path = ckpts(name)
-    model = load_model(path)
+    model = load_model(path, dtype=torch.float32)
     ids = _prompt(seed=2)
     full = prefill_logits(model, ids, block_size=BS)
     nb = (len(ids) + BS - 1) // BS
@@ -167,7 +167,7 @@ def test_mixed_prefill_and_decode_batch(ckpts):
     """One forward with two prefill chunks (a fresh prompt and a continuation) and two decode
     rows, on interleaved physical blocks, equals running each sequence alone."""
     _, path = ckpts("mistral")
-    model = load_model(path)
+    model = load_model(path, dtype=torch.float32)
     seqs = [_prompt(45, seed=s) for s in range(4)]
     caches = model.allocate_kv_cache(24, BS)
     blocks = [[0, 5, 9, 13], [1, 6, 10, 14], [2, 7, 11, 15], [3, 8, 12, 16]]
@@ -189,7 +189,7 @@ def test_mixed_prefill_and_decode_batch(ckpts):
 def test_custom_mask_chain_equals_causal(ckpts):
     """A tree mask that is a chain (lower-triangular) reproduces plain causal prefill."""
     _, path = ckpts("llama3")
-    model = load_model(path)
+    model = load_model(path, dtype=torch.float32)
     ids = _prompt(40, seed=4)
     full = prefill_logits(model, ids, block_size=BS)
     caches = model.allocate_kv_cache(3, BS)
@@ -210,7 +210,7 @@ def test_sim_kernels_end_to_end(ckpts, name, dtype, tol):
     require_sim()
     _, path = ckpts(name)
     ids = _prompt(50, seed=6)
-    ref = prefill_logits(load_model(path), ids)
+    ref = prefill_logits(load_model(path, dtype=torch.float32), ids)
     model = load_model(path, dtype=dtype, ops=fastinfer.ops.backend("fastinfer_sim"))
     blocks = [3, 0, 2, 1]
     results = []
@@ -233,7 +233,7 @@ def test_cpu_bf16_model_with_packed_linears(ckpts, name):
     beyond bf16 rounding order."""
     _, path = ckpts(name)
     ids = _prompt(50, seed=7)
-    ref = prefill_logits(load_model(path), ids)
+    ref = prefill_logits(load_model(path, dtype=torch.float32), ids)
     blocks = [3, 0, 2, 1]
     outs = []
     for pack in (False, True):
@@ -259,7 +259,7 @@ def test_cuda_model_matches_cpu_fp32(ckpts, name, dtype, tol):
         pytest.skip("fastinfer built without CUDA kernels or no GPU")
     _, path = ckpts(name)
     ids = _prompt(seed=7)
-    ref = prefill_logits(load_model(path), ids)
+    ref = prefill_logits(load_model(path, dtype=torch.float32), ids)
     model = load_model(path, dtype=dtype, device="cuda")
     blocks = _scattered_blocks(8, seed=1)[:7]
     caches = model.allocate_kv_cache(8, BS)
@@ -280,7 +280,7 @@ def test_shipped_asset_matches_transformers(asset):
         pytest.skip(f"{asset} not present")
     conf = ModelConfig.from_pretrained(str(path))
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    model = load_model(str(path))
+    model = load_model(str(path), dtype=torch.float32)
     n = min(64, conf.max_model_len)
     ids = torch.randint(0, conf.vocab_size, (n,), generator=torch.Generator().manual_seed(0)).tolist()
     assert _rel(prefill_logits(model, ids), _hf_logits(hf, ids)) < REL_TOL
@@ -490,11 +490,11 @@ def test_loader_errors(ckpts, tmp_path):
 def test_loader_sharded_and_tied_variants(ckpts, tmp_path):
     hf, path = ckpts("llama_tied")
     ids = _prompt(20, seed=5)
-    ref = prefill_logits(load_model(path), ids)
+    ref = prefill_logits(load_model(path, dtype=torch.float32), ids)
     # sharded save (several shards + index), with tqdm progress
     hf.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
     assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
-    m = load_model(str(tmp_path / "sharded"), progress=True)
+    m = load_model(str(tmp_path / "sharded"), dtype=torch.float32, progress=True)
     assert m.lm_head.weight is m.embed_tokens.weight
     torch.testing.assert_close(prefill_logits(m, ids), ref, rtol=0, atol=0)
 
@@ -503,7 +503,7 @@ def test_loader_sharded_and_tied_variants(ckpts, tmp_path):
         sd["lm_head.weight"] = torch.zeros(VOCAB, 128)
         return sd
 
-    m = load_model(_copy_ckpt(path, tmp_path / "with_head", add_head))
+    m = load_model(_copy_ckpt(path, tmp_path / "with_head", add_head), dtype=torch.float32)
     torch.testing.assert_close(prefill_logits(m, ids), ref, rtol=0, atol=0)
 
 

@@ -148,7 +148,7 @@ def _model_greedy(model, ids, n):
 @pytest.mark.parametrize("name", list(CASES))
 def test_prefill_logits_match_transformers(ckpts, name):
     hf, path = ckpts(name)
-    model = load_model(path)
+    model = load_model(path, dtype=torch.float32)
     assert isinstance(model, GemmaForCausalLM)
     ids = _prompt()
     ref = _hf_logits(hf, ids)
@@ -174,7 +174,7 @@ def test_greedy_generation_through_the_runner(ckpts, name):
 def test_chunked_prefill_matches_transformers(ckpts, name):
     """Three prefill chunks (cuts inside blocks and inside windows) on a shuffled block table."""
     hf, path = ckpts(name)
-    model = load_model(path)
+    model = load_model(path, dtype=torch.float32)
     ids = _prompt(seed=2)
     ref = _hf_logits(hf, ids)
     blocks = list(range(4))
@@ -191,7 +191,7 @@ def test_mixed_prefill_and_decode_batch(ckpts):
     """One forward with a fresh prompt, a continuation chunk and two decode rows equals running each
     sequence alone (the decode rows go through paged_decode_attention with softcap and window)."""
     _, path = ckpts("gemma2_hd64")
-    model = load_model(path)
+    model = load_model(path, dtype=torch.float32)
     seqs = [_prompt(30, seed=s) for s in range(4)]
     caches = model.allocate_kv_cache(12, BS)
     blocks = [[0, 4], [1, 5], [2, 6], [3, 7]]
@@ -234,7 +234,7 @@ def test_cpu_bf16_model(ckpts):
     decode against the fp32 logits."""
     _, path = ckpts("gemma3_hd256")
     ids = _prompt(33, seed=7)
-    ref = prefill_logits(load_model(path), ids)
+    ref = prefill_logits(load_model(path, dtype=torch.float32), ids)
     model = load_model(path, dtype=torch.bfloat16)
     model.pack_linears_for_cpu()
     caches = model.allocate_kv_cache(3, BS)
@@ -261,7 +261,7 @@ def test_sim_kernels_end_to_end(ckpts, name, dtype, tol):
     require_sim()
     _, path = ckpts(name)
     ids = _prompt(30, seed=6)
-    ref = prefill_logits(load_model(path), ids)
+    ref = prefill_logits(load_model(path, dtype=torch.float32), ids)
     model = load_model(path, dtype=dtype, ops=fastinfer.ops.backend("fastinfer_sim"))
     results = []
     for seed in SIM_SEEDS:
@@ -286,7 +286,7 @@ def test_cuda_model_matches_cpu_fp32(ckpts, name, dtype, tol):
         pytest.skip("fastinfer built without CUDA kernels or no GPU")
     _, path = ckpts(name)
     ids = _prompt(seed=7)
-    ref = prefill_logits(load_model(path), ids)
+    ref = prefill_logits(load_model(path, dtype=torch.float32), ids)
     model = load_model(path, dtype=dtype, device="cuda")
     caches = model.allocate_kv_cache(4, BS)
     dev, blocks = model.device, [3, 1, 0, 2]
@@ -306,13 +306,13 @@ def test_checkpoint_tensors_round_trip(ckpts):
     from fastinfer.layers import TensorDictReader
 
     _, path = ckpts("gemma3_hd64")
-    model = load_model(path)
+    model = load_model(path, dtype=torch.float32)
     saved = load_file(os.path.join(path, "model.safetensors"))
     tensors = dict(model.checkpoint_tensors())
     for name, t in saved.items():
         if "norm" in name:
             assert torch.allclose(tensors[name], t, rtol=0, atol=2 ** -23), name
-    again = load_model(TensorDictReader(tensors), config=model.config)
+    again = load_model(TensorDictReader(tensors), config=model.config, dtype=torch.float32)
     ids = _prompt(20, seed=8)
     assert torch.equal(prefill_logits(again, ids), prefill_logits(model, ids))
 
@@ -334,9 +334,9 @@ def test_quantised_linears(ckpts, tmp_path):
     for opts in (QuantOptions("int4", group_size=32), QuantOptions("fp8"), QuantOptions("int8")):
         out = str(tmp_path / opts.method)
         quantize_checkpoint(path, out, opts)
-        stored = load_model(out, quant_config=resolve_quantization(load_config(out)))
+        stored = load_model(out, dtype=torch.float32, quant_config=resolve_quantization(load_config(out)))
         got = prefill_logits(stored, ids)
-        on_load = load_model(path, quant_config=resolve_quantization(conf, opts))
+        on_load = load_model(path, dtype=torch.float32, quant_config=resolve_quantization(conf, opts))
         assert torch.equal(prefill_logits(on_load, ids), got), opts.method
         if opts.method == "int4":
             t = load_file(os.path.join(out, "model.safetensors"))
@@ -345,7 +345,7 @@ def test_quantised_linears(ckpts, tmp_path):
                 w = reference.int4_dequantize(unpack_nibbles(t[name + ".weight_packed"]), t[name + ".weight_scale"],
                                               t.get(name + ".weight_zero_point"), 32)
                 tensors[name + ".weight"] = w[:, : tensors[name + ".weight"].shape[1]].float()
-            dequantised = load_model(TensorDictReader(tensors), config=conf)
+            dequantised = load_model(TensorDictReader(tensors), config=conf, dtype=torch.float32)
             assert _rel(got, prefill_logits(dequantised, ids)) < REL_TOL
     with pytest.raises(ValueError, match="smoothquant"):
         quantize_checkpoint(path, str(tmp_path / "sq"), QuantOptions("int8"), smoothquant=0.5,
@@ -400,7 +400,7 @@ def test_each_gemma_detail_is_visible(ckpts, name, detail, times):
     """Undoing one detail in the loaded model puts its logits ``times`` x the tolerance away from
     transformers' (measured: the default soft-caps 2.5e-4 and 3.1e-4, the others 5e-2 .. 1)."""
     hf, path = ckpts(name)
-    model = load_model(path)
+    model = load_model(path, dtype=torch.float32)
     ids = _prompt()
     with torch.no_grad():
         _without(model, detail)
@@ -425,7 +425,7 @@ def test_gemma3_conditional_generation_text_model(tmp_path):
     hf.save_pretrained(tmp_path)
     conf = ModelConfig.from_pretrained(str(tmp_path))
     assert conf.architecture == "Gemma3ForCausalLM" and conf.qk_norm
-    model = load_model(str(tmp_path))
+    model = load_model(str(tmp_path), dtype=torch.float32)
     ids = _prompt(seed=9, n=30)
     ids = [i % (VOCAB - 3) for i in ids]  # no image tokens
     want = _hf_logits(hf, ids)
@@ -611,7 +611,7 @@ def test_gguf_matches_transformers(tmp_path, arch):
                 "rope_theta", "rope_scaling", "sliding_rope_theta", "sliding_rope_scaling", "attention_scale",
                 "attn_logit_softcapping", "final_logit_softcapping", "qk_norm", "tie_word_embeddings", "hidden_act"):
         assert getattr(from_gguf, key) == getattr(from_hf, key), key
-    model = load_model(path)
+    model = load_model(path, dtype=torch.float32)
     ids = _prompt(seed=12)
     want = _hf_logits(hf, ids)
     assert _rel(prefill_logits(model, ids, block_size=BS), want) < REL_TOL

@@ -104,7 +104,7 @@ GREEDY = dict(temperature=0.0, ignore_eos=True)
 @pytest.mark.parametrize("name", list(CASES))
 def test_prefill_logits_match_transformers(ckpts, name):
     hf, path = ckpts(name)
-    model = load_model(path)
+    model = load_model(path, dtype=torch.float32)
     assert isinstance(model, MoeForCausalLM)
     ids = _prompt()
     ref = hf_logits(hf, ids)
@@ -121,7 +121,7 @@ def test_layer_kinds_follow_the_config(ckpts, name, kinds):
     """Qwen's mixed layers are built as transformers builds them (dense where it is dense, Qwen2-MoE's
     shared expert on every routed layer and its sliding layers where transformers' mask slides)."""
     hf, path = ckpts(name)
-    model = load_model(path)
+    model = load_model(path, dtype=torch.float32)
     ours = [layer.moe is not None for layer in model.layers]
     theirs = [hasattr(layer.mlp, "experts") for layer in hf.model.layers]
     assert ours == theirs == kinds
@@ -144,8 +144,8 @@ def test_stacked_experts_load_as_per_expert_ones(ckpts, name):
     assert any(n.endswith("mlp.experts.gate_up_proj") for n in names)
     assert not any(".experts.0." in n for n in names)
     config = ModelConfig.from_pretrained(path)
-    stacked = load_model(TensorDictReader(dict(hf.state_dict())), config=config)
-    saved = load_model(path)
+    stacked = load_model(TensorDictReader(dict(hf.state_dict())), config=config, dtype=torch.float32)
+    saved = load_model(path, dtype=torch.float32)
     for (na, a), (nb, b) in zip(stacked.checkpoint_tensors(), saved.checkpoint_tensors()):
         assert na == nb and torch.equal(a, b), na
 
@@ -173,7 +173,7 @@ def test_sim_kernels_end_to_end(ckpts, name, dtype, tol):
     require_sim()
     _, path = ckpts(name)
     ids = _prompt(30, seed=6)
-    ref = prefill_logits(load_model(path), ids, block_size=BS)
+    ref = prefill_logits(load_model(path, dtype=torch.float32), ids, block_size=BS)
     tol = max(tol, 2 * rel_err(prefill_logits(load_model(path, dtype=dtype), ids, block_size=BS).float(), ref))
     model = load_model(path, dtype=dtype, ops=fastinfer.ops.backend("fastinfer_sim"))
     blocks = [1, 0]
@@ -194,7 +194,7 @@ def test_sim_kernels_end_to_end(ckpts, name, dtype, tol):
 def test_chunked_prefill_matches_transformers(ckpts, name):
     """Three prefill chunks (cuts inside blocks and inside the window) on a shuffled block table."""
     hf, path = ckpts(name)
-    model = load_model(path)
+    model = load_model(path, dtype=torch.float32)
     ids = _prompt(seed=2)
     blocks = list(range(3))
     random.Random(3).shuffle(blocks)
@@ -215,11 +215,11 @@ def test_batching_prefix_caching_and_preemption(ckpts, name):
     prompts = [(shared if i % 3 == 0 else []) + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))]
                for i in range(12)]
     params = [SamplingParams(max_tokens=rng.randint(1, 10), **GREEDY) for _ in prompts]
-    alone = LLM(path, num_kv_blocks=64, block_size=BS, deterministic=True)
+    alone = LLM(path, dtype="float32", num_kv_blocks=64, block_size=BS, deterministic=True)
     ref = [alone.generate(p, sp)[0].outputs[0].token_ids for p, sp in zip(prompts, params)]
     for i in (0, 1):
         assert list(ref[i]) == hf_greedy(hf, prompts[i], params[i].max_tokens)
-    small = LLM(path, num_kv_blocks=10, block_size=BS, max_num_seqs=8, max_num_batched_tokens=48,
+    small = LLM(path, dtype="float32", num_kv_blocks=10, block_size=BS, max_num_seqs=8, max_num_batched_tokens=48,
                 deterministic=True)
     outs = small.generate(prompts, params)
     assert [o.outputs[0].token_ids for o in outs] == ref
@@ -312,7 +312,7 @@ def _assert_speculation_is_lossless(llm, path, prompts, params):
     """``llm`` (speculating, in a pool small enough to preempt) gives each request the tokens of plain
     decoding, both in the deterministic mode (every op batch invariant: verification rows are
     computed as decode rows are), having drafted, accepted and rejected, and frees every block."""
-    ref = LLM(path, num_kv_blocks=64, block_size=BS, deterministic=True).generate(prompts, params)
+    ref = LLM(path, dtype="float32", num_kv_blocks=64, block_size=BS, deterministic=True).generate(prompts, params)
     outs = llm.generate(prompts, params)
     assert [o.outputs[0].token_ids for o in outs] == [r.outputs[0].token_ids for r in ref]
     st = llm.stats()
@@ -332,7 +332,7 @@ def test_draft_model_speculation_gives_the_tokens_of_plain_decoding(ckpts, draft
     """A one-layer draft of the same architecture proposes chains / trees; the MoE target verifies
     them in one forward (the experts routing every draft row) in a batch that preempts."""
     _, path = ckpts(name)
-    llm = LLM(path, draft_model=drafts(name), spec_mode=mode, **SPEC_SIZES[mode], num_kv_blocks=12,
+    llm = LLM(path, dtype="float32", draft_model=drafts(name), spec_mode=mode, **SPEC_SIZES[mode], num_kv_blocks=12,
               block_size=BS, max_num_seqs=8, max_num_batched_tokens=64, deterministic=True)
     _assert_speculation_is_lossless(llm, path, *_speculation_workload())
 
@@ -344,8 +344,8 @@ def test_eagle3_speculation_gives_the_tokens_of_plain_decoding(ckpts, tmp_path, 
     its layers) drafts; the target verifies, as above."""
     hf, path = ckpts(name)
     head = _eagle3_head(hf, path, tmp_path / "head")
-    llm = LLM(path, spec_method="eagle3", spec_model=head, spec_mode=mode, **SPEC_SIZES[mode], num_kv_blocks=12,
-              block_size=BS, max_num_seqs=8, max_num_batched_tokens=64, deterministic=True)
+    llm = LLM(path, dtype="float32", spec_method="eagle3", spec_model=head, spec_mode=mode, **SPEC_SIZES[mode],
+              num_kv_blocks=12, block_size=BS, max_num_seqs=8, max_num_batched_tokens=64, deterministic=True)
     _assert_speculation_is_lossless(llm, path, *_speculation_workload())
 
 
@@ -384,7 +384,7 @@ def _without(model, detail):
 def test_each_moe_detail_is_visible(ckpts, name, detail):
     """Undoing one detail in the loaded model puts its logits 1000 x the tolerance away."""
     hf, path = ckpts(name)
-    model = load_model(path)
+    model = load_model(path, dtype=torch.float32)
     ids = _prompt()
     with torch.no_grad():
         _without(model, detail)

@@ -211,7 +211,7 @@ def original_logits(arch: str) -> torch.Tensor:
 
 
 def runner_logits(path_or_llm) -> torch.Tensor:
-    llm = path_or_llm if isinstance(path_or_llm, LLM) else LLM(path_or_llm, num_kv_blocks=8)
+    llm = path_or_llm if isinstance(path_or_llm, LLM) else LLM(path_or_llm, num_kv_blocks=8, dtype="float32")
     return prefill_logits(llm.model, PROMPT)
 
 
@@ -276,7 +276,7 @@ def test_compressed_tensors_matches_dequantised_float(ct_ckpt, arch, variant):
     assert qc["quant_method"] == "compressed-tensors" and qc["ignore"] == ["lm_head"]
     mode = CT_VARIANTS[variant][1]
     ties = 0
-    llm = LLM(ct_path, num_kv_blocks=8)
+    llm = LLM(ct_path, dtype="float32", num_kv_blocks=8)
     cls = {"int4": Int4LinearMethod, "group": Fp8BlockLinearMethod}.get(mode, Fp8LinearMethod)
     for layer in llm.model.layers:
         for slot in SLOTS:
@@ -327,7 +327,7 @@ def test_compressed_tensors_layout_and_generation(ct_ckpt, tmp_path):
 
     codes = unpack_from_int32(t[p + ".weight_packed"], 4, torch.Size([128, 384]))
     assert torch.equal(unpack_int4_words(t[p + ".weight_packed"]).to(torch.int16) - 8, codes.to(torch.int16))
-    llm = LLM(ct_path, num_kv_blocks=16)
+    llm = LLM(ct_path, dtype="float32", num_kv_blocks=16)
     down = llm.model.layers[0].down_proj
     assert down.kq == 384 and down.method.describe(down) == "int4-g128"
     res = llm.generate(PROMPT[:5], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))[0]
@@ -391,7 +391,7 @@ def test_compressed_tensors_act_order_group(tmp_path, arch):
     from fastinfer.ops import int4_repack
 
     ct_path, deq_path = _act_order_checkpoint(arch, str(tmp_path / "ao"))
-    llm = LLM(ct_path, num_kv_blocks=8)
+    llm = LLM(ct_path, dtype="float32", num_kv_blocks=8)
     layer = llm.model.layers[0]
     assert layer.qkv_proj.num_parts == 3  # q, k, v have different permutations: one GEMM each
     perm = layer.qkv_proj.method.part(layer.qkv_proj, 0).perm
@@ -418,7 +418,7 @@ def test_compressed_tensors_targets_ignore_and_mixed_schemes(tmp_path):
     ct_path, deq_path, schemes = ct_checkpoint("qwen3", groups, ignore, str(tmp_path / "mixed"))
     qc = json.load(open(os.path.join(ct_path, "config.json")))["quantization_config"]
     assert qc["format"] == "mixed-precision"
-    llm = LLM(ct_path, num_kv_blocks=8)
+    llm = LLM(ct_path, dtype="float32", num_kv_blocks=8)
     l0, l1 = llm.model.layers
     assert type(l0.qkv_proj.method) is Fp8LinearMethod and type(l0.o_proj.method) is Fp8LinearMethod
     assert type(l0.gate_up_proj.method) is Int4LinearMethod and type(l0.down_proj.method) is Int4LinearMethod
@@ -438,7 +438,7 @@ def test_compressed_tensors_quantised_lm_head(tmp_path):
     groups = {"group_0": preset_name_to_scheme("W4A16", ["Linear"])}
     ct_path, deq_path, schemes = ct_checkpoint("llama", groups, [], str(tmp_path / "head"))
     assert "lm_head" in schemes
-    llm = LLM(ct_path, num_kv_blocks=8, quantization="int4")
+    llm = LLM(ct_path, dtype="float32", num_kv_blocks=8, quantization="int4")
     assert type(llm.model.lm_head.method) is Int4LinearMethod
     out = runner_logits(llm)
     assert out.dtype == torch.float32
@@ -490,7 +490,7 @@ def test_hf_fine_grained_fp8(tmp_path, arch):
     assert qc["quant_method"] == "fp8" and qc["weight_block_size"] == [128, 128]
     t = load_file(os.path.join(fp8_path, "model.safetensors"))
     assert t["model.layers.0.mlp.down_proj.weight"].dtype == torch.float8_e4m3fn
-    llm = LLM(fp8_path, num_kv_blocks=8)
+    llm = LLM(fp8_path, dtype="float32", num_kv_blocks=8)
     for layer in llm.model.layers:
         for slot in SLOTS:
             m = getattr(layer, slot)
@@ -518,7 +518,8 @@ def test_hf_fine_grained_fp8(tmp_path, arch):
     names = [f"model.layers.{i}.{lin}" for i in range(2) for lin in LINEARS]
     fq = {n: ("group", None) for n in names if n not in skip}
     check_fp8(llm, deq_path, fq, f"fine-grained fp8 {arch}")
-    assert torch.equal(runner_logits(LLM(fp8_path, num_kv_blocks=8, quantization="fp8")), out)  # as stored
+    as_stored = LLM(fp8_path, dtype="float32", num_kv_blocks=8, quantization="fp8")
+    assert torch.equal(runner_logits(as_stored), out)
 
 
 def test_hf_fp8_convention_hand_checked(tmp_path):
@@ -624,7 +625,7 @@ def test_compressed_tensors_int8(tmp_path, arch, variant):
     ct_path, deq_path, schemes = ct_checkpoint(arch, groups(), ["lm_head"], str(tmp_path / "m"))
     qc = json.load(open(os.path.join(ct_path, "config.json")))["quantization_config"]
     assert qc["format"] == "int-quantized"
-    llm = LLM(ct_path, num_kv_blocks=8)
+    llm = LLM(ct_path, dtype="float32", num_kv_blocks=8)
     for layer in llm.model.layers:
         for slot in SLOTS:
             m = getattr(layer, slot).method

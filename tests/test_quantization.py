@@ -48,7 +48,9 @@ def rel_norm(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def logits_of(path_or_llm, **kw) -> torch.Tensor:
-    llm = path_or_llm if isinstance(path_or_llm, LLM) else LLM(path_or_llm, num_kv_blocks=8, **kw)
+    """Prefill logits of ``PROMPT``; a path loads in float32 unless ``kw`` says otherwise."""
+    llm = path_or_llm if isinstance(path_or_llm, LLM) else LLM(path_or_llm, num_kv_blocks=8,
+                                                               **{"dtype": "float32", **kw})
     return prefill_logits(llm.model, PROMPT)
 
 
@@ -283,7 +285,7 @@ def test_quantize_cli_format_matches_doc(float_ckpt, quant_ckpts, variant):
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_quantized_model_close_to_float_and_generates(float_ckpt, float_logits, quant_ckpts, variant, tmp_path):
     _, method, _ = VARIANTS[variant]
-    llm = LLM(quant_ckpts[variant], num_kv_blocks=16)
+    llm = LLM(quant_ckpts[variant], num_kv_blocks=16, dtype="float32")
     cls = METHOD_CLS[method]
     for layer in llm.model.layers:
         for slot in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
@@ -293,7 +295,7 @@ def test_quantized_model_close_to_float_and_generates(float_ckpt, float_logits, 
     assert torch.isfinite(out).all()
     # exact: a float model with the dequantised weights (fp8: and fake-quantised activations)
     deq_path = _dequantised_ckpt(float_ckpt, quant_ckpts[variant], str(tmp_path / "deq"))
-    deq = LLM(deq_path, num_kv_blocks=8)
+    deq = LLM(deq_path, num_kv_blocks=8, dtype="float32")
     if method == "fp8":
         for layer in deq.model.layers:
             for slot in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
@@ -357,7 +359,7 @@ def test_pad_groups(float_ckpt, tmp_path):
     q = unpack_nibbles(t["model.layers.0.self_attn.q_proj.weight_packed"])
     z = t["model.layers.0.self_attn.q_proj.weight_zero_point"]
     assert torch.equal(q[:, 64:], z[0].unsqueeze(1).expand(-1, 64))  # padding codes = zero point
-    llm = LLM(out, num_kv_blocks=8)
+    llm = LLM(out, num_kv_blocks=8, dtype="float32")
     assert llm.model.layers[0].qkv_proj.kq == 128
     err = rel_norm(logits_of(llm), logits_of(_dequantised_ckpt(float_ckpt, out, str(tmp_path / "deq"))))
     assert err < 1e-5, err
@@ -437,7 +439,7 @@ def _int4_checkpoint(float_ckpt: str, dst: str, fmt: str, act_order: bool, float
 def test_awq_gptq_checkpoints_equal_dequantised_float(float_ckpt, tmp_path, fmt, act_order):
     float_modules = ("model.layers.1.self_attn.o_proj",) if fmt == "awq" else ()
     qpath, deqpath = _int4_checkpoint(float_ckpt, str(tmp_path / fmt), fmt, act_order, float_modules)
-    llm = LLM(qpath, num_kv_blocks=8)
+    llm = LLM(qpath, num_kv_blocks=8, dtype="float32")
     if float_modules:  # a module the checkpoint leaves in float loads as a float linear
         assert type(llm.model.layers[1].o_proj.method) is UnquantizedLinearMethod
     layer = llm.model.layers[0]

@@ -29,7 +29,7 @@ MODEL = "tiny-llama"
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM()
+    return LLM(dtype="float32")  # the servers' dtype (serve_helpers.ServerProcess)
 
 
 def _greedy(**kw):

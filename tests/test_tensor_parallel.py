@@ -447,7 +447,8 @@ def test_torchrun_two_processes(tmp_path):
     prompt = "def fibonacci(n):"
     env = dict(os.environ, PYTHONPATH=_pythonpath(), OMP_NUM_THREADS="1", FASTINFER_TP_THREADS="1")
     cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "0", "-m", "fastinfer",
-           "generate", "--prompt", prompt, "--max-tokens", "10", "--json", "--ignore-eos"]
+           "generate", "--prompt", prompt, "--max-tokens", "10", "--json", "--ignore-eos",
+           "--dtype", "float32"]  # the in-process engine's (dtype auto depends on the CPU)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout[out.stdout.index("["):])[0]["outputs"][0]["token_ids"]

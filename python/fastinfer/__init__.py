@@ -64,6 +64,29 @@ def cuda_available() -> bool:
     )
 
 
+#: The x86 CPU flags (``/proc/cpuinfo``) of an instruction set that computes bfloat16 products
+#: itself: AVX-512 BF16 (dot products) and AMX-BF16 (tile matrix multiplies).
+NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """True when this CPU computes bfloat16 natively: the first ``flags`` line of ``cpuinfo`` (an
+    x86 Linux ``/proc/cpuinfo``) names one of :data:`NATIVE_BF16_CPU_FLAGS`. Without those flags
+    (older x86 CPUs convert every bfloat16 operand to float32 first), or without such a line or a
+    readable ``cpuinfo`` (other CPUs and systems), False. torch has no public query for this
+    (``torch.backends.cpu.get_cpu_capability()`` says "AVX512" with or without BF16). Decides the
+    CPU's ``dtype="auto"`` (:func:`fastinfer.models.default_dtype`)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if sep and key.strip() == "flags":
+                    return any(flag in value.split() for flag in NATIVE_BF16_CPU_FLAGS)
+    except OSError:
+        pass
+    return False
+
+
 def sim_available() -> bool:
     """True when the simt build (``torch.ops.fastinfer_sim``) can be loaded."""
     try:

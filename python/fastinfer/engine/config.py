@@ -29,7 +29,7 @@ import torch
 
 from ..layers.attention import FP8_KV_CACHE_DTYPE
 from ..layers.batch import DEFAULT_BLOCK_SIZE
-from ..models import find_gguf
+from ..models import default_dtype, find_gguf, load_config
 from ..quant import QuantOptions
 from .speculative.registry import SPEC_METHODS, SPEC_MODES, SpecMethod, spec_method
 
@@ -47,7 +47,8 @@ KV_CACHE_DTYPES = {"auto": None, "fp8": FP8_KV_CACHE_DTYPE, "fp8_e4m3": FP8_KV_C
 
 
 def parse_dtype(dtype: Any) -> Optional[torch.dtype]:
-    """A torch dtype, its name (``DTYPES``) or None / "auto" (the loader's default)."""
+    """A torch dtype, its name (``DTYPES``) or None / "auto" (None: resolved by
+    :func:`~fastinfer.models.default_dtype`)."""
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPES:
@@ -186,8 +187,11 @@ class EngineConfig:
         "directory with tokenizer.json, or a GGUF file (without one, prompts must be token ids and outputs "
         "have empty text)", default_doc="the model's", cli=False)
     dtype: Any = _option(
-        None, "model", "float32 | bfloat16 | float16 (or a torch dtype); auto / None: the loader's choice",
-        default_doc="float32 on CPU; the checkpoint's fp16/bf16, else bf16, on CUDA")
+        "auto", "model", "auto | float32 | bfloat16 | float16 (or a torch dtype; None is auto): the weights' "
+        "and activations' dtype. auto: on a CPU bfloat16 where the CPU computes it natively (x86 AVX-512 BF16 "
+        "or AMX-BF16, read from /proc/cpuinfo: fastinfer.cpu_has_native_bf16), else float32; on CUDA the "
+        "checkpoint's float16 / bfloat16, else bfloat16; a model object: its own dtype. The resolved dtype "
+        "is EngineConfig.model_dtype (llm.config.model_dtype)")
     device: Any = _option(
         None, "model", "cpu | cuda",
         default_doc="cuda when fastinfer's CUDA kernels and a GPU are present, else cpu")
@@ -212,7 +216,9 @@ class EngineConfig:
     kv_cache_bytes: Optional[int] = _option(None, "kv cache", "bytes of the KV pool", cli=False)
     gpu_memory_utilization: float = _option(0.9, "kv cache", "fraction of GPU memory for weights + KV cache, in (0, 1]")
     seed: int = _option(0, "scheduler", "engine seed: the generator of requests without their own seed")
-    load_progress: bool = _option(False, "model", "show a progress bar while the weights load", cli=False)
+    load_progress: bool = _option(
+        False, "model", "print one line saying what loads, on which device, in which dtype and why (the "
+        "commands turn this on), then show a progress bar while the weights load", cli=False)
     enforce_eager: bool = _option(
         False, "scheduler", "CUDA: no CUDA graphs for decode steps (by default one graph per batch bucket 1, "
         "2, 4, ... up to min(max_num_seqs, 256) is captured at start-up and replayed for decode-only steps; "
@@ -281,6 +287,7 @@ class EngineConfig:
     # ---- derived on validation (not options) ------------------------------------------------------
     speculative: Optional[SpeculativeConfig] = field(default=None, init=False)
     quant_options: Optional[QuantOptions] = field(default=None, init=False)
+    model_dtype: Optional[torch.dtype] = field(default=None, init=False)  # dtype resolved ("auto": the rule)
 
     def __post_init__(self):
         from .. import cuda_available
@@ -294,6 +301,10 @@ class EngineConfig:
                 raise ValueError(f"no model given and the shipped model is missing ({self.model})")
         if isinstance(self.model, str) and not is_checkpoint_path(self.model):
             raise ValueError(f"model directory not found: {self.model!r} (nor a .gguf file)")
+        self.model_dtype = self.dtype
+        if self.dtype is None:  # "auto", resolved on rank 0: tensor-parallel workers are given it
+            self.model_dtype = (default_dtype(load_config(self.model), self.device) if isinstance(self.model, str)
+                                else self.model.dtype)
         bs = self.block_size
         if not _is_int(bs) or bs < 8 or bs > 256 or bs & (bs - 1):
             raise ValueError(f"block_size must be a power of two in 8..256, got {bs}")

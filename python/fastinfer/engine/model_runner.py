@@ -13,6 +13,7 @@ At world size 1 this is simply the executor's model half.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -29,8 +30,8 @@ from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs
 from .speculative.drafter import move_slots
 
-__all__ = ["ForwardPlan", "Chunk", "ModelRunner", "check_split", "load_checkpoint", "num_kv_blocks_for",
-           "nvtx_range"]
+__all__ = ["ForwardPlan", "Chunk", "ModelRunner", "check_split", "load_checkpoint", "load_line",
+           "num_kv_blocks_for", "nvtx_range"]
 
 Tensor = torch.Tensor
 
@@ -40,6 +41,22 @@ def nvtx_range(name: str, enabled: bool):
     import contextlib
 
     return torch.cuda.nvtx.range(name) if enabled else contextlib.nullcontext()
+
+
+def load_line(config: EngineConfig) -> str:
+    """The line the runner prints when it starts loading a checkpoint with ``load_progress`` on
+    (the commands do): what loads, on which device, in which dtype and why that dtype."""
+    from .. import cpu_has_native_bf16
+
+    dtype = str(config.model_dtype).replace("torch.", "")
+    if config.dtype is not None:
+        why = "dtype given"
+    elif config.device.type == "cpu":
+        why = "dtype auto: this CPU " + ("computes bfloat16 natively" if cpu_has_native_bf16()
+                                         else "has no native bfloat16")
+    else:
+        why = "dtype auto"
+    return f"fastinfer: loading {config.model} on {config.device.type}, {dtype} ({why})"
 
 
 def check_split(model_config: ModelConfig, config: EngineConfig) -> None:
@@ -118,17 +135,19 @@ class ModelRunner:
         if isinstance(c.model, str):
             if self.tp.world_size > 1:
                 check_split(load_config(c.model), c)
-            model = load_checkpoint(c.model, c.dtype, dev, c.max_model_len, c.ops_backend(), c.quant_options,
-                                    c.load_progress and self.tp.rank == 0, self.model_parallel)
+            if c.load_progress and self.tp.rank == 0:
+                print(load_line(c), file=sys.stderr, flush=True)
+            model = load_checkpoint(c.model, c.model_dtype, dev, c.max_model_len, c.ops_backend(),
+                                    c.quant_options, c.load_progress and self.tp.rank == 0, self.model_parallel)
         else:
             model = c.model
             ops = c.ops_backend(model.op_namespace)
-            if c.quant_options is not None or model.ops is not ops:
-                # an already built float model, to quantise or of another mode: rebuilt (the mode
-                # is fixed when a model is built), the given one left as it is
+            if c.quant_options is not None or model.ops is not ops or model.dtype != c.model_dtype:
+                # an already built float model, to quantise, of another mode or in another dtype:
+                # rebuilt (the mode is fixed when a model is built), the given one left as it is
                 qc = resolve_quantization(model.config, c.quant_options) if c.quant_options is not None else None
                 model = load_model(TensorDictReader(dict(model.checkpoint_tensors()), "the given model"),
-                                   config=model.config, dtype=model.dtype, device=model.device,
+                                   config=model.config, dtype=c.model_dtype, device=model.device,
                                    max_positions=model.max_positions, quant_config=qc, ops=ops)
         model.pack_linears_for_cpu()  # CPU bf16 only: oneDNN-blocked weights
         return model

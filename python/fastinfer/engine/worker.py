@@ -55,8 +55,9 @@ def worker_threads(world_size: int) -> int:
 
 
 def worker_config(config: EngineConfig) -> EngineConfig:
-    """What a worker builds: the target only (the draft runs on rank 0), no progress bar."""
-    return dataclasses.replace(config.without_speculation(), load_progress=False)
+    """What a worker builds: the target only (the draft runs on rank 0), no progress bar, in the
+    dtype rank 0 resolved (a worker resolving ``dtype="auto"`` itself could pick another one)."""
+    return dataclasses.replace(config, dtype=config.model_dtype, load_progress=False).without_speculation()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from .. import cuda_available
 from ..engine import LLM, SamplingParams
 from ..engine.config import parse_dtype
 from ..layers import TensorDictReader
-from ..models import ModelConfig, find_gguf, load_model, random_weights
+from ..models import ModelConfig, default_dtype, find_gguf, load_model, random_weights
 from ..engine.worker import serve_torchrun_worker
 from .bench_spec import SPEC_ENTRIES, run_spec_comparison, spec_metrics
 from .args import BENCH_OPTIONS, add_cli_args, add_quant_args, llm_kwargs
@@ -61,8 +61,10 @@ def _preset_dict(name: str) -> Dict[str, Any]:
 @torch.no_grad()
 def build_random_model(preset: str, dtype, device: torch.device, max_positions: int, seed: int = 0):
     """``(model, tensors)``: a ``LlamaForCausalLM`` of a preset's shape with random weights
-    (N(0, 0.02), norms = 1) and those weights by checkpoint name."""
+    (N(0, 0.02), norms = 1) and those weights by checkpoint name; ``dtype`` None: the device's
+    ``dtype="auto"`` (:func:`~fastinfer.models.default_dtype`)."""
     cfg = ModelConfig.from_dict(_preset_dict(preset))
+    dtype = default_dtype(cfg, device) if dtype is None else dtype
     tensors = random_weights(cfg, dtype, device, seed)
     return load_model(TensorDictReader(tensors, f"random {preset}"), config=cfg, dtype=dtype, device=device,
                       max_positions=max_positions), tensors
@@ -115,7 +117,7 @@ def cmd_bench(args) -> int:
     if args.compare_no_spec and not (args.draft_model or args.spec_model):
         raise SystemExit("--compare-no-spec needs --draft-model or --spec-model")
     device = torch.device(args.device if args.device else ("cuda" if cuda_available() else "cpu"))
-    dtype = parse_dtype(args.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = parse_dtype(args.dtype)  # None: auto, resolved by the engine (a preset: by build_random_model)
     max_len = args.max_model_len or (args.input_len + args.output_len + 16)
     t0 = time.perf_counter()
     tensors = None
@@ -130,11 +132,12 @@ def cmd_bench(args) -> int:
         llm = LLM(model, **opts)
         del model  # quantisation rebuilds it: do not keep the float copy alive
     else:
-        kw = dict(opts, dtype=dtype, load_progress=True)
+        kw = dict(opts, load_progress=True)
         if serve_torchrun_worker(kw):  # torchrun rank > 0: served rank 0's engine
             return 0
         llm = LLM(**kw)
     load_s = time.perf_counter() - t0
+    dtype = llm.config.model_dtype
     V = llm.vocab_size
     g = torch.Generator().manual_seed(args.seed)
     prompts = torch.randint(3, V, (args.batch, args.input_len), generator=g).tolist()
@@ -254,8 +257,7 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--json", action="store_true", help="print the results as JSON (default: a table)")
     add_cli_args(b, BENCH_OPTIONS, {
         "model": "checkpoint directory or .gguf file (default: none; give it or --preset with --random-weights)",
-        "max_model_len": "longest prompt + completion, tokens (default: input + output + 16)",
-        "dtype": "float32 | bfloat16 | float16 (default: float32 CPU, bfloat16 CUDA)"})
+        "max_model_len": "longest prompt + completion, tokens (default: input + output + 16)"})
     b.add_argument("--compare-no-spec", action="store_true",
                    help="with --draft-model: run the same prompts again without speculation, report the speedup")
     b.add_argument("--compare-repeats", type=int, default=1,

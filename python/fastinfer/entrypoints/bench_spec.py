@@ -148,7 +148,7 @@ def run_spec_comparison(args, engine_kw: Dict[str, Any]) -> int:
             res["label"] = "CPU" if dev.type == "cpu" else torch.cuda.get_device_name(dev)
             res["device"] = f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)" \
                 if dev.type == "cpu" else res["label"]
-            res["dtype"] = args.dtype or ("float32" if dev.type == "cpu" else "the checkpoint's")  # LLM's default
+            res["dtype"] = str(llm.config.model_dtype).replace("torch.", "")
         tok = llm.tokenizer
         prompts = [tok.encode(p) if tok is not None else list(range(3, 3 + 8 + i)) for i, p in enumerate(CODE_PROMPTS)]
         prompts = (prompts * (1 + args.num_prompts // len(prompts)))[:args.num_prompts]

@@ -2,13 +2,16 @@
 question with a known answer, streamed; then each op family (attention, GEMMs, tree verification)
 runs through the CPU implementation (``torch.ops.fastinfer``) and the CUDA kernels emulated on the
 CPU (``torch.ops.fastinfer_sim``), each checked against the fp64 reference; then the tokens/s of
-fastinfer and of transformers generating the same greedy tokens from the same prompt, on the CPU.
+fastinfer and of transformers generating greedy tokens from the same prompt on the CPU, in the
+runner's ``dtype="auto"`` (bfloat16 where the CPU computes it natively, else float32), each engine
+warmed up once and timed as the median of :data:`SPEED_RUNS` runs (:func:`speed`).
 Nothing is downloaded: every model and file comes from installed packages."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
+import statistics
 import sys
 import time
 from typing import Callable, List, Optional, Tuple
@@ -129,34 +132,70 @@ def check_ops() -> bool:
     return ok
 
 
-def speed(llm, path: str, prompt: List[int], tokens: int = 16) -> None:
-    """tokens/s of fastinfer and of transformers, the same greedy tokens from the same prompt, CPU."""
+#: Timed runs per engine in the speed line, each after the same warm-up run; the line reports the
+#: median (single runs of 16 tokens on a shared 2-core machine spread from 0.9 to 8.4 tok/s).
+SPEED_RUNS = 3
+
+
+def median_time(run: Callable[[], List[int]], runs: int = SPEED_RUNS,
+                clock: Callable[[], float] = time.perf_counter) -> Tuple[List[int], float]:
+    """Call ``run`` (one generation, returning its tokens) once to warm up, then ``runs`` times
+    timed: ``(the tokens of the last run, the median seconds of a run)``."""
+    tokens = run()
+    seconds = []
+    for _ in range(runs):
+        start = clock()
+        tokens = run()
+        seconds.append(clock() - start)
+    return tokens, statistics.median(seconds)
+
+
+def speed(llm, path: str, prompt: List[int], tokens: int = 16,
+          clock: Callable[[], float] = time.perf_counter) -> str:
+    """The speed line: tokens/s of fastinfer and of transformers generating greedily ``tokens``
+    tokens from ``prompt`` (prefill included, batch 1) on the CPU, in the engine's dtype, each
+    engine warmed up once and timed :data:`SPEED_RUNS` times (:func:`median_time`); it says whether
+    both generated the same tokens."""
+    dtype = llm.config.model_dtype
+    what = (f"CPU speed ({str(dtype).replace('torch.', '')}, {torch.get_num_threads()} threads, batch 1): prefill "
+            f"of the {len(prompt)}-token chat prompt + {tokens} greedy tokens, median of {SPEED_RUNS} runs after "
+            "a warm-up")
     sp = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    llm.reset_prefix_cache()  # the chat cached this prompt's KV: time its whole prefill, as transformers runs it
-    start = time.perf_counter()
-    ours = llm.generate([{"prompt_token_ids": prompt}], sp)[0].outputs[0].token_ids
-    ours_tps = len(ours) / (time.perf_counter() - start)
+
+    def ours_once() -> List[int]:
+        llm.reset_prefix_cache()  # the prompt's KV is cached after a run: time its whole prefill every run
+        return llm.generate([{"prompt_token_ids": prompt}], sp)[0].outputs[0].token_ids
+
+    ours, ours_s = median_time(ours_once, clock=clock)
+    ours_tps = len(ours) / ours_s
     try:
         import transformers
     except ImportError:
-        print(f"\nCPU speed: fastinfer {ours_tps:.1f} tok/s ({len(ours)} greedy tokens); transformers is not "
-              "installed (pip install 'fastinfer[test]'), no comparison")
-        return
+        return (f"{what}: fastinfer {ours_tps:.1f} tok/s; transformers is not installed (pip install "
+                "'fastinfer[test]'), no comparison")
     hf = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                           dtype=torch.float32)
+                                                           dtype=dtype)
     ids = torch.tensor([prompt])
-    with torch.no_grad():
-        hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False)  # warm-up, as
-        # fastinfer's chat answer warmed its own path up
-        start = time.perf_counter()
-        # no end-of-sequence token: past it both keep taking the argmax (ignore_eos on our side)
-        theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-        hf_tps = len(theirs) / (time.perf_counter() - start)
+
+    def theirs_once() -> List[int]:
+        with torch.no_grad():
+            # no end-of-sequence token: past it both keep taking the argmax (ignore_eos on our side)
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)
+        return out[0, len(prompt):].tolist()
+
+    theirs, hf_s = median_time(theirs_once, clock=clock)
+    hf_tps = len(theirs) / hf_s
+    return (f"{what}: fastinfer {ours_tps:.1f} tok/s, transformers {transformers.__version__} {hf_tps:.1f} tok/s "
+            f"({ours_tps / hf_tps:.2f}x); {agreement(ours, theirs)}")
+
+
+def agreement(ours: List[int], theirs: List[int]) -> str:
+    """Whether the two engines generated the same greedy tokens, in words."""
+    if ours == theirs:
+        return f"the same {len(ours)} tokens from both"
     same = next((i for i, (x, y) in enumerate(zip(ours, theirs)) if x != y), min(len(ours), len(theirs)))
-    print(f"\nCPU speed, {tokens} greedy tokens from the chat prompt ({len(prompt)} tokens), batch 1: "
-          f"fastinfer {ours_tps:.1f} tok/s, transformers {transformers.__version__} {hf_tps:.1f} tok/s "
-          f"({ours_tps / hf_tps:.2f}x); first {same}/{tokens} tokens identical")
+    return f"first {same}/{max(len(ours), len(theirs))} tokens identical"
 
 
 def main() -> int:
@@ -174,7 +213,7 @@ def main() -> int:
         print(f"expected answer {ANSWER!r}: {'found' if found else 'MISSING'}")
     ok &= check_ops()
     if llm is not None:
-        speed(llm, path, prompt)
+        print("\n" + speed(llm, path, prompt))
         llm.shutdown()
     return 0 if ok else 1
 

@@ -185,7 +185,8 @@ class LlamaForCausalLM(nn.Module):
 
     Args:
         config: the :class:`ModelConfig`.
-        dtype: weight and activation dtype (float32 on CPU; bfloat16/float16 on CUDA).
+        dtype: weight and activation dtype (:func:`fastinfer.models.load_model` and the runner
+            pass :func:`fastinfer.models.default_dtype`'s unless one is given).
         device: where weights, RoPE table and (via :meth:`allocate_kv_cache`) caches live.
         max_positions: rows of the RoPE table (largest position + 1 the model accepts); default
             ``config.max_model_len``.

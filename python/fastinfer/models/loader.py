@@ -47,9 +47,14 @@ def model_class(config: ModelConfig) -> Type[LlamaForCausalLM]:
 
 
 def default_dtype(config: ModelConfig, device: torch.device) -> torch.dtype:
-    """float32 on CPU; on a GPU the checkpoint's float16/bfloat16, else bfloat16."""
+    """The dtype ``"auto"`` means (the rule :class:`~fastinfer.engine.config.EngineConfig`'s
+    ``dtype`` option states): on a CPU bfloat16 where it computes bfloat16 natively
+    (:func:`fastinfer.cpu_has_native_bf16`), else float32; on a GPU the checkpoint's
+    float16 / bfloat16, else bfloat16."""
     if device.type == "cpu":
-        return torch.float32
+        from .. import cpu_has_native_bf16  # looked up per call: tests pin it
+
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
     if config.torch_dtype in (torch.float16, torch.bfloat16):
         return config.torch_dtype
     return torch.bfloat16
