@@ -49,12 +49,12 @@ import torch
 from torch import nn
 
 from ..distributed import SINGLE, ParallelInfo
-from .linear import ReplicatedLinear, UnquantizedLinearMethod, WeightPart, param
+from .linear import QuantizationConfig, ReplicatedLinear, UnquantizedLinearMethod, WeightPart, param
 from .weights import CheckpointModule, WeightReader
 
 Tensor = torch.Tensor
 
-__all__ = ["FusedMoE", "ExpertProjections", "StackedExpertsReader", "expert_shard", "expert_parallel_layers",
+__all__ = ["FusedMoE", "FusedMoEMethod", "UnquantizedFusedMoEMethod", "ExpertProjections", "StackedExpertsReader", "expert_shard", "expert_parallel_layers",
            "routed_slots_per_rank"]
 
 
@@ -87,6 +87,72 @@ class ExpertProjections(NamedTuple):
     down: str
 
 
+class FusedMoEMethod:
+    """How a :class:`FusedMoE` holds its experts and runs them (the experts' counterpart of a
+    :class:`~fastinfer.layers.LinearMethod`, chosen by the :class:`QuantizationConfig`).
+
+    ``create_weights`` registers this rank's expert tensors (before loading), ``load_weights``
+    fills them from a reader (this rank's experts, each its :attr:`FusedMoE.intermediate_shard`),
+    ``apply`` runs the experts on rows ``x [T, H]`` routed by ``topk_weights`` / ``topk_ids``
+    (local expert ids) and returns the weighted sum ``[T, H]`` in x's dtype.
+    """
+
+    name = "float"
+    tensor_names: Tuple[str, ...] = ()  # what create_weights sets on the layer
+
+    def create_weights(self, layer: "FusedMoE") -> None:
+        raise NotImplementedError
+
+    def remove_weights(self, layer: "FusedMoE") -> None:
+        for name in self.tensor_names:
+            if hasattr(layer, name):
+                delattr(layer, name)
+
+    def load_weights(self, layer: "FusedMoE", reader: WeightReader) -> None:
+        raise NotImplementedError
+
+    def apply(self, layer: "FusedMoE", x: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def checkpoint_tensors(self, layer: "FusedMoE") -> Iterable[Tuple[str, Tensor]]:
+        raise ValueError(f"{layer.prefix}: {self.name} experts cannot be exported as float checkpoint tensors")
+
+    def describe(self, layer: "FusedMoE") -> str:
+        return self.name
+
+
+class UnquantizedFusedMoEMethod(FusedMoEMethod):
+    """Float experts in the model dtype, ``w13 [E, 2I, H]`` (each expert's gate rows, then its up
+    rows) and ``w2 [E, H, I]``, run by ``fused_moe``."""
+
+    tensor_names = ("w13", "w2")
+
+    def create_weights(self, layer: "FusedMoE") -> None:
+        E, H, local = layer.num_local_experts, layer.hidden_size, layer.local_intermediate_size
+        layer.w13 = param((E, 2 * local, H), layer.dtype, layer.device)
+        layer.w2 = param((E, H, local), layer.dtype, layer.device)
+
+    def load_weights(self, layer: "FusedMoE", reader: WeightReader) -> None:
+        shard = layer.intermediate_shard
+        for i, e in enumerate(layer.local_experts()):
+            gate, up, down = layer.expert_projections(e)
+            g = reader.get_float(gate.prefix + ".weight", (gate.rows, layer.hidden_size), rows=shard)
+            u = reader.get_float(up.prefix + ".weight", (up.rows, layer.hidden_size), rows=shard)
+            d = reader.get_float(down.prefix + ".weight", (down.rows, layer.intermediate_size), cols=shard)
+            layer.w13[i].copy_(torch.cat([g, u]).to(layer.w13.dtype))
+            layer.w2[i].copy_(d.to(layer.w2.dtype))
+
+    def apply(self, layer: "FusedMoE", x: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> Tensor:
+        return layer.ops.fused_moe(x, layer.w13, layer.w2, topk_weights, topk_ids, "silu")
+
+    def checkpoint_tensors(self, layer: "FusedMoE") -> Iterable[Tuple[str, Tensor]]:
+        local, p = layer.local_intermediate_size, layer.projections
+        for i, e in enumerate(layer.local_experts()):
+            yield layer.expert_name(e, p.gate), layer.w13.detach()[i, :local]
+            yield layer.expert_name(e, p.up), layer.w13.detach()[i, local:]
+            yield layer.expert_name(e, p.down), layer.w2.detach()[i]
+
+
 class FusedMoE(CheckpointModule):
     """``sum over the top_k experts e of token x: weight_e * down_e(silu(gate_e(x)) * up_e(x))``, the
     experts chosen by the softmax of ``router(x)``.
@@ -104,15 +170,19 @@ class FusedMoE(CheckpointModule):
         reduce_results: sum the output over the tensor-parallel ranks (one all-reduce); False:
             return this rank's partial sum, for a caller that adds its own partial sums before
             reducing them all at once (Qwen2-MoE's shared expert).
+        quant_config: chooses the experts' method (:meth:`QuantizationConfig.moe_method`).
 
-    ``w13`` / ``w2`` hold this rank's experts, ``first_expert`` the global id of the first.
+    ``method`` (a :class:`FusedMoEMethod`, from ``quant_config``: float experts without one) holds
+    this rank's experts (float: ``w13`` / ``w2``) and runs them; ``first_expert`` is the global id
+    of the first. The router is float whatever ``quant_config`` says.
     ``routed_slots``: per expert-parallel rank, the slots its experts processed in this layer
     (empty without expert parallelism).
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, renormalize: bool,
                  prefix: str, projections: ExpertProjections, *, dtype: torch.dtype, device, ops,
-                 tp: ParallelInfo = SINGLE, stacked_prefix: Optional[str] = None, reduce_results: bool = True):
+                 tp: ParallelInfo = SINGLE, stacked_prefix: Optional[str] = None, reduce_results: bool = True,
+                 quant_config: Optional[QuantizationConfig] = None):
         super().__init__()
         self.ep = tp.ep if tp.ep is not None and tp.ep.world_size > 1 else None
         self.routed_slots: List[int] = []
@@ -144,14 +214,36 @@ class FusedMoE(CheckpointModule):
         self.tp = tp
         self.reduce_results = reduce_results
         self.ops = ops
-        # routing decides which experts run: never quantised
+        self.dtype, self.device = dtype, torch.device(device)
+        # routing decides which experts run: never quantised, whatever a quantisation config lists
         self.router = ReplicatedLinear(hidden_size, [WeightPart(f"{prefix}.gate", num_experts)], False, dtype=dtype,
                                        device=device, ops=ops, method=UnquantizedLinearMethod())
-        self.w13 = param((self.num_local_experts, 2 * local, hidden_size), dtype, device)  # gate rows, then up
-        self.w2 = param((self.num_local_experts, hidden_size, local), dtype, device)
+        self.method = (quant_config.moe_method(self) if quant_config is not None else
+                       UnquantizedFusedMoEMethod())
+        self.method.create_weights(self)
 
     def expert_name(self, expert: int, projection: str) -> str:
         return f"{self.prefix}.experts.{expert}.{projection}.weight"
+
+    def expert_projections(self, expert: int) -> List[WeightPart]:
+        """Expert ``expert``'s gate, up and down projections (checkpoint module, rows), unsharded."""
+        p, H, I = self.projections, self.hidden_size, self.intermediate_size
+        return [WeightPart(self.expert_name(expert, name)[: -len(".weight")], rows)
+                for name, rows in ((p.gate, I), (p.up, I), (p.down, H))]
+
+    @property
+    def intermediate_shard(self) -> Optional[Tuple[int, int]]:
+        """``(start, length)`` of this rank's slice of each expert's intermediate dimension (gate and
+        up rows, down columns); None: all of it (one rank, or expert parallelism)."""
+        if self.ep is not None or self.tp.world_size == 1:
+            return None
+        return (self.tp.rank * self.local_intermediate_size, self.local_intermediate_size)
+
+    def replace_method(self, method: "FusedMoEMethod") -> None:
+        """Switch to another method before loading (experts a quantised checkpoint left in float)."""
+        self.method.remove_weights(self)
+        self.method = method
+        method.create_weights(self)
 
     def local_experts(self) -> range:
         """The global ids of this rank's experts."""
@@ -159,32 +251,21 @@ class FusedMoE(CheckpointModule):
 
     def load_from(self, reader: WeightReader) -> None:
         """The experts (the router loads itself): this rank's experts, each whole (expert
-        parallelism) or this rank's slice of its intermediate rows; the other ranks' experts are
-        skipped (their rank reads them)."""
-        H, I, local = self.hidden_size, self.intermediate_size, self.local_intermediate_size
-        shard = None if self.ep is not None or self.tp.world_size == 1 else (self.tp.rank * local, local)
-        p = self.projections
-        mine = self.local_experts()
+        parallelism) or this rank's slice of its intermediate rows, read by the method; the other
+        ranks' experts' tensors are skipped (their rank reads them)."""
+        if self.ep is not None:
+            head = f"{self.prefix}.experts."
+            mine = self.local_experts()
+            for name in list(reader.names()):
+                if name.startswith(head):
+                    expert = name[len(head):].split(".", 1)[0]
+                    if expert.isdigit() and int(expert) not in mine:
+                        reader.skip(name)
         with torch.no_grad():
-            for e in range(self.num_experts):
-                names = [self.expert_name(e, proj) for proj in (p.gate, p.up, p.down)]
-                if e not in mine:
-                    for name in names:
-                        if reader.has(name):
-                            reader.skip(name)
-                    continue
-                gate = reader.get_float(names[0], (I, H), rows=shard)
-                up = reader.get_float(names[1], (I, H), rows=shard)
-                down = reader.get_float(names[2], (H, I), cols=shard)
-                self.w13[e - self.first_expert].copy_(torch.cat([gate, up]).to(self.w13.dtype))
-                self.w2[e - self.first_expert].copy_(down.to(self.w2.dtype))
+            self.method.load_weights(self, reader)
 
     def checkpoint_tensors(self) -> Iterable[Tuple[str, Tensor]]:
-        local, p = self.local_intermediate_size, self.projections
-        for i, e in enumerate(self.local_experts()):
-            yield self.expert_name(e, p.gate), self.w13.detach()[i, :local]
-            yield self.expert_name(e, p.up), self.w13.detach()[i, local:]
-            yield self.expert_name(e, p.down), self.w2.detach()[i]
+        yield from self.method.checkpoint_tensors(self)
 
     def forward(self, x: Tensor) -> Tensor:
         # every token is routed on every rank, expert parallel or not: the router's GEMM runs on the
@@ -192,7 +273,7 @@ class FusedMoE(CheckpointModule):
         weights, ids = self.ops.moe_topk(self.router(x), self.top_k, self.renormalize, "softmax")
         if self.ep is not None:
             return self._expert_parallel(x, weights, ids)
-        out = self.ops.fused_moe(x, self.w13, self.w2, weights, ids, "silu")
+        out = self.method.apply(self, x, weights, ids)
         if self.reduce_results and self.tp.world_size > 1:
             self.tp.comm.all_reduce(out)
         return out
@@ -231,7 +312,7 @@ class FusedMoE(CheckpointModule):
         #    partial sums instead would add the slots of a token split over ranks in another order
         #    (k >= 3: (s0 + s2) + s1 is not s0 + s1 + s2 in float32).
         unit = torch.ones(got_ids.shape, dtype=torch.float32, device=x.device)
-        y = self.ops.fused_moe(got_rows, self.w13, self.w2, unit, got_ids, "silu")
+        y = self.method.apply(self, got_rows, unit, got_ids)
         # 4. combine: back to the homes, into slot order, weighted and summed over j = 0 .. k-1 in
         #    order in float32 from zero, rounded once: fused_moe's sum, so the same bits. Separate
         #    multiply and add, each rounded, as fused_moe's (a fused multiply-add rounds once: other bits).
@@ -256,7 +337,7 @@ class FusedMoE(CheckpointModule):
                    if self.ep is not None else f"experts={self.num_experts}")
         return (f"{experts}, top_k={self.top_k}, hidden={self.hidden_size}, "
                 f"intermediate={self.local_intermediate_size} of {self.intermediate_size}, "
-                f"renormalize={self.renormalize}")
+                f"renormalize={self.renormalize}, method={self.method.describe(self)}")
 
 
 class StackedExpertsReader(WeightReader):

@@ -184,7 +184,7 @@ class MoeDecoderLayer(LlamaDecoderLayer):
         self.moe = FusedMoE(c.hidden_size, c.moe_intermediate_size, c.num_experts, c.num_experts_per_tok,
                             c.moe_renormalize, f"{prefix}.{module}", projections, dtype=lin["dtype"],
                             device=lin["device"], ops=lin["ops"], tp=self.tp, stacked_prefix=f"{prefix}.mlp",
-                            reduce_results=not shared)
+                            reduce_results=not shared, quant_config=lin["quant_config"])
         if shared:
             self.shared_expert = SharedExpert(c.hidden_size, c.shared_expert_intermediate_size, f"{prefix}.mlp", lin)
 
@@ -211,9 +211,6 @@ class MoeForCausalLM(LlamaForCausalLM):
                  quant_config: Optional[QuantizationConfig] = None, tp: ParallelInfo = SINGLE):
         if config.architecture not in MOE_ARCHITECTURES:
             raise ValueError(f"MoeForCausalLM runs {', '.join(MOE_ARCHITECTURES)}, not {config.architecture}")
-        if quant_config is not None:
-            raise ValueError(f"quantised {config.architecture} models are not supported yet (the experts are "
-                             f"float only): got the {quant_config.name} quantisation")
         super().__init__(config, dtype=dtype, device=device, max_positions=max_positions, ops=ops,
                          quant_config=quant_config, tp=tp)
 

@@ -190,6 +190,7 @@ from .math import pack_nibbles, quantize_fp8_weight, quantize_int4_weight, quant
 from .compressed_tensors import CompressedTensorsConfig, CtScheme  # noqa: F401
 from .methods import (  # noqa: F401
     Fp8BlockLinearMethod,
+    Fp8FusedMoEMethod,
     Fp8LinearMethod,
     Int4LinearMethod,
     Int4Part,
@@ -212,6 +213,7 @@ __all__ = [
     "CtScheme",
     "Fp8LinearMethod",
     "Fp8BlockLinearMethod",
+    "Fp8FusedMoEMethod",
     "Int4LinearMethod",
     "Int4Part",
     "Int8LinearMethod",
