@@ -48,19 +48,26 @@ class _ExpertMLP(torch.nn.Module):
             setattr(self, name, lin)
 
 
-def linearize_experts(model):
+def linearize_experts(model, router_linear: bool = False):
     """A copy of the transformers 5 mixture-of-experts ``model`` whose stacked experts
     (``mlp.experts.gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``) are per-expert ``nn.Linear``
     modules under the hub's names (``experts.{e}.gate_proj / up_proj / down_proj``, Mixtral's
     ``w1 / w3 / w2``), the layout compressed-tensors quantises (its targets match ``Linear``
     modules) and ``save_pretrained`` writes (llm-compressor swaps such modules in to calibrate
-    MoE models). Not runnable: for quantising and saving only."""
+    MoE models). ``router_linear``: the routers become ``nn.Linear`` too (``mlp.gate``, as transformers
+    4 had them), which compressed-tensors' ``Linear`` target then quantises unless ignored. Not
+    runnable: for quantising and saving only."""
     names = ("w1", "w3", "w2") if model.config.model_type == "mixtral" else ("gate_proj", "up_proj", "down_proj")
     out = copy.deepcopy(model)
     for layer in out.model.layers:
         experts = getattr(layer.mlp, "experts", None)
         if experts is None:  # a dense layer
             continue
+        if router_linear:
+            w = layer.mlp.gate.weight
+            layer.mlp.gate = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+            with torch.no_grad():
+                layer.mlp.gate.weight.copy_(w)
         I = experts.gate_up_proj.shape[1] // 2
         layer.mlp.experts = torch.nn.ModuleList(
             _ExpertMLP(names, (experts.gate_up_proj[e, :I], experts.gate_up_proj[e, I:], experts.down_proj[e]))

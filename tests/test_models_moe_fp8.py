@@ -40,7 +40,8 @@ pytest.importorskip("compressed_tensors")
 import fastinfer  # noqa: E402,F401
 from fastinfer import reference as ref  # noqa: E402
 from fastinfer.engine import LLM  # noqa: E402
-from fastinfer.layers import FusedMoE, UnquantizedFusedMoEMethod, UnquantizedLinearMethod  # noqa: E402
+from fastinfer.layers import ExpertProjections, FusedMoE, UnquantizedFusedMoEMethod, UnquantizedLinearMethod  # noqa: E402
+from fastinfer.layers.moe import RouterMethod  # noqa: E402
 from fastinfer.quant import Fp8BlockLinearMethod, Fp8FusedMoEMethod, Fp8LinearMethod  # noqa: E402
 from model_helpers import make_hf_model, prefill_logits, random_prompt, rel_err  # noqa: E402
 from test_quant_formats import _fp8_codes, _snap_ties  # noqa: E402
@@ -60,9 +61,10 @@ pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 CASES = {
     # 4 experts of width 256, 2 per token (renormalised)
     "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2)),
-    # layer 0 dense (an fp8 MLP), layer 1 routed: 8 experts of width 256, 3 per token, norm_topk_prob
-    "qwen3_moe": ("qwen3_moe", dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=256,
-                                    norm_topk_prob=True, mlp_only_layers=[0])),
+    # layer 0 dense (an fp8 MLP), layer 1 routed: 8 experts of width 256, 3 per token, norm_topk_prob;
+    # 4 KV heads (k and v 256 rows: whole 128 x 128 blocks on each of 2 tensor-parallel ranks)
+    "qwen3_moe": ("qwen3_moe", dict(num_key_value_heads=4, num_experts=8, num_experts_per_tok=3,
+                                    moe_intermediate_size=256, norm_topk_prob=True, mlp_only_layers=[0])),
     # 8 experts of width 64, 3 per token, a shared expert of width 128, q/k/v biases
     "qwen2_moe": ("qwen2_moe", dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=64,
                                     shared_expert_intermediate_size=128, norm_topk_prob=True)),
@@ -278,7 +280,7 @@ def test_fp8_on_load_matches_fake_quantised_transformers(store, name):
     moes = _moe_layers(llm.model)
     assert moes and all(type(m.method) is Fp8FusedMoEMethod and not m.method.blockwise for m in moes)
     for m in moes:
-        assert type(m.router.method) is UnquantizedLinearMethod and m.router.weight.dtype == torch.float32
+        assert type(m.router.method) is RouterMethod and m.router.weight.dtype == torch.float32
         assert not hasattr(m, "w13") or m.w13.dtype == torch.float8_e4m3fn
     assert type(llm.model.lm_head.method) is UnquantizedLinearMethod
     linears = [m for m in llm.model.linear_layers() if m is not llm.model.lm_head and not m.prefix.endswith(".gate")]
@@ -356,7 +358,7 @@ def test_compressed_tensors_moe_matches_dequantised_float(store, name, variant):
     llm = LLM(ct_path, num_kv_blocks=8)
     moes = _moe_layers(llm.model)
     assert moes and all(type(m.method) is Fp8FusedMoEMethod and m.method.blockwise == blockwise for m in moes)
-    assert all(type(m.router.method) is UnquantizedLinearMethod for m in moes)
+    assert all(type(m.router.method) is RouterMethod for m in moes)
     dense_cls = Fp8BlockLinearMethod if blockwise else Fp8LinearMethod
     linears = [m for m in llm.model.linear_layers() if m is not llm.model.lm_head and not m.prefix.endswith(".gate")]
     assert all(type(m.method) is dense_cls for m in linears)
@@ -437,7 +439,7 @@ def test_hf_fine_grained_fp8_moe(store):
     moe = llm.model.layers[1].moe
     assert type(moe.method) is Fp8FusedMoEMethod and moe.method.blockwise
     assert moe.w13_scale.shape == (8, 4, 1) and moe.w2_scale.shape == (8, 1, 2)
-    assert type(moe.router.method) is UnquantizedLinearMethod
+    assert type(moe.router.method) is RouterMethod
     linears = [m for m in llm.model.linear_layers() if m is not llm.model.lm_head and m is not moe.router]
     assert all(type(m.method) is Fp8BlockLinearMethod for m in linears)
     # the float checkpoint holds the weights transformers ran
@@ -506,3 +508,323 @@ def test_each_fp8_detail_is_visible(store, name, variant, detail):
     err = rel_err(prefill_logits(llm.model, PROMPT), ref64)
     print(f"{name} {variant} without {detail}: rel err {err:.2e}")
     assert err > 1000 * 1e-5, (detail, err)
+
+
+# ------------------------------------------------------------------------------------------------
+# tensor and expert parallelism
+# ------------------------------------------------------------------------------------------------
+H_LAYER, I_LAYER, E_LAYER, K_LAYER = 128, 256, 4, 2
+PROJ = ExpertProjections("w1", "w3", "w2")
+
+
+def _layer_tensors(blockwise: bool):
+    """One MoE layer's checkpoint tensors (``moe.gate``, ``moe.experts.{e}.w1 / w3 / w2``): float, or
+    with ``blockwise`` each projection in transformers' fine-grained fp8 (``weight`` e4m3 +
+    ``weight_scale_inv``, its quantiser op); and the dequantised float weights ``[E, 2I, H]``,
+    ``[E, H, I]`` (fp64) the layer must compute with."""
+    g = torch.Generator().manual_seed(4)
+    t = {"moe.gate.weight": torch.randn(E_LAYER, H_LAYER, generator=g) * 0.5}
+    for e in range(E_LAYER):
+        for p, shape in (("w1", (I_LAYER, H_LAYER)), ("w3", (I_LAYER, H_LAYER)), ("w2", (H_LAYER, I_LAYER))):
+            t[f"moe.experts.{e}.{p}.weight"] = torch.randn(shape, generator=g) * 0.2
+    if blockwise:
+        from transformers import FineGrainedFP8Config
+        from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
+
+        op = FineGrainedFP8HfQuantizer(FineGrainedFP8Config()).get_quantize_ops()
+        for key in [k for k in t if ".experts." in k]:
+            t.update(op.convert({key: t.pop(key)}))
+
+    def deq(key):
+        if not blockwise:
+            return _per_channel(t[key])[2]
+        s = t[key + "_scale_inv"].double().repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)
+        return t[key].double() * s
+
+    w13 = torch.stack([torch.cat([deq(f"moe.experts.{e}.w1.weight"), deq(f"moe.experts.{e}.w3.weight")])
+                       for e in range(E_LAYER)])
+    w2 = torch.stack([deq(f"moe.experts.{e}.w2.weight") for e in range(E_LAYER)])
+    return t, w13, w2
+
+
+def _fp8_layer(tensors, blockwise: bool, tp=None) -> FusedMoE:
+    from fastinfer.layers import TensorDictReader
+    from fastinfer.ops import backend
+    from fastinfer.quant import CheckpointQuantization, OnLoadQuantization, QuantOptions, StoredQuantization
+
+    if blockwise:
+        qc = CheckpointQuantization(StoredQuantization("fp8", "fp8", {"quant_method": "fp8"}))
+    else:
+        qc = OnLoadQuantization(QuantOptions("fp8"))
+    kw = dict(tp=tp, reduce_results=False) if tp is not None else {}
+    m = FusedMoE(H_LAYER, I_LAYER, E_LAYER, K_LAYER, True, "moe", PROJ, dtype=torch.float32, device="cpu",
+                 ops=backend(), quant_config=qc, **kw)
+    reader = TensorDictReader(tensors)
+    m.router.load_from(reader)
+    m.load_from(reader)
+    return m
+
+
+@pytest.mark.parametrize("blockwise", [False, True], ids=["per-channel", "blockwise"])
+def test_tensor_parallel_shards_of_fp8_experts(blockwise):
+    """Two tensor-parallel shards of one fp8 MoE layer (built in this process, their partial sums
+    added as the all-reduce does): each holds its rows of gate and up with their scales (blocks) and
+    its columns of down with every row's scale, and together they compute the unsharded experts'
+    MLPs with the activation between the GEMMs quantised per rank slice: per row of each slice
+    (per channel; a coarser whole-row scale on one rank) or per 128-group (blockwise: the groups of
+    one rank, the same codes). Oracle: the dequantised checkpoint weights (fp64), inputs
+    fake-quantised by ``reference.fp8_quantize``."""
+    from fastinfer.distributed import ParallelInfo
+
+    tensors, w13, w2 = _layer_tensors(blockwise)
+    whole = _fp8_layer(tensors, blockwise)
+    shards = [_fp8_layer(tensors, blockwise, ParallelInfo(r, 2)) for r in range(2)]
+    local = I_LAYER // 2
+    assert shards[1].w13.shape == (E_LAYER, 2 * local, H_LAYER) and shards[1].w2.shape == (E_LAYER, H_LAYER, local)
+    assert torch.equal(shards[1].w13[:, :local].view(torch.uint8), whole.w13[:, local:I_LAYER].view(torch.uint8))
+    x = torch.randn(37, H_LAYER, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        weights, ids = whole.ops.moe_topk(whole.router(x), K_LAYER, True, "softmax")
+        out = shards[0](x) + shards[1](x)
+        one = whole(x)
+    mode, group = ("group", BLOCK) if blockwise else ("group", local)
+
+    def fq(v, size):
+        q, s = ref.fp8_quantize(v.float().contiguous(), mode, size)
+        return (q.double().view(v.shape[0], -1, size) * s.double()[..., None]).view(v.shape)
+
+    want = torch.zeros(37, H_LAYER, dtype=torch.float64)
+    xq = fq(x, BLOCK) if blockwise else _per_channel(x)[2]
+    for t in range(37):
+        for j in range(K_LAYER):
+            e = int(ids[t, j])
+            h = xq[t:t + 1] @ w13[e].t()
+            a = (torch.nn.functional.silu(h[:, :I_LAYER]) * h[:, I_LAYER:]).float()
+            want[t] += float(weights[t, j]) * (fq(a, group)[0] @ w2[e].t())
+    err, err_one = rel_err(out, want), rel_err(one, want)
+    print(f"{'blockwise' if blockwise else 'per channel'}: two shards rel err {err:.2e} against the "
+          f"per-slice oracle; one rank {err_one:.2e} against it")
+    assert err < 1e-5
+    if blockwise:
+        assert err_one < 1e-5  # the same codes
+    else:
+        assert err_one > 100 * err  # one rank's whole-row scale rounds otherwise: the oracle can tell
+
+
+def test_blockwise_experts_refuse_a_tensor_parallel_cut_inside_a_block():
+    from fastinfer.distributed import ParallelInfo
+
+    tensors, _, _ = _layer_tensors(True)
+    with pytest.raises(ValueError, match=r"^moe: fp8 experts in 128 x 128 blocks need the hidden size \(128\) and each "
+                                         r"rank's expert intermediate size \(64 of 256 on each of tensor_parallel_size=4 "
+                                         r"ranks\) to be multiples of 128 \(fused_moe_fp8\)$"):
+        _fp8_layer(tensors, True, ParallelInfo(0, 4))
+
+
+@pytest.fixture
+def engines():
+    """Makes LLMs; shuts every one down at teardown (pass or fail)."""
+    made = []
+
+    def make(*args, **kw):
+        llm = LLM(*args, **kw)
+        made.append(llm)
+        return llm
+
+    yield make
+    for llm in made:
+        llm.shutdown()
+
+
+def _plan_logits(llm, prompt):
+    """Logits of a whole-prompt prefill (every row), then of one decode row, through the runner."""
+    from fastinfer.engine.model_runner import Chunk, ForwardPlan
+
+    table = list(range(-(-(len(prompt) + 1) // 16)))
+    run = llm.executor.runner.forward
+    pre, _ = run(ForwardPlan(chunks=[Chunk(-1, list(prompt), 0, "all")], tables={-1: table}))
+    dec, _ = run(ForwardPlan(decodes=[(-1, int(pre[-1].argmax()), len(prompt))], tables={-1: table}, finished=[-1]))
+    return torch.cat([pre, dec])
+
+
+def _parallel_cases(store):
+    """(label, checkpoint, quantization, blockwise): per-channel experts quantised on load, and
+    compressed-tensors FP8_BLOCK (expert width 256: 128 per rank)."""
+    return [("qwen2_moe fp8 on load", float_checkpoint(store, "qwen2_moe"), "fp8", False),
+            ("qwen3_moe FP8_BLOCK", ct_checkpoint(store, "qwen3_moe", "FP8_BLOCK")[0], None, True)]
+
+
+ENGINE = dict(dtype="float32", device="cpu", num_kv_blocks=16, block_size=16)
+GREEDY = dict(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+def test_tp2_equals_one_rank(store, engines, monkeypatch):
+    """``tensor_parallel_size=2`` (rank 0 here, one spawned worker; each expert's intermediate
+    dimension split, with its scales): blockwise experts give one rank's logits within 1e-5 and its
+    greedy tokens; per-channel experts differ by the rounding of the activation's rank slices, each
+    with its own scale (test_tensor_parallel_shards_of_fp8_experts: exact against that oracle),
+    less than the whole fp8 model differs from the float one."""
+    from fastinfer import SamplingParams
+
+    monkeypatch.setenv("FASTINFER_TP_THREADS", "1")
+    for label, path, quantization, blockwise in _parallel_cases(store):
+        one = engines(path, quantization=quantization, **ENGINE)
+        tp = engines(path, quantization=quantization, tensor_parallel_size=2, **ENGINE)
+        moe = next(layer.moe for layer in tp.model.layers if layer.moe is not None)  # rank 0's shard
+        assert type(moe.method) is Fp8FusedMoEMethod and moe.w2.shape[2] == moe.intermediate_size // 2
+        a, b = _plan_logits(one, PROMPT), _plan_logits(tp, PROMPT)
+        err = rel_err(b, a)
+        print(f"{label}: tensor_parallel_size=2 against one rank: rel err {err:.2e}")
+        if blockwise:
+            assert err < 1e-5
+            params = SamplingParams(**GREEDY)
+            assert [o.outputs[0].token_ids for o in tp.generate([PROMPT], params)] == \
+                [o.outputs[0].token_ids for o in one.generate([PROMPT], params)]
+        else:  # the per-slice rounding is a rounding of the same size as the one-rank one, no more
+            err_fp8 = rel_err(a, _plan_logits(engines(path, **ENGINE), PROMPT))
+            print(f"{label}: one rank against the float model: rel err {err_fp8:.2e}")
+            assert 0 < err < err_fp8
+
+
+def test_ep2_equals_one_process_bit_for_bit(store, engines, monkeypatch):
+    """``expert_parallel_size=2``: half the fp8 experts on each rank, whole; the logits of every
+    prefill row and a decode row equal one process's bit for bit (float32: a row's quantisation is
+    its own, and each slot's output returns unweighted), and so do the greedy tokens."""
+    from fastinfer import SamplingParams
+
+    monkeypatch.setenv("FASTINFER_TP_THREADS", "1")
+    for label, path, quantization, blockwise in _parallel_cases(store):
+        one = engines(path, quantization=quantization, **ENGINE)
+        ep = engines(path, quantization=quantization, expert_parallel_size=2, **ENGINE)
+        moe = next(layer.moe for layer in ep.model.layers if layer.moe is not None)
+        assert type(moe.method) is Fp8FusedMoEMethod and moe.method.blockwise == blockwise
+        assert moe.w13.shape[0] == moe.num_experts // 2 and moe.w13_scale.shape[0] == moe.num_experts // 2
+        a, b = _plan_logits(one, PROMPT), _plan_logits(ep, PROMPT)
+        assert torch.equal(a, b), f"{label}: max |diff| {(a - b).abs().max():.3e}"
+        params = SamplingParams(**GREEDY)
+        assert [o.outputs[0].token_ids for o in ep.generate([PROMPT], params)] == \
+            [o.outputs[0].token_ids for o in one.generate([PROMPT], params)]
+        assert min(ep.stats()["expert_parallel_routed_slots"]) > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# the router, fastinfer quantize, refusals
+# ------------------------------------------------------------------------------------------------
+def test_a_router_the_checkpoint_quantised_runs_dequantised(store):
+    """Routers as ``nn.Linear`` (transformers 4's modules) and only lm_head ignored: compressed-tensors
+    quantises them too. The runner still routes in float: the router's weight is the producer's
+    dequantisation exactly, and the model matches transformers on the dequantised model (the
+    router's input not quantised)."""
+    from safetensors import safe_open
+
+    ct_path, deq_path, schemes = store(("ct-router",), lambda d: compress(
+        linearize_experts(_hf("qwen3_moe"), router_linear=True), CT_VARIANTS["FP8_DYNAMIC"][0](), ["lm_head"],
+        d + "/m", None))
+    assert "model.layers.1.mlp.gate" in schemes
+    with safe_open(os.path.join(ct_path, "model.safetensors"), "pt") as f:
+        assert f.get_tensor("model.layers.1.mlp.gate.weight").dtype == torch.float8_e4m3fn
+    with safe_open(os.path.join(deq_path, "model.safetensors"), "pt") as f:
+        deq_router = f.get_tensor("model.layers.1.mlp.gate.weight")
+    llm = LLM(ct_path, num_kv_blocks=8)
+    router = llm.model.layers[1].moe.router
+    assert type(router.method) is RouterMethod and torch.equal(router.weight, deq_router)
+    dense = [n for n in schemes if ".experts." not in n and not n.endswith("mlp.gate")]
+
+    def reference(dtype, quantised, trace, stats):
+        return reference_logits(load_reference(deq_path, dtype), dense, "token" if quantised else None, trace, stats)
+
+    check_fp8(llm, reference, "qwen3_moe FP8_DYNAMIC, router quantised by the producer")
+
+
+def test_router_named_by_the_config_stays_float(store, tmp_path):
+    """The config's ignore list without the routers (its ``Linear`` target then names them): the
+    router loads in float as stored, the model unchanged."""
+    ct_path, _, _ = ct_checkpoint(store, "qwen3_moe", "FP8_DYNAMIC")
+    edited = str(tmp_path / "m")
+    shutil.copytree(ct_path, edited)
+    cfg = json.load(open(os.path.join(edited, "config.json")))
+    cfg["quantization_config"]["ignore"] = ["lm_head"]
+    json.dump(cfg, open(os.path.join(edited, "config.json"), "w"))
+    out = prefill_logits(LLM(edited, num_kv_blocks=8).model, PROMPT)
+    assert torch.equal(out, prefill_logits(LLM(ct_path, num_kv_blocks=8).model, PROMPT))
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe"])
+def test_quantize_cli_writes_what_loading_quantises(store, tmp_path, name):
+    """``fastinfer quantize --method fp8`` quantises the experts as loading with quantization="fp8"
+    does (e4m3 + per-row ``weight_scale`` per expert projection; routers, lm_head and the shared
+    gate float): the two models give the same logits, bit for bit."""
+    from safetensors import safe_open
+
+    from fastinfer.quant import QuantOptions, quantize_checkpoint
+
+    path = float_checkpoint(store, name)
+    out = str(tmp_path / "fp8")
+    quantize_checkpoint(path, out, QuantOptions("fp8"))
+    prefix = "model.layers.1.block_sparse_moe.experts.2.w2" if name == "mixtral" else "model.layers.1.mlp.experts.2.down_proj"
+    with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
+        assert f.get_tensor(prefix + ".weight").dtype == torch.float8_e4m3fn
+        assert list(f.get_tensor(prefix + ".weight_scale").shape) == [128]
+        router = "model.layers.1.block_sparse_moe.gate.weight" if name == "mixtral" else "model.layers.1.mlp.gate.weight"
+        assert f.get_tensor(router).dtype == torch.float32
+    stored = LLM(out, num_kv_blocks=8)
+    assert type(stored.model.layers[1].moe.method) is Fp8FusedMoEMethod
+    on_load = LLM(path, num_kv_blocks=8, quantization="fp8")
+    assert torch.equal(prefill_logits(stored.model, PROMPT), prefill_logits(on_load.model, PROMPT))
+    with pytest.raises(ValueError, match=r"quantization='int8' does not quantise mixture-of-experts experts"):
+        quantize_checkpoint(path, str(tmp_path / "int8"), QuantOptions("int8"))
+
+
+def _ct_config(weights: dict, activations, fmt: str, ignore=("lm_head",), targets=("Linear",)) -> dict:
+    return {"quant_method": "compressed-tensors", "format": fmt, "ignore": list(ignore),
+            "config_groups": {"group_0": {"targets": list(targets), "weights": weights,
+                                          "input_activations": activations}}}
+
+
+_FP8_CHANNEL = {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True}
+
+
+@pytest.mark.parametrize("qc,match", [
+    (_ct_config(_FP8_CHANNEL, {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False},
+                "float-quantized"),
+     r"^moe\.experts\.0\.w1: compressed-tensors scheme float-quantized FP8 \(per-channel weights, static "
+     r"activations\) of config group 'group_0' is not supported for experts"),
+    (_ct_config(_FP8_CHANNEL, {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": True},
+                "float-quantized"),
+     r"^moe\.experts\.0\.w1: .*\(per-channel weights, tensor activations\) .* is not supported for experts"),
+    (_ct_config({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": True}, None,
+                "pack-quantized"),
+     r"^moe\.experts\.0\.w1: compressed-tensors scheme pack-quantized int4 W4A16 .* not supported for experts"),
+    (_ct_config(_FP8_CHANNEL, {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True},
+                "float-quantized", targets=[r"re:.*experts\.[01]\..*"]),
+     r"^moe: the experts have different compressed-tensors schemes \(moe\.experts\.0\.w1: group_0, "
+     r"moe\.experts\.2\.w1: ignored \(float\)\); every expert projection of a layer must share one$"),
+    ({"quant_method": "awq", "bits": 4, "version": "gemm"},
+     r"^moe: awq experts are not supported \(mixture-of-experts checkpoints load with fp8 experts only"),
+])
+def test_unsupported_expert_quantisations_are_refused(qc, match):
+    """Each a ``ValueError`` line naming the layer (or the expert projection) and the scheme, when the
+    model is built."""
+    from fastinfer.ops import backend
+    from fastinfer.quant import resolve_quantization
+
+    quant = resolve_quantization({"quantization_config": qc})
+    with pytest.raises(ValueError, match=match) as e:
+        FusedMoE(H_LAYER, I_LAYER, E_LAYER, K_LAYER, True, "moe", PROJ, dtype=torch.float32, device="meta",
+                 ops=backend(), quant_config=quant)
+    assert "\n" not in str(e.value)
+
+
+def test_static_fp8_experts_refused_through_the_engine(store, tmp_path):
+    """The FP8 preset (static per-tensor activation scales) in a MoE checkpoint's config: refused
+    naming the first expert projection, before any weight is read."""
+    ct_path, _, _ = ct_checkpoint(store, "mixtral", "FP8_DYNAMIC")
+    edited = str(tmp_path / "m")
+    shutil.copytree(ct_path, edited)
+    cfg = json.load(open(os.path.join(edited, "config.json")))
+    cfg["quantization_config"]["config_groups"]["group_0"]["input_activations"].update(strategy="tensor",
+                                                                                     dynamic=False)
+    json.dump(cfg, open(os.path.join(edited, "config.json"), "w"))
+    with pytest.raises(ValueError, match=r"^model\.layers\.0\.block_sparse_moe\.experts\.0\.w1: compressed-tensors "
+                                         r"scheme .*static activations.* not supported for experts"):
+        LLM(edited, num_kv_blocks=8)

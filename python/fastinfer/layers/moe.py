@@ -54,7 +54,7 @@ from .weights import CheckpointModule, WeightReader
 
 Tensor = torch.Tensor
 
-__all__ = ["FusedMoE", "FusedMoEMethod", "UnquantizedFusedMoEMethod", "ExpertProjections", "StackedExpertsReader", "expert_shard", "expert_parallel_layers",
+__all__ = ["FusedMoE", "FusedMoEMethod", "UnquantizedFusedMoEMethod", "RouterMethod", "ExpertProjections", "StackedExpertsReader", "expert_shard", "expert_parallel_layers",
            "routed_slots_per_rank"]
 
 
@@ -85,6 +85,43 @@ class ExpertProjections(NamedTuple):
     gate: str
     up: str
     down: str
+
+
+class RouterMethod(UnquantizedLinearMethod):
+    """The router's weight in the model dtype: routing decides which experts run, so it is never
+    quantised. A checkpoint whose quantisation config named the router anyway stores it in
+    float8_e4m3fn with a ``weight_scale`` (per row ``[E, 1]`` / ``[E]``, per tensor ``[1]``) or a
+    ``weight_scale_inv`` (per 128 x 128 block): it is dequantised, ``codes * scale`` in float64 and
+    rounded once (a static ``input_scale`` beside it is not used: the router's input stays float)."""
+
+    def load_weights(self, layer: ReplicatedLinear, reader: WeightReader) -> None:
+        prefix = layer.parts[0].prefix
+        name = prefix + ".weight"
+        if not reader.has(name) or reader.get(name).dtype != torch.float8_e4m3fn:
+            return super().load_weights(layer, reader)
+        n, k = layer.out_features, layer.in_features
+        codes = reader.get(name, (n, k)).double()
+        blocks = (-(-n // 128), -(-k // 128))
+        scale = None
+        for suffix, shapes in (("weight_scale", [(n, 1), (n,), (1,), (), (1, 1)]), ("weight_scale_inv", [blocks])):
+            if reader.has(f"{prefix}.{suffix}"):
+                shape = tuple(reader.shape(f"{prefix}.{suffix}"))
+                if shape not in shapes:
+                    raise ValueError(f"tensor '{prefix}.{suffix}' has shape {list(shape)}, expected "
+                                     f"{' or '.join(str(list(x)) for x in shapes)}")
+                scale = reader.get(f"{prefix}.{suffix}").double()
+                if suffix == "weight_scale_inv":  # [n, k]
+                    scale = scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
+                else:  # [n, 1] or [1, 1]
+                    scale = scale.reshape(-1, 1)
+                break
+        if scale is None:
+            raise ValueError(f"tensor {name!r} is float8_e4m3fn but {prefix!r} has no weight_scale or "
+                             "weight_scale_inv to dequantise it with")
+        if reader.has(prefix + ".input_scale"):
+            reader.skip(prefix + ".input_scale")
+        with torch.no_grad():
+            layer.weight.copy_((codes * scale).to(layer.dtype))
 
 
 class FusedMoEMethod:
@@ -217,7 +254,7 @@ class FusedMoE(CheckpointModule):
         self.dtype, self.device = dtype, torch.device(device)
         # routing decides which experts run: never quantised, whatever a quantisation config lists
         self.router = ReplicatedLinear(hidden_size, [WeightPart(f"{prefix}.gate", num_experts)], False, dtype=dtype,
-                                       device=device, ops=ops, method=UnquantizedLinearMethod())
+                                       device=device, ops=ops, method=RouterMethod())
         self.method = (quant_config.moe_method(self) if quant_config is not None else
                        UnquantizedFusedMoEMethod())
         self.method.create_weights(self)
