@@ -113,10 +113,9 @@ class QuantizationConfig:
         return UnquantizedLinearMethod()
 
     def moe_method(self, layer):
-        """The :class:`~fastinfer.layers.moe.FusedMoEMethod` of ``layer`` (a FusedMoE)."""
-        from .moe import UnquantizedFusedMoEMethod  # (moe.py builds on this module)
-
-        return UnquantizedFusedMoEMethod()
+        """The :class:`~fastinfer.layers.moe.FusedMoEMethod` of ``layer`` (a FusedMoE); None: float
+        experts."""
+        return None
 
 
 class Linear(CheckpointModule):

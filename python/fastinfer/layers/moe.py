@@ -1,5 +1,6 @@
 """The mixture-of-experts MLP: a router, top-k routing (``moe_topk``) and the experts' MLPs
-(``fused_moe``), loading the experts from a checkpoint's per-expert tensors.
+(``fused_moe``, or ``fused_moe_fp8`` for fp8 experts), loading the experts from a checkpoint's
+per-expert tensors.
 
 Checkpoint layouts. Hub checkpoints (and transformers 5's ``save_pretrained``, which converts back to
 them) hold one tensor per expert and projection: ``{prefix}.experts.{e}.{gate}.weight`` ``[I, H]``,
@@ -10,10 +11,17 @@ Qwen-MoE: ``mlp.experts.{e}.gate_proj / up_proj / down_proj``) and the router
 ``block_sparse_moe`` renamed ``mlp``): :class:`StackedExpertsReader` shows such tensors under the
 per-expert names, so a layer reads one layout.
 
+Quantisation. How the experts are held and run is the layer's :class:`FusedMoEMethod`, chosen by the
+model's :class:`~fastinfer.layers.QuantizationConfig` (``moe_method``) as a linear's method is:
+:class:`UnquantizedFusedMoEMethod` (float ``w13`` / ``w2``, ``fused_moe``) here, fp8 experts
+(e4m3 with per-channel or 128 x 128 block scales, ``fused_moe_fp8``) in :mod:`fastinfer.quant`
+(``Fp8FusedMoEMethod``, its formats documented there). The router is float whatever the config
+says (:class:`RouterMethod`: an fp8 router a checkpoint stored anyway is dequantised).
+
 Tensor parallelism: every rank holds all experts, each expert's intermediate dimension split over
-the ranks (its gate and up rows sliced alike, its down columns), so a rank's ``fused_moe`` output is
-a partial sum over the intermediate dimension, summed by one all-reduce (as ``RowParallelLinear``).
-The router is replicated.
+the ranks (its gate and up rows sliced alike, its down columns; fp8 scales with them), so a rank's
+``fused_moe`` output is a partial sum over the intermediate dimension, summed by one all-reduce (as
+``RowParallelLinear``). The router is replicated.
 
 Expert parallelism (``tp.ep``, N ranks): rank r holds experts ``[r E / N, (r + 1) E / N)`` whole
 (:func:`expert_shard`). Every rank holds every token's hidden state (after attention's all-reduce,
@@ -25,15 +33,16 @@ runs it on, so the same bits), and is the *home* of a contiguous share of the to
    split sizes of both exchanges, and each owner's load, :attr:`FusedMoE.routed_slots`);
 2. dispatch (all-to-all): each of the home's slots goes to the rank owning its expert as the
    token's hidden row and the expert's local id (one packed row);
-3. the owner runs ``fused_moe`` on what it received, one slot per row with weight 1: the
-   expert's output itself, unweighted;
+3. the owner runs its experts (``fused_moe``, or the method's op) on what it received, one slot
+   per row with weight 1: the expert's output itself, unweighted;
 4. combine (all-to-all back): the home sums its tokens' slot outputs times their weights in float32
    in slot order (``fused_moe``'s own order), rounds once, and the shares are all-gathered (with
    ``reduce_results=False`` under tensor parallelism over the same ranks, each rank returns its
    share in its rows and zeros elsewhere: the caller's all-reduce gathers them).
 
-``fused_moe`` is batch invariant (a row's output depends on that row alone), and a float32 slot
-output is exact, so a token's output is bit for bit the one-process ``fused_moe``'s in float32; in
+``fused_moe`` is batch invariant (a row's output depends on that row alone; ``fused_moe_fp8`` too:
+a row's quantisation is its own), and a float32 slot output is exact, so a token's output is bit
+for bit the one-process op's in float32; in
 bfloat16 / float16 each slot output is rounded to that dtype before the sum (``fused_moe``
 returns the activation dtype), an extra rounding of the order of the dtype's epsilon. gloo (CPU)
 and NCCL both implement ``all_to_all_single`` with uneven splits. Four collectives per layer, the
@@ -255,8 +264,8 @@ class FusedMoE(CheckpointModule):
         # routing decides which experts run: never quantised, whatever a quantisation config lists
         self.router = ReplicatedLinear(hidden_size, [WeightPart(f"{prefix}.gate", num_experts)], False, dtype=dtype,
                                        device=device, ops=ops, method=RouterMethod())
-        self.method = (quant_config.moe_method(self) if quant_config is not None else
-                       UnquantizedFusedMoEMethod())
+        method = quant_config.moe_method(self) if quant_config is not None else None
+        self.method = UnquantizedFusedMoEMethod() if method is None else method
         self.method.create_weights(self)
 
     def expert_name(self, expert: int, projection: str) -> str:

@@ -36,7 +36,12 @@ projections (their weights replicated: no communication), normalises them and ke
 v stays split as Llama's. Expert parallelism (``tp.ep``, :mod:`fastinfer.layers.moe`) splits the
 experts whole over the ranks instead; with tensor parallelism the shared expert's partial sums and
 the experts' shares (each rank's tokens, zeros elsewhere) are reduced by the same one all-reduce.
-The experts are never quantised (a quantisation config is refused).
+
+Quantisation (``quant_config``, :mod:`fastinfer.quant`): the linears (attention, the dense MLP
+layers, the shared expert) as a dense model's; the experts through the config's expert method: fp8
+(``quantization="fp8"`` on load, per channel; compressed-tensors FP8_DYNAMIC / FP8_BLOCK and
+fine-grained FP8 checkpoints; fastinfer fp8), run by ``fused_moe_fp8``; other methods are refused
+for the experts. The routers and Qwen2-MoE's shared expert gate stay float.
 """
 
 from __future__ import annotations
@@ -202,7 +207,7 @@ class MoeDecoderLayer(LlamaDecoderLayer):
 class MoeForCausalLM(LlamaForCausalLM):
     """Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE causal LM (``MixtralForCausalLM``,
     ``Qwen2MoeForCausalLM``, ``Qwen3MoeForCausalLM``, ``OlmoeForCausalLM``; arguments as
-    :class:`~fastinfer.models.LlamaForCausalLM`, ``quant_config`` None only)."""
+    :class:`~fastinfer.models.LlamaForCausalLM`; ``quant_config`` also gives the experts' method)."""
 
     decoder_layer = MoeDecoderLayer
 

@@ -1,4 +1,5 @@
-"""Which linear method each layer of a model gets: :func:`resolve_quantization` is the one place
+"""Which linear method each layer of a model gets, and which method each mixture-of-experts layer's
+experts get (``moe_method``): :func:`resolve_quantization` is the one place
 that turns the stored ``quantization_config`` and the on-load options into the
 :class:`~fastinfer.layers.QuantizationConfig` a model is built with.
 """
@@ -7,8 +8,15 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..layers import FusedMoE, FusedMoEMethod, Linear, LinearMethod, QuantizationConfig, UnquantizedFusedMoEMethod
-from ..layers import UnquantizedLinearMethod
+from ..layers import (
+    FusedMoE,
+    FusedMoEMethod,
+    Linear,
+    LinearMethod,
+    QuantizationConfig,
+    UnquantizedFusedMoEMethod,
+    UnquantizedLinearMethod,
+)
 from .config import NOT_QUANTIZED, QuantOptions, StoredQuantization, stored_quantization
 from .methods import Fp8BlockLinearMethod, Fp8FusedMoEMethod, Fp8LinearMethod, Int4LinearMethod, Int8LinearMethod
 
