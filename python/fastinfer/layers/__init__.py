@@ -28,6 +28,7 @@ from .moe import (  # noqa: F401
     ExpertProjections,
     FusedMoE,
     FusedMoEMethod,
+    RouterMethod,
     StackedExpertsReader,
     UnquantizedFusedMoEMethod,
 )
@@ -47,5 +48,6 @@ __all__ = [
     "Linear", "LinearMethod", "UnquantizedLinearMethod", "QuantizationConfig", "WeightPart", "ParallelInfo",
     "ReplicatedLinear", "ColumnParallelLinear", "RowParallelLinear", "param",
     "RMSNorm", "VocabEmbedding", "LMHead", "PagedAttention", "KVCache",
-    "FusedMoE", "FusedMoEMethod", "UnquantizedFusedMoEMethod", "ExpertProjections", "StackedExpertsReader",
+    "FusedMoE", "FusedMoEMethod", "UnquantizedFusedMoEMethod", "RouterMethod", "ExpertProjections",
+    "StackedExpertsReader",
 ]

@@ -63,8 +63,8 @@ from .weights import CheckpointModule, WeightReader
 
 Tensor = torch.Tensor
 
-__all__ = ["FusedMoE", "FusedMoEMethod", "UnquantizedFusedMoEMethod", "RouterMethod", "ExpertProjections", "StackedExpertsReader", "expert_shard", "expert_parallel_layers",
-           "routed_slots_per_rank"]
+__all__ = ["FusedMoE", "FusedMoEMethod", "UnquantizedFusedMoEMethod", "RouterMethod", "ExpertProjections",
+           "StackedExpertsReader", "expert_shard", "expert_parallel_layers", "routed_slots_per_rank"]
 
 
 def expert_shard(num_experts: int, ep: ParallelInfo) -> Tuple[int, int]:

@@ -363,8 +363,8 @@ class Fp8FusedMoEMethod(FusedMoEMethod):
     channel, ``w13_scale [E, 2I]`` and ``w2_scale [E, H]`` (a checkpoint's per-tensor scale repeated
     over its projection's rows: the same product), or per 128 x 128 block (``blockwise``),
     ``w13_scale [E, 2I / 128, H / 128]`` and ``w2_scale [E, H / 128, I / 128]``. Each expert
-    projection is read as a quantised linear's part is (:func:`~fastinfer.quant.stored._read_part`:
-    every format, float weights quantised per channel on load), whole, then cut: gate and up rows
+    projection is read as a quantised linear's part is (every format of ``stored.py``, float weights
+    quantised per channel on load), whole, then cut: gate and up rows
     with their scale rows (blocks), down columns (per-channel scales whole; blocks cut along with
     them). Experts a checkpoint stores in float load as float experts.
 
@@ -394,9 +394,9 @@ class Fp8FusedMoEMethod(FusedMoEMethod):
         if H % unit or I % unit:
             where = (f"{I} of {layer.intermediate_size} on each of tensor_parallel_size={layer.tp.world_size} ranks"
                      if layer.intermediate_shard is not None else f"{I}")
-            raise ValueError(f"{layer.prefix}: fp8 experts {'in 128 x 128 blocks' if self.blockwise else 'per channel'} "
-                             f"need the hidden size ({H}) and each rank's expert intermediate size ({where}) to be "
-                             f"multiples of {unit} (fused_moe_fp8)")
+            layout = "in 128 x 128 blocks" if self.blockwise else "per channel"
+            raise ValueError(f"{layer.prefix}: fp8 experts {layout} need the hidden size ({H}) and each rank's "
+                             f"expert intermediate size ({where}) to be multiples of {unit} (fused_moe_fp8)")
         if self.blockwise:
             s13, s2 = (E, 2 * I // FP8_BLOCK, H // FP8_BLOCK), (E, H // FP8_BLOCK, I // FP8_BLOCK)
         else:

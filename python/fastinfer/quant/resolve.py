@@ -85,7 +85,8 @@ class CheckpointQuantization(QuantizationConfig):
         if self.stored.method == "fp8":
             return Fp8FusedMoEMethod(source=self.stored.kind, blockwise=False, stored_config=self.stored.config)
         raise ValueError(f"{layer.prefix}: {self.stored.describe()} experts are not supported (mixture-of-experts "
-                         "checkpoints load with fp8 experts only: compressed-tensors, fine-grained fp8 or fastinfer fp8)")
+                         "checkpoints load with fp8 experts only: compressed-tensors, fine-grained fp8 or "
+                         "fastinfer fp8)")
 
 
 class CompressedTensorsQuantization(QuantizationConfig):
