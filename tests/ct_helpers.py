@@ -1,8 +1,9 @@
 """Writing compressed-tensors checkpoints with the compressed-tensors package itself (the producer
 library as the oracle of the format): what llm-compressor's save path runs, without llm-compressor
 (it pins an older torch and transformers than this project's). Used by tests/test_quant_formats.py
-(random models), tests/test_gguf.py (a real trained model) and tests/test_kv_cache_fp8.py (a
-``kv_cache_scheme``: fp8 KV-cache scales)."""
+(random models), tests/test_gguf.py (a real trained model), tests/test_kv_cache_fp8.py (a
+``kv_cache_scheme``: fp8 KV-cache scales) and tests/test_models_moe_fp8.py (mixture-of-experts models,
+experts in the hub's per-expert layout: :func:`linearize_experts`)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,45 @@ def _observe(w: torch.Tensor, args):
         wv = torch.nn.functional.pad(w, (0, k - w.shape[1], 0, n - w.shape[0])).reshape(n // bn, bn, k // bk, bk)
         return wv.amin((1, 3)), wv.amax((1, 3))
     raise AssertionError(s)
+
+
+class _ExpertMLP(torch.nn.Module):
+    """One expert as hub checkpoints (and transformers 4's modules) hold it: three ``nn.Linear``."""
+
+    def __init__(self, names, weights):
+        super().__init__()
+        for name, w in zip(names, weights):
+            lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+            with torch.no_grad():
+                lin.weight.copy_(w)
+            setattr(self, name, lin)
+
+
+def linearize_experts(model, router_linear: bool = False):
+    """A copy of the transformers 5 mixture-of-experts ``model`` whose stacked experts
+    (``mlp.experts.gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``) are per-expert ``nn.Linear``
+    modules under the hub's names (``experts.{e}.gate_proj / up_proj / down_proj``, Mixtral's
+    ``w1 / w3 / w2``), the layout compressed-tensors quantises (its targets match ``Linear``
+    modules) and ``save_pretrained`` writes (llm-compressor swaps such modules in to calibrate
+    MoE models). ``router_linear``: the routers become ``nn.Linear`` too (``mlp.gate``, as transformers
+    4 had them), which compressed-tensors' ``Linear`` target then quantises unless ignored. Not
+    runnable: for quantising and saving only."""
+    names = ("w1", "w3", "w2") if model.config.model_type == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    out = copy.deepcopy(model)
+    for layer in out.model.layers:
+        experts = getattr(layer.mlp, "experts", None)
+        if experts is None:  # a dense layer
+            continue
+        if router_linear:
+            w = layer.mlp.gate.weight
+            layer.mlp.gate = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+            with torch.no_grad():
+                layer.mlp.gate.weight.copy_(w)
+        I = experts.gate_up_proj.shape[1] // 2
+        layer.mlp.experts = torch.nn.ModuleList(
+            _ExpertMLP(names, (experts.gate_up_proj[e, :I], experts.gate_up_proj[e, I:], experts.down_proj[e]))
+            for e in range(experts.gate_up_proj.shape[0]))
+    return out
 
 
 def _input_ranges(model, ids):

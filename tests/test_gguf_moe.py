@@ -368,6 +368,27 @@ def test_greedy_generation_through_the_runner(models, name, experts, other, tmp_
         assert got == hf_greedy(_hf_gguf(path), ids, NEW_TOKENS)
 
 
+def test_fp8_on_load_as_from_safetensors(models, tmp_path):
+    """``quantization="fp8"`` on a GGUF file with Q8_0 experts quantises the dequantised experts per
+    channel exactly as it quantises the same float weights from safetensors (the round-tripped
+    model saved by transformers): the same codes and scales, the same logits."""
+    from fastinfer.quant import Fp8FusedMoEMethod
+
+    arch, hf, hf_dir = models("mixtral")
+    types = _types(experts=Q.Q8_0, other=Q.F32)
+    path = write_moe_gguf(tmp_path / "m.gguf", hf, hf_dir, arch, types)
+    round_tripped(hf, types).save_pretrained(tmp_path / "st")
+    ours = LLM(path, dtype="float32", device="cpu", num_kv_blocks=16, quantization="fp8").model
+    theirs = LLM(str(tmp_path / "st"), dtype="float32", device="cpu", num_kv_blocks=16, quantization="fp8").model
+    a, b = ours.layers[1].moe, theirs.layers[1].moe
+    assert type(a.method) is Fp8FusedMoEMethod and a.w13.dtype == torch.float8_e4m3fn
+    assert torch.equal(a.w13.view(torch.uint8), b.w13.view(torch.uint8)) and torch.equal(a.w2_scale, b.w2_scale)
+    ids = _prompt(seed=2)
+    err = rel_err(prefill_logits(ours, ids), prefill_logits(theirs, ids))
+    print(f"mixtral Q8_0 experts, fp8 on load: GGUF against safetensors rel err {err:.1e}")
+    assert err < REL_TOL
+
+
 @pytest.mark.parametrize("name", ["mixtral", "qwen2_moe_small", "olmoe"])
 def test_tensor_parallel_two_ranks(models, name, tmp_path):
     """TP=2 (rank 0 here, one spawned worker): each rank reads its rows of every dequantised expert

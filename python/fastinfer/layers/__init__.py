@@ -24,7 +24,14 @@ from .linear import (  # noqa: F401
     WeightPart,
     param,
 )
-from .moe import ExpertProjections, FusedMoE, StackedExpertsReader  # noqa: F401
+from .moe import (  # noqa: F401
+    ExpertProjections,
+    FusedMoE,
+    FusedMoEMethod,
+    RouterMethod,
+    StackedExpertsReader,
+    UnquantizedFusedMoEMethod,
+)
 from .norm import RMSNorm  # noqa: F401
 from .weights import (  # noqa: F401
     CheckpointModule,
@@ -41,5 +48,6 @@ __all__ = [
     "Linear", "LinearMethod", "UnquantizedLinearMethod", "QuantizationConfig", "WeightPart", "ParallelInfo",
     "ReplicatedLinear", "ColumnParallelLinear", "RowParallelLinear", "param",
     "RMSNorm", "VocabEmbedding", "LMHead", "PagedAttention", "KVCache",
-    "FusedMoE", "ExpertProjections", "StackedExpertsReader",
+    "FusedMoE", "FusedMoEMethod", "UnquantizedFusedMoEMethod", "RouterMethod", "ExpertProjections",
+    "StackedExpertsReader",
 ]

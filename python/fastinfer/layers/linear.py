@@ -104,12 +104,18 @@ class UnquantizedLinearMethod(LinearMethod):
 
 
 class QuantizationConfig:
-    """Chooses the :class:`LinearMethod` of every linear layer of a model (see :mod:`fastinfer.quant`)."""
+    """Chooses the :class:`LinearMethod` of every linear layer of a model, and the experts' method of
+    every mixture-of-experts layer (see :mod:`fastinfer.quant`)."""
 
     name = "none"
 
     def linear_method(self, layer: "Linear") -> LinearMethod:
         return UnquantizedLinearMethod()
+
+    def moe_method(self, layer):
+        """The :class:`~fastinfer.layers.moe.FusedMoEMethod` of ``layer`` (a FusedMoE); None: float
+        experts."""
+        return None
 
 
 class Linear(CheckpointModule):

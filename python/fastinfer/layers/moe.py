@@ -1,5 +1,6 @@
 """The mixture-of-experts MLP: a router, top-k routing (``moe_topk``) and the experts' MLPs
-(``fused_moe``), loading the experts from a checkpoint's per-expert tensors.
+(``fused_moe``, or ``fused_moe_fp8`` for fp8 experts), loading the experts from a checkpoint's
+per-expert tensors.
 
 Checkpoint layouts. Hub checkpoints (and transformers 5's ``save_pretrained``, which converts back to
 them) hold one tensor per expert and projection: ``{prefix}.experts.{e}.{gate}.weight`` ``[I, H]``,
@@ -10,10 +11,17 @@ Qwen-MoE: ``mlp.experts.{e}.gate_proj / up_proj / down_proj``) and the router
 ``block_sparse_moe`` renamed ``mlp``): :class:`StackedExpertsReader` shows such tensors under the
 per-expert names, so a layer reads one layout.
 
+Quantisation. How the experts are held and run is the layer's :class:`FusedMoEMethod`, chosen by the
+model's :class:`~fastinfer.layers.QuantizationConfig` (``moe_method``) as a linear's method is:
+:class:`UnquantizedFusedMoEMethod` (float ``w13`` / ``w2``, ``fused_moe``) here, fp8 experts
+(e4m3 with per-channel or 128 x 128 block scales, ``fused_moe_fp8``) in :mod:`fastinfer.quant`
+(``Fp8FusedMoEMethod``, its formats documented there). The router is float whatever the config
+says (:class:`RouterMethod`: an fp8 router a checkpoint stored anyway is dequantised).
+
 Tensor parallelism: every rank holds all experts, each expert's intermediate dimension split over
-the ranks (its gate and up rows sliced alike, its down columns), so a rank's ``fused_moe`` output is
-a partial sum over the intermediate dimension, summed by one all-reduce (as ``RowParallelLinear``).
-The router is replicated.
+the ranks (its gate and up rows sliced alike, its down columns; fp8 scales with them), so a rank's
+``fused_moe`` output is a partial sum over the intermediate dimension, summed by one all-reduce (as
+``RowParallelLinear``). The router is replicated.
 
 Expert parallelism (``tp.ep``, N ranks): rank r holds experts ``[r E / N, (r + 1) E / N)`` whole
 (:func:`expert_shard`). Every rank holds every token's hidden state (after attention's all-reduce,
@@ -25,15 +33,16 @@ runs it on, so the same bits), and is the *home* of a contiguous share of the to
    split sizes of both exchanges, and each owner's load, :attr:`FusedMoE.routed_slots`);
 2. dispatch (all-to-all): each of the home's slots goes to the rank owning its expert as the
    token's hidden row and the expert's local id (one packed row);
-3. the owner runs ``fused_moe`` on what it received, one slot per row with weight 1: the
-   expert's output itself, unweighted;
+3. the owner runs its experts (``fused_moe``, or the method's op) on what it received, one slot
+   per row with weight 1: the expert's output itself, unweighted;
 4. combine (all-to-all back): the home sums its tokens' slot outputs times their weights in float32
    in slot order (``fused_moe``'s own order), rounds once, and the shares are all-gathered (with
    ``reduce_results=False`` under tensor parallelism over the same ranks, each rank returns its
    share in its rows and zeros elsewhere: the caller's all-reduce gathers them).
 
-``fused_moe`` is batch invariant (a row's output depends on that row alone), and a float32 slot
-output is exact, so a token's output is bit for bit the one-process ``fused_moe``'s in float32; in
+``fused_moe`` is batch invariant (a row's output depends on that row alone; ``fused_moe_fp8`` too:
+a row's quantisation is its own), and a float32 slot output is exact, so a token's output is bit
+for bit the one-process op's in float32; in
 bfloat16 / float16 each slot output is rounded to that dtype before the sum (``fused_moe``
 returns the activation dtype), an extra rounding of the order of the dtype's epsilon. gloo (CPU)
 and NCCL both implement ``all_to_all_single`` with uneven splits. Four collectives per layer, the
@@ -49,13 +58,13 @@ import torch
 from torch import nn
 
 from ..distributed import SINGLE, ParallelInfo
-from .linear import ReplicatedLinear, UnquantizedLinearMethod, WeightPart, param
+from .linear import QuantizationConfig, ReplicatedLinear, UnquantizedLinearMethod, WeightPart, param
 from .weights import CheckpointModule, WeightReader
 
 Tensor = torch.Tensor
 
-__all__ = ["FusedMoE", "ExpertProjections", "StackedExpertsReader", "expert_shard", "expert_parallel_layers",
-           "routed_slots_per_rank"]
+__all__ = ["FusedMoE", "FusedMoEMethod", "UnquantizedFusedMoEMethod", "RouterMethod", "ExpertProjections",
+           "StackedExpertsReader", "expert_shard", "expert_parallel_layers", "routed_slots_per_rank"]
 
 
 def expert_shard(num_experts: int, ep: ParallelInfo) -> Tuple[int, int]:
@@ -87,6 +96,109 @@ class ExpertProjections(NamedTuple):
     down: str
 
 
+class RouterMethod(UnquantizedLinearMethod):
+    """The router's weight in the model dtype: routing decides which experts run, so it is never
+    quantised. A checkpoint whose quantisation config named the router anyway stores it in
+    float8_e4m3fn with a ``weight_scale`` (per row ``[E, 1]`` / ``[E]``, per tensor ``[1]``) or a
+    ``weight_scale_inv`` (per 128 x 128 block): it is dequantised, ``codes * scale`` in float64 and
+    rounded once (a static ``input_scale`` beside it is not used: the router's input stays float)."""
+
+    def load_weights(self, layer: ReplicatedLinear, reader: WeightReader) -> None:
+        prefix = layer.parts[0].prefix
+        name = prefix + ".weight"
+        if not reader.has(name) or reader.get(name).dtype != torch.float8_e4m3fn:
+            return super().load_weights(layer, reader)
+        n, k = layer.out_features, layer.in_features
+        codes = reader.get(name, (n, k)).double()
+        blocks = (-(-n // 128), -(-k // 128))
+        scale = None
+        for suffix, shapes in (("weight_scale", [(n, 1), (n,), (1,), (), (1, 1)]), ("weight_scale_inv", [blocks])):
+            if reader.has(f"{prefix}.{suffix}"):
+                shape = tuple(reader.shape(f"{prefix}.{suffix}"))
+                if shape not in shapes:
+                    raise ValueError(f"tensor '{prefix}.{suffix}' has shape {list(shape)}, expected "
+                                     f"{' or '.join(str(list(x)) for x in shapes)}")
+                scale = reader.get(f"{prefix}.{suffix}").double()
+                if suffix == "weight_scale_inv":  # [n, k]
+                    scale = scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
+                else:  # [n, 1] or [1, 1]
+                    scale = scale.reshape(-1, 1)
+                break
+        if scale is None:
+            raise ValueError(f"tensor {name!r} is float8_e4m3fn but {prefix!r} has no weight_scale or "
+                             "weight_scale_inv to dequantise it with")
+        if reader.has(prefix + ".input_scale"):
+            reader.skip(prefix + ".input_scale")
+        with torch.no_grad():
+            layer.weight.copy_((codes * scale).to(layer.dtype))
+
+
+class FusedMoEMethod:
+    """How a :class:`FusedMoE` holds its experts and runs them (the experts' counterpart of a
+    :class:`~fastinfer.layers.LinearMethod`, chosen by the :class:`QuantizationConfig`).
+
+    ``create_weights`` registers this rank's expert tensors (before loading), ``load_weights``
+    fills them from a reader (this rank's experts, each its :attr:`FusedMoE.intermediate_shard`),
+    ``apply`` runs the experts on rows ``x [T, H]`` routed by ``topk_weights`` / ``topk_ids``
+    (local expert ids) and returns the weighted sum ``[T, H]`` in x's dtype.
+    """
+
+    name = "float"
+    tensor_names: Tuple[str, ...] = ()  # what create_weights sets on the layer
+
+    def create_weights(self, layer: "FusedMoE") -> None:
+        raise NotImplementedError
+
+    def remove_weights(self, layer: "FusedMoE") -> None:
+        for name in self.tensor_names:
+            if hasattr(layer, name):
+                delattr(layer, name)
+
+    def load_weights(self, layer: "FusedMoE", reader: WeightReader) -> None:
+        raise NotImplementedError
+
+    def apply(self, layer: "FusedMoE", x: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def checkpoint_tensors(self, layer: "FusedMoE") -> Iterable[Tuple[str, Tensor]]:
+        raise ValueError(f"{layer.prefix}: {self.name} experts cannot be exported as float checkpoint tensors")
+
+    def describe(self, layer: "FusedMoE") -> str:
+        return self.name
+
+
+class UnquantizedFusedMoEMethod(FusedMoEMethod):
+    """Float experts in the model dtype, ``w13 [E, 2I, H]`` (each expert's gate rows, then its up
+    rows) and ``w2 [E, H, I]``, run by ``fused_moe``."""
+
+    tensor_names = ("w13", "w2")
+
+    def create_weights(self, layer: "FusedMoE") -> None:
+        E, H, local = layer.num_local_experts, layer.hidden_size, layer.local_intermediate_size
+        layer.w13 = param((E, 2 * local, H), layer.dtype, layer.device)
+        layer.w2 = param((E, H, local), layer.dtype, layer.device)
+
+    def load_weights(self, layer: "FusedMoE", reader: WeightReader) -> None:
+        shard = layer.intermediate_shard
+        for i, e in enumerate(layer.local_experts()):
+            gate, up, down = layer.expert_projections(e)
+            g = reader.get_float(gate.prefix + ".weight", (gate.rows, layer.hidden_size), rows=shard)
+            u = reader.get_float(up.prefix + ".weight", (up.rows, layer.hidden_size), rows=shard)
+            d = reader.get_float(down.prefix + ".weight", (down.rows, layer.intermediate_size), cols=shard)
+            layer.w13[i].copy_(torch.cat([g, u]).to(layer.w13.dtype))
+            layer.w2[i].copy_(d.to(layer.w2.dtype))
+
+    def apply(self, layer: "FusedMoE", x: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> Tensor:
+        return layer.ops.fused_moe(x, layer.w13, layer.w2, topk_weights, topk_ids, "silu")
+
+    def checkpoint_tensors(self, layer: "FusedMoE") -> Iterable[Tuple[str, Tensor]]:
+        local, p = layer.local_intermediate_size, layer.projections
+        for i, e in enumerate(layer.local_experts()):
+            yield layer.expert_name(e, p.gate), layer.w13.detach()[i, :local]
+            yield layer.expert_name(e, p.up), layer.w13.detach()[i, local:]
+            yield layer.expert_name(e, p.down), layer.w2.detach()[i]
+
+
 class FusedMoE(CheckpointModule):
     """``sum over the top_k experts e of token x: weight_e * down_e(silu(gate_e(x)) * up_e(x))``, the
     experts chosen by the softmax of ``router(x)``.
@@ -104,15 +216,19 @@ class FusedMoE(CheckpointModule):
         reduce_results: sum the output over the tensor-parallel ranks (one all-reduce); False:
             return this rank's partial sum, for a caller that adds its own partial sums before
             reducing them all at once (Qwen2-MoE's shared expert).
+        quant_config: chooses the experts' method (:meth:`QuantizationConfig.moe_method`).
 
-    ``w13`` / ``w2`` hold this rank's experts, ``first_expert`` the global id of the first.
+    ``method`` (a :class:`FusedMoEMethod`, from ``quant_config``: float experts without one) holds
+    this rank's experts (float: ``w13`` / ``w2``) and runs them; ``first_expert`` is the global id
+    of the first. The router is float whatever ``quant_config`` says.
     ``routed_slots``: per expert-parallel rank, the slots its experts processed in this layer
     (empty without expert parallelism).
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, renormalize: bool,
                  prefix: str, projections: ExpertProjections, *, dtype: torch.dtype, device, ops,
-                 tp: ParallelInfo = SINGLE, stacked_prefix: Optional[str] = None, reduce_results: bool = True):
+                 tp: ParallelInfo = SINGLE, stacked_prefix: Optional[str] = None, reduce_results: bool = True,
+                 quant_config: Optional[QuantizationConfig] = None):
         super().__init__()
         self.ep = tp.ep if tp.ep is not None and tp.ep.world_size > 1 else None
         self.routed_slots: List[int] = []
@@ -144,14 +260,36 @@ class FusedMoE(CheckpointModule):
         self.tp = tp
         self.reduce_results = reduce_results
         self.ops = ops
-        # routing decides which experts run: never quantised
+        self.dtype, self.device = dtype, torch.device(device)
+        # routing decides which experts run: never quantised, whatever a quantisation config lists
         self.router = ReplicatedLinear(hidden_size, [WeightPart(f"{prefix}.gate", num_experts)], False, dtype=dtype,
-                                       device=device, ops=ops, method=UnquantizedLinearMethod())
-        self.w13 = param((self.num_local_experts, 2 * local, hidden_size), dtype, device)  # gate rows, then up
-        self.w2 = param((self.num_local_experts, hidden_size, local), dtype, device)
+                                       device=device, ops=ops, method=RouterMethod())
+        method = quant_config.moe_method(self) if quant_config is not None else None
+        self.method = UnquantizedFusedMoEMethod() if method is None else method
+        self.method.create_weights(self)
 
     def expert_name(self, expert: int, projection: str) -> str:
         return f"{self.prefix}.experts.{expert}.{projection}.weight"
+
+    def expert_projections(self, expert: int) -> List[WeightPart]:
+        """Expert ``expert``'s gate, up and down projections (checkpoint module, rows), unsharded."""
+        p, H, I = self.projections, self.hidden_size, self.intermediate_size
+        return [WeightPart(self.expert_name(expert, name)[: -len(".weight")], rows)
+                for name, rows in ((p.gate, I), (p.up, I), (p.down, H))]
+
+    @property
+    def intermediate_shard(self) -> Optional[Tuple[int, int]]:
+        """``(start, length)`` of this rank's slice of each expert's intermediate dimension (gate and
+        up rows, down columns); None: all of it (one rank, or expert parallelism)."""
+        if self.ep is not None or self.tp.world_size == 1:
+            return None
+        return (self.tp.rank * self.local_intermediate_size, self.local_intermediate_size)
+
+    def replace_method(self, method: "FusedMoEMethod") -> None:
+        """Switch to another method before loading (experts a quantised checkpoint left in float)."""
+        self.method.remove_weights(self)
+        self.method = method
+        method.create_weights(self)
 
     def local_experts(self) -> range:
         """The global ids of this rank's experts."""
@@ -159,32 +297,21 @@ class FusedMoE(CheckpointModule):
 
     def load_from(self, reader: WeightReader) -> None:
         """The experts (the router loads itself): this rank's experts, each whole (expert
-        parallelism) or this rank's slice of its intermediate rows; the other ranks' experts are
-        skipped (their rank reads them)."""
-        H, I, local = self.hidden_size, self.intermediate_size, self.local_intermediate_size
-        shard = None if self.ep is not None or self.tp.world_size == 1 else (self.tp.rank * local, local)
-        p = self.projections
-        mine = self.local_experts()
+        parallelism) or this rank's slice of its intermediate rows, read by the method; the other
+        ranks' experts' tensors are skipped (their rank reads them)."""
+        if self.ep is not None:
+            head = f"{self.prefix}.experts."
+            mine = self.local_experts()
+            for name in list(reader.names()):
+                if name.startswith(head):
+                    expert = name[len(head):].split(".", 1)[0]
+                    if expert.isdigit() and int(expert) not in mine:
+                        reader.skip(name)
         with torch.no_grad():
-            for e in range(self.num_experts):
-                names = [self.expert_name(e, proj) for proj in (p.gate, p.up, p.down)]
-                if e not in mine:
-                    for name in names:
-                        if reader.has(name):
-                            reader.skip(name)
-                    continue
-                gate = reader.get_float(names[0], (I, H), rows=shard)
-                up = reader.get_float(names[1], (I, H), rows=shard)
-                down = reader.get_float(names[2], (H, I), cols=shard)
-                self.w13[e - self.first_expert].copy_(torch.cat([gate, up]).to(self.w13.dtype))
-                self.w2[e - self.first_expert].copy_(down.to(self.w2.dtype))
+            self.method.load_weights(self, reader)
 
     def checkpoint_tensors(self) -> Iterable[Tuple[str, Tensor]]:
-        local, p = self.local_intermediate_size, self.projections
-        for i, e in enumerate(self.local_experts()):
-            yield self.expert_name(e, p.gate), self.w13.detach()[i, :local]
-            yield self.expert_name(e, p.up), self.w13.detach()[i, local:]
-            yield self.expert_name(e, p.down), self.w2.detach()[i]
+        yield from self.method.checkpoint_tensors(self)
 
     def forward(self, x: Tensor) -> Tensor:
         # every token is routed on every rank, expert parallel or not: the router's GEMM runs on the
@@ -192,7 +319,7 @@ class FusedMoE(CheckpointModule):
         weights, ids = self.ops.moe_topk(self.router(x), self.top_k, self.renormalize, "softmax")
         if self.ep is not None:
             return self._expert_parallel(x, weights, ids)
-        out = self.ops.fused_moe(x, self.w13, self.w2, weights, ids, "silu")
+        out = self.method.apply(self, x, weights, ids)
         if self.reduce_results and self.tp.world_size > 1:
             self.tp.comm.all_reduce(out)
         return out
@@ -231,7 +358,7 @@ class FusedMoE(CheckpointModule):
         #    partial sums instead would add the slots of a token split over ranks in another order
         #    (k >= 3: (s0 + s2) + s1 is not s0 + s1 + s2 in float32).
         unit = torch.ones(got_ids.shape, dtype=torch.float32, device=x.device)
-        y = self.ops.fused_moe(got_rows, self.w13, self.w2, unit, got_ids, "silu")
+        y = self.method.apply(self, got_rows, unit, got_ids)
         # 4. combine: back to the homes, into slot order, weighted and summed over j = 0 .. k-1 in
         #    order in float32 from zero, rounded once: fused_moe's sum, so the same bits. Separate
         #    multiply and add, each rounded, as fused_moe's (a fused multiply-add rounds once: other bits).
@@ -256,7 +383,7 @@ class FusedMoE(CheckpointModule):
                    if self.ep is not None else f"experts={self.num_experts}")
         return (f"{experts}, top_k={self.top_k}, hidden={self.hidden_size}, "
                 f"intermediate={self.local_intermediate_size} of {self.intermediate_size}, "
-                f"renormalize={self.renormalize}")
+                f"renormalize={self.renormalize}, method={self.method.describe(self)}")
 
 
 class StackedExpertsReader(WeightReader):

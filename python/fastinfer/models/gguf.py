@@ -26,8 +26,8 @@ through this module:
   names (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``). Tensors are
   dequantised to float32 by the ``gguf`` package (every type it implements: F32/F16/BF16, Q4_0..Q8_0,
   the K-quants, the IQ types), then the layers cast them to the model dtype; ``quantization=``
-  re-quantises them on load like any float checkpoint (a mixture-of-experts model refuses it: its
-  experts are float only). GGUF stacks a layer's experts in one tensor per projection
+  re-quantises them on load like any float checkpoint (a mixture-of-experts model's experts with
+  ``"fp8"`` only). GGUF stacks a layer's experts in one tensor per projection
   (``blk.{i}.ffn_gate_exps`` / ``ffn_up_exps`` ``[E, I, H]``, ``ffn_down_exps`` ``[E, H, I]`` in
   Hugging Face's row-major order, the router ``ffn_gate_inp`` ``[E, H]``); the reader checks those
   shapes and shows expert ``e`` under the hub's per-expert name, dequantising that expert's slice

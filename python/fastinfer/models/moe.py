@@ -36,7 +36,12 @@ projections (their weights replicated: no communication), normalises them and ke
 v stays split as Llama's. Expert parallelism (``tp.ep``, :mod:`fastinfer.layers.moe`) splits the
 experts whole over the ranks instead; with tensor parallelism the shared expert's partial sums and
 the experts' shares (each rank's tokens, zeros elsewhere) are reduced by the same one all-reduce.
-The experts are never quantised (a quantisation config is refused).
+
+Quantisation (``quant_config``, :mod:`fastinfer.quant`): the linears (attention, the dense MLP
+layers, the shared expert) as a dense model's; the experts through the config's expert method: fp8
+(``quantization="fp8"`` on load, per channel; compressed-tensors FP8_DYNAMIC / FP8_BLOCK and
+fine-grained FP8 checkpoints; fastinfer fp8), run by ``fused_moe_fp8``; other methods are refused
+for the experts. The routers and Qwen2-MoE's shared expert gate stay float.
 """
 
 from __future__ import annotations
@@ -184,7 +189,7 @@ class MoeDecoderLayer(LlamaDecoderLayer):
         self.moe = FusedMoE(c.hidden_size, c.moe_intermediate_size, c.num_experts, c.num_experts_per_tok,
                             c.moe_renormalize, f"{prefix}.{module}", projections, dtype=lin["dtype"],
                             device=lin["device"], ops=lin["ops"], tp=self.tp, stacked_prefix=f"{prefix}.mlp",
-                            reduce_results=not shared)
+                            reduce_results=not shared, quant_config=lin["quant_config"])
         if shared:
             self.shared_expert = SharedExpert(c.hidden_size, c.shared_expert_intermediate_size, f"{prefix}.mlp", lin)
 
@@ -202,7 +207,7 @@ class MoeDecoderLayer(LlamaDecoderLayer):
 class MoeForCausalLM(LlamaForCausalLM):
     """Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE causal LM (``MixtralForCausalLM``,
     ``Qwen2MoeForCausalLM``, ``Qwen3MoeForCausalLM``, ``OlmoeForCausalLM``; arguments as
-    :class:`~fastinfer.models.LlamaForCausalLM`, ``quant_config`` None only)."""
+    :class:`~fastinfer.models.LlamaForCausalLM`; ``quant_config`` also gives the experts' method)."""
 
     decoder_layer = MoeDecoderLayer
 
@@ -211,9 +216,6 @@ class MoeForCausalLM(LlamaForCausalLM):
                  quant_config: Optional[QuantizationConfig] = None, tp: ParallelInfo = SINGLE):
         if config.architecture not in MOE_ARCHITECTURES:
             raise ValueError(f"MoeForCausalLM runs {', '.join(MOE_ARCHITECTURES)}, not {config.architecture}")
-        if quant_config is not None:
-            raise ValueError(f"quantised {config.architecture} models are not supported yet (the experts are "
-                             f"float only): got the {quant_config.name} quantisation")
         super().__init__(config, dtype=dtype, device=device, max_positions=max_positions, ops=ops,
                          quant_config=quant_config, tp=tp)
 

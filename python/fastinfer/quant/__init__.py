@@ -20,6 +20,15 @@ in many small models and dominates the logits' accuracy; it is listed in
 ``modules_not_quantized``). The runner fuses q/k/v and gate/up after quantisation, exactly as it
 fuses the float weights (rows of the fused weight are q, k, v resp. gate, up).
 
+Mixture-of-experts models (:class:`~fastinfer.layers.FusedMoE`): with **fp8** every expert
+projection (``experts.{e}.gate_proj / up_proj / down_proj``, Mixtral's ``w1 / w3 / w2``) is
+quantised like a linear, per output channel, and stored under its own name; the experts then run
+on ``fused_moe_fp8`` (:class:`Fp8FusedMoEMethod`), which quantises their activations dynamically
+inside (per token). The routers (``mlp.gate`` / ``block_sparse_moe.gate``) and Qwen2-MoE's
+``shared_expert_gate`` stay in float (they decide, resp. scale, which experts' outputs count); the
+shared expert and the dense MLP layers are ordinary linears. int8 and int4 leave no expert
+method: ``quantization="int8" | "int4"`` on a MoE model is refused naming the layer.
+
 Methods (round to nearest; calibration data only for int8 with SmoothQuant)
 ---------------------------------------------------------------------------
 * **fp8** (W8A8): weights e4m3 with one float32 scale per output channel,
@@ -61,6 +70,9 @@ For each quantised linear ``P`` (e.g. ``model.layers.0.self_attn.q_proj``) with 
 
     P.weight         float8_e4m3fn [N, K]     codes
     P.weight_scale   float32       [N]        per output channel;  W ~= weight * weight_scale[:, None]
+
+  Mixture-of-experts models: the same two tensors for every expert projection ``P``
+  (``model.layers.{i}.mlp.experts.{e}.down_proj``, ...).
 
 ``method = "int8"``::
 
@@ -173,12 +185,41 @@ linear ``P.weight`` float8_e4m3fn ``[N, K]`` and ``P.weight_scale_inv`` float32
 FP8_BLOCK. A linear stored in float (``modules_to_not_convert``, ``lm_head``) loads in float. Other
 block sizes, static activations, ue8m0 scales and fp8 embeddings are refused, naming the field.
 
+Mixture-of-experts checkpoints
+------------------------------
+The experts are stored per expert and projection, as hub checkpoints hold them
+(``...experts.{e}.gate_proj``, ...), each in its format's tensors for a linear ``P`` above; a
+:class:`~fastinfer.layers.FusedMoE` reads them through :class:`Fp8FusedMoEMethod` (each projection
+read as a linear's part is, then stacked: ``w13 [E, 2I, H]`` e4m3, gate rows then up rows, ``w2
+[E, H, I]``) and runs ``fused_moe_fp8``:
+
+* per output channel (``w13_scale [E, 2I]``, ``w2_scale [E, H]``; activations quantised per token
+  inside the op): fastinfer fp8, quantisation on load, compressed-tensors FP8_DYNAMIC (``weight_scale``
+  ``[N, 1]``, or one per tensor repeated over the projection's rows, the same product);
+* per 128 x 128 block (``[E, 2I / 128, H / 128]``, ``[E, H / 128, I / 128]``; activations per 1 x 128
+  group): compressed-tensors FP8_BLOCK and fine-grained FP8 (``weight_scale_inv``).
+
+Every expert projection of a layer must share one scheme (compressed-tensors: one config group, or
+all ignored: float experts); experts stored in float (``modules_to_not_convert``) load as float
+experts. Refused, naming the layer or the first expert projection: compressed-tensors fp8 with
+static or per-tensor dynamic activations (the op quantises per token), int4 and int8 experts of
+any format (AutoAWQ, AutoGPTQ, compressed-tensors, fastinfer). The op needs H and each rank's I to be
+multiples of 16 (per channel) or 128 (blocks). The router is never quantised: listed or not in a
+config, it loads in float; one a checkpoint stored in e4m3 anyway (with ``weight_scale`` or
+``weight_scale_inv``) is dequantised once (:class:`~fastinfer.layers.moe.RouterMethod`). Tensor
+parallelism cuts each expert's intermediate dimension: its gate and up rows with their scales
+(blocks), its down columns with every row's whole-row scale (blocks cut with them); a 128-block may
+not straddle the cut. Each rank then quantises its own slice of the activation between the two
+GEMMs: with blocks, the one-rank codes; per channel, a per-slice scale, so tensor parallelism
+changes the numbers by a rounding of the activations (expert parallelism, whole experts per rank,
+does not).
+
 Code map
 --------
 ``config.py`` (QuantOptions, the stored ``quantization_config``), ``compressed_tensors.py`` (the
 compressed-tensors config: schemes, targets, ignore), ``resolve.py`` (which linear method each layer
 gets), ``stored.py`` (reading each format a part is stored in, and a rank's slice of it), ``methods.py`` (the
-fp8 / fp8-block / int4 / int8 linear methods),
+fp8 / fp8-block / int4 / int8 linear methods and the fp8 experts' method),
 ``math.py`` (the quantisers' arithmetic), ``smoothquant.py`` (calibration and smoothing for int8),
 ``checkpoint.py`` (``fastinfer quantize``).
 """
@@ -190,6 +231,7 @@ from .math import pack_nibbles, quantize_fp8_weight, quantize_int4_weight, quant
 from .compressed_tensors import CompressedTensorsConfig, CtScheme  # noqa: F401
 from .methods import (  # noqa: F401
     Fp8BlockLinearMethod,
+    Fp8FusedMoEMethod,
     Fp8LinearMethod,
     Int4LinearMethod,
     Int4Part,
@@ -212,6 +254,7 @@ __all__ = [
     "CtScheme",
     "Fp8LinearMethod",
     "Fp8BlockLinearMethod",
+    "Fp8FusedMoEMethod",
     "Int4LinearMethod",
     "Int4Part",
     "Int8LinearMethod",

@@ -1,7 +1,8 @@
 """``fastinfer quantize``: a float checkpoint -> a quantised one, in the format of :mod:`fastinfer.quant`.
 
 The layers quantised are exactly those :class:`~fastinfer.quant.OnLoadQuantization` quantises when
-loading (the model's linear layers, read from the model itself; ``lm_head`` stays float), so a
+loading (the model's linear layers and, with fp8, a mixture-of-experts model's experts, each expert
+projection like a linear; read from the model itself; ``lm_head`` and the routers stay float), so a
 written checkpoint and quantisation on load give the same model.
 """
 
@@ -15,7 +16,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ..layers import SafetensorsReader, UnquantizedLinearMethod
+from ..layers import FusedMoE, SafetensorsReader, UnquantizedFusedMoEMethod, UnquantizedLinearMethod
 from ..models import GEMMA_ARCHITECTURES, ModelConfig, load_model, model_class
 from .config import QuantOptions
 from .resolve import OnLoadQuantization
@@ -129,6 +130,13 @@ def quantize_checkpoint(in_dir: str, out_dir: str, opts: QuantOptions, progress:
     shell = model_class(model_config)(model_config, device="meta", quant_config=OnLoadQuantization(opts))
     quantized = {part.prefix + ".weight" for layer in shell.linear_layers()
                  if not isinstance(layer.method, UnquantizedLinearMethod) for part in layer.parts}
+    quantized |= {part.prefix + ".weight" for moe in shell.modules() if isinstance(moe, FusedMoE)
+                  and not isinstance(moe.method, UnquantizedFusedMoEMethod)
+                  for e in range(moe.num_experts) for part in moe.expert_projections(e)}
+    missing = sorted(name for name in quantized if not reader.has(name))
+    if missing:  # e.g. experts stacked as transformers 5's modules hold them, which would pass through float
+        raise ValueError(f"{in_dir!r} has no tensor {missing[0]!r} ({len(missing)} quantised tensors missing; "
+                         "quantize reads linears and experts under the hub checkpoints' names)")
     layers: Dict[int, List[str]] = {}
     other: List[str] = []
     for name in reader.names():

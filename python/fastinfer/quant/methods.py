@@ -15,7 +15,15 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ..layers import Linear, LinearMethod, UnquantizedLinearMethod, WeightReader
+from ..layers import (
+    FusedMoE,
+    FusedMoEMethod,
+    Linear,
+    LinearMethod,
+    UnquantizedFusedMoEMethod,
+    UnquantizedLinearMethod,
+    WeightReader,
+)
 from ..ops import int8_azp_adj
 from .compressed_tensors import FP8_BLOCK, CtScheme
 from .config import QuantOptions
@@ -23,7 +31,8 @@ from .stored import Int4Part, _cdiv, _read_part, _shard, _Stored
 
 Tensor = torch.Tensor
 
-__all__ = ["Fp8LinearMethod", "Fp8BlockLinearMethod", "Int4LinearMethod", "Int4Part", "Int8LinearMethod"]
+__all__ = ["Fp8LinearMethod", "Fp8BlockLinearMethod", "Int4LinearMethod", "Int4Part", "Int8LinearMethod",
+           "Fp8FusedMoEMethod"]
 
 
 class _QuantizedMethod(LinearMethod):
@@ -345,8 +354,100 @@ class Int4LinearMethod(_QuantizedMethod):
         return f"int4-g{'/'.join(map(str, sorted(set(layer.group_sizes))))}{'-sym' if sym else ''}"
 
 
+class Fp8FusedMoEMethod(FusedMoEMethod):
+    """FP8 experts, run by ``fused_moe_fp8`` (activations quantised dynamically inside the op: per
+    token, or per token and 128-group with blockwise scales).
+
+    Buffers (this rank's experts, each its intermediate slice): ``w13`` float8_e4m3fn ``[E, 2I, H]``
+    (gate rows, then up rows) and ``w2`` ``[E, H, I]``, with float32 scales either per output
+    channel, ``w13_scale [E, 2I]`` and ``w2_scale [E, H]`` (a checkpoint's per-tensor scale repeated
+    over its projection's rows: the same product), or per 128 x 128 block (``blockwise``),
+    ``w13_scale [E, 2I / 128, H / 128]`` and ``w2_scale [E, H / 128, I / 128]``. Each expert
+    projection is read as a quantised linear's part is (every format of ``stored.py``, float weights
+    quantised per channel on load), whole, then cut: gate and up rows
+    with their scale rows (blocks), down columns (per-channel scales whole; blocks cut along with
+    them). Experts a checkpoint stores in float load as float experts.
+
+    The op needs H and each rank's I to be multiples of 16 (per channel) or 128 (blockwise, so that
+    no block straddles the gate / up boundary or a tensor-parallel cut); other sizes are refused
+    when the layer is built. Under tensor parallelism each rank quantises its own slice of the
+    activation between the two GEMMs: with blockwise scales a 128-group never spans ranks (the same
+    codes as one rank); per channel the row's scale is the slice's amax, not the whole row's
+    (different, never coarser, rounding: tensor parallelism changes the numbers by that much).
+    """
+
+    tensor_names = ("w13", "w2", "w13_scale", "w2_scale")
+
+    def __init__(self, source: str, blockwise: bool, opts: Optional[QuantOptions] = None,
+                 stored_config: Optional[dict] = None, scheme: Optional[CtScheme] = None):
+        if (source == "float") != (opts is not None):
+            raise ValueError("quantising on load (source='float') needs QuantOptions, and only it takes them")
+        # what _read_part reads a projection with (as a quantised linear method carries it)
+        self.source, self.opts, self.config, self.scheme = source, opts, stored_config or {}, scheme
+        self.blockwise = bool(blockwise)
+        self.kind = "fp8-block" if self.blockwise else "fp8"
+        self.name = "fp8-block128" if self.blockwise else "fp8"
+
+    def create_weights(self, layer: FusedMoE) -> None:
+        E, H, I = layer.num_local_experts, layer.hidden_size, layer.local_intermediate_size
+        unit = FP8_BLOCK if self.blockwise else 16
+        if H % unit or I % unit:
+            where = (f"{I} of {layer.intermediate_size} on each of tensor_parallel_size={layer.tp.world_size} ranks"
+                     if layer.intermediate_shard is not None else f"{I}")
+            layout = "in 128 x 128 blocks" if self.blockwise else "per channel"
+            raise ValueError(f"{layer.prefix}: fp8 experts {layout} need the hidden size ({H}) and each rank's "
+                             f"expert intermediate size ({where}) to be multiples of {unit} (fused_moe_fp8)")
+        if self.blockwise:
+            s13, s2 = (E, 2 * I // FP8_BLOCK, H // FP8_BLOCK), (E, H // FP8_BLOCK, I // FP8_BLOCK)
+        else:
+            s13, s2 = (E, 2 * I), (E, H)
+        for name, shape, dtype in (("w13", (E, 2 * I, H), torch.float8_e4m3fn), ("w2", (E, H, I), torch.float8_e4m3fn),
+                                   ("w13_scale", s13, torch.float32), ("w2_scale", s2, torch.float32)):
+            layer.register_buffer(name, torch.empty(shape, dtype=dtype, device=layer.device), persistent=False)
+
+    def _cut(self, stored: _Stored, dim: int, span: Optional[Tuple[int, int]]) -> Tuple[Tensor, Tensor]:
+        """Codes and scales of one projection, cut to ``span`` of dimension ``dim`` (rows 0, columns 1)."""
+        codes, scale = stored.data[0], stored.data[1]
+        if span is None:
+            return codes, scale
+        if self.blockwise:  # create_weights made span a whole number of blocks
+            scale = scale.narrow(dim, span[0] // FP8_BLOCK, span[1] // FP8_BLOCK)
+        elif dim == 0:  # a row's scale follows it; a column cut keeps every row's whole-row scale
+            scale = scale.narrow(0, *span)
+        return codes.narrow(dim, *span), scale
+
+    def load_weights(self, layer: FusedMoE, reader: WeightReader) -> None:
+        shard = layer.intermediate_shard
+        H, I = layer.hidden_size, layer.intermediate_size
+        for i, e in enumerate(layer.local_experts()):
+            parts = layer.expert_projections(e)
+            stored = [_read_part(reader, p, k, self, layer.dtype) for p, k in zip(parts, (H, H, I))]
+            kinds = [p.kind for p in stored]
+            if i == 0 and kinds == ["float"] * 3:  # experts the checkpoint keeps in float
+                layer.replace_method(UnquantizedFusedMoEMethod())
+                layer.method.load_weights(layer, reader)
+                return
+            for part, kind in zip(parts, kinds):
+                if kind != self.kind:
+                    raise ValueError(f"{part.prefix}: stored as {kind}, but {layer.prefix}'s experts load as "
+                                     f"{self.kind} (every expert projection of a layer must be stored alike)")
+            (gq, gs), (uq, us), (dq, ds) = (self._cut(stored[0], 0, shard), self._cut(stored[1], 0, shard),
+                                            self._cut(stored[2], 1, shard))
+            layer.w13[i].copy_(torch.cat([gq, uq]))
+            layer.w13_scale[i].copy_(torch.cat([gs, us]))
+            layer.w2[i].copy_(dq)
+            layer.w2_scale[i].copy_(ds)
+
+    def apply(self, layer: FusedMoE, x: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> Tensor:
+        return layer.ops.fused_moe_fp8(x, layer.w13, layer.w2, layer.w13_scale, layer.w2_scale, topk_weights,
+                                       topk_ids, "silu")
+
+
 def describe_quantization(model) -> str:
-    """"none", or the quantised linears' methods (int4 with group sizes, ``-sym`` when symmetric)."""
+    """"none", or the quantised linears' methods (int4 with group sizes, ``-sym`` when symmetric)
+    and the quantised experts' (``experts-fp8``, ``experts-fp8-block128``)."""
     kinds = {m.method.describe(m) for m in model.linear_layers() if isinstance(m.method, _QuantizedMethod)}
+    kinds |= {f"experts-{m.method.describe(m)}" for m in model.modules()
+              if isinstance(m, FusedMoE) and not isinstance(m.method, UnquantizedFusedMoEMethod)}
     return ",".join(sorted(kinds)) or "none"
 

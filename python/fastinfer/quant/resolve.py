@@ -1,4 +1,5 @@
-"""Which linear method each layer of a model gets: :func:`resolve_quantization` is the one place
+"""Which linear method each layer of a model gets, and which method each mixture-of-experts layer's
+experts get (``moe_method``): :func:`resolve_quantization` is the one place
 that turns the stored ``quantization_config`` and the on-load options into the
 :class:`~fastinfer.layers.QuantizationConfig` a model is built with.
 """
@@ -7,9 +8,17 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..layers import Linear, LinearMethod, QuantizationConfig, UnquantizedLinearMethod
+from ..layers import (
+    FusedMoE,
+    FusedMoEMethod,
+    Linear,
+    LinearMethod,
+    QuantizationConfig,
+    UnquantizedFusedMoEMethod,
+    UnquantizedLinearMethod,
+)
 from .config import NOT_QUANTIZED, QuantOptions, StoredQuantization, stored_quantization
-from .methods import Fp8BlockLinearMethod, Fp8LinearMethod, Int4LinearMethod, Int8LinearMethod
+from .methods import Fp8BlockLinearMethod, Fp8FusedMoEMethod, Fp8LinearMethod, Int4LinearMethod, Int8LinearMethod
 
 __all__ = ["OnLoadQuantization", "CheckpointQuantization", "CompressedTensorsQuantization", "resolve_quantization"]
 
@@ -36,6 +45,12 @@ class OnLoadQuantization(QuantizationConfig):
             return Int8LinearMethod(source="float", opts=self.opts)
         return Int4LinearMethod(source="float", opts=self.opts)
 
+    def moe_method(self, layer: FusedMoE) -> FusedMoEMethod:
+        if self.opts.method != "fp8":
+            raise ValueError(f"{layer.prefix}: quantization={self.opts.method!r} does not quantise "
+                             "mixture-of-experts experts; quantization='fp8' does (experts per channel)")
+        return Fp8FusedMoEMethod(source="float", blockwise=False, opts=self.opts)
+
 
 class CheckpointQuantization(QuantizationConfig):
     """A checkpoint stored quantised (fastinfer, AutoAWQ, AutoGPTQ, fine-grained fp8): every layer as
@@ -61,6 +76,17 @@ class CheckpointQuantization(QuantizationConfig):
         if self.stored.method == "int8":
             return Int8LinearMethod(source=self.stored.kind, stored_config=self.stored.config)
         return Int4LinearMethod(source=self.stored.kind, stored_config=self.stored.config)
+
+    def moe_method(self, layer: FusedMoE) -> FusedMoEMethod:
+        """fp8 experts as stored: fine-grained fp8 in 128 x 128 blocks (experts stored in float, as
+        ``modules_to_not_convert`` leaves them, load in float), fastinfer fp8 per channel."""
+        if self.stored.kind == "fp8":
+            return Fp8FusedMoEMethod(source="fp8", blockwise=True, stored_config=self.stored.config)
+        if self.stored.method == "fp8":
+            return Fp8FusedMoEMethod(source=self.stored.kind, blockwise=False, stored_config=self.stored.config)
+        raise ValueError(f"{layer.prefix}: {self.stored.describe()} experts are not supported (mixture-of-experts "
+                         "checkpoints load with fp8 experts only: compressed-tensors, fine-grained fp8 or "
+                         "fastinfer fp8)")
 
 
 class CompressedTensorsQuantization(QuantizationConfig):
@@ -91,6 +117,34 @@ class CompressedTensorsQuantization(QuantizationConfig):
             return UnquantizedLinearMethod()
         return self._METHODS[scheme.kind](source="compressed-tensors", stored_config=self.stored.config,
                                           scheme=scheme)
+
+    def moe_method(self, layer: FusedMoE) -> FusedMoEMethod:
+        """The scheme every expert projection of ``layer`` shares: fp8 with dynamic per-token
+        activations (FP8_DYNAMIC: per channel or per tensor weights) or FP8_BLOCK; none: float
+        experts. The router is never asked (it stays float)."""
+        schemes = {}
+        for e in range(layer.num_experts):
+            for part in layer.expert_projections(e):
+                schemes.setdefault(self.schemes.scheme_for(part.prefix), part.prefix)
+        if len(schemes) > 1:
+            which = ", ".join(f"{prefix}: {s.group if s else 'ignored (float)'}" for s, prefix in schemes.items())
+            raise ValueError(f"{layer.prefix}: the experts have different compressed-tensors schemes ({which}); "
+                             "every expert projection of a layer must share one")
+        scheme, prefix = next(iter(schemes.items()))
+        if scheme is None:
+            return UnquantizedFusedMoEMethod()
+        if scheme.kind == "unsupported":
+            raise ValueError(f"{prefix}: {scheme.description}")
+        if scheme.kind == "fp8-block":
+            return Fp8FusedMoEMethod(source="compressed-tensors", blockwise=True, stored_config=self.stored.config,
+                                     scheme=scheme)
+        if scheme.kind == "fp8" and scheme.activation == "token":
+            return Fp8FusedMoEMethod(source="compressed-tensors", blockwise=False, stored_config=self.stored.config,
+                                     scheme=scheme)
+        raise ValueError(f"{prefix}: compressed-tensors scheme {scheme.description} of config group "
+                         f"{scheme.group!r} is not supported for experts (fused_moe_fp8 runs fp8 experts with "
+                         "activations quantised dynamically per token, or per 1 x 128 group with 128 x 128 blocks: "
+                         "FP8_DYNAMIC, FP8_BLOCK)")
 
 
 def resolve_quantization(model_config, opts: Optional[QuantOptions] = None,
