@@ -13,8 +13,9 @@ from .parallel_state import (  # noqa: F401
     model_parallel,
     torchrun_env,
     torchrun_groups,
+    release_torchrun_groups,
 )
 
 __all__ = ["Communicator", "ControlChannel", "CollectiveError", "FRAME_BYTES", "ParallelInfo", "SINGLE",
            "model_parallel", "build_groups", "master_store", "client_store", "torchrun_env", "torchrun_groups",
-           "CONTROL_TIMEOUT_S"]
+           "release_torchrun_groups", "CONTROL_TIMEOUT_S"]

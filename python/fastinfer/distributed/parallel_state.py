@@ -30,7 +30,7 @@ import torch
 from .communication import Communicator, ControlChannel
 
 __all__ = ["ParallelInfo", "SINGLE", "model_parallel", "build_groups", "master_store", "client_store",
-           "torchrun_env", "torchrun_groups", "CONTROL_TIMEOUT_S", "LOOPBACK"]
+           "torchrun_env", "torchrun_groups", "release_torchrun_groups", "CONTROL_TIMEOUT_S", "LOOPBACK"]
 
 LOOPBACK = "127.0.0.1"
 CONTROL_TIMEOUT_S = 7 * 24 * 3600.0  # a worker waits for the next step as long as its engine lives
@@ -140,3 +140,15 @@ def torchrun_groups(device: torch.device, timeout_s: float) -> Tuple[ParallelInf
     tp_pg = dist.new_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=_td(timeout_s))
     ctrl = Communicator(ctrl_pg, rank, ws, CONTROL_TIMEOUT_S, "control group")
     return ParallelInfo(rank, ws, Communicator(tp_pg, rank, ws, timeout_s)), ControlChannel(ctrl, timeout_s)
+
+
+def release_torchrun_groups() -> None:
+    """Destroy the default process group of a torchrun job (and every group made from it) once the
+    engine is done with them: left to interpreter exit, gloo's threads can outlive their group and
+    abort the process ("terminate called without an active exception") after its output is written."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except (RuntimeError, ValueError):  # a group already shut down or broken: nothing left to release
+            pass

@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..distributed import build_groups, client_store, torchrun_env, torchrun_groups
+from ..distributed import build_groups, client_store, release_torchrun_groups, torchrun_env, torchrun_groups
 from .config import EngineConfig
 from .model_runner import Chunk, ForwardPlan, ModelRunner
 
@@ -202,4 +202,5 @@ def serve_torchrun_worker(llm_kwargs: Dict[str, Any]) -> bool:
     finally:
         tp.comm.close()
         ctrl.comm.close()
+        release_torchrun_groups()
     return True

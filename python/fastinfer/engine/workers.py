@@ -34,7 +34,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ..distributed import CollectiveError, build_groups, master_store, torchrun_env, torchrun_groups
+from ..distributed import (CollectiveError, build_groups, master_store, release_torchrun_groups, torchrun_env,
+                           torchrun_groups)
 from ..models import load_config
 from .config import EngineConfig
 from .model_runner import ForwardPlan, ModelRunner, check_split
@@ -151,6 +152,8 @@ def _shutdown(state: dict) -> None:
     for comm in (tp.comm if tp is not None else None, ctrl.comm if ctrl is not None else None):
         if comm is not None:
             comm.close()
+    if state.pop("torchrun", False):
+        release_torchrun_groups()
     state.pop("store", None)
 
 
@@ -180,6 +183,7 @@ class TensorParallelRunner(ModelRunner):
                 if config.device.type == "cuda":
                     torch.cuda.set_device(env["local_rank"])
                 tp, ctrl = torchrun_groups(config.device, timeout)
+                self._state["torchrun"] = True
             else:
                 threads = min(torch.get_num_threads(), worker_threads(n))
                 torch.set_num_threads(threads)
