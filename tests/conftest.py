@@ -362,3 +362,20 @@ def one_intra_op_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture
+def engines():
+    """Makes LLMs; shuts every one down at teardown (pass or fail)."""
+    from fastinfer import LLM
+
+    made = []
+
+    def make(*args, **kw):
+        llm = LLM(*args, **kw)
+        made.append(llm)
+        return llm
+
+    yield make
+    for llm in made:
+        llm.shutdown()

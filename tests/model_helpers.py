@@ -123,3 +123,16 @@ def hf_greedy(hf, ids, n: int):
         for _ in range(n):
             seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
     return seq[len(ids):]
+
+
+def plan_logits(llm, prompt) -> torch.Tensor:
+    """Logits of a whole-prompt prefill (every row), then of one decode row, through ``llm``'s runner
+    (so that tensor- and expert-parallel engines are compared with one process row by row)."""
+    from fastinfer.engine.model_runner import Chunk, ForwardPlan
+
+    table = list(range(-(-(len(prompt) + 1) // llm.block_size)))
+    run = llm.executor.runner.forward
+    pre, _ = run(ForwardPlan(chunks=[Chunk(-1, list(prompt), 0, "all")], tables={-1: table}))
+    nxt = int(pre[-1].argmax())
+    dec, _ = run(ForwardPlan(decodes=[(-1, nxt, len(prompt))], tables={-1: table}, finished=[-1]))
+    return torch.cat([pre, dec])

@@ -31,10 +31,10 @@ pytest.importorskip("safetensors")
 import fastinfer  # noqa: E402,F401
 from fastinfer import LLM, SamplingParams  # noqa: E402
 from fastinfer.distributed import ParallelInfo, build_groups, client_store, master_store  # noqa: E402
-from fastinfer.engine.model_runner import Chunk, ForwardPlan  # noqa: E402
 from fastinfer.layers import ExpertProjections, FusedMoE, TensorDictReader  # noqa: E402
 from fastinfer.layers.moe import expert_parallel_layers, routed_slots_per_rank  # noqa: E402
 from fastinfer.ops import backend  # noqa: E402
+from model_helpers import plan_logits as _plan_logits  # noqa: E402
 from model_helpers import hf_greedy, hf_logits, lazy_checkpoints, make_hf_model, random_prompt, rel_err  # noqa: E402
 
 EP = 2
@@ -252,31 +252,6 @@ CASES = {  # one model of each architecture, as tests/test_models_moe.py makes t
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
     return lazy_checkpoints(tmp_path_factory, CASES, make_hf_model)
-
-
-@pytest.fixture
-def engines():
-    """Makes LLMs; shuts every one down at teardown (pass or fail)."""
-    made = []
-
-    def make(*args, **kw):
-        llm = LLM(*args, **kw)
-        made.append(llm)
-        return llm
-
-    yield make
-    for llm in made:
-        llm.shutdown()
-
-
-def _plan_logits(llm, prompt):
-    """Logits of a whole-prompt prefill (every row), then of one decode row, through the runner."""
-    table = list(range(-(-(len(prompt) + 1) // BS)))
-    run = llm.executor.runner.forward
-    pre, _ = run(ForwardPlan(chunks=[Chunk(-1, list(prompt), 0, "all")], tables={-1: table}))
-    nxt = int(pre[-1].argmax())
-    dec, _ = run(ForwardPlan(decodes=[(-1, nxt, len(prompt))], tables={-1: table}, finished=[-1]))
-    return torch.cat([pre, dec])
 
 
 def _prompts(n=3, length=40, seed=0):

@@ -57,6 +57,7 @@ from fastinfer.layers import (  # noqa: E402
     UnquantizedLinearMethod,
 )
 from fastinfer.quant import Fp8BlockLinearMethod, Fp8FusedMoEMethod, Fp8LinearMethod  # noqa: E402
+from model_helpers import plan_logits as _plan_logits  # noqa: E402
 from model_helpers import make_hf_model, prefill_logits, random_prompt, rel_err  # noqa: E402
 from test_quant_formats import _fp8_codes, _snap_ties  # noqa: E402
 
@@ -629,32 +630,6 @@ def test_blockwise_experts_refuse_a_tensor_parallel_cut_inside_a_block():
                                          r"each rank's expert intermediate size \(64 of 256 on each of "
                                          r"tensor_parallel_size=4 ranks\) to be multiples of 128 \(fused_moe_fp8\)$"):
         _fp8_layer(tensors, True, ParallelInfo(0, 4))
-
-
-@pytest.fixture
-def engines():
-    """Makes LLMs; shuts every one down at teardown (pass or fail)."""
-    made = []
-
-    def make(*args, **kw):
-        llm = LLM(*args, **kw)
-        made.append(llm)
-        return llm
-
-    yield make
-    for llm in made:
-        llm.shutdown()
-
-
-def _plan_logits(llm, prompt):
-    """Logits of a whole-prompt prefill (every row), then of one decode row, through the runner."""
-    from fastinfer.engine.model_runner import Chunk, ForwardPlan
-
-    table = list(range(-(-(len(prompt) + 1) // 16)))
-    run = llm.executor.runner.forward
-    pre, _ = run(ForwardPlan(chunks=[Chunk(-1, list(prompt), 0, "all")], tables={-1: table}))
-    dec, _ = run(ForwardPlan(decodes=[(-1, int(pre[-1].argmax()), len(prompt))], tables={-1: table}, finished=[-1]))
-    return torch.cat([pre, dec])
 
 
 def _parallel_cases(store):

@@ -33,6 +33,7 @@ import fastinfer  # noqa: E402
 from fastinfer import LLM, SamplingParams  # noqa: E402
 from fastinfer.engine.model_runner import Chunk, ForwardPlan  # noqa: E402
 from fastinfer.engine.workers import TensorParallelError  # noqa: E402
+from model_helpers import plan_logits as _plan_logits  # noqa: E402
 from model_helpers import make_hf_model  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,21 +75,6 @@ def ckpts(tmp_path_factory):
     return get
 
 
-@pytest.fixture
-def engines():
-    """Makes LLMs; shuts every one down at teardown (pass or fail)."""
-    made = []
-
-    def make(*args, **kw):
-        llm = LLM(*args, **kw)
-        made.append(llm)
-        return llm
-
-    yield make
-    for llm in made:
-        llm.shutdown()
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -110,17 +96,6 @@ def _port_free(port: int) -> bool:
         return False
     finally:
         s.close()
-
-
-def _plan_logits(llm, prompt):
-    """Logits of a whole-prompt prefill (every row), then of one decode row, through the runner."""
-    bs = llm.block_size
-    table = list(range(-(-(len(prompt) + 1) // bs)))
-    run = llm.executor.runner.forward
-    pre, _ = run(ForwardPlan(chunks=[Chunk(-1, list(prompt), 0, "all")], tables={-1: table}))
-    nxt = int(pre[-1].argmax())
-    dec, _ = run(ForwardPlan(decodes=[(-1, nxt, len(prompt))], tables={-1: table}, finished=[-1]))
-    return torch.cat([pre, dec])
 
 
 def _rel(a, b) -> float:

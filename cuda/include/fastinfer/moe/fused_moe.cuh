@@ -80,6 +80,21 @@ __device__ __forceinline__ float expert_activation(const FusedMoeParams& p, floa
   return (u + 1.0f) * (g / (1.0f + expf(-p.swiglu_alpha * g)));
 }
 
+// The slot of each row of a row block (-1: padding) and the row of A it reads (the token for the
+// gate/up GEMM, the slot for the down GEMM), into shared memory; ends with __syncthreads.
+template <int kBlockM, int kThreads, bool kGateUp>
+__device__ __forceinline__ void load_block_rows(const FusedMoeParams& p, const FusedMoeWorkspace& w,
+                                                int64_t block_row0, int32_t* slot_of, int32_t* a_row_of) {
+  const int32_t num_slots = static_cast<int32_t>(p.num_tokens * p.top_k);
+  for (int r = threadIdx.x; r < kBlockM; r += kThreads) {
+    const int32_t s = w.sorted_token_ids[block_row0 + r];
+    const bool used = s < num_slots;
+    slot_of[r] = used ? s : -1;
+    a_row_of[r] = used ? (kGateUp ? s / p.top_k : s) : -1;
+  }
+  __syncthreads();
+}
+
 // The end of both grouped GEMMs for the output columns n, n + 1 of a slot: v[half] the pair of each
 // half in fp32 (scaled); + the expert's bias (its gate, then up rows), then kGateUp stores the
 // activation of (gate, up) into a in the dtype, kDown y in fp32.
@@ -123,19 +138,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_gemm_kernel(const FusedM
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kBlockN;
   const int64_t H = p.hidden, I = p.intermediate;
   const int64_t N = kGateUp ? I : H, K = kGateUp ? H : I;
-  const int32_t num_slots = static_cast<int32_t>(p.num_tokens * p.top_k);
   const int64_t expert = w.expert_ids[blockIdx.x];
 
   // The slot of each tile row (-1: padding) and the row of A it reads.
   __shared__ int32_t slot_of[kBlockM];
   __shared__ int32_t a_row_of[kBlockM];
-  for (int r = tid; r < kBlockM; r += Cfg::kThreads) {
-    const int32_t s = w.sorted_token_ids[block_row0 + r];
-    const bool used = s < num_slots;
-    slot_of[r] = used ? s : -1;
-    a_row_of[r] = used ? (kGateUp ? s / p.top_k : s) : -1;
-  }
-  __syncthreads();
+  load_block_rows<kBlockM, Cfg::kThreads, kGateUp>(p, w, block_row0, slot_of, a_row_of);
 
   // A: x (or its e4m3 copy) by token for kGateUp, a (or its e4m3 copy) by slot for kDown; the
   // e4m3 inputs' scales per A row ([rows] or [rows, K / 128]) and the expert's weight scales.

@@ -68,7 +68,6 @@ __global__ void __launch_bounds__(Cfg::kThreads) moe_int4_gemm_kernel(const Fuse
   const int64_t N = kGateUp ? I : H, K = kGateUp ? H : I;
   const int64_t n_total = kGateUp ? 2 * I : H;  // the expert's weight rows (both halves)
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kCols;
-  const int32_t num_slots = static_cast<int32_t>(p.num_tokens * p.top_k);
   const int64_t expert = w.expert_ids[blockIdx.x];
   const int G = p.group_size;
   const bool two_rows = (G % 64) != 0;
@@ -76,13 +75,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) moe_int4_gemm_kernel(const Fuse
 
   __shared__ int32_t slot_of[kBlockM];
   __shared__ int32_t a_row_of[kBlockM];
-  for (int r = tid; r < kBlockM; r += Cfg::kThreads) {
-    const int32_t s = w.sorted_token_ids[block_row0 + r];
-    const bool used = s < num_slots;
-    slot_of[r] = used ? s : -1;
-    a_row_of[r] = used ? (kGateUp ? s / p.top_k : s) : -1;
-  }
-  __syncthreads();
+  load_block_rows<kBlockM, Cfg::kThreads, kGateUp>(p, w, block_row0, slot_of, a_row_of);
 
   const uint8_t* __restrict__ a_bytes = static_cast<const uint8_t*>(kGateUp ? p.x : w.act);
   const int64_t tiles_total = n_total / kInt4TileN;
