@@ -499,7 +499,8 @@ def test_refused_model_builds(ckpts):
         LlamaForCausalLM(conf, device="meta")
     from fastinfer.quant import QuantOptions, resolve_quantization
 
-    for method in ("int8", "int4"):  # fp8 experts: tests/test_models_moe_fp8.py
-        with pytest.raises(ValueError, match=rf"model\.layers\.0\.block_sparse_moe: quantization='{method}' does not "
-                                             r"quantise mixture-of-experts experts; quantization='fp8' does"):
-            load_model(path, quant_config=resolve_quantization(conf, QuantOptions(method)))
+    # fp8 and int4 experts: tests/test_models_moe_fp8.py, tests/test_models_moe_int4.py
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.block_sparse_moe: quantization='int8' does not "
+                                         r"quantise mixture-of-experts experts; quantization='fp8' \(experts per "
+                                         r"channel\) or 'int4' \(group-wise\) does"):
+        load_model(path, quant_config=resolve_quantization(conf, QuantOptions("int8")))

@@ -777,15 +777,17 @@ _FP8_CHANNEL = {"num_bits": 8, "type": "float", "strategy": "channel", "symmetri
     (_ct_config(_FP8_CHANNEL, {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": True},
                 "float-quantized"),
      r"^moe\.experts\.0\.w1: .*\(per-channel weights, tensor activations\) .* is not supported for experts"),
-    (_ct_config({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": True}, None,
-                "pack-quantized"),
-     r"^moe\.experts\.0\.w1: compressed-tensors scheme pack-quantized int4 W4A16 .* not supported for experts"),
+    (_ct_config({"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True},
+                {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True, "symmetric": True},
+                "int-quantized"),
+     r"^moe\.experts\.0\.w1: compressed-tensors scheme int-quantized .* not supported for experts"),
     (_ct_config(_FP8_CHANNEL, {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True},
                 "float-quantized", targets=[r"re:.*experts\.[01]\..*"]),
      r"^moe: the experts have different compressed-tensors schemes \(moe\.experts\.0\.w1: group_0, "
      r"moe\.experts\.2\.w1: ignored \(float\)\); every expert projection of a layer must share one$"),
-    ({"quant_method": "awq", "bits": 4, "version": "gemm"},
-     r"^moe: awq experts are not supported \(mixture-of-experts checkpoints load with fp8 experts only"),
+    ({"quant_method": "fastinfer", "format_version": 1, "method": "int8"},
+     r"^moe: fastinfer int8 experts are not supported \(mixture-of-experts checkpoints load with fp8 or int4 "
+     r"experts"),
 ])
 def test_unsupported_expert_quantisations_are_refused(qc, match):
     """Each a ``ValueError`` line naming the layer (or the expert projection) and the scheme, when the

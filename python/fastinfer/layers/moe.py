@@ -1,6 +1,6 @@
 """The mixture-of-experts MLP: a router, top-k routing (``moe_topk``) and the experts' MLPs
-(``fused_moe``, or ``fused_moe_fp8`` for fp8 experts), loading the experts from a checkpoint's
-per-expert tensors.
+(``fused_moe``, or ``fused_moe_fp8`` / ``fused_moe_int4`` for quantised experts), loading the
+experts from a checkpoint's per-expert tensors.
 
 Checkpoint layouts. Hub checkpoints (and transformers 5's ``save_pretrained``, which converts back to
 them) hold one tensor per expert and projection: ``{prefix}.experts.{e}.{gate}.weight`` ``[I, H]``,
@@ -14,8 +14,9 @@ per-expert names, so a layer reads one layout.
 Quantisation. How the experts are held and run is the layer's :class:`FusedMoEMethod`, chosen by the
 model's :class:`~fastinfer.layers.QuantizationConfig` (``moe_method``) as a linear's method is:
 :class:`UnquantizedFusedMoEMethod` (float ``w13`` / ``w2``, ``fused_moe``) here, fp8 experts
-(e4m3 with per-channel or 128 x 128 block scales, ``fused_moe_fp8``) in :mod:`fastinfer.quant`
-(``Fp8FusedMoEMethod``, its formats documented there). The router is float whatever the config
+(e4m3 with per-channel or 128 x 128 block scales, ``fused_moe_fp8``) and int4 experts (group-wise,
+``fused_moe_int4``) in :mod:`fastinfer.quant` (``Fp8FusedMoEMethod``, ``Int4FusedMoEMethod``, their
+formats documented there). The router is float whatever the config
 says (:class:`RouterMethod`: an fp8 router a checkpoint stored anyway is dequantised).
 
 Tensor parallelism: every rank holds all experts, each expert's intermediate dimension split over

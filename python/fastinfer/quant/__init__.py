@@ -199,12 +199,19 @@ read as a linear's part is, then stacked: ``w13 [E, 2I, H]`` e4m3, gate rows the
 * per 128 x 128 block (``[E, 2I / 128, H / 128]``, ``[E, H / 128, I / 128]``; activations per 1 x 128
   group): compressed-tensors FP8_BLOCK and fine-grained FP8 (``weight_scale_inv``).
 
+int4 experts (:class:`Int4FusedMoEMethod`, ``fused_moe_int4``, the activations not quantised): each
+projection read as an int4 linear's part is (AutoAWQ, AutoGPTQ, compressed-tensors ``pack-quantized``,
+fastinfer int4, quantisation on load), packed by ``int4_pack``; ``w13 [E, H / 64, 8 * 2I]`` (gate
+then up along N), ``w2 [E, I / 64, 8 * H]``, group scales and zero points beside them. One group
+size per layer (larger groups, such as a channel-wise projection's single group, repeated over the
+smallest); act-order (a permuting ``g_idx``) and padded groups are refused naming the projection.
+
 Every expert projection of a layer must share one scheme (compressed-tensors: one config group, or
 all ignored: float experts); experts stored in float (``modules_to_not_convert``) load as float
 experts. Refused, naming the layer or the first expert projection: compressed-tensors fp8 with
-static or per-tensor dynamic activations (the op quantises per token), int4 and int8 experts of
-any format (AutoAWQ, AutoGPTQ, compressed-tensors, fastinfer). The op needs H and each rank's I to be
-multiples of 16 (per channel) or 128 (blocks). The router is never quantised: listed or not in a
+static or per-tensor dynamic activations (the op quantises per token), int8 experts of any format
+(compressed-tensors W8A8, fastinfer int8, int8 on load). ``fused_moe_fp8`` needs H and each rank's I
+to be multiples of 16 (per channel) or 128 (blocks); ``fused_moe_int4`` of 64 and the group size. The router is never quantised: listed or not in a
 config, it loads in float; one a checkpoint stored in e4m3 anyway (with ``weight_scale`` or
 ``weight_scale_inv``) is dequantised once (:class:`~fastinfer.layers.moe.RouterMethod`). Tensor
 parallelism cuts each expert's intermediate dimension: its gate and up rows with their scales
@@ -219,7 +226,7 @@ Code map
 ``config.py`` (QuantOptions, the stored ``quantization_config``), ``compressed_tensors.py`` (the
 compressed-tensors config: schemes, targets, ignore), ``resolve.py`` (which linear method each layer
 gets), ``stored.py`` (reading each format a part is stored in, and a rank's slice of it), ``methods.py`` (the
-fp8 / fp8-block / int4 / int8 linear methods and the fp8 experts' method),
+fp8 / fp8-block / int4 / int8 linear methods and the fp8 and int4 experts' methods),
 ``math.py`` (the quantisers' arithmetic), ``smoothquant.py`` (calibration and smoothing for int8),
 ``checkpoint.py`` (``fastinfer quantize``).
 """
@@ -233,6 +240,7 @@ from .methods import (  # noqa: F401
     Fp8BlockLinearMethod,
     Fp8FusedMoEMethod,
     Fp8LinearMethod,
+    Int4FusedMoEMethod,
     Int4LinearMethod,
     Int4Part,
     Int8LinearMethod,
@@ -255,6 +263,7 @@ __all__ = [
     "Fp8LinearMethod",
     "Fp8BlockLinearMethod",
     "Fp8FusedMoEMethod",
+    "Int4FusedMoEMethod",
     "Int4LinearMethod",
     "Int4Part",
     "Int8LinearMethod",

@@ -1,9 +1,9 @@
 """``fastinfer quantize``: a float checkpoint -> a quantised one, in the format of :mod:`fastinfer.quant`.
 
 The layers quantised are exactly those :class:`~fastinfer.quant.OnLoadQuantization` quantises when
-loading (the model's linear layers and, with fp8, a mixture-of-experts model's experts, each expert
-projection like a linear; read from the model itself; ``lm_head`` and the routers stay float), so a
-written checkpoint and quantisation on load give the same model.
+loading (the model's linear layers and, with fp8 or int4, a mixture-of-experts model's experts,
+each expert projection like a linear; read from the model itself; ``lm_head`` and the routers stay
+float), so a written checkpoint and quantisation on load give the same model.
 """
 
 from __future__ import annotations

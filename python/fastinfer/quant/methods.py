@@ -32,7 +32,7 @@ from .stored import Int4Part, _cdiv, _read_part, _shard, _Stored
 Tensor = torch.Tensor
 
 __all__ = ["Fp8LinearMethod", "Fp8BlockLinearMethod", "Int4LinearMethod", "Int4Part", "Int8LinearMethod",
-           "Fp8FusedMoEMethod"]
+           "Fp8FusedMoEMethod", "Int4FusedMoEMethod"]
 
 
 class _QuantizedMethod(LinearMethod):
@@ -443,9 +443,143 @@ class Fp8FusedMoEMethod(FusedMoEMethod):
                                        topk_ids, "silu")
 
 
+class Int4FusedMoEMethod(FusedMoEMethod):
+    """INT4 (W4A16) experts, run by ``fused_moe_int4`` (the activations stay in the model dtype).
+
+    Buffers (this rank's experts, each its intermediate slice; registered when loading, as the group
+    size and the zero points are the checkpoint's): ``w13`` int32 ``[E, H / 64, 8 * 2I]``
+    (``int4_pack`` of each expert's gate rows, then its up rows: packed weights concatenated along N
+    are the packed weight of the concatenation), ``w2`` int32 ``[E, I / 64, 8 * H]``, group scales
+    ``w13_scales [E, H / G, 2I]`` / ``w2_scales [E, I / G, H]`` in the model dtype, and zero points
+    ``w13_zeros`` / ``w2_zeros`` uint8 of the same shapes (None when every projection is symmetric;
+    a symmetric projection beside asymmetric ones gets 8, its implied zero point). Each expert
+    projection is read as a quantised linear's part is (``stored.py``: AutoAWQ, AutoGPTQ,
+    compressed-tensors ``pack-quantized``, fastinfer int4, float weights quantised on load), then
+    cut: gate and up by output rows (whole 16-row tiles), down by input features (whole groups and
+    64-feature tiles). Experts a checkpoint stores in float load as float experts.
+
+    One group size per layer, the smallest of its projections' (a larger one, such as a
+    channel-wise projection's single group, is repeated over it: the same weights); H and each
+    rank's I multiples of 64 and of it (the op's contract); act-order (a ``g_idx`` that permutes the input features) and padded groups are refused when
+    loading, naming the projection. Tensor parallelism does not change the numbers: the activations
+    are not quantised, and each rank's codes and scales are the unsharded expert's.
+    """
+
+    name = kind = "int4"
+    tensor_names = ("w13", "w2", "w13_scales", "w2_scales", "w13_zeros", "w2_zeros")
+
+    def __init__(self, source: str, opts: Optional[QuantOptions] = None, stored_config: Optional[dict] = None,
+                 scheme: Optional[CtScheme] = None):
+        if (source == "float") != (opts is not None):
+            raise ValueError("quantising on load (source='float') needs QuantOptions, and only it takes them")
+        self.source, self.opts, self.config, self.scheme = source, opts, stored_config or {}, scheme
+        self.group_size: Optional[int] = None
+
+    def create_weights(self, layer: FusedMoE) -> None:
+        H, I = layer.hidden_size, layer.local_intermediate_size
+        if H % 64 or I % 64:
+            where = (f"{I} of {layer.intermediate_size} on each of tensor_parallel_size={layer.tp.world_size} ranks"
+                     if layer.intermediate_shard is not None else f"{I}")
+            raise ValueError(f"{layer.prefix}: int4 experts need the hidden size ({H}) and each rank's expert "
+                             f"intermediate size ({where}) to be multiples of 64 (fused_moe_int4)")
+
+    def _cut(self, part: Int4Part, rows: Optional[Tuple[int, int]], cols: Optional[Tuple[int, int]]) -> Int4Part:
+        """``part`` cut to output rows ``rows`` or input features ``cols`` (create_weights and
+        load_weights checked that they are whole tiles and groups)."""
+        if rows is not None:
+            span = (8 * rows[0], 8 * rows[1])
+            cut = [part.packed.narrow(1, *span), part.scales.narrow(1, *rows),
+                   None if part.zeros is None else part.zeros.narrow(1, *rows)]
+        elif cols is not None:
+            g = part.group_size
+            groups = (cols[0] // g, cols[1] // g)
+            cut = [part.packed.narrow(0, cols[0] // 64, cols[1] // 64), part.scales.narrow(0, *groups),
+                   None if part.zeros is None else part.zeros.narrow(0, *groups)]
+        else:
+            return part
+        return Int4Part(*cut, part.perm, part.group_size)
+
+    @staticmethod
+    def _regroup(part: Int4Part, g: int) -> Int4Part:
+        """``part`` with group size ``g`` (a divisor of its own): each group's scale and zero point
+        repeated over its ``part.group_size / g`` subgroups, the same weights (how a channel-wise
+        projection, one group spanning K, joins a layer whose other projections have smaller groups)."""
+        r = part.group_size // g
+        if r == 1:
+            return part
+        rep = (lambda t: None if t is None else t.repeat_interleave(r, 0))
+        return Int4Part(part.packed, rep(part.scales), rep(part.zeros), part.perm, g)
+
+    def load_weights(self, layer: FusedMoE, reader: WeightReader) -> None:
+        shard = layer.intermediate_shard
+        H, I, local = layer.hidden_size, layer.intermediate_size, layer.local_intermediate_size
+        experts = []
+        for i, e in enumerate(layer.local_experts()):
+            parts = layer.expert_projections(e)
+            stored = [_read_part(reader, p, k, self, layer.dtype) for p, k in zip(parts, (H, H, I))]
+            kinds = [p.kind for p in stored]
+            if i == 0 and kinds == ["float"] * 3:  # experts the checkpoint keeps in float
+                layer.replace_method(UnquantizedFusedMoEMethod())
+                layer.method.load_weights(layer, reader)
+                return
+            for part, kind, s, k in zip(parts, kinds, stored, (H, H, I)):
+                if kind != self.kind:
+                    raise ValueError(f"{part.prefix}: stored as {kind}, but {layer.prefix}'s experts load as "
+                                     f"{self.kind} (every expert projection of a layer must be stored alike)")
+                p: Int4Part = s.data[0]
+                if p.perm is not None:
+                    raise ValueError(f"{part.prefix}: act-order int4 experts (a g_idx permuting the input features) "
+                                     "are not supported (fused_moe_int4 reads the input in order); use a checkpoint "
+                                     "quantised without act-order (desc_act=False / actorder=None)")
+                if p.k != k:
+                    raise ValueError(f"{part.prefix}: its int4 codes cover {p.k} input features (padded groups), the "
+                                     f"projection has {k}: fused_moe_int4 needs the group size ({p.group_size}) to "
+                                     "divide it (quantise with a group size that does, or pad_groups=False)")
+            experts.append([s.data[0] for s in stored])
+        g = min(p.group_size for ex in experts for p in ex)
+        odd = next((part for ex, e in zip(experts, layer.local_experts())
+                    for p, part in zip(ex, layer.expert_projections(e)) if p.group_size % g), None)
+        if odd is not None:
+            raise ValueError(f"{odd.prefix}: int4 group sizes {sorted({p.group_size for ex in experts for p in ex})} "
+                             f"in {layer.prefix}'s experts: fused_moe_int4 runs one group size per layer (each a "
+                             "multiple of the smallest)")
+        if H % g or local % g:
+            where = f"{local} per rank, tensor_parallel_size={layer.tp.world_size}" if shard is not None else f"{local}"
+            raise ValueError(f"{layer.prefix}: int4 group size {g} does not divide the hidden size ({H}) and each "
+                             f"rank's expert intermediate size ({where}) (fused_moe_int4)")
+        self.group_size = g
+        experts = [(self._cut(self._regroup(gp, g), shard, None), self._cut(self._regroup(up, g), shard, None),
+                    self._cut(self._regroup(dn, g), None, shard)) for gp, up, dn in experts]
+        zeros = any(p.zeros is not None for ex in experts for p in ex)
+
+        def z(p: Int4Part) -> Tensor:
+            return p.zeros if p.zeros is not None else torch.full_like(p.scales, 8, dtype=torch.uint8)
+
+        stack = {
+            "w13": [torch.cat([g.packed, u.packed], 1) for g, u, _ in experts],
+            "w2": [d.packed for _, _, d in experts],
+            "w13_scales": [torch.cat([g.scales, u.scales], 1) for g, u, _ in experts],
+            "w2_scales": [d.scales for _, _, d in experts],
+            "w13_zeros": [torch.cat([z(g), z(u)], 1) for g, u, _ in experts] if zeros else None,
+            "w2_zeros": [z(d) for _, _, d in experts] if zeros else None,
+        }
+        for name, ts in stack.items():
+            t = None if ts is None else torch.stack(ts).to(layer.device).contiguous()
+            layer.register_buffer(name, t, persistent=False)
+
+    def apply(self, layer: FusedMoE, x: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> Tensor:
+        return layer.ops.fused_moe_int4(x, layer.w13, layer.w2, layer.w13_scales, layer.w2_scales, layer.w13_zeros,
+                                        layer.w2_zeros, topk_weights, topk_ids, self.group_size, "silu")
+
+    def describe(self, layer: FusedMoE) -> str:
+        if self.group_size is None:
+            return "int4 (not loaded)"
+        return f"int4-g{self.group_size}{'-sym' if getattr(layer, 'w13_zeros', None) is None else ''}"
+
+
 def describe_quantization(model) -> str:
     """"none", or the quantised linears' methods (int4 with group sizes, ``-sym`` when symmetric)
-    and the quantised experts' (``experts-fp8``, ``experts-fp8-block128``)."""
+    and the quantised experts' (``experts-fp8``, ``experts-fp8-block128``, ``experts-int4-g128``)."""
     kinds = {m.method.describe(m) for m in model.linear_layers() if isinstance(m.method, _QuantizedMethod)}
     kinds |= {f"experts-{m.method.describe(m)}" for m in model.modules()
               if isinstance(m, FusedMoE) and not isinstance(m.method, UnquantizedFusedMoEMethod)}

@@ -18,7 +18,14 @@ from ..layers import (
     UnquantizedLinearMethod,
 )
 from .config import NOT_QUANTIZED, QuantOptions, StoredQuantization, stored_quantization
-from .methods import Fp8BlockLinearMethod, Fp8FusedMoEMethod, Fp8LinearMethod, Int4LinearMethod, Int8LinearMethod
+from .methods import (
+    Fp8BlockLinearMethod,
+    Fp8FusedMoEMethod,
+    Fp8LinearMethod,
+    Int4FusedMoEMethod,
+    Int4LinearMethod,
+    Int8LinearMethod,
+)
 
 __all__ = ["OnLoadQuantization", "CheckpointQuantization", "CompressedTensorsQuantization", "resolve_quantization"]
 
@@ -46,10 +53,12 @@ class OnLoadQuantization(QuantizationConfig):
         return Int4LinearMethod(source="float", opts=self.opts)
 
     def moe_method(self, layer: FusedMoE) -> FusedMoEMethod:
-        if self.opts.method != "fp8":
-            raise ValueError(f"{layer.prefix}: quantization={self.opts.method!r} does not quantise "
-                             "mixture-of-experts experts; quantization='fp8' does (experts per channel)")
-        return Fp8FusedMoEMethod(source="float", blockwise=False, opts=self.opts)
+        if self.opts.method == "fp8":
+            return Fp8FusedMoEMethod(source="float", blockwise=False, opts=self.opts)
+        if self.opts.method == "int4":
+            return Int4FusedMoEMethod(source="float", opts=self.opts)
+        raise ValueError(f"{layer.prefix}: quantization={self.opts.method!r} does not quantise mixture-of-experts "
+                         "experts; quantization='fp8' (experts per channel) or 'int4' (group-wise) does")
 
 
 class CheckpointQuantization(QuantizationConfig):
@@ -78,15 +87,18 @@ class CheckpointQuantization(QuantizationConfig):
         return Int4LinearMethod(source=self.stored.kind, stored_config=self.stored.config)
 
     def moe_method(self, layer: FusedMoE) -> FusedMoEMethod:
-        """fp8 experts as stored: fine-grained fp8 in 128 x 128 blocks (experts stored in float, as
-        ``modules_to_not_convert`` leaves them, load in float), fastinfer fp8 per channel."""
+        """The experts as stored: fine-grained fp8 in 128 x 128 blocks, fastinfer fp8 per channel,
+        int4 (AutoAWQ, AutoGPTQ, fastinfer); experts stored in float (as ``modules_to_not_convert``
+        leaves them) load in float."""
         if self.stored.kind == "fp8":
             return Fp8FusedMoEMethod(source="fp8", blockwise=True, stored_config=self.stored.config)
         if self.stored.method == "fp8":
             return Fp8FusedMoEMethod(source=self.stored.kind, blockwise=False, stored_config=self.stored.config)
+        if self.stored.method == "int4":
+            return Int4FusedMoEMethod(source=self.stored.kind, stored_config=self.stored.config)
         raise ValueError(f"{layer.prefix}: {self.stored.describe()} experts are not supported (mixture-of-experts "
-                         "checkpoints load with fp8 experts only: compressed-tensors, fine-grained fp8 or "
-                         "fastinfer fp8)")
+                         "checkpoints load with fp8 or int4 experts: compressed-tensors, fine-grained fp8, "
+                         "AutoAWQ, AutoGPTQ, fastinfer fp8 or int4)")
 
 
 class CompressedTensorsQuantization(QuantizationConfig):
@@ -120,8 +132,9 @@ class CompressedTensorsQuantization(QuantizationConfig):
 
     def moe_method(self, layer: FusedMoE) -> FusedMoEMethod:
         """The scheme every expert projection of ``layer`` shares: fp8 with dynamic per-token
-        activations (FP8_DYNAMIC: per channel or per tensor weights) or FP8_BLOCK; none: float
-        experts. The router is never asked (it stays float)."""
+        activations (FP8_DYNAMIC: per channel or per tensor weights), FP8_BLOCK, or int4 W4A16
+        (``pack-quantized``, group-wise or channel-wise, symmetric or not); none: float experts. The
+        router is never asked (it stays float)."""
         schemes = {}
         for e in range(layer.num_experts):
             for part in layer.expert_projections(e):
@@ -141,10 +154,12 @@ class CompressedTensorsQuantization(QuantizationConfig):
         if scheme.kind == "fp8" and scheme.activation == "token":
             return Fp8FusedMoEMethod(source="compressed-tensors", blockwise=False, stored_config=self.stored.config,
                                      scheme=scheme)
+        if scheme.kind == "int4":
+            return Int4FusedMoEMethod(source="compressed-tensors", stored_config=self.stored.config, scheme=scheme)
         raise ValueError(f"{prefix}: compressed-tensors scheme {scheme.description} of config group "
                          f"{scheme.group!r} is not supported for experts (fused_moe_fp8 runs fp8 experts with "
                          "activations quantised dynamically per token, or per 1 x 128 group with 128 x 128 blocks: "
-                         "FP8_DYNAMIC, FP8_BLOCK)")
+                         "FP8_DYNAMIC, FP8_BLOCK; fused_moe_int4 runs int4 W4A16 experts)")
 
 
 def resolve_quantization(model_config, opts: Optional[QuantOptions] = None,
