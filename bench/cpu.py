@@ -136,12 +136,7 @@ def llama_cpp_engine(path: str, threads: int, batch: int, ctx_tokens: int):
     lb = L.llama_batch_init(512, 0, batch)
 
     def clear():
-        if hasattr(L, "llama_memory_clear"):
-            L.llama_memory_clear(L.llama_get_memory(ctx), True)
-        elif hasattr(L, "llama_kv_self_clear"):
-            L.llama_kv_self_clear(ctx)
-        else:
-            L.llama_kv_cache_clear(ctx)
+        llm._ctx.kv_cache_clear()
 
     def decode(items):
         """items: (token, pos, seq, wants_logits); returns the argmax of each item that wants them."""
@@ -153,8 +148,9 @@ def llama_cpp_engine(path: str, threads: int, batch: int, ctx_tokens: int):
                 lb.token[i], lb.pos[i], lb.n_seq_id[i] = tok, pos, 1
                 lb.seq_id[i][0] = seq
                 lb.logits[i] = want
-            if L.llama_decode(ctx, lb) != 0:
-                raise RuntimeError("llama_decode failed")
+            rc = L.llama_decode(ctx, lb)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}")
             for i, (_, _, _, want) in enumerate(chunk):
                 if want:
                     row = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, i), shape=(vocab,))

@@ -76,4 +76,11 @@ inline bool cpu_dense_portable() {
   return v != nullptr && v[0] == '1';
 }
 
+// FASTINFER_TEST_CPU_INT4_PORTABLE=1: int4_gemm's decode path without AVX-512 on a machine that
+// has it (tests: both give the same bits).
+inline bool cpu_int4_portable() {
+  const char* v = test_override("FASTINFER_TEST_CPU_INT4_PORTABLE");
+  return v != nullptr && v[0] == '1';
+}
+
 }  // namespace fastinfer::binding

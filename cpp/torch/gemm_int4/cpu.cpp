@@ -2,19 +2,30 @@
 // shared with the CUDA/sim bindings, contract.h) and int4_gemm. int4_gemm dequantises with the kernels'
 // rounding (w = (q - z) * s rounded once to a's dtype) and accumulates in fp32:
 //  - M <= kFusedMaxM (decode): a loop over 16-column tiles on torch's thread pool that decodes each
-//    64 x 16 unit of the packed weight once (through per-group tables of the 16 possible values)
-//    and applies it to every row of a (no weight copy);
+//    64 x 16 unit of the packed weight once, in registers (through per-group tables of the 16
+//    possible values), and applies it to every row of a (no weight copy): see "the decode path's
+//    order of summation" below;
 //  - larger M: 256-column chunks of W dequantised to fp32 and multiplied with ATen's matmul (its GEMM:
 //    a row's bits depend on M), except with deterministic=True, which keeps the fused loop for
 //    every M (each row's sums run in the same order whatever the other rows: batch invariant).
 
 #include <algorithm>
+#include <cmath>
 
 #include <cstring>
 #include <vector>
 
+#include "cpu_simd.h"
 #include "gemm_int4/contract.h"
+#include "overrides.h"
 #include "gemm_int4/dequantize_cpu.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define FASTINFER_INT4_AVX512 1
+#else
+#define FASTINFER_INT4_AVX512 0
+#endif
 
 namespace fastinfer::binding {
 namespace {
@@ -22,39 +33,171 @@ namespace {
 constexpr int64_t kFusedMaxM = 16;
 constexpr int64_t kChunkN = 256;
 
-// Decode path: per 16-column tile (torch's thread pool), each 64 x 16 unit is decoded once into a
-// small fp32 buffer and dotted with the 64 matching activations of every row (no weight copy).
+// The decode path's order of summation. In the int4_pack layout (gemm/int4.h) columns c and c + 8
+// of a 64 x 16 unit live in the same 16 words (lanes 4c .. 4c + 3, four words each); word w of
+// them holds, in nibble i, the weight at k = 16 (w & 3) + 2 (w >> 2) + kNibble[i].dk of column
+// c + kNibble[i].dn. Each column keeps 16 fp32 lanes, lane w summing by fma, over the units in k
+// order and the nibbles in order, the products of its weights in word position w with the matching
+// activations; the lanes are then added by cpu::tree_sum<16>. The activations are gathered once per
+// row into that order (xperm), so a unit is decoded into registers and never scattered.
+// Two implementations of that one order, bitwise the same: AVX-512 (a 16-entry table lookup per
+// nibble: vpermt2ps over the column's two groups) and std::fma per lane.
+constexpr int kWords = 16;
+
+// xperm[((r * kt_count + kt) * 8 + i) * 16 + w] = a[r][64 kt + 16 (w & 3) + 2 (w >> 2) + dk_i].
+void gather_activations(const float* a, int64_t m, int64_t k, std::vector<float>& xperm) {
+  const int64_t kts = k / 64;
+  xperm.resize(static_cast<size_t>(m * kts * 8 * kWords));
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t kt = 0; kt < kts; ++kt)
+      for (int i = 0; i < 8; ++i)
+        for (int w = 0; w < kWords; ++w)
+          xperm[((r * kts + kt) * 8 + i) * kWords + w] =
+              a[r * k + 64 * kt + 16 * (w & 3) + 2 * (w >> 2) + kNibble[i].dk];
+}
+
+// The lanes of tile nt: acc[(r * 16 + c) * 16 + w] (m rows, 16 columns), accumulated over every unit.
+// lut: the tile's table (build_lut): lut[(group * 16 + c) * 16 + q]. Cloned per ISA (cpu_simd.h):
+// the lane loops vectorise (with hardware fma where the clone has it).
+FASTINFER_CPU_CLONES void tile_lanes_portable(const uint32_t* words, const float* lut, const float* xperm, int64_t m,
+                                              int64_t k, int64_t n, int64_t group_size, int64_t nt, float* acc) {
+  const int64_t kts = k / 64;
+  for (int64_t kt = 0; kt < kts; ++kt) {
+    const uint32_t* unit = words + (kt * (n / 16) + nt) * 128;
+    const int64_t ga = (64 * kt) / group_size, gb = (64 * kt + 32) / group_size;
+    for (int g = 0; g < 8; ++g)
+      for (int i = 0; i < 8; ++i) {
+        const int c = g + kNibble[i].dn;
+        float v[kWords];
+        for (int w = 0; w < kWords; ++w)
+          v[w] = lut[(((w & 3) >= 2 ? gb : ga) * 16 + c) * 16 + ((unit[16 * g + w] >> (4 * i)) & 15u)];
+        for (int64_t r = 0; r < m; ++r) {
+          const float* x = xperm + ((r * kts + kt) * 8 + i) * kWords;
+          float* lane = acc + (r * 16 + c) * kWords;
+          for (int w = 0; w < kWords; ++w) lane[w] = std::fma(v[w], x[w], lane[w]);
+        }
+      }
+  }
+}
+
+#if FASTINFER_INT4_AVX512
+__attribute__((target("avx512f"))) void tile_lanes_avx512(const uint32_t* words, const float* lut,
+                                                           const float* xperm, int64_t m, int64_t k, int64_t n,
+                                                           int64_t group_size, int64_t nt, float* acc) {
+  const int64_t kts = k / 64;
+  const __m512i fifteen = _mm512_set1_epi32(15);
+  // lanes w with (w & 3) >= 2 read the unit's second 32 k: the second table of the pair
+  const __m512i second = _mm512_set_epi32(16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0);
+  __m512 one[16];
+  for (int c = 0; c < 16; ++c) one[c] = _mm512_loadu_ps(acc + c * kWords);
+  for (int64_t kt = 0; kt < kts; ++kt) {
+    const uint32_t* unit = words + (kt * (n / 16) + nt) * 128;
+    const int64_t ga = (64 * kt) / group_size, gb = (64 * kt + 32) / group_size;
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      const __m512i v = _mm512_loadu_si512(unit + 16 * g);
+      const __m512 lo_a = _mm512_loadu_ps(lut + (ga * 16 + g) * 16), lo_b = _mm512_loadu_ps(lut + (gb * 16 + g) * 16);
+      const __m512 hi_a = _mm512_loadu_ps(lut + (ga * 16 + g + 8) * 16);
+      const __m512 hi_b = _mm512_loadu_ps(lut + (gb * 16 + g + 8) * 16);
+      __m512 w[8];
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {
+        const __m512i q = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v, 4 * i), fifteen), second);
+        w[i] = kNibble[i].dn ? _mm512_permutex2var_ps(hi_a, q, hi_b) : _mm512_permutex2var_ps(lo_a, q, lo_b);
+      }
+      if (m == 1) {  // one row: its 16 column accumulators stay in registers
+        const float* xp = xperm + kt * 8 * kWords;
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) {
+          const __m512 x = _mm512_loadu_ps(xp + i * kWords);
+          if (kNibble[i].dn)
+            one[g + 8] = _mm512_fmadd_ps(w[i], x, one[g + 8]);
+          else
+            one[g] = _mm512_fmadd_ps(w[i], x, one[g]);
+        }
+        continue;
+      }
+      for (int64_t r = 0; r < m; ++r) {
+        const float* xp = xperm + (r * kts + kt) * 8 * kWords;
+        float* lo = acc + (r * 16 + g) * kWords;
+        float* hi = acc + (r * 16 + g + 8) * kWords;
+        __m512 alo = _mm512_loadu_ps(lo), ahi = _mm512_loadu_ps(hi);
+        for (int i = 0; i < 8; ++i) {
+          const __m512 x = _mm512_loadu_ps(xp + i * kWords);
+          if (kNibble[i].dn)
+            ahi = _mm512_fmadd_ps(w[i], x, ahi);
+          else
+            alo = _mm512_fmadd_ps(w[i], x, alo);
+        }
+        _mm512_storeu_ps(lo, alo);
+        _mm512_storeu_ps(hi, ahi);
+      }
+    }
+  }
+  if (m == 1)
+    for (int c = 0; c < 16; ++c) _mm512_storeu_ps(acc + c * kWords, one[c]);
+}
+
+// build_lut's table, 16 entries per store: (q - z) * s in fp32, rounded to T as a static_cast does
+// (round to nearest even; bf16 by the carry trick, fp16 by vcvtps2ph), bitwise build_lut's.
+template <typename T>
+__attribute__((target("avx512f"))) void build_lut_avx512(const T* scales, const uint8_t* zeros, int64_t n,
+                                                         int64_t groups, int64_t nt, std::vector<float>& lut) {
+  lut.resize(static_cast<size_t>(groups) * 256);
+  const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (int64_t row = 0; row < groups; ++row)
+    for (int c = 0; c < 16; ++c) {
+      const int64_t at = row * n + 16 * nt + c;
+      const float z = static_cast<float>(zeros != nullptr ? zeros[at] : 8);
+      __m512 v = _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(z)), _mm512_set1_ps(static_cast<float>(scales[at])));
+      if constexpr (std::is_same_v<T, BFloat16>) {
+        const __m512i u = _mm512_castps_si512(v);
+        const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+        const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+        v = _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+      } else if constexpr (std::is_same_v<T, Half>) {
+        v = _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      }
+      _mm512_storeu_ps(lut.data() + (row * 16 + c) * 16, v);
+    }
+}
+
+bool have_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes && !cpu_int4_portable();
+}
+#endif
+
+// Decode path: per 16-column tile (torch's thread pool) the tile's table, then every unit decoded in
+// registers and applied to every row of a (no weight copy); see the order above.
 template <typename T>
 void int4_gemm_fused(const Tensor& a, const Tensor& packed, const Tensor& scales, const uint8_t* zp,
                      int64_t group_size, Tensor& out) {
   const int64_t m = a.size(0), k = a.size(1), n = out.size(1);
   const auto af = contiguous_as(a, kFloat);
-  const float* ap = af.mutable_data_ptr<float>();
-  const int32_t* pp = packed.mutable_data_ptr<int32_t>();
-  const T* sp = scales.mutable_data_ptr<T>();
+  std::vector<float> xperm;
+  gather_activations(af.const_data_ptr<float>(), m, k, xperm);
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(packed.const_data_ptr<int32_t>());
+  const T* sp = scales.const_data_ptr<T>();
   T* op = out.mutable_data_ptr<T>();
   torch::stable::parallel_for(0, n / 16, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(static_cast<size_t>(m) * 16);
+    std::vector<float> acc(static_cast<size_t>(m) * 16 * kWords);
     std::vector<float> lut;
-    float w[16][64];
     for (int64_t nt = begin; nt < end; ++nt) {
-      build_lut<T>(sp, zp, n, k / group_size, nt, lut);
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t kt = 0; kt < k / 64; ++kt) {
-        decode_unit(pp, lut, n, group_size, kt, nt, w);
-        for (int64_t r = 0; r < m; ++r) {
-          const float* arow = ap + r * k + 64 * kt;
-          float* accr = acc.data() + r * 16;
-          for (int c = 0; c < 16; ++c) {
-            float part[8] = {};  // 8 independent partial sums (vectorisable without reassociation)
-            for (int kk = 0; kk < 64; kk += 8)
-              for (int l = 0; l < 8; ++l) part[l] += arow[kk + l] * w[c][kk + l];
-            accr[c] += ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-          }
-        }
+#if FASTINFER_INT4_AVX512
+      if (have_avx512()) {
+        build_lut_avx512<T>(sp, zp, n, k / group_size, nt, lut);
+        tile_lanes_avx512(words, lut.data(), xperm.data(), m, k, n, group_size, nt, acc.data());
+      } else
+#endif
+      {
+        build_lut<T>(sp, zp, n, k / group_size, nt, lut);
+        tile_lanes_portable(words, lut.data(), xperm.data(), m, k, n, group_size, nt, acc.data());
       }
       for (int64_t r = 0; r < m; ++r)
-        for (int c = 0; c < 16; ++c) op[r * n + 16 * nt + c] = static_cast<T>(acc[r * 16 + c]);
+        for (int c = 0; c < 16; ++c)
+          op[r * n + 16 * nt + c] = static_cast<T>(cpu::tree_sum<kWords>(acc.data() + (r * 16 + c) * kWords));
     }
   });
 }
