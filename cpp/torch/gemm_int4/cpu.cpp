@@ -81,19 +81,56 @@ FASTINFER_CPU_CLONES void tile_lanes_portable(const uint32_t* words, const float
 }
 
 #if FASTINFER_INT4_AVX512
+// Nibble i of the 16 words v as table indices: (v >> 4 i) & 15, plus 16 in the lanes that read
+// the unit's second 32 k when a unit spans two groups (vpermt2ps then picks the second table).
+template <bool kTwoGroups>
+__attribute__((target("avx512f"), always_inline)) inline __m512 lookup(__m512i v, int i, __m512 ta, __m512 tb) {
+  const __m512i fifteen = _mm512_set1_epi32(15);
+  if constexpr (kTwoGroups) {
+    const __m512i second = _mm512_set_epi32(16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0);
+    // (a & b) | c in one instruction
+    const __m512i q = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4 * i), fifteen, second, 0xEA);
+    return _mm512_permutex2var_ps(ta, q, tb);
+  } else {
+    return _mm512_permutexvar_ps(_mm512_and_si512(_mm512_srli_epi32(v, 4 * i), fifteen), ta);
+  }
+}
+
+template <bool kTwoGroups>
 __attribute__((target("avx512f"))) void tile_lanes_avx512(const uint32_t* words, const float* lut,
                                                            const float* xperm, int64_t m, int64_t k, int64_t n,
                                                            int64_t group_size, int64_t nt, float* acc) {
   const int64_t kts = k / 64;
-  const __m512i fifteen = _mm512_set1_epi32(15);
-  // lanes w with (w & 3) >= 2 read the unit's second 32 k: the second table of the pair
-  const __m512i second = _mm512_set_epi32(16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0);
-  __m512 one[16];
-  for (int c = 0; c < 16; ++c) one[c] = _mm512_loadu_ps(acc + c * kWords);
+  if (m == 1) {  // one row: its 16 column accumulators and the unit's 8 activation vectors in registers
+    __m512 one[16];
+    for (int c = 0; c < 16; ++c) one[c] = _mm512_loadu_ps(acc + c * kWords);
+    for (int64_t kt = 0; kt < kts; ++kt) {
+      const uint32_t* unit = words + (kt * (n / 16) + nt) * 128;
+      const int64_t ga = (64 * kt) / group_size, gb = (64 * kt + 32) / group_size;
+      __m512 x[8];
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) x[i] = _mm512_loadu_ps(xperm + (kt * 8 + i) * kWords);
+#pragma GCC unroll 8
+      for (int g = 0; g < 8; ++g) {
+        const __m512i v = _mm512_loadu_si512(unit + 16 * g);
+        const __m512 lo_a = _mm512_loadu_ps(lut + (ga * 16 + g) * 16), hi_a = _mm512_loadu_ps(lut + (ga * 16 + g + 8) * 16);
+        const __m512 lo_b = kTwoGroups ? _mm512_loadu_ps(lut + (gb * 16 + g) * 16) : lo_a;
+        const __m512 hi_b = kTwoGroups ? _mm512_loadu_ps(lut + (gb * 16 + g + 8) * 16) : hi_a;
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) {
+          if (kNibble[i].dn)
+            one[g + 8] = _mm512_fmadd_ps(lookup<kTwoGroups>(v, i, hi_a, hi_b), x[i], one[g + 8]);
+          else
+            one[g] = _mm512_fmadd_ps(lookup<kTwoGroups>(v, i, lo_a, lo_b), x[i], one[g]);
+        }
+      }
+    }
+    for (int c = 0; c < 16; ++c) _mm512_storeu_ps(acc + c * kWords, one[c]);
+    return;
+  }
   for (int64_t kt = 0; kt < kts; ++kt) {
     const uint32_t* unit = words + (kt * (n / 16) + nt) * 128;
     const int64_t ga = (64 * kt) / group_size, gb = (64 * kt + 32) / group_size;
-#pragma GCC unroll 8
     for (int g = 0; g < 8; ++g) {
       const __m512i v = _mm512_loadu_si512(unit + 16 * g);
       const __m512 lo_a = _mm512_loadu_ps(lut + (ga * 16 + g) * 16), lo_b = _mm512_loadu_ps(lut + (gb * 16 + g) * 16);
@@ -101,27 +138,13 @@ __attribute__((target("avx512f"))) void tile_lanes_avx512(const uint32_t* words,
       const __m512 hi_b = _mm512_loadu_ps(lut + (gb * 16 + g + 8) * 16);
       __m512 w[8];
 #pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i) {
-        const __m512i q = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v, 4 * i), fifteen), second);
-        w[i] = kNibble[i].dn ? _mm512_permutex2var_ps(hi_a, q, hi_b) : _mm512_permutex2var_ps(lo_a, q, lo_b);
-      }
-      if (m == 1) {  // one row: its 16 column accumulators stay in registers
-        const float* xp = xperm + kt * 8 * kWords;
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i) {
-          const __m512 x = _mm512_loadu_ps(xp + i * kWords);
-          if (kNibble[i].dn)
-            one[g + 8] = _mm512_fmadd_ps(w[i], x, one[g + 8]);
-          else
-            one[g] = _mm512_fmadd_ps(w[i], x, one[g]);
-        }
-        continue;
-      }
+      for (int i = 0; i < 8; ++i) w[i] = kNibble[i].dn ? lookup<kTwoGroups>(v, i, hi_a, hi_b) : lookup<kTwoGroups>(v, i, lo_a, lo_b);
       for (int64_t r = 0; r < m; ++r) {
         const float* xp = xperm + (r * kts + kt) * 8 * kWords;
         float* lo = acc + (r * 16 + g) * kWords;
         float* hi = acc + (r * 16 + g + 8) * kWords;
         __m512 alo = _mm512_loadu_ps(lo), ahi = _mm512_loadu_ps(hi);
+#pragma GCC unroll 8
         for (int i = 0; i < 8; ++i) {
           const __m512 x = _mm512_loadu_ps(xp + i * kWords);
           if (kNibble[i].dn)
@@ -134,8 +157,6 @@ __attribute__((target("avx512f"))) void tile_lanes_avx512(const uint32_t* words,
       }
     }
   }
-  if (m == 1)
-    for (int c = 0; c < 16; ++c) _mm512_storeu_ps(acc + c * kWords, one[c]);
 }
 
 // build_lut's table, 16 entries per store: (q - z) * s in fp32, rounded to T as a static_cast does
@@ -188,7 +209,9 @@ void int4_gemm_fused(const Tensor& a, const Tensor& packed, const Tensor& scales
 #if FASTINFER_INT4_AVX512
       if (have_avx512()) {
         build_lut_avx512<T>(sp, zp, n, k / group_size, nt, lut);
-        tile_lanes_avx512(words, lut.data(), xperm.data(), m, k, n, group_size, nt, acc.data());
+        // a unit spans two groups only with group_size 32
+        (group_size == 32 ? tile_lanes_avx512<true> : tile_lanes_avx512<false>)(words, lut.data(), xperm.data(), m, k,
+                                                                                  n, group_size, nt, acc.data());
       } else
 #endif
       {
