@@ -371,8 +371,11 @@ def _write_gguf(path, cfg: dict, tensors: dict, arch: str = "llama", tokenizer: 
         add_tokenizer(w, tokenizer)
     if rope_freqs is not None:
         w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
-    for name, a in (raw or {}).items():  # written as given, under their GGUF names
-        w.add_tensor(name, a)
+    for name, a in (raw or {}).items():  # written as given, under their GGUF names; (blocks, GGML type): quantised
+        if isinstance(a, tuple):
+            w.add_tensor(name, a[0], raw_dtype=a[1])
+        else:
+            w.add_tensor(name, a)
     for name, t in tensors.items():
         a = t.float().numpy()
         if permute and name.endswith(("q_proj.weight", "q_proj.bias")):

@@ -138,7 +138,8 @@ class ModelRunner:
             if c.load_progress and self.tp.rank == 0:
                 print(load_line(c), file=sys.stderr, flush=True)
             model = load_checkpoint(c.model, c.model_dtype, dev, c.max_model_len, c.ops_backend(),
-                                    c.quant_options, c.load_progress and self.tp.rank == 0, self.model_parallel)
+                                    c.quant_options, c.load_progress and self.tp.rank == 0, self.model_parallel,
+                                    c.gguf_weights)
         else:
             model = c.model
             ops = c.ops_backend(model.op_namespace)

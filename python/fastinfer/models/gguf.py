@@ -23,9 +23,12 @@ through this module:
   graph never applies, is one), as is an architecture outside that list, a missing or inconsistent
   expert count, and expert tensors in a file that declares no experts.
 * :class:`GGUFWeightReader` is a :class:`~fastinfer.layers.WeightReader` under Hugging Face tensor
-  names (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``). Tensors are
-  dequantised to float32 by the ``gguf`` package (every type it implements: F32/F16/BF16, Q4_0..Q8_0,
-  the K-quants, the IQ types), then the layers cast them to the model dtype; ``quantization=``
+  names (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``). Q4_0 / Q4_1 /
+  Q4_K weights are read as stored by :meth:`GGUFWeightReader.int4` (:func:`gguf_int4_blocks`) when
+  the quantisation config runs them on the int4 kernels (``fastinfer.quant.GgufQuantization``);
+  otherwise tensors are dequantised to float32 by the ``gguf`` package (every type it implements:
+  F32/F16/BF16, Q4_0..Q8_0, the K-quants, the IQ types), then the layers cast them to the model
+  dtype; ``quantization=``
   re-quantises them on load like any float checkpoint (a mixture-of-experts model's experts with
   ``"fp8"`` only). GGUF stacks a layer's experts in one tensor per projection
   (``blk.{i}.ffn_gate_exps`` / ``ffn_up_exps`` ``[E, I, H]``, ``ffn_down_exps`` ``[E, H, I]`` in
@@ -63,8 +66,8 @@ from .._optional import require
 from ..layers import WeightReader
 from .config import MOE_ARCHITECTURES, ModelConfig
 
-__all__ = ["GGUF_ARCHITECTURES", "GGUFFile", "GGUFWeightReader", "find_gguf", "open_gguf",
-           "gguf_model_config", "unpermute_qk", "permute_qk"]
+__all__ = ["GGUF_ARCHITECTURES", "GGUF_INT4_TYPES", "GGUFFile", "GGUFWeightReader", "GgufInt4", "find_gguf",
+           "gguf_int4_blocks", "open_gguf", "gguf_model_config", "unpermute_qk", "permute_qk"]
 
 GGUF_MAGIC = b"GGUF"
 # general.architecture -> the Hugging Face architecture it runs as
@@ -594,6 +597,58 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> Optional[str]:
     return None
 
 
+#: GGML types that run as stored on the int4 weight-only path (:func:`gguf_int4_blocks`)
+GGUF_INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+
+
+class GgufInt4(NamedTuple):
+    """A Q4_0 / Q4_1 / Q4_K weight ``W [n, k]`` as 4-bit codes with one scale and one minimum per 32
+    consecutive weights of a row: ``W = (codes - zero) * scales + mins``, ``zero`` 8 (Q4_0, whose
+    ``mins`` is None) or 0; ``scales`` / ``mins`` float32 ``[k / 32, n]`` (group, row) as the int4
+    kernels index them."""
+
+    codes: np.ndarray  # uint8 [n, k], 0..15
+    scales: np.ndarray  # float32 [k / 32, n]
+    mins: Optional[np.ndarray]  # float32 [k / 32, n], or None (Q4_0)
+    zero: int
+
+
+def gguf_int4_blocks(type_name: str, blocks: np.ndarray, n: int, k: int) -> GgufInt4:
+    """The :class:`GgufInt4` of a weight stored as GGML ``type_name`` blocks ``uint8 [n, row bytes]``.
+
+    The block layouts, as the ``gguf`` package's own dequantisers read them (gguf/quants.py; the
+    tests check every type against ``gguf.dequantize``): Q4_0 (32 weights, 18 bytes) an fp16 ``d``
+    and 16 bytes whose low nibbles are weights 0..15 and high nibbles 16..31, ``w = (q - 8) d``;
+    Q4_1 (20 bytes) ``d``, ``m``, the same 16 bytes, ``w = q d + m``; Q4_K (256 weights, 144 bytes)
+    ``d``, ``dmin``, 12 bytes of eight 6-bit scales and mins (``Q4_K.get_scale_min``) and 128 bytes,
+    32 per pair of 32-weight sub-blocks (low nibbles the first, high the second),
+    ``w = d sc_j q - dmin m_j`` in sub-block ``j``: a scale ``d sc_j`` and a minimum ``-dmin m_j``
+    per 32 weights, each exact in float32 (an fp16 times a 6-bit integer)."""
+    nib = (np.array([0, 4], dtype=np.uint8)).reshape(1, 1, 2, 1)
+    if type_name in ("Q4_0", "Q4_1"):
+        head = 2 if type_name == "Q4_0" else 4
+        b = blocks.reshape(n, k // 32, head + 16)
+        d = b[..., 0:2].copy().view(np.float16).astype(np.float32)[..., 0]  # [n, k / 32]
+        codes = ((b[..., head:].reshape(n, k // 32, 1, 16) >> nib) & 0x0F).reshape(n, k)
+        mins = None
+        if type_name == "Q4_1":
+            mins = b[..., 2:4].copy().view(np.float16).astype(np.float32)[..., 0].T.copy()
+        return GgufInt4(codes.astype(np.uint8), d.T.copy(), mins, 8 if type_name == "Q4_0" else 0)
+    if type_name == "Q4_K":
+        b = blocks.reshape(n, k // 256, 144)
+        d = b[..., 0:2].copy().view(np.float16).astype(np.float32)  # [n, k / 256, 1]
+        dmin = b[..., 2:4].copy().view(np.float16).astype(np.float32)
+        sc_bytes = b[..., 4:16].reshape(n, k // 256, 3, 4)
+        lo, hi, both = sc_bytes[..., 0, :], sc_bytes[..., 1, :], sc_bytes[..., 2, :]
+        sc = np.concatenate([lo & 0x3F, (both & 0x0F) | ((lo >> 2) & 0x30)], axis=-1)  # [n, k / 256, 8]
+        mn = np.concatenate([hi & 0x3F, (both >> 4) | ((hi >> 2) & 0x30)], axis=-1)
+        codes = ((b[..., 16:].reshape(n, k // 256, 4, 1, 32) >> nib.reshape(1, 1, 1, 2, 1)) & 0x0F).reshape(n, k)
+        scales = (d * sc.astype(np.float32)).reshape(n, k // 32)
+        mins = -(dmin * mn.astype(np.float32)).reshape(n, k // 32)
+        return GgufInt4(codes.astype(np.uint8), scales.T.copy(), mins.T.copy(), 0)
+    raise ValueError(f"GGML type {type_name} has no int4 form (one of {', '.join(GGUF_INT4_TYPES)})")
+
+
 class GGUFWeightReader(WeightReader):
     """The tensors of GGUF file ``path`` under Hugging Face names, dequantised to float32 when read
     (q/k rows un-permuted for ``llama`` files, 1 taken off Gemma's norm weights). A GGUF tensor
@@ -719,6 +774,27 @@ class GGUFWeightReader(WeightReader):
     def gguf_type(self, name: str) -> str:
         """The GGML type name of a tensor (``Q4_1``, ``F32``, ...)."""
         return self.file.tensors[self._where[name]].tensor_type.name
+
+    def int4(self, name: str) -> Optional[GgufInt4]:
+        """Weight ``name`` as stored (marked used, as :meth:`get` does), when its GGML type is one of
+        :data:`GGUF_INT4_TYPES` (None otherwise, and for experts, which load dequantised): its codes,
+        scales and minimums (:func:`gguf_int4_blocks`), q/k rows put back in Hugging Face order like
+        :meth:`_read`'s."""
+        g = self._where[name]
+        t = self.file.tensors[g]
+        if t.tensor_type.name not in GGUF_INT4_TYPES or name in self._expert or g in self._as_row:
+            return None
+        shape = self.file.shape(g)
+        if len(shape) != 2:
+            return None
+        n, k = shape
+        q = gguf_int4_blocks(t.tensor_type.name, np.asarray(t.data).reshape(n, -1), n, k)
+        self.used.add(name)
+        heads = self._heads.get(name)
+        if heads:  # the permutation moves whole rows: codes by row, scales / mins by column
+            order = unpermute_qk(torch.arange(n).reshape(n, 1), heads).reshape(n).numpy()
+            q = GgufInt4(q.codes[order], q.scales[:, order], None if q.mins is None else q.mins[:, order], q.zero)
+        return q
 
     def _read(self, name: str) -> torch.Tensor:
         g = self._where[name]

@@ -233,7 +233,13 @@ fp8 / fp8-block / int4 / int8 linear methods and the fp8 and int4 experts' metho
 
 from .checkpoint import quantize_checkpoint  # noqa: F401
 from .config import FORMAT_VERSION, METHODS, QuantOptions, StoredQuantization, stored_quantization  # noqa: F401
-from .resolve import CheckpointQuantization, CompressedTensorsQuantization, OnLoadQuantization, resolve_quantization  # noqa: F401
+from .resolve import (  # noqa: F401
+    CheckpointQuantization,
+    CompressedTensorsQuantization,
+    GgufQuantization,
+    OnLoadQuantization,
+    resolve_quantization,
+)
 from .math import pack_nibbles, quantize_fp8_weight, quantize_int4_weight, quantize_int8_weight, unpack_nibbles  # noqa: F401
 from .compressed_tensors import CompressedTensorsConfig, CtScheme  # noqa: F401
 from .methods import (  # noqa: F401
@@ -258,6 +264,7 @@ __all__ = [
     "OnLoadQuantization",
     "CheckpointQuantization",
     "CompressedTensorsQuantization",
+    "GgufQuantization",
     "CompressedTensorsConfig",
     "CtScheme",
     "Fp8LinearMethod",

@@ -294,16 +294,20 @@ def _fuse_int4(parts: List[Int4Part]) -> List[Int4Part]:
     if len(parts) == 1 or any(p.group_size != p0.group_size or p.k != p0.k or not _same_perm(p.perm, p0.perm)
                               for p in parts):
         return parts
-    zeros = None
+    zeros = mins = None
     if any(p.zeros is not None for p in parts):
         zeros = torch.cat([p.zeros if p.zeros is not None else torch.full_like(p.scales, 8, dtype=torch.uint8)
                            for p in parts], dim=1)
+    if any(p.mins is not None for p in parts):
+        mins = torch.cat([p.mins if p.mins is not None else torch.zeros(p.scales.shape) for p in parts], dim=1)
     return [Int4Part(torch.cat([p.packed for p in parts], dim=1), torch.cat([p.scales for p in parts], dim=1),
-                     zeros, p0.perm, p0.group_size)]
+                     zeros, p0.perm, p0.group_size, mins)]
 
 
 class Int4LinearMethod(_QuantizedMethod):
-    """W4A16: ``int4_gemm(x, packed, scales, zeros, G, perm)`` (+ bias).
+    """W4A16: ``int4_gemm(x, packed, scales, zeros, G, perm)`` (+ bias); a GGUF Q4_1 / Q4_K weight's
+    float minimums (``W = (q - 8) s + min`` per 32 weights) add the activations' group sums times
+    them (a float32 GEMM of ``[M, K / 32]`` by ``[K / 32, N]``, buffer ``mins_t{i}``).
 
     Usually one :class:`Int4Part`; several (outputs concatenated along N) when fused projections
     have different act-order permutations. A stored input size ``Kq`` larger than the activation
@@ -327,10 +331,14 @@ class Int4LinearMethod(_QuantizedMethod):
             p = Int4Part(*(t.to(layer.device).contiguous() if isinstance(t, Tensor) else t for t in p))
             for name, t in zip(("packed", "scales", "zeros", "perm"), p[:4]):
                 layer.register_buffer(f"{name}{i}", t, persistent=False)
+            # GGUF minimums: their term is a GEMM of the activations' group sums by mins^T [n, Kq/G]
+            mins_t = None if p.mins is None else p.mins.t().contiguous()
+            layer.register_buffer(f"mins_t{i}", mins_t, persistent=False)
 
     def part(self, layer: Linear, i: int) -> Int4Part:
+        mins_t = getattr(layer, f"mins_t{i}", None)
         return Int4Part(getattr(layer, f"packed{i}"), getattr(layer, f"scales{i}"), getattr(layer, f"zeros{i}"),
-                        getattr(layer, f"perm{i}"), layer.group_sizes[i])
+                        getattr(layer, f"perm{i}"), layer.group_sizes[i], None if mins_t is None else mins_t.t())
 
     def apply(self, layer: Linear, x: Tensor, bias: Optional[Tensor]) -> Tensor:
         lead = x.shape[:-1]
@@ -341,7 +349,12 @@ class Int4LinearMethod(_QuantizedMethod):
         outs = []
         for i in range(layer.num_parts):
             p = self.part(layer, i)
-            outs.append(layer.ops.int4_gemm(x2, p.packed, p.scales, p.zeros, p.group_size, p.perm))
+            y = layer.ops.int4_gemm(x2, p.packed, p.scales, p.zeros, p.group_size, p.perm)
+            mins_t = getattr(layer, f"mins_t{i}")
+            if mins_t is not None:  # + sum over groups g of (sum of x over g) * min[g, n], in float32
+                sums = x2.float().view(x2.shape[0], -1, p.group_size).sum(-1)
+                y = (y.float() + layer.ops.linear(sums, mins_t)).to(x2.dtype)
+            outs.append(y)
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         if bias is not None:
             out = out + bias.to(out.dtype)
@@ -527,6 +540,9 @@ class Int4FusedMoEMethod(FusedMoEMethod):
                     raise ValueError(f"{part.prefix}: stored as {kind}, but {layer.prefix}'s experts load as "
                                      f"{self.kind} (every expert projection of a layer must be stored alike)")
                 p: Int4Part = s.data[0]
+                if p.mins is not None:
+                    raise ValueError(f"{part.prefix}: int4 experts with float minimums (GGUF Q4_1 / Q4_K) load "
+                                     "dequantised, not as int4 experts")
                 if p.perm is not None:
                     raise ValueError(f"{part.prefix}: act-order int4 experts (a g_idx permuting the input features) "
                                      "are not supported (fused_moe_int4 reads the input in order); use a checkpoint "

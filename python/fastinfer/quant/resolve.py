@@ -27,7 +27,8 @@ from .methods import (
     Int8LinearMethod,
 )
 
-__all__ = ["OnLoadQuantization", "CheckpointQuantization", "CompressedTensorsQuantization", "resolve_quantization"]
+__all__ = ["OnLoadQuantization", "CheckpointQuantization", "CompressedTensorsQuantization", "GgufQuantization",
+           "resolve_quantization"]
 
 
 def _ignored(layer: Linear, names) -> bool:
@@ -162,11 +163,61 @@ class CompressedTensorsQuantization(QuantizationConfig):
                          "FP8_DYNAMIC, FP8_BLOCK; fused_moe_int4 runs int4 W4A16 experts)")
 
 
+class GgufQuantization(QuantizationConfig):
+    """A GGUF file's weights as stored where a kernel runs their type: a linear whose every part is
+    Q4_0, Q4_1 or Q4_K (:data:`~fastinfer.models.gguf.GGUF_INT4_TYPES`), with this rank's K a multiple
+    of 64 and its N of 16 (the int4 layout's tile), runs on ``int4_gemm`` (:class:`Int4LinearMethod`, group
+    32, zero point 8; Q4_1 / Q4_K's float minimums, centred, as a second term); every other weight (the other types,
+    a fused layer mixing types, lm_head, the experts) is dequantised to the model dtype, and the
+    types that are reported once (:attr:`dequantized_types`)."""
+
+    name = "gguf"
+
+    def __init__(self, path: str, model_config):
+        from ..models.gguf import GGUF_INT4_TYPES, GGUFWeightReader
+
+        self.reader = GGUFWeightReader(path, model_config)
+        self.int4_types = GGUF_INT4_TYPES
+        self.dequantized_types: set = set()
+
+    def _type(self, prefix: str) -> Optional[str]:
+        name = prefix + ".weight"
+        return self.reader.gguf_type(name) if self.reader.has(name) else None
+
+    def linear_method(self, layer: Linear) -> LinearMethod:
+        types = [self._type(p.prefix) for p in layer.parts]
+        floats = ("F32", "F16", "BF16")
+        if _ignored(layer, NOT_QUANTIZED):  # lm_head (its probe has only a name and parts)
+            self.dequantized_types.update(t for t in types if t is not None and t not in floats)
+            return UnquantizedLinearMethod()
+        # whole 64 x 16 tiles of the int4 layout on this rank (its rows, and its input features:
+        # the whole K, or a row-parallel slice, also whole 32-groups then)
+        fits = layer.in_features % 64 == 0 and all(n % 16 == 0 for n in layer.part_rows)
+        if fits and all(t in self.int4_types for t in types):
+            return Int4LinearMethod(source="gguf")
+        self.dequantized_types.update(t for t in types if t is not None and t not in floats)
+        return UnquantizedLinearMethod()
+
+    def moe_method(self, layer: FusedMoE) -> FusedMoEMethod:
+        for e in range(layer.num_experts):
+            for part in layer.expert_projections(e):
+                t = self._type(part.prefix)
+                if t is not None and t not in ("F32", "F16", "BF16"):
+                    self.dequantized_types.add(t)
+        return UnquantizedFusedMoEMethod()
+
+
 def resolve_quantization(model_config, opts: Optional[QuantOptions] = None,
-                         path: Optional[str] = None) -> Optional[QuantizationConfig]:
+                         path: Optional[str] = None, gguf_weights: str = "stored") -> Optional[QuantizationConfig]:
     """The quantisation a model loads with: as stored when its ``config.json`` says it is quantised
-    (``opts`` may then only name the stored method), else ``opts`` (quantise on load), else None
-    (float)."""
+    (``opts`` may then only name the stored method), else ``opts`` (quantise on load), else, for a
+    GGUF file with ``gguf_weights="stored"``, its quantised types as stored where a kernel runs
+    them (:class:`GgufQuantization`), else None (float)."""
+    from ..models.gguf import find_gguf
+
+    gguf_file = find_gguf(path) if path is not None and opts is None else None
+    if gguf_file is not None and gguf_weights == "stored":
+        return GgufQuantization(gguf_file, model_config)
     stored = stored_quantization(model_config)
     if stored is not None:
         if opts is not None and opts.method != stored.method:

@@ -41,13 +41,16 @@ def _cdiv(a: int, b: int) -> int:
 
 class Int4Part(NamedTuple):
     """One int4 GEMM: ``packed int32 [Kq/64, 8 n]``, ``scales [Kq/G, n]``, ``zeros uint8 [Kq/G, n]``
-    or None (symmetric), act-order ``perm int64 [Kq]`` or None, group size ``G``."""
+    or None (symmetric), act-order ``perm int64 [Kq]`` or None, group size ``G``, and ``mins``
+    float32 ``[Kq/G, n]`` or None: a float minimum per group added to each weight (GGUF Q4_1 /
+    Q4_K: ``W = (q - z) s + min``)."""
 
     packed: Tensor
     scales: Tensor
     zeros: Optional[Tensor]
     perm: Optional[Tensor]
     group_size: int
+    mins: Optional[Tensor] = None
 
     @property
     def n(self) -> int:
@@ -233,11 +236,35 @@ def _read_hf_fp8(r: WeightReader, prefix: str, n: int, k: int) -> _Stored:
     return _Stored("fp8-block", (w, s))
 
 
+def _read_gguf_int4(r: WeightReader, prefix: str, n: int, k: int, dtype) -> Optional[_Stored]:
+    """A GGUF Q4_0 / Q4_1 / Q4_K weight as an int4 part, or None for a weight of another type:
+    group 32, the codes packed by ``int4_pack``, the scales in the model dtype, the implied zero
+    point 8 (symmetric), and for Q4_1 / Q4_K a float32 minimum per group that absorbs the centring,
+    ``min + 8 s`` with the file's scale. Centred, the 4-bit part's products are as small as Q4_0's
+    (``q s`` with q in 0..15 would overflow float16 where the whole weight does not), and a scale
+    rounded to the model dtype errs by ``(q - 8)`` times its rounding, not ``q`` times."""
+    g = r.int4(prefix + ".weight") if hasattr(r, "int4") else None
+    if g is None:
+        return None
+    if g.codes.shape != (n, k):
+        raise ValueError(f"tensor {prefix}.weight has shape {list(g.codes.shape)}, expected {[n, k]}")
+    codes = torch.from_numpy(g.codes)
+    scales = torch.from_numpy(g.scales)
+    mins = None
+    if g.mins is not None:  # q s + min = (q - 8) s + (min + 8 s): the 4-bit part centred, as Q4_0's
+        mins = torch.from_numpy(g.mins) + (8 - g.zero) * scales  # exact in float32 (fp16 and 6-bit inputs)
+    return _Stored("int4", (_int4_part(prefix, codes, scales.to(dtype), None, None, 32)._replace(mins=mins),))
+
+
 def _read_part(r: WeightReader, part: WeightPart, k: int, m, dtype) -> _Stored:
     """Part ``part`` (``W [rows, k]``) as stored; float weights are quantised to ``m.opts`` if given (``m``:
     the layer's method, which gives ``source``, ``config``, ``opts`` and ``scheme``)."""
     prefix, n = part.prefix, part.rows
     source, config, opts = m.source, m.config, m.opts
+    if source == "gguf":
+        stored = _read_gguf_int4(r, prefix, n, k, dtype)
+        if stored is not None:
+            return stored
     if r.has(prefix + ".qweight"):
         if source not in ("awq", "gptq"):
             raise ValueError(f"tensor {prefix}.qweight found but config.json's quantization_config is not awq/gptq")
@@ -326,4 +353,5 @@ def _shard(layer: Linear, i: int, stored: _Stored) -> _Stored:
     packed = _narrow(_narrow(p.packed, 1, rows and (8 * rows[0], 8 * rows[1])), 0, cols, 64)
     scales = _narrow(_narrow(p.scales, 1, rows), 0, cols, p.group_size)
     zeros = _narrow(_narrow(p.zeros, 1, rows), 0, cols, p.group_size)
-    return _Stored("int4", (Int4Part(packed, scales, zeros, p.perm, p.group_size),))
+    mins = _narrow(_narrow(p.mins, 1, rows), 0, cols, p.group_size)
+    return _Stored("int4", (Int4Part(packed, scales, zeros, p.perm, p.group_size, mins),))

@@ -1,0 +1,212 @@
+"""GGUF weights as stored: Q4_0, Q4_1 and Q4_K linears run on ``int4_gemm`` without a dequantised
+copy (``gguf_weights="stored"``, the default), the other types dequantised with a notice.
+
+Oracle: the ``gguf`` package itself. Its quantisers write the Q4_0 / Q4_1 / Q8_0 tensors (Q4_K,
+which it only reads, gets random blocks with finite fp16 scales: every such block is a valid
+weight), and ``gguf.dequantize`` gives the float weights the stored path must compute with: the
+block decoding is checked against it weight by weight, the models against the same file loaded
+with ``gguf_weights="float"`` (every tensor through ``gguf.dequantize``, itself checked against
+transformers' GGUF loader in tests/test_gguf.py), FlashAttention's rule in float32.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+
+from fastinfer.engine import LLM, SamplingParams  # noqa: E402
+from fastinfer.layers import UnquantizedLinearMethod  # noqa: E402
+from fastinfer.models.gguf import GGUF_INT4_TYPES, gguf_int4_blocks  # noqa: E402
+from fastinfer.quant import Int4LinearMethod, describe_quantization  # noqa: E402
+from gguf_helpers import tiny_tokenizer_meta  # noqa: E402
+from model_helpers import prefill_logits, rel_err  # noqa: E402
+from test_gguf import SMOLLM, _gguf_name, _llamacpp_permute, _write_gguf, needs_smollm, tiny  # noqa: E402,F401
+
+Q = gguf.GGMLQuantizationType
+IDS = list(range(5, 200, 3))
+
+
+def random_blocks(qtype, n: int, k: int, seed: int) -> np.ndarray:
+    """``uint8 [n, row bytes]``: random blocks of ``qtype`` whose fp16 scale fields hold finite
+    values of a weight's size (scale 0.002..0.02, minimum -0.1..0; Q4_K's sub-block scales and
+    mins are the random 6-bit fields)."""
+    rng = np.random.default_rng(seed)
+    size, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (n, k // size, nbytes), dtype=np.uint8)
+    heads = {Q.Q4_0: [(0.002, 0.02)], Q.Q4_1: [(0.002, 0.02), (-0.1, 0.0)],
+             Q.Q4_K: [(0.0005, 0.002), (0.0, 0.003)]}[qtype]
+    for i, (lo, hi) in enumerate(heads):
+        raw[..., 2 * i:2 * i + 2] = rng.uniform(lo, hi, (n, k // size, 1)).astype(np.float16).view(np.uint8)
+    return raw.reshape(n, -1)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q4_K])
+@pytest.mark.parametrize("source", ["random", "gguf.quantize"])
+def test_int4_blocks_are_what_gguf_dequantizes(qtype, source):
+    """codes, scales and minimums reassembled in float64 equal ``gguf.dequantize`` (which rounds in
+    float32: to within its rounding for Q4_K's two products, exactly for Q4_0 / Q4_1)."""
+    if source == "gguf.quantize" and qtype == Q.Q4_K:
+        pytest.skip("the gguf package does not quantise Q4_K")
+    n, k = 48, 512
+    if source == "random":
+        raw = random_blocks(qtype, n, k, seed=int(qtype))
+    else:
+        w = np.random.default_rng(1).standard_normal((n, k)).astype(np.float32) * 0.05
+        raw = gguf.quants.quantize(w, qtype)
+    want = gguf.dequantize(raw, qtype).reshape(n, k).astype(np.float64)
+    g = gguf_int4_blocks(qtype.name, raw, n, k)
+    assert g.codes.dtype == np.uint8 and g.codes.max() <= 15 and g.scales.shape == (k // 32, n)
+    assert (g.mins is None) == (qtype == Q.Q4_0) and g.zero == (8 if qtype == Q.Q4_0 else 0)
+    got = (g.codes.astype(np.float64) - g.zero) * np.repeat(g.scales.T.astype(np.float64), 32, axis=1)
+    if g.mins is not None:
+        got += np.repeat(g.mins.T.astype(np.float64), 32, axis=1)
+    tol = 0.0 if qtype != Q.Q4_K else 2 ** -23 * 4 * np.abs(want).max()
+    assert np.abs(got - want).max() <= tol
+
+
+# each layer's linears in one GGML type (the tiny model: hidden 256, intermediate 704, 5 layers):
+# layer 3's MLP mixes Q4_K (gate / up: K = 256) with Q4_1 (down: K = 704 holds no 256-superblock)
+LAYER_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.F16]
+
+
+def _stored_tiny(tiny, path):
+    """The tiny model as a GGUF file with each layer's linears in LAYER_TYPES (Q4_0 / Q4_1 / Q8_0
+    quantised by ``gguf.quants.quantize``, Q4_K random blocks), q/k rows permuted as llama.cpp's
+    converter stores them."""
+    cfg, tensors = tiny
+    tensors = dict(tensors)
+    raw = {}
+    for i, qtype in enumerate(LAYER_TYPES):
+        if qtype == Q.F16:
+            continue
+        for name in [n for n in tensors if n.startswith(f"model.layers.{i}.") and n.endswith("proj.weight")]:
+            w = tensors.pop(name).numpy()
+            if name.endswith("q_proj.weight"):
+                w = _llamacpp_permute(w, cfg["num_attention_heads"])
+            elif name.endswith("k_proj.weight"):
+                w = _llamacpp_permute(w, cfg["num_key_value_heads"])
+            t = qtype
+            if qtype == Q.Q4_K and w.shape[1] % 256:
+                t = Q.Q4_1
+            blocks = (random_blocks(t, w.shape[0], w.shape[1], seed=i) if t == Q.Q4_K
+                      else gguf.quants.quantize(w.astype(np.float32), t))
+            raw[_gguf_name(name)] = (blocks, t)
+    return _write_gguf(path, cfg, tensors, tokenizer=tiny_tokenizer_meta(), raw=raw, f16=("layers.4.",))
+
+
+@pytest.fixture(scope="module")
+def stored_tiny(tiny, tmp_path_factory):
+    return _stored_tiny(tiny, tmp_path_factory.mktemp("gguf-stored") / "tiny.gguf")
+
+
+def test_stored_linears_run_on_int4_and_match_the_dequantised_file(stored_tiny, caplog):
+    """The Q4_0 / Q4_1 / Q4_K layers load as int4 linears (group 32, the implied zero point 8;
+    Q4_1 / Q4_K with float minimums), the Q8_0 and F16 layers as float ones, and one notice names
+    Q8_0; the logits equal the dequantised file's within float32 noise, and so do greedy tokens."""
+    with caplog.at_level(logging.WARNING, logger="fastinfer"):
+        llm = LLM(stored_tiny, dtype="float32", num_kv_blocks=16)
+    notices = [r.getMessage() for r in caplog.records if "GGUF tensors of type" in r.getMessage()]
+    assert notices == ["tiny.gguf: GGUF tensors of type Q8_0 run dequantised to float32 (no kernel for them yet)"]
+    layers = llm.model.layers
+    for i, qtype in enumerate(LAYER_TYPES):
+        for slot in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+            m = getattr(layers[i], slot)
+            if qtype in (Q.Q8_0, Q.F16):
+                assert type(m.method) is UnquantizedLinearMethod, (i, slot)
+                continue
+            assert type(m.method) is Int4LinearMethod and m.group_sizes == [32], (i, slot)
+            assert m.zeros0 is None and (m.mins_t0 is None) == (qtype == Q.Q4_0), (i, slot)
+    assert describe_quantization(llm.model) == "int4-g32-sym"
+    out = prefill_logits(llm.model, IDS)
+    dequantised = LLM(stored_tiny, dtype="float32", num_kv_blocks=16, gguf_weights="float")
+    assert describe_quantization(dequantised.model) == "none"
+    ref = prefill_logits(dequantised.model, IDS)
+    err = rel_err(out, ref)
+    print(f"tiny GGUF (Q4_0 / Q4_1 / Q4_K stored): rel err {err:.2e} against the dequantised file")
+    assert err < 1e-5
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    assert llm.generate([IDS[:9]], params)[0].outputs[0].token_ids == \
+        dequantised.generate([IDS[:9]], params)[0].outputs[0].token_ids
+
+
+def test_each_stored_detail_is_visible(stored_tiny):
+    """Dropping the Q4_1 / Q4_K minimums or the implied zero point of 8 moves the logits far away."""
+    ref = prefill_logits(LLM(stored_tiny, dtype="float32", num_kv_blocks=16, gguf_weights="float").model, IDS)
+    for layer, what in ((1, "minimums"), (3, "minimums"), (0, "zero point")):
+        llm = LLM(stored_tiny, dtype="float32", num_kv_blocks=16)
+        m = llm.model.layers[layer].gate_up_proj
+        with torch.no_grad():
+            if what == "minimums":
+                m.mins_t0.zero_()
+            else:
+                m.zeros0 = torch.zeros_like(m.scales0, dtype=torch.uint8)
+        err = rel_err(prefill_logits(llm.model, IDS), ref)
+        print(f"layer {layer} without its {what}: rel err {err:.2e}")
+        assert err > 1e-2, (layer, what, err)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision(stored_tiny, dtype):
+    """In float16 and bfloat16 the stored path is about as close to the float32 result as the
+    dequantised file in that dtype (FlashAttention's 2x): int4_gemm rounds each fp16 block scale to
+    the activation dtype (exact in float16; in bfloat16 one error shared by a group's 32 weights,
+    times q - 8 of each), and the centred minimum term is float32. Measured: float16 3.4e-3 against
+    2.6e-3, bfloat16 1.5e-2 against 2.2e-2."""
+    ref = prefill_logits(LLM(stored_tiny, dtype="float32", num_kv_blocks=16, gguf_weights="float").model, IDS)
+    naive = prefill_logits(LLM(stored_tiny, dtype=dtype, num_kv_blocks=16, gguf_weights="float").model, IDS)
+    ours = prefill_logits(LLM(stored_tiny, dtype=dtype, num_kv_blocks=16).model, IDS)
+    e, e_naive = rel_err(ours, ref), rel_err(naive, ref)
+    print(f"{dtype}: stored {e:.2e}, dequantised {e_naive:.2e} from the float32 result")
+    assert 0 < e < 2 * e_naive
+
+
+@needs_smollm
+def test_smollm2_q4_1_runs_as_stored():
+    """The shipped SmolLM2-135M-Instruct Q4_1 file: every decoder linear runs as stored (its
+    576 / 192 / 1536 sizes are whole int4 tiles), its Q8_0 token embedding is dequantised (a gather;
+    lm_head is tied to it), and float32 greedy tokens equal the dequantised file's."""
+    llm = LLM(SMOLLM, dtype="float32", num_kv_blocks=8)
+    assert all(type(m.method) is Int4LinearMethod for m in llm.model.linear_layers() if m is not llm.model.lm_head)
+    assert describe_quantization(llm.model) == "int4-g32-sym"
+    prompt = llm.tokenizer.encode("The capital of France is")
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    ours = llm.generate([prompt], params)[0].outputs[0].token_ids
+    dequantised = LLM(SMOLLM, dtype="float32", num_kv_blocks=8, gguf_weights="float")
+    assert ours == dequantised.generate([prompt], params)[0].outputs[0].token_ids
+
+
+def test_gguf_weights_option_is_checked(stored_tiny):
+    with pytest.raises(ValueError, match="gguf_weights"):
+        LLM(stored_tiny, dtype="float32", num_kv_blocks=16, gguf_weights="int4")
+    assert set(GGUF_INT4_TYPES) == {"Q4_0", "Q4_1", "Q4_K"}
+
+
+@pytest.mark.sim
+def test_sim_stored_gguf(stored_tiny):
+    """bf16 prefill on the emulated kernels (int4_gemm's CUDA source with group 32) within 2x the CPU
+    bf16 stored path's distance from float32, the same bits for every schedule seed."""
+    from conftest import SIM_SEEDS, raw_bits, require_sim, sim_seed
+
+    from fastinfer.engine.checkpoints import load_checkpoint
+    from fastinfer.ops import backend
+
+    require_sim()
+    ids = IDS[:17]
+    ref = prefill_logits(LLM(stored_tiny, dtype="float32", num_kv_blocks=16, gguf_weights="float").model, ids)
+    cpu = prefill_logits(LLM(stored_tiny, dtype="bfloat16", num_kv_blocks=16).model, ids)
+    model = load_checkpoint(stored_tiny, torch.bfloat16, "cpu", None, backend("fastinfer_sim"))
+    assert type(model.layers[1].gate_up_proj.method) is Int4LinearMethod
+    results = []
+    for seed in SIM_SEEDS:
+        with sim_seed(seed):
+            results.append(prefill_logits(model, ids))
+    err, err_cpu = rel_err(results[0], ref), rel_err(cpu, ref)
+    print(f"sim stored GGUF bf16: rel err {err:.4f} (cpu bf16 stored: {err_cpu:.4f})")
+    assert err <= 2 * err_cpu + 1e-3
+    for other in results[1:]:
+        assert torch.equal(raw_bits(results[0]), raw_bits(other))
