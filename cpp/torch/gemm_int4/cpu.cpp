@@ -96,91 +96,87 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 lookup(__m512i v
   }
 }
 
-template <bool kTwoGroups>
-__attribute__((target("avx512f"))) void tile_lanes_avx512(const uint32_t* words, const float* lut,
-                                                           const float* xperm, int64_t m, int64_t k, int64_t n,
-                                                           int64_t group_size, int64_t nt, float* acc) {
-  const int64_t kts = k / 64;
-  if (m == 1) {  // one row: its 16 column accumulators and the unit's 8 activation vectors in registers
-    __m512 one[16];
-    for (int c = 0; c < 16; ++c) one[c] = _mm512_loadu_ps(acc + c * kWords);
-    for (int64_t kt = 0; kt < kts; ++kt) {
-      const uint32_t* unit = words + (kt * (n / 16) + nt) * 128;
-      const int64_t ga = (64 * kt) / group_size, gb = (64 * kt + 32) / group_size;
-      __m512 x[8];
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i) x[i] = _mm512_loadu_ps(xperm + (kt * 8 + i) * kWords);
-#pragma GCC unroll 8
-      for (int g = 0; g < 8; ++g) {
-        const __m512i v = _mm512_loadu_si512(unit + 16 * g);
-        const __m512 lo_a = _mm512_loadu_ps(lut + (ga * 16 + g) * 16), hi_a = _mm512_loadu_ps(lut + (ga * 16 + g + 8) * 16);
-        const __m512 lo_b = kTwoGroups ? _mm512_loadu_ps(lut + (gb * 16 + g) * 16) : lo_a;
-        const __m512 hi_b = kTwoGroups ? _mm512_loadu_ps(lut + (gb * 16 + g + 8) * 16) : hi_a;
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i) {
-          if (kNibble[i].dn)
-            one[g + 8] = _mm512_fmadd_ps(lookup<kTwoGroups>(v, i, hi_a, hi_b), x[i], one[g + 8]);
-          else
-            one[g] = _mm512_fmadd_ps(lookup<kTwoGroups>(v, i, lo_a, lo_b), x[i], one[g]);
-        }
-      }
+// build_lut's table, 16 entries per store: (q - z) * s in fp32, rounded to T as a static_cast does
+// (round to nearest even; bf16 by the carry trick, fp16 by vcvtps2ph), bitwise build_lut's. One
+// group row of tile nt: its 16 columns' 16 entries into dst[c * 16 + q].
+template <typename T>
+__attribute__((target("avx512f"), always_inline)) inline void build_lut_row_avx512(const T* scales, const uint8_t* zeros,
+                                                                                  int64_t n, int64_t row, int64_t nt,
+                                                                                  float* dst) {
+  const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (int c = 0; c < 16; ++c) {
+    const int64_t at = row * n + 16 * nt + c;
+    const float z = static_cast<float>(zeros != nullptr ? zeros[at] : 8);
+    __m512 v = _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(z)), _mm512_set1_ps(static_cast<float>(scales[at])));
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      const __m512i u = _mm512_castps_si512(v);
+      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+      const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+      v = _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+    } else if constexpr (std::is_same_v<T, Half>) {
+      v = _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
-    for (int c = 0; c < 16; ++c) _mm512_storeu_ps(acc + c * kWords, one[c]);
-    return;
-  }
-  for (int64_t kt = 0; kt < kts; ++kt) {
-    const uint32_t* unit = words + (kt * (n / 16) + nt) * 128;
-    const int64_t ga = (64 * kt) / group_size, gb = (64 * kt + 32) / group_size;
-    for (int g = 0; g < 8; ++g) {
-      const __m512i v = _mm512_loadu_si512(unit + 16 * g);
-      const __m512 lo_a = _mm512_loadu_ps(lut + (ga * 16 + g) * 16), lo_b = _mm512_loadu_ps(lut + (gb * 16 + g) * 16);
-      const __m512 hi_a = _mm512_loadu_ps(lut + (ga * 16 + g + 8) * 16);
-      const __m512 hi_b = _mm512_loadu_ps(lut + (gb * 16 + g + 8) * 16);
-      __m512 w[8];
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i) w[i] = kNibble[i].dn ? lookup<kTwoGroups>(v, i, hi_a, hi_b) : lookup<kTwoGroups>(v, i, lo_a, lo_b);
-      for (int64_t r = 0; r < m; ++r) {
-        const float* xp = xperm + (r * kts + kt) * 8 * kWords;
-        float* lo = acc + (r * 16 + g) * kWords;
-        float* hi = acc + (r * 16 + g + 8) * kWords;
-        __m512 alo = _mm512_loadu_ps(lo), ahi = _mm512_loadu_ps(hi);
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i) {
-          const __m512 x = _mm512_loadu_ps(xp + i * kWords);
-          if (kNibble[i].dn)
-            ahi = _mm512_fmadd_ps(w[i], x, ahi);
-          else
-            alo = _mm512_fmadd_ps(w[i], x, alo);
-        }
-        _mm512_storeu_ps(lo, alo);
-        _mm512_storeu_ps(hi, ahi);
-      }
-    }
+    _mm512_storeu_ps(dst + c * 16, v);
   }
 }
 
-// build_lut's table, 16 entries per store: (q - z) * s in fp32, rounded to T as a static_cast does
-// (round to nearest even; bf16 by the carry trick, fp16 by vcvtps2ph), bitwise build_lut's.
-template <typename T>
-__attribute__((target("avx512f"))) void build_lut_avx512(const T* scales, const uint8_t* zeros, int64_t n,
-                                                         int64_t groups, int64_t nt, std::vector<float>& lut) {
-  lut.resize(static_cast<size_t>(groups) * 256);
-  const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  for (int64_t row = 0; row < groups; ++row)
-    for (int c = 0; c < 16; ++c) {
-      const int64_t at = row * n + 16 * nt + c;
-      const float z = static_cast<float>(zeros != nullptr ? zeros[at] : 8);
-      __m512 v = _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(z)), _mm512_set1_ps(static_cast<float>(scales[at])));
-      if constexpr (std::is_same_v<T, BFloat16>) {
-        const __m512i u = _mm512_castps_si512(v);
-        const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-        const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-        v = _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
-      } else if constexpr (std::is_same_v<T, Half>) {
-        v = _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+// Tiles nt0 .. nt0 + tiles - 1 at once, k-major: the packed layout stores a unit row (every tile's
+// unit kt) contiguously, so walking the chunk's tiles within each kt reads tiles x 512 contiguous
+// bytes per step instead of one 512-byte unit per (N / 16) x 512-byte stride (a page or more
+// apart: no prefetch). The tables of the unit row's one or two group rows are built when the
+// group changes (L1-resident); acc: [tiles][m][16 columns][16 lanes]. Each lane's sequence of fma
+// is the one-tile order.
+constexpr int64_t kChunkTiles = 8;
+
+template <typename T, bool kTwoGroups>
+__attribute__((target("avx512f"))) void chunk_lanes_avx512(const uint32_t* words, const T* scales, const uint8_t* zeros,
+                                                            const float* xperm, int64_t m, int64_t k, int64_t n,
+                                                            int64_t group_size, int64_t nt0, int64_t tiles, float* acc) {
+  const int64_t kts = k / 64;
+  // the chunk's tables for the group rows of the current unit row: [tile][a / b][16 columns][16]
+  alignas(64) float luts[kChunkTiles][2][256];
+  int64_t built = -1;  // the group row luts[.][0] holds
+  for (int64_t kt = 0; kt < kts; ++kt) {
+    const int64_t ga = (64 * kt) / group_size, gb = (64 * kt + 32) / group_size;
+    if (ga != built) {
+      for (int64_t t = 0; t < tiles; ++t) {
+        build_lut_row_avx512<T>(scales, zeros, n, ga, nt0 + t, luts[t][0]);
+        if (kTwoGroups) build_lut_row_avx512<T>(scales, zeros, n, gb, nt0 + t, luts[t][1]);
       }
-      _mm512_storeu_ps(lut.data() + (row * 16 + c) * 16, v);
+      built = ga;
     }
+    const uint32_t* row = words + (kt * (n / 16) + nt0) * 128;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const uint32_t* unit = row + t * 128;
+#pragma GCC unroll 8
+      for (int g = 0; g < 8; ++g) {
+        const __m512i v = _mm512_loadu_si512(unit + 16 * g);
+        const __m512 lo_a = _mm512_load_ps(luts[t][0] + g * 16), hi_a = _mm512_load_ps(luts[t][0] + (g + 8) * 16);
+        const __m512 lo_b = kTwoGroups ? _mm512_load_ps(luts[t][1] + g * 16) : lo_a;
+        const __m512 hi_b = kTwoGroups ? _mm512_load_ps(luts[t][1] + (g + 8) * 16) : hi_a;
+        __m512 w[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i)
+          w[i] = kNibble[i].dn ? lookup<kTwoGroups>(v, i, hi_a, hi_b) : lookup<kTwoGroups>(v, i, lo_a, lo_b);
+        for (int64_t r = 0; r < m; ++r) {
+          const float* xp = xperm + (r * kts + kt) * 8 * kWords;
+          float* lo = acc + ((t * m + r) * 16 + g) * kWords;
+          float* hi = lo + 8 * kWords;
+          __m512 alo = _mm512_loadu_ps(lo), ahi = _mm512_loadu_ps(hi);
+#pragma GCC unroll 8
+          for (int i = 0; i < 8; ++i) {
+            const __m512 x = _mm512_loadu_ps(xp + i * kWords);
+            if (kNibble[i].dn)
+              ahi = _mm512_fmadd_ps(w[i], x, ahi);
+            else
+              alo = _mm512_fmadd_ps(w[i], x, alo);
+          }
+          _mm512_storeu_ps(lo, alo);
+          _mm512_storeu_ps(hi, ahi);
+        }
+      }
+    }
+  }
 }
 
 bool have_avx512() {
@@ -201,23 +197,34 @@ void int4_gemm_fused(const Tensor& a, const Tensor& packed, const Tensor& scales
   const uint32_t* words = reinterpret_cast<const uint32_t*>(packed.const_data_ptr<int32_t>());
   const T* sp = scales.const_data_ptr<T>();
   T* op = out.mutable_data_ptr<T>();
+#if FASTINFER_INT4_AVX512
+  if (have_avx512()) {
+    const int64_t chunks = (n / 16 + kChunkTiles - 1) / kChunkTiles;
+    torch::stable::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> acc(static_cast<size_t>(kChunkTiles * m * 16 * kWords));
+      for (int64_t chunk = begin; chunk < end; ++chunk) {
+        const int64_t nt0 = chunk * kChunkTiles, tiles = std::min(kChunkTiles, n / 16 - nt0);
+        std::fill(acc.begin(), acc.end(), 0.f);
+        // a unit spans two groups only with group_size 32
+        (group_size == 32 ? chunk_lanes_avx512<T, true> : chunk_lanes_avx512<T, false>)(
+            words, sp, zp, xperm.data(), m, k, n, group_size, nt0, tiles, acc.data());
+        for (int64_t t = 0; t < tiles; ++t)
+          for (int64_t r = 0; r < m; ++r)
+            for (int c = 0; c < 16; ++c)
+              op[r * n + 16 * (nt0 + t) + c] =
+                  static_cast<T>(cpu::tree_sum<kWords>(acc.data() + ((t * m + r) * 16 + c) * kWords));
+      }
+    });
+    return;
+  }
+#endif
   torch::stable::parallel_for(0, n / 16, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> acc(static_cast<size_t>(m) * 16 * kWords);
     std::vector<float> lut;
     for (int64_t nt = begin; nt < end; ++nt) {
       std::fill(acc.begin(), acc.end(), 0.f);
-#if FASTINFER_INT4_AVX512
-      if (have_avx512()) {
-        build_lut_avx512<T>(sp, zp, n, k / group_size, nt, lut);
-        // a unit spans two groups only with group_size 32
-        (group_size == 32 ? tile_lanes_avx512<true> : tile_lanes_avx512<false>)(words, lut.data(), xperm.data(), m, k,
-                                                                                  n, group_size, nt, acc.data());
-      } else
-#endif
-      {
-        build_lut<T>(sp, zp, n, k / group_size, nt, lut);
-        tile_lanes_portable(words, lut.data(), xperm.data(), m, k, n, group_size, nt, acc.data());
-      }
+      build_lut<T>(sp, zp, n, k / group_size, nt, lut);
+      tile_lanes_portable(words, lut.data(), xperm.data(), m, k, n, group_size, nt, acc.data());
       for (int64_t r = 0; r < m; ++r)
         for (int c = 0; c < 16; ++c)
           op[r * n + 16 * nt + c] = static_cast<T>(cpu::tree_sum<kWords>(acc.data() + (r * 16 + c) * kWords));
