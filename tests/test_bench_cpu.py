@@ -45,7 +45,7 @@ def test_runs_and_writes_json(smollm2, tmp_path, capsys):
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["total_s"] > r["prefill_s"] > 0
     base, theirs = rows[("fastinfer", "stored, float32 activations", 2)], rows[("transformers", "float32 (dequantised)", 2)]
     assert theirs["fastinfer_decode_ratio"] == pytest.approx(base["decode_tok_s"] / theirs["decode_tok_s"])
-    assert "CPU fastinfer" in capsys.readouterr().out
+    assert "CPU stored fastinfer" in capsys.readouterr().out
 
 
 def test_bf16_copy_is_gguf_dequantised_and_rounded(smollm2, tmp_path):
