@@ -81,19 +81,22 @@ def test_int4_gemm_vs_reference(backend, dtype, m, n, k, group, symmetric):
 @pytest.mark.parametrize("n,k,group,symmetric", [(48, 192, 32, False), (32, 256, 64, True), (16, 384, 128, False)])
 def test_int4_gemm_cpu_decode_paths_agree(monkeypatch, dtype, n, k, group, symmetric):
     """The CPU decode path's AVX-512 form (the unit decoded in registers by a table lookup per
-    nibble, one row's accumulators in registers) and its portable form (std::fma per lane,
-    cpu::tree_sum) are one arithmetic: the same bits at every M, and a row's bits do not depend on
-    the other rows (FASTINFER_TEST_CPU_INT4_PORTABLE=1 forces the portable one)."""
+    nibble; in bf16 a constant table of q - 8 and vdpbf16ps) and its portable form (std::fma per
+    lane, cpu::tree_sum) are one arithmetic: the same bits at every M, and a row's bits do not
+    depend on the other rows; the larger-M path's AVX-512 dequantiser writes the portable one's
+    weights (FASTINFER_TEST_CPU_INT4_PORTABLE=1 forces the portable forms)."""
     gen = make_gen(31 + n + k + group)
     w_q, scales, zeros = make_weights(n, k, group, symmetric, dtype, gen)
     a = randn((23, k), dtype, gen=gen)
     packed = torch.ops.fastinfer.int4_pack(w_q)
     fast = torch.ops.fastinfer.int4_gemm(a, packed, scales, zeros, group, None, True)
+    chunked = torch.ops.fastinfer.int4_gemm(a, packed, scales, zeros, group, None, False)
     monkeypatch.setenv("FASTINFER_TEST_CPU_INT4_PORTABLE", "1")
     portable = torch.ops.fastinfer.int4_gemm(a, packed, scales, zeros, group, None, True)
     assert_bits_equal(fast, portable)
+    assert_bits_equal(chunked, torch.ops.fastinfer.int4_gemm(a, packed, scales, zeros, group, None, False))
     monkeypatch.delenv("FASTINFER_TEST_CPU_INT4_PORTABLE")
-    for m in (1, 2, 16):  # one row (register accumulators), a few rows, the decode path's largest M
+    for m in (1, 2, 8 if dtype == torch.bfloat16 else 16):  # one row, a few, the decode path's largest M
         assert_bits_equal(torch.ops.fastinfer.int4_gemm(a[:m], packed, scales, zeros, group, None, False), fast[:m])
 
 

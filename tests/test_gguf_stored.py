@@ -120,7 +120,7 @@ def test_stored_linears_run_on_int4_and_match_the_dequantised_file(stored_tiny, 
                 assert type(m.method) is UnquantizedLinearMethod, (i, slot)
                 continue
             assert type(m.method) is Int4LinearMethod and m.group_sizes == [32], (i, slot)
-            assert m.zeros0 is None and (m.mins_t0 is None) == (qtype == Q.Q4_0), (i, slot)
+            assert m.zeros0 is None and (m.mins0 is None) == (qtype == Q.Q4_0), (i, slot)
     assert describe_quantization(llm.model) == "int4-g32-sym"
     out = prefill_logits(llm.model, IDS)
     dequantised = LLM(stored_tiny, dtype="float32", num_kv_blocks=16, gguf_weights="float")
@@ -142,7 +142,7 @@ def test_each_stored_detail_is_visible(stored_tiny):
         m = llm.model.layers[layer].gate_up_proj
         with torch.no_grad():
             if what == "minimums":
-                m.mins_t0.zero_()
+                m.mins0.zero_()
             else:
                 m.zeros0 = torch.zeros_like(m.scales0, dtype=torch.uint8)
         err = rel_err(prefill_logits(llm.model, IDS), ref)

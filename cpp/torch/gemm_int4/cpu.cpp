@@ -1,7 +1,7 @@
 // CPU implementations of the int4 (W4A16) ops: int4_pack / int4_repack (the layout conversions
 // shared with the CUDA/sim bindings, contract.h) and int4_gemm. int4_gemm dequantises with the kernels'
 // rounding (w = (q - z) * s rounded once to a's dtype) and accumulates in fp32:
-//  - M <= kFusedMaxM (decode): a loop over 16-column tiles on torch's thread pool that decodes each
+//  - M <= kFusedMaxM (decode; 16 rows, 8 in bf16): a loop over 16-column tiles on torch's thread pool that decodes each
 //    64 x 16 unit of the packed weight once, in registers (through per-group tables of the 16
 //    possible values), and applies it to every row of a (no weight copy): see "the decode path's
 //    order of summation" below;
@@ -30,8 +30,12 @@
 namespace fastinfer::binding {
 namespace {
 
-constexpr int64_t kFusedMaxM = 16;
+// The fused decode loop's largest M: beyond it a dequantised chunk and ATen's matmul are faster (in
+// bf16 sooner: its matmul has the bf16 dot-product / AMX kernels).
+template <typename T>
+constexpr int64_t kFusedMaxM = std::is_same_v<T, BFloat16> ? 8 : 16;
 constexpr int64_t kChunkN = 256;
+constexpr int64_t kChunkBytes = int64_t{1} << 20;  // a dequantised chunk stays in L2
 
 // The decode path's order of summation. In the int4_pack layout (gemm/int4.h) columns c and c + 8
 // of a 64 x 16 unit live in the same 16 words (lanes 4c .. 4c + 3, four words each); word w of
@@ -54,6 +58,90 @@ void gather_activations(const float* a, int64_t m, int64_t k, std::vector<float>
         for (int w = 0; w < kWords; ++w)
           xperm[((r * kts + kt) * 8 + i) * kWords + w] =
               a[r * k + 64 * kt + 16 * (w & 3) + 2 * (w >> 2) + kNibble[i].dk];
+}
+
+// The bf16 order (bf16 activations; int4_gemm_fused_bf16). The products (q - 8) x are exact in fp32
+// (a 4-bit integer times a bf16 value). Lane w of a column sums, per unit in k order: q = 0, then for
+// the word's pairs p = 0, 1 (k = k_w + 8 p, k_w = 64 kt + 16 (w & 3) + 2 (w >> 2)) q += w[k + 1]
+// x[k + 1] and q += w[k] x[k] (vdpbf16ps' order: the odd element first), then lane += q s, s the
+// lane's group scale, and with zero points lane -= xsum (z - 8) s, xsum the lane's four activations
+// of the unit summed ((x[k_w] + x[k_w + 1]) + x[k_w + 8]) + x[k_w + 9]. So the weight is (q - z) s
+// in fp32, not rounded to bf16 first as with the other dtypes. Subnormal activations count as zero
+// (vdpbf16ps reads them so), and the two forms differ only where a pair's partial sum is subnormal
+// (vdpbf16ps flushes it).
+inline uint16_t bf16_bits(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+inline float bf16_value(uint32_t bits) {
+  const uint32_t u = bits << 16;
+  float v;
+  std::memcpy(&v, &u, sizeof(v));
+  return v;
+}
+
+// xpair[((r * kts + kt) * 2 + p) * 16 + w] = the bits of (x[k], x[k + 1]), k = k_w + 8 p, low half
+// first; xsum[(r * kts + kt) * 16 + w] (only with zero points) as the bf16 order says.
+void gather_activation_pairs(const BFloat16* a, int64_t m, int64_t k, bool sums, std::vector<uint32_t>& xpair,
+                             std::vector<float>& xsum) {
+  const int64_t kts = k / 64;
+  xpair.resize(static_cast<size_t>(m * kts * 2 * kWords));
+  if (sums) xsum.resize(static_cast<size_t>(m * kts * kWords));
+  const auto flushed = [](BFloat16 v) -> uint32_t { return (v.x & 0x7F80u) == 0 ? (v.x & 0x8000u) : v.x; };
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t kt = 0; kt < kts; ++kt)
+      for (int w = 0; w < kWords; ++w) {
+        const BFloat16* x = a + r * k + 64 * kt + 16 * (w & 3) + 2 * (w >> 2);
+        for (int p = 0; p < 2; ++p)
+          xpair[((r * kts + kt) * 2 + p) * kWords + w] = flushed(x[8 * p]) | (flushed(x[8 * p + 1]) << 16);
+        if (sums)
+          xsum[(r * kts + kt) * kWords + w] = ((bf16_value(flushed(x[0])) + bf16_value(flushed(x[1]))) +
+                                               bf16_value(flushed(x[8]))) + bf16_value(flushed(x[9]));
+      }
+}
+
+// The bf16 order, one tile, per lane with std::fma (the twin of chunk_lanes_bf16dp).
+FASTINFER_CPU_CLONES void tile_lanes_bf16_portable(const uint32_t* words, const BFloat16* scales, const uint8_t* zeros,
+                                                   const uint32_t* xpair, const float* xsum, int64_t m, int64_t k,
+                                                   int64_t n, int64_t group_size, int64_t nt, float* acc) {
+  const int64_t kts = k / 64;
+  for (int64_t kt = 0; kt < kts; ++kt) {
+    const uint32_t* unit = words + (kt * (n / 16) + nt) * 128;
+    const int64_t rows[2] = {(64 * kt) / group_size, (64 * kt + 32) / group_size};
+    for (int g = 0; g < 8; ++g)
+      for (int half = 0; half < 2; ++half) {
+        const int c = g + 8 * half;
+        float s[2], zt[2] = {0.f, 0.f};
+        for (int h = 0; h < 2; ++h) {
+          const int64_t at = rows[h] * n + 16 * nt + c;
+          s[h] = static_cast<float>(scales[at]);
+          if (zeros != nullptr) zt[h] = static_cast<float>(static_cast<int>(zeros[at]) - 8) * s[h];
+        }
+        float lo[2][kWords], hi[2][kWords];
+        for (int p = 0; p < 2; ++p)
+          for (int w = 0; w < kWords; ++w) {
+            const int i = 2 * half + p;  // kNibble[i]: column g + 8 half, k offset 8 p; nibble i + 4: k + 1
+            lo[p][w] = static_cast<float>(static_cast<int>((unit[16 * g + w] >> (4 * i)) & 15u) - 8);
+            hi[p][w] = static_cast<float>(static_cast<int>((unit[16 * g + w] >> (4 * i + 16)) & 15u) - 8);
+          }
+        for (int64_t r = 0; r < m; ++r) {
+          const uint32_t* xp = xpair + (r * kts + kt) * 2 * kWords;
+          float* lane = acc + (r * 16 + c) * kWords;
+          for (int w = 0; w < kWords; ++w) {
+            float q = 0.f;
+            for (int p = 0; p < 2; ++p) {
+              q = std::fma(hi[p][w], bf16_value(xp[p * kWords + w] >> 16), q);
+              q = std::fma(lo[p][w], bf16_value(xp[p * kWords + w] & 0xFFFFu), q);
+            }
+            const int h = (w & 3) >= 2 ? 1 : 0;
+            lane[w] = std::fma(q, s[h], lane[w]);
+            if (zeros != nullptr) lane[w] = std::fma(-xsum[(r * kts + kt) * kWords + w], zt[h], lane[w]);
+          }
+        }
+      }
+  }
 }
 
 // The lanes of tile nt: acc[(r * 16 + c) * 16 + w] (m rows, 16 columns), accumulated over every unit.
@@ -93,30 +181,6 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 lookup(__m512i v
     return _mm512_permutex2var_ps(ta, q, tb);
   } else {
     return _mm512_permutexvar_ps(_mm512_and_si512(_mm512_srli_epi32(v, 4 * i), fifteen), ta);
-  }
-}
-
-// build_lut's table, 16 entries per store: (q - z) * s in fp32, rounded to T as a static_cast does
-// (round to nearest even; bf16 by the carry trick, fp16 by vcvtps2ph), bitwise build_lut's. One
-// group row of tile nt: its 16 columns' 16 entries into dst[c * 16 + q].
-template <typename T>
-__attribute__((target("avx512f"), always_inline)) inline void build_lut_row_avx512(const T* scales, const uint8_t* zeros,
-                                                                                  int64_t n, int64_t row, int64_t nt,
-                                                                                  float* dst) {
-  const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  for (int c = 0; c < 16; ++c) {
-    const int64_t at = row * n + 16 * nt + c;
-    const float z = static_cast<float>(zeros != nullptr ? zeros[at] : 8);
-    __m512 v = _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(z)), _mm512_set1_ps(static_cast<float>(scales[at])));
-    if constexpr (std::is_same_v<T, BFloat16>) {
-      const __m512i u = _mm512_castps_si512(v);
-      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-      const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-      v = _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
-    } else if constexpr (std::is_same_v<T, Half>) {
-      v = _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    }
-    _mm512_storeu_ps(dst + c * 16, v);
   }
 }
 
@@ -179,6 +243,98 @@ __attribute__((target("avx512f"))) void chunk_lanes_avx512(const uint32_t* words
   }
 }
 
+// 16 bf16 scales as fp32.
+__attribute__((target("avx512f"), always_inline)) inline __m512 scale_row_avx512(const BFloat16* s) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// (z - 8) s of 16 columns: the zero points' correction of the lanes' activation sums.
+__attribute__((target("avx512f"), always_inline)) inline __m512 zero_terms_avx512(const uint8_t* z, __m512 s) {
+  const __m128i zi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(z));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(zi), _mm512_set1_epi32(8))), s);
+}
+
+// bf16 activations: vdpbf16ps. The table holds the integers q - 8 (exact in bf16), not the scaled
+// weights: it is one constant, where scaled tables are rebuilt per group row and column (with
+// 32-element groups, GGUF's, that rebuilding cost more than the products). Nibbles i and i + 4 of a
+// word are the same column at k and k + 1, the two halves of one 32-bit lane: v >> 4 i indexes
+// the table for both (vpermw), and vdpbf16ps multiplies them with the pair
+// (x[k], x[k + 1]). Each unit's integer sums are then scaled per lane (a lane of the unit's second
+// 32 k takes the second group's scale): see "the bf16 order" above int4_gemm_fused_bf16.
+template <bool kTwoGroups, bool kZeros>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void chunk_lanes_bf16dp(
+    const uint32_t* words, const BFloat16* scales, const uint8_t* zeros, const uint32_t* xpair, const float* xsum,
+    int64_t m, int64_t k, int64_t n, int64_t group_size, int64_t nt0, int64_t tiles, float* acc) {
+  const int64_t kts = k / 64;
+  alignas(64) uint16_t ints[32];
+  for (int j = 0; j < 32; ++j) ints[j] = bf16_bits(static_cast<float>((j & 15) - 8));
+  const __m512i table = _mm512_load_si512(ints);
+  const __m512i second = _mm512_set_epi32(16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0);
+  for (int64_t kt = 0; kt < kts; ++kt) {
+    const int64_t ga = (64 * kt) / group_size, gb = (64 * kt + 32) / group_size;
+    const uint32_t* row = words + (kt * (n / 16) + nt0) * 128;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const uint32_t* unit = row + t * 128;
+      const int64_t col0 = 16 * (nt0 + t);
+      const __m512 sa = scale_row_avx512(scales + ga * n + col0), sb = kTwoGroups ? scale_row_avx512(scales + gb * n + col0) : sa;
+      __m512 za = sa, zb = sb;
+      if constexpr (kZeros) {
+        za = zero_terms_avx512(zeros + ga * n + col0, sa);
+        zb = kTwoGroups ? zero_terms_avx512(zeros + gb * n + col0, sb) : za;
+      }
+#pragma GCC unroll 8
+      for (int g = 0; g < 8; ++g) {
+        const __m512i v = _mm512_loadu_si512(unit + 16 * g);
+        // vpermw reads the low 5 bits of each 16-bit index: the nibble and one bit of the next,
+        // which the table's second half (a copy of the first) ignores
+        const __m512bh w0 = (__m512bh)_mm512_permutexvar_epi16(v, table);
+        const __m512bh w1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi32(v, 4), table);
+        const __m512bh w2 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi32(v, 8), table);
+        const __m512bh w3 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi32(v, 12), table);
+        __m512 slo, shi, zlo = sa, zhi = sa;
+        if constexpr (kTwoGroups) {
+          slo = _mm512_permutex2var_ps(sa, _mm512_add_epi32(second, _mm512_set1_epi32(g)), sb);
+          shi = _mm512_permutex2var_ps(sa, _mm512_add_epi32(second, _mm512_set1_epi32(g + 8)), sb);
+          if constexpr (kZeros) {
+            zlo = _mm512_permutex2var_ps(za, _mm512_add_epi32(second, _mm512_set1_epi32(g)), zb);
+            zhi = _mm512_permutex2var_ps(za, _mm512_add_epi32(second, _mm512_set1_epi32(g + 8)), zb);
+          }
+        } else {
+          slo = _mm512_permutexvar_ps(_mm512_set1_epi32(g), sa);
+          shi = _mm512_permutexvar_ps(_mm512_set1_epi32(g + 8), sa);
+          if constexpr (kZeros) {
+            zlo = _mm512_permutexvar_ps(_mm512_set1_epi32(g), za);
+            zhi = _mm512_permutexvar_ps(_mm512_set1_epi32(g + 8), za);
+          }
+        }
+        for (int64_t r = 0; r < m; ++r) {
+          const uint32_t* xp = xpair + (r * kts + kt) * 2 * kWords;
+          const __m512bh x0 = (__m512bh)_mm512_loadu_si512(xp), x1 = (__m512bh)_mm512_loadu_si512(xp + kWords);
+          const __m512 qlo = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), w0, x0), w1, x1);
+          const __m512 qhi = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), w2, x0), w3, x1);
+          float* lo = acc + ((t * m + r) * 16 + g) * kWords;
+          float* hi = lo + 8 * kWords;
+          __m512 alo = _mm512_fmadd_ps(qlo, slo, _mm512_loadu_ps(lo));
+          __m512 ahi = _mm512_fmadd_ps(qhi, shi, _mm512_loadu_ps(hi));
+          if constexpr (kZeros) {
+            const __m512 xs = _mm512_loadu_ps(xsum + (r * kts + kt) * kWords);
+            alo = _mm512_fnmadd_ps(xs, zlo, alo);
+            ahi = _mm512_fnmadd_ps(xs, zhi, ahi);
+          }
+          _mm512_storeu_ps(lo, alo);
+          _mm512_storeu_ps(hi, ahi);
+        }
+      }
+    }
+  }
+}
+
+bool have_avx512_bf16() {
+  static const bool yes = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
+  return yes && !cpu_int4_portable();
+}
+
 bool have_avx512() {
   static const bool yes = __builtin_cpu_supports("avx512f");
   return yes && !cpu_int4_portable();
@@ -232,13 +388,59 @@ void int4_gemm_fused(const Tensor& a, const Tensor& packed, const Tensor& scales
   });
 }
 
-// w[n0 : n0 + rows, :] as fp32 (values rounded to T), rows a multiple of 16.
+// Decode path for bf16 activations: the bf16 order (above), on 16-column tiles as int4_gemm_fused.
+void int4_gemm_fused_bf16(const Tensor& a, const Tensor& packed, const Tensor& scales, const uint8_t* zp,
+                          int64_t group_size, Tensor& out) {
+  const int64_t m = a.size(0), k = a.size(1), n = out.size(1);
+  const auto ac = contiguous_as(a, kBFloat16);
+  std::vector<uint32_t> xpair;
+  std::vector<float> xsum;
+  gather_activation_pairs(ac.const_data_ptr<BFloat16>(), m, k, zp != nullptr, xpair, xsum);
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(packed.const_data_ptr<int32_t>());
+  const BFloat16* sp = scales.const_data_ptr<BFloat16>();
+  BFloat16* op = out.mutable_data_ptr<BFloat16>();
+#if FASTINFER_INT4_AVX512
+  if (have_avx512_bf16()) {
+    const int64_t chunks = (n / 16 + kChunkTiles - 1) / kChunkTiles;
+    const auto kernel = group_size == 32 ? (zp != nullptr ? chunk_lanes_bf16dp<true, true> : chunk_lanes_bf16dp<true, false>)
+                                         : (zp != nullptr ? chunk_lanes_bf16dp<false, true> : chunk_lanes_bf16dp<false, false>);
+    torch::stable::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> acc(static_cast<size_t>(kChunkTiles * m * 16 * kWords));
+      for (int64_t chunk = begin; chunk < end; ++chunk) {
+        const int64_t nt0 = chunk * kChunkTiles, tiles = std::min(kChunkTiles, n / 16 - nt0);
+        std::fill(acc.begin(), acc.end(), 0.f);
+        kernel(words, sp, zp, xpair.data(), xsum.data(), m, k, n, group_size, nt0, tiles, acc.data());
+        for (int64_t t = 0; t < tiles; ++t)
+          for (int64_t r = 0; r < m; ++r)
+            for (int c = 0; c < 16; ++c)
+              op[r * n + 16 * (nt0 + t) + c] =
+                  static_cast<BFloat16>(cpu::tree_sum<kWords>(acc.data() + ((t * m + r) * 16 + c) * kWords));
+      }
+    });
+    return;
+  }
+#endif
+  torch::stable::parallel_for(0, n / 16, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(static_cast<size_t>(m) * 16 * kWords);
+    for (int64_t nt = begin; nt < end; ++nt) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      tile_lanes_bf16_portable(words, sp, zp, xpair.data(), xsum.data(), m, k, n, group_size, nt, acc.data());
+      for (int64_t r = 0; r < m; ++r)
+        for (int c = 0; c < 16; ++c)
+          op[r * n + 16 * nt + c] = static_cast<BFloat16>(cpu::tree_sum<kWords>(acc.data() + (r * 16 + c) * kWords));
+    }
+  });
+}
+
+// w[n0 : n0 + rows, :] (values rounded to T), rows a multiple of 16: bf16 for bf16 activations (the
+// matmul then runs in bf16: its products are exact, its sums fp32), fp32 otherwise.
 template <typename T>
 Tensor dequantize_rows(const Tensor& packed, const Tensor& scales, const uint8_t* zeros, int64_t n,
                            int64_t k, int64_t group_size, int64_t n0, int64_t rows) {
-  auto w = empty_on(scales, {rows, k}, kFloat);
-  dequantize_int4_rows<T>(packed.const_data_ptr<int32_t>(), scales.const_data_ptr<T>(), zeros, n, k, group_size, n0,
-                          rows, w.mutable_data_ptr<float>());
+  using Out = std::conditional_t<std::is_same_v<T, BFloat16>, BFloat16, float>;
+  auto w = empty_on(scales, {rows, k}, std::is_same_v<T, BFloat16> ? kBFloat16 : kFloat);
+  dequantize_int4_rows<T, Out>(packed.const_data_ptr<int32_t>(), scales.const_data_ptr<T>(), zeros, n, k, group_size,
+                               n0, rows, w.template mutable_data_ptr<Out>());
   return w;
 }
 
@@ -246,9 +448,12 @@ template <typename T>
 void int4_gemm_chunked(const Tensor& a, const Tensor& packed, const Tensor& scales, const uint8_t* zeros,
                        int64_t group_size, Tensor& out) {
   const int64_t k = a.size(1), n = out.size(1);
-  const auto af = to_dtype_of(a, kFloat);
-  for (int64_t n0 = 0; n0 < n; n0 += kChunkN) {
-    const int64_t rows = std::min(kChunkN, n - n0);
+  const auto af = std::is_same_v<T, BFloat16> ? a : to_dtype_of(a, kFloat);
+  // chunks of about kChunkBytes, at least kChunkN rows (each matmul call costs a weight reorder)
+  const int64_t bytes_per_row = k * (std::is_same_v<T, BFloat16> ? 2 : 4);
+  const int64_t chunk = std::max(kChunkN, kChunkBytes / bytes_per_row / 16 * 16);
+  for (int64_t n0 = 0; n0 < n; n0 += chunk) {
+    const int64_t rows = std::min(chunk, n - n0);
     const auto w = dequantize_rows<T>(packed, scales, zeros, n, k, group_size, n0, rows);
     auto cols = slice(out, 1, n0, rows);
     torch::stable::copy_(cols, matmul_nt(af, w));
@@ -287,7 +492,9 @@ Tensor int4_gemm_cpu(const Tensor& a_in, const Tensor& packed, const Tensor& sca
   if (m == 0) return out;
   const uint8_t* zp = zeros.has_value() ? zeros->mutable_data_ptr<uint8_t>() : nullptr;
   FASTINFER_DISPATCH_FLOAT_TYPES(a.scalar_type(), "int4_gemm_cpu", [&] {
-    if (m <= kFusedMaxM || deterministic)
+    if ((m <= kFusedMaxM<scalar_t> || deterministic) && std::is_same_v<scalar_t, BFloat16>)
+      int4_gemm_fused_bf16(a, packed, scales, zp, group_size, out);
+    else if (m <= kFusedMaxM<scalar_t> || deterministic)
       int4_gemm_fused<scalar_t>(a, packed, scales, zp, group_size, out);
     else
       int4_gemm_chunked<scalar_t>(a, packed, scales, zp, group_size, out);

@@ -8,6 +8,14 @@
 #include <vector>
 
 #include "common.h"
+#include "overrides.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define FASTINFER_INT4_DECODE_AVX512 1
+#else
+#define FASTINFER_INT4_DECODE_AVX512 0
+#endif
 
 namespace fastinfer::binding {
 
@@ -58,19 +66,127 @@ inline void decode_unit(const int32_t* packed, const std::vector<float>& lut, in
   }
 }
 
-// w[n0 : n0 + rows, :] of the packed [K / 64, 8 N] weight into out [rows, k] (fp32, values rounded
-// to T), rows a multiple of 16; 16-row tiles on torch's thread pool.
+#if FASTINFER_INT4_DECODE_AVX512
+// build_lut's table, 16 entries per store: (q - z) * s in fp32, rounded to T as a static_cast does
+// (round to nearest even; bf16 by the carry trick, fp16 by vcvtps2ph), bitwise build_lut's. One
+// group row of tile nt: its 16 columns' 16 entries into dst[c * 16 + q].
 template <typename T>
+__attribute__((target("avx512f"), always_inline)) inline void build_lut_row_avx512(const T* scales, const uint8_t* zeros,
+                                                                                  int64_t n, int64_t row, int64_t nt,
+                                                                                  float* dst) {
+  const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (int c = 0; c < 16; ++c) {
+    const int64_t at = row * n + 16 * nt + c;
+    const float z = static_cast<float>(zeros != nullptr ? zeros[at] : 8);
+    __m512 v = _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(z)), _mm512_set1_ps(static_cast<float>(scales[at])));
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      const __m512i u = _mm512_castps_si512(v);
+      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+      const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+      v = _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+    } else if constexpr (std::is_same_v<T, Half>) {
+      v = _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    _mm512_storeu_ps(dst + c * 16, v);
+  }
+}
+
+// build_lut with AVX-512, bitwise the same.
+template <typename T>
+__attribute__((target("avx512f"))) void build_lut_avx512(const T* scales, const uint8_t* zeros, int64_t n,
+                                                          int64_t groups, int64_t nt, std::vector<float>& lut) {
+  lut.resize(static_cast<size_t>(groups) * 256);
+  for (int64_t row = 0; row < groups; ++row) build_lut_row_avx512<T>(scales, zeros, n, row, nt, lut.data() + row * 256);
+}
+
+// 16 fp32 values to dst as Out (BFloat16: values that are bf16 already, so the upper halves).
+template <typename Out>
+__attribute__((target("avx512f,avx512bw"), always_inline)) inline void store16(Out* dst, __m512 v) {
+  if constexpr (std::is_same_v<Out, float>) {
+    _mm512_storeu_ps(dst, v);
+  } else {
+    const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), h);
+  }
+}
+
+// decode_unit with AVX-512, bitwise the same: per word group g (columns g and g + 8) each nibble's
+// 16 values by one table lookup (vpermt2ps over the two groups' tables of the column), then put in
+// k order: nibbles at k offsets 0 / 1 interleaved (P), 8 / 9 likewise (Q), and 128-bit blocks of P
+// and Q give k [16 j, 16 j + 16). out[c * ld + k] for the 16 columns, 64 k; Out float or BFloat16
+// (the values are bf16 already when T is).
+template <typename Out>
+__attribute__((target("avx512f,avx512bw"))) inline void decode_unit_avx512(const uint32_t* unit, const float* tab_a,
+                                                                         const float* tab_b, Out* out, int64_t ld) {
+  const __m512i fifteen = _mm512_set1_epi32(15);
+  // lanes w with (w & 3) >= 2 read k 32..63: the second table
+  const __m512i second = _mm512_set_epi32(16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0);
+  const __m512i lo_pairs = _mm512_set_epi32(29, 13, 25, 9, 21, 5, 17, 1, 28, 12, 24, 8, 20, 4, 16, 0);
+  const __m512i hi_pairs = _mm512_set_epi32(31, 15, 27, 11, 23, 7, 19, 3, 30, 14, 26, 10, 22, 6, 18, 2);
+  for (int g = 0; g < 8; ++g) {
+    const __m512i v = _mm512_loadu_si512(unit + 16 * g);
+    for (int half = 0; half < 2; ++half) {
+      const int c = g + 8 * half;
+      const __m512 ta = _mm512_loadu_ps(tab_a + c * 16), tb = _mm512_loadu_ps(tab_b + c * 16);
+      __m512 f[4];  // nibbles 2 half + {0, 4, 1, 5}: k offsets 0, 1, 8, 9
+      const int nib[4] = {2 * half, 2 * half + 4, 2 * half + 1, 2 * half + 5};
+      for (int j = 0; j < 4; ++j) {
+        const __m512i q = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4 * nib[j]), fifteen, second, 0xEA);
+        f[j] = _mm512_permutex2var_ps(ta, q, tb);
+      }
+      const __m512 pa = _mm512_permutex2var_ps(f[0], lo_pairs, f[1]), pb = _mm512_permutex2var_ps(f[0], hi_pairs, f[1]);
+      const __m512 qa = _mm512_permutex2var_ps(f[2], lo_pairs, f[3]), qb = _mm512_permutex2var_ps(f[2], hi_pairs, f[3]);
+      Out* row = out + c * ld;
+      store16<Out>(row, _mm512_shuffle_f32x4(pa, qa, 0x44));
+      store16<Out>(row + 16, _mm512_shuffle_f32x4(pa, qa, 0xEE));
+      store16<Out>(row + 32, _mm512_shuffle_f32x4(pb, qb, 0x44));
+      store16<Out>(row + 48, _mm512_shuffle_f32x4(pb, qb, 0xEE));
+    }
+  }
+}
+
+inline bool int4_decode_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return yes && !cpu_int4_portable();
+}
+#endif
+
+// w[n0 : n0 + rows, :] of the packed [K / 64, 8 N] weight into out [rows, k] (values rounded to T;
+// Out float, or BFloat16 when T is), rows a multiple of 16; 16-row tiles on torch's thread pool.
+template <typename T, typename Out = float>
 void dequantize_int4_rows(const int32_t* packed, const T* scales, const uint8_t* zeros, int64_t n, int64_t k,
-                          int64_t group_size, int64_t n0, int64_t rows, float* out) {
+                          int64_t group_size, int64_t n0, int64_t rows, Out* out) {
+  static_assert(std::is_same_v<Out, float> || std::is_same_v<Out, T>, "rows as float, or in the weights' dtype");
   torch::stable::parallel_for(0, rows / 16, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> lut;
     float buf[16][64];
     for (int64_t tile = begin; tile < end; ++tile) {
-      build_lut<T>(scales, zeros, n, k / group_size, n0 / 16 + tile, lut);
+      const int64_t nt = n0 / 16 + tile;
+#if FASTINFER_INT4_DECODE_AVX512
+      if (int4_decode_avx512()) {
+        build_lut_avx512<T>(scales, zeros, n, k / group_size, nt, lut);
+      } else
+#endif
+        build_lut<T>(scales, zeros, n, k / group_size, nt, lut);
       for (int64_t kt = 0; kt < k / 64; ++kt) {
-        decode_unit(packed, lut, n, group_size, kt, n0 / 16 + tile, buf);
-        for (int c = 0; c < 16; ++c) std::memcpy(out + (16 * tile + c) * k + 64 * kt, buf[c], sizeof(buf[c]));
+#if FASTINFER_INT4_DECODE_AVX512
+        if constexpr (std::is_same_v<Out, float> || std::is_same_v<Out, BFloat16>) {
+          if (int4_decode_avx512()) {
+            const uint32_t* unit = reinterpret_cast<const uint32_t*>(packed) + (kt * (n / 16) + nt) * 128;
+            decode_unit_avx512<Out>(unit, lut.data() + (64 * kt) / group_size * 256,
+                                    lut.data() + (64 * kt + 32) / group_size * 256, out + 16 * tile * k + 64 * kt, k);
+            continue;
+          }
+        }
+#endif
+        decode_unit(packed, lut, n, group_size, kt, nt, buf);
+        for (int c = 0; c < 16; ++c) {
+          Out* dst = out + (16 * tile + c) * k + 64 * kt;
+          if constexpr (std::is_same_v<Out, float>)
+            std::memcpy(dst, buf[c], sizeof(buf[c]));
+          else
+            for (int i = 0; i < 64; ++i) dst[i] = static_cast<Out>(buf[c][i]);
+        }
       }
     }
   });

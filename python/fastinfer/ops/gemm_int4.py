@@ -11,7 +11,11 @@ as 4-bit integers ``q[N, K]`` in ``0..15`` with one scale and one zero point per
 ``scales``: ``[K / G, N]`` in the activation dtype; ``zeros``: ``uint8 [K / G, N]`` in ``0..15``,
 or ``None`` for symmetric weights (``z = 8`` everywhere). The dequantised weight is rounded to the
 activation dtype (exactly: ``q - z`` is a small integer, so the product is rounded once) and the
-products are accumulated in fp32; ``out`` is rounded once.
+products are accumulated in fp32; ``out`` is rounded once. One exception: the CPU decode path
+(M <= 8, or ``deterministic``) with bfloat16 activations multiplies the integers ``q - 8`` with
+the activations (exact products, bf16 dot-product instructions where the CPU has them) and applies
+``s`` (and ``(z - 8) * s`` times the activations' sum) per 64 input features in fp32: its weight is
+``(q - z) * s`` unrounded, the same within bf16's rounding of the weight.
 
 Packed layout (``int4_pack``; the kernel's own, see ``cuda/include/fastinfer/gemm/int4.h``)
 -------------------------------------------------------------------------------------------
@@ -126,7 +130,8 @@ def int4_gemm(
 
     On a GPU, M < 512 runs the fused W4A16 kernel (split-K chosen from the SM count); M >= 512
     dequantises W and calls a dense matmul (threshold not measured; ``FASTINFER_TEST_INT4_DENSE_MIN_M``
-    overrides it). On CPU, M <= 16 runs a fused decode loop, larger M dense chunks of W.
+    overrides it). On CPU, M <= 16 (8 in bfloat16) runs a fused decode loop, larger M dense chunks of
+    W.
     """
     return (lib or torch.ops.fastinfer).int4_gemm(a, packed, scales, zeros, int(group_size), perm,
                                                   bool(deterministic))

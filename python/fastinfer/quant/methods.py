@@ -307,7 +307,7 @@ def _fuse_int4(parts: List[Int4Part]) -> List[Int4Part]:
 class Int4LinearMethod(_QuantizedMethod):
     """W4A16: ``int4_gemm(x, packed, scales, zeros, G, perm)`` (+ bias); a GGUF Q4_1 / Q4_K weight's
     float minimums (``W = (q - 8) s + min`` per 32 weights) add the activations' group sums times
-    them (a float32 GEMM of ``[M, K / 32]`` by ``[K / 32, N]``, buffer ``mins_t{i}``).
+    them (a float32 GEMM of ``[M, K / 32]`` by ``[K / 32, N]``, buffer ``mins{i}``).
 
     Usually one :class:`Int4Part`; several (outputs concatenated along N) when fused projections
     have different act-order permutations. A stored input size ``Kq`` larger than the activation
@@ -331,14 +331,12 @@ class Int4LinearMethod(_QuantizedMethod):
             p = Int4Part(*(t.to(layer.device).contiguous() if isinstance(t, Tensor) else t for t in p))
             for name, t in zip(("packed", "scales", "zeros", "perm"), p[:4]):
                 layer.register_buffer(f"{name}{i}", t, persistent=False)
-            # GGUF minimums: their term is a GEMM of the activations' group sums by mins^T [n, Kq/G]
-            mins_t = None if p.mins is None else p.mins.t().contiguous()
-            layer.register_buffer(f"mins_t{i}", mins_t, persistent=False)
+            # GGUF minimums [Kq / G, n]: their term is a GEMM of the activations' group sums by them
+            layer.register_buffer(f"mins{i}", None if p.mins is None else p.mins.float(), persistent=False)
 
     def part(self, layer: Linear, i: int) -> Int4Part:
-        mins_t = getattr(layer, f"mins_t{i}", None)
         return Int4Part(getattr(layer, f"packed{i}"), getattr(layer, f"scales{i}"), getattr(layer, f"zeros{i}"),
-                        getattr(layer, f"perm{i}"), layer.group_sizes[i], None if mins_t is None else mins_t.t())
+                        getattr(layer, f"perm{i}"), layer.group_sizes[i], getattr(layer, f"mins{i}", None))
 
     def apply(self, layer: Linear, x: Tensor, bias: Optional[Tensor]) -> Tensor:
         lead = x.shape[:-1]
@@ -350,10 +348,12 @@ class Int4LinearMethod(_QuantizedMethod):
         for i in range(layer.num_parts):
             p = self.part(layer, i)
             y = layer.ops.int4_gemm(x2, p.packed, p.scales, p.zeros, p.group_size, p.perm)
-            mins_t = getattr(layer, f"mins_t{i}")
-            if mins_t is not None:  # + sum over groups g of (sum of x over g) * min[g, n], in float32
-                sums = x2.float().view(x2.shape[0], -1, p.group_size).sum(-1)
-                y = (y.float() + layer.ops.linear(sums, mins_t)).to(x2.dtype)
+            if p.mins is not None:  # + sum over groups g of (sum of x over g) * min[g, n], in float32
+                sums = x2.view(x2.shape[0], -1, p.group_size).sum(-1, dtype=torch.float32)
+                if layer.ops.deterministic:  # dense_mm: a row's bits do not depend on M
+                    y = (y.float() + layer.ops.linear(sums, p.mins.t())).to(x2.dtype)
+                else:
+                    y = torch.addmm(y.float(), sums, p.mins).to(x2.dtype)
             outs.append(y)
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         if bias is not None:
