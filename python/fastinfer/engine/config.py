@@ -260,9 +260,10 @@ class EngineConfig:
         default_doc="run the checkpoint as stored; quantised checkpoints (fastinfer, AutoAWQ, AutoGPTQ) are "
         "detected from config.json")
     gguf_weights: str = _option(
-        "stored", _QUANT, "a GGUF file's quantised weights: stored (Q4_0 / Q4_1 / Q4_K linears run as stored on "
-        "the int4 kernels, the other types dequantised to the model dtype with a notice naming them) | float "
-        "(every tensor dequantised to the model dtype)", choices=("stored", "float"))
+        "auto", _QUANT, "a GGUF file's quantised weights: auto (Q4_0 / Q4_1 / Q4_K linears run as stored on "
+        "the int4 kernels, the other types dequantised to the model dtype with a notice naming them) | stored "
+        "(as auto, but a decoder linear or expert of a type with no kernel is an error listing the types that "
+        "run as stored) | float (every tensor dequantised to the model dtype)", choices=("auto", "stored", "float"))
     quantization_config: Optional[Dict[str, Any]] = _option(
         None, _QUANT, "int4 options for quantisation on load: group_size (128), symmetric (False), pad_groups "
         "(True: zero-pad a layer whose input size the group size does not divide); on the command line "
@@ -323,8 +324,8 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be >= 1")
         if self.max_model_len is not None:
             self.max_model_len = max(int(self.max_model_len), 1)
-        if self.gguf_weights not in ("stored", "float"):
-            raise ValueError(f"gguf_weights must be 'stored' or 'float', got {self.gguf_weights!r}")
+        if self.gguf_weights not in ("auto", "stored", "float"):
+            raise ValueError(f"gguf_weights must be 'auto', 'stored' or 'float', got {self.gguf_weights!r}")
         if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, "
                              f"got {self.kv_cache_dtype!r}")

@@ -169,16 +169,29 @@ class GgufQuantization(QuantizationConfig):
     of 64 and its N of 16 (the int4 layout's tile), runs on ``int4_gemm`` (:class:`Int4LinearMethod`, group
     32, zero point 8; Q4_1 / Q4_K's float minimums, centred, as a second term); every other weight (the other types,
     a fused layer mixing types, lm_head, the experts) is dequantised to the model dtype, and the
-    types that are reported once (:attr:`dequantized_types`)."""
+    types that are reported once (:attr:`dequantized_types`). ``strict`` (``gguf_weights="stored"``):
+    a quantised decoder linear or expert that cannot run as stored is an error naming its tensor, its
+    type and the types that can; the output projection (a tied embedding too) is dequantised either
+    way, as every quantisation keeps lm_head in float."""
 
     name = "gguf"
 
-    def __init__(self, path: str, model_config):
+    def __init__(self, path: str, model_config, strict: bool = False):
         from ..models.gguf import GGUF_INT4_TYPES, GGUFWeightReader
 
         self.reader = GGUFWeightReader(path, model_config)
         self.int4_types = GGUF_INT4_TYPES
+        self.strict = strict
         self.dequantized_types: set = set()
+
+    def _dequantized(self, prefix: str, types, why: str) -> None:
+        quantised = [t for t in types if t is not None and t not in ("F32", "F16", "BF16")]
+        if quantised and self.strict:
+            raise ValueError(
+                f"{prefix}: GGUF type {', '.join(sorted(set(quantised)))} cannot run as stored ({why}); "
+                f"gguf_weights='stored' runs {' / '.join(self.int4_types)} linears with whole 64 x 16 tiles "
+                "as stored (gguf_weights='auto' dequantises the others, 'float' everything)")
+        self.dequantized_types.update(quantised)
 
     def _type(self, prefix: str) -> Optional[str]:
         name = prefix + ".weight"
@@ -186,38 +199,41 @@ class GgufQuantization(QuantizationConfig):
 
     def linear_method(self, layer: Linear) -> LinearMethod:
         types = [self._type(p.prefix) for p in layer.parts]
-        floats = ("F32", "F16", "BF16")
         if _ignored(layer, NOT_QUANTIZED):  # lm_head (its probe has only a name and parts)
-            self.dequantized_types.update(t for t in types if t is not None and t not in floats)
+            self.dequantized_types.update(t for t in types if t is not None and t not in ("F32", "F16", "BF16"))
             return UnquantizedLinearMethod()
         # whole 64 x 16 tiles of the int4 layout on this rank (its rows, and its input features:
         # the whole K, or a row-parallel slice, also whole 32-groups then)
         fits = layer.in_features % 64 == 0 and all(n % 16 == 0 for n in layer.part_rows)
         if fits and all(t in self.int4_types for t in types):
             return Int4LinearMethod(source="gguf")
-        self.dequantized_types.update(t for t in types if t is not None and t not in floats)
+        if len(set(types)) > 1:
+            why = "its fused parts have different types"
+        elif all(t in self.int4_types for t in types):
+            why = f"{layer.in_features} input features and {layer.part_rows} rows on this rank are not whole tiles"
+        else:
+            why = "no kernel for the type"
+        self._dequantized(", ".join(p.prefix for p in layer.parts), types, why)
         return UnquantizedLinearMethod()
 
     def moe_method(self, layer: FusedMoE) -> FusedMoEMethod:
         for e in range(layer.num_experts):
             for part in layer.expert_projections(e):
-                t = self._type(part.prefix)
-                if t is not None and t not in ("F32", "F16", "BF16"):
-                    self.dequantized_types.add(t)
+                self._dequantized(part.prefix, [self._type(part.prefix)], "experts run in float")
         return UnquantizedFusedMoEMethod()
 
 
 def resolve_quantization(model_config, opts: Optional[QuantOptions] = None,
-                         path: Optional[str] = None, gguf_weights: str = "stored") -> Optional[QuantizationConfig]:
+                         path: Optional[str] = None, gguf_weights: str = "auto") -> Optional[QuantizationConfig]:
     """The quantisation a model loads with: as stored when its ``config.json`` says it is quantised
     (``opts`` may then only name the stored method), else ``opts`` (quantise on load), else, for a
-    GGUF file with ``gguf_weights="stored"``, its quantised types as stored where a kernel runs
-    them (:class:`GgufQuantization`), else None (float)."""
+    GGUF file with ``gguf_weights`` ``"auto"`` or ``"stored"``, its quantised types as stored where
+    a kernel runs them (:class:`GgufQuantization`, strict with ``"stored"``), else None (float)."""
     from ..models.gguf import find_gguf
 
     gguf_file = find_gguf(path) if path is not None and opts is None else None
-    if gguf_file is not None and gguf_weights == "stored":
-        return GgufQuantization(gguf_file, model_config)
+    if gguf_file is not None and gguf_weights in ("auto", "stored"):
+        return GgufQuantization(gguf_file, model_config, strict=gguf_weights == "stored")
     stored = stored_quantization(model_config)
     if stored is not None:
         if opts is not None and opts.method != stored.method:
