@@ -25,7 +25,7 @@ from fastinfer.layers import UnquantizedLinearMethod  # noqa: E402
 from fastinfer.models.gguf import GGUF_INT4_TYPES, gguf_int4_blocks  # noqa: E402
 from fastinfer.quant import Int4LinearMethod, describe_quantization  # noqa: E402
 from gguf_helpers import tiny_tokenizer_meta  # noqa: E402
-from model_helpers import prefill_logits, rel_err  # noqa: E402
+from model_helpers import plan_logits, prefill_logits, rel_err  # noqa: E402
 from test_gguf import SMOLLM, _gguf_name, _llamacpp_permute, _write_gguf, needs_smollm, tiny  # noqa: E402,F401
 
 Q = gguf.GGMLQuantizationType
@@ -40,17 +40,18 @@ def random_blocks(qtype, n: int, k: int, seed: int) -> np.ndarray:
     size, nbytes = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (n, k // size, nbytes), dtype=np.uint8)
     heads = {Q.Q4_0: [(0.002, 0.02)], Q.Q4_1: [(0.002, 0.02), (-0.1, 0.0)],
-             Q.Q4_K: [(0.0005, 0.002), (0.0, 0.003)]}[qtype]
+             Q.Q4_K: [(0.0005, 0.002), (0.0, 0.003)], Q.Q8_0: [(0.0001, 0.001)]}[qtype]
     for i, (lo, hi) in enumerate(heads):
         raw[..., 2 * i:2 * i + 2] = rng.uniform(lo, hi, (n, k // size, 1)).astype(np.float16).view(np.uint8)
     return raw.reshape(n, -1)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q4_K])
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q8_0])
 @pytest.mark.parametrize("source", ["random", "gguf.quantize"])
 def test_int4_blocks_are_what_gguf_dequantizes(qtype, source):
-    """codes, scales and minimums reassembled in float64 equal ``gguf.dequantize`` (which rounds in
-    float32: to within its rounding for Q4_K's two products, exactly for Q4_0 / Q4_1)."""
+    """codes, scales and minimums (and Q8_0's high plane) reassembled in float64 equal
+    ``gguf.dequantize`` (which rounds in float32: to within its rounding for Q4_K's two products,
+    exactly for Q4_0 / Q4_1 / Q8_0)."""
     if source == "gguf.quantize" and qtype == Q.Q4_K:
         pytest.skip("the gguf package does not quantise Q4_K")
     n, k = 48, 512
@@ -62,30 +63,36 @@ def test_int4_blocks_are_what_gguf_dequantizes(qtype, source):
     want = gguf.dequantize(raw, qtype).reshape(n, k).astype(np.float64)
     g = gguf_int4_blocks(qtype.name, raw, n, k)
     assert g.codes.dtype == np.uint8 and g.codes.max() <= 15 and g.scales.shape == (k // 32, n)
-    assert (g.mins is None) == (qtype == Q.Q4_0) and g.zero == (8 if qtype == Q.Q4_0 else 0)
-    got = (g.codes.astype(np.float64) - g.zero) * np.repeat(g.scales.T.astype(np.float64), 32, axis=1)
+    assert (g.mins is None) == (qtype == Q.Q4_0) and g.zero == (8 if qtype in (Q.Q4_0, Q.Q8_0) else 0)
+    assert (g.high is None) == (qtype != Q.Q8_0)
+    scales = np.repeat(g.scales.T.astype(np.float64), 32, axis=1)
+    got = (g.codes.astype(np.float64) - g.zero) * scales
     if g.mins is not None:
         got += np.repeat(g.mins.T.astype(np.float64), 32, axis=1)
+    if g.high is not None:
+        assert g.high.dtype == np.uint8 and g.high.max() <= 15 and g.high.shape == (n, k)
+        got += 16 * (g.high.astype(np.float64) - 8) * scales
     tol = 0.0 if qtype != Q.Q4_K else 2 ** -23 * 4 * np.abs(want).max()
     assert np.abs(got - want).max() <= tol
 
 
 # each layer's linears in one GGML type (the tiny model: hidden 256, intermediate 704, 5 layers):
-# layer 3's MLP mixes Q4_K (gate / up: K = 256) with Q4_1 (down: K = 704 holds no 256-superblock)
-LAYER_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.F16]
+# layer 3's MLP mixes Q4_K (gate / up: K = 256) with Q4_1 (down: K = 704 holds no 256-superblock);
+# layer 4's attention is F16, its MLP Q5_0 (no kernel: dequantised)
+LAYER_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_0]
 
 
 def _stored_tiny(tiny, path):
-    """The tiny model as a GGUF file with each layer's linears in LAYER_TYPES (Q4_0 / Q4_1 / Q8_0
-    quantised by ``gguf.quants.quantize``, Q4_K random blocks), q/k rows permuted as llama.cpp's
-    converter stores them."""
+    """The tiny model as a GGUF file with each layer's linears in LAYER_TYPES (Q4_0 / Q4_1 / Q8_0 /
+    Q5_0 quantised by ``gguf.quants.quantize``, Q4_K random blocks; layer 4's attention in F16), q/k
+    rows permuted as llama.cpp's converter stores them."""
     cfg, tensors = tiny
     tensors = dict(tensors)
     raw = {}
     for i, qtype in enumerate(LAYER_TYPES):
-        if qtype == Q.F16:
-            continue
         for name in [n for n in tensors if n.startswith(f"model.layers.{i}.") and n.endswith("proj.weight")]:
+            if qtype == Q.Q5_0 and ".mlp." not in name:
+                continue  # F16
             w = tensors.pop(name).numpy()
             if name.endswith("q_proj.weight"):
                 w = _llamacpp_permute(w, cfg["num_attention_heads"])
@@ -106,29 +113,31 @@ def stored_tiny(tiny, tmp_path_factory):
 
 
 def test_stored_linears_run_on_int4_and_match_the_dequantised_file(stored_tiny, caplog):
-    """The Q4_0 / Q4_1 / Q4_K layers load as int4 linears (group 32, the implied zero point 8;
-    Q4_1 / Q4_K with float minimums), the Q8_0 and F16 layers as float ones, and one notice names
-    Q8_0; the logits equal the dequantised file's within float32 noise, and so do greedy tokens."""
+    """The Q4_0 / Q4_1 / Q4_K / Q8_0 layers load as int4 linears (group 32, the implied zero point 8;
+    Q4_1 / Q4_K / Q8_0 with float minimums, Q8_0 with its high nibbles' plane), the Q5_0 and F16
+    ones as float, and one notice names Q5_0; the logits equal the dequantised file's within float32
+    noise, and so do greedy tokens."""
     with caplog.at_level(logging.WARNING, logger="fastinfer"):
         llm = LLM(stored_tiny, dtype="float32", num_kv_blocks=16)
     notices = [r.getMessage() for r in caplog.records if "GGUF tensors of type" in r.getMessage()]
-    assert notices == ["tiny.gguf: GGUF tensors of type Q8_0 run dequantised to float32 (no kernel for them yet)"]
+    assert notices == ["tiny.gguf: GGUF tensors of type Q5_0 run dequantised to float32 (no kernel for them yet)"]
     layers = llm.model.layers
     for i, qtype in enumerate(LAYER_TYPES):
         for slot in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
             m = getattr(layers[i], slot)
-            if qtype in (Q.Q8_0, Q.F16):
+            if qtype == Q.Q5_0:  # its attention F16, its MLP Q5_0
                 assert type(m.method) is UnquantizedLinearMethod, (i, slot)
                 continue
             assert type(m.method) is Int4LinearMethod and m.group_sizes == [32], (i, slot)
             assert m.zeros0 is None and (m.mins0 is None) == (qtype == Q.Q4_0), (i, slot)
+            assert (m.high_packed0 is None) == (qtype != Q.Q8_0), (i, slot)
     assert describe_quantization(llm.model) == "int4-g32-sym"
     out = prefill_logits(llm.model, IDS)
     dequantised = LLM(stored_tiny, dtype="float32", num_kv_blocks=16, gguf_weights="float")
     assert describe_quantization(dequantised.model) == "none"
     ref = prefill_logits(dequantised.model, IDS)
     err = rel_err(out, ref)
-    print(f"tiny GGUF (Q4_0 / Q4_1 / Q4_K stored): rel err {err:.2e} against the dequantised file")
+    print(f"tiny GGUF (Q4_0 / Q4_1 / Q4_K / Q8_0 stored): rel err {err:.2e} against the dequantised file")
     assert err < 1e-5
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     assert llm.generate([IDS[:9]], params)[0].outputs[0].token_ids == \
@@ -136,14 +145,17 @@ def test_stored_linears_run_on_int4_and_match_the_dequantised_file(stored_tiny, 
 
 
 def test_each_stored_detail_is_visible(stored_tiny):
-    """Dropping the Q4_1 / Q4_K minimums or the implied zero point of 8 moves the logits far away."""
+    """Dropping the Q4_1 / Q4_K / Q8_0 minimums, Q8_0's high plane or the implied zero point of 8
+    moves the logits far away."""
     ref = prefill_logits(LLM(stored_tiny, dtype="float32", num_kv_blocks=16, gguf_weights="float").model, IDS)
-    for layer, what in ((1, "minimums"), (3, "minimums"), (0, "zero point")):
+    for layer, what in ((1, "minimums"), (3, "minimums"), (2, "minimums"), (2, "high plane"), (0, "zero point")):
         llm = LLM(stored_tiny, dtype="float32", num_kv_blocks=16)
         m = llm.model.layers[layer].gate_up_proj
         with torch.no_grad():
             if what == "minimums":
                 m.mins0.zero_()
+            elif what == "high plane":
+                m.high_scales0.zero_()
             else:
                 m.zeros0 = torch.zeros_like(m.scales0, dtype=torch.uint8)
         err = rel_err(prefill_logits(llm.model, IDS), ref)
@@ -151,13 +163,35 @@ def test_each_stored_detail_is_visible(stored_tiny):
         assert err > 1e-2, (layer, what, err)
 
 
+def test_tensor_parallel_slices_the_stored_planes(stored_tiny, engines, monkeypatch):
+    """tensor_parallel_size=2: each rank holds its rows (column-parallel) or input features
+    (row-parallel) of the codes, scales, minimums and Q8_0's high plane, and the logits equal one
+    rank's within float32 noise (the all-reduce's order), greedy tokens too."""
+    monkeypatch.setenv("FASTINFER_TP_THREADS", "1")
+    kw = dict(dtype="float32", num_kv_blocks=16, enable_prefix_caching=False)
+    one = engines(stored_tiny, **kw)
+    tp = engines(stored_tiny, tensor_parallel_size=2, **kw)
+    q8 = tp.model.layers[2]  # rank 0's shard of the Q8_0 layer
+    whole = one.model.layers[2]
+    assert torch.equal(q8.o_proj.high_packed0, whole.o_proj.high_packed0[:2])  # row-parallel: K 128 of 256
+    assert torch.equal(q8.o_proj.mins0, whole.o_proj.mins0[:4])
+    assert q8.gate_up_proj.high_scales0.shape[1] == whole.gate_up_proj.high_scales0.shape[1] // 2
+    err = rel_err(plan_logits(tp, IDS[:20]), plan_logits(one, IDS[:20]))
+    print(f"tiny GGUF stored, tensor_parallel_size=2 against one rank: rel err {err:.2e}")
+    assert err < 1e-5
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    assert tp.generate([IDS[:9]], params)[0].outputs[0].token_ids == \
+        one.generate([IDS[:9]], params)[0].outputs[0].token_ids
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision(stored_tiny, dtype):
     """In float16 and bfloat16 the stored path is about as close to the float32 result as the
     dequantised file in that dtype (FlashAttention's 2x): int4_gemm rounds each fp16 block scale to
     the activation dtype (exact in float16; in bfloat16 one error shared by a group's 32 weights,
-    times q - 8 of each), and the centred minimum term is float32. Measured: float16 3.4e-3 against
-    2.6e-3, bfloat16 1.5e-2 against 2.2e-2."""
+    times q - 8 of each; Q8_0's two planes each rounded to it, summed in float32), and the centred
+    minimum term is float32. Measured: float16 3.3e-3 against 2.6e-3, bfloat16 1.6e-2 against
+    2.2e-2."""
     ref = prefill_logits(LLM(stored_tiny, dtype="float32", num_kv_blocks=16, gguf_weights="float").model, IDS)
     naive = prefill_logits(LLM(stored_tiny, dtype=dtype, num_kv_blocks=16, gguf_weights="float").model, IDS)
     ours = prefill_logits(LLM(stored_tiny, dtype=dtype, num_kv_blocks=16).model, IDS)
@@ -184,18 +218,18 @@ def test_smollm2_q4_1_runs_as_stored():
 def test_gguf_weights_option_is_checked(stored_tiny):
     with pytest.raises(ValueError, match="gguf_weights"):
         LLM(stored_tiny, dtype="float32", num_kv_blocks=16, gguf_weights="int4")
-    assert set(GGUF_INT4_TYPES) == {"Q4_0", "Q4_1", "Q4_K"}
+    assert set(GGUF_INT4_TYPES) == {"Q4_0", "Q4_1", "Q4_K", "Q8_0"}
 
 
 def test_stored_refuses_a_type_without_kernel(stored_tiny):
-    """gguf_weights="stored" asks for every quantised linear as stored: the tiny file's Q8_0 layer
-    is an error naming its tensor, the type and the types that run as stored (the default "auto"
-    loads it dequantised, test above)."""
+    """gguf_weights="stored" asks for every quantised linear as stored: the tiny file's Q5_0 MLP is
+    an error naming its tensor, the type and the types that run as stored (the default "auto" loads
+    it dequantised, test above)."""
     with pytest.raises(ValueError) as e:
         LLM(stored_tiny, dtype="float32", num_kv_blocks=16, gguf_weights="stored")
     msg = str(e.value)
-    assert "model.layers.2." in msg and "GGUF type Q8_0 cannot run as stored (no kernel for the type)" in msg
-    assert "Q4_0 / Q4_1 / Q4_K" in msg and "gguf_weights='auto'" in msg
+    assert "model.layers.4.mlp." in msg and "GGUF type Q5_0 cannot run as stored (no kernel for the type)" in msg
+    assert "Q4_0 / Q4_1 / Q4_K / Q8_0" in msg and "gguf_weights='auto'" in msg
 
 
 @needs_smollm
@@ -224,6 +258,7 @@ def test_sim_stored_gguf(stored_tiny):
     cpu = prefill_logits(LLM(stored_tiny, dtype="bfloat16", num_kv_blocks=16).model, ids)
     model = load_checkpoint(stored_tiny, torch.bfloat16, "cpu", None, backend("fastinfer_sim"))
     assert type(model.layers[1].gate_up_proj.method) is Int4LinearMethod
+    assert model.layers[2].gate_up_proj.high_packed0 is not None  # Q8_0: two int4 GEMMs
     results = []
     for seed in SIM_SEEDS:
         with sim_seed(seed):

@@ -24,7 +24,7 @@ through this module:
   expert count, and expert tensors in a file that declares no experts.
 * :class:`GGUFWeightReader` is a :class:`~fastinfer.layers.WeightReader` under Hugging Face tensor
   names (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``). Q4_0 / Q4_1 /
-  Q4_K weights are read as stored by :meth:`GGUFWeightReader.int4` (:func:`gguf_int4_blocks`) when
+  Q4_K / Q8_0 weights are read as stored by :meth:`GGUFWeightReader.int4` (:func:`gguf_int4_blocks`) when
   the quantisation config runs them on the int4 kernels (``fastinfer.quant.GgufQuantization``);
   otherwise tensors are dequantised to float32 by the ``gguf`` package (every type it implements:
   F32/F16/BF16, Q4_0..Q8_0, the K-quants, the IQ types), then the layers cast them to the model
@@ -598,19 +598,27 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> Optional[str]:
 
 
 #: GGML types that run as stored on the int4 weight-only path (:func:`gguf_int4_blocks`)
-GGUF_INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+GGUF_INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
 
 
 class GgufInt4(NamedTuple):
-    """A Q4_0 / Q4_1 / Q4_K weight ``W [n, k]`` as 4-bit codes with one scale and one minimum per 32
-    consecutive weights of a row: ``W = (codes - zero) * scales + mins``, ``zero`` 8 (Q4_0, whose
-    ``mins`` is None) or 0; ``scales`` / ``mins`` float32 ``[k / 32, n]`` (group, row) as the int4
-    kernels index them."""
+    """A Q4_0 / Q4_1 / Q4_K / Q8_0 weight ``W [n, k]`` as 4-bit codes with one scale and one minimum
+    per 32 consecutive weights of a row: ``W = (codes - zero) * scales + mins``, ``zero`` 8 (Q4_0,
+    whose ``mins`` is None; Q8_0) or 0; ``scales`` / ``mins`` float32 ``[k / 32, n]`` (group, row) as
+    the int4 kernels index them. Q8_0 adds a second plane of 4-bit codes ``high``:
+    ``W = (codes - 8) d + 16 (high - 8) d + 8 d``, i.e. ``d`` times the int8 ``q = 16 high + codes -
+    128`` (``high`` and ``codes`` the high and low nibbles of ``q + 128``)."""
 
     codes: np.ndarray  # uint8 [n, k], 0..15
     scales: np.ndarray  # float32 [k / 32, n]
     mins: Optional[np.ndarray]  # float32 [k / 32, n], or None (Q4_0)
     zero: int
+    high: Optional[np.ndarray] = None  # uint8 [n, k], 0..15 (Q8_0)
+
+    def rows(self, order: np.ndarray) -> "GgufInt4":
+        """The weight with its rows taken in ``order`` (codes by row, scales / mins by column)."""
+        return GgufInt4(self.codes[order], self.scales[:, order], None if self.mins is None else self.mins[:, order],
+                        self.zero, None if self.high is None else self.high[order])
 
 
 def gguf_int4_blocks(type_name: str, blocks: np.ndarray, n: int, k: int) -> GgufInt4:
@@ -623,7 +631,8 @@ def gguf_int4_blocks(type_name: str, blocks: np.ndarray, n: int, k: int) -> Gguf
     ``d``, ``dmin``, 12 bytes of eight 6-bit scales and mins (``Q4_K.get_scale_min``) and 128 bytes,
     32 per pair of 32-weight sub-blocks (low nibbles the first, high the second),
     ``w = d sc_j q - dmin m_j`` in sub-block ``j``: a scale ``d sc_j`` and a minimum ``-dmin m_j``
-    per 32 weights, each exact in float32 (an fp16 times a 6-bit integer)."""
+    per 32 weights, each exact in float32 (an fp16 times a 6-bit integer); Q8_0 (34 bytes) ``d`` and
+    32 int8 ``q``, ``w = q d``, split into two nibble planes (:class:`GgufInt4`)."""
     nib = (np.array([0, 4], dtype=np.uint8)).reshape(1, 1, 2, 1)
     if type_name in ("Q4_0", "Q4_1"):
         head = 2 if type_name == "Q4_0" else 4
@@ -646,6 +655,11 @@ def gguf_int4_blocks(type_name: str, blocks: np.ndarray, n: int, k: int) -> Gguf
         scales = (d * sc.astype(np.float32)).reshape(n, k // 32)
         mins = -(dmin * mn.astype(np.float32)).reshape(n, k // 32)
         return GgufInt4(codes.astype(np.uint8), scales.T.copy(), mins.T.copy(), 0)
+    if type_name == "Q8_0":
+        b = blocks.reshape(n, k // 32, 34)
+        d = b[..., 0:2].copy().view(np.float16).astype(np.float32)[..., 0]  # [n, k / 32]
+        u = (b[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8).reshape(n, k)  # q + 128
+        return GgufInt4(u & 0x0F, d.T.copy(), (8 * d).T.copy(), 8, u >> 4)
     raise ValueError(f"GGML type {type_name} has no int4 form (one of {', '.join(GGUF_INT4_TYPES)})")
 
 
@@ -793,7 +807,7 @@ class GGUFWeightReader(WeightReader):
         heads = self._heads.get(name)
         if heads:  # the permutation moves whole rows: codes by row, scales / mins by column
             order = unpermute_qk(torch.arange(n).reshape(n, 1), heads).reshape(n).numpy()
-            q = GgufInt4(q.codes[order], q.scales[:, order], None if q.mins is None else q.mins[:, order], q.zero)
+            q = q.rows(order)
         return q
 
     def _read(self, name: str) -> torch.Tensor:

@@ -292,7 +292,7 @@ def _fuse_int4(parts: List[Int4Part]) -> List[Int4Part]:
     concatenated along N are the packed weight of the concatenation)."""
     p0 = parts[0]
     if len(parts) == 1 or any(p.group_size != p0.group_size or p.k != p0.k or not _same_perm(p.perm, p0.perm)
-                              for p in parts):
+                              or (p.high is None) != (p0.high is None) for p in parts):
         return parts
     zeros = mins = None
     if any(p.zeros is not None for p in parts):
@@ -300,14 +300,17 @@ def _fuse_int4(parts: List[Int4Part]) -> List[Int4Part]:
                            for p in parts], dim=1)
     if any(p.mins is not None for p in parts):
         mins = torch.cat([p.mins if p.mins is not None else torch.zeros(p.scales.shape) for p in parts], dim=1)
+    high = None if p0.high is None else _fuse_int4([p.high for p in parts])[0]
     return [Int4Part(torch.cat([p.packed for p in parts], dim=1), torch.cat([p.scales for p in parts], dim=1),
-                     zeros, p0.perm, p0.group_size, mins)]
+                     zeros, p0.perm, p0.group_size, mins, high)]
 
 
 class Int4LinearMethod(_QuantizedMethod):
     """W4A16: ``int4_gemm(x, packed, scales, zeros, G, perm)`` (+ bias); a GGUF Q4_1 / Q4_K weight's
     float minimums (``W = (q - 8) s + min`` per 32 weights) add the activations' group sums times
-    them (a float32 GEMM of ``[M, K / 32]`` by ``[K / 32, N]``, buffer ``mins{i}``).
+    them (a float32 GEMM of ``[M, K / 32]`` by ``[K / 32, N]``, buffer ``mins{i}``); a GGUF Q8_0
+    weight is two int4 GEMMs summed in float32 (the high nibbles' plane: buffers ``high_packed{i}``,
+    ``high_scales{i}``) plus its minimum term.
 
     Usually one :class:`Int4Part`; several (outputs concatenated along N) when fused projections
     have different act-order permutations. A stored input size ``Kq`` larger than the activation
@@ -333,10 +336,17 @@ class Int4LinearMethod(_QuantizedMethod):
                 layer.register_buffer(f"{name}{i}", t, persistent=False)
             # GGUF minimums [Kq / G, n]: their term is a GEMM of the activations' group sums by them
             layer.register_buffer(f"mins{i}", None if p.mins is None else p.mins.float(), persistent=False)
+            high = p.high  # GGUF Q8_0's second plane
+            for name in ("packed", "scales"):
+                t = None if high is None else getattr(high, name).to(layer.device).contiguous()
+                layer.register_buffer(f"high_{name}{i}", t, persistent=False)
 
     def part(self, layer: Linear, i: int) -> Int4Part:
+        high_packed = getattr(layer, f"high_packed{i}", None)
+        high = None if high_packed is None else Int4Part(high_packed, getattr(layer, f"high_scales{i}"), None,
+                                                         getattr(layer, f"perm{i}"), layer.group_sizes[i])
         return Int4Part(getattr(layer, f"packed{i}"), getattr(layer, f"scales{i}"), getattr(layer, f"zeros{i}"),
-                        getattr(layer, f"perm{i}"), layer.group_sizes[i], getattr(layer, f"mins{i}", None))
+                        getattr(layer, f"perm{i}"), layer.group_sizes[i], getattr(layer, f"mins{i}", None), high)
 
     def apply(self, layer: Linear, x: Tensor, bias: Optional[Tensor]) -> Tensor:
         lead = x.shape[:-1]
@@ -348,12 +358,16 @@ class Int4LinearMethod(_QuantizedMethod):
         for i in range(layer.num_parts):
             p = self.part(layer, i)
             y = layer.ops.int4_gemm(x2, p.packed, p.scales, p.zeros, p.group_size, p.perm)
+            if p.high is not None:  # Q8_0: + the high nibbles' GEMM, summed in float32
+                h = p.high
+                y = y.float() + layer.ops.int4_gemm(x2, h.packed, h.scales, None, h.group_size, h.perm).float()
             if p.mins is not None:  # + sum over groups g of (sum of x over g) * min[g, n], in float32
                 sums = x2.view(x2.shape[0], -1, p.group_size).sum(-1, dtype=torch.float32)
                 if layer.ops.deterministic:  # dense_mm: a row's bits do not depend on M
-                    y = (y.float() + layer.ops.linear(sums, p.mins.t())).to(x2.dtype)
+                    y = y.float() + layer.ops.linear(sums, p.mins.t())
                 else:
-                    y = torch.addmm(y.float(), sums, p.mins).to(x2.dtype)
+                    y = torch.addmm(y.float(), sums, p.mins)
+            y = y.to(x2.dtype)
             outs.append(y)
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         if bias is not None:
@@ -540,9 +554,9 @@ class Int4FusedMoEMethod(FusedMoEMethod):
                     raise ValueError(f"{part.prefix}: stored as {kind}, but {layer.prefix}'s experts load as "
                                      f"{self.kind} (every expert projection of a layer must be stored alike)")
                 p: Int4Part = s.data[0]
-                if p.mins is not None:
-                    raise ValueError(f"{part.prefix}: int4 experts with float minimums (GGUF Q4_1 / Q4_K) load "
-                                     "dequantised, not as int4 experts")
+                if p.mins is not None or p.high is not None:
+                    raise ValueError(f"{part.prefix}: GGUF experts with float minimums or two nibble planes (Q4_1 / "
+                                     "Q4_K / Q8_0) load dequantised, not as int4 experts")
                 if p.perm is not None:
                     raise ValueError(f"{part.prefix}: act-order int4 experts (a g_idx permuting the input features) "
                                      "are not supported (fused_moe_int4 reads the input in order); use a checkpoint "

@@ -165,10 +165,11 @@ class CompressedTensorsQuantization(QuantizationConfig):
 
 class GgufQuantization(QuantizationConfig):
     """A GGUF file's weights as stored where a kernel runs their type: a linear whose every part is
-    Q4_0, Q4_1 or Q4_K (:data:`~fastinfer.models.gguf.GGUF_INT4_TYPES`), with this rank's K a multiple
-    of 64 and its N of 16 (the int4 layout's tile), runs on ``int4_gemm`` (:class:`Int4LinearMethod`, group
-    32, zero point 8; Q4_1 / Q4_K's float minimums, centred, as a second term); every other weight (the other types,
-    a fused layer mixing types, lm_head, the experts) is dequantised to the model dtype, and the
+    Q4_0, Q4_1, Q4_K or Q8_0 (:data:`~fastinfer.models.gguf.GGUF_INT4_TYPES`), with this rank's K a
+    multiple of 64 and its N of 16 (the int4 layout's tile), runs on ``int4_gemm``
+    (:class:`Int4LinearMethod`, group 32, zero point 8; Q4_1 / Q4_K's float minimums, centred, as a
+    second term; Q8_0 as two nibble planes); every other weight (the other types, a fused layer with
+    a part of another type, lm_head, the experts) is dequantised to the model dtype, and the
     types that are reported once (:attr:`dequantized_types`). ``strict`` (``gguf_weights="stored"``):
     a quantised decoder linear or expert that cannot run as stored is an error naming its tensor, its
     type and the types that can; the output projection (a tied embedding too) is dequantised either
@@ -187,8 +188,9 @@ class GgufQuantization(QuantizationConfig):
     def _dequantized(self, prefix: str, types, why: str) -> None:
         quantised = [t for t in types if t is not None and t not in ("F32", "F16", "BF16")]
         if quantised and self.strict:
+            named = [t for t in quantised if t not in self.int4_types] or quantised
             raise ValueError(
-                f"{prefix}: GGUF type {', '.join(sorted(set(quantised)))} cannot run as stored ({why}); "
+                f"{prefix}: GGUF type {', '.join(sorted(set(named)))} cannot run as stored ({why}); "
                 f"gguf_weights='stored' runs {' / '.join(self.int4_types)} linears with whole 64 x 16 tiles "
                 "as stored (gguf_weights='auto' dequantises the others, 'float' everything)")
         self.dequantized_types.update(quantised)
@@ -207,10 +209,10 @@ class GgufQuantization(QuantizationConfig):
         fits = layer.in_features % 64 == 0 and all(n % 16 == 0 for n in layer.part_rows)
         if fits and all(t in self.int4_types for t in types):
             return Int4LinearMethod(source="gguf")
-        if len(set(types)) > 1:
-            why = "its fused parts have different types"
-        elif all(t in self.int4_types for t in types):
+        if all(t in self.int4_types for t in types):
             why = f"{layer.in_features} input features and {layer.part_rows} rows on this rank are not whole tiles"
+        elif all(t in self.int4_types or t in ("F32", "F16", "BF16") for t in types):
+            why = "fused with a float part"
         else:
             why = "no kernel for the type"
         self._dequantized(", ".join(p.prefix for p in layer.parts), types, why)

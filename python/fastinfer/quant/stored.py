@@ -43,7 +43,8 @@ class Int4Part(NamedTuple):
     """One int4 GEMM: ``packed int32 [Kq/64, 8 n]``, ``scales [Kq/G, n]``, ``zeros uint8 [Kq/G, n]``
     or None (symmetric), act-order ``perm int64 [Kq]`` or None, group size ``G``, and ``mins``
     float32 ``[Kq/G, n]`` or None: a float minimum per group added to each weight (GGUF Q4_1 /
-    Q4_K: ``W = (q - z) s + min``)."""
+    Q4_K: ``W = (q - z) s + min``); ``high``: a second symmetric int4 GEMM of the same shape and
+    group whose weights are added (GGUF Q8_0's high nibbles, scales ``16 d``), or None."""
 
     packed: Tensor
     scales: Tensor
@@ -51,6 +52,7 @@ class Int4Part(NamedTuple):
     perm: Optional[Tensor]
     group_size: int
     mins: Optional[Tensor] = None
+    high: Optional["Int4Part"] = None
 
     @property
     def n(self) -> int:
@@ -237,12 +239,14 @@ def _read_hf_fp8(r: WeightReader, prefix: str, n: int, k: int) -> _Stored:
 
 
 def _read_gguf_int4(r: WeightReader, prefix: str, n: int, k: int, dtype) -> Optional[_Stored]:
-    """A GGUF Q4_0 / Q4_1 / Q4_K weight as an int4 part, or None for a weight of another type:
+    """A GGUF Q4_0 / Q4_1 / Q4_K / Q8_0 weight as an int4 part, or None for a weight of another type:
     group 32, the codes packed by ``int4_pack``, the scales in the model dtype, the implied zero
     point 8 (symmetric), and for Q4_1 / Q4_K a float32 minimum per group that absorbs the centring,
     ``min + 8 s`` with the file's scale. Centred, the 4-bit part's products are as small as Q4_0's
     (``q s`` with q in 0..15 would overflow float16 where the whole weight does not), and a scale
-    rounded to the model dtype errs by ``(q - 8)`` times its rounding, not ``q`` times."""
+    rounded to the model dtype errs by ``(q - 8)`` times its rounding, not ``q`` times. Q8_0: the low
+    nibbles of ``q + 128`` with scale ``d``, the high nibbles as :attr:`Int4Part.high` with scale
+    ``16 d`` (exact in float32), and the minimum ``8 d`` (:class:`~fastinfer.models.gguf.GgufInt4`)."""
     g = r.int4(prefix + ".weight") if hasattr(r, "int4") else None
     if g is None:
         return None
@@ -253,7 +257,11 @@ def _read_gguf_int4(r: WeightReader, prefix: str, n: int, k: int, dtype) -> Opti
     mins = None
     if g.mins is not None:  # q s + min = (q - 8) s + (min + 8 s): the 4-bit part centred, as Q4_0's
         mins = torch.from_numpy(g.mins) + (8 - g.zero) * scales  # exact in float32 (fp16 and 6-bit inputs)
-    return _Stored("int4", (_int4_part(prefix, codes, scales.to(dtype), None, None, 32)._replace(mins=mins),))
+    high = None
+    if g.high is not None:
+        high = _int4_part(prefix, torch.from_numpy(g.high), (16 * scales).to(dtype), None, None, 32)
+    low = _int4_part(prefix, codes, scales.to(dtype), None, None, 32)
+    return _Stored("int4", (low._replace(mins=mins, high=high),))
 
 
 def _read_part(r: WeightReader, part: WeightPart, k: int, m, dtype) -> _Stored:
@@ -350,8 +358,12 @@ def _shard(layer: Linear, i: int, stored: _Stored) -> _Stored:
         if cols[1] % 64:
             raise ValueError(f"{prefix}: {cols[1]} input features per rank (tensor_parallel_size={ws}) are not a "
                              "multiple of 64, the int4 layout's tile")
-    packed = _narrow(_narrow(p.packed, 1, rows and (8 * rows[0], 8 * rows[1])), 0, cols, 64)
-    scales = _narrow(_narrow(p.scales, 1, rows), 0, cols, p.group_size)
-    zeros = _narrow(_narrow(p.zeros, 1, rows), 0, cols, p.group_size)
-    mins = _narrow(_narrow(p.mins, 1, rows), 0, cols, p.group_size)
-    return _Stored("int4", (Int4Part(packed, scales, zeros, p.perm, p.group_size, mins),))
+
+    def cut(p: Int4Part) -> Int4Part:
+        packed = _narrow(_narrow(p.packed, 1, rows and (8 * rows[0], 8 * rows[1])), 0, cols, 64)
+        scales = _narrow(_narrow(p.scales, 1, rows), 0, cols, p.group_size)
+        zeros = _narrow(_narrow(p.zeros, 1, rows), 0, cols, p.group_size)
+        mins = _narrow(_narrow(p.mins, 1, rows), 0, cols, p.group_size)
+        return Int4Part(packed, scales, zeros, p.perm, p.group_size, mins, p.high and cut(p.high))
+
+    return _Stored("int4", (cut(p),))
