@@ -33,7 +33,7 @@ def smollm2():
 def test_runs_and_writes_json(smollm2, tmp_path, capsys):
     out = tmp_path / "cpu.json"
     assert bench_cpu.main(["--engines", "fastinfer,transformers", "--configs", "stored", "--threads", "1",
-                           "--batch", "1,2", "--prompt", "8", "--gen", "3", "--runs", "1", "--json", str(out)]) == 0
+                           "--batch", "1,2", "--prompt", "8", "--gen", "12", "--runs", "1", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["kind"] == "cpu" and res["model"] == os.path.basename(smollm2)
     rows = {(r["engine"], r["weights"], r["batch"]): r for r in res["rows"]}
