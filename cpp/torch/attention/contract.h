@@ -2,6 +2,9 @@
 // Shape/dtype/device rules of the attention ops (shared by the CPU and CUDA impls)
 // and the host-side value checks of their index tensors (cu_seqlens, seq_lens, block ids, mask
 // sizes), which run on CPU tensors always and on CUDA tensors when FASTINFER_CHECK_INDICES=1.
+#include <climits>
+#include <cmath>
+
 #include "elementwise/contract.h"
 
 namespace fastinfer::binding {
@@ -69,6 +72,20 @@ inline void validate_sinks(const char* op, const std::optional<Tensor>& sinks, c
   check_contiguous(*sinks, op, "sinks");
 }
 
+// The attention ops' scalar options: the softmax scale a finite number, window_left >= -1 (-1: no
+// sliding window), softcap finite and >= 0 (0: no soft cap). A NaN is refused, never read as "off".
+inline void validate_attention_options(const char* op, double scale, int64_t window_left, double softcap) {
+  FI_CHECK(std::isfinite(scale), op, "scale must be a finite number, got ", scale);
+  FI_CHECK(window_left >= -1, op, "window_left must be >= -1 (-1: no sliding window), got ", window_left);
+  FI_CHECK(std::isfinite(softcap) && softcap >= 0, op, "softcap must be a finite number >= 0 (0: no soft cap), got ",
+           softcap);
+}
+
+// max_seqlen_q sizes the kernels' grids in 32-bit arithmetic.
+inline void validate_max_seqlen(const char* op, int64_t value, const char* name) {
+  FI_CHECK(value >= 0 && value <= INT32_MAX, op, name, " must be in [0, 2^31 - 1], got ", value);
+}
+
 inline void validate_prefill_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                                        const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
                                        int64_t max_seqlen_q, bool allow_fp32, int64_t fixed_split_size,
@@ -84,7 +101,7 @@ inline void validate_prefill_attention(const char* op, const Tensor& q, const Te
   FI_CHECK(cu_seqlens_q.size(0) == cu_seqlens_k.size(0) && cu_seqlens_q.size(0) >= 1, op,
            "cu_seqlens_q and cu_seqlens_k must both have batch + 1 entries, got ", shape_str(cu_seqlens_q), " and ",
            shape_str(cu_seqlens_k));
-  FI_CHECK(max_seqlen_q >= 0, op, "max_seqlen_q must be >= 0, got ", max_seqlen_q);
+  validate_max_seqlen(op, max_seqlen_q, "max_seqlen_q");
   validate_fixed_split_size(op, fixed_split_size);
   validate_sinks(op, sinks, q);
 }
@@ -124,7 +141,7 @@ inline void validate_paged_prefill_attention(const char* op, const Tensor& q, co
            shape_str(cu_seqlens_q));
   FI_CHECK(block_table.size(0) == seq_lens_k.size(0), op, "block_table must have batch = ",
            seq_lens_k.size(0), " rows, got shape ", shape_str(block_table));
-  FI_CHECK(max_seqlen_q >= 0, op, "max_seqlen_q must be >= 0, got ", max_seqlen_q);
+  validate_max_seqlen(op, max_seqlen_q, "max_seqlen_q");
   if (custom_mask.has_value()) {
     check_dim(*custom_mask, 1, op, "custom_mask", "[sum of q_len^2] (per sequence a flattened [q_len, q_len] bool block)");
     FI_CHECK(custom_mask->scalar_type() == kBool, op, "custom_mask must be bool, got ", custom_mask->scalar_type());
@@ -222,7 +239,8 @@ inline void check_paged_indices(const char* op, const Tensor& block_table, const
   const int64_t width = table_t.size(1);
   for (int64_t b = 0; b < lens_t.numel(); ++b) {
     const int64_t len = lens[b];
-    FI_CHECK(len >= 0 && len <= width * block_size, op, seq_lens_name, "[", b, "] = ", len,
+    FI_CHECK(len >= 0, op, seq_lens_name, "[", b, "] = ", len, " is negative");
+    FI_CHECK(len <= width * block_size, op, seq_lens_name, "[", b, "] = ", len,
              " needs more blocks than block_table has columns (", width, " x block_size ", block_size, " = ",
              width * block_size, " tokens)");
     if (cu_seqlens_q != nullptr) {

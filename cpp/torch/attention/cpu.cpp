@@ -109,6 +109,8 @@ std::tuple<Tensor, Tensor> prefill_attention_cpu(const Tensor& q, const Tensor& 
                                                  int64_t fixed_split_size, const std::optional<Tensor>& sinks) {
   const char* op = "prefill_attention";
   validate_prefill_attention(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, true, fixed_split_size, sinks);
+  validate_attention_options(op, scale, window_left, softcap);
+  validate_max_seqlen(op, max_seqlen_k, "max_seqlen_k");
   for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check_on_cpu(*t, op, name);
   check_packed_heads(q, op, "q");
   check_packed_heads(k, op, "k");
@@ -601,6 +603,7 @@ std::tuple<Tensor, Tensor> paged_prefill_attention_cpu(
   const char* op = "paged_prefill_attention";
   validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
                                    custom_mask, packed_custom_mask, true, fixed_split_size, sinks, k_scale, v_scale);
+  validate_attention_options(op, scale, window_left, softcap);
   check_paged_inputs_on_cpu(op, q, k_cache, v_cache, block_table);
   check_cu_seqlens(op, cu_seqlens_q, "cu_seqlens_q", q.size(0), max_seqlen_q, "max_seqlen_q");
   check_paged_indices(op, block_table, seq_lens_k, "seq_lens_k", k_cache.size(0), k_cache.size(1), &cu_seqlens_q);
@@ -623,6 +626,7 @@ std::tuple<Tensor, Tensor> paged_decode_attention_cpu(
   const char* op = "paged_decode_attention";
   validate_paged_decode_attention(op, q, k_cache, v_cache, block_table, seq_lens, num_splits, k_scale, v_scale, true,
                                   fixed_split_size, sinks);
+  validate_attention_options(op, scale, window_left, softcap);
   check_paged_inputs_on_cpu(op, q, k_cache, v_cache, block_table);
   check_paged_indices(op, block_table, seq_lens, "seq_lens", k_cache.size(0), k_cache.size(1), nullptr);
   auto out = empty_as(q);

@@ -62,6 +62,8 @@ std::tuple<Tensor, Tensor> prefill_attention(const Tensor& q, const Tensor& k, c
                                                      const std::optional<Tensor>& sinks) {
   const char* op = "prefill_attention";
   validate_prefill_attention(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, false, fixed_split_size, sinks);
+  validate_attention_options(op, scale, window_left, softcap);
+  validate_max_seqlen(op, max_seqlen_k, "max_seqlen_k");
   check_device(q, op, "q");
   check_packed_heads(q, op, "q");
   check_packed_heads(k, op, "k");
@@ -140,6 +142,7 @@ std::tuple<Tensor, Tensor> paged_prefill_attention(
   const char* op = "paged_prefill_attention";
   validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
                                    custom_mask, packed_custom_mask, false, fixed_split_size, sinks, k_scale, v_scale);
+  validate_attention_options(op, scale, window_left, softcap);
   check_paged_kernel_inputs(op, q, k_cache, v_cache, block_table, seq_lens_k);
   check_contiguous(cu_seqlens_q, op, "cu_seqlens_q");
   if (custom_mask.has_value()) check_contiguous(*custom_mask, op, "custom_mask");
@@ -205,6 +208,7 @@ std::tuple<Tensor, Tensor> paged_decode_attention(
   const char* op = "paged_decode_attention";
   validate_paged_decode_attention(op, q, k_cache, v_cache, block_table, seq_lens, num_splits, k_scale, v_scale, false,
                                   fixed_split_size, sinks);
+  validate_attention_options(op, scale, window_left, softcap);
   check_paged_kernel_inputs(op, q, k_cache, v_cache, block_table, seq_lens);
   if (check_indices_enabled(q))
     check_paged_indices(op, block_table, seq_lens, "seq_lens", k_cache.size(0), k_cache.size(1), nullptr);

@@ -14,6 +14,10 @@ knows nothing of sinks. Paged KV caches are ``[num_blocks, block_size, Hkv, D]``
 [B, max_blocks] int32`` (token ``j`` of sequence ``b`` is row ``j % BS`` of block
 ``block_table[b, j // BS]``). Index tensors (``cu_seqlens_*``, ``seq_lens*``) are int32.
 
+Scalar options, checked by every backend before any launch (an error naming the argument):
+``scale`` finite; ``softcap`` finite and ``>= 0`` (0: off; a NaN is refused, never read as off);
+``window_left >= -1`` (-1: no window); ``max_seqlen_q`` / ``max_seqlen_k`` in ``[0, 2^31 - 1]``.
+
 Dtypes: q/k/v float16 or bfloat16 (CPU also float32); D in {64, 128, 256}. Index values
 are validated on CPU tensors always and on CUDA tensors when ``FASTINFER_CHECK_INDICES=1`` (else
 out-of-range block ids or lengths are undefined behaviour, as in other attention libraries).
