@@ -24,6 +24,9 @@ constexpr int64_t kExactChunk = 1024;  // 1024 * 128 * 128 = 2^24
 constexpr int64_t kDotRows = 4;        // M up to this: direct dot products
 
 float clamp(float v, float lo, float hi) { return std::min(std::max(v, lo), hi); }
+// The symmetric code of v = x / scale; NaN (a NaN value, or a row's NaN scale) has code 0: int8 has
+// no NaN, the scale carries it (the kernels' rule).
+int8_t symmetric_code(float v) { return v != v ? 0 : static_cast<int8_t>(std::nearbyint(clamp(v, -127.0f, 127.0f))); }
 std::tuple<Tensor, Tensor, Tensor> int8_quantize_cpu(const Tensor& x, std::string_view mode_str,
                                                      const std::optional<Tensor>& scale, bool symmetric) {
   const char* op = "int8_quantize";
@@ -41,7 +44,7 @@ std::tuple<Tensor, Tensor, Tensor> int8_quantize_cpu(const Tensor& x, std::strin
     if (scale.has_value()) check_on_cpu(*scale, op, "scale");
     const float amax = M * K > 0 ? cpu::abs_max(xf, M * K) : 0.0f;
     const float s = scale.has_value() ? scalar_value(*scale) : std::max(amax, min_range) / 127.0f;
-    for (int64_t i = 0; i < M * K; ++i) q[i] = static_cast<int8_t>(std::nearbyint(clamp(xf[i] / s, -127.0f, 127.0f)));
+    for (int64_t i = 0; i < M * K; ++i) q[i] = symmetric_code(xf[i] / s);
     return {q_t, full_on(x, {1}, s, kFloat), empty_on(x, {0}, kInt)};
   }
   auto s_t = empty_on(x, {M}, kFloat);
@@ -55,16 +58,19 @@ std::tuple<Tensor, Tensor, Tensor> int8_quantize_cpu(const Tensor& x, std::strin
       if (symmetric) {
         const float s = std::max(K > 0 ? cpu::abs_max(xr, K) : 0.0f, min_range) / 127.0f;
         sp[r] = s;
-        for (int64_t k = 0; k < K; ++k) qr[k] = static_cast<int8_t>(std::nearbyint(clamp(xr[k] / s, -127.0f, 127.0f)));
+        for (int64_t k = 0; k < K; ++k) qr[k] = symmetric_code(xr[k] / s);
       } else {
         const float hi = K > 0 ? std::max(cpu::max_over(xr, K, [](float v) { return v; }), 0.0f) : 0.0f;
         const float lo = K > 0 ? std::max(cpu::max_over(xr, K, [](float v) { return -v; }), 0.0f) : 0.0f;
-        const float s = std::max(hi + lo, min_range) / 255.0f;
-        const float z = clamp(std::nearbyint(lo / s) - 128.0f, -128.0f, 127.0f);
+        const float s = std::max(hi + lo, min_range) / 255.0f;  // NaN stays NaN (std::max's first operand)
+        const float z = s != s ? 0.0f : clamp(std::nearbyint(lo / s) - 128.0f, -128.0f, 127.0f);
         sp[r] = s;
         zp[r] = static_cast<int32_t>(z);
-        for (int64_t k = 0; k < K; ++k)
-          qr[k] = static_cast<int8_t>(clamp(std::nearbyint(clamp(xr[k] / s, -256.0f, 256.0f)) + z, -128.0f, 127.0f));
+        for (int64_t k = 0; k < K; ++k) {
+          const float v = xr[k] / s;
+          qr[k] = v != v ? 0
+                         : static_cast<int8_t>(clamp(std::nearbyint(clamp(v, -256.0f, 256.0f)) + z, -128.0f, 127.0f));
+        }
       }
     }
   });

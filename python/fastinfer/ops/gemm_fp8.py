@@ -38,6 +38,10 @@ def fp8_quantize(
       static calibration scale) the data is quantised with it in one pass (the returned scale is a
       copy); without, a reduction pass computes the amax first (two kernels, x read twice).
 
+    Non-finite values, on every backend: a NaN makes its unit's scale NaN (as ``amax`` does) and
+    every code under that scale NaN; an infinity makes the scale infinite, its own code NaN and the
+    unit's finite values 0. With a given scale a NaN value's code is NaN and an infinity saturates.
+
     Args:
         x: ``[M, K]`` contiguous float16 / bfloat16 (float32 too on CPU); K a multiple of 8.
         mode: ``'token'`` (default), ``'group'`` or ``'tensor'``.

@@ -35,6 +35,11 @@ def int8_quantize(
       ``azp = clamp(round(lo / scale) - 128, -128, 127)`` (int32 [M]),
       ``q = clamp(round(x / scale) + azp, -128, 127)``, so ``x ~= (q - azp) * scale``.
 
+    Non-finite values, on every backend: a NaN makes its row's (or the tensor's) scale NaN, as
+    ``amax`` does; int8 has no NaN, so a NaN ``x / scale`` has code 0 (the scale carries the NaN)
+    and a NaN row's zero point is 0. An infinity makes the scale infinite and the codes 0 (its own
+    too: inf / inf is NaN), at the zero point when asymmetric.
+
     Args:
         x: ``[M, K]`` contiguous float16 / bfloat16 (float32 too on CPU); K a multiple of 8.
         mode: ``'token'`` (default) or ``'tensor'``.

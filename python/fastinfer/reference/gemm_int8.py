@@ -33,6 +33,8 @@ def int8_quantize(
 
     Returns ``(x_int8 [M, K], scale float32 [1] or [M])``, plus ``azp int32 [M]`` when
     ``symmetric=False`` (``mode='token'`` only). ``mode='tensor'`` uses ``scale`` when given.
+    A NaN in x makes its row's (or the tensor's) scale NaN, as ``amax`` does; a NaN ``x / scale``
+    has code 0 (int8 has no NaN) and a NaN row zero point 0.
     """
     xf = x.to(torch.float32)
     m, k = xf.shape
@@ -46,18 +48,23 @@ def int8_quantize(
         else:
             amax = xf.abs().amax() if xf.numel() else torch.zeros((), dtype=torch.float32)
             s = (amax.clamp_min(INT8_MIN_RANGE) / 127.0).reshape(1)
-        return (xf / s).clamp(-127, 127).round().to(torch.int8), s
+        return _codes((xf / s).clamp(-127, 127).round()), s
     if symmetric:
         amax = xf.abs().amax(1) if k else torch.zeros(m, dtype=torch.float32)
         s = amax.clamp_min(INT8_MIN_RANGE) / 127.0
-        return (xf / s[:, None]).clamp(-127, 127).round().to(torch.int8), s
+        return _codes((xf / s[:, None]).clamp(-127, 127).round()), s
     zeros = torch.zeros(m, dtype=torch.float32)
     hi = xf.amax(1).clamp_min(0) if k else zeros
     lo = (-xf).amax(1).clamp_min(0) if k else zeros
     s = (hi + lo).clamp_min(INT8_MIN_RANGE) / 255.0
-    azp = ((lo / s).round() - 128).clamp(-128, 127)
+    azp = ((lo / s).round() - 128).clamp(-128, 127).nan_to_num(0.0)
     q = ((xf / s[:, None]).clamp(-256, 256).round() + azp[:, None]).clamp(-128, 127)
-    return q.to(torch.int8), s, azp.to(torch.int32)
+    return _codes(q), s, azp.to(torch.int32)
+
+
+def _codes(q: Tensor) -> Tensor:
+    """float codes as int8, NaN as 0."""
+    return torch.where(q.isnan(), 0.0, q).to(torch.int8)
 
 
 def int8_dequantize(q: Tensor, scale: Tensor, azp: Optional[Tensor] = None) -> Tensor:

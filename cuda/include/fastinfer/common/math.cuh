@@ -36,6 +36,13 @@ template <int kWidth = 32>
 __device__ __forceinline__ float warp_reduce_max(float x) {
   return warp_allreduce<kWidth>(x, [](float a, float b) { return fmaxf(a, b); });
 }
+// max(a, b), NaN when either is (torch.amax's rule; fmaxf drops a NaN operand). The quantisers'
+// amax: a NaN in x becomes a NaN scale.
+__device__ __forceinline__ float max_nan(float a, float b) { return (a > b || a != a) ? a : b; }
+template <int kWidth = 32>
+__device__ __forceinline__ float warp_reduce_max_nan(float x) {
+  return warp_allreduce<kWidth>(x, [](float a, float b) { return max_nan(a, b); });
+}
 template <int kWidth = 32>
 __device__ __forceinline__ int warp_reduce_max(int x) {
   return warp_allreduce<kWidth>(x, [](int a, int b) { return a > b ? a : b; });

@@ -20,16 +20,16 @@ __device__ __forceinline__ float block_reduce_sum(float x, float* scratch) {
   return total;
 }
 
-// Max over the block of non-negative values (0 for an all-zero block), returned to every thread;
-// same contract as block_reduce_sum.
+// Max over the block of non-negative values (0 for an all-zero block), NaN if any value is NaN
+// (max_nan), returned to every thread; same contract as block_reduce_sum.
 __device__ __forceinline__ float block_reduce_max(float x, float* scratch) {
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
-  x = warp_reduce_max(x);
+  x = warp_reduce_max_nan(x);
   if (lane == 0) scratch[warp] = x;
   __syncthreads();
   float m = 0.f;
-  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) m = fmaxf(m, scratch[w]);
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) m = max_nan(m, scratch[w]);
   __syncthreads();
   return m;
 }

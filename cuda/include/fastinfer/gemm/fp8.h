@@ -4,7 +4,8 @@
 // e4m3 here is OCP "e4m3fn" (no infinities, max finite 448). Quantisation is saturating:
 //   q = e4m3_rne(clamp(fp32(x) / scale, -448, 448)),  scale = max(amax, 1e-12) / 448  (fp32 math),
 // the quotient being an IEEE fp32 division (bit-exact with torch's
-// `(x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)`).
+// `(x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)`). NaN propagates as in torch: a NaN
+// in the unit gives a NaN amax and scale, a NaN quotient stays NaN through the clamp (e4m3 NaN).
 //
 // Scaled matmul: out[m][n] = sum_k (a[m][k] * sa) * (b[n][k] * sb) (+ bias[n]), fp32 accumulation,
 // a single rounding to the output dtype. a is [M, K] and b is [N, K], both row-major e4m3 (b is the

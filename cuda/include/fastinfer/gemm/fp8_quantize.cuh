@@ -21,15 +21,20 @@ namespace fastinfer::fp8 {
 constexpr float kE4m3Max = 448.0f;
 constexpr float kMinAmax = 1e-12f;  // guards amax = 0 (all-zero rows get scale 1e-12 / 448, q = 0)
 
-__device__ __forceinline__ float scale_from_amax(float amax) { return fmaxf(amax, kMinAmax) / kE4m3Max; }
+// A NaN amax gives a NaN scale (fmaxf alone would give the floor's).
+__device__ __forceinline__ float scale_from_amax(float amax) {
+  return (amax != amax ? amax : fmaxf(amax, kMinAmax)) / kE4m3Max;
+}
 
-// e4m3(clamp(x / scale)) of 8 values -> 8 bytes (as a uint2), lower index in the lowest byte.
+// e4m3(clamp(x / scale)) of 8 values -> 8 bytes (as a uint2), lower index in the lowest byte. The
+// clamp keeps a NaN (torch.clamp's rule), which the cast writes as e4m3's NaN.
 template <typename T>
 __device__ __forceinline__ uint2 quantize8(const Vec<T, 8>& v, float scale) {
   uint32_t w[2] = {0u, 0u};
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const float q = fminf(fmaxf(to_float(v[i]) / scale, -kE4m3Max), kE4m3Max);
+    const float x = to_float(v[i]) / scale;
+    const float q = x != x ? x : fminf(fmaxf(x, -kE4m3Max), kE4m3Max);
     const __nv_fp8_e4m3 e = from_float<__nv_fp8_e4m3>(q);
     const uint32_t byte = *reinterpret_cast<const uint8_t*>(&e);
     w[i / 4] |= byte << (8 * (i % 4));
@@ -44,7 +49,7 @@ struct E4m3Format {
     float amax = 0.f;
     template <typename T>
     __device__ __forceinline__ void add(const Vec<T, 8>& v) {
-      amax = fmaxf(amax, quant::amax8(v));
+      amax = max_nan(amax, quant::amax8(v));
     }
   };
   static __device__ __forceinline__ float scale_from_amax(float amax) { return fp8::scale_from_amax(amax); }
@@ -73,7 +78,7 @@ __global__ void __launch_bounds__(quant::kQuantThreads) fp8_quantize_group_kerne
     x.load(static_cast<const T*>(p.x) + v * 8);
     amax = quant::amax8(x);
   }
-  amax = warp_reduce_max<kLanes>(amax);
+  amax = warp_reduce_max_nan<kLanes>(amax);
   if (!valid) return;  // after the (full-warp) shuffles
   const float scale = scale_from_amax(amax);
   reinterpret_cast<uint2*>(p.out)[v] = quantize8(x, scale);

@@ -7,6 +7,8 @@
 //   asymmetric (per token): lo = max(-min(x), 0), hi = max(max(x), 0) (the range always holds 0),
 //               scale = max(hi + lo, 1e-12) / 255,  azp = clamp(rne(lo / scale) - 128, -128, 127) (int32),
 //               q = clamp(rne(x / scale) + azp, -128, 127),  so x ~= (q - azp) * scale.
+// NaN: a NaN in the unit gives a NaN amax / range and scale (as torch's amax); a NaN x / scale has
+// code 0 (int8 has no NaN, the scale carries it) and a NaN row's zero point is 0.
 //
 // Scaled matmul: acc[m][n] = sum_k a[m][k] * b[n][k] in int32 (exact), then
 //   c = acc - azp[m] * azp_adj[n]                   (int32; only when azp is given)

@@ -18,7 +18,8 @@ namespace fastinfer::int8 {
 constexpr float kMinRange = 1e-12f;  // guards an all-zero row (scale 1e-12 / 127, codes 0)
 
 // Codes of 8 values -> 8 bytes (uint2), lower index in the lowest byte:
-// rne(clamp(x / scale + 0, lo, hi)) + azp clamped (symmetric: azp = 0, [-127, 127]).
+// rne(clamp(x / scale + 0, lo, hi)) + azp clamped (symmetric: azp = 0, [-127, 127]). x / scale NaN
+// (a NaN value, or a row's NaN scale) has code 0: int8 has no NaN, the scale carries it.
 template <typename T, bool kSymmetric>
 __device__ __forceinline__ uint2 quantize8(const Vec<T, 8>& v, float scale, int32_t azp) {
   uint32_t w[2] = {0u, 0u};
@@ -26,7 +27,9 @@ __device__ __forceinline__ uint2 quantize8(const Vec<T, 8>& v, float scale, int3
   for (int i = 0; i < 8; ++i) {
     const float x = to_float(v[i]) / scale;
     int32_t q;
-    if constexpr (kSymmetric) {
+    if (x != x) {
+      q = 0;
+    } else if constexpr (kSymmetric) {
       q = __float2int_rn(fminf(fmaxf(x, -127.f), 127.f));
     } else {
       // |x| <= 255 (the range holds every value), so the rounded value fits an int before the clamp.
@@ -51,19 +54,24 @@ struct Int8Format {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const float x = to_float(v[i]);
-        hi = fmaxf(hi, x);
-        lo = fmaxf(lo, -x);
+        hi = max_nan(hi, x);
+        lo = max_nan(lo, -x);
       }
     }
   };
-  static __device__ __forceinline__ float scale_from_amax(float amax) { return fmaxf(amax, kMinRange) / 127.f; }
+  // The floor of a range, a NaN range (a NaN in the row) kept.
+  static __device__ __forceinline__ float floored(float range) {
+    return range != range ? range : fmaxf(range, kMinRange);
+  }
+  static __device__ __forceinline__ float scale_from_amax(float amax) { return floored(amax) / 127.f; }
   static __device__ __forceinline__ quant::QuantScale row_scale(const Range& range, float* scratch) {
     if constexpr (kSymmetric) {
-      return {scale_from_amax(block_reduce_max(fmaxf(range.hi, range.lo), scratch)), 0};
+      return {scale_from_amax(block_reduce_max(max_nan(range.hi, range.lo), scratch)), 0};
     } else {
       const float hi = block_reduce_max(range.hi, scratch);
       const float lo = block_reduce_max(range.lo, scratch);
-      const float scale = fmaxf(hi + lo, kMinRange) / 255.f;
+      const float scale = floored(hi + lo) / 255.f;
+      if (scale != scale) return {scale, 0};  // a NaN row: codes 0, zero point 0
       int32_t azp = __float2int_rn(lo / scale) - 128;
       azp = azp < -128 ? -128 : (azp > 127 ? 127 : azp);
       return {scale, azp};

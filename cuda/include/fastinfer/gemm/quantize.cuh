@@ -34,12 +34,12 @@ constexpr int kQuantThreads = 256;
 constexpr int kTokenRegVecs = 4;
 constexpr int kMaxAmaxPartials = 512;  // CTAs of the per-tensor reduction pass
 
-// max |x| of 8 values (NaN ignored, as fmaxf does).
+// max |x| of 8 values, NaN if one is (max_nan: a NaN in x makes a NaN scale, as torch.amax does).
 template <typename T>
 __device__ __forceinline__ float amax8(const Vec<T, 8>& v) {
   float m = 0.f;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(to_float(v[i])));
+  for (int i = 0; i < 8; ++i) m = max_nan(m, fabsf(to_float(v[i])));
   return m;
 }
 
@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kQuantThreads) amax_partials_kernel(const Para
        v += static_cast<int64_t>(gridDim.x) * kQuantThreads) {
     Vec<T, 8> x;
     x.load(static_cast<const T*>(p.x) + v * 8);
-    amax = fmaxf(amax, amax8(x));
+    amax = max_nan(amax, amax8(x));
   }
   amax = block_reduce_max(amax, scratch);
   if (threadIdx.x == 0) static_cast<float*>(p.workspace)[blockIdx.x] = amax;
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kQuantThreads)
   } else {
     const float* partials = static_cast<const float*>(p.workspace);
     float amax = 0.f;
-    for (int i = threadIdx.x; i < num_partials; i += kQuantThreads) amax = fmaxf(amax, partials[i]);
+    for (int i = threadIdx.x; i < num_partials; i += kQuantThreads) amax = max_nan(amax, partials[i]);
     scale = F::scale_from_amax(block_reduce_max(amax, scratch));
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) p.scale[0] = scale;

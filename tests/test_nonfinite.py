@@ -1,0 +1,102 @@
+"""Non-finite inputs, one contract for every backend: the CPU implementations, the kernels (on the
+emulator here, on a GPU in the ``cuda`` twins) and the fp64 / torch references give the same
+answer.
+
+The quantisers (docs/design.md "GEMM"): a NaN in a row (per token), a group (per group) or the
+tensor (per tensor) makes that scale NaN, as ``amax`` does, and every code under it NaN (e4m3) or 0
+(int8, which has no NaN: the NaN scale carries it; an asymmetric NaN row's zero point is 0); an
+infinity makes the scale infinite, its own code NaN (inf / inf) and the finite values' codes 0.
+Rows without a non-finite value are untouched: bitwise the reference's. The kernels used to drop
+the NaN (fmaxf) and write -448 / -127 codes under a finite scale.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import backend_params, get_backend, make_gen, raw_bits
+from fastinfer.reference import gemm_fp8 as ref_fp8  # noqa: E402  (conftest imports fastinfer first)
+from fastinfer.reference import gemm_int8 as ref_int8  # noqa: E402
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _x(dtype, m=5, k=256, seed=0):
+    """Rows 0 and 3 hold a non-finite value (a NaN at column 7, +inf at column 200), the others are finite."""
+    x = torch.randn(m, k, generator=make_gen(seed)).to(dtype)
+    x[0, 7] = NAN
+    x[3, 200] = INF
+    return x
+
+
+def _same(got: torch.Tensor, want: torch.Tensor, what: str):
+    """Equal values, NaN where NaN (any payload: e4m3 has two NaN codes)."""
+    g, w = got.cpu().float(), want.float()
+    assert torch.equal(g.isnan(), w.isnan()), \
+        f"{what}: NaN at {g.isnan().nonzero().tolist()}, want {w.isnan().nonzero().tolist()}"
+    fin = ~w.isnan()
+    assert torch.equal(g[fin], w[fin]), f"{what}: values differ at {(g != w)[fin].nonzero().tolist()[:5]}"
+
+
+CASES = {"cpu": ["token", "tensor", "group"], "sim": ["token", "tensor", "group"], "cuda": ["token", "tensor", "group"]}
+
+
+@pytest.mark.parametrize("backend,dtype,mode", backend_params(CASES))
+def test_fp8_quantize_nonfinite(backend, dtype, mode):
+    be = get_backend(backend)
+    x = _x(dtype)
+    q, s = be.run(lambda: tuple(t.cpu() for t in be.ns.fp8_quantize(x.to(be.device), mode, 128, None)))
+    want_q, want_s = ref_fp8.fp8_quantize(x, mode, 128)
+    _same(s, want_s, "scale")
+    _same(q.float(), want_q.float(), "codes")
+    # the contract itself, not only agreement with the reference
+    if mode == "token":
+        assert s[0].isnan() and s[3].isinf() and s[[1, 2, 4]].isfinite().all()
+        assert q[0].float().isnan().all() and q[3, 200].float().isnan()
+        assert (q[3, :200].float() == 0).all() and (q[3, 201:].float() == 0).all()
+    elif mode == "tensor":
+        assert s.isnan().all() and q.float().isnan().all()
+    else:  # groups of 128: row 0's first group, row 3's second
+        assert s[0, 0].isnan() and s[0, 1].isfinite() and s[3, 1].isinf() and s[3, 0].isfinite()
+        assert q[0, :128].float().isnan().all() and not q[0, 128:].float().isnan().any()
+
+
+@pytest.mark.parametrize("backend,dtype,mode", backend_params(CASES))
+def test_fp8_quantize_given_scale_keeps_nan(backend, dtype, mode):
+    """Per tensor with a given scale: a NaN value's code is NaN, the others are the reference's."""
+    if mode != "tensor":
+        pytest.skip("a given scale is per tensor")
+    be = get_backend(backend)
+    x = _x(dtype)
+    scale = torch.tensor([0.01])
+    q, s = be.run(lambda: tuple(t.cpu() for t in be.ns.fp8_quantize(x.to(be.device), "tensor", 128,
+                                                                      scale.to(be.device))))
+    want_q, _ = ref_fp8.fp8_quantize(x, "tensor", 128, scale)
+    _same(q.float(), want_q.float(), "codes")
+    assert q[0, 7].float().isnan() and float(q[3, 200].float()) == 448.0  # inf clamps to the largest value
+
+
+INT8 = {"cpu": [("token", True), ("token", False), ("tensor", True)],
+        "sim": [("token", True), ("token", False), ("tensor", True)],
+        "cuda": [("token", True), ("token", False), ("tensor", True)]}
+
+
+@pytest.mark.parametrize("backend,dtype,mode,symmetric", backend_params(INT8))
+def test_int8_quantize_nonfinite(backend, dtype, mode, symmetric):
+    be = get_backend(backend)
+    x = _x(dtype)
+    out = be.run(lambda: tuple(t.cpu() for t in be.ns.int8_quantize(x.to(be.device), mode, None, symmetric)))
+    want = ref_int8.int8_quantize(x, mode, None, symmetric)
+    q, s = out[0], out[1]
+    _same(s, want[1], "scale")
+    assert torch.equal(raw_bits(q), raw_bits(want[0])), f"codes differ at {(q != want[0]).nonzero().tolist()[:5]}"
+    if not symmetric:
+        assert torch.equal(out[2], want[2]) and int(out[2][0]) == 0  # the NaN row's zero point
+    if mode == "token":  # the inf row: finite values / inf = 0, at the zero point; inf / inf is NaN: 0
+        zero = 0 if symmetric else int(out[2][3])
+        assert s[0].isnan() and s[3].isinf() and (q[0] == 0).all() and int(q[3, 200]) == 0
+        assert (q[3, :200] == zero).all() and (q[3, 201:] == zero).all()
+        assert s[[1, 2, 4]].isfinite().all() and (q[1] != 0).any()
+    else:
+        assert s.isnan().all() and (q == 0).all()
