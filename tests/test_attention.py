@@ -720,6 +720,8 @@ BAD = [
     ("paged_decode_attention", "seq_lens-negative", lambda: _decode_args(seq_lens=torch.tensor([-1, 3], dtype=torch.int32)),
      r"seq_lens\[0\] = -1 is negative"),
     ("merge_attention_states", "lse-shape", lambda: [torch.randn(3, 4, 64), torch.randn(3, 5), torch.randn(3, 4, 64), torch.randn(3, 5)], "lse_a"),
+    ("merge_attention_states", "head_dim-0", lambda: [torch.randn(3, 4, 0), torch.randn(3, 4), torch.randn(3, 4, 0), torch.randn(3, 4)],
+     "head_dim > 0"),
     ("merge_attention_states", "lse-dtype", lambda: [torch.randn(3, 4, 64), torch.randn(3, 4).double(), torch.randn(3, 4, 64), torch.randn(3, 4)], "lse_a"),
     ("move_kv_slots", "count", lambda: [torch.randn(2, 8, 2, 64), torch.randn(2, 8, 2, 64), torch.tensor([1, 2]), torch.tensor([3])], "dst_slots"),
     ("move_kv_slots", "range", lambda: [torch.randn(2, 8, 2, 64), torch.randn(2, 8, 2, 64), torch.tensor([1, 16]), torch.tensor([3, 4])], "src_slots"),

@@ -8,6 +8,8 @@ tensor (per tensor) makes that scale NaN, as ``amax`` does, and every code under
 infinity makes the scale infinite, its own code NaN (inf / inf) and the finite values' codes 0.
 Rows without a non-finite value are untouched: bitwise the reference's. The kernels used to drop
 the NaN (fmaxf) and write -448 / -127 codes under a finite scale.
+
+merge_attention_states: a NaN lse on either side is a NaN lse and row.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import pytest
 import torch
 
 from conftest import backend_params, get_backend, make_gen, raw_bits
-from fastinfer.reference import gemm_fp8 as ref_fp8  # noqa: E402  (conftest imports fastinfer first)
+from fastinfer.reference import attention as ref_attention  # noqa: E402  (conftest imports fastinfer first)
+from fastinfer.reference import gemm_fp8 as ref_fp8  # noqa: E402
 from fastinfer.reference import gemm_int8 as ref_int8  # noqa: E402
 
 NAN, INF = float("nan"), float("inf")
@@ -100,3 +103,34 @@ def test_int8_quantize_nonfinite(backend, dtype, mode, symmetric):
         assert s[[1, 2, 4]].isfinite().all() and (q[1] != 0).any()
     else:
         assert s.isnan().all() and (q == 0).all()
+
+
+MERGE = {"cpu": [None], "sim": [None], "cuda": [None]}
+
+
+@pytest.mark.parametrize("backend,dtype,_", backend_params(MERGE))
+def test_merge_attention_states_nan_lse(backend, dtype, _):
+    """A NaN lse on either side gives a NaN lse and a NaN merged row (the kernel dropped it and kept
+    the other side); -inf on both sides still gives zeros and -inf, one side -inf the other side's
+    row; finite rows agree with the fp64 reference."""
+    be = get_backend(backend)
+    g = make_gen(11)
+    t, h, d = 4, 3, 64
+    va, vb = torch.randn(t, h, d, generator=g).to(dtype), torch.randn(t, h, d, generator=g).to(dtype)
+    la, lb = torch.randn(t, h, generator=g) * 3, torch.randn(t, h, generator=g) * 3
+    la[0, 0] = NAN  # NaN on a
+    lb[1, 2] = NAN  # NaN on b
+    la[2, 1] = lb[2, 1] = float("-inf")  # neither side saw a key
+    la[3, 0] = float("-inf")  # only b did
+    dev = be.device
+    v, lse = be.run(lambda: tuple(x.cpu() for x in be.ns.merge_attention_states(va.to(dev), la.to(dev), vb.to(dev),
+                                                                                 lb.to(dev))))
+    ref_v, ref_lse = ref_attention.merge_attention_states(va, la, vb, lb)
+    assert torch.equal(lse.isnan(), ref_lse.isnan()) and lse[0, 0].isnan() and lse[1, 2].isnan()
+    assert v[0, 0].float().isnan().all() and v[1, 2].float().isnan().all()
+    assert not v.float().isnan()[~ref_lse.isnan()].any()
+    assert lse[2, 1] == float("-inf") and (v[2, 1].float() == 0).all()
+    assert torch.equal(v[3, 0], vb[3, 0]) and float(lse[3, 0]) == float(lb[3, 0])
+    fin = torch.isfinite(ref_lse)
+    assert (lse[fin].double() - ref_lse[fin]).abs().max() < 1e-5
+    assert (v.double() - ref_v)[fin].abs().max() < 2e-2

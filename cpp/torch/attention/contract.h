@@ -185,6 +185,7 @@ inline void validate_merge_attention_states(const char* op, const Tensor& v_a, c
                                             const Tensor& v_b, const Tensor& lse_b) {
   check_dim(v_a, 3, op, "v_a", "[num_tokens, num_heads, head_dim]");
   check_dtype_in(v_a, {kHalf, kBFloat16, kFloat}, op, "v_a");
+  FI_CHECK(v_a.size(2) > 0, op, "v_a must have head_dim > 0, got shape ", shape_str(v_a));
   validate_like(op, v_b, "v_b", v_a, "v_a");
   check_dim(lse_a, 2, op, "lse_a", "[num_tokens, num_heads]");
   FI_CHECK(lse_a.scalar_type() == kFloat, op, "lse_a must be float32, got ", lse_a.scalar_type());

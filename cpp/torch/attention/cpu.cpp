@@ -653,11 +653,11 @@ template <typename T>
 void merge_rows(const T* va, const float* la, const T* vb, const float* lb, T* vo, float* lo, int64_t rows, int64_t d) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (int64_t r = 0; r < rows; ++r) {
-    const float a = la[r], b = lb[r], mx = std::max(a, b);
-    // logaddexp; both -inf: -inf, and the merged value is 0.
+    const float a = la[r], b = lb[r], mx = std::isnan(b) ? b : std::max(a, b);  // NaN either side: NaN
+    // logaddexp; both -inf: -inf, and the merged value is 0; a NaN: NaN lse, weights and value.
     const float lse = mx == kNegInf ? kNegInf : mx + std::log1p(std::exp(-std::fabs(a - b)));
-    const bool finite = std::isfinite(lse);
-    const float wa = finite ? std::exp(a - lse) : 0.0f, wb = finite ? std::exp(b - lse) : 0.0f;
+    const bool none = lse == kNegInf;
+    const float wa = none ? 0.0f : std::exp(a - lse), wb = none ? 0.0f : std::exp(b - lse);
     for (int64_t i = 0; i < d; ++i)
       vo[r * d + i] = static_cast<T>(static_cast<float>(va[r * d + i]) * wa + static_cast<float>(vb[r * d + i]) * wb);
     lo[r] = lse;

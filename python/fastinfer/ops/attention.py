@@ -217,8 +217,10 @@ def paged_decode_attention(
 
 def merge_attention_states(v_a: Tensor, lse_a: Tensor, v_b: Tensor, lse_b: Tensor, *, lib=None) -> Tuple[Tensor, Tensor]:
     """Combine attention over two disjoint key sets (split-KV, shared prefix + suffix):
-    ``lse = logaddexp(lse_a, lse_b)``, ``v = v_a * exp(lse_a - lse) + v_b * exp(lse_b - lse)``.
-    ``v_*``: ``[T, H, D]`` (fp16/bf16/fp32); ``lse_*``: ``[T, H]`` float32. Returns ``(v, lse)``."""
+    ``lse = logaddexp(lse_a, lse_b)``, ``v = v_a * exp(lse_a - lse) + v_b * exp(lse_b - lse)``;
+    both ``-inf``: ``v = 0``, ``lse = -inf``; a NaN lse on either side: NaN ``lse`` and ``v``.
+    ``v_*``: ``[T, H, D]`` (fp16/bf16/fp32, ``D > 0``); ``lse_*``: ``[T, H]`` float32. Returns
+    ``(v, lse)``."""
     return (lib or torch.ops.fastinfer).merge_attention_states(v_a, lse_a, v_b, lse_b)
 
 

@@ -244,12 +244,13 @@ def paged_decode_attention(
 
 def merge_attention_states(v_a: Tensor, lse_a: Tensor, v_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
     """Combine two results over disjoint key sets: lse = logaddexp(lse_a, lse_b),
-    v = v_a * exp(lse_a - lse) + v_b * exp(lse_b - lse); both -inf -> v = 0, lse = -inf."""
+    v = v_a * exp(lse_a - lse) + v_b * exp(lse_b - lse); both -inf -> v = 0, lse = -inf; a NaN lse
+    on either side -> NaN lse and v."""
     la, lb = lse_a.to(torch.float64), lse_b.to(torch.float64)
     lse = torch.logaddexp(la, lb)
-    finite = torch.isfinite(lse)
-    wa = torch.where(finite, torch.exp(la - lse), torch.zeros_like(la)).unsqueeze(-1)
-    wb = torch.where(finite, torch.exp(lb - lse), torch.zeros_like(lb)).unsqueeze(-1)
+    none = lse == float("-inf")
+    wa = torch.where(none, torch.zeros_like(la), torch.exp(la - lse)).unsqueeze(-1)
+    wb = torch.where(none, torch.zeros_like(lb), torch.exp(lb - lse)).unsqueeze(-1)
     return v_a.to(torch.float64) * wa + v_b.to(torch.float64) * wb, lse
 
 

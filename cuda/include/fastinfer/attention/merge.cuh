@@ -6,6 +6,7 @@
 // lse is written after a barrier, so lse_out may alias lse_a or lse_b too.
 #include "fastinfer/common/platform.cuh"
 #include "fastinfer/attention/attention.h"
+#include "fastinfer/common/math.cuh"
 #include "fastinfer/common/vec.cuh"
 
 #include <cmath>
@@ -24,13 +25,16 @@ __global__ void __launch_bounds__(kThreads) merge_attention_states_kernel(const 
     lse_a = p.lse_a[row];
     lse_b = p.lse_b[row];
   }
-  // -inf safe: both -inf -> weights 0 and lse -inf. (+inf inputs are not meaningful.)
-  const float m = fmaxf(lse_a, lse_b);
+  // -inf safe: both -inf -> weights 0 and lse -inf. A NaN lse (either side) gives NaN weights, v
+  // and lse: NaN in, NaN out (fmaxf would drop it and keep the other side). (+inf inputs are not
+  // meaningful.)
+  const float m = max_nan(lse_a, lse_b);
   const float ref = m == -INFINITY ? 0.f : m;
   const float ea = expf(lse_a - ref), eb = expf(lse_b - ref);
   const float sum = ea + eb;
-  const float wa = sum > 0.f ? ea / sum : 0.f;
-  const float wb = sum > 0.f ? eb / sum : 0.f;
+  const bool seen = !(sum <= 0.f);  // sum > 0, or NaN
+  const float wa = seen ? ea / sum : 0.f;
+  const float wb = seen ? eb / sum : 0.f;
 
   if (active) {
     const int64_t base = row * p.head_dim;
@@ -47,7 +51,7 @@ __global__ void __launch_bounds__(kThreads) merge_attention_states_kernel(const 
     }
   }
   __syncthreads();  // every lse read of the CTA happens before lse_out (which may alias) is written
-  if (active && threadIdx.x == 0 && p.lse_out != nullptr) p.lse_out[row] = sum > 0.f ? m + logf(sum) : -INFINITY;
+  if (active && threadIdx.x == 0 && p.lse_out != nullptr) p.lse_out[row] = seen ? m + logf(sum) : -INFINITY;
 }
 
 }  // namespace fastinfer::attention::merge
