@@ -637,6 +637,53 @@ def test_move_kv_slots(backend, dtype, slot_dtype):
     assert torch.equal(raw_bits(kc), raw_bits(ref_k)) and torch.equal(raw_bits(vc), raw_bits(ref_v))
 
 
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("sim", marks=pytest.mark.sim),
+                                     pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_index_tensors_any_layout(backend):
+    """The index tensors may be views with any strides, on every backend: a block_table that is a
+    column slice of a wider table (contiguous rows), one with strided rows, strided seq_lens and
+    cu_seqlens give the bits of their contiguous copies (the CPU refused the first, the kernels the
+    others)."""
+    be = get_backend(backend)
+    g = make_gen(21)
+    bf = torch.bfloat16
+    kc, vc, table = make_paged([20, 3], 2, 64, 16, bf, g)
+    kc, vc = kc.nan_to_num(0.5), vc.nan_to_num(0.5)
+    q = randn((5, 8, 64), bf, gen=g)
+    lens = torch.tensor([20, 3], dtype=torch.int32)
+    wide = torch.full((2, table.shape[1] + 5), -3, dtype=torch.int32)
+    wide[:, 2:2 + table.shape[1]] = table
+    col_slice = wide[:, 2:2 + table.shape[1]]  # stride(0) > width, stride(1) == 1
+    strided_rows = table.t().contiguous().t()  # stride(1) != 1
+    lens_view = torch.tensor([20, 99, 3, 99], dtype=torch.int32)[::2]
+    cu_view = torch.tensor([0, 9, 2, 9, 5, 9], dtype=torch.int32)[::2]
+    dev = be.device
+
+    def run(tab, ln, cq):
+        d = be.ns.paged_decode_attention(q[:2].to(dev), kc.to(dev), vc.to(dev), tab.to(dev), ln.to(dev), 0.125, -1, 0.0,
+                                         0, True)
+        p = be.ns.paged_prefill_attention(q.to(dev), kc.to(dev), vc.to(dev), tab.to(dev), cq.to(dev), ln.to(dev), 3,
+                                          0.125, True, -1, 0.0, None, True)
+        return tuple(t.cpu() for t in (*d, *p))
+
+    want = be.run(lambda: run(table, lens, cu([2, 3])))
+    for tab, ln, cq in ((col_slice, lens, cu([2, 3])), (strided_rows, lens_view, cu_view)):
+        assert not (tab.is_contiguous() and ln.is_contiguous() and cq.is_contiguous())
+        got = be.run(lambda: run(tab, ln, cq))
+        for a, b in zip(got, want):
+            assert torch.equal(raw_bits(a), raw_bits(b))
+    k = randn((12, 2, 64), bf, gen=g)
+    cq, ck = torch.tensor([0, 9, 4, 9, 10], dtype=torch.int32)[::2], torch.tensor([0, 9, 5, 9, 12], dtype=torch.int32)[::2]
+    got = be.run(lambda: tuple(t.cpu() for t in be.ns.prefill_attention(q.repeat(2, 1, 1).to(dev), k.to(dev), k.to(dev),
+                                                                         cq.to(dev), ck.to(dev), 6, 7, 0.125, True, -1,
+                                                                         0.0, True)))
+    want = be.run(lambda: tuple(t.cpu() for t in be.ns.prefill_attention(q.repeat(2, 1, 1).to(dev), k.to(dev), k.to(dev),
+                                                                          cq.contiguous().to(dev), ck.contiguous().to(dev),
+                                                                          6, 7, 0.125, True, -1, 0.0, True)))
+    for a, b in zip(got, want):
+        assert torch.equal(raw_bits(a), raw_bits(b))
+
+
 # ---------------------------------------------------------------------------------------------
 # bad input: a RuntimeError naming the argument, never a crash
 def _prefill_args(**over):

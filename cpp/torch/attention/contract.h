@@ -210,6 +210,10 @@ inline void validate_move_kv_slots(const char* op, const Tensor& k_cache, const 
   check_same_dtype(dst_slots, src_slots, op, "dst_slots", "src_slots");
 }
 
+// The index tensors (cu_seqlens_*, seq_lens*, block_table) may have any strides on every backend:
+// a strided one is read through a contiguous copy (a few hundred bytes).
+inline Tensor index_layout(const Tensor& t) { return torch::stable::contiguous(t); }
+
 // ---- host-side value checks (CPU tensors always; CUDA with FASTINFER_CHECK_INDICES=1) ---------
 inline void check_cu_seqlens(const char* op, const Tensor& cu, const char* name, int64_t total,
                              int64_t max_len, const char* max_name) {

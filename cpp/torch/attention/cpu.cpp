@@ -103,10 +103,12 @@ void attend_flash(const Tensor& q, const Tensor& k, const Tensor& v, double scal
 }
 
 std::tuple<Tensor, Tensor> prefill_attention_cpu(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                 const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                                 const Tensor& cu_seqlens_q_in, const Tensor& cu_seqlens_k_in,
                                                  int64_t max_seqlen_q, int64_t max_seqlen_k, double scale, bool causal,
                                                  int64_t window_left, double softcap, bool return_lse,
                                                  int64_t fixed_split_size, const std::optional<Tensor>& sinks) {
+  const Tensor cu_seqlens_q = index_layout(cu_seqlens_q_in);
+  const Tensor cu_seqlens_k = index_layout(cu_seqlens_k_in);
   const char* op = "prefill_attention";
   validate_prefill_attention(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, true, fixed_split_size, sinks);
   validate_attention_options(op, scale, window_left, softcap);
@@ -581,7 +583,6 @@ void check_paged_inputs_on_cpu(const char* op, const Tensor& q, const Tensor& k_
   check_packed_heads(q, op, "q");
   check_contiguous(k_cache, op, "k_cache");
   check_contiguous(v_cache, op, "v_cache");
-  check_contiguous(block_table, op, "block_table");
 }
 
 // The bool form of a bit-packed custom mask (entry e = bit e % 8 of byte e / 8).
@@ -595,11 +596,14 @@ Tensor unpack_custom_mask(const Tensor& packed, int64_t entries) {
 }
 
 std::tuple<Tensor, Tensor> paged_prefill_attention_cpu(
-    const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
-    const Tensor& cu_seqlens_q, const Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
+    const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table_in,
+    const Tensor& cu_seqlens_q_in, const Tensor& seq_lens_k_in, int64_t max_seqlen_q, double scale, bool causal,
     int64_t window_left, double softcap, const std::optional<Tensor>& custom_mask, bool return_lse,
     const std::optional<Tensor>& packed_custom_mask, int64_t fixed_split_size, const std::optional<Tensor>& sinks,
     const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale) {
+  const Tensor block_table = index_layout(block_table_in);
+  const Tensor cu_seqlens_q = index_layout(cu_seqlens_q_in);
+  const Tensor seq_lens_k = index_layout(seq_lens_k_in);
   const char* op = "paged_prefill_attention";
   validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
                                    custom_mask, packed_custom_mask, true, fixed_split_size, sinks, k_scale, v_scale);
@@ -619,10 +623,12 @@ std::tuple<Tensor, Tensor> paged_prefill_attention_cpu(
 }
 
 std::tuple<Tensor, Tensor> paged_decode_attention_cpu(
-    const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
-    const Tensor& seq_lens, double scale, int64_t window_left, double softcap, int64_t num_splits,
+    const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table_in,
+    const Tensor& seq_lens_in, double scale, int64_t window_left, double softcap, int64_t num_splits,
     bool return_lse, const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale,
     int64_t fixed_split_size, const std::optional<Tensor>& sinks) {
+  const Tensor block_table = index_layout(block_table_in);
+  const Tensor seq_lens = index_layout(seq_lens_in);
   const char* op = "paged_decode_attention";
   validate_paged_decode_attention(op, q, k_cache, v_cache, block_table, seq_lens, num_splits, k_scale, v_scale, true,
                                   fixed_split_size, sinks);

@@ -55,11 +55,13 @@ void launch_planned(PrefillAttentionParams& p, const Tensor& q, const KernelScop
 }
 
 std::tuple<Tensor, Tensor> prefill_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                     const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                                     const Tensor& cu_seqlens_q_in, const Tensor& cu_seqlens_k_in,
                                                      int64_t max_seqlen_q, int64_t max_seqlen_k, double scale,
                                                      bool causal, int64_t window_left, double softcap,
                                                      bool return_lse, int64_t fixed_split_size,
                                                      const std::optional<Tensor>& sinks) {
+  const Tensor cu_seqlens_q = index_layout(cu_seqlens_q_in);
+  const Tensor cu_seqlens_k = index_layout(cu_seqlens_k_in);
   const char* op = "prefill_attention";
   validate_prefill_attention(op, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, false, fixed_split_size, sinks);
   validate_attention_options(op, scale, window_left, softcap);
@@ -69,8 +71,6 @@ std::tuple<Tensor, Tensor> prefill_attention(const Tensor& q, const Tensor& k, c
   check_packed_heads(k, op, "k");
   check_packed_heads(v, op, "v");
   for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) check_vector_aligned(*t, op, name);
-  check_contiguous(cu_seqlens_q, op, "cu_seqlens_q");
-  check_contiguous(cu_seqlens_k, op, "cu_seqlens_k");
   if (check_indices_enabled(q)) {
     check_cu_seqlens(op, cu_seqlens_q, "cu_seqlens_q", q.size(0), max_seqlen_q, "max_seqlen_q");
     check_cu_seqlens(op, cu_seqlens_k, "cu_seqlens_k", k.size(0), max_seqlen_k, "max_seqlen_k");
@@ -94,16 +94,12 @@ std::tuple<Tensor, Tensor> prefill_attention(const Tensor& q, const Tensor& k, c
   return {out, lse};
 }
 
-void check_paged_kernel_inputs(const char* op, const Tensor& q, const Tensor& k_cache,
-                               const Tensor& v_cache, const Tensor& block_table, const Tensor& lens) {
+void check_paged_kernel_inputs(const char* op, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache) {
   check_device(q, op, "q");
   check_packed_heads(q, op, "q");
   check_vector_aligned(q, op, "q");
   check_contiguous(k_cache, op, "k_cache");
   check_contiguous(v_cache, op, "v_cache");
-  check_contiguous(lens, op, "seq_lens");
-  FI_CHECK(block_table.stride(1) == 1, op, "block_table must have contiguous rows (stride(1) == 1), got strides ",
-           strides_of(block_table));
 }
 
 // An fp8 cache's scales (validate_kv_cache_scales: 1 element or one per KV head) into the decode or
@@ -134,17 +130,19 @@ void fill_paged(PrefillAttentionParams& p, const Tensor& q, const Tensor& k_cach
 }
 
 std::tuple<Tensor, Tensor> paged_prefill_attention(
-    const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
-    const Tensor& cu_seqlens_q, const Tensor& seq_lens_k, int64_t max_seqlen_q, double scale, bool causal,
+    const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table_in,
+    const Tensor& cu_seqlens_q_in, const Tensor& seq_lens_k_in, int64_t max_seqlen_q, double scale, bool causal,
     int64_t window_left, double softcap, const std::optional<Tensor>& custom_mask, bool return_lse,
     const std::optional<Tensor>& packed_custom_mask, int64_t fixed_split_size, const std::optional<Tensor>& sinks,
     const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale) {
+  const Tensor block_table = index_layout(block_table_in);
+  const Tensor cu_seqlens_q = index_layout(cu_seqlens_q_in);
+  const Tensor seq_lens_k = index_layout(seq_lens_k_in);
   const char* op = "paged_prefill_attention";
   validate_paged_prefill_attention(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens_k, max_seqlen_q,
                                    custom_mask, packed_custom_mask, false, fixed_split_size, sinks, k_scale, v_scale);
   validate_attention_options(op, scale, window_left, softcap);
-  check_paged_kernel_inputs(op, q, k_cache, v_cache, block_table, seq_lens_k);
-  check_contiguous(cu_seqlens_q, op, "cu_seqlens_q");
+  check_paged_kernel_inputs(op, q, k_cache, v_cache);
   if (custom_mask.has_value()) check_contiguous(*custom_mask, op, "custom_mask");
   if (packed_custom_mask.has_value()) check_contiguous(*packed_custom_mask, op, "packed_custom_mask");
   if (check_indices_enabled(q)) {
@@ -201,15 +199,17 @@ void decode_fixed_split(const char* op, const Tensor& q, const Tensor& k_cache, 
 }
 
 std::tuple<Tensor, Tensor> paged_decode_attention(
-    const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table,
-    const Tensor& seq_lens, double scale, int64_t window_left, double softcap, int64_t num_splits,
+    const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_table_in,
+    const Tensor& seq_lens_in, double scale, int64_t window_left, double softcap, int64_t num_splits,
     bool return_lse, const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale,
     int64_t fixed_split_size, const std::optional<Tensor>& sinks) {
+  const Tensor block_table = index_layout(block_table_in);
+  const Tensor seq_lens = index_layout(seq_lens_in);
   const char* op = "paged_decode_attention";
   validate_paged_decode_attention(op, q, k_cache, v_cache, block_table, seq_lens, num_splits, k_scale, v_scale, false,
                                   fixed_split_size, sinks);
   validate_attention_options(op, scale, window_left, softcap);
-  check_paged_kernel_inputs(op, q, k_cache, v_cache, block_table, seq_lens);
+  check_paged_kernel_inputs(op, q, k_cache, v_cache);
   if (check_indices_enabled(q))
     check_paged_indices(op, block_table, seq_lens, "seq_lens", k_cache.size(0), k_cache.size(1), nullptr);
   auto [out, lse] = allocate_outputs(q, return_lse);

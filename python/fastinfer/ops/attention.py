@@ -12,7 +12,8 @@ domain of ``s``), ``lse`` includes it, and a query that sees no key gets zeros a
 sinks[h]``; the split-KV and deterministic merges count it once. :func:`merge_attention_states`
 knows nothing of sinks. Paged KV caches are ``[num_blocks, block_size, Hkv, D]`` with ``block_table
 [B, max_blocks] int32`` (token ``j`` of sequence ``b`` is row ``j % BS`` of block
-``block_table[b, j // BS]``). Index tensors (``cu_seqlens_*``, ``seq_lens*``) are int32.
+``block_table[b, j // BS]``). Index tensors (``cu_seqlens_*``, ``seq_lens*``) are int32; all
+index tensors may be views with any strides (a strided one is read through a contiguous copy).
 
 Scalar options, checked by every backend before any launch (an error naming the argument):
 ``scale`` finite; ``softcap`` finite and ``>= 0`` (0: off; a NaN is refused, never read as off);
