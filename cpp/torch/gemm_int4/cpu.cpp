@@ -341,6 +341,27 @@ bool have_avx512() {
 }
 #endif
 
+// The decode paths' driver: chunks of `tiles_per_chunk` 16-column tiles on torch's thread pool,
+// each accumulated by `lanes(nt0, tiles, acc)` into acc [tiles][m][16 columns][16 lanes] (zeroed
+// first), then every column's lanes summed (cpu::tree_sum) into out [m, n] as T.
+template <typename T, typename Lanes>
+void run_tile_chunks(int64_t m, int64_t n, int64_t tiles_per_chunk, T* out, const Lanes& lanes) {
+  const int64_t chunks = (n / 16 + tiles_per_chunk - 1) / tiles_per_chunk;
+  torch::stable::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(static_cast<size_t>(tiles_per_chunk * m * 16 * kWords));
+    for (int64_t chunk = begin; chunk < end; ++chunk) {
+      const int64_t nt0 = chunk * tiles_per_chunk, tiles = std::min(tiles_per_chunk, n / 16 - nt0);
+      std::fill(acc.begin(), acc.end(), 0.f);
+      lanes(nt0, tiles, acc.data());
+      for (int64_t t = 0; t < tiles; ++t)
+        for (int64_t r = 0; r < m; ++r)
+          for (int c = 0; c < 16; ++c)
+            out[r * n + 16 * (nt0 + t) + c] =
+                static_cast<T>(cpu::tree_sum<kWords>(acc.data() + ((t * m + r) * 16 + c) * kWords));
+    }
+  });
+}
+
 // Decode path: per 16-column tile (torch's thread pool) the tile's table, then every unit decoded in
 // registers and applied to every row of a (no weight copy); see the order above.
 template <typename T>
@@ -355,36 +376,18 @@ void int4_gemm_fused(const Tensor& a, const Tensor& packed, const Tensor& scales
   T* op = out.mutable_data_ptr<T>();
 #if FASTINFER_INT4_AVX512
   if (have_avx512()) {
-    const int64_t chunks = (n / 16 + kChunkTiles - 1) / kChunkTiles;
-    torch::stable::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> acc(static_cast<size_t>(kChunkTiles * m * 16 * kWords));
-      for (int64_t chunk = begin; chunk < end; ++chunk) {
-        const int64_t nt0 = chunk * kChunkTiles, tiles = std::min(kChunkTiles, n / 16 - nt0);
-        std::fill(acc.begin(), acc.end(), 0.f);
-        // a unit spans two groups only with group_size 32
-        (group_size == 32 ? chunk_lanes_avx512<T, true> : chunk_lanes_avx512<T, false>)(
-            words, sp, zp, xperm.data(), m, k, n, group_size, nt0, tiles, acc.data());
-        for (int64_t t = 0; t < tiles; ++t)
-          for (int64_t r = 0; r < m; ++r)
-            for (int c = 0; c < 16; ++c)
-              op[r * n + 16 * (nt0 + t) + c] =
-                  static_cast<T>(cpu::tree_sum<kWords>(acc.data() + ((t * m + r) * 16 + c) * kWords));
-      }
+    // a unit spans two groups only with group_size 32
+    const auto kernel = group_size == 32 ? chunk_lanes_avx512<T, true> : chunk_lanes_avx512<T, false>;
+    run_tile_chunks(m, n, kChunkTiles, op, [&](int64_t nt0, int64_t tiles, float* acc) {
+      kernel(words, sp, zp, xperm.data(), m, k, n, group_size, nt0, tiles, acc);
     });
     return;
   }
 #endif
-  torch::stable::parallel_for(0, n / 16, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(static_cast<size_t>(m) * 16 * kWords);
-    std::vector<float> lut;
-    for (int64_t nt = begin; nt < end; ++nt) {
-      std::fill(acc.begin(), acc.end(), 0.f);
-      build_lut<T>(sp, zp, n, k / group_size, nt, lut);
-      tile_lanes_portable(words, lut.data(), xperm.data(), m, k, n, group_size, nt, acc.data());
-      for (int64_t r = 0; r < m; ++r)
-        for (int c = 0; c < 16; ++c)
-          op[r * n + 16 * nt + c] = static_cast<T>(cpu::tree_sum<kWords>(acc.data() + (r * 16 + c) * kWords));
-    }
+  run_tile_chunks(m, n, 1, op, [&](int64_t nt, int64_t, float* acc) {
+    thread_local std::vector<float> lut;
+    build_lut<T>(sp, zp, n, k / group_size, nt, lut);
+    tile_lanes_portable(words, lut.data(), xperm.data(), m, k, n, group_size, nt, acc);
   });
 }
 
@@ -401,34 +404,16 @@ void int4_gemm_fused_bf16(const Tensor& a, const Tensor& packed, const Tensor& s
   BFloat16* op = out.mutable_data_ptr<BFloat16>();
 #if FASTINFER_INT4_AVX512
   if (have_avx512_bf16()) {
-    const int64_t chunks = (n / 16 + kChunkTiles - 1) / kChunkTiles;
     const auto kernel = group_size == 32 ? (zp != nullptr ? chunk_lanes_bf16dp<true, true> : chunk_lanes_bf16dp<true, false>)
                                          : (zp != nullptr ? chunk_lanes_bf16dp<false, true> : chunk_lanes_bf16dp<false, false>);
-    torch::stable::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> acc(static_cast<size_t>(kChunkTiles * m * 16 * kWords));
-      for (int64_t chunk = begin; chunk < end; ++chunk) {
-        const int64_t nt0 = chunk * kChunkTiles, tiles = std::min(kChunkTiles, n / 16 - nt0);
-        std::fill(acc.begin(), acc.end(), 0.f);
-        kernel(words, sp, zp, xpair.data(), xsum.data(), m, k, n, group_size, nt0, tiles, acc.data());
-        for (int64_t t = 0; t < tiles; ++t)
-          for (int64_t r = 0; r < m; ++r)
-            for (int c = 0; c < 16; ++c)
-              op[r * n + 16 * (nt0 + t) + c] =
-                  static_cast<BFloat16>(cpu::tree_sum<kWords>(acc.data() + ((t * m + r) * 16 + c) * kWords));
-      }
+    run_tile_chunks(m, n, kChunkTiles, op, [&](int64_t nt0, int64_t tiles, float* acc) {
+      kernel(words, sp, zp, xpair.data(), xsum.data(), m, k, n, group_size, nt0, tiles, acc);
     });
     return;
   }
 #endif
-  torch::stable::parallel_for(0, n / 16, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(static_cast<size_t>(m) * 16 * kWords);
-    for (int64_t nt = begin; nt < end; ++nt) {
-      std::fill(acc.begin(), acc.end(), 0.f);
-      tile_lanes_bf16_portable(words, sp, zp, xpair.data(), xsum.data(), m, k, n, group_size, nt, acc.data());
-      for (int64_t r = 0; r < m; ++r)
-        for (int c = 0; c < 16; ++c)
-          op[r * n + 16 * nt + c] = static_cast<BFloat16>(cpu::tree_sum<kWords>(acc.data() + (r * 16 + c) * kWords));
-    }
+  run_tile_chunks(m, n, 1, op, [&](int64_t nt, int64_t, float* acc) {
+    tile_lanes_bf16_portable(words, sp, zp, xpair.data(), xsum.data(), m, k, n, group_size, nt, acc);
   });
 }
 
