@@ -114,4 +114,13 @@ inline void check_tree_verify_values(const char* op, const Tensor& draft_tokens,
              " (e.g. torch.rand)");
 }
 
+// target_logits holds finite values or -inf (masked tokens): its largest value (one ATen max, which
+// propagates NaN) must be neither NaN nor +inf. Checked where the index values are.
+inline void check_tree_verify_logits(const char* op, const Tensor& target_logits) {
+  if (target_logits.numel() == 0 || !check_indices_enabled(target_logits)) return;
+  const float top = scalar_value(aten_call("aten::max", "", target_logits)[0]);
+  FI_CHECK(!std::isnan(top) && top != INFINITY, op, "target_logits must be finite or -inf, got ",
+           std::isnan(top) ? "a NaN" : "+inf");
+}
+
 }  // namespace fastinfer::binding

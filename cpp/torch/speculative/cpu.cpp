@@ -123,6 +123,7 @@ std::tuple<Tensor, Tensor, Tensor> tree_verify_cpu(const Tensor& draft_tokens,
   check_tree_verify_layout(op, draft_tokens, parents, target_logits, draft_probs, temperature, uniforms);
   const int64_t B = draft_tokens.size(0), N = draft_tokens.size(1), V = target_logits.size(2);
   check_tree_verify_values(op, draft_tokens, parents, V, temperature, uniforms, greedy);
+  check_tree_verify_logits(op, target_logits);
   const auto tokens = contiguous_as(draft_tokens, kLong);
   const auto par = contiguous_as(parents, kLong);
   auto accepted = empty_on(draft_tokens, {B, N}, kLong);

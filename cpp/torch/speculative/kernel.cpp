@@ -18,6 +18,7 @@ std::tuple<Tensor, Tensor, Tensor> tree_verify(const Tensor& draft_tokens, const
   check_tree_verify_layout(op, draft_tokens, parents, target_logits, draft_probs, temperature, uniforms);
   const int64_t B = draft_tokens.size(0), N = draft_tokens.size(1), V = target_logits.size(2);
   check_tree_verify_values(op, draft_tokens, parents, V, temperature, uniforms, greedy);
+  check_tree_verify_logits(op, target_logits);
   FI_CHECK(B <= 0x7fffffff, op, "draft_tokens must have batch < 2^31, got ", B);
   auto accepted = empty_on(draft_tokens, {B, N});
   auto num = empty_on(draft_tokens, {B});

@@ -51,7 +51,9 @@ def tree_verify(
     Args:
         draft_tokens: ``[B, N]`` int32 or int64; token of each node (entry 0, the root, is unused).
         parents: ``[B, N]``, dtype of draft_tokens.
-        target_logits: ``[B, N, V]`` float32, float16 or bfloat16 (finite or -inf).
+        target_logits: ``[B, N, V]`` float32, float16 or bfloat16, finite or -inf (a NaN or +inf
+            is refused where the index values are checked: CPU tensors always, CUDA ones with
+            ``FASTINFER_CHECK_INDICES=1``).
         draft_probs: ``[B, N, V]`` float32 or None.
         temperature: ``[B]`` float32 (or a float for every sequence), > 0 unless greedy; may be
             None when greedy.
