@@ -134,3 +134,46 @@ def test_merge_attention_states_nan_lse(backend, dtype, _):
     fin = torch.isfinite(ref_lse)
     assert (lse[fin].double() - ref_lse[fin]).abs().max() < 1e-5
     assert (v.double() - ref_v)[fin].abs().max() < 2e-2
+
+
+# ---- empty dimensions: the same shapes, dtypes and values from the CPU and the kernels -----------
+_BF = torch.bfloat16
+EMPTY = [
+    ("rms_norm", lambda ns: ns.rms_norm(torch.randn(0, 64, dtype=_BF), torch.ones(64, dtype=_BF), 1e-6)),
+    ("silu_and_mul", lambda ns: ns.silu_and_mul(torch.randn(0, 128, dtype=_BF))),
+    ("fp8_quantize-token", lambda ns: ns.fp8_quantize(torch.randn(0, 64, dtype=_BF), "token", 128, None)),
+    ("fp8_quantize-tensor", lambda ns: ns.fp8_quantize(torch.randn(0, 64, dtype=_BF), "tensor", 128, None)),
+    ("int8_quantize-token", lambda ns: ns.int8_quantize(torch.randn(0, 64, dtype=_BF), "token", None, False)),
+    ("int8_quantize-tensor", lambda ns: ns.int8_quantize(torch.randn(0, 64, dtype=_BF), "tensor", None, True)),
+    ("dense_mm-M0", lambda ns: ns.dense_mm(torch.randn(0, 64, dtype=_BF), torch.randn(32, 64, dtype=_BF), None)),
+    ("dense_mm-N0", lambda ns: ns.dense_mm(torch.randn(4, 64, dtype=_BF), torch.randn(0, 64, dtype=_BF), None)),
+    ("int4_gemm-M0", lambda ns: ns.int4_gemm(torch.randn(0, 64, dtype=_BF),
+                                             ns.int4_pack(torch.full((16, 64), 3, dtype=torch.uint8)),
+                                             torch.ones(2, 16, dtype=_BF), None, 32, None, False)),
+    ("fp8_scaled_mm-M0", lambda ns: ns.fp8_scaled_mm(torch.zeros(0, 64, dtype=torch.float8_e4m3fn),
+                                                     torch.zeros(32, 64, dtype=torch.float8_e4m3fn), torch.ones(1),
+                                                     torch.ones(1), _BF, None, False)),
+    ("merge_attention_states-T0", lambda ns: ns.merge_attention_states(
+        torch.randn(0, 4, 64, dtype=_BF), torch.randn(0, 4), torch.randn(0, 4, 64, dtype=_BF), torch.randn(0, 4))),
+    ("moe_topk-T0", lambda ns: ns.moe_topk(torch.randn(0, 8), 2, True, "softmax")),
+    ("paged_decode_attention-B0", lambda ns: ns.paged_decode_attention(
+        torch.randn(0, 8, 64, dtype=_BF), torch.randn(4, 16, 2, 64, dtype=_BF), torch.randn(4, 16, 2, 64, dtype=_BF),
+        torch.zeros(0, 2, dtype=torch.int32), torch.zeros(0, dtype=torch.int32), 0.125, -1, 0.0, 0, True)),
+    ("prefill_attention-T0", lambda ns: ns.prefill_attention(
+        torch.randn(0, 8, 64, dtype=_BF), torch.randn(0, 2, 64, dtype=_BF), torch.randn(0, 2, 64, dtype=_BF),
+        torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), 0, 0, 0.125, True, -1, 0.0, True)),
+]
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("name,call", EMPTY, ids=[e[0] for e in EMPTY])
+def test_empty_dimensions_agree(name, call):
+    """An empty batch / row / output dimension: the CPU implementation and the emulated kernels
+    return the same shapes, dtypes and values (the per-tensor scale of nothing included)."""
+    cpu = call(torch.ops.fastinfer)
+    get_backend("sim")
+    sim = call(torch.ops.fastinfer_sim)
+    cpu, sim = (cpu if isinstance(cpu, tuple) else (cpu,)), (sim if isinstance(sim, tuple) else (sim,))
+    assert len(cpu) == len(sim)
+    for a, b in zip(cpu, sim):
+        assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(raw_bits(a), raw_bits(b.cpu())), name

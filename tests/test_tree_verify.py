@@ -326,6 +326,10 @@ def _args(**over):
     return a
 
 
+def _logits_with(value):
+    return _args()["target_logits"].index_fill(2, torch.tensor([7]), value)
+
+
 def _parents_bad(fn):
     p = _args()["parents"].clone()
     fn(p)
@@ -346,10 +350,8 @@ BAD = [
     ("logits-dtype", lambda: _args(target_logits=_args()["target_logits"].double()), "target_logits"),
     ("logits-shape", lambda: _args(target_logits=torch.randn(2, 4, 20)), "target_logits"),
     ("logits-noncontig", lambda: _args(target_logits=torch.randn(2, 20, 5).transpose(1, 2)), "target_logits"),
-    ("logits-nan", lambda: _args(target_logits=_args()["target_logits"].index_fill(2, torch.tensor([7]), float("nan"))),
-     "target_logits must be finite or -inf, got a NaN"),
-    ("logits-inf", lambda: _args(target_logits=_args()["target_logits"].index_fill(2, torch.tensor([3]), float("inf"))),
-     r"target_logits must be finite or -inf, got \+inf"),
+    ("logits-nan", lambda: _args(target_logits=_logits_with(float("nan"))), "target_logits must be finite or -inf, got a NaN"),
+    ("logits-inf", lambda: _args(target_logits=_logits_with(float("inf"))), r"target_logits must be finite or -inf, got \+inf"),
     ("probs-dtype", lambda: _args(draft_probs=_args()["draft_probs"].half()), "draft_probs"),
     ("probs-shape", lambda: _args(draft_probs=torch.rand(2, 5, 21)), "draft_probs"),
     ("temp-shape", lambda: _args(temperature=torch.ones(3)), "temperature"),
