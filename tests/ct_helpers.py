@@ -12,7 +12,7 @@ import copy
 import torch
 from compressed_tensors.compressors import ModelCompressor
 from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus, apply_quantization_config
-from compressed_tensors.quantization.utils.helpers import calculate_qparams
+from compressed_tensors.quantization.utils.helpers import calculate_qparams, generate_gparam
 
 
 def _observe(w: torch.Tensor, args):
@@ -23,7 +23,7 @@ def _observe(w: torch.Tensor, args):
         return w.amin().reshape(1), w.amax().reshape(1)
     if s == "channel":
         return w.amin(1, keepdim=True), w.amax(1, keepdim=True)
-    if s == "group":
+    if s in ("group", "tensor_group"):  # tensor_group: NVFP4's groups under a global scale
         g = args.group_size
         k = -(-w.shape[1] // g) * g
         wv = torch.nn.functional.pad(w, (0, k - w.shape[1])).unflatten(-1, (k // g, g))
@@ -105,7 +105,11 @@ def compress(model, groups: dict, ignore, dst: str, calib, dequantised: bool = T
             if sch is None:
                 continue
             schemes[name] = sch
-            s, z = calculate_qparams(*_observe(m.weight.data, sch.weights), sch.weights)
+            gs = None
+            if sch.weights.strategy == "tensor_group":  # NVFP4: the global scale from the tensor's range
+                gs = generate_gparam(m.weight.data.amin(), m.weight.data.amax())
+                m.weight_global_scale.copy_(gs.to(m.weight_global_scale.dtype))
+            s, z = calculate_qparams(*_observe(m.weight.data, sch.weights), sch.weights, global_scale=gs)
             m.weight_scale.copy_(s.to(m.weight_scale.dtype))
             if hasattr(m, "weight_zero_point"):
                 m.weight_zero_point.copy_(z.to(m.weight_zero_point.dtype))

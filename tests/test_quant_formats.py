@@ -673,8 +673,11 @@ def test_unsupported_int8_scheme_names_scheme_and_layer(tmp_path):
 @pytest.mark.parametrize("edit,match", [
     (lambda qc: qc["config_groups"]["group_0"].update(
         weights={"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True},
-        format="nvfp4-pack-quantized", input_activations=None),
-     r"^model\.layers\.0\.self_attn\.q_proj: compressed-tensors scheme NVFP4 \(weights float4 tensor_group"),
+        format="nvfp4-pack-quantized",
+        input_activations={"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16,
+                           "dynamic": "local"}),
+     r"^model\.layers\.0\.self_attn\.q_proj: compressed-tensors scheme NVFP4 \(weights float4 tensor_group.*"
+     r"fp4 activations \(NVFP4 W4A4\)"),
     (lambda qc: qc["config_groups"]["group_0"].update(input_activations=None, format="float-quantized"),
      r"^model\.layers\.0\.self_attn\.q_proj: compressed-tensors scheme FP8 weight-only \(W8A16\)"),
     (lambda qc: qc["config_groups"]["group_0"]["weights"].update(block_structure=[64, 64]),
@@ -783,3 +786,43 @@ def test_sim_compressed_tensors_fp8(ct_ckpt, variant):
     assert 0 < err_naive < 0.1 and err <= 2 * err_naive, (err, err_naive)
     for other in results[1:]:
         assert torch.equal(raw_bits(results[0]), raw_bits(other)), "sim result depends on the schedule seed"
+
+
+# ------------------------------------------------------------------------------------------------
+# compressed-tensors NVFP4 (W4A16), dequantised at load
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_compressed_tensors_nvfp4_dequantised(tmp_path, arch):
+    """An NVFP4A16 checkpoint written by compressed-tensors (``nvfp4-pack-quantized``: e2m1 codes,
+    an e4m3 scale per 16 input features, a global scale) loads with every decoder linear
+    dequantised exactly (fastinfer.reference.fp4, float64 then float32): each weight is the
+    producer's fp32 dequantisation within its rounding, and its own decompressed model (which
+    rounds each weight to bf16 on the way) within bf16's; the logits follow that model within
+    the bf16 rounding (rel 1e-2) and the float original within the fp4 error."""
+    from safetensors import safe_open
+
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+    from fastinfer.quant import Nvfp4DequantizedLinearMethod
+
+    ct_path, deq_path, schemes = ct_checkpoint(arch, {"group_0": preset_name_to_scheme("NVFP4A16", ["Linear"])},
+                                               ["lm_head"], str(tmp_path / "nvfp4"))
+    llm = LLM(ct_path, dtype="float32", num_kv_blocks=8)
+    linears = [m for m in llm.model.linear_layers() if m is not llm.model.lm_head]
+    assert all(type(m.method) is Nvfp4DequantizedLinearMethod for m in linears)
+    with safe_open(os.path.join(ct_path, "model.safetensors"), "pt") as f, \
+            safe_open(os.path.join(deq_path, "model.safetensors"), "pt") as d:
+        name = "model.layers.1.mlp.down_proj"
+        layer = llm.model.layers[1].down_proj
+        scale, gs = f.get_tensor(name + ".weight_scale"), f.get_tensor(name + ".weight_global_scale")
+        codes = ref.fp4.e2m1_values(ref.fp4.fp4_unpack(f.get_tensor(name + ".weight_packed"))).float()
+        theirs_fp32 = dequantize(codes, scale.float(), None, schemes[name].weights, torch.float32, gs)
+        w = layer.weight.detach()
+        assert (w - theirs_fp32).abs().max() <= 2 ** -22 * w.abs().max()
+        decompressed = d.get_tensor(name + ".weight")
+        assert ((w - decompressed).abs() <= 2 ** -8 * w.abs()).all() and not torch.equal(w, decompressed)
+    ours, producer = runner_logits(llm), runner_logits(deq_path)
+    err = rel_norm(ours, producer)
+    print(f"{arch} NVFP4A16: rel err {err:.2e} against the producer's decompressed (bf16-rounded) model, "
+          f"{rel_norm(ours, original_logits(arch)):.2e} against the float original")
+    assert 0 < err < 1e-2
+

@@ -166,7 +166,12 @@ checkpoint did). The projections fused into one layer must share a scheme. Suppo
   ``azp``, and ``int8_scaled_mm`` subtracts ``azp[m] * sum_k W[n, k]`` (``azp_adj``, computed at
   load)), or static per tensor and symmetric (``input_scale [1]``) (:class:`Int8LinearMethod`).
 
-Any other scheme (int8 weight-only W8A16 or with asymmetric weights, W4A8, NVFP4 / MXFP4, FP8 weight-only, output activations, other
+* ``nvfp4-pack-quantized`` NVFP4A16 (``P.weight_packed`` uint8 ``[N, K / 2]``, two e2m1 codes a
+  byte, ``weight_scale`` e4m3 ``[N, K / 16]``, ``weight_global_scale`` float32 ``[1]``): dense
+  layers dequantised at load, exactly (``fastinfer.reference.fp4``), to float linears
+  (:class:`Nvfp4DequantizedLinearMethod`; no FP4 kernel yet, so the memory and speed of a float model).
+
+Any other scheme (int8 weight-only W8A16 or with asymmetric weights, W4A8, NVFP4 W4A4 / MXFP4, NVFP4 experts, FP8 weight-only, output activations, other
 block shapes, 2:4 sparsity) raises one ``ValueError`` line naming the scheme and the first module
 that has it, e.g. ``model.layers.0.self_attn.q_proj: compressed-tensors scheme W8A16 int8 (weights
 int8 channel, input activations none, ...) of config group 'group_0' is not supported (supported:
@@ -250,6 +255,7 @@ from .methods import (  # noqa: F401
     Int4LinearMethod,
     Int4Part,
     Int8LinearMethod,
+    Nvfp4DequantizedLinearMethod,
     describe_quantization,
 )
 from .smoothquant import apply_smoothing, calibrate, smoothing_plan  # noqa: F401
@@ -274,6 +280,7 @@ __all__ = [
     "Int4LinearMethod",
     "Int4Part",
     "Int8LinearMethod",
+    "Nvfp4DequantizedLinearMethod",
     "describe_quantization",
     "calibrate",
     "smoothing_plan",

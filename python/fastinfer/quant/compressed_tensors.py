@@ -44,13 +44,15 @@ __all__ = ["CtScheme", "CompressedTensorsConfig", "SUPPORTED_SCHEMES", "check_kv
 
 SUPPORTED_SCHEMES = ("W4A16 / W4A16_ASYM (pack-quantized int4, group or channel, actorder), FP8_DYNAMIC, FP8 "
                      "(static per-tensor), FP8_BLOCK (float-quantized), W8A8 int8 (int-quantized, symmetric "
-                     "weights; dynamic per-token or static per-tensor activations)")
+                     "weights; dynamic per-token or static per-tensor activations), NVFP4A16 "
+                     "(nvfp4-pack-quantized, dense layers, dequantised at load)")
 FP8_BLOCK = 128
 
 
 class CtScheme(NamedTuple):
     """One config group, as fastinfer reads it. ``kind``: ``"int4"`` / ``"fp8"`` / ``"fp8-block"`` /
-    ``"unsupported"``; ``description``: the scheme in words (the error text when unsupported)."""
+    ``"int8"`` / ``"nvfp4"`` / ``"unsupported"``; ``description``: the scheme in words (the error
+    text when unsupported)."""
 
     group: str
     kind: str
@@ -163,6 +165,15 @@ def _classify(name: str, g: dict, default_format: Optional[str]) -> CtScheme:
             return unsupported(f"fp8 activations {_args_text(ia)}")
         return CtScheme(name, "fp8", f"float-quantized FP8 (per-{strat} weights, {act} activations)",
                         weight_strategy=strat, activation=act)
+    if wtype == "float" and wbits == 4:
+        if fmt != "nvfp4-pack-quantized":
+            return unsupported("fp4 weights are read in format 'nvfp4-pack-quantized' only")
+        if strat != "tensor_group" or w.get("group_size") != 16:
+            return unsupported("fp4 weights other than NVFP4 (tensor_group, group 16)")
+        if ia is not None:
+            return unsupported("fp4 activations (NVFP4 W4A4)")
+        return CtScheme(name, "nvfp4", "nvfp4-pack-quantized NVFP4 W4A16 (e2m1 weights, an e4m3 scale per 16 "
+                        "and a global scale), dequantised at load", group_size=16)
     if wtype == "int" and wbits == 8 and isinstance(ia, dict):
         if fmt not in ("int-quantized", "naive-quantized"):
             return unsupported("int8 weights are read in format 'int-quantized' only")

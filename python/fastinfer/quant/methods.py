@@ -32,6 +32,7 @@ from .stored import Int4Part, _cdiv, _read_part, _shard, _Stored
 Tensor = torch.Tensor
 
 __all__ = ["Fp8LinearMethod", "Fp8BlockLinearMethod", "Int4LinearMethod", "Int4Part", "Int8LinearMethod",
+           "Nvfp4DequantizedLinearMethod",
            "Fp8FusedMoEMethod", "Int4FusedMoEMethod"]
 
 
@@ -379,6 +380,40 @@ class Int4LinearMethod(_QuantizedMethod):
             return "int4 (not loaded)"
         sym = all(getattr(layer, f"zeros{i}") is None for i in range(layer.num_parts))
         return f"int4-g{'/'.join(map(str, sorted(set(layer.group_sizes))))}{'-sym' if sym else ''}"
+
+
+class Nvfp4DequantizedLinearMethod(UnquantizedLinearMethod):
+    """A compressed-tensors NVFP4 W4A16 weight (``weight_packed`` uint8 ``[N, K / 2]``,
+    ``weight_scale`` e4m3 ``[N, K / 16]``, ``weight_global_scale`` float32 ``[1]``) dequantised at
+    load by :func:`fastinfer.reference.fp4.nvfp4_dequantize` (float64, then the model dtype) into a
+    float linear: the checkpoint's weights exactly as its producer dequantises them, at the memory
+    and speed of a float model until an FP4 kernel runs them."""
+
+    name = "nvfp4-dequantised"
+
+    def __init__(self, source: str = "compressed-tensors", stored_config=None, scheme=None):
+        self.source, self.scheme = source, scheme
+
+    def load_weights(self, layer: Linear, reader: WeightReader) -> None:
+        from ..reference.fp4 import nvfp4_dequantize
+
+        with torch.no_grad():
+            off = 0
+            for i, (part, rows) in enumerate(zip(layer.parts, layer.part_rows)):
+                n, k = layer.full_shape(part)
+                span = layer.row_shard(i)
+                packed = reader.get(part.prefix + ".weight_packed", (n, k // 2), (torch.uint8,), rows=span)
+                scale = reader.get(part.prefix + ".weight_scale", (n, k // 16), (torch.float8_e4m3fn,), rows=span)
+                gs = reader.get(part.prefix + ".weight_global_scale", (1,), (torch.float32,))
+                w = nvfp4_dequantize(packed, scale, gs)
+                cols = layer.col_shard()
+                if cols is not None:
+                    w = w.narrow(1, *cols)
+                layer.weight.narrow(0, off, rows).copy_(w.to(device=layer.device, dtype=layer.dtype))
+                off += rows
+
+    def describe(self, layer: Linear) -> str:
+        return self.name
 
 
 class Fp8FusedMoEMethod(FusedMoEMethod):

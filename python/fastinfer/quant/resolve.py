@@ -25,6 +25,7 @@ from .methods import (
     Int4FusedMoEMethod,
     Int4LinearMethod,
     Int8LinearMethod,
+    Nvfp4DequantizedLinearMethod,
 )
 
 __all__ = ["OnLoadQuantization", "CheckpointQuantization", "CompressedTensorsQuantization", "GgufQuantization",
@@ -109,7 +110,7 @@ class CompressedTensorsQuantization(QuantizationConfig):
     share a scheme. An unsupported scheme is a ``ValueError`` naming it and the module."""
 
     _METHODS = {"int4": Int4LinearMethod, "fp8": Fp8LinearMethod, "fp8-block": Fp8BlockLinearMethod,
-                "int8": Int8LinearMethod}
+                "int8": Int8LinearMethod, "nvfp4": Nvfp4DequantizedLinearMethod}
 
     def __init__(self, stored: StoredQuantization):
         self.stored = stored
