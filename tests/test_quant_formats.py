@@ -795,8 +795,8 @@ def test_sim_compressed_tensors_fp8(ct_ckpt, variant):
 def test_compressed_tensors_nvfp4_dequantised(tmp_path, arch):
     """An NVFP4A16 checkpoint written by compressed-tensors (``nvfp4-pack-quantized``: e2m1 codes,
     an e4m3 scale per 16 input features, a global scale) loads with every decoder linear
-    dequantised exactly (fastinfer.reference.fp4, float64 then float32): each weight is the
-    producer's fp32 dequantisation within its rounding, and its own decompressed model (which
+    dequantised in float32: each weight is the producer's fp32 dequantisation and the float64
+    oracle's (fastinfer.reference.fp4) within fp32 rounding, and its own decompressed model (which
     rounds each weight to bf16 on the way) within bf16's; the logits follow that model within
     the bf16 rounding (rel 1e-2) and the float original within the fp4 error."""
     from safetensors import safe_open
@@ -818,6 +818,8 @@ def test_compressed_tensors_nvfp4_dequantised(tmp_path, arch):
         theirs_fp32 = dequantize(codes, scale.float(), None, schemes[name].weights, torch.float32, gs)
         w = layer.weight.detach()
         assert (w - theirs_fp32).abs().max() <= 2 ** -22 * w.abs().max()
+        oracle = ref.fp4.nvfp4_dequantize(f.get_tensor(name + ".weight_packed"), scale, gs)
+        assert (w.double() - oracle).abs().max() <= 2 ** -22 * oracle.abs().max()
         decompressed = d.get_tensor(name + ".weight")
         assert ((w - decompressed).abs() <= 2 ** -8 * w.abs()).all() and not torch.equal(w, decompressed)
     ours, producer = runner_logits(llm), runner_logits(deq_path)

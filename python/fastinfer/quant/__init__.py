@@ -168,7 +168,7 @@ checkpoint did). The projections fused into one layer must share a scheme. Suppo
 
 * ``nvfp4-pack-quantized`` NVFP4A16 (``P.weight_packed`` uint8 ``[N, K / 2]``, two e2m1 codes a
   byte, ``weight_scale`` e4m3 ``[N, K / 16]``, ``weight_global_scale`` float32 ``[1]``): dense
-  layers dequantised at load, exactly (``fastinfer.reference.fp4``), to float linears
+  layers dequantised at load (in float32, as compressed-tensors computes it) to float linears
   (:class:`Nvfp4DequantizedLinearMethod`; no FP4 kernel yet, so the memory and speed of a float model).
 
 Any other scheme (int8 weight-only W8A16 or with asymmetric weights, W4A8, NVFP4 W4A4 / MXFP4, NVFP4 experts, FP8 weight-only, output activations, other

@@ -17,7 +17,7 @@ from ..ops import fp8_quantize, int8_quantize
 Tensor = torch.Tensor
 
 __all__ = ["quantize_fp8_weight", "quantize_int8_weight", "quantize_int4_weight", "int4_padded_k", "pack_nibbles", "unpack_nibbles",
-           "unpack_int4_words"]
+           "unpack_int4_words", "dequantize_nvfp4"]
 
 
 def quantize_fp8_weight(w: Tensor) -> Tuple[Tensor, Tensor]:
@@ -106,3 +106,18 @@ def unpack_int4_words(words: Tensor) -> Tensor:
     w = words.to(torch.int64) & 0xFFFFFFFF
     shifts = torch.arange(0, 32, 4, dtype=torch.int64, device=words.device)
     return ((w[..., None] >> shifts) & 15).reshape(words.shape[0], -1).to(torch.uint8)
+
+
+# e2m1 values of codes 0..15 (OCP MX: sign bit 3, magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6)
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def dequantize_nvfp4(packed: Tensor, scale: Tensor, global_scale: Tensor) -> Tensor:
+    """float32 ``W [N, K]`` of an NVFP4 weight (compressed-tensors' ``nvfp4-pack-quantized``):
+    ``packed uint8 [N, K / 2]`` (two e2m1 codes a byte, the even element in the low nibble),
+    ``scale`` e4m3 ``[N, K / 16]``, ``global_scale`` float32 ``[1]``, a divisor:
+    ``W = e2m1 * (scale / global_scale)`` in float32, as compressed-tensors computes it."""
+    codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten(-2).long()
+    values = torch.tensor(_E2M1, dtype=torch.float32)[codes]
+    s = scale.float() / global_scale.float().reshape(())
+    return values * s.repeat_interleave(16, dim=1)

@@ -27,6 +27,7 @@ from ..layers import (
 from ..ops import int8_azp_adj
 from .compressed_tensors import FP8_BLOCK, CtScheme
 from .config import QuantOptions
+from .math import dequantize_nvfp4
 from .stored import Int4Part, _cdiv, _read_part, _shard, _Stored
 
 Tensor = torch.Tensor
@@ -385,9 +386,9 @@ class Int4LinearMethod(_QuantizedMethod):
 class Nvfp4DequantizedLinearMethod(UnquantizedLinearMethod):
     """A compressed-tensors NVFP4 W4A16 weight (``weight_packed`` uint8 ``[N, K / 2]``,
     ``weight_scale`` e4m3 ``[N, K / 16]``, ``weight_global_scale`` float32 ``[1]``) dequantised at
-    load by :func:`fastinfer.reference.fp4.nvfp4_dequantize` (float64, then the model dtype) into a
-    float linear: the checkpoint's weights exactly as its producer dequantises them, at the memory
-    and speed of a float model until an FP4 kernel runs them."""
+    load (:func:`~fastinfer.quant.math.dequantize_nvfp4`, float32 as compressed-tensors computes it,
+    then the model dtype) into a float linear: the memory and speed of a float model until an FP4
+    kernel runs them."""
 
     name = "nvfp4-dequantised"
 
@@ -395,8 +396,6 @@ class Nvfp4DequantizedLinearMethod(UnquantizedLinearMethod):
         self.source, self.scheme = source, scheme
 
     def load_weights(self, layer: Linear, reader: WeightReader) -> None:
-        from ..reference.fp4 import nvfp4_dequantize
-
         with torch.no_grad():
             off = 0
             for i, (part, rows) in enumerate(zip(layer.parts, layer.part_rows)):
@@ -405,7 +404,7 @@ class Nvfp4DequantizedLinearMethod(UnquantizedLinearMethod):
                 packed = reader.get(part.prefix + ".weight_packed", (n, k // 2), (torch.uint8,), rows=span)
                 scale = reader.get(part.prefix + ".weight_scale", (n, k // 16), (torch.float8_e4m3fn,), rows=span)
                 gs = reader.get(part.prefix + ".weight_global_scale", (1,), (torch.float32,))
-                w = nvfp4_dequantize(packed, scale, gs)
+                w = dequantize_nvfp4(packed, scale, gs)
                 cols = layer.col_shard()
                 if cols is not None:
                     w = w.narrow(1, *cols)
