@@ -117,7 +117,7 @@ def dequantize_nvfp4(packed: Tensor, scale: Tensor, global_scale: Tensor) -> Ten
     ``packed uint8 [N, K / 2]`` (two e2m1 codes a byte, the even element in the low nibble),
     ``scale`` e4m3 ``[N, K / 16]``, ``global_scale`` float32 ``[1]``, a divisor:
     ``W = e2m1 * (scale / global_scale)`` in float32, as compressed-tensors computes it."""
-    codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten(-2).long()
+    codes = unpack_nibbles(packed).long()
     values = torch.tensor(_E2M1, dtype=torch.float32)[codes]
     s = scale.float() / global_scale.float().reshape(())
     return values * s.repeat_interleave(16, dim=1)

@@ -411,9 +411,6 @@ class Nvfp4DequantizedLinearMethod(UnquantizedLinearMethod):
                 layer.weight.narrow(0, off, rows).copy_(w.to(device=layer.device, dtype=layer.dtype))
                 off += rows
 
-    def describe(self, layer: Linear) -> str:
-        return self.name
-
 
 class Fp8FusedMoEMethod(FusedMoEMethod):
     """FP8 experts, run by ``fused_moe_fp8`` (activations quantised dynamically inside the op: per

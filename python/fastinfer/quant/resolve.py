@@ -164,6 +164,9 @@ class CompressedTensorsQuantization(QuantizationConfig):
                          "FP8_DYNAMIC, FP8_BLOCK; fused_moe_int4 runs int4 W4A16 experts)")
 
 
+_GGUF_FLOATS = ("F32", "F16", "BF16")  # GGUF tensor types that are float already
+
+
 class GgufQuantization(QuantizationConfig):
     """A GGUF file's weights as stored where a kernel runs their type: a linear whose every part is
     Q4_0, Q4_1, Q4_K or Q8_0 (:data:`~fastinfer.models.gguf.GGUF_INT4_TYPES`), with this rank's K a
@@ -187,7 +190,7 @@ class GgufQuantization(QuantizationConfig):
         self.dequantized_types: set = set()
 
     def _dequantized(self, prefix: str, types, why: str) -> None:
-        quantised = [t for t in types if t is not None and t not in ("F32", "F16", "BF16")]
+        quantised = [t for t in types if t is not None and t not in _GGUF_FLOATS]
         if quantised and self.strict:
             named = [t for t in quantised if t not in self.int4_types] or quantised
             raise ValueError(
@@ -203,7 +206,7 @@ class GgufQuantization(QuantizationConfig):
     def linear_method(self, layer: Linear) -> LinearMethod:
         types = [self._type(p.prefix) for p in layer.parts]
         if _ignored(layer, NOT_QUANTIZED):  # lm_head (its probe has only a name and parts)
-            self.dequantized_types.update(t for t in types if t is not None and t not in ("F32", "F16", "BF16"))
+            self.dequantized_types.update(t for t in types if t is not None and t not in _GGUF_FLOATS)
             return UnquantizedLinearMethod()
         # whole 64 x 16 tiles of the int4 layout on this rank (its rows, and its input features:
         # the whole K, or a row-parallel slice, also whole 32-groups then)
@@ -212,7 +215,7 @@ class GgufQuantization(QuantizationConfig):
             return Int4LinearMethod(source="gguf")
         if all(t in self.int4_types for t in types):
             why = f"{layer.in_features} input features and {layer.part_rows} rows on this rank are not whole tiles"
-        elif all(t in self.int4_types or t in ("F32", "F16", "BF16") for t in types):
+        elif all(t in self.int4_types or t in _GGUF_FLOATS for t in types):
             why = "fused with a float part"
         else:
             why = "no kernel for the type"
