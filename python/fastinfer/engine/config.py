@@ -260,7 +260,7 @@ class EngineConfig:
         default_doc="run the checkpoint as stored; quantised checkpoints (fastinfer, AutoAWQ, AutoGPTQ) are "
         "detected from config.json")
     gguf_weights: str = _option(
-        "auto", _QUANT, "a GGUF file's quantised weights: auto (Q4_0 / Q4_1 / Q4_K / Q8_0 linears run as stored on "
+        "auto", _QUANT, "a GGUF file's quantised weights: auto (Q4_0 / Q4_1 / Q4_K / Q5_0 / Q5_1 / Q5_K / Q8_0 linears run as stored on "
         "the int4 kernels, the other types dequantised to the model dtype with a notice naming them) | stored "
         "(as auto, but a decoder linear or expert of a type with no kernel is an error listing the types that "
         "run as stored) | float (every tensor dequantised to the model dtype)", choices=("auto", "stored", "float"))

@@ -23,8 +23,8 @@ through this module:
   graph never applies, is one), as is an architecture outside that list, a missing or inconsistent
   expert count, and expert tensors in a file that declares no experts.
 * :class:`GGUFWeightReader` is a :class:`~fastinfer.layers.WeightReader` under Hugging Face tensor
-  names (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``). Q4_0 / Q4_1 /
-  Q4_K / Q8_0 weights are read as stored by :meth:`GGUFWeightReader.int4` (:func:`gguf_int4_blocks`) when
+  names (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``). Weights of the
+  types in :data:`GGUF_INT4_TYPES` are read as stored by :meth:`GGUFWeightReader.int4` (:func:`gguf_int4_blocks`) when
   the quantisation config runs them on the int4 kernels (``fastinfer.quant.GgufQuantization``);
   otherwise tensors are dequantised to float32 by the ``gguf`` package (every type it implements:
   F32/F16/BF16, Q4_0..Q8_0, the K-quants, the IQ types), then the layers cast them to the model
@@ -598,68 +598,128 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> Optional[str]:
 
 
 #: GGML types that run as stored on the int4 weight-only path (:func:`gguf_int4_blocks`)
-GGUF_INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
+GGUF_INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0")
 
 
 class GgufInt4(NamedTuple):
-    """A Q4_0 / Q4_1 / Q4_K / Q8_0 weight ``W [n, k]`` as 4-bit codes with one scale and one minimum
-    per 32 consecutive weights of a row: ``W = (codes - zero) * scales + mins``, ``zero`` 8 (Q4_0,
-    whose ``mins`` is None; Q8_0) or 0; ``scales`` / ``mins`` float32 ``[k / 32, n]`` (group, row) as
-    the int4 kernels index them. Q8_0 adds a second plane of 4-bit codes ``high``:
-    ``W = (codes - 8) d + 16 (high - 8) d + 8 d``, i.e. ``d`` times the int8 ``q = 16 high + codes -
-    128`` (``high`` and ``codes`` the high and low nibbles of ``q + 128``)."""
+    """A GGUF weight ``W [n, k]`` as one or two planes of 4-bit codes with one scale and one float
+    minimum per ``group_size`` (32) consecutive weights of a row, as the int4 kernels run it:
+    ``W = (codes - 8) scales + 16 (high - 8) scales + mins`` (no ``high`` term for the 4-bit types);
+    ``scales`` / ``mins`` float32 ``[k / group_size, n]`` (group, row) as the kernels index them,
+    ``mins`` None when it is zero everywhere (Q4_0). Every type is ``w = a q + b`` per group with
+    integer codes ``q`` (the block formats below), so ``scales = a`` and ``codes = q mod 16``; the
+    wider types' ``high`` is ``q // 16 + 8`` (Q5_0 / Q5_1 / Q5_K, whose ``q // 16`` is the fifth
+    bit) or ``q // 16`` (Q8_0, ``q + 128`` split in nibbles), and ``mins = b + 8 a`` (Q8_0:
+    ``b + 136 a``, the 8 of each plane): centred, a plane's products are as small as Q4_0's (``q a``
+    with q up to 255 would overflow float16 where the whole weight does not), the sum of the terms
+    cancels little, and a scale rounded to the model dtype errs by ``q - 8`` times its rounding, not
+    ``q`` times."""
 
     codes: np.ndarray  # uint8 [n, k], 0..15
-    scales: np.ndarray  # float32 [k / 32, n]
-    mins: Optional[np.ndarray]  # float32 [k / 32, n], or None (Q4_0)
-    zero: int
-    high: Optional[np.ndarray] = None  # uint8 [n, k], 0..15 (Q8_0)
+    scales: np.ndarray  # float32 [k / group_size, n]
+    mins: Optional[np.ndarray]  # float32 [k / group_size, n], or None (zero)
+    high: Optional[np.ndarray] = None  # uint8 [n, k], 0..15 (types wider than 4 bits)
+    group_size: int = 32
 
     def rows(self, order: np.ndarray) -> "GgufInt4":
         """The weight with its rows taken in ``order`` (codes by row, scales / mins by column)."""
         return GgufInt4(self.codes[order], self.scales[:, order], None if self.mins is None else self.mins[:, order],
-                        self.zero, None if self.high is None else self.high[order])
+                        None if self.high is None else self.high[order], self.group_size)
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """Two bytes (the last axis) of each block as the fp16 they hold, in float32 (the axis kept)."""
+    return b.copy().view(np.float16).astype(np.float32)
+
+
+def _k_scale_min(b: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """The eight 6-bit scales and minimums of Q4_K / Q5_K's 12 bytes ``[..., 12]`` (gguf's
+    ``Q4_K.get_scale_min``)."""
+    s = b.reshape(*b.shape[:-1], 3, 4)
+    lo, hi, both = s[..., 0, :], s[..., 1, :], s[..., 2, :]
+    sc = np.concatenate([lo & 0x3F, (both & 0x0F) | ((lo >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([hi & 0x3F, (both >> 4) | ((hi >> 2) & 0x30)], axis=-1)
+    return sc.astype(np.float32), mn.astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray, n: int, k: int, span: int) -> np.ndarray:
+    """4-bit fields of ``qs [n, blocks, span / 2 * c]`` where each run of ``span / 2`` bytes holds
+    weights ``0 .. span / 2 - 1`` of a span in its low nibbles and the rest in its high nibbles."""
+    half = span // 2
+    q = qs.reshape(n, -1, 1, half) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    return (q & 0x0F).reshape(n, k)
+
+
+def _bits(qh: np.ndarray, n: int, k: int, per_byte: int, width: int) -> np.ndarray:
+    """``width``-bit fields of ``qh [n, blocks, bytes]`` where field ``j`` of byte ``i`` (bits
+    ``width j ..``) belongs to weight ``j * bytes + i`` of the block (Q5_K / Q6_K's high bits)."""
+    nb = qh.shape[-1]
+    shifts = (np.arange(per_byte, dtype=np.uint8) * width).reshape(1, 1, per_byte, 1)
+    q = (qh.reshape(n, -1, 1, nb) >> shifts) & ((1 << width) - 1)
+    return q.reshape(n, k)
+
+
+def _planes(q: np.ndarray, a: np.ndarray, b: np.ndarray, bits: int, group: int) -> GgufInt4:
+    """The :class:`GgufInt4` of ``w = a q + b``: ``bits``-bit integer codes ``q [n, k]``, ``a`` / ``b``
+    float32 ``[n, k / group]``. With 5 or 6 bits the high plane holds ``q // 16 + 8`` (its 8 then
+    cancels the implied zero point), with 8 bits ``q // 16`` (centred by the zero point itself)."""
+    low = (q & 0x0F).astype(np.uint8)
+    if bits == 4:
+        high, centre = None, 8
+    elif bits == 8:
+        high, centre = (q >> 4).astype(np.uint8), 136  # 8 + 16 * 8
+    else:
+        high, centre = ((q >> 4) + 8).astype(np.uint8), 8
+    mins = b + centre * a  # exact: the products of an fp16 and a small integer
+    return GgufInt4(low, a.T.copy(), mins.T.copy() if mins.any() else None, high, group)
 
 
 def gguf_int4_blocks(type_name: str, blocks: np.ndarray, n: int, k: int) -> GgufInt4:
     """The :class:`GgufInt4` of a weight stored as GGML ``type_name`` blocks ``uint8 [n, row bytes]``.
 
     The block layouts, as the ``gguf`` package's own dequantisers read them (gguf/quants.py; the
-    tests check every type against ``gguf.dequantize``): Q4_0 (32 weights, 18 bytes) an fp16 ``d``
-    and 16 bytes whose low nibbles are weights 0..15 and high nibbles 16..31, ``w = (q - 8) d``;
-    Q4_1 (20 bytes) ``d``, ``m``, the same 16 bytes, ``w = q d + m``; Q4_K (256 weights, 144 bytes)
-    ``d``, ``dmin``, 12 bytes of eight 6-bit scales and mins (``Q4_K.get_scale_min``) and 128 bytes,
-    32 per pair of 32-weight sub-blocks (low nibbles the first, high the second),
-    ``w = d sc_j q - dmin m_j`` in sub-block ``j``: a scale ``d sc_j`` and a minimum ``-dmin m_j``
-    per 32 weights, each exact in float32 (an fp16 times a 6-bit integer); Q8_0 (34 bytes) ``d`` and
-    32 int8 ``q``, ``w = q d``, split into two nibble planes (:class:`GgufInt4`)."""
-    nib = (np.array([0, 4], dtype=np.uint8)).reshape(1, 1, 2, 1)
-    if type_name in ("Q4_0", "Q4_1"):
-        head = 2 if type_name == "Q4_0" else 4
+    tests check every type against ``gguf.dequantize``), ``d`` / ``m`` / ``dmin`` fp16:
+
+    * Q4_0 (32 weights, 18 bytes): ``d``, 16 bytes whose low nibbles are weights 0..15 and high
+      nibbles 16..31; ``w = d (q - 8)``. Q4_1 (20 bytes): ``d``, ``m``, the same 16 bytes;
+      ``w = d q + m``.
+    * Q5_0 (22 bytes): ``d``, 4 bytes of fifth bits (bit ``j`` of the little-endian word for weight
+      ``j``), Q4_0's 16 bytes; ``w = d (q - 16)``. Q5_1 (24 bytes): ``d``, ``m``, the same;
+      ``w = d q + m``.
+    * Q8_0 (34 bytes): ``d``, 32 int8 ``q``; ``w = d q``.
+    * Q4_K (256 weights, 144 bytes): ``d``, ``dmin``, 12 bytes of eight 6-bit scales ``sc_j`` and
+      minimums ``m_j`` (``Q4_K.get_scale_min``), 128 bytes, 32 per pair of 32-weight sub-blocks (low
+      nibbles the first, high the second); ``w = d sc_j q - dmin m_j`` in sub-block ``j``.
+      Q5_K (176 bytes): ``d``, ``dmin``, the same 12 bytes, 32 bytes whose bit ``j`` is the fifth
+      bit of sub-block ``j``'s weights (byte ``i`` for weight ``i`` of each), then Q4_K's 128.
+    """
+    if type_name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):
+        head = {"Q4_0": 2, "Q4_1": 4, "Q5_0": 6, "Q5_1": 8}[type_name]
         b = blocks.reshape(n, k // 32, head + 16)
-        d = b[..., 0:2].copy().view(np.float16).astype(np.float32)[..., 0]  # [n, k / 32]
-        codes = ((b[..., head:].reshape(n, k // 32, 1, 16) >> nib) & 0x0F).reshape(n, k)
-        mins = None
-        if type_name == "Q4_1":
-            mins = b[..., 2:4].copy().view(np.float16).astype(np.float32)[..., 0].T.copy()
-        return GgufInt4(codes.astype(np.uint8), d.T.copy(), mins, 8 if type_name == "Q4_0" else 0)
-    if type_name == "Q4_K":
-        b = blocks.reshape(n, k // 256, 144)
-        d = b[..., 0:2].copy().view(np.float16).astype(np.float32)  # [n, k / 256, 1]
-        dmin = b[..., 2:4].copy().view(np.float16).astype(np.float32)
-        sc_bytes = b[..., 4:16].reshape(n, k // 256, 3, 4)
-        lo, hi, both = sc_bytes[..., 0, :], sc_bytes[..., 1, :], sc_bytes[..., 2, :]
-        sc = np.concatenate([lo & 0x3F, (both & 0x0F) | ((lo >> 2) & 0x30)], axis=-1)  # [n, k / 256, 8]
-        mn = np.concatenate([hi & 0x3F, (both >> 4) | ((hi >> 2) & 0x30)], axis=-1)
-        codes = ((b[..., 16:].reshape(n, k // 256, 4, 1, 32) >> nib.reshape(1, 1, 1, 2, 1)) & 0x0F).reshape(n, k)
-        scales = (d * sc.astype(np.float32)).reshape(n, k // 32)
-        mins = -(dmin * mn.astype(np.float32)).reshape(n, k // 32)
-        return GgufInt4(codes.astype(np.uint8), scales.T.copy(), mins.T.copy(), 0)
+        d = _f16(b[..., 0:2])[..., 0]  # [n, k / 32]
+        q = _nibbles(b[..., head:], n, k, 32)
+        if type_name.startswith("Q5"):
+            qh = b[..., head - 4:head]  # 32 bits, weight j in bit j of the little-endian word
+            q = q | (_bits(qh, n, k, 8, 1).reshape(n, k // 32, 8, 4).transpose(0, 1, 3, 2).reshape(n, k) << 4)
+        if type_name in ("Q4_1", "Q5_1"):
+            m = _f16(b[..., 2:4])[..., 0]
+        else:
+            m = -(8 if type_name == "Q4_0" else 16) * d
+        return _planes(q, d, m, 5 if type_name.startswith("Q5") else 4, 32)
+    if type_name in ("Q4_K", "Q5_K"):
+        wide = type_name == "Q5_K"
+        b = blocks.reshape(n, k // 256, 176 if wide else 144)
+        d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])  # [n, k / 256, 1]
+        sc, mn = _k_scale_min(b[..., 4:16])  # [n, k / 256, 8]
+        q = _nibbles(b[..., 48:] if wide else b[..., 16:], n, k, 64)
+        if wide:
+            q = q | (_bits(b[..., 16:48], n, k, 8, 1) << 4)
+        return _planes(q, (d * sc).reshape(n, k // 32), -(dmin * mn).reshape(n, k // 32), 5 if wide else 4, 32)
     if type_name == "Q8_0":
         b = blocks.reshape(n, k // 32, 34)
-        d = b[..., 0:2].copy().view(np.float16).astype(np.float32)[..., 0]  # [n, k / 32]
+        d = _f16(b[..., 0:2])[..., 0]
         u = (b[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8).reshape(n, k)  # q + 128
-        return GgufInt4(u & 0x0F, d.T.copy(), (8 * d).T.copy(), 8, u >> 4)
+        return _planes(u, d, -128 * d, 8, 32)
     raise ValueError(f"GGML type {type_name} has no int4 form (one of {', '.join(GGUF_INT4_TYPES)})")
 
 

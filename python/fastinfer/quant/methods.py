@@ -308,11 +308,11 @@ def _fuse_int4(parts: List[Int4Part]) -> List[Int4Part]:
 
 
 class Int4LinearMethod(_QuantizedMethod):
-    """W4A16: ``int4_gemm(x, packed, scales, zeros, G, perm)`` (+ bias); a GGUF Q4_1 / Q4_K weight's
-    float minimums (``W = (q - 8) s + min`` per 32 weights) add the activations' group sums times
-    them (a float32 GEMM of ``[M, K / 32]`` by ``[K / 32, N]``, buffer ``mins{i}``); a GGUF Q8_0
-    weight is two int4 GEMMs summed in float32 (the high nibbles' plane: buffers ``high_packed{i}``,
-    ``high_scales{i}``) plus its minimum term.
+    """W4A16: ``int4_gemm(x, packed, scales, zeros, G, perm)`` (+ bias); a GGUF weight's float
+    minimums (``W = (q - 8) s + min`` per 32 weights) add the activations' group sums times them (a
+    float32 GEMM of ``[M, K / 32]`` by ``[K / 32, N]``, buffer ``mins{i}``); a GGUF Q5_0 / Q5_1 / Q5_K /
+    Q8_0 weight is two int4 GEMMs summed in float32 (the high nibbles' plane: buffers
+    ``high_packed{i}``, ``high_scales{i}``) plus its minimum term.
 
     Usually one :class:`Int4Part`; several (outputs concatenated along N) when fused projections
     have different act-order permutations. A stored input size ``Kq`` larger than the activation
@@ -586,8 +586,8 @@ class Int4FusedMoEMethod(FusedMoEMethod):
                                      f"{self.kind} (every expert projection of a layer must be stored alike)")
                 p: Int4Part = s.data[0]
                 if p.mins is not None or p.high is not None:
-                    raise ValueError(f"{part.prefix}: GGUF experts with float minimums or two nibble planes (Q4_1 / "
-                                     "Q4_K / Q8_0) load dequantised, not as int4 experts")
+                    raise ValueError(f"{part.prefix}: GGUF experts with float minimums or two nibble planes (every "
+                                     "type but Q4_0) load dequantised, not as int4 experts")
                 if p.perm is not None:
                     raise ValueError(f"{part.prefix}: act-order int4 experts (a g_idx permuting the input features) "
                                      "are not supported (fused_moe_int4 reads the input in order); use a checkpoint "

@@ -169,10 +169,11 @@ _GGUF_FLOATS = ("F32", "F16", "BF16")  # GGUF tensor types that are float alread
 
 class GgufQuantization(QuantizationConfig):
     """A GGUF file's weights as stored where a kernel runs their type: a linear whose every part is
-    Q4_0, Q4_1, Q4_K or Q8_0 (:data:`~fastinfer.models.gguf.GGUF_INT4_TYPES`), with this rank's K a
-    multiple of 64 and its N of 16 (the int4 layout's tile), runs on ``int4_gemm``
-    (:class:`Int4LinearMethod`, group 32, zero point 8; Q4_1 / Q4_K's float minimums, centred, as a
-    second term; Q8_0 as two nibble planes); every other weight (the other types, a fused layer with
+    one of :data:`~fastinfer.models.gguf.GGUF_INT4_TYPES` (Q4_0 / Q4_1 / Q4_K / Q5_0 / Q5_1 / Q5_K /
+    Q8_0), with this rank's K a multiple of 64 and its N of 16 (the int4 layout's tile), runs on
+    ``int4_gemm`` (:class:`Int4LinearMethod`, group 32, zero point 8; float minimums, centred, as a
+    second term; the 5- and 8-bit types as two nibble planes, :class:`~fastinfer.models.gguf.GgufInt4`);
+    every other weight (the other types, a fused layer with
     a part of another type, lm_head, the experts) is dequantised to the model dtype, and the
     types that are reported once (:attr:`dequantized_types`). ``strict`` (``gguf_weights="stored"``):
     a quantised decoder linear or expert that cannot run as stored is an error naming its tensor, its

@@ -42,9 +42,9 @@ def _cdiv(a: int, b: int) -> int:
 class Int4Part(NamedTuple):
     """One int4 GEMM: ``packed int32 [Kq/64, 8 n]``, ``scales [Kq/G, n]``, ``zeros uint8 [Kq/G, n]``
     or None (symmetric), act-order ``perm int64 [Kq]`` or None, group size ``G``, and ``mins``
-    float32 ``[Kq/G, n]`` or None: a float minimum per group added to each weight (GGUF Q4_1 /
-    Q4_K: ``W = (q - z) s + min``); ``high``: a second symmetric int4 GEMM of the same shape and
-    group whose weights are added (GGUF Q8_0's high nibbles, scales ``16 d``), or None."""
+    float32 ``[Kq/G, n]`` or None: a float minimum per group added to each weight (GGUF: ``W = (q - z) s + min``); ``high``: a
+    second symmetric int4 GEMM of the same shape and group whose weights are added (the high
+    nibbles of GGUF's 5- and 8-bit types, scales ``16 a``), or None."""
 
     packed: Tensor
     scales: Tensor
@@ -239,28 +239,22 @@ def _read_hf_fp8(r: WeightReader, prefix: str, n: int, k: int) -> _Stored:
 
 
 def _read_gguf_int4(r: WeightReader, prefix: str, n: int, k: int, dtype) -> Optional[_Stored]:
-    """A GGUF Q4_0 / Q4_1 / Q4_K / Q8_0 weight as an int4 part, or None for a weight of another type:
-    group 32, the codes packed by ``int4_pack``, the scales in the model dtype, the implied zero
-    point 8 (symmetric), and for Q4_1 / Q4_K a float32 minimum per group that absorbs the centring,
-    ``min + 8 s`` with the file's scale. Centred, the 4-bit part's products are as small as Q4_0's
-    (``q s`` with q in 0..15 would overflow float16 where the whole weight does not), and a scale
-    rounded to the model dtype errs by ``(q - 8)`` times its rounding, not ``q`` times. Q8_0: the low
-    nibbles of ``q + 128`` with scale ``d``, the high nibbles as :attr:`Int4Part.high` with scale
-    ``16 d`` (exact in float32), and the minimum ``8 d`` (:class:`~fastinfer.models.gguf.GgufInt4`)."""
+    """A GGUF weight of one of the types in :data:`~fastinfer.models.gguf.GGUF_INT4_TYPES` as an int4
+    part, or None for a weight of another type: the codes packed by ``int4_pack``, the scales in the
+    model dtype, the implied zero point 8 (symmetric), the float32 minimums per group, and for the
+    types wider than 4 bits the high plane as :attr:`Int4Part.high` with scales ``16 a`` (exact in
+    float32): :class:`~fastinfer.models.gguf.GgufInt4` says how each type maps."""
     g = r.int4(prefix + ".weight") if hasattr(r, "int4") else None
     if g is None:
         return None
     if g.codes.shape != (n, k):
         raise ValueError(f"tensor {prefix}.weight has shape {list(g.codes.shape)}, expected {[n, k]}")
-    codes = torch.from_numpy(g.codes)
     scales = torch.from_numpy(g.scales)
-    mins = None
-    if g.mins is not None:  # q s + min = (q - 8) s + (min + 8 s): the 4-bit part centred, as Q4_0's
-        mins = torch.from_numpy(g.mins) + (8 - g.zero) * scales  # exact in float32 (fp16 and 6-bit inputs)
+    mins = None if g.mins is None else torch.from_numpy(g.mins)
     high = None
     if g.high is not None:
-        high = _int4_part(prefix, torch.from_numpy(g.high), (16 * scales).to(dtype), None, None, 32)
-    low = _int4_part(prefix, codes, scales.to(dtype), None, None, 32)
+        high = _int4_part(prefix, torch.from_numpy(g.high), (16 * scales).to(dtype), None, None, g.group_size)
+    low = _int4_part(prefix, torch.from_numpy(g.codes), scales.to(dtype), None, None, g.group_size)
     return _Stored("int4", (low._replace(mins=mins, high=high),))
 
 
