@@ -57,6 +57,9 @@ SIM_CASES = [
     (64, 16, 256, 128, False),
     (100, 32, 128, 64, True),   # BM 64, two row blocks, partial
     (520, 16, 64, 64, False),   # M >= 512: dequantise + dense path
+    (5, 48, 128, 16, False),    # four groups per unit (GGUF Q6_K's 16-weight sub-blocks)
+    (40, 32, 192, 48, True),    # groups of three k16 steps: units span two groups at k 16 and 48
+    (2, 32, 192, 96, False),    # the second unit spans two groups at its k 32
 ]
 CPU_CASES = SIM_CASES + [(1, 256, 1024, 128, False), (33, 80, 512, 64, True), (4, 4096 // 8, 512, 128, True)]
 
@@ -78,7 +81,8 @@ def test_int4_gemm_vs_reference(backend, dtype, m, n, k, group, symmetric):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("n,k,group,symmetric", [(48, 192, 32, False), (32, 256, 64, True), (16, 384, 128, False)])
+@pytest.mark.parametrize("n,k,group,symmetric", [(48, 192, 32, False), (32, 256, 64, True), (16, 384, 128, False),
+                                                (48, 128, 16, False), (32, 192, 48, True), (16, 192, 96, False)])
 def test_int4_gemm_cpu_decode_paths_agree(monkeypatch, dtype, n, k, group, symmetric):
     """The CPU decode path's AVX-512 form (the unit decoded in registers by a table lookup per
     nibble; in bf16 a constant table of q - 8 and vdpbf16ps) and its portable form (std::fma per
@@ -102,8 +106,8 @@ def test_int4_gemm_cpu_decode_paths_agree(monkeypatch, dtype, n, k, group, symme
 
 @pytest.mark.parametrize(
     "backend,dtype,m,k,group,symmetric",
-    backend_params({"cpu": [(16, 128, 32, False), (128, 128, 64, True)],
-                    "sim": [(16, 128, 32, False), (128, 128, 64, True), (512, 512, 128, False)],
+    backend_params({"cpu": [(16, 128, 32, False), (128, 128, 64, True), (16, 128, 16, True), (64, 192, 96, False)],
+                    "sim": [(16, 128, 32, False), (128, 128, 64, True), (512, 512, 128, False), (16, 128, 16, False)],
                     "cuda": [(16, 128, 32, False), (128, 128, 64, True), (512, 512, 128, False)]}),
 )
 def test_int4_gemm_dequantised_weight_is_exact(backend, dtype, m, k, group, symmetric):
@@ -481,7 +485,7 @@ BAD_GEMM = [
     ("k_not_tile", lambda d: dict(a=torch.ones(2, 96, dtype=torch.bfloat16)), r"multiple of 64 .*minimum tile"),
     ("packed_n_not_tile", lambda d: dict(packed=d["packed"][:, :8 * 24].contiguous()), r"N a multiple of 16.*minimum tile"),
     ("packed_dtype", lambda d: dict(packed=d["packed"].to(torch.int64)), r"packed must have dtype in"),
-    ("group_not_32", lambda d: dict(group_size=48), r"group_size must be a positive multiple of 32"),
+    ("group_not_16", lambda d: dict(group_size=24), r"group_size must be a positive multiple of 16"),
     ("k_not_group_multiple", lambda d: dict(group_size=96), r"must be a multiple of group_size"),
     ("scales_shape", lambda d: dict(scales=d["scales"][:1].contiguous()), r"scales must have shape \[K / group_size, N\]"),
     ("scales_dtype", lambda d: dict(scales=d["scales"].half()), r"scales must have the dtype of a"),
@@ -511,9 +515,9 @@ def test_int4_gemm_sim_rejects_fp32_and_meta_checks():
     d = _gemm_args(torch.float32)
     with pytest.raises(RuntimeError, match=r"a must have dtype in \{Half, BFloat16\}"):
         _call_gemm(torch.ops.fastinfer_sim, a=d["a"], scales=d["scales"])
-    with pytest.raises(RuntimeError, match=r"group_size must be a positive multiple of 32"):
+    with pytest.raises(RuntimeError, match=r"group_size must be a positive multiple of 16"):
         _call_gemm(torch.ops.fastinfer, **{k: (v.to("meta") if isinstance(v, torch.Tensor) else v)
-                                           for k, v in dict(_gemm_args(), group_size=16).items()})
+                                           for k, v in dict(_gemm_args(), group_size=8).items()})
 
 
 BAD_PACK = [

@@ -1,5 +1,6 @@
-// W4A16 GEMM launchers, split-K heuristic and instantiations: {fp16, bf16} x BM {16, 32, 64},
-// plus the dequantisation kernel of the large-M path.
+// W4A16 GEMM launchers, split-K heuristic and instantiations: {fp16, bf16} x BM {16, 32, 64} x
+// scale rows per unit {2 (G % 32 == 0), 4 (G % 16 == 0)}, plus the dequantisation kernel of the
+// large-M path.
 #include "fastinfer/common/dispatch.cuh"
 #include "fastinfer/common/launch.cuh"
 #include "fastinfer/gemm/int4_gemm.cuh"
@@ -17,7 +18,7 @@ bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t
 
 bool shape_ok(int64_t m, int32_t n, int32_t k, int32_t group_size) {
   return m >= 0 && n > 0 && k > 0 && n % kInt4TileN == 0 && k % kInt4TileK == 0 && group_size > 0 &&
-         group_size % 32 == 0 && k % group_size == 0;
+         group_size % 16 == 0 && k % group_size == 0;
 }
 
 // Splits actually launched for a requested count: every split gets at least one unit.
@@ -29,14 +30,23 @@ void resolve_splits(const Int4GemmParams& p, int32_t* units_per_split, int32_t* 
   *splits = static_cast<int32_t>(ceil_div(units, *units_per_split));
 }
 
-template <typename T, int BM>
+template <typename T, int BM, int kRows>
 cudaError_t launch_typed(const Int4GemmParams& p, cudaStream_t stream) {
   int32_t ups = 0, splits = 0;
   resolve_splits(p, &ups, &splits);
   const dim3 grid(static_cast<unsigned>(ceil_div(p.n, i4::kBlockN)), static_cast<unsigned>(ceil_div(p.m, BM)),
                   static_cast<unsigned>(splits));
-  return launch_kernel(i4::int4_gemm_kernel<T, BM>, grid, dim3(i4::kThreads), i4::Config<BM>::kSmemBytes, stream, p,
-                       ups, splits);
+  return launch_kernel(i4::int4_gemm_kernel<T, BM, kRows>, grid, dim3(i4::kThreads), i4::Config<BM, kRows>::kSmemBytes,
+                       stream, p, ups, splits);
+}
+
+template <typename T, int kRows>
+cudaError_t launch_rows(const Int4GemmParams& p, cudaStream_t stream) {
+  switch (int4_gemm_block_m(p.m)) {
+    case 16: return launch_typed<T, 16, kRows>(p, stream);
+    case 32: return launch_typed<T, 32, kRows>(p, stream);
+    default: return launch_typed<T, 64, kRows>(p, stream);
+  }
 }
 
 }  // namespace
@@ -107,13 +117,8 @@ cudaError_t launch_int4_gemm(const Int4GemmParams& p, cudaStream_t stream) {
   resolve_splits(p, &ups, &splits);
   if (splits > 1 && (p.workspace == nullptr || !aligned(p.workspace, 16) || p.counters == nullptr))
     return cudaErrorInvalidValue;
-  const int32_t bm = int4_gemm_block_m(p.m);
   return FASTINFER_DISPATCH_HALF(p.dtype, T, [&] {
-    switch (bm) {
-      case 16: return launch_typed<T, 16>(p, stream);
-      case 32: return launch_typed<T, 32>(p, stream);
-      default: return launch_typed<T, 64>(p, stream);
-    }
+    return p.group_size % 32 == 0 ? launch_rows<T, 2>(p, stream) : launch_rows<T, 4>(p, stream);
   });
 }
 

@@ -32,8 +32,8 @@ inline void check_int4_nk(const char* op, const int64_t& n, const int64_t& k, co
 }
 
 inline void check_int4_group_size(const char* op, int64_t group_size, const int64_t& k) {
-  FI_CHECK(group_size > 0 && group_size % 32 == 0, op,
-           "group_size must be a positive multiple of 32 (32, 64, 128 (default), ..., K), got ", group_size);
+  FI_CHECK(group_size > 0 && group_size % 16 == 0, op,
+           "group_size must be a positive multiple of 16 (16, 32, 64, 128 (default), ..., K), got ", group_size);
   FI_CHECK(k % group_size == 0, op, "K = ", k, " (a.size(1)) must be a multiple of group_size = ", group_size);
 }
 

@@ -109,15 +109,16 @@ FASTINFER_CPU_CLONES void tile_lanes_bf16_portable(const uint32_t* words, const 
   const int64_t kts = k / 64;
   for (int64_t kt = 0; kt < kts; ++kt) {
     const uint32_t* unit = words + (kt * (n / 16) + nt) * 128;
-    const int64_t rows[2] = {(64 * kt) / group_size, (64 * kt + 32) / group_size};
+    int64_t rows[4];
+    step_group_rows(kt, group_size, rows);
     for (int g = 0; g < 8; ++g)
       for (int half = 0; half < 2; ++half) {
         const int c = g + 8 * half;
-        float s[2], zt[2] = {0.f, 0.f};
-        for (int h = 0; h < 2; ++h) {
-          const int64_t at = rows[h] * n + 16 * nt + c;
-          s[h] = static_cast<float>(scales[at]);
-          if (zeros != nullptr) zt[h] = static_cast<float>(static_cast<int>(zeros[at]) - 8) * s[h];
+        float s[4], zt[4] = {0.f, 0.f, 0.f, 0.f};  // per k16 step
+        for (int j = 0; j < 4; ++j) {
+          const int64_t at = rows[j] * n + 16 * nt + c;
+          s[j] = static_cast<float>(scales[at]);
+          if (zeros != nullptr) zt[j] = static_cast<float>(static_cast<int>(zeros[at]) - 8) * s[j];
         }
         float lo[2][kWords], hi[2][kWords];
         for (int p = 0; p < 2; ++p)
@@ -135,9 +136,8 @@ FASTINFER_CPU_CLONES void tile_lanes_bf16_portable(const uint32_t* words, const 
               q = std::fma(hi[p][w], bf16_value(xp[p * kWords + w] >> 16), q);
               q = std::fma(lo[p][w], bf16_value(xp[p * kWords + w] & 0xFFFFu), q);
             }
-            const int h = (w & 3) >= 2 ? 1 : 0;
-            lane[w] = std::fma(q, s[h], lane[w]);
-            if (zeros != nullptr) lane[w] = std::fma(-xsum[(r * kts + kt) * kWords + w], zt[h], lane[w]);
+            lane[w] = std::fma(q, s[w & 3], lane[w]);
+            if (zeros != nullptr) lane[w] = std::fma(-xsum[(r * kts + kt) * kWords + w], zt[w & 3], lane[w]);
           }
         }
       }
@@ -152,13 +152,14 @@ FASTINFER_CPU_CLONES void tile_lanes_portable(const uint32_t* words, const float
   const int64_t kts = k / 64;
   for (int64_t kt = 0; kt < kts; ++kt) {
     const uint32_t* unit = words + (kt * (n / 16) + nt) * 128;
-    const int64_t ga = (64 * kt) / group_size, gb = (64 * kt + 32) / group_size;
+    int64_t rows[4];
+    step_group_rows(kt, group_size, rows);
     for (int g = 0; g < 8; ++g)
       for (int i = 0; i < 8; ++i) {
         const int c = g + kNibble[i].dn;
         float v[kWords];
         for (int w = 0; w < kWords; ++w)
-          v[w] = lut[(((w & 3) >= 2 ? gb : ga) * 16 + c) * 16 + ((unit[16 * g + w] >> (4 * i)) & 15u)];
+          v[w] = lut[(rows[w & 3] * 16 + c) * 16 + ((unit[16 * g + w] >> (4 * i)) & 15u)];
         for (int64_t r = 0; r < m; ++r) {
           const float* x = xperm + ((r * kts + kt) * 8 + i) * kWords;
           float* lane = acc + (r * 16 + c) * kWords;
@@ -169,45 +170,46 @@ FASTINFER_CPU_CLONES void tile_lanes_portable(const uint32_t* words, const float
 }
 
 #if FASTINFER_INT4_AVX512
-// Nibble i of the 16 words v as table indices: (v >> 4 i) & 15, plus 16 in the lanes that read
-// the unit's second 32 k when a unit spans two groups (vpermt2ps then picks the second table).
-template <bool kTwoGroups>
-__attribute__((target("avx512f"), always_inline)) inline __m512 lookup(__m512i v, int i, __m512 ta, __m512 tb) {
-  const __m512i fifteen = _mm512_set1_epi32(15);
-  if constexpr (kTwoGroups) {
-    const __m512i second = _mm512_set_epi32(16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0);
-    // (a & b) | c in one instruction
-    const __m512i q = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4 * i), fifteen, second, 0xEA);
-    return _mm512_permutex2var_ps(ta, q, tb);
-  } else {
-    return _mm512_permutexvar_ps(_mm512_and_si512(_mm512_srli_epi32(v, 4 * i), fifteen), ta);
-  }
+// Nibble i of the 16 words v looked up in their steps' tables (lookup_steps), or with kRows 1 (the
+// unit within one group) in the one table.
+template <int kRows>
+__attribute__((target("avx512f"), always_inline)) inline __m512 lookup(__m512i v, int i, const __m512 (&tab)[4]) {
+  if constexpr (kRows == 1)
+    return _mm512_permutexvar_ps(_mm512_and_si512(_mm512_srli_epi32(v, 4 * i), _mm512_set1_epi32(15)), tab[0]);
+  else
+    return lookup_steps<kRows>(v, i, tab);
 }
+
+// Distinct group rows in a 64-k unit: 1 when G % 64 == 0, 2 (one per 32 k) when G % 32 == 0, else
+// 4 (one per k16 step).
+inline int unit_group_rows(int64_t group_size) { return group_size % 32 != 0 ? 4 : (group_size % 64 != 0 ? 2 : 1); }
 
 // Tiles nt0 .. nt0 + tiles - 1 at once, k-major: the packed layout stores a unit row (every tile's
 // unit kt) contiguously, so walking the chunk's tiles within each kt reads tiles x 512 contiguous
 // bytes per step instead of one 512-byte unit per (N / 16) x 512-byte stride (a page or more
-// apart: no prefetch). The tables of the unit row's one or two group rows are built when the
-// group changes (L1-resident); acc: [tiles][m][16 columns][16 lanes]. Each lane's sequence of fma
-// is the one-tile order.
+// apart: no prefetch). The tables of the unit row's kRows group rows (unit_group_rows) are built
+// when the group changes (L1-resident); acc: [tiles][m][16 columns][16 lanes]. Each lane's sequence
+// of fma is the one-tile order.
 constexpr int64_t kChunkTiles = 8;
 
-template <typename T, bool kTwoGroups>
+template <typename T, int kRows>
 __attribute__((target("avx512f"))) void chunk_lanes_avx512(const uint32_t* words, const T* scales, const uint8_t* zeros,
                                                             const float* xperm, int64_t m, int64_t k, int64_t n,
                                                             int64_t group_size, int64_t nt0, int64_t tiles, float* acc) {
   const int64_t kts = k / 64;
-  // the chunk's tables for the group rows of the current unit row: [tile][a / b][16 columns][16]
-  alignas(64) float luts[kChunkTiles][2][256];
-  int64_t built = -1;  // the group row luts[.][0] holds
+  // the chunk's tables for the group rows of the current unit row: [tile][row][16 columns][16]
+  alignas(64) float luts[kChunkTiles][kRows][256];
+  // the first and last group rows the tables hold (rows grow with k: equal ends, equal rows)
+  int64_t built_first = -1, built_last = -1;
   for (int64_t kt = 0; kt < kts; ++kt) {
-    const int64_t ga = (64 * kt) / group_size, gb = (64 * kt + 32) / group_size;
-    if (ga != built) {
-      for (int64_t t = 0; t < tiles; ++t) {
-        build_lut_row_avx512<T>(scales, zeros, n, ga, nt0 + t, luts[t][0]);
-        if (kTwoGroups) build_lut_row_avx512<T>(scales, zeros, n, gb, nt0 + t, luts[t][1]);
-      }
-      built = ga;
+    int64_t rows[4];
+    step_group_rows(kt, group_size, rows);
+    if (rows[0] != built_first || rows[3] != built_last) {
+      for (int64_t t = 0; t < tiles; ++t)
+        for (int r = 0; r < kRows; ++r)
+          build_lut_row_avx512<T>(scales, zeros, n, rows[r * 4 / kRows], nt0 + t, luts[t][r]);
+      built_first = rows[0];
+      built_last = rows[3];
     }
     const uint32_t* row = words + (kt * (n / 16) + nt0) * 128;
     for (int64_t t = 0; t < tiles; ++t) {
@@ -215,18 +217,19 @@ __attribute__((target("avx512f"))) void chunk_lanes_avx512(const uint32_t* words
 #pragma GCC unroll 8
       for (int g = 0; g < 8; ++g) {
         const __m512i v = _mm512_loadu_si512(unit + 16 * g);
-        const __m512 lo_a = _mm512_load_ps(luts[t][0] + g * 16), hi_a = _mm512_load_ps(luts[t][0] + (g + 8) * 16);
-        const __m512 lo_b = kTwoGroups ? _mm512_load_ps(luts[t][1] + g * 16) : lo_a;
-        const __m512 hi_b = kTwoGroups ? _mm512_load_ps(luts[t][1] + (g + 8) * 16) : hi_a;
+        __m512 lo[4], hi[4];  // the tables of columns g and g + 8 for each k16 step
+        for (int j = 0; j < 4; ++j) {
+          lo[j] = _mm512_load_ps(luts[t][j * kRows / 4] + g * 16);
+          hi[j] = _mm512_load_ps(luts[t][j * kRows / 4] + (g + 8) * 16);
+        }
         __m512 w[8];
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i)
-          w[i] = kNibble[i].dn ? lookup<kTwoGroups>(v, i, hi_a, hi_b) : lookup<kTwoGroups>(v, i, lo_a, lo_b);
+        for (int i = 0; i < 8; ++i) w[i] = kNibble[i].dn ? lookup<kRows>(v, i, hi) : lookup<kRows>(v, i, lo);
         for (int64_t r = 0; r < m; ++r) {
           const float* xp = xperm + (r * kts + kt) * 8 * kWords;
-          float* lo = acc + ((t * m + r) * 16 + g) * kWords;
-          float* hi = lo + 8 * kWords;
-          __m512 alo = _mm512_loadu_ps(lo), ahi = _mm512_loadu_ps(hi);
+          float* acc_lo = acc + ((t * m + r) * 16 + g) * kWords;
+          float* acc_hi = acc_lo + 8 * kWords;
+          __m512 alo = _mm512_loadu_ps(acc_lo), ahi = _mm512_loadu_ps(acc_hi);
 #pragma GCC unroll 8
           for (int i = 0; i < 8; ++i) {
             const __m512 x = _mm512_loadu_ps(xp + i * kWords);
@@ -235,8 +238,8 @@ __attribute__((target("avx512f"))) void chunk_lanes_avx512(const uint32_t* words
             else
               alo = _mm512_fmadd_ps(w[i], x, alo);
           }
-          _mm512_storeu_ps(lo, alo);
-          _mm512_storeu_ps(hi, ahi);
+          _mm512_storeu_ps(acc_lo, alo);
+          _mm512_storeu_ps(acc_hi, ahi);
         }
       }
     }
@@ -260,9 +263,26 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 zero_terms_avx51
 // 32-element groups, GGUF's, that rebuilding cost more than the products). Nibbles i and i + 4 of a
 // word are the same column at k and k + 1, the two halves of one 32-bit lane: v >> 4 i indexes
 // the table for both (vpermw), and vdpbf16ps multiplies them with the pair
-// (x[k], x[k + 1]). Each unit's integer sums are then scaled per lane (a lane of the unit's second
-// 32 k takes the second group's scale): see "the bf16 order" above int4_gemm_fused_bf16.
-template <bool kTwoGroups, bool kZeros>
+// (x[k], x[k + 1]). Each unit's integer sums are then scaled per lane (a lane takes the scale of its
+// k16 step's group row): see "the bf16 order" above int4_gemm_fused_bf16.
+
+// Column col of the per-step rows s[j] (16 columns each) in the lanes of step j (w & 3 == j).
+template <int kRows>
+__attribute__((target("avx512f"), always_inline)) inline __m512 column_per_step(const __m512 (&s)[4], int col) {
+  const __m512i c = _mm512_set1_epi32(col);
+  if constexpr (kRows == 1) {
+    return _mm512_permutexvar_ps(c, s[0]);
+  } else if constexpr (kRows == 2) {
+    const __m512i second = _mm512_set_epi32(16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0);
+    return _mm512_permutex2var_ps(s[0], _mm512_add_epi32(second, c), s[2]);
+  } else {
+    const __m512i odd = _mm512_add_epi32(c, _mm512_set_epi32(16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0));
+    return _mm512_mask_blend_ps(kSecondHalfWords, _mm512_permutex2var_ps(s[0], odd, s[1]),
+                                _mm512_permutex2var_ps(s[2], odd, s[3]));
+  }
+}
+
+template <int kRows, bool kZeros>
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) void chunk_lanes_bf16dp(
     const uint32_t* words, const BFloat16* scales, const uint8_t* zeros, const uint32_t* xpair, const float* xsum,
     int64_t m, int64_t k, int64_t n, int64_t group_size, int64_t nt0, int64_t tiles, float* acc) {
@@ -270,18 +290,22 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void chunk_lanes_bf16dp(
   alignas(64) uint16_t ints[32];
   for (int j = 0; j < 32; ++j) ints[j] = bf16_bits(static_cast<float>((j & 15) - 8));
   const __m512i table = _mm512_load_si512(ints);
-  const __m512i second = _mm512_set_epi32(16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0);
   for (int64_t kt = 0; kt < kts; ++kt) {
-    const int64_t ga = (64 * kt) / group_size, gb = (64 * kt + 32) / group_size;
+    int64_t rows[4];
+    step_group_rows(kt, group_size, rows);
     const uint32_t* row = words + (kt * (n / 16) + nt0) * 128;
     for (int64_t t = 0; t < tiles; ++t) {
       const uint32_t* unit = row + t * 128;
       const int64_t col0 = 16 * (nt0 + t);
-      const __m512 sa = scale_row_avx512(scales + ga * n + col0), sb = kTwoGroups ? scale_row_avx512(scales + gb * n + col0) : sa;
-      __m512 za = sa, zb = sb;
-      if constexpr (kZeros) {
-        za = zero_terms_avx512(zeros + ga * n + col0, sa);
-        zb = kTwoGroups ? zero_terms_avx512(zeros + gb * n + col0, sb) : za;
+      __m512 s[4], z[4];  // the scales (zero terms) of each k16 step's group row; kRows distinct
+      for (int j = 0; j < 4; ++j) {
+        if (j * kRows % 4 != 0) {  // the same row as step j - 1
+          s[j] = s[j - 1];
+          z[j] = z[j - 1];
+          continue;
+        }
+        s[j] = scale_row_avx512(scales + rows[j] * n + col0);
+        z[j] = kZeros ? zero_terms_avx512(zeros + rows[j] * n + col0, s[j]) : s[j];
       }
 #pragma GCC unroll 8
       for (int g = 0; g < 8; ++g) {
@@ -292,21 +316,11 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void chunk_lanes_bf16dp(
         const __m512bh w1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi32(v, 4), table);
         const __m512bh w2 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi32(v, 8), table);
         const __m512bh w3 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi32(v, 12), table);
-        __m512 slo, shi, zlo = sa, zhi = sa;
-        if constexpr (kTwoGroups) {
-          slo = _mm512_permutex2var_ps(sa, _mm512_add_epi32(second, _mm512_set1_epi32(g)), sb);
-          shi = _mm512_permutex2var_ps(sa, _mm512_add_epi32(second, _mm512_set1_epi32(g + 8)), sb);
-          if constexpr (kZeros) {
-            zlo = _mm512_permutex2var_ps(za, _mm512_add_epi32(second, _mm512_set1_epi32(g)), zb);
-            zhi = _mm512_permutex2var_ps(za, _mm512_add_epi32(second, _mm512_set1_epi32(g + 8)), zb);
-          }
-        } else {
-          slo = _mm512_permutexvar_ps(_mm512_set1_epi32(g), sa);
-          shi = _mm512_permutexvar_ps(_mm512_set1_epi32(g + 8), sa);
-          if constexpr (kZeros) {
-            zlo = _mm512_permutexvar_ps(_mm512_set1_epi32(g), za);
-            zhi = _mm512_permutexvar_ps(_mm512_set1_epi32(g + 8), za);
-          }
+        const __m512 slo = column_per_step<kRows>(s, g), shi = column_per_step<kRows>(s, g + 8);
+        __m512 zlo = slo, zhi = shi;
+        if constexpr (kZeros) {
+          zlo = column_per_step<kRows>(z, g);
+          zhi = column_per_step<kRows>(z, g + 8);
         }
         for (int64_t r = 0; r < m; ++r) {
           const uint32_t* xp = xpair + (r * kts + kt) * 2 * kWords;
@@ -376,8 +390,8 @@ void int4_gemm_fused(const Tensor& a, const Tensor& packed, const Tensor& scales
   T* op = out.mutable_data_ptr<T>();
 #if FASTINFER_INT4_AVX512
   if (have_avx512()) {
-    // a unit spans two groups only with group_size 32
-    const auto kernel = group_size == 32 ? chunk_lanes_avx512<T, true> : chunk_lanes_avx512<T, false>;
+    const int rows = unit_group_rows(group_size);
+    const auto kernel = rows == 4 ? chunk_lanes_avx512<T, 4> : (rows == 2 ? chunk_lanes_avx512<T, 2> : chunk_lanes_avx512<T, 1>);
     run_tile_chunks(m, n, kChunkTiles, op, [&](int64_t nt0, int64_t tiles, float* acc) {
       kernel(words, sp, zp, xperm.data(), m, k, n, group_size, nt0, tiles, acc);
     });
@@ -404,8 +418,11 @@ void int4_gemm_fused_bf16(const Tensor& a, const Tensor& packed, const Tensor& s
   BFloat16* op = out.mutable_data_ptr<BFloat16>();
 #if FASTINFER_INT4_AVX512
   if (have_avx512_bf16()) {
-    const auto kernel = group_size == 32 ? (zp != nullptr ? chunk_lanes_bf16dp<true, true> : chunk_lanes_bf16dp<true, false>)
-                                         : (zp != nullptr ? chunk_lanes_bf16dp<false, true> : chunk_lanes_bf16dp<false, false>);
+    const int rows = unit_group_rows(group_size);
+    const auto kernel = zp != nullptr ? (rows == 4 ? chunk_lanes_bf16dp<4, true>
+                                                   : (rows == 2 ? chunk_lanes_bf16dp<2, true> : chunk_lanes_bf16dp<1, true>))
+                                      : (rows == 4 ? chunk_lanes_bf16dp<4, false>
+                                                   : (rows == 2 ? chunk_lanes_bf16dp<2, false> : chunk_lanes_bf16dp<1, false>));
     run_tile_chunks(m, n, kChunkTiles, op, [&](int64_t nt0, int64_t tiles, float* acc) {
       kernel(words, sp, zp, xpair.data(), xsum.data(), m, k, n, group_size, nt0, tiles, acc);
     });

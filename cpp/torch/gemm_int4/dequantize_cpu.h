@@ -47,17 +47,23 @@ inline void build_lut(const T* scales, const uint8_t* zeros, int64_t n, int64_t 
     }
 }
 
+// The group row of each k16 step j of unit kt: word j of a lane holds k in [64 kt + 16 j, + 16),
+// one group (group_size is a multiple of 16).
+inline void step_group_rows(int64_t kt, int64_t group_size, int64_t (&rows)[4]) {
+  for (int j = 0; j < 4; ++j) rows[j] = (64 * kt + 16 * j) / group_size;
+}
+
 // Decodes unit (kt, nt) into w[16][64] (fp32 values already rounded to T) through the tile's table.
 inline void decode_unit(const int32_t* packed, const std::vector<float>& lut, int64_t n, int64_t group_size, int64_t kt,
                  int64_t nt, float (&w)[16][64]) {
   const uint32_t* words = reinterpret_cast<const uint32_t*>(packed) + (kt * (n / 16) + nt) * 128;
-  // k in [64 kt + 32 h, 64 kt + 32 h + 32) is one group (group_size is a multiple of 32).
-  const float* tab[2] = {lut.data() + (64 * kt) / group_size * 256, lut.data() + (64 * kt + 32) / group_size * 256};
+  int64_t rows[4];
+  step_group_rows(kt, group_size, rows);
   for (int lane = 0; lane < 32; ++lane) {
     const int g = lane >> 2, t = lane & 3;
     for (int j = 0; j < 4; ++j) {
       const uint32_t word = words[4 * lane + j];
-      const float* tb = tab[j >> 1];
+      const float* tb = lut.data() + rows[j] * 256;
       for (int i = 0; i < 8; ++i) {
         const int c = g + kNibble[i].dn;
         w[c][16 * j + 2 * t + kNibble[i].dk] = tb[c * 16 + ((word >> (4 * i)) & 15u)];
@@ -110,30 +116,45 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline void store16(O
   }
 }
 
+// Words w of 16 (4 lanes x 4 k16 steps) whose step w & 3 is 2 or 3: the unit's second 32 k.
+constexpr __mmask16 kSecondHalfWords = 0xCCCC;
+
+// Nibble i of the 16 words v looked up in the tables of their k16 steps: tab[j] (16 entries) for
+// the words of step j (w & 3 == j). kRows 2: tab[0] for steps 0 and 1, tab[2] for 2 and 3 (one
+// vpermt2ps); kRows 4: a vpermt2ps per pair of steps and a blend.
+template <int kRows>
+__attribute__((target("avx512f"), always_inline)) inline __m512 lookup_steps(__m512i v, int i, const __m512 (&tab)[4]) {
+  const __m512i q = _mm512_and_si512(_mm512_srli_epi32(v, 4 * i), _mm512_set1_epi32(15));
+  if constexpr (kRows == 2) {
+    const __m512i second = _mm512_set_epi32(16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0);
+    return _mm512_permutex2var_ps(tab[0], _mm512_or_si512(q, second), tab[2]);
+  } else {
+    const __m512i odd = _mm512_or_si512(q, _mm512_set_epi32(16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0));
+    return _mm512_mask_blend_ps(kSecondHalfWords, _mm512_permutex2var_ps(tab[0], odd, tab[1]),
+                                _mm512_permutex2var_ps(tab[2], odd, tab[3]));
+  }
+}
+
 // decode_unit with AVX-512, bitwise the same: per word group g (columns g and g + 8) each nibble's
-// 16 values by one table lookup (vpermt2ps over the two groups' tables of the column), then put in
-// k order: nibbles at k offsets 0 / 1 interleaved (P), 8 / 9 likewise (Q), and 128-bit blocks of P
-// and Q give k [16 j, 16 j + 16). out[c * ld + k] for the 16 columns, 64 k; Out float or BFloat16
-// (the values are bf16 already when T is).
-template <typename Out>
-__attribute__((target("avx512f,avx512bw"))) inline void decode_unit_avx512(const uint32_t* unit, const float* tab_a,
-                                                                         const float* tab_b, Out* out, int64_t ld) {
-  const __m512i fifteen = _mm512_set1_epi32(15);
-  // lanes w with (w & 3) >= 2 read k 32..63: the second table
-  const __m512i second = _mm512_set_epi32(16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0);
+// 16 values by table lookups (lookup_steps over the column's tables of the unit's k16 steps), then
+// put in k order: nibbles at k offsets 0 / 1 interleaved (P), 8 / 9 likewise (Q), and 128-bit
+// blocks of P and Q give k [16 j, 16 j + 16). out[c * ld + k] for the 16 columns, 64 k; Out float or
+// BFloat16 (the values are bf16 already when T is). tabs[j]: the tile's table of step j's group row.
+template <typename Out, int kRows>
+__attribute__((target("avx512f,avx512bw"))) inline void decode_unit_avx512(const uint32_t* unit,
+                                                                         const float* const (&tabs)[4], Out* out,
+                                                                         int64_t ld) {
   const __m512i lo_pairs = _mm512_set_epi32(29, 13, 25, 9, 21, 5, 17, 1, 28, 12, 24, 8, 20, 4, 16, 0);
   const __m512i hi_pairs = _mm512_set_epi32(31, 15, 27, 11, 23, 7, 19, 3, 30, 14, 26, 10, 22, 6, 18, 2);
   for (int g = 0; g < 8; ++g) {
     const __m512i v = _mm512_loadu_si512(unit + 16 * g);
     for (int half = 0; half < 2; ++half) {
       const int c = g + 8 * half;
-      const __m512 ta = _mm512_loadu_ps(tab_a + c * 16), tb = _mm512_loadu_ps(tab_b + c * 16);
+      __m512 tab[4];
+      for (int j = 0; j < 4; ++j) tab[j] = _mm512_loadu_ps(tabs[j] + c * 16);
       __m512 f[4];  // nibbles 2 half + {0, 4, 1, 5}: k offsets 0, 1, 8, 9
       const int nib[4] = {2 * half, 2 * half + 4, 2 * half + 1, 2 * half + 5};
-      for (int j = 0; j < 4; ++j) {
-        const __m512i q = _mm512_ternarylogic_epi32(_mm512_srli_epi32(v, 4 * nib[j]), fifteen, second, 0xEA);
-        f[j] = _mm512_permutex2var_ps(ta, q, tb);
-      }
+      for (int j = 0; j < 4; ++j) f[j] = lookup_steps<kRows>(v, nib[j], tab);
       const __m512 pa = _mm512_permutex2var_ps(f[0], lo_pairs, f[1]), pb = _mm512_permutex2var_ps(f[0], hi_pairs, f[1]);
       const __m512 qa = _mm512_permutex2var_ps(f[2], lo_pairs, f[3]), qb = _mm512_permutex2var_ps(f[2], hi_pairs, f[3]);
       Out* row = out + c * ld;
@@ -173,8 +194,15 @@ void dequantize_int4_rows(const int32_t* packed, const T* scales, const uint8_t*
         if constexpr (std::is_same_v<Out, float> || std::is_same_v<Out, BFloat16>) {
           if (int4_decode_avx512()) {
             const uint32_t* unit = reinterpret_cast<const uint32_t*>(packed) + (kt * (n / 16) + nt) * 128;
-            decode_unit_avx512<Out>(unit, lut.data() + (64 * kt) / group_size * 256,
-                                    lut.data() + (64 * kt + 32) / group_size * 256, out + 16 * tile * k + 64 * kt, k);
+            int64_t rows[4];
+            step_group_rows(kt, group_size, rows);
+            const float* const tabs[4] = {lut.data() + rows[0] * 256, lut.data() + rows[1] * 256,
+                                          lut.data() + rows[2] * 256, lut.data() + rows[3] * 256};
+            Out* dst = out + 16 * tile * k + 64 * kt;
+            if (group_size % 32 == 0)
+              decode_unit_avx512<Out, 2>(unit, tabs, dst, k);
+            else
+              decode_unit_avx512<Out, 4>(unit, tabs, dst, k);
             continue;
           }
         }

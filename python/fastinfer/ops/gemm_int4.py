@@ -117,7 +117,7 @@ def int4_gemm(
         packed: ``int32 [K / 64, 8 N]`` from :func:`int4_pack` / :func:`int4_repack`.
         scales: ``[K / group_size, N]``, dtype of ``a``.
         zeros: ``uint8 [K / group_size, N]`` in ``0..15``, or ``None`` (symmetric, ``z = 8``).
-        group_size: multiple of 32 dividing K (32, 64, 128 (default), ..., K for per-channel).
+        group_size: multiple of 16 dividing K (16, 32, 64, 128 (default), ..., K for per-channel).
         perm: optional int64/int32 ``[K]`` act-order permutation from :func:`int4_repack`;
             the op then multiplies ``a[:, perm]``. Index values (perm, zeros <= 15) are checked
             on CPU tensors, on CUDA tensors only with ``FASTINFER_CHECK_INDICES=1``.
@@ -164,6 +164,6 @@ def _int4_gemm_fake(ns, a, packed, scales, zeros, group_size=128, perm=None, det
     op = "int4_gemm"
     check_dim(ns, op, "a", a, 2, "[M, K]")
     same_device(ns, op, "a", a, packed=packed, scales=scales, zeros=zeros, perm=perm)
-    check(ns, op, group_size > 0 and group_size % 32 == 0,
-          f"group_size must be a positive multiple of 32 (32, 64, 128 (default), ..., K), got {group_size}")
+    check(ns, op, group_size > 0 and group_size % 16 == 0,
+          f"group_size must be a positive multiple of 16 (16, 32, 64, 128 (default), ..., K), got {group_size}")
     return a.new_empty((a.shape[0], packed.shape[1] // 8))

@@ -40,7 +40,7 @@ struct Int4GemmParams {
   int64_t m = 0;
   int32_t n = 0;                    // multiple of 16
   int32_t k = 0;                    // multiple of 64 and of group_size
-  int32_t group_size = 128;         // multiple of 32 dividing K (32, 64, 128, ..., K)
+  int32_t group_size = 128;         // multiple of 16 dividing K (16, 32, 64, 128, ..., K)
   int64_t a_row_stride = 0;         // multiple of 8, a 16-byte aligned
   int64_t out_row_stride = 0;       // even
 

@@ -8,8 +8,10 @@
 // 16 columns [16 w, 16 w + 16) of the tile (two n8 mma tiles) for all BM rows (BM / 16 m16 tiles).
 // K is consumed in units of 64; a pipeline stage is one unit: the 128 x 64 weight block (4 KB,
 // each lane cp.async's exactly the 16 bytes it will dequantise), the BM x 64 activation block
-// (XOR-swizzled 16-byte chunks, read with ldmatrix.x4), and up to two rows of scales and zeros
-// (two when G % 64 != 0, i.e. a unit spans two groups). kStages stages are in flight
+// (XOR-swizzled 16-byte chunks, read with ldmatrix.x4), and the unit's rows of scales and zeros:
+// kRows = 2 holds one row per 32 k (the second a copy of the first when G % 64 == 0), kRows = 4
+// one per k16 step (G a multiple of 16 but not of 32: GGUF Q6_K's 16-weight sub-blocks). kStages
+// stages are in flight
 // (cp.async.cg multi-stage pipeline, one __syncthreads per unit).
 //
 // Split-K: grid (N / 128, ceil(M / BM), splits); split s reduces units [s * ups, (s + 1) * ups).
@@ -45,15 +47,16 @@ template <> struct Half2Of<__nv_bfloat16> {
   static constexpr uint32_t kMagic = 0x43004300u;  // bf16 128.0: mantissa bits 0-6 hold the nibble
 };
 
-template <int BM>
+template <int BM, int kRows>
 struct Config {
   static_assert(BM == 16 || BM == 32 || BM == 64, "BM 16, 32 or 64");
+  static_assert(kRows == 2 || kRows == 4, "scale rows per unit: 2 (G % 32 == 0) or 4 (G % 16 == 0)");
   static constexpr int kMTiles = BM / 16;
   static constexpr int kStages = BM <= 32 ? 8 : 6;
   static constexpr int kBBytes = kBlockN * kUnitK / 2;  // 4096
   static constexpr int kABytes = BM * kUnitK * 2;       // BM rows of 128 bytes
-  static constexpr int kSBytes = 2 * kBlockN * 2;       // two scale rows
-  static constexpr int kZBytes = 2 * kBlockN;           // two zero-point rows
+  static constexpr int kSBytes = kRows * kBlockN * 2;   // kRows scale rows
+  static constexpr int kZBytes = kRows * kBlockN;       // kRows zero-point rows
   static constexpr int kAOffset = kBBytes;
   static constexpr int kSOffset = kAOffset + kABytes;
   static constexpr int kZOffset = kSOffset + kSBytes;
@@ -105,10 +108,10 @@ __device__ __forceinline__ void dequant_word(uint32_t q, uint32_t zs0, uint32_t 
   b[3] = pair_to_bits(__hmul2(__hsub2(bits_to_pair<T2>(v3), z1), sc1));
 }
 
-template <typename T, int BM>
-__global__ void __launch_bounds__(kThreads, Config<BM>::kMinCtas)
+template <typename T, int BM, int kRows>
+__global__ void __launch_bounds__(kThreads, Config<BM, kRows>::kMinCtas)
     int4_gemm_kernel(const Int4GemmParams p, int32_t units_per_split, int32_t num_splits) {
-  using Cfg = Config<BM>;
+  using Cfg = Config<BM, kRows>;
   constexpr int kStages = Cfg::kStages;
   unsigned char* smem = dynamic_smem<unsigned char>();
   __shared__ int s_is_last;
@@ -127,7 +130,8 @@ __global__ void __launch_bounds__(kThreads, Config<BM>::kMinCtas)
   const int u_end = u_begin + units_per_split < units_total ? u_begin + units_per_split : units_total;
   const int num_units = u_end - u_begin;
   const int G = p.group_size;
-  const bool two_rows = (G % 64) != 0;
+  // distinct group rows in a unit: with kRows = 2, one when G % 64 == 0 (row 1 repeats row 0)
+  const bool all_rows = kRows == 4 || (G % 64) != 0;
   const bool has_zeros = p.zeros != nullptr;
   const T* a = static_cast<const T*>(p.a);
   const T* scales = static_cast<const T*>(p.scales);
@@ -146,20 +150,21 @@ __global__ void __launch_bounds__(kThreads, Config<BM>::kMinCtas)
       const T* asrc = a + (m0 + (v ? r : 0)) * p.a_row_stride + u * kUnitK + ch * 8;
       ptx::cp_async_cg_16(st + Cfg::kAOffset + mma::swizzle<kAChunksPerRow>(r, ch), asrc, v);
     }
-    // Scales (16 chunks of 8 columns per row) and zero points (8 chunks of 16 columns per row).
-    if (tid < 32) {
+    // Scales (16 chunks of 8 columns per row) and zero points (8 chunks of 16 columns per row);
+    // row r covers k [64 u + r kUnitK / kRows, ...).
+    if (tid < 16 * kRows) {
       const int row = tid >> 4, ch = tid & 15;
-      if (row == 0 || two_rows) {
-        const int64_t grow = (static_cast<int64_t>(u) * kUnitK + 32 * row) / G;
+      if (row == 0 || all_rows) {
+        const int64_t grow = (static_cast<int64_t>(u) * kUnitK + row * (kUnitK / kRows)) / G;
         const int col = n_cta + ch * 8;
         const bool v = col < p.n;
         ptx::cp_async_cg_16(st + Cfg::kSOffset + row * (kBlockN * 2) + ch * 16, scales + grow * p.n + (v ? col : 0),
                             v);
       }
-    } else if (tid < 48 && has_zeros) {
-      const int i = tid - 32, row = i >> 3, ch = i & 7;
-      if (row == 0 || two_rows) {
-        const int64_t grow = (static_cast<int64_t>(u) * kUnitK + 32 * row) / G;
+    } else if (tid < 24 * kRows && has_zeros) {
+      const int i = tid - 16 * kRows, row = i >> 3, ch = i & 7;
+      if (row == 0 || all_rows) {
+        const int64_t grow = (static_cast<int64_t>(u) * kUnitK + row * (kUnitK / kRows)) / G;
         const int col = n_cta + ch * 16;
         const bool v = col < p.n;
         ptx::cp_async_cg_16(st + Cfg::kZOffset + row * kBlockN + ch * 16, p.zeros + grow * p.n + (v ? col : 0), v);
@@ -195,10 +200,10 @@ __global__ void __launch_bounds__(kThreads, Config<BM>::kMinCtas)
     }
     const unsigned char* st = smem + (i % kStages) * Cfg::kStageBytes;
     const uint4 bq = *reinterpret_cast<const uint4*>(st + warp * (kUnitWords * 4) + lane * 16);
-    uint32_t sc[2][2], zs[2][2];  // [scale row][n8 tile]
+    uint32_t sc[kRows][2], zs[kRows][2];  // [scale row][n8 tile]
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int rr = two_rows ? r : 0;
+    for (int r = 0; r < kRows; ++r) {
+      const int rr = all_rows ? r : 0;
       const uint16_t* srow = reinterpret_cast<const uint16_t*>(st + Cfg::kSOffset) + rr * kBlockN;
       const uint8_t* zrow = st + Cfg::kZOffset + rr * kBlockN;
 #pragma unroll
@@ -211,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, Config<BM>::kMinCtas)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       uint32_t b[4];
-      const int r = j >> 1;
+      const int r = j * kRows / 4;  // the k16 step's scale row
       dequant_word<T>(words[j], zs[r][0], sc[r][0], zs[r][1], sc[r][1], b);
       const uint32_t b0[2] = {b[0], b[1]};
       const uint32_t b1[2] = {b[2], b[3]};
