@@ -39,8 +39,12 @@ def random_blocks(qtype, n: int, k: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     size, nbytes = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (n, k // size, nbytes), dtype=np.uint8)
-    if qtype == Q.Q6_K:  # its fp16 d is the block's last two bytes
+    if qtype == Q.Q6_K:  # its fp16 d is the block's last two bytes (int8 sub-block scales before it)
         raw[..., -2:] = rng.uniform(0.00002, 0.0002, (n, k // size, 1)).astype(np.float16).view(np.uint8)
+        return raw.reshape(n, -1)
+    if qtype == Q.Q2_K:  # d and dmin are its last four bytes
+        raw[..., -4:-2] = rng.uniform(0.001, 0.004, (n, k // size, 1)).astype(np.float16).view(np.uint8)
+        raw[..., -2:] = rng.uniform(0.0, 0.004, (n, k // size, 1)).astype(np.float16).view(np.uint8)
         return raw.reshape(n, -1)
     heads = {Q.Q4_0: [(0.002, 0.02)], Q.Q4_1: [(0.002, 0.02), (-0.1, 0.0)],
              Q.Q5_0: [(0.001, 0.01)], Q.Q5_1: [(0.001, 0.01), (-0.1, 0.0)],
@@ -51,13 +55,13 @@ def random_blocks(qtype, n: int, k: int, seed: int) -> np.ndarray:
     return raw.reshape(n, -1)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_1, Q.Q5_K, Q.Q8_0])
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_1, Q.Q5_K, Q.Q6_K, Q.Q8_0])
 @pytest.mark.parametrize("source", ["random", "gguf.quantize"])
 def test_int4_blocks_are_what_gguf_dequantizes(qtype, source):
     """codes, scales and minimums (and the high plane of the types wider than 4 bits) reassembled
     in float64 equal ``gguf.dequantize`` to within its float32 rounding (its products and sums),
     exactly for the types whose weights are one product."""
-    if source == "gguf.quantize" and qtype in (Q.Q4_K, Q.Q5_K):
+    if source == "gguf.quantize" and qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
         pytest.skip("the gguf package does not quantise the k-quants")
     n, k = 48, 512
     if source == "random":
@@ -67,18 +71,20 @@ def test_int4_blocks_are_what_gguf_dequantizes(qtype, source):
         raw = gguf.quants.quantize(w, qtype)
     want = gguf.dequantize(raw, qtype).reshape(n, k).astype(np.float64)
     g = gguf_int4_blocks(qtype.name, raw, n, k)
-    wide = qtype in (Q.Q5_0, Q.Q5_1, Q.Q5_K, Q.Q8_0)
-    assert g.group_size == 32 and g.codes.dtype == np.uint8 and g.codes.max() <= 15
-    assert g.scales.shape == (k // 32, n) and (g.mins is None) == (qtype == Q.Q4_0)
+    wide = qtype in (Q.Q5_0, Q.Q5_1, Q.Q5_K, Q.Q6_K, Q.Q8_0)
+    G = 16 if qtype == Q.Q6_K else 32
+    assert g.group_size == G and g.codes.dtype == np.uint8 and g.codes.max() <= 15
+    assert g.scales.shape == (k // G, n) and (g.mins is None) == (qtype == Q.Q4_0)
     assert (g.high is None) != wide
-    scales = np.repeat(g.scales.T.astype(np.float64), 32, axis=1)
+    scales = np.repeat(g.scales.T.astype(np.float64), G, axis=1)
     got = (g.codes.astype(np.float64) - 8) * scales
     if g.mins is not None:
-        got += np.repeat(g.mins.T.astype(np.float64), 32, axis=1)
+        got += np.repeat(g.mins.T.astype(np.float64), G, axis=1)
     if wide:
         assert g.high.dtype == np.uint8 and g.high.shape == (n, k)
-        # Q8_0's high nibble, or the fifth bit + 8
-        assert (g.high.min(), g.high.max()) == ((0, 15) if qtype == Q.Q8_0 else (8, 9))
+        # Q8_0's high nibble, or the bits above the low four + 8
+        span = {Q.Q8_0: (0, 15), Q.Q6_K: (8, 11)}.get(qtype, (8, 9))
+        assert (g.high.min(), g.high.max()) == span
         got += 16 * (g.high.astype(np.float64) - 8) * scales
     exact = qtype in (Q.Q4_0, Q.Q5_0, Q.Q8_0)  # w = d (q - c): one rounding-free product
     tol = 0.0 if exact else 2 ** -23 * 4 * np.abs(want).max()
@@ -87,26 +93,26 @@ def test_int4_blocks_are_what_gguf_dequantizes(qtype, source):
 
 # each layer's linears in one GGML type (the tiny model: hidden 256, intermediate 704, 5 layers): a
 # k-quant needs K a multiple of its 256-weight super-block, so the MLP's down projection (K = 704)
-# falls back to the block type beside it; layer 4's attention is F16, its gate / up Q6_K (no kernel:
-# dequantised)
+# falls back to the block type beside it; layer 4's q / k / v are Q2_K (no kernel: dequantised), its
+# o_proj F16
 LAYER_TYPES = [Q.Q4_0, Q.Q4_K, Q.Q8_0, Q.Q5_K, Q.Q6_K]
 _FALLBACK = {Q.Q4_K: Q.Q4_1, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q5_0}
-_KQUANTS = tuple(_FALLBACK)
-_WIDE = (Q.Q5_0, Q.Q5_1, Q.Q5_K, Q.Q8_0)  # two nibble planes
+_KQUANTS = tuple(_FALLBACK) + (Q.Q2_K,)
+_WIDE = (Q.Q5_0, Q.Q5_1, Q.Q5_K, Q.Q6_K, Q.Q8_0)  # two nibble planes
 
 
 def _layer_type(i: int, name: str, k: int):
     """The GGML type of layer ``i``'s tensor ``name`` with ``k`` input features (None: F16)."""
+    if i == 4 and ".self_attn." in name:
+        return None if "o_proj" in name else Q.Q2_K
     qtype = LAYER_TYPES[i]
-    if qtype == Q.Q6_K and ".mlp." not in name:
-        return None
-    return _FALLBACK[qtype] if qtype in _KQUANTS and k % 256 else qtype
+    return _FALLBACK[qtype] if qtype in _FALLBACK and k % 256 else qtype
 
 
 def _stored_tiny(tiny, path):
     """The tiny model as a GGUF file with each layer's linears in the types of :func:`_layer_type`
     (the block types quantised by ``gguf.quants.quantize``, the k-quants random blocks; layer 4's
-    attention in F16), q/k rows permuted as llama.cpp's converter stores them."""
+    o_proj in F16), q/k rows permuted as llama.cpp's converter stores them."""
     cfg, tensors = tiny
     tensors = dict(tensors)
     raw = {}
@@ -132,14 +138,14 @@ def stored_tiny(tiny, tmp_path_factory):
 
 
 def test_stored_linears_run_on_int4_and_match_the_dequantised_file(stored_tiny, caplog):
-    """The Q4_0 / Q4_1 / Q4_K / Q5_0 / Q5_1 / Q5_K / Q8_0 linears load as int4 linears (group 32, the
-    implied zero point 8; all but Q4_0 with float minimums, the 5- and 8-bit types with a high plane),
-    the Q6_K and F16 ones as float, and one notice names Q6_K; the logits equal the dequantised
-    file's within float32 noise, and so do greedy tokens."""
+    """The Q4_0 / Q4_1 / Q4_K / Q5_0 / Q5_1 / Q5_K / Q6_K / Q8_0 linears load as int4 linears (group
+    32, Q6_K 16, the implied zero point 8; all but Q4_0 with float minimums, the 5-, 6- and 8-bit
+    types with a high plane), the Q2_K and F16 ones as float, and one notice names Q2_K; the logits
+    equal the dequantised file's within float32 noise, and so do greedy tokens."""
     with caplog.at_level(logging.WARNING, logger="fastinfer"):
         llm = LLM(stored_tiny, dtype="float32", num_kv_blocks=16)
     notices = [r.getMessage() for r in caplog.records if "GGUF tensors of type" in r.getMessage()]
-    assert notices == ["tiny.gguf: GGUF tensors of type Q6_K run dequantised to float32 (no kernel for them yet)"]
+    assert notices == ["tiny.gguf: GGUF tensors of type Q2_K run dequantised to float32 (no kernel for them yet)"]
     layers = llm.model.layers
     seen = set()
     for i in range(len(LAYER_TYPES)):
@@ -147,21 +153,22 @@ def test_stored_linears_run_on_int4_and_match_the_dequantised_file(stored_tiny, 
                            ("gate_up_proj", "mlp.gate_proj"), ("down_proj", "mlp.down_proj")):
             m = getattr(layers[i], slot)
             qtype = _layer_type(i, f"model.layers.{i}.{part}.weight", m.in_features)
-            if qtype in (None, Q.Q6_K):
+            if qtype in (None, Q.Q2_K):
                 assert type(m.method) is UnquantizedLinearMethod, (i, slot)
                 continue
             seen.add(qtype)
-            assert type(m.method) is Int4LinearMethod and m.group_sizes == [32], (i, slot)
+            assert type(m.method) is Int4LinearMethod, (i, slot)
+            assert m.group_sizes == [16 if qtype == Q.Q6_K else 32], (i, slot)
             assert m.zeros0 is None and (m.mins0 is None) == (qtype == Q.Q4_0), (i, slot)
             assert (m.high_packed0 is None) == (qtype not in _WIDE), (i, slot)
-    assert seen == {Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_1, Q.Q5_K, Q.Q8_0}
-    assert describe_quantization(llm.model) == "int4-g32-sym"
+    assert seen == {Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q5_1, Q.Q5_K, Q.Q6_K, Q.Q8_0}
+    assert describe_quantization(llm.model) == "int4-g16-sym,int4-g32-sym"
     out = prefill_logits(llm.model, IDS)
     dequantised = LLM(stored_tiny, dtype="float32", num_kv_blocks=16, gguf_weights="float")
     assert describe_quantization(dequantised.model) == "none"
     ref = prefill_logits(dequantised.model, IDS)
     err = rel_err(out, ref)
-    print(f"tiny GGUF (Q4_0 / Q4_1 / Q4_K / Q5_0 / Q5_1 / Q5_K / Q8_0 stored): rel err {err:.2e} against the dequantised file")
+    print(f"tiny GGUF (Q4_0 / Q4_1 / Q4_K / Q5_0 / Q5_1 / Q5_K / Q6_K / Q8_0 stored): rel err {err:.2e} against the dequantised file")
     assert err < 1e-5
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     assert llm.generate([IDS[:9]], params)[0].outputs[0].token_ids == \
@@ -169,11 +176,11 @@ def test_stored_linears_run_on_int4_and_match_the_dequantised_file(stored_tiny, 
 
 
 def test_each_stored_detail_is_visible(stored_tiny):
-    """Dropping the Q4_K / Q5_K / Q8_0 minimums, Q8_0's or Q5_K's high plane or the implied zero
-    point of 8 moves the logits far away."""
+    """Dropping the Q4_K / Q5_K / Q6_K / Q8_0 minimums, Q8_0's, Q5_K's or Q6_K's high plane or the
+    implied zero point of 8 moves the logits far away."""
     ref = prefill_logits(LLM(stored_tiny, dtype="float32", num_kv_blocks=16, gguf_weights="float").model, IDS)
     for layer, what in ((1, "minimums"), (3, "minimums"), (2, "minimums"), (2, "high plane"), (3, "high plane"),
-                        (0, "zero point")):
+                        (4, "minimums"), (4, "high plane"), (0, "zero point")):
         llm = LLM(stored_tiny, dtype="float32", num_kv_blocks=16)
         m = llm.model.layers[layer].gate_up_proj
         with torch.no_grad():
@@ -243,18 +250,18 @@ def test_smollm2_q4_1_runs_as_stored():
 def test_gguf_weights_option_is_checked(stored_tiny):
     with pytest.raises(ValueError, match="gguf_weights"):
         LLM(stored_tiny, dtype="float32", num_kv_blocks=16, gguf_weights="int4")
-    assert set(GGUF_INT4_TYPES) == {"Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0"}
+    assert set(GGUF_INT4_TYPES) == {"Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"}
 
 
 def test_stored_refuses_a_type_without_kernel(stored_tiny):
-    """gguf_weights="stored" asks for every quantised linear as stored: the tiny file's Q6_K gate /
-    up projections are an error naming the tensor, the type and the types that run as stored (the
+    """gguf_weights="stored" asks for every quantised linear as stored: the tiny file's Q2_K q / k /
+    v projections are an error naming the tensor, the type and the types that run as stored (the
     default "auto" loads them dequantised, test above)."""
     with pytest.raises(ValueError) as e:
         LLM(stored_tiny, dtype="float32", num_kv_blocks=16, gguf_weights="stored")
     msg = str(e.value)
-    assert "model.layers.4.mlp." in msg and "GGUF type Q6_K cannot run as stored (no kernel for the type)" in msg
-    assert "Q4_0 / Q4_1 / Q4_K / Q5_0 / Q5_1 / Q5_K / Q8_0" in msg and "gguf_weights='auto'" in msg
+    assert "model.layers.4.self_attn." in msg and "GGUF type Q2_K cannot run as stored (no kernel for the type)" in msg
+    assert "Q4_0 / Q4_1 / Q4_K / Q5_0 / Q5_1 / Q5_K / Q6_K / Q8_0" in msg and "gguf_weights='auto'" in msg
 
 
 @needs_smollm

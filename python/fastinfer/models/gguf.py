@@ -598,18 +598,18 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> Optional[str]:
 
 
 #: GGML types that run as stored on the int4 weight-only path (:func:`gguf_int4_blocks`)
-GGUF_INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0")
+GGUF_INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")
 
 
 class GgufInt4(NamedTuple):
     """A GGUF weight ``W [n, k]`` as one or two planes of 4-bit codes with one scale and one float
-    minimum per ``group_size`` (32) consecutive weights of a row, as the int4 kernels run it:
+    minimum per ``group_size`` consecutive weights of a row (32; Q6_K 16), as the int4 kernels run it:
     ``W = (codes - 8) scales + 16 (high - 8) scales + mins`` (no ``high`` term for the 4-bit types);
     ``scales`` / ``mins`` float32 ``[k / group_size, n]`` (group, row) as the kernels index them,
     ``mins`` None when it is zero everywhere (Q4_0). Every type is ``w = a q + b`` per group with
     integer codes ``q`` (the block formats below), so ``scales = a`` and ``codes = q mod 16``; the
     wider types' ``high`` is ``q // 16 + 8`` (Q5_0 / Q5_1 / Q5_K, whose ``q // 16`` is the fifth
-    bit) or ``q // 16`` (Q8_0, ``q + 128`` split in nibbles), and ``mins = b + 8 a`` (Q8_0:
+    bit; Q6_K, its two high bits) or ``q // 16`` (Q8_0, ``q + 128`` split in nibbles), and ``mins = b + 8 a`` (Q8_0:
     ``b + 136 a``, the 8 of each plane): centred, a plane's products are as small as Q4_0's (``q a``
     with q up to 255 would overflow float16 where the whole weight does not), the sum of the terms
     cancels little, and a scale rounded to the model dtype errs by ``q - 8`` times its rounding, not
@@ -692,6 +692,10 @@ def gguf_int4_blocks(type_name: str, blocks: np.ndarray, n: int, k: int) -> Gguf
       nibbles the first, high the second); ``w = d sc_j q - dmin m_j`` in sub-block ``j``.
       Q5_K (176 bytes): ``d``, ``dmin``, the same 12 bytes, 32 bytes whose bit ``j`` is the fifth
       bit of sub-block ``j``'s weights (byte ``i`` for weight ``i`` of each), then Q4_K's 128.
+    * Q6_K (256 weights, 210 bytes): 128 bytes of low nibbles (per 128 weights, 64 bytes: weights
+      0..63 low, 64..127 high), 64 bytes of high bit pairs (per 128 weights, 32 bytes: bits 2 s of
+      byte ``i`` for weight ``32 s + i``), 16 int8 scales ``sc_j``, one per 16 weights, and ``d``
+      last; ``w = d sc_j (q - 32)``: group size 16.
     """
     if type_name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):
         head = {"Q4_0": 2, "Q4_1": 4, "Q5_0": 6, "Q5_1": 8}[type_name]
@@ -715,6 +719,11 @@ def gguf_int4_blocks(type_name: str, blocks: np.ndarray, n: int, k: int) -> Gguf
         if wide:
             q = q | (_bits(b[..., 16:48], n, k, 8, 1) << 4)
         return _planes(q, (d * sc).reshape(n, k // 32), -(dmin * mn).reshape(n, k // 32), 5 if wide else 4, 32)
+    if type_name == "Q6_K":
+        b = blocks.reshape(n, k // 256, 210)
+        q = _nibbles(b[..., :128], n, k, 128) | (_bits(b[..., 128:192].reshape(n, -1, 32), n, k, 4, 2) << 4)
+        a = (_f16(b[..., 208:210]) * b[..., 192:208].view(np.int8).astype(np.float32)).reshape(n, k // 16)
+        return _planes(q, a, -32 * a, 6, 16)
     if type_name == "Q8_0":
         b = blocks.reshape(n, k // 32, 34)
         d = _f16(b[..., 0:2])[..., 0]
