@@ -117,6 +117,7 @@ def sanitize_cases():
            M.case_fused_moe(3, "tiny"), M.case_fused_moe(300, "tiny"),  # 16- and 64-row blocks
            M.case_fused_moe_fp8(37, "tiny", False), M.case_fused_moe_fp8(37, "tiny", True),
            M.case_fused_moe_int4(37, "tiny"), M.case_moe_expert_loop(5, "tiny")]
+    cs += [M.case_causal_conv1d(3, 1, dim=200), M.case_causal_conv1d(1, 37, dim=200)]  # decode, prefill
     return cs
 
 

@@ -578,6 +578,28 @@ def _moe_block_m(t, H, E, k):
     return 64 if rows <= 64 or -(-slots // 128) * -(-H // 128) < H200["sms"] else 128
 
 
+# Gated DeltaNet's convolution width: q, k (16 heads x 128) and v (32 heads x 128) of Qwen3-Next /
+# Qwen3.5's linear-attention layers, W = 4
+GDN_CONV_DIM, GDN_CONV_WIDTH = 2 * 16 * 128 + 32 * 128, 4
+
+
+def case_causal_conv1d(batch, tokens_per_seq, dim=GDN_CONV_DIM, width=GDN_CONV_WIDTH):
+    """causal_conv1d over ``batch`` sequences of ``tokens_per_seq`` new tokens (prefill: one long
+    sequence from zeros; decode: one token each from its state). Ideal bytes: x read and out written
+    once, each state slot read and written once, the weight read once."""
+    def build():
+        t = batch * tokens_per_seq
+        x, weight, bias = _bf16(t, dim), _bf16(dim, width), _bf16(dim)
+        cu = torch.arange(0, t + 1, tokens_per_seq, dtype=torch.int32)
+        states = _bf16(batch, width - 1, dim)
+        slots = torch.arange(batch, dtype=torch.int32)
+        has = torch.full((batch,), tokens_per_seq == 1)
+        ideal = (2 * t * dim + 2 * batch * (width - 1) * dim + (width + 1) * dim) * 2
+        return dict(fn=lambda: ns().causal_conv1d(x, weight, bias, cu, states, slots, has, "silu"), ideal=ideal)
+    return Case("causal_conv1d", f"B={batch} L={tokens_per_seq} D={dim} W={width}", build,
+                sample=max(1, batch * tokens_per_seq // 64))
+
+
 def case_moe_topk(t, model):
     H, I, E, k = MOE_MODELS[model]
 
@@ -788,6 +810,8 @@ def all_cases(quick=False):
         (b, 8, mode) for b in (1, 16, 64) for mode in ("greedy", "sample", "draft")] + [
         (1, 64, "greedy"), (16, 64, "greedy"), (16, 64, "sample")]
     cases += [case_tree_verify(*c) for c in tv]
+    cases += [case_causal_conv1d(b, 1) for b in ((1, 64) if quick else (1, 16, 64, 256))]
+    cases += [case_causal_conv1d(1, t) for t in ((4096,) if quick else (4096, 32768))]
     for model in MOE_BENCH_MODELS:
         for t in ((1, 4096) if quick else MOE_TOKENS):
             cases += [case_moe_topk(t, model), case_moe_align(t, model), case_fused_moe(t, model)]

@@ -36,6 +36,7 @@ from .gemm_int8 import int8_dequantize, int8_mm_exact, int8_quantize, int8_scale
 from . import fp4  # noqa: F401  (the FP4 weight formats: e2m1, NVFP4, MXFP4)
 from .speculative import tree_verify  # noqa: F401,E402
 from .moe import moe_align, moe_topk  # noqa: F401,E402
+from . import linear_attention  # noqa: F401,E402  (causal_conv1d)
 
 __all__ = [
     "tree_verify",
