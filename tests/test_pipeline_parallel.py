@@ -141,3 +141,135 @@ def test_flags_on_every_command_and_torchrun_default(monkeypatch):
     cli_args.add_cli_args(p, cli_args.GENERATE_OPTIONS)
     got = cli_args.llm_kwargs(p.parse_args(["--pipeline-parallel-size", "2"]), cli_args.GENERATE_OPTIONS)
     assert got == {"pipeline_parallel_size": 2, "tensor_parallel_size": 2}
+
+
+# ------------------------------------------------------------------------------------------------
+# stage-local models, chained in this process
+# ------------------------------------------------------------------------------------------------
+def _stages(path, split, **kw):
+    L = sum(split)
+    ranges = partition_layers(L, len(split), list(split))
+    return [load_model(path, dtype=torch.float32, stage=PipelineStage(i, len(split), a, b), **kw)
+            for i, (a, b) in enumerate(ranges)]
+
+
+def _chained_logits(stages, prompt, whole):
+    """Logits of a whole-prompt prefill through ``stages`` one after the other, and through ``whole``."""
+    bs = 16
+    table = list(range(-(-len(prompt) // bs)))
+    b = BatchBuilder(bs, torch.device("cpu"))
+    b.prefill(prompt, 0, table, logits="all")
+    batch = b.build()
+    x = residual = None
+    for m in stages:
+        kv = m.allocate_kv_cache(len(table), bs)
+        assert len(kv) == len(m.layers)  # a stage's KV cache: its layers only
+        x, residual = m.stage_layers(batch, kv, x, residual)
+    got = stages[-1].final_logits(batch, x, residual)
+    return got, whole(batch, whole.allocate_kv_cache(len(table), bs))
+
+
+@pytest.mark.parametrize("name, split, quant", [("llama", (2, 1), None), ("llama", (1, 2), None),
+                                                ("llama", (1, 1, 1), None), ("qwen2", (1, 1), None),
+                                                ("mistral", (1, 1), None), ("llama", (1, 2), "fp8"),
+                                                ("llama", (2, 1), "int4")])
+def test_stage_models_hold_their_layers_and_chain_to_the_whole(ckpts, name, split, quant):
+    from fastinfer.quant import QuantOptions, resolve_quantization
+    from fastinfer.models import load_config
+
+    path = ckpts(name)
+    qc = None
+    if quant is not None:
+        opts = QuantOptions.from_any(quant, {"group_size": 64} if quant == "int4" else None)
+        qc = resolve_quantization(load_config(path), opts, path)
+    whole = load_model(path, dtype=torch.float32, quant_config=qc)
+    stages = _stages(path, split, quant_config=qc)
+    first, last = stages[0], stages[-1]
+    assert first.embed_tokens is not None and first.lm_head is None and first.norm is None
+    assert last.embed_tokens is None and last.lm_head is not None and last.norm is not None
+    assert [[layer.layer_idx for layer in m.layers] for m in stages] == [list(range(a, b)) for a, b in
+                                                                       partition_layers(sum(split), len(split), split)]
+    if whole.config.tie_word_embeddings:  # the last stage read the embedding's tensor as its LM head
+        assert torch.equal(last.lm_head.weight, whole.embed_tokens.weight)
+    if quant is not None:
+        assert type(last.layers[0].down_proj.method) is type(whole.layers[0].down_proj.method)
+        assert type(whole.layers[0].down_proj.method).__name__ == f"{quant.capitalize()}LinearMethod"
+    got, ref = _chained_logits(stages, _prompts(1)[0], whole)
+    assert got.shape == ref.shape == (30, VOCAB)
+    assert torch.equal(got, ref)  # the same operations on the same tensors: bit for bit
+
+
+def test_a_stage_reads_only_its_tensors(ckpts):
+    """Loading a stage marks only its tensors read; an unknown tensor is still an error (on the last stage)."""
+    from fastinfer.layers import SafetensorsReader, TensorDictReader
+
+    path = ckpts("llama")
+    reader = SafetensorsReader(path)
+    m = load_model(reader, dtype=torch.float32, config=load_model(path).config, stage=PipelineStage(0, 2, 0, 2))
+    assert sorted(reader.used) == sorted(n for n in reader.names() if n.startswith(("model.layers.0.",
+                                                                                     "model.layers.1.",
+                                                                                     "model.embed_tokens")))
+    assert len(m.layers) == 2
+    tensors = {n: reader._read(n) for n in reader.names()}
+    tensors["model.extra.weight"] = torch.ones(3)
+    with pytest.raises(ValueError, match="unexpected tensor 'model.extra.weight'"):
+        load_model(TensorDictReader(tensors, "test"), dtype=torch.float32, config=m.config,
+                   stage=PipelineStage(1, 2, 2, 3))
+
+
+# ------------------------------------------------------------------------------------------------
+# engines: PP=2 against PP=1
+# ------------------------------------------------------------------------------------------------
+def _check_equal(ref_llm, llm, prompts):
+    a, b = _plan_logits(ref_llm, prompts[0]), _plan_logits(llm, prompts[0])
+    assert a.shape == b.shape == (len(prompts[0]) + 1, ref_llm.model.config.vocab_size)
+    assert _rel(b, a) < REL_TOL, _rel(b, a)
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
+    ref = [o.outputs[0].token_ids for o in ref_llm.generate(prompts, GREEDY)]
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    assert got == ref
+    return _rel(b, a)
+
+
+@pytest.mark.parametrize("name, partition", [("llama", None), ("llama", "1,2"), ("qwen2", None),
+                                             ("mistral", None)])
+def test_pp2_equals_pp1_random_models(ckpts, engines, name, partition):
+    path = ckpts(name)
+    pp1 = engines(path, num_kv_blocks=32, dtype="float32")
+    pp2 = engines(path, num_kv_blocks=32, dtype="float32", pipeline_parallel_size=PP, pipeline_partition=partition)
+    L = pp1.model.config.num_hidden_layers
+    first = partition_layers(L, PP, partition)[0]
+    assert [m.layer_idx for m in pp2.model.layers] == list(range(*first))  # rank 0 holds stage 0 only
+    assert pp2.model.lm_head is None and len(pp2.executor.kv_caches) == first[1] - first[0]
+    prompts = _prompts()
+    _check_equal(pp1, pp2, prompts)
+    again = [prompts[0] + [7, 8, 9]]  # a prefix-cache hit: the table starts with cached blocks
+    assert ([o.outputs[0].token_ids for o in pp2.generate(again, GREEDY)]
+            == [o.outputs[0].token_ids for o in pp1.generate(again, GREEDY)])
+    assert pp2.stats()["prefix_cache_hits"] > 0
+
+
+@pytest.mark.parametrize("quant", ["fp8", "int4"])
+def test_pp2_equals_pp1_quantised_on_load(ckpts, engines, quant):
+    path = ckpts("llama")
+    qc = {"group_size": 64} if quant == "int4" else None
+    pp1 = engines(path, num_kv_blocks=32, dtype="float32", quantization=quant, quantization_config=qc)
+    pp2 = engines(path, num_kv_blocks=32, dtype="float32", quantization=quant, quantization_config=qc,
+                  pipeline_parallel_size=PP)
+    assert type(pp2.model.layers[0].down_proj.method).__name__ == f"{quant.capitalize()}LinearMethod"
+    _check_equal(pp1, pp2, _prompts(n=2))
+
+
+def test_pp2_equals_pp1_with_forced_preemption(engines):
+    """The shipped model (tied embeddings, 5 layers: 3 + 2) with a KV pool small enough to preempt."""
+    kw = dict(num_kv_blocks=10, max_num_seqs=6, dtype="float32")
+    prompts = ["def fibonacci(n):", "import os\nimport sys", "class Stack:", "for i in range(10):",
+               "while True:", "x = ["]
+    sp = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    a = engines(**kw)
+    b = engines(pipeline_parallel_size=PP, **kw)
+    ref = [o.outputs[0].token_ids for o in a.generate(prompts, sp)]
+    got = [o.outputs[0].token_ids for o in b.generate(prompts, sp)]
+    assert got == ref
+    assert b.stats()["num_preemptions"] > 0
+    assert b.stats()["num_preemptions"] == a.stats()["num_preemptions"]

@@ -55,6 +55,7 @@ class Communicator:
         self.bytes_all_reduced = 0
         self.bytes_gathered = 0  # this rank's contribution (gather_to_first and all_gather)
         self.bytes_all_to_all = 0  # what this rank sent
+        self.bytes_sent = 0  # point to point (send)
 
     def _wait(self, what: str, work, timeout_s: Optional[float] = None) -> None:
         try:
@@ -114,6 +115,18 @@ class Communicator:
         self._wait("all_to_all", self._pg().alltoall_base(out, t, list(recv_rows), list(send_rows),
                                                           torch.distributed.AllToAllOptions()))
         return out
+
+    def send(self, t: Tensor, dst: int) -> None:
+        """Send ``t`` to rank ``dst`` of this group (point to point; it :meth:`recv` s a tensor of the
+        same shape and dtype)."""
+        t = t.contiguous()
+        self.bytes_sent += t.numel() * t.element_size()
+        self._wait(f"send to rank {dst}", self._pg().send([t], int(dst), 0))
+
+    def recv(self, t: Tensor, src: int) -> Tensor:
+        """Receive into ``t`` (contiguous) what rank ``src`` of this group sends; returns ``t``."""
+        self._wait(f"recv from rank {src}", self._pg().recv([t], int(src), 0))
+        return t
 
     def broadcast(self, t: Tensor, root: int = 0, timeout_s: Optional[float] = None) -> Tensor:
         self._wait("broadcast", self._pg().broadcast([t], _opts("BroadcastOptions", root)), timeout_s)

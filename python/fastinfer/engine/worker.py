@@ -166,7 +166,8 @@ def spawned_worker_main(config: EngineConfig, rank: int, world_size: int, port: 
         conn.send(("started", os.getpid()))
         _set_device(config, rank)
         store = client_store(port)
-        tp, ctrl = build_groups(store, rank, world_size, config.device, timeout_s)
+        tp, ctrl = build_groups(store, rank, world_size, config.device, timeout_s,
+                                num_stages=config.pipeline_parallel_size)
         runner = ModelRunner(worker_config(config), tp)
         conn.send(("loaded", None))
     except BaseException as e:  # report, then exit: rank 0 raises it
@@ -179,8 +180,14 @@ def spawned_worker_main(config: EngineConfig, rank: int, world_size: int, port: 
         traceback.print_exc(limit=2)
         sys.exit(1)
     finally:
-        tp.comm.close()
-        ctrl.comm.close()
+        close_groups(tp, ctrl)
+
+
+def close_groups(tp, ctrl) -> None:
+    """Release a rank's groups (tensor, pipeline, control)."""
+    for comm in (tp.comm, tp.pipeline, ctrl.comm):
+        if comm is not None:
+            comm.close()
 
 
 def serve_torchrun_worker(llm_kwargs: Dict[str, Any]) -> bool:
@@ -193,14 +200,14 @@ def serve_torchrun_worker(llm_kwargs: Dict[str, Any]) -> bool:
     if config.world_size != env["world_size"]:
         raise ValueError(f"torchrun started {env['world_size']} processes but the engine has {config.world_size} "
                          f"(tensor_parallel_size={config.tensor_parallel_size}, expert_parallel_size="
-                         f"{config.expert_parallel_size}): they must be equal")
+                         f"{config.expert_parallel_size}, pipeline_parallel_size={config.pipeline_parallel_size}): "
+                         "they must be equal")
     torch.set_num_threads(worker_threads(int(os.environ.get("LOCAL_WORLD_SIZE", env["world_size"]))))
     _set_device(config, env["local_rank"])
-    tp, ctrl = torchrun_groups(config.device, tp_timeout_s())
+    tp, ctrl = torchrun_groups(config.device, tp_timeout_s(), config.pipeline_parallel_size)
     try:
         serve(ModelRunner(config, tp), ctrl)
     finally:
-        tp.comm.close()
-        ctrl.comm.close()
+        close_groups(tp, ctrl)
         release_torchrun_groups()
     return True

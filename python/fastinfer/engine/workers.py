@@ -64,8 +64,20 @@ def _describe_exit(code: Optional[int]) -> str:
 
 def world_size_text(config: EngineConfig) -> str:
     """The sizes that make the engine's processes, as an error message names them."""
-    tp, ep = config.tensor_parallel_size, config.expert_parallel_size
-    return f"tensor_parallel_size={tp}" + (f", expert_parallel_size={ep}" if ep > 1 else "")
+    tp, ep, pp = config.tensor_parallel_size, config.expert_parallel_size, config.pipeline_parallel_size
+    return (f"tensor_parallel_size={tp}" + (f", expert_parallel_size={ep}" if ep > 1 else "")
+            + (f", pipeline_parallel_size={pp}" if pp > 1 else ""))
+
+
+def rank_text(config: EngineConfig, rank: int, pid: Optional[int] = None) -> str:
+    """A worker as errors name it: ``tensor-parallel worker rank 1 (pid 123)``; under pipeline
+    parallelism ``pipeline-parallel worker rank 2 (stage 1 of 2, pid 123)``."""
+    pid_text = "" if pid is None else f"pid {pid}"
+    if config.pipeline_parallel_size == 1:
+        return f"tensor-parallel worker rank {rank}" + (f" ({pid_text})" if pid_text else "")
+    stage = rank // config.stage_size
+    where = f"stage {stage} of {config.pipeline_parallel_size}" + (f", {pid_text}" if pid_text else "")
+    return f"pipeline-parallel worker rank {rank} ({where})"
 
 
 class _Workers:
@@ -73,6 +85,7 @@ class _Workers:
 
     def __init__(self, config: EngineConfig, world_size: int, port: int, timeout_s: float, threads: int):
         ctx = multiprocessing.get_context("spawn")
+        self.config = config
         self.procs: List = []
         self.conns: List = []
         wconfig = worker_config(config)
@@ -95,7 +108,7 @@ class _Workers:
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TensorParallelError(f"tensor-parallel workers {sorted(i + 1 for i in pending)} did not "
+                raise TensorParallelError(f"workers {sorted(i + 1 for i in pending)} did not "
                                           f"report '{what}' within {STARTUP_TIMEOUT_S:.0f} s")
             sentinels = {self.procs[i].sentinel: i for i in pending}
             ready = multiprocessing.connection.wait(list(pending.values()) + list(sentinels), timeout=left)
@@ -108,22 +121,22 @@ class _Workers:
                     except EOFError:
                         kind, info = "died", None
                     if kind == "error":
-                        raise TensorParallelError(f"tensor-parallel worker rank {i + 1} failed: {info}")
+                        raise TensorParallelError(f"{rank_text(self.config, i + 1)} failed: {info}")
                     if kind == what:
                         pending.pop(i)
                     continue
                 self.procs[i].join(0.1)
-                raise TensorParallelError(f"tensor-parallel worker rank {i + 1} (pid {self.procs[i].pid}) "
+                raise TensorParallelError(f"{rank_text(self.config, i + 1, self.procs[i].pid)} "
                                           f"{_describe_exit(self.procs[i].exitcode)} while starting")
 
     def dead(self) -> Optional[str]:
         for rank, p in enumerate(self.procs, 1):
             if not p.is_alive():
-                return f"tensor-parallel worker rank {rank} (pid {p.pid}) {_describe_exit(p.exitcode)}"
+                return f"{rank_text(self.config, rank, p.pid)} {_describe_exit(p.exitcode)}"
         return None
 
     def describe_failure(self) -> str:
-        return self.dead() or "; ".join(f"tensor-parallel worker rank {r} (pid {p.pid}) {_describe_exit(None)}"
+        return self.dead() or "; ".join(f"{rank_text(self.config, r, p.pid)} {_describe_exit(None)}"
                                         for r, p in enumerate(self.procs, 1))
 
     def stop(self, graceful: bool) -> None:
@@ -149,7 +162,8 @@ def _shutdown(state: dict) -> None:
             graceful = False
     if workers is not None:
         workers.stop(graceful)
-    for comm in (tp.comm if tp is not None else None, ctrl.comm if ctrl is not None else None):
+    for comm in (tp.comm if tp is not None else None, tp.pipeline if tp is not None else None,
+                 ctrl.comm if ctrl is not None else None):
         if comm is not None:
             comm.close()
     if state.pop("torchrun", False):
@@ -182,7 +196,7 @@ class TensorParallelRunner(ModelRunner):
                     int(os.environ.get("LOCAL_WORLD_SIZE", n)))))
                 if config.device.type == "cuda":
                     torch.cuda.set_device(env["local_rank"])
-                tp, ctrl = torchrun_groups(config.device, timeout)
+                tp, ctrl = torchrun_groups(config.device, timeout, config.pipeline_parallel_size)
                 self._state["torchrun"] = True
             else:
                 threads = min(torch.get_num_threads(), worker_threads(n))
@@ -196,7 +210,7 @@ class TensorParallelRunner(ModelRunner):
                 self.workers = self._state["workers"] = _Workers(config, n, store.port, timeout, threads)
                 deadline = time.monotonic() + STARTUP_TIMEOUT_S
                 self.workers.wait_for("started", deadline)
-                tp, ctrl = build_groups(store, 0, n, config.device, timeout)
+                tp, ctrl = build_groups(store, 0, n, config.device, timeout, num_stages=config.pipeline_parallel_size)
             self._state["tp"], self._state["ctrl"] = tp, ctrl
             self.ctrl = ctrl
             super().__init__(config, tp)
