@@ -16,7 +16,12 @@ Every engine is shut down at teardown even when a test fails; collectives have d
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -26,6 +31,7 @@ pytest.importorskip("transformers")
 from fastinfer import LLM, SamplingParams  # noqa: E402
 from fastinfer.distributed.pipeline import PipelineStage, parse_partition, partition_layers  # noqa: E402
 from fastinfer.engine.config import EngineConfig, default_model_path  # noqa: E402
+from fastinfer.engine.workers import TensorParallelError  # noqa: E402
 from fastinfer.entrypoints import args as cli_args  # noqa: E402
 from fastinfer.layers import BatchBuilder  # noqa: E402
 from fastinfer.models import load_model  # noqa: E402
@@ -273,3 +279,79 @@ def test_pp2_equals_pp1_with_forced_preemption(engines):
     assert got == ref
     assert b.stats()["num_preemptions"] > 0
     assert b.stats()["num_preemptions"] == a.stats()["num_preemptions"]
+
+
+# ------------------------------------------------------------------------------------------------
+# faults, shutdown, torchrun
+# ------------------------------------------------------------------------------------------------
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as f:  # a zombie is dead too
+            return f.read().split(") ")[1][0] != "Z"
+    except (ProcessLookupError, OSError):
+        return False
+
+
+def _wait_gone(pids, within=10.0):
+    deadline = time.monotonic() + within
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids), pids
+
+
+def test_killed_and_hung_stages_fail_within_10_s_naming_rank_and_stage(ckpts, engines, monkeypatch):
+    """A killed stage fails its engine within 10 s naming the rank and the stage, and every later
+    call too; a hung (stopped) stage of another engine misses the 3 s deadline and fails it within
+    10 s; shutdown leaves no process behind."""
+    monkeypatch.setenv("FASTINFER_TP_TIMEOUT", "3")
+    path = ckpts("llama")
+    a = engines(path, num_kv_blocks=16, dtype="float32", pipeline_parallel_size=PP)
+    b = engines(path, num_kv_blocks=16, dtype="float32", pipeline_parallel_size=PP)
+    pids = a.executor.runner.worker_pids + b.executor.runner.worker_pids
+    prompt = _prompts(n=1)
+    ref = a.generate(prompt, GREEDY)[0].outputs[0].token_ids
+    assert b.generate(prompt, GREEDY)[0].outputs[0].token_ids == ref
+
+    os.kill(pids[0], signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(TensorParallelError, match=r"pipeline-parallel worker rank 1 \(stage 1 of 2, pid \d+\) "
+                                                  r"died \(killed by SIGKILL\)"):
+        a.generate(prompt, GREEDY)
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(TensorParallelError, match="the pipeline-parallel engine has stopped"):
+        a.generate(prompt, GREEDY)
+    assert b.generate(prompt, GREEDY)[0].outputs[0].token_ids == ref  # the other engine is untouched
+
+    os.kill(pids[1], signal.SIGSTOP)
+    t0 = time.monotonic()
+    with pytest.raises(TensorParallelError, match=r"pipeline-parallel worker rank 1 \(stage 1 of 2, pid \d+\) "
+                                                  "is alive but did not answer"):
+        b.generate(prompt, GREEDY)
+    assert time.monotonic() - t0 < 10
+    for e in (a, b):
+        e.shutdown()
+        e.shutdown()  # idempotent
+    _wait_gone(pids)
+
+
+def test_torchrun_two_stages(tmp_path):
+    """``torchrun --nproc-per-node 2 -m fastinfer generate --pipeline-parallel-size 2``: rank 0 runs
+    stage 0 and the scheduler, rank 1 becomes stage 1; the tokens are the in-process engine's."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    if not os.path.exists(torchrun):
+        pytest.skip("torchrun is not installed next to the interpreter")
+    import fastinfer
+
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(fastinfer.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pkg_root, os.environ.get("PYTHONPATH", "")]),
+               OMP_NUM_THREADS="1", FASTINFER_TP_THREADS="1")
+    prompt = "def fibonacci(n):"
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "0", "-m", "fastinfer",
+           "generate", "--prompt", prompt, "--max-tokens", "10", "--json", "--ignore-eos", "--dtype", "float32",
+           "--pipeline-parallel-size", "2"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout[out.stdout.index("["):])[0]["outputs"][0]["token_ids"]
+    ref = LLM(num_kv_blocks=64, dtype="float32").generate(prompt, GREEDY)
+    assert got == ref[0].outputs[0].token_ids

@@ -182,6 +182,7 @@ class TensorParallelRunner(ModelRunner):
         timeout = tp_timeout_s()
         self._state: dict = {}
         self._error: Optional[str] = None
+        self._kind = "pipeline-parallel" if config.pipeline_parallel_size > 1 else "tensor-parallel"
         self._pending_moves: Tuple[List[int], List[int]] = ([], [])
         self.encoder = PlanEncoder()
         self.workers: Optional[_Workers] = None
@@ -277,11 +278,11 @@ class TensorParallelRunner(ModelRunner):
             self._fail(f"{what} ({e})")
             raise TensorParallelError(self._error) from None
         except Exception as e:  # the ranks may be out of step now: stop them, keep rank 0's error
-            self._fail(f"rank 0 raised {type(e).__name__} during a tensor-parallel step ({e})")
+            self._fail(f"rank 0 raised {type(e).__name__} during a {self._kind} step ({e})")
             raise
 
     def _fail(self, what: str) -> None:
-        self._error = f"{what}; the tensor-parallel engine has stopped (create a new LLM)"
+        self._error = f"{what}; the {self._kind} engine has stopped (create a new LLM)"
         self._state["failed"] = True
         self.shutdown()
 
@@ -289,4 +290,4 @@ class TensorParallelRunner(ModelRunner):
         """Stop the workers and release the groups and the port (idempotent)."""
         self._finalizer()
         if self._error is None:
-            self._error = "the tensor-parallel engine was shut down"
+            self._error = f"the {self._kind} engine was shut down"
