@@ -355,3 +355,21 @@ def test_torchrun_two_stages(tmp_path):
     got = json.loads(out.stdout[out.stdout.index("["):])[0]["outputs"][0]["token_ids"]
     ref = LLM(num_kv_blocks=64, dtype="float32").generate(prompt, GREEDY)
     assert got == ref[0].outputs[0].token_ids
+
+
+# ------------------------------------------------------------------------------------------------
+# PP x TP
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_pp2_x_tp2_equals_one_process(ckpts, engines, name):
+    """4 processes: stage 0 = ranks 0, 1 and stage 1 = ranks 2, 3, each stage tensor-parallel; the
+    hidden state goes rank 0 -> 2 and 1 -> 3, the logits (gathered on rank 2) back to rank 0. Qwen2:
+    the tied LM head on stage 1 reads its vocabulary slice of the embedding."""
+    path = ckpts(name)
+    one = engines(path, num_kv_blocks=32, dtype="float32")
+    four = engines(path, num_kv_blocks=32, dtype="float32", pipeline_parallel_size=PP, tensor_parallel_size=2)
+    assert len(four.executor.runner.worker_pids) == 3
+    c = one.model.config
+    assert four.model.layers[0].o_proj.weight.shape[1] == c.num_attention_heads * c.head_dim // 2  # a TP shard
+    assert four.model.embed_tokens.weight.shape[0] == 384 // 2  # 300 padded to a multiple of 64 * 2
+    _check_equal(one, four, _prompts(n=2))
