@@ -114,6 +114,8 @@ def test_partition_errors_name_the_problem(args, message):
     (dict(pipeline_parallel_size=2, pipeline_partition="5"), "has 1 stages, pipeline_parallel_size is 2"),
     (dict(pipeline_parallel_size=2, pipeline_partition="2,2"), "2,2 holds 4 layers, the model has 5"),
     (dict(pipeline_parallel_size=6), "pipeline_parallel_size=6 is larger than the model's 5 layers"),
+    (dict(pipeline_parallel_size=2, pipeline_batches_in_flight=3),
+     r"pipeline_batches_in_flight must be an int in 1..pipeline_parallel_size=2, got 3"),
     (dict(pipeline_parallel_size=2, draft_model=os.path.join(ASSETS, "tiny-llama-draft")),
      r"speculative decoding \(spec_method='draft'\) with pipeline_parallel_size=2 is not supported"),
 ])
@@ -373,3 +375,107 @@ def test_pp2_x_tp2_equals_one_process(ckpts, engines, name):
     assert four.model.layers[0].o_proj.weight.shape[1] == c.num_attention_heads * c.head_dim // 2  # a TP shard
     assert four.model.embed_tokens.weight.shape[0] == 384 // 2  # 300 padded to a multiple of 64 * 2
     _check_equal(one, four, _prompts(n=2))
+
+
+# ------------------------------------------------------------------------------------------------
+# batches in flight (the engine core, with a token-only executor)
+# ------------------------------------------------------------------------------------------------
+class _InFlightExecutor:
+    """Next token = a function of the sequence's tokens; ``max_batches_in_flight`` batches may be
+    submitted before the oldest is collected. Records what was in flight together."""
+
+    max_model_len, vocab_size, draft_tree = 64, 97, None
+
+    def __init__(self, in_flight: int, num_kv_blocks: int):
+        self.max_batches_in_flight = in_flight
+        self.num_kv_blocks = num_kv_blocks
+        self.pending = []
+        self.max_seen = 0
+        self.batches = 0
+
+    def _rows(self, step):
+        sched = step.scheduled
+        return [s for s, n in sched.prefills if s.num_computed_tokens + n == s.num_tokens] + sched.decodes
+
+    def submit(self, step):
+        from fastinfer.engine.messages import SampledToken
+
+        ids = [s.seq_id for s, _ in step.scheduled.prefills] + [s.seq_id for s in step.scheduled.decodes]
+        for other in self.pending:
+            assert not set(ids) & set(other), "a sequence in two batches in flight"
+        self.pending.append(ids)
+        self.max_seen = max(self.max_seen, len(self.pending))
+        self.batches += 1
+        # computed at submit time, as the device would: the tokens cannot change while in flight
+        return step, [SampledToken(s, (sum(s.token_ids) * 31 + len(s.token_ids)) % self.vocab_size, None)
+                      for s in self._rows(step)]
+
+    def collect(self, pending):
+        from fastinfer.engine.messages import ModelOutput
+
+        step, sampled = pending
+        self.pending.pop(0)
+        for s, _ in step.scheduled.prefills:  # never preempted while in flight: its blocks are still held
+            assert s.block_table or s.is_finished
+        return ModelOutput(sampled=sampled)
+
+    def execute(self, step):
+        return self.collect(self.submit(step))
+
+    def stats(self):
+        return {}
+
+
+def _run_core(in_flight, num_kv_blocks=64, abort_after=None):
+    from types import SimpleNamespace
+
+    from fastinfer.engine.core import EngineCore
+    from fastinfer.engine.params import SamplingParams as P
+
+    config = SimpleNamespace(block_size=4, max_num_seqs=6, max_num_batched_tokens=16, enable_prefix_caching=True,
+                             speculative=None, static_batching=False)
+    ex = _InFlightExecutor(in_flight, num_kv_blocks)
+    core = EngineCore(config, ex, eos_token_ids=[])
+    for i in range(6):
+        assert core.add_request(f"r{i}", [3 + i] * (5 + 3 * i), P(max_tokens=12, ignore_eos=True)) is None
+    got, steps = {}, 0
+    while core.has_unfinished_requests() and steps < 500:
+        steps += 1
+        if abort_after is not None and steps == abort_after:
+            core.abort_request("r0")
+        for o in core.step():
+            got.setdefault(o.request_id, []).extend(o.new_token_ids)
+    return got, ex, core
+
+
+def test_batches_in_flight_split_the_sequences_and_give_the_same_tokens():
+    ref, ex1, _ = _run_core(1)
+    got, ex2, core = _run_core(2)
+    assert got == ref and all(len(t) == 12 for t in got.values())
+    assert ex1.max_seen == 1 and ex2.max_seen == 2
+    assert not core._in_flight and not core.has_unfinished_requests()
+    # a small KV pool: sequences are preempted, never one in flight (the executor checks), same tokens
+    small, ex3, core3 = _run_core(2, num_kv_blocks=14)
+    assert small == ref and core3.scheduler.num_preemptions > 0 and ex3.max_seen == 2
+    # a request aborted while its batch is in flight: its results are dropped, the others are unchanged
+    aborted, _, core4 = _run_core(2, abort_after=4)
+    assert len(aborted.get("r0", [])) < 12
+    assert {k: v for k, v in aborted.items() if k != "r0"} == {k: v for k, v in ref.items() if k != "r0"}
+    assert core4.block_manager.num_free_blocks == core4.block_manager.num_blocks
+
+
+def test_pp2_batches_in_flight_overlap_the_stages_and_give_the_same_tokens(ckpts, engines):
+    """Two batches in flight (the default at PP=2) against one: the same greedy tokens, the running
+    sequences split over the two (twice the engine steps), each stage's busy seconds counted."""
+    path = ckpts("llama")
+    prompts = _prompts(n=4)
+    kw = dict(num_kv_blocks=32, dtype="float32", pipeline_parallel_size=PP)
+    one = engines(path, pipeline_batches_in_flight=1, **kw)
+    two = engines(path, **kw)
+    assert (one.executor.max_batches_in_flight, two.executor.max_batches_in_flight) == (1, 2)
+    ref = [o.outputs[0].token_ids for o in one.generate(prompts, GREEDY)]
+    busy = two.executor.runner.stage_busy_seconds()
+    assert [o.outputs[0].token_ids for o in two.generate(prompts, GREEDY)] == ref
+    after = two.executor.runner.stage_busy_seconds()
+    assert len(after) == 2 and all(b > a for a, b in zip(busy, after))
+    assert two.stats()["num_steps"] >= 2 * one.stats()["num_steps"] - 2

@@ -19,7 +19,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 from .communication import Communicator
 
-__all__ = ["PipelineStage", "WHOLE_MODEL", "partition_layers", "parse_partition", "stage_of_rank"]
+__all__ = ["PipelineStage", "WHOLE_MODEL", "partition_layers", "parse_partition", "pipeline_stage"]
 
 
 def parse_partition(partition: Union[None, str, Sequence[int]]) -> Optional[Tuple[int, ...]]:
@@ -70,11 +70,6 @@ def partition_layers(num_layers: int, num_stages: int,
     return ranges
 
 
-def stage_of_rank(rank: int, ranks_per_stage: int) -> Tuple[int, int]:
-    """``(stage, rank within the stage's tensor-parallel group)`` of engine rank ``rank``."""
-    return divmod(int(rank), int(ranks_per_stage))
-
-
 @dataclass(frozen=True)
 class PipelineStage:
     """One stage: ``index`` of ``num_stages``, layers ``[start, end)``; ``comm``: the pipeline group of
@@ -105,3 +100,12 @@ class PipelineStage:
 
 
 WHOLE_MODEL = PipelineStage()
+
+
+def pipeline_stage(num_layers: int, num_stages: int, partition, comm: Optional[Communicator]) -> PipelineStage:
+    """The stage of the process whose pipeline group is ``comm`` (its rank there is its stage)."""
+    if comm is None or comm.world_size != num_stages:
+        raise ValueError(f"pipeline_parallel_size={num_stages} needs the engine's pipeline groups "
+                         "(build_groups(..., num_stages=...))")
+    return PipelineStage(comm.rank, num_stages, *partition_layers(num_layers, num_stages, partition)[comm.rank],
+                         comm=comm)

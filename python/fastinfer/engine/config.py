@@ -296,6 +296,11 @@ class EngineConfig:
         "'10,10,12'; a list of ints also works)",
         default_doc="even: num_hidden_layers // pipeline_parallel_size each, the remainder one layer each "
         "to the stages before the last")
+    pipeline_batches_in_flight: Optional[int] = _option(
+        None, "parallel", "pipeline parallelism: batches the scheduler keeps in flight (1 .. "
+        "pipeline_parallel_size), each of about 1 / this of the running sequences, so stage s works on one "
+        "while stage s + 1 works on the one before; 1: each step runs through every stage before the next "
+        "is scheduled", default_doc="pipeline_parallel_size")
     deterministic: bool = _option(
         False, "mode", "batch-invariant mode: a token's logits (and a seeded request's tokens) depend only "
         "on the model, the tokens before it and the sampling parameters, bit for bit, whatever the batch, "
@@ -360,6 +365,10 @@ class EngineConfig:
         if partition is not None and len(partition) != pp:
             raise ValueError(f"pipeline_partition {self.pipeline_partition!r} has {len(partition)} stages, "
                              f"pipeline_parallel_size is {pp}")
+        inflight = self.pipeline_batches_in_flight
+        if inflight is not None and (not _is_int(inflight) or not 1 <= inflight <= pp):
+            raise ValueError(f"pipeline_batches_in_flight must be an int in 1..pipeline_parallel_size={pp}, "
+                             f"got {inflight!r}")
         if pp > 1 and isinstance(self.model, str):  # the split is checked before any process starts
             partition_layers(load_config(self.model).num_hidden_layers, pp, partition)
         sizes = f"tensor_parallel_size={tp}" if ep == 1 else f"expert_parallel_size={ep}"
@@ -402,6 +411,11 @@ class EngineConfig:
         """The element type of the KV pools of a model in ``model_dtype`` (``kv_cache_dtype`` "auto":
         that dtype)."""
         return KV_CACHE_DTYPES[self.kv_cache_dtype] or model_dtype
+
+    @property
+    def batches_in_flight(self) -> int:
+        """What ``pipeline_batches_in_flight`` resolves to (1 without pipeline parallelism)."""
+        return self.pipeline_batches_in_flight or self.pipeline_parallel_size
 
     @property
     def stage_size(self) -> int:

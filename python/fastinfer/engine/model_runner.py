@@ -20,13 +20,14 @@ At world size 1 this is simply the executor's model half.
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from ..distributed import SINGLE, ParallelInfo, model_parallel
-from ..distributed.pipeline import WHOLE_MODEL, PipelineStage, partition_layers
+from ..distributed.pipeline import WHOLE_MODEL, pipeline_stage
 from ..layers import BatchBuilder, TensorDictReader
 from ..layers.moe import expert_shard
 from ..models import LlamaForCausalLM, ModelConfig, load_config, load_model
@@ -38,7 +39,7 @@ from .cuda_graphs import DecodeGraphs
 from .speculative.drafter import move_slots
 
 __all__ = ["ForwardPlan", "Chunk", "ModelRunner", "check_split", "load_checkpoint", "load_line",
-           "num_kv_blocks_for", "nvtx_range", "pipeline_stage"]
+           "num_kv_blocks_for", "nvtx_range"]
 
 Tensor = torch.Tensor
 
@@ -125,8 +126,12 @@ class ModelRunner:
         self.config = config
         self.tp = tp
         self.model_parallel = model_parallel(tp, config.tensor_parallel_size, config.expert_parallel_size)
-        self.stage = pipeline_stage(config, tp)
+        self.stage = WHOLE_MODEL if config.pipeline_parallel_size == 1 else pipeline_stage(
+            load_config(config.model).num_hidden_layers, config.pipeline_parallel_size, config.pipeline_partition,
+            tp.pipeline)
         self.is_driver = tp.rank == 0 and self.stage.is_first  # rank 0: the scheduler's process
+        self._num_stage_forwards = 0
+        self.stage_busy_s = 0.0  # seconds this stage computed (its layers, not waiting): bench/pp.py
         self.block_size = config.block_size
         self.model = self._load_target(config)
         self.device = self.model.device
@@ -214,6 +219,19 @@ class ModelRunner:
         """Run ``plan``: ``(float32 logits, hidden states or None)`` of its logits rows (chunk rows
         in chunk order, the decode rows, then the trees' rows). Under TP the logits are rank 0's;
         other ranks get None."""
+        return self.collect(self.submit(plan))
+
+    def collect(self, pending) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+        """The result of :meth:`submit`: under pipeline parallelism rank 0 waits for the logits here."""
+        if callable(pending):  # a posted receive of the last stage's logits
+            return pending(), None
+        return pending
+
+    @torch.inference_mode()
+    def submit(self, plan: ForwardPlan):
+        """Start ``plan``; :meth:`collect` gives its result. Under pipeline parallelism rank 0 returns
+        once its stage has sent the hidden state on (the next plan can start while the later stages
+        run this one); otherwise the forward is done here."""
         self.move_slots(*plan.moves)
         if plan.is_empty:
             return None, None
@@ -228,8 +246,9 @@ class ModelRunner:
         logits, hidden = None, None
         if self.stage.num_stages > 1:  # (no hidden states: speculative decoding is refused under PP)
             with nvtx_range(f"stage {self.stage.index}", self.use_nvtx):
-                logits = self._stage_forward(b.build())
-        elif (not plan.chunks and not plan.trees and not plan.want_hidden and g is not None
+                pending = self._stage_forward(b.build())
+            return pending if self.is_driver else (None, None)
+        if (not plan.chunks and not plan.trees and not plan.want_hidden and g is not None
                 and g.fits(len(plan.decodes), max(len(plan.tables[s]) for s, _, _ in plan.decodes))):
             with nvtx_range(f"decode graph B={len(plan.decodes)}", self.use_nvtx):
                 logits = g.run(*b.decode_rows())
@@ -252,40 +271,34 @@ class ModelRunner:
             return None, None
         return logits, hidden
 
-    def _stage_forward(self, batch) -> Optional[Tensor]:
-        """This pipeline stage's part of a forward (see the module docstring); the logits on rank 0."""
+    def _stage_forward(self, batch):
+        """This pipeline stage's part of a forward (see the module docstring). Rank 0 posts the
+        receive of the logits first and returns the function that waits for them; other ranks None.
+        Each forward's messages carry its number as their tag (every rank runs every plan)."""
         st, comm, m = self.stage, self.stage.comm, self.model
+        tag = self._num_stage_forwards % (1 << 30)
+        self._num_stage_forwards += 1
+        logits = None
+        if self.is_driver:
+            out = torch.empty((batch.logits_indices.numel(), m.config.vocab_size), dtype=torch.float32,
+                              device=self.device)
+            logits = comm.post_recv(out, st.num_stages - 1, tag)
         x = residual = None
         if not st.is_first:
             buf = torch.empty((2, batch.num_tokens, m.config.hidden_size), dtype=m.dtype, device=self.device)
-            comm.recv(buf, st.index - 1)
+            comm.recv(buf, st.index - 1, tag)
             x, residual = buf[0], buf[1]
+        t0 = time.perf_counter()
         x, residual = m.stage_layers(batch, self.kv_caches, x, residual)
         if not st.is_last:
-            comm.send(torch.stack([x, residual]), st.index + 1)
-        else:
-            logits = m.final_logits(batch, x, residual)  # (every rank of the stage: the gather under TP)
-            if self.tp.rank == 0:
-                comm.send(logits, 0)
-            return None
-        if st.is_first and self.tp.rank == 0:
-            logits = torch.empty((batch.logits_indices.numel(), m.config.vocab_size), dtype=torch.float32,
-                                 device=self.device)
-            return comm.recv(logits, st.num_stages - 1)
+            self.stage_busy_s += time.perf_counter() - t0
+            comm.post_send(torch.stack([x, residual]), st.index + 1, tag)  # (the next stage may be busy)
+            return logits
+        out = m.final_logits(batch, x, residual)  # (every rank of the stage: the gather under TP)
+        self.stage_busy_s += time.perf_counter() - t0
+        if self.tp.rank == 0:
+            comm.send(out, 0, tag)
         return None
-
-
-def pipeline_stage(config: EngineConfig, tp: ParallelInfo) -> PipelineStage:
-    """The pipeline stage of the rank ``tp`` describes (its index: its rank in ``tp.pipeline``)."""
-    num_stages = config.pipeline_parallel_size
-    if num_stages == 1:
-        return WHOLE_MODEL
-    if tp.pipeline is None or tp.pipeline.world_size != num_stages:
-        raise ValueError(f"pipeline_parallel_size={num_stages} needs the engine's pipeline groups "
-                         "(build_groups(..., num_stages=...))")
-    ranges = partition_layers(load_config(config.model).num_hidden_layers, num_stages, config.pipeline_partition)
-    index = tp.pipeline.rank
-    return PipelineStage(index, num_stages, *ranges[index], comm=tp.pipeline)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from .config import EngineConfig
 from .model_runner import Chunk, ForwardPlan, ModelRunner
 
 __all__ = ["PlanEncoder", "PlanDecoder", "spawned_worker_main", "serve_torchrun_worker", "worker_config",
-           "serve", "tp_timeout_s", "worker_threads"]
+           "serve", "tp_timeout_s", "worker_threads", "STAGE_BUSY"]
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -130,6 +130,10 @@ class PlanDecoder:
 # the worker loop
 # ------------------------------------------------------------------------------------------------
 
+#: the message asking every rank for its pipeline stage's busy seconds (gathered on rank 0)
+STAGE_BUSY = "stage_busy"
+
+
 def serve(runner: ModelRunner, ctrl) -> None:
     """Agree on the KV pool, then run rank 0's messages until the stop message."""
     runner.init_kv(ctrl.comm.all_reduce_min([runner.local_num_kv_blocks()])[0])
@@ -138,6 +142,9 @@ def serve(runner: ModelRunner, ctrl) -> None:
         msg = ctrl.recv()
         if msg is None:
             return
+        if msg == STAGE_BUSY:
+            ctrl.comm.gather_to_first(torch.tensor([runner.stage_busy_s], dtype=torch.float64), dim=0)
+            continue
         runner.forward(decoder.decode(msg))
 
 

@@ -39,7 +39,7 @@ from ..distributed import (CollectiveError, build_groups, master_store, release_
 from ..models import load_config
 from .config import EngineConfig
 from .model_runner import ForwardPlan, ModelRunner, check_split
-from .worker import PlanEncoder, spawned_worker_main, tp_timeout_s, worker_config, worker_threads
+from .worker import STAGE_BUSY, PlanEncoder, spawned_worker_main, tp_timeout_s, worker_config, worker_threads
 
 __all__ = ["TensorParallelRunner", "TensorParallelError"]
 
@@ -250,12 +250,25 @@ class TensorParallelRunner(ModelRunner):
         self._pending_moves[0].extend(src)
         self._pending_moves[1].extend(dst)
 
-    def forward(self, plan: ForwardPlan):
+    def submit(self, plan: ForwardPlan):
         moves, self._pending_moves = self._pending_moves, ([], [])
 
+        def run():  # under PP the next stage may still run the last batch: the message is not waited for
+            self.ctrl.send(self.encoder.encode(plan, moves), wait=self.stage.num_stages == 1)
+            return ModelRunner.submit(self, plan)
+
+        return self._guard(run)
+
+    def collect(self, pending):
+        return self._guard(lambda: ModelRunner.collect(self, pending))
+
+    def stage_busy_seconds(self) -> List[float]:
+        """Per rank, the seconds its pipeline stage has computed so far (its layers, not the waits
+        for the stage before it): bench/pp.py's busy fractions."""
         def run():
-            self.ctrl.send(self.encoder.encode(plan, moves))
-            return ModelRunner.forward(self, plan)
+            self.ctrl.send(STAGE_BUSY)
+            mine = torch.tensor([self.stage_busy_s], dtype=torch.float64)
+            return self.ctrl.comm.gather_to_first(mine, dim=0).tolist()
 
         return self._guard(run)
 

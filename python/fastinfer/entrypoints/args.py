@@ -22,7 +22,8 @@ __all__ = ["add_cli_args", "llm_kwargs", "add_quant_args", "flag_of", "MODEL_OPT
            "EVAL_OPTIONS"]
 
 #: the processes of the engine (tensor, expert and pipeline parallelism)
-PARALLEL_OPTIONS = ("tensor_parallel_size", "expert_parallel_size", "pipeline_parallel_size", "pipeline_partition")
+PARALLEL_OPTIONS = ("tensor_parallel_size", "expert_parallel_size", "pipeline_parallel_size", "pipeline_partition",
+                    "pipeline_batches_in_flight")
 MODEL_OPTIONS = ("model", "device", "dtype", "max_model_len") + PARALLEL_OPTIONS
 SPEC_OPTIONS = ("draft_model", "spec_method", "spec_model", "spec_mode", "num_spec_tokens", "spec_tree_topk",
                 "spec_tree_depth", "spec_tree")
