@@ -117,7 +117,11 @@ def test_partition_errors_name_the_problem(args, message):
     (dict(pipeline_parallel_size=2, pipeline_batches_in_flight=3),
      r"pipeline_batches_in_flight must be an int in 1..pipeline_parallel_size=2, got 3"),
     (dict(pipeline_parallel_size=2, draft_model=os.path.join(ASSETS, "tiny-llama-draft")),
-     r"speculative decoding \(spec_method='draft'\) with pipeline_parallel_size=2 is not supported"),
+     r"speculative decoding \(spec_method='draft'\) with pipeline_parallel_size=2 runs one batch at a time.*"
+     "set pipeline_batches_in_flight=1"),
+    (dict(pipeline_parallel_size=2, pipeline_batches_in_flight=1, spec_method="eagle",
+          spec_model=os.path.join(ASSETS, "tiny-llama-eagle")),
+     "spec_method='eagle' needs the target's hidden states, which pipeline_parallel_size=2 does not return"),
 ])
 def test_options_are_validated_before_anything_starts(kw, message):
     with pytest.raises(ValueError, match=message):
@@ -479,3 +483,38 @@ def test_pp2_batches_in_flight_overlap_the_stages_and_give_the_same_tokens(ckpts
     after = two.executor.runner.stage_busy_seconds()
     assert len(after) == 2 and all(b > a for a, b in zip(busy, after))
     assert two.stats()["num_steps"] >= 2 * one.stats()["num_steps"] - 2
+
+
+# ------------------------------------------------------------------------------------------------
+# speculative decoding and the deterministic mode
+# ------------------------------------------------------------------------------------------------
+def test_pp2_speculative_decoding_with_a_draft_model_and_preemption(engines):
+    """The shipped model and draft (tree mode: rank 0 drafts, every stage verifies its layers, the KV
+    slot moves of a verification travel with the next plan) with a KV pool small enough to preempt:
+    the greedy completions of one process."""
+    kw = dict(draft_model=os.path.join(ASSETS, "tiny-llama-draft"), spec_mode="tree", num_spec_tokens=6,
+              num_kv_blocks=10, max_num_seqs=6, dtype="float32")
+    prompts = ["def fibonacci(n):", "import os\nimport sys", "class Stack:", "for i in range(10):",
+               "while True:", "x = ["]
+    sp = [SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, speculative=(i % 3 != 2))
+          for i in range(len(prompts))]
+    a = engines(**kw)
+    b = engines(pipeline_parallel_size=PP, pipeline_batches_in_flight=1, **kw)
+    assert [o.outputs[0].token_ids for o in b.generate(prompts, sp)] == \
+        [o.outputs[0].token_ids for o in a.generate(prompts, sp)]
+    st = b.stats()
+    assert st["num_preemptions"] > 0 and st["spec_num_accepted_tokens"] > 0, st
+
+
+def test_pp2_deterministic_mode_is_bitwise_one_process(ckpts, engines):
+    """The batch-invariant mode under PP=2 with two batches in flight: the logits of one process bit
+    for bit (a stage boundary passes the tensors as they are; micro-batches do not change a row), and
+    the same tokens."""
+    path = ckpts("qwen2")
+    kw = dict(num_kv_blocks=32, dtype="float32", deterministic=True)
+    one = engines(path, **kw)
+    two = engines(path, pipeline_parallel_size=PP, **kw)
+    prompts = _prompts(n=4)
+    assert torch.equal(_plan_logits(one, prompts[0]), _plan_logits(two, prompts[0]))
+    assert [o.outputs[0].token_ids for o in two.generate(prompts, GREEDY)] == \
+        [o.outputs[0].token_ids for o in one.generate(prompts, GREEDY)]

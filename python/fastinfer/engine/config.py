@@ -290,7 +290,7 @@ class EngineConfig:
         "max(tensor_parallel_size, expert_parallel_size) of them, started as tensor_parallel_size's are); "
         "stage s holds only its layers' weights and KV cache (the embedding on the first, the final norm and "
         "lm_head on the last) and sends the hidden state to stage s + 1; rank 0 (stage 0) schedules and "
-        "samples. Not with speculative decoding (docs/parallelism.md)")
+        "samples. Speculative decoding with a draft model needs pipeline_batches_in_flight=1 (docs/parallelism.md)")
     pipeline_partition: Optional[str] = _option(
         None, "parallel", "layers per pipeline stage, comma-separated, summing to the model's layers (e.g. "
         "'10,10,12'; a list of ints also works)",
@@ -376,11 +376,11 @@ class EngineConfig:
             sizes = f"pipeline_parallel_size={pp}"
         if self.world_size > 1 and not isinstance(self.model, str):
             raise ValueError(f"{sizes} needs a checkpoint path (every rank loads its own shard), not a model object")
-        if pp > 1 and self.speculative is not None:
+        if pp > 1 and self.speculative is not None and self.batches_in_flight > 1:
             raise ValueError(f"speculative decoding (spec_method={self.speculative.method!r}) with "
-                             f"pipeline_parallel_size={pp} is not supported: a verification step needs the target's "
-                             "logits of every draft node before the next step is scheduled, which serialises the "
-                             "stages; use pipeline_parallel_size=1 (tensor_parallel_size for more GPUs)")
+                             f"pipeline_parallel_size={pp} runs one batch at a time (the draft proposes from the "
+                             "tokens the last verification accepted, and its KV pool is rank 0's alone): set "
+                             "pipeline_batches_in_flight=1")
         if self.world_size > 1 and self.speculative is not None and not self.speculative.entry.tensor_parallel:
             raise ValueError(f"spec_method={self.speculative.method!r} needs the target's hidden states, which "
                              f"{sizes} does not return yet: use one process (tensor_parallel_size=1, "

@@ -244,7 +244,9 @@ class ModelRunner:
             b.prefill(c.tokens, c.start, plan.tables[c.seq_id], positions=c.positions, mask=c.mask, logits=c.logits)
         g = self.decode_graphs
         logits, hidden = None, None
-        if self.stage.num_stages > 1:  # (no hidden states: speculative decoding is refused under PP)
+        if self.stage.num_stages > 1:
+            if plan.want_hidden:  # (EngineConfig refuses the methods that read them)
+                raise ValueError("the target's hidden states are not returned under pipeline parallelism")
             with nvtx_range(f"stage {self.stage.index}", self.use_nvtx):
                 pending = self._stage_forward(b.build())
             return pending if self.is_driver else (None, None)
