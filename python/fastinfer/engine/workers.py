@@ -3,8 +3,10 @@
 :class:`TensorParallelRunner` is rank 0's :class:`~.model_runner.ModelRunner` (its own shard) that
 also broadcasts every :class:`~.model_runner.ForwardPlan` to the N-1 workers (:mod:`.worker`)
 before running it, so all ranks run the same forward on their shards; the logits come back
-gathered on rank 0. Expert parallelism runs on the same processes (N = ``config.world_size``,
-the larger of ``tensor_parallel_size`` and ``expert_parallel_size``). The KV slot moves of a
+gathered on rank 0. Expert parallelism runs on the same processes; pipeline parallelism on
+``pipeline_parallel_size`` groups of them (N = ``config.world_size``: the stages times the larger
+of ``tensor_parallel_size`` and ``expert_parallel_size``; rank 0 runs stage 0, see
+:mod:`fastinfer.distributed.pipeline`). The KV slot moves of a
 verification are applied on rank 0 at once and travel with the next plan (nothing reads those
 slots in between).
 
