@@ -518,3 +518,12 @@ def test_pp2_deterministic_mode_is_bitwise_one_process(ckpts, engines):
     assert torch.equal(_plan_logits(one, prompts[0]), _plan_logits(two, prompts[0]))
     assert [o.outputs[0].token_ids for o in two.generate(prompts, GREEDY)] == \
         [o.outputs[0].token_ids for o in one.generate(prompts, GREEDY)]
+
+
+def test_errors_name_the_rank_and_its_stage():
+    from fastinfer.engine.workers import rank_text
+
+    c = EngineConfig(device="cpu", pipeline_parallel_size=2, tensor_parallel_size=2)
+    assert rank_text(c, 3, 77) == "pipeline-parallel worker rank 3 (stage 1 of 2, pid 77)"
+    assert rank_text(c, 1) == "pipeline-parallel worker rank 1 (stage 0 of 2)"
+    assert rank_text(EngineConfig(device="cpu", tensor_parallel_size=2), 1, 5) == "tensor-parallel worker rank 1 (pid 5)"

@@ -89,12 +89,12 @@ class Communicator:
         self._wait("all_reduce(min)", self._pg().allreduce([t], opts), timeout_s)
         return t.tolist()
 
-    def gather_to_first(self, t: Tensor, dim: int) -> Tensor:
+    def gather_to_first(self, t: Tensor, dim: int, timeout_s: Optional[float] = None) -> Tensor:
         """Rank 0: the ranks' ``t`` concatenated along ``dim`` (rank order); other ranks: ``t``."""
         t = t.contiguous()
         self.bytes_gathered += t.numel() * t.element_size()
         outs = [[torch.empty_like(t) for _ in range(self.world_size)]] if self.rank == 0 else []
-        self._wait("gather", self._pg().gather(outs, [t], _opts("GatherOptions", 0)))
+        self._wait("gather", self._pg().gather(outs, [t], _opts("GatherOptions", 0)), timeout_s)
         return torch.cat(outs[0], dim=dim) if self.rank == 0 else t
 
     def all_gather(self, t: Tensor) -> Tensor:

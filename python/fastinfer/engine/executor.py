@@ -219,7 +219,8 @@ class Executor:
         return self.runner.submit(plan), plan, sampled, prompt_parts, keep, num_rows, drafts
 
     def _collect_forward(self, pending, plan: ForwardPlan, sampled: List[Sequence], prompt_parts, keep: List[int],
-                         num_rows: int, drafts: Seq[Draft]) -> Tuple[torch.Tensor, List[Sequence], List[PromptLogprobs]]:
+                         num_rows: int, drafts: Seq[Draft]
+                         ) -> Tuple[torch.Tensor, List[Sequence], List[PromptLogprobs]]:
         logits, hidden = self.runner.collect(pending)
         prompt_lps: List[PromptLogprobs] = []
         if prompt_parts:

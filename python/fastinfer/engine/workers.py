@@ -270,7 +270,7 @@ class TensorParallelRunner(ModelRunner):
         def run():
             self.ctrl.send(STAGE_BUSY)
             mine = torch.tensor([self.stage_busy_s], dtype=torch.float64)
-            return self.ctrl.comm.gather_to_first(mine, dim=0).tolist()
+            return self.ctrl.comm.gather_to_first(mine, dim=0, timeout_s=self.ctrl.send_timeout_s).tolist()
 
         return self._guard(run)
 

@@ -90,7 +90,8 @@ def load_model(
     ``config`` given) and load its weights. ``dtype`` defaults to :func:`default_dtype`, ``device``
     to the CPU. ``ops``: the op backend every layer calls (:func:`fastinfer.ops.backend`: its
     library and its mode, e.g. ``backend("fastinfer", deterministic=True)``; default: the compiled
-    ops, default mode). ``tp``: build and load this rank's shard only; ``stage``: the layers of this pipeline stage only."""
+    ops, default mode). ``tp``: build and load this rank's shard only; ``stage``: the layers of this
+    pipeline stage only."""
     if isinstance(source, str):
         config = load_config(source) if config is None else config
         reader: WeightReader = checkpoint_reader(source, config)
