@@ -1,5 +1,6 @@
-"""Tensor and expert parallelism on ``torch.distributed``: the groups of one engine (gloo on CPU,
-NCCL on CUDA), collectives with deadlines, and the control channel rank 0 drives its workers with.
+"""Tensor, expert and pipeline parallelism on ``torch.distributed``: the groups of one engine (gloo
+on CPU, NCCL on CUDA), collectives and point-to-point sends with deadlines, the control channel
+rank 0 drives its workers with, and the layer split of pipeline stages (:mod:`.pipeline`).
 The worker processes themselves are the engine's (:mod:`fastinfer.engine.workers`)."""
 
 from .communication import FRAME_BYTES, CollectiveError, Communicator, ControlChannel  # noqa: F401

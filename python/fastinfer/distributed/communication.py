@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import datetime
 import pickle
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 
@@ -28,6 +28,7 @@ Tensor = torch.Tensor
 __all__ = ["Communicator", "ControlChannel", "CollectiveError", "FRAME_BYTES"]
 
 FRAME_BYTES = 4096
+MAX_UNWAITED = 16  # posted sends / broadcasts a communicator lets run before it waits for the oldest
 
 
 class CollectiveError(RuntimeError):
@@ -55,6 +56,9 @@ class Communicator:
         self.bytes_all_reduced = 0
         self.bytes_gathered = 0  # this rank's contribution (gather_to_first and all_gather)
         self.bytes_all_to_all = 0  # what this rank sent
+        self.bytes_sent = 0  # point to point: sent, received
+        self.bytes_received = 0
+        self._unwaited: List = []  # (what, work, tensor) of posted sends and broadcasts, oldest first
 
     def _wait(self, what: str, work, timeout_s: Optional[float] = None) -> None:
         try:
@@ -85,12 +89,12 @@ class Communicator:
         self._wait("all_reduce(min)", self._pg().allreduce([t], opts), timeout_s)
         return t.tolist()
 
-    def gather_to_first(self, t: Tensor, dim: int) -> Tensor:
+    def gather_to_first(self, t: Tensor, dim: int, timeout_s: Optional[float] = None) -> Tensor:
         """Rank 0: the ranks' ``t`` concatenated along ``dim`` (rank order); other ranks: ``t``."""
         t = t.contiguous()
         self.bytes_gathered += t.numel() * t.element_size()
         outs = [[torch.empty_like(t) for _ in range(self.world_size)]] if self.rank == 0 else []
-        self._wait("gather", self._pg().gather(outs, [t], _opts("GatherOptions", 0)))
+        self._wait("gather", self._pg().gather(outs, [t], _opts("GatherOptions", 0)), timeout_s)
         return torch.cat(outs[0], dim=dim) if self.rank == 0 else t
 
     def all_gather(self, t: Tensor) -> Tensor:
@@ -115,8 +119,55 @@ class Communicator:
                                                           torch.distributed.AllToAllOptions()))
         return out
 
-    def broadcast(self, t: Tensor, root: int = 0, timeout_s: Optional[float] = None) -> Tensor:
-        self._wait("broadcast", self._pg().broadcast([t], _opts("BroadcastOptions", root)), timeout_s)
+    def send(self, t: Tensor, dst: int, tag: int = 0) -> None:
+        """Send ``t`` to rank ``dst`` of this group (point to point; it receives a tensor of the same
+        shape and dtype with the same ``tag``)."""
+        t = t.contiguous()
+        self.bytes_sent += t.numel() * t.element_size()
+        self._wait(f"send to rank {dst}", self._pg().send([t], int(dst), int(tag)))
+
+    def post_send(self, t: Tensor, dst: int, tag: int = 0) -> None:
+        """:meth:`send` without waiting for the receiver to take it (a busy next stage): the send
+        completes in the background; its failure is raised by a later post or :meth:`wait_posted`."""
+        t = t.contiguous()
+        self.bytes_sent += t.numel() * t.element_size()
+        self._post(f"send to rank {dst}", self._pg().send([t], int(dst), int(tag)), t)
+
+    def _post(self, what: str, work, t: Tensor) -> None:
+        self._unwaited.append((what, work, t))
+        while self._unwaited and (self._unwaited[0][1].is_completed() or len(self._unwaited) > MAX_UNWAITED):
+            what, work, _ = self._unwaited.pop(0)
+            self._wait(what, work)
+
+    def wait_posted(self, timeout_s: Optional[float] = None) -> None:
+        """Wait for every posted send and broadcast."""
+        while self._unwaited:
+            what, work, _ = self._unwaited.pop(0)
+            self._wait(what, work, timeout_s)
+
+    def recv(self, t: Tensor, src: int, tag: int = 0) -> Tensor:
+        """Receive into ``t`` (contiguous) what rank ``src`` of this group sends; returns ``t``."""
+        return self.post_recv(t, src, tag)()
+
+    def post_recv(self, t: Tensor, src: int, tag: int = 0) -> Callable[[], Tensor]:
+        """Post the receive of :meth:`recv` now; the function returned waits for it (the deadline
+        counts from that call) and returns ``t``."""
+        self.bytes_received += t.numel() * t.element_size()
+        work = self._pg().recv([t], int(src), int(tag))
+
+        def wait() -> Tensor:
+            self._wait(f"recv from rank {src}", work)
+            return t
+
+        return wait
+
+    def broadcast(self, t: Tensor, root: int = 0, timeout_s: Optional[float] = None, wait: bool = True) -> Tensor:
+        """``wait=False`` (the root): post it, as :meth:`post_send`."""
+        work = self._pg().broadcast([t], _opts("BroadcastOptions", root))
+        if wait:
+            self._wait("broadcast", work, timeout_s)
+        else:
+            self._post("broadcast", work, t)
         return t
 
     def close(self) -> None:
@@ -132,7 +183,9 @@ class Communicator:
 class ControlChannel:
     """Rank 0 :meth:`send` s one message per step; the other ranks :meth:`recv` it (a gloo group
     with a long deadline: an idle engine keeps its workers waiting here). A send waits at most
-    ``send_timeout_s``: a broadcast blocks once a receiver stops reading (a hung worker)."""
+    ``send_timeout_s``: a broadcast blocks once a receiver stops reading (a hung worker).
+    ``send(obj, wait=False)`` does not wait for the receivers (pipeline parallelism: the next
+    stage may still be busy with the last batch); a failure is raised by a later send."""
 
     def __init__(self, comm: Communicator, send_timeout_s: float):
         self.comm = comm
@@ -140,7 +193,7 @@ class ControlChannel:
         self.bytes_sent = 0
         self.num_messages = 0
 
-    def send(self, obj: Any) -> int:
+    def send(self, obj: Any, wait: bool = True) -> int:
         """Broadcast ``obj`` (rank 0 only); returns the payload size in bytes."""
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         frame = torch.zeros(FRAME_BYTES, dtype=torch.uint8)
@@ -148,10 +201,10 @@ class ControlChannel:
         head = data[: FRAME_BYTES - 8]
         if head:
             frame[8: 8 + len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
-        self.comm.broadcast(frame, timeout_s=self.send_timeout_s)
+        self.comm.broadcast(frame, timeout_s=self.send_timeout_s, wait=wait)
         if len(data) > len(head):
             self.comm.broadcast(torch.frombuffer(bytearray(data[len(head):]), dtype=torch.uint8),
-                                timeout_s=self.send_timeout_s)
+                                timeout_s=self.send_timeout_s, wait=wait)
         self.bytes_sent += len(data)
         self.num_messages += 1
         return len(data)

@@ -43,12 +43,17 @@ class ParallelInfo:
     ``ep``: the group the mixture-of-experts layers split their experts over (rank r holds a
     contiguous ``1 / ep.world_size`` of them, :class:`~fastinfer.layers.FusedMoE`); None: no expert
     parallelism (each expert's intermediate dimension is split over this group instead). The
-    layers other than the experts never read it."""
+    layers other than the experts never read it.
+
+    ``pipeline``: under pipeline parallelism, the group of this rank's tensor-parallel rank in every
+    stage (its rank there is this process's stage, :mod:`.pipeline`); None otherwise. The runner
+    sends the hidden state over it; the layers never read it."""
 
     rank: int = 0
     world_size: int = 1
     comm: Optional[Communicator] = field(default=None, compare=False, repr=False)
     ep: Optional["ParallelInfo"] = field(default=None, compare=False, repr=False)
+    pipeline: Optional[Communicator] = field(default=None, compare=False, repr=False)
 
 
 SINGLE = ParallelInfo()
@@ -99,19 +104,30 @@ def _nccl(store, rank: int, size: int, timeout_s: float, device: torch.device):
 
 
 def build_groups(store, rank: int, world_size: int, device: torch.device, timeout_s: float,
-                 loopback: bool = True) -> Tuple[ParallelInfo, ControlChannel]:
-    """The engine's tensor group (as :class:`ParallelInfo`) and control channel over ``store``."""
+                 loopback: bool = True, num_stages: int = 1) -> Tuple[ParallelInfo, ControlChannel]:
+    """The engine's tensor group (as :class:`ParallelInfo`) and control channel over ``store``.
+    ``num_stages > 1`` (pipeline parallelism): ``world_size`` is ``num_stages x T`` ranks, the tensor
+    group is this rank's stage's (``rank // T``; its rank there ``rank % T``) and
+    ``ParallelInfo.pipeline`` its pipeline group."""
     prefix = torch.distributed.PrefixStore
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     ctrl = Communicator(_gloo(prefix("ctrl/", store), rank, world_size, CONTROL_TIMEOUT_S, loopback),
                         rank, world_size, CONTROL_TIMEOUT_S, "control group")
-    if device.type == "cuda":
-        pg = _nccl(prefix("tp/", store), rank, world_size, timeout_s, device)
-    else:
-        pg = _gloo(prefix("tp/", store), rank, world_size, timeout_s, loopback)
-    tp = ParallelInfo(rank, world_size, Communicator(pg, rank, world_size, timeout_s))
-    return tp, ControlChannel(ctrl, timeout_s)
+
+    def group(name: str, member: int, size: int):
+        if device.type == "cuda":
+            return _nccl(prefix(name, store), member, size, timeout_s, device)
+        return _gloo(prefix(name, store), member, size, timeout_s, loopback)
+
+    if num_stages == 1:
+        tp = ParallelInfo(rank, world_size, Communicator(group("tp/", rank, world_size), rank, world_size, timeout_s))
+        return tp, ControlChannel(ctrl, timeout_s)
+    per_stage = world_size // num_stages
+    stage, local = divmod(rank, per_stage)
+    tp_comm = Communicator(group(f"tp{stage}/", local, per_stage), local, per_stage, timeout_s)
+    pp_comm = Communicator(group(f"pp{local}/", stage, num_stages), stage, num_stages, timeout_s, "pipeline group")
+    return ParallelInfo(local, per_stage, tp_comm, pipeline=pp_comm), ControlChannel(ctrl, timeout_s)
 
 
 def torchrun_env(environ: Optional[Dict[str, str]] = None) -> Optional[Dict[str, object]]:
@@ -125,9 +141,10 @@ def torchrun_env(environ: Optional[Dict[str, str]] = None) -> Optional[Dict[str,
             "master_port": int(env.get("MASTER_PORT", 29500))}
 
 
-def torchrun_groups(device: torch.device, timeout_s: float) -> Tuple[ParallelInfo, ControlChannel]:
+def torchrun_groups(device: torch.device, timeout_s: float, num_stages: int = 1) -> Tuple[ParallelInfo, ControlChannel]:
     """The engine's groups in a torchrun job: the default group from ``env://`` (gloo; NCCL on
-    CUDA), then one new group per role."""
+    CUDA), then one new group per role (``num_stages > 1``: as :func:`build_groups`, every rank
+    making every stage's tensor group and every pipeline group, in one order)."""
     dist = torch.distributed
     env = torchrun_env()
     if env is None:
@@ -137,9 +154,20 @@ def torchrun_groups(device: torch.device, timeout_s: float) -> Tuple[ParallelInf
                                 timeout=_td(max(timeout_s, 300.0)))
     rank, ws = dist.get_rank(), dist.get_world_size()
     ctrl_pg = dist.new_group(backend="gloo", timeout=_td(CONTROL_TIMEOUT_S))
-    tp_pg = dist.new_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=_td(timeout_s))
     ctrl = Communicator(ctrl_pg, rank, ws, CONTROL_TIMEOUT_S, "control group")
-    return ParallelInfo(rank, ws, Communicator(tp_pg, rank, ws, timeout_s)), ControlChannel(ctrl, timeout_s)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if num_stages == 1:
+        tp_pg = dist.new_group(backend=backend, timeout=_td(timeout_s))
+        return ParallelInfo(rank, ws, Communicator(tp_pg, rank, ws, timeout_s)), ControlChannel(ctrl, timeout_s)
+    per_stage = ws // num_stages
+    stage, local = divmod(rank, per_stage)
+    tp_pgs = [dist.new_group([s * per_stage + r for r in range(per_stage)], backend=backend, timeout=_td(timeout_s))
+              for s in range(num_stages)]
+    pp_pgs = [dist.new_group([s * per_stage + r for s in range(num_stages)], backend=backend, timeout=_td(timeout_s))
+              for r in range(per_stage)]
+    tp_comm = Communicator(tp_pgs[stage], local, per_stage, timeout_s)
+    pp_comm = Communicator(pp_pgs[local], stage, num_stages, timeout_s, "pipeline group")
+    return ParallelInfo(local, per_stage, tp_comm, pipeline=pp_comm), ControlChannel(ctrl, timeout_s)
 
 
 def release_torchrun_groups() -> None:

@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from ..distributed.pipeline import parse_partition, partition_layers
 from ..layers.attention import FP8_KV_CACHE_DTYPE
 from ..layers.batch import DEFAULT_BLOCK_SIZE
 from ..models import default_dtype, find_gguf, load_config
@@ -274,7 +275,7 @@ class EngineConfig:
         "cuda:r, or CPU gloo ranks), started with the spawn method (guard a script's top level with "
         "if __name__ == '__main__':), or under torchrun its processes; LLM.shutdown() stops them. "
         "llm.model is then rank 0's shard: run forwards through the engine",
-        cli_default_doc="WORLD_SIZE under torchrun, else 1")
+        cli_default_doc="WORLD_SIZE / pipeline_parallel_size under torchrun, else 1")
     expert_parallel_size: int = _option(
         1, "parallel", "split the experts of mixture-of-experts models over this many processes: rank r holds "
         "experts [r E / N, (r + 1) E / N) whole (E divisible by N); each layer sends every (token, expert) pair "
@@ -283,6 +284,23 @@ class EngineConfig:
         "dense layers tensor-parallel over the same processes), or, with tensor_parallel_size=1, processes "
         "that each run attention and the dense layers whole, on every token. The slots each rank's experts "
         "processed: LLM.stats()['expert_parallel_routed_slots']")
+    pipeline_parallel_size: int = _option(
+        1, "parallel", "split the target's layers into this many stages, each on its own processes (its own "
+        "tensor_parallel_size / expert_parallel_size group: the engine has pipeline_parallel_size x "
+        "max(tensor_parallel_size, expert_parallel_size) of them, started as tensor_parallel_size's are); "
+        "stage s holds only its layers' weights and KV cache (the embedding on the first, the final norm and "
+        "lm_head on the last) and sends the hidden state to stage s + 1; rank 0 (stage 0) schedules and "
+        "samples. Speculative decoding with a draft model needs pipeline_batches_in_flight=1 (docs/parallelism.md)")
+    pipeline_partition: Optional[str] = _option(
+        None, "parallel", "layers per pipeline stage, comma-separated, summing to the model's layers (e.g. "
+        "'10,10,12'; a list of ints also works)",
+        default_doc="even: num_hidden_layers // pipeline_parallel_size each, the remainder one layer each "
+        "to the stages before the last")
+    pipeline_batches_in_flight: Optional[int] = _option(
+        None, "parallel", "pipeline parallelism: batches the scheduler keeps in flight (1 .. "
+        "pipeline_parallel_size), each of about 1 / this of the running sequences, so stage s works on one "
+        "while stage s + 1 works on the one before; 1: each step runs through every stage before the next "
+        "is scheduled", default_doc="pipeline_parallel_size")
     deterministic: bool = _option(
         False, "mode", "batch-invariant mode: a token's logits (and a seeded request's tokens) depend only "
         "on the model, the tokens before it and the sampling parameters, bit for bit, whatever the batch, "
@@ -340,9 +358,29 @@ class EngineConfig:
             raise ValueError(f"expert_parallel_size={ep} with tensor_parallel_size={tp}: the experts split over the "
                              "tensor-parallel processes (expert_parallel_size equal to tensor_parallel_size) or over "
                              "their own (tensor_parallel_size=1), not over a part of them")
+        pp = self.pipeline_parallel_size
+        if not _is_int(pp) or pp < 1:
+            raise ValueError(f"pipeline_parallel_size must be an int >= 1, got {pp!r}")
+        partition = parse_partition(self.pipeline_partition)
+        if partition is not None and len(partition) != pp:
+            raise ValueError(f"pipeline_partition {self.pipeline_partition!r} has {len(partition)} stages, "
+                             f"pipeline_parallel_size is {pp}")
+        inflight = self.pipeline_batches_in_flight
+        if inflight is not None and (not _is_int(inflight) or not 1 <= inflight <= pp):
+            raise ValueError(f"pipeline_batches_in_flight must be an int in 1..pipeline_parallel_size={pp}, "
+                             f"got {inflight!r}")
+        if pp > 1 and isinstance(self.model, str):  # the split is checked before any process starts
+            partition_layers(load_config(self.model).num_hidden_layers, pp, partition)
         sizes = f"tensor_parallel_size={tp}" if ep == 1 else f"expert_parallel_size={ep}"
+        if pp > 1:
+            sizes = f"pipeline_parallel_size={pp}"
         if self.world_size > 1 and not isinstance(self.model, str):
             raise ValueError(f"{sizes} needs a checkpoint path (every rank loads its own shard), not a model object")
+        if pp > 1 and self.speculative is not None and self.batches_in_flight > 1:
+            raise ValueError(f"speculative decoding (spec_method={self.speculative.method!r}) with "
+                             f"pipeline_parallel_size={pp} runs one batch at a time (the draft proposes from the "
+                             "tokens the last verification accepted, and its KV pool is rank 0's alone): set "
+                             "pipeline_batches_in_flight=1")
         if self.world_size > 1 and self.speculative is not None and not self.speculative.entry.tensor_parallel:
             raise ValueError(f"spec_method={self.speculative.method!r} needs the target's hidden states, which "
                              f"{sizes} does not return yet: use one process (tensor_parallel_size=1, "
@@ -375,9 +413,20 @@ class EngineConfig:
         return KV_CACHE_DTYPES[self.kv_cache_dtype] or model_dtype
 
     @property
-    def world_size(self) -> int:
-        """The engine's processes: ``max(tensor_parallel_size, expert_parallel_size)`` (each is 1 or this)."""
+    def batches_in_flight(self) -> int:
+        """What ``pipeline_batches_in_flight`` resolves to (1 without pipeline parallelism)."""
+        return self.pipeline_batches_in_flight or self.pipeline_parallel_size
+
+    @property
+    def stage_size(self) -> int:
+        """The processes of one pipeline stage: ``max(tensor_parallel_size, expert_parallel_size)`` (each is
+        1 or this)."""
         return max(self.tensor_parallel_size, self.expert_parallel_size)
+
+    @property
+    def world_size(self) -> int:
+        """The engine's processes: ``pipeline_parallel_size`` stages of :attr:`stage_size`."""
+        return self.pipeline_parallel_size * self.stage_size
 
     @property
     def model_path(self) -> Optional[str]:

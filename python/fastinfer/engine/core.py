@@ -7,11 +7,18 @@ drives an executor (any :class:`~.messages.StepExecutor`; its caller builds it):
 reason when it finished), ``has_unfinished_requests``. It never touches a device tensor and knows
 no text: detokenisation and stop strings belong to the output processor, which stops sequences
 through :meth:`EngineCore.stop_sequence`. Finished requests leave the core at once.
+
+Batches in flight (pipeline parallelism: ``executor.max_batches_in_flight`` K > 1): a step submits
+batches (``executor.submit``) while fewer than K are in flight and the scheduler finds work among
+the sequences not already in one, each batch holding about 1 / K of the unfinished sequences, then
+collects the oldest (``executor.collect``) and applies its results. A sequence is in at most one
+batch in flight; one finished meanwhile (aborted, stopped) has its results dropped.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Iterable, List, Optional
+from collections import deque
+from typing import TYPE_CHECKING, Deque, Dict, Iterable, List, Optional, Set, Tuple
 
 from .block_manager import BlockManager
 from .messages import SeqOutput, SpecWork, StepExecutor, StepInput
@@ -43,6 +50,8 @@ class EngineCore:
                                    self.max_model_len, lookahead=self.proposer.plan if self.proposer else None,
                                    static_batching=config.static_batching)
         self.requests: Dict[str, Request] = {}
+        self.max_batches_in_flight = int(getattr(executor, "max_batches_in_flight", 1))
+        self._in_flight: Deque[Tuple[SchedulerOutput, list, object]] = deque()  # (batch, forks, pending)
         self._finished_seq_ids: List[int] = []  # for the executor, at the next step
         self._next_seq_id = 0
         self.num_steps = 0
@@ -111,7 +120,7 @@ class EngineCore:
             self._finish(req.seqs[index], "stop")
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self._in_flight)
 
     def _finish(self, seq: Sequence, reason: str, stop_reason=None) -> None:
         seq.finish_reason = reason
@@ -128,17 +137,50 @@ class EngineCore:
     # one step
     # ------------------------------------------------------------------------------------------
     def step(self) -> List[SeqOutput]:
-        """Schedule, run the executor once, apply its results."""
+        """Schedule, run the executor once, apply its results (with batches in flight: submit
+        batches, then apply the oldest's results; see the module docstring)."""
+        if self.max_batches_in_flight > 1:
+            return self._step_in_flight()
         out = self.scheduler.schedule()
         if out.is_empty:
             return self._refuse_stuck(out)
+        step, forks = self._step_input(out)
+        return self._apply(out, forks, self.executor.execute(step))
+
+    def _step_input(self, out: SchedulerOutput):
         self.num_steps += 1
         if self.proposer is not None:
             self.proposer.on_schedule(out)
         forks = self._create_forks(out)
         spec = [SpecWork(s, p, self.proposer.draft_computed(s)) for s, p in out.spec]
         finished, self._finished_seq_ids = self._finished_seq_ids, []
-        result = self.executor.execute(StepInput(out, spec, {p.seq_id: c for p, c in forks}, finished))
+        return StepInput(out, spec, {p.seq_id: c for p, c in forks}, finished), forks
+
+    def _step_in_flight(self) -> List[SeqOutput]:
+        out = None
+        while len(self._in_flight) < self.max_batches_in_flight:
+            busy: Set[int] = {s.seq_id for b, _, _ in self._in_flight
+                              for s in [s for s, _ in b.prefills] + b.decodes}
+            unfinished = len(self.scheduler.running) + len(self.scheduler.waiting)
+            share = -(-min(unfinished, self.max_num_seqs) // self.max_batches_in_flight)
+            out = self.scheduler.schedule(busy, max_seqs=max(1, share))
+            if out.is_empty:
+                break
+            step, forks = self._step_input(out)
+            self._in_flight.append((out, forks, self.executor.submit(step)))
+        if not self._in_flight:
+            return self._refuse_stuck(out)
+        out, forks, pending = self._in_flight.popleft()
+        result = self.executor.collect(pending)
+        # the sequences finished while in flight (aborted, stopped): their results are dropped
+        result.sampled = [s for s in result.sampled if not s.seq.is_finished]
+        result.prompt_logprobs = [p for p in result.prompt_logprobs if not p.seq.is_finished]
+        out.prefills = [(s, n) for s, n in out.prefills if not s.is_finished]
+        out.decodes = [s for s in out.decodes if not s.is_finished]
+        return self._apply(out, [(p, c) for p, c in forks if not p.is_finished], result)
+
+    def _apply(self, out: SchedulerOutput, forks, result) -> List[SeqOutput]:
+        """The results of batch ``out``: computed tokens, new tokens, finished sequences."""
         self.scheduler.postprocess(out)
         outs: Dict[int, SeqOutput] = {}
 

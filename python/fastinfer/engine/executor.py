@@ -130,8 +130,19 @@ class Executor:
     def _gen(self, seq: Sequence) -> torch.Generator:
         return self._generator(seq) or self.sampler.generator
 
-    @torch.inference_mode()
+    @property
+    def max_batches_in_flight(self) -> int:
+        """Steps the engine core may :meth:`submit` before it :meth:`collect` s the oldest: under
+        pipeline parallelism ``pipeline_batches_in_flight`` (one per stage by default), else 1."""
+        return self.config.batches_in_flight
+
     def execute(self, step: StepInput) -> ModelOutput:
+        return self.collect(self.submit(step))
+
+    @torch.inference_mode()
+    def submit(self, step: StepInput):
+        """Start one engine step (drafting, then the target forward as far as it runs before its
+        logits are needed); :meth:`collect` finishes it."""
         for sid in step.finished_seq_ids:
             self._generators.pop(sid, None)
         if self.drafter is not None:
@@ -142,7 +153,13 @@ class Executor:
             with nvtx_range("draft", self.use_nvtx):
                 drafts = self.drafter.propose([(w.seq, w.plan.size, w.draft_computed) for w in step.spec],
                                               [self._gen(w.seq) for w in step.spec])
-        logits, sampled, prompt_lps = self._forward(sched.prefills, sched.decodes, drafts, step.finished_seq_ids)
+        return step, drafts, self._submit_forward(sched.prefills, sched.decodes, drafts, step.finished_seq_ids)
+
+    @torch.inference_mode()
+    def collect(self, pending) -> ModelOutput:
+        """Finish a :meth:`submit` ted step: its logits, verification and sampling."""
+        step, drafts, forward = pending
+        logits, sampled, prompt_lps = self._collect_forward(*forward)
         out = ModelOutput(prompt_logprobs=prompt_lps)
         if drafts:
             with nvtx_range("verify", self.use_nvtx):
@@ -152,13 +169,14 @@ class Executor:
                 out.sampled = self._sample(logits[: len(sampled)], sampled, step.forks)
         return out
 
-    def _forward(self, prefills: Seq[Tuple[Sequence, int]], decodes: Seq[Sequence], drafts: Seq[Draft],
-                 finished: List[int]) -> Tuple[torch.Tensor, List[Sequence], List[PromptLogprobs]]:
-        """One target forward. Logits rows: the prefill chunks that complete their sequence (those
-        sample), the decode rows, then every node of every draft, draft by draft. Returns the
-        logits, the sequences of the sampled rows and the prompt logprobs the chunks produced (a
-        chunk of a request with prompt logprobs also gets the logits of its prompt positions; those
-        rows are used here and dropped from the returned logits)."""
+    def _submit_forward(self, prefills: Seq[Tuple[Sequence, int]], decodes: Seq[Sequence], drafts: Seq[Draft],
+                        finished: List[int]):
+        """Start one target forward (:meth:`_collect_forward` returns its logits). Logits rows: the
+        prefill chunks that complete their sequence (those sample), the decode rows, then every node
+        of every draft, draft by draft. :meth:`_collect_forward` returns the logits, the sequences
+        of the sampled rows and the prompt logprobs the chunks produced (a chunk of a request with
+        prompt logprobs also gets the logits of its prompt positions; those rows are used there and
+        dropped from the returned logits)."""
         plan = ForwardPlan(finished=finished)
         sampled: List[Sequence] = []
         prompt_parts: List[Tuple[Sequence, int, int, int]] = []  # (seq, first position, first row, rows)
@@ -198,7 +216,12 @@ class Executor:
         plan.want_hidden = self.drafter is not None and self.drafter.wants_hidden_states
         if plan.want_hidden:
             plan.hidden_layers = tuple(self.drafter.hidden_layers)
-        logits, hidden = self.runner.forward(plan)
+        return self.runner.submit(plan), plan, sampled, prompt_parts, keep, num_rows, drafts
+
+    def _collect_forward(self, pending, plan: ForwardPlan, sampled: List[Sequence], prompt_parts, keep: List[int],
+                         num_rows: int, drafts: Seq[Draft]
+                         ) -> Tuple[torch.Tensor, List[Sequence], List[PromptLogprobs]]:
+        logits, hidden = self.runner.collect(pending)
         prompt_lps: List[PromptLogprobs] = []
         if prompt_parts:
             prompt_lps = self._prompt_logprobs(logits, prompt_parts)

@@ -8,18 +8,26 @@ of the last verification, applied first. Rank 0's executor makes the plans; work
 (:mod:`.workers`) and run them through their own runner, so every rank takes the same branch
 (graph or eager) and meets the same collectives in the same order.
 
+Under pipeline parallelism each stage's ranks hold that stage's layers and their KV caches
+(:mod:`fastinfer.distributed.pipeline`): every rank still receives every plan and builds the same
+batch; a stage after the first receives the hidden state and the residual stream from the one
+before it, runs its layers and sends them on; the last stage computes the logits and its
+tensor-parallel rank 0 sends them to rank 0. Decode steps run eagerly there (no CUDA graphs).
+
 At world size 1 this is simply the executor's model half.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from ..distributed import SINGLE, ParallelInfo, model_parallel
+from ..distributed.pipeline import WHOLE_MODEL, pipeline_stage
 from ..layers import BatchBuilder, TensorDictReader
 from ..layers.moe import expert_shard
 from ..models import LlamaForCausalLM, ModelConfig, load_config, load_model
@@ -106,7 +114,8 @@ class ModelRunner:
 
     ``tp``: this process's place among the engine's processes (every rank runs this runner); the
     model is built with :func:`~fastinfer.distributed.model_parallel` of it (tensor- and / or
-    expert-parallel, as the config says).
+    expert-parallel, as the config says); with ``pipeline_parallel_size > 1`` it is this rank's
+    stage's group and ``tp.pipeline`` its pipeline group (``stage``: the stage it builds).
 
     After construction: ``model``, ``device``, ``model_max_len``, ``kv_cache_dtype`` (the pool's
     torch dtype: the ``kv_cache_dtype`` option resolved against the model's dtype); after
@@ -117,6 +126,12 @@ class ModelRunner:
         self.config = config
         self.tp = tp
         self.model_parallel = model_parallel(tp, config.tensor_parallel_size, config.expert_parallel_size)
+        self.stage = WHOLE_MODEL if config.pipeline_parallel_size == 1 else pipeline_stage(
+            load_config(config.model).num_hidden_layers, config.pipeline_parallel_size, config.pipeline_partition,
+            tp.pipeline)
+        self.is_driver = tp.rank == 0 and self.stage.is_first  # rank 0: the scheduler's process
+        self._num_stage_forwards = 0
+        self.stage_busy_s = 0.0  # seconds this stage computed (its layers, not waiting): bench/pp.py
         self.block_size = config.block_size
         self.model = self._load_target(config)
         self.device = self.model.device
@@ -135,11 +150,11 @@ class ModelRunner:
         if isinstance(c.model, str):
             if self.tp.world_size > 1:
                 check_split(load_config(c.model), c)
-            if c.load_progress and self.tp.rank == 0:
+            if c.load_progress and self.is_driver:
                 print(load_line(c), file=sys.stderr, flush=True)
             model = load_checkpoint(c.model, c.model_dtype, dev, c.max_model_len, c.ops_backend(),
-                                    c.quant_options, c.load_progress and self.tp.rank == 0, self.model_parallel,
-                                    c.gguf_weights)
+                                    c.quant_options, c.load_progress and self.is_driver, self.model_parallel,
+                                    c.gguf_weights, self.stage)
         else:
             model = c.model
             ops = c.ops_backend(model.op_namespace)
@@ -180,8 +195,10 @@ class ModelRunner:
         self.num_kv_blocks = int(num_blocks)
         self.max_model_len = min(self.max_model_len, self.num_kv_blocks * self.block_size)
         self.kv_caches = self.model.allocate_kv_cache(self.num_kv_blocks, self.block_size, self.kv_cache_dtype)
-        # expert parallelism reads its exchange sizes on the host, which a CUDA graph cannot replay
-        if self.device.type == "cuda" and not c.enforce_eager and self.model_parallel.ep is None:
+        # expert parallelism reads its exchange sizes on the host, which a CUDA graph cannot replay;
+        # a pipeline stage's forward is not the whole model's a graph captures
+        if (self.device.type == "cuda" and not c.enforce_eager and self.model_parallel.ep is None
+                and self.stage.num_stages == 1):
             self.enable_decode_graphs(min(c.max_num_seqs, 256), -(-self.max_model_len // self.block_size), True)
 
     def enable_decode_graphs(self, max_batch: int, max_blocks: int, use_graphs: bool) -> DecodeGraphs:
@@ -202,6 +219,19 @@ class ModelRunner:
         """Run ``plan``: ``(float32 logits, hidden states or None)`` of its logits rows (chunk rows
         in chunk order, the decode rows, then the trees' rows). Under TP the logits are rank 0's;
         other ranks get None."""
+        return self.collect(self.submit(plan))
+
+    def collect(self, pending) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+        """The result of :meth:`submit`: under pipeline parallelism rank 0 waits for the logits here."""
+        if callable(pending):  # a posted receive of the last stage's logits
+            return pending(), None
+        return pending
+
+    @torch.inference_mode()
+    def submit(self, plan: ForwardPlan):
+        """Start ``plan``; :meth:`collect` gives its result. Under pipeline parallelism rank 0 returns
+        once its stage has sent the hidden state on (the next plan can start while the later stages
+        run this one); otherwise the forward is done here."""
         self.move_slots(*plan.moves)
         if plan.is_empty:
             return None, None
@@ -214,6 +244,12 @@ class ModelRunner:
             b.prefill(c.tokens, c.start, plan.tables[c.seq_id], positions=c.positions, mask=c.mask, logits=c.logits)
         g = self.decode_graphs
         logits, hidden = None, None
+        if self.stage.num_stages > 1:
+            if plan.want_hidden:  # (EngineConfig refuses the methods that read them)
+                raise ValueError("the target's hidden states are not returned under pipeline parallelism")
+            with nvtx_range(f"stage {self.stage.index}", self.use_nvtx):
+                pending = self._stage_forward(b.build())
+            return pending if self.is_driver else (None, None)
         if (not plan.chunks and not plan.trees and not plan.want_hidden and g is not None
                 and g.fits(len(plan.decodes), max(len(plan.tables[s]) for s, _, _ in plan.decodes))):
             with nvtx_range(f"decode graph B={len(plan.decodes)}", self.use_nvtx):
@@ -233,9 +269,38 @@ class ModelRunner:
                         hidden = aux
                     if plan.want_hidden != "all":
                         hidden = hidden.index_select(0, batch.logits_indices)
-        if self.tp.rank != 0:
+        if not self.is_driver:
             return None, None
         return logits, hidden
+
+    def _stage_forward(self, batch):
+        """This pipeline stage's part of a forward (see the module docstring). Rank 0 posts the
+        receive of the logits first and returns the function that waits for them; other ranks None.
+        Each forward's messages carry its number as their tag (every rank runs every plan)."""
+        st, comm, m = self.stage, self.stage.comm, self.model
+        tag = self._num_stage_forwards % (1 << 30)
+        self._num_stage_forwards += 1
+        logits = None
+        if self.is_driver:
+            out = torch.empty((batch.logits_indices.numel(), m.config.vocab_size), dtype=torch.float32,
+                              device=self.device)
+            logits = comm.post_recv(out, st.num_stages - 1, tag)
+        x = residual = None
+        if not st.is_first:
+            buf = torch.empty((2, batch.num_tokens, m.config.hidden_size), dtype=m.dtype, device=self.device)
+            comm.recv(buf, st.index - 1, tag)
+            x, residual = buf[0], buf[1]
+        t0 = time.perf_counter()
+        x, residual = m.stage_layers(batch, self.kv_caches, x, residual)
+        if not st.is_last:
+            self.stage_busy_s += time.perf_counter() - t0
+            comm.post_send(torch.stack([x, residual]), st.index + 1, tag)  # (the next stage may be busy)
+            return logits
+        out = m.final_logits(batch, x, residual)  # (every rank of the stage: the gather under TP)
+        self.stage_busy_s += time.perf_counter() - t0
+        if self.tp.rank == 0:
+            comm.send(out, 0, tag)
+        return None
 
 
 # ------------------------------------------------------------------------------------------------

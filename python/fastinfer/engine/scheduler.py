@@ -26,13 +26,18 @@ past its computed ones (the draft tree's nodes and the draft model's scratch nod
 tokens of the budget. If the budget left is smaller than ``S``, or the free blocks do not cover the
 extra slots, it decodes normally this step (a speculative step never preempts anything). The plan
 travels in the output (``spec``), so it is made once per step.
+
+Batches in flight (pipeline parallelism, :class:`~.core.EngineCore`): ``schedule(busy, max_seqs)``
+leaves out the running sequences in ``busy`` (those of batches still in the pipeline: neither
+scheduled nor preempted, their blocks kept) and schedules at most ``max_seqs`` sequences, so the
+running ones split over the batches in flight.
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Collection, Dict, List, Optional, Tuple
 
 from .block_manager import BlockManager
 from .sequence import Sequence, SequenceStatus
@@ -119,11 +124,11 @@ class Scheduler:
         self.add(seq)
 
     def _reserve(self, seq: Sequence, num_tokens: int, out: SchedulerOutput,
-                 scheduled: Dict[int, int]) -> bool:
-        """Make room for ``seq`` to hold ``num_tokens`` tokens, preempting the latest arrivals.
-        Returns False when ``seq`` itself had to be preempted."""
+                 scheduled: Dict[int, int], busy: Collection[int] = ()) -> bool:
+        """Make room for ``seq`` to hold ``num_tokens`` tokens, preempting the latest arrivals (not
+        ``busy`` ones). Returns False when ``seq`` itself had to be preempted."""
         while not self.bm.can_allocate(seq, num_tokens):
-            victim = max(self.running, key=lambda s: s.sort_key)
+            victim = max((s for s in self.running if s.seq_id not in busy), key=lambda s: s.sort_key)
             self._preempt(victim, out, scheduled)
             if victim is seq:
                 return False
@@ -131,17 +136,20 @@ class Scheduler:
         return True
 
     # ------------------------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, busy: Collection[int] = (), max_seqs: Optional[int] = None) -> SchedulerOutput:
+        """The next batch; ``busy``: seq ids of batches in flight, ``max_seqs``: at most this many
+        sequences in it (see the module docstring)."""
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         scheduled: Dict[int, int] = {}  # seq_id -> new tokens
+        cap = self.max_num_seqs if max_seqs is None else max_seqs
 
         # 1. decodes, 2. ongoing prefill chunks (both FCFS among running)
-        running = sorted(self.running, key=lambda s: s.sort_key)
+        running = sorted((s for s in self.running if s.seq_id not in busy), key=lambda s: s.sort_key)
         decoding = [s for s in running if s.num_uncomputed_tokens == 1]
         prefilling = [s for s in running if s.num_uncomputed_tokens > 1]
         for seq in decoding + prefilling:
-            if budget <= 0:
+            if budget <= 0 or len(scheduled) >= cap:
                 break
             if seq.status != SequenceStatus.RUNNING:  # preempted meanwhile
                 continue
@@ -155,7 +163,7 @@ class Scheduler:
                 out.spec.append((seq, plan))
                 continue
             n = min(seq.num_uncomputed_tokens, budget)
-            if not self._reserve(seq, seq.num_computed_tokens + n, out, scheduled):
+            if not self._reserve(seq, seq.num_computed_tokens + n, out, scheduled, busy):
                 continue
             scheduled[seq.seq_id] = n
             budget -= n
@@ -168,7 +176,7 @@ class Scheduler:
         if self.static_batching and not self.running:
             self._batch_open = True
         if not out.preempted and self._batch_open:
-            while self.waiting and budget > 0:
+            while self.waiting and budget > 0 and len(scheduled) < cap:
                 seq = self.waiting[0]
                 need_seqs = 1 + max(seq.pending_forks, 0)
                 if len(self.running) + need_seqs > self.max_num_seqs:

@@ -34,7 +34,7 @@ from .config import EngineConfig
 from .model_runner import Chunk, ForwardPlan, ModelRunner
 
 __all__ = ["PlanEncoder", "PlanDecoder", "spawned_worker_main", "serve_torchrun_worker", "worker_config",
-           "serve", "tp_timeout_s", "worker_threads"]
+           "serve", "tp_timeout_s", "worker_threads", "STAGE_BUSY"]
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -130,6 +130,10 @@ class PlanDecoder:
 # the worker loop
 # ------------------------------------------------------------------------------------------------
 
+#: the message asking every rank for its pipeline stage's busy seconds (gathered on rank 0)
+STAGE_BUSY = "stage_busy"
+
+
 def serve(runner: ModelRunner, ctrl) -> None:
     """Agree on the KV pool, then run rank 0's messages until the stop message."""
     runner.init_kv(ctrl.comm.all_reduce_min([runner.local_num_kv_blocks()])[0])
@@ -138,6 +142,9 @@ def serve(runner: ModelRunner, ctrl) -> None:
         msg = ctrl.recv()
         if msg is None:
             return
+        if msg == STAGE_BUSY:
+            ctrl.comm.gather_to_first(torch.tensor([runner.stage_busy_s], dtype=torch.float64), dim=0)
+            continue
         runner.forward(decoder.decode(msg))
 
 
@@ -166,7 +173,8 @@ def spawned_worker_main(config: EngineConfig, rank: int, world_size: int, port: 
         conn.send(("started", os.getpid()))
         _set_device(config, rank)
         store = client_store(port)
-        tp, ctrl = build_groups(store, rank, world_size, config.device, timeout_s)
+        tp, ctrl = build_groups(store, rank, world_size, config.device, timeout_s,
+                                num_stages=config.pipeline_parallel_size)
         runner = ModelRunner(worker_config(config), tp)
         conn.send(("loaded", None))
     except BaseException as e:  # report, then exit: rank 0 raises it
@@ -179,8 +187,14 @@ def spawned_worker_main(config: EngineConfig, rank: int, world_size: int, port: 
         traceback.print_exc(limit=2)
         sys.exit(1)
     finally:
-        tp.comm.close()
-        ctrl.comm.close()
+        close_groups(tp, ctrl)
+
+
+def close_groups(tp, ctrl) -> None:
+    """Release a rank's groups (tensor, pipeline, control)."""
+    for comm in (tp.comm, tp.pipeline, ctrl.comm):
+        if comm is not None:
+            comm.close()
 
 
 def serve_torchrun_worker(llm_kwargs: Dict[str, Any]) -> bool:
@@ -193,14 +207,14 @@ def serve_torchrun_worker(llm_kwargs: Dict[str, Any]) -> bool:
     if config.world_size != env["world_size"]:
         raise ValueError(f"torchrun started {env['world_size']} processes but the engine has {config.world_size} "
                          f"(tensor_parallel_size={config.tensor_parallel_size}, expert_parallel_size="
-                         f"{config.expert_parallel_size}): they must be equal")
+                         f"{config.expert_parallel_size}, pipeline_parallel_size={config.pipeline_parallel_size}): "
+                         "they must be equal")
     torch.set_num_threads(worker_threads(int(os.environ.get("LOCAL_WORLD_SIZE", env["world_size"]))))
     _set_device(config, env["local_rank"])
-    tp, ctrl = torchrun_groups(config.device, tp_timeout_s())
+    tp, ctrl = torchrun_groups(config.device, tp_timeout_s(), config.pipeline_parallel_size)
     try:
         serve(ModelRunner(config, tp), ctrl)
     finally:
-        tp.comm.close()
-        ctrl.comm.close()
+        close_groups(tp, ctrl)
         release_torchrun_groups()
     return True

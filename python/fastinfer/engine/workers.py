@@ -3,8 +3,10 @@
 :class:`TensorParallelRunner` is rank 0's :class:`~.model_runner.ModelRunner` (its own shard) that
 also broadcasts every :class:`~.model_runner.ForwardPlan` to the N-1 workers (:mod:`.worker`)
 before running it, so all ranks run the same forward on their shards; the logits come back
-gathered on rank 0. Expert parallelism runs on the same processes (N = ``config.world_size``,
-the larger of ``tensor_parallel_size`` and ``expert_parallel_size``). The KV slot moves of a
+gathered on rank 0. Expert parallelism runs on the same processes; pipeline parallelism on
+``pipeline_parallel_size`` groups of them (N = ``config.world_size``: the stages times the larger
+of ``tensor_parallel_size`` and ``expert_parallel_size``; rank 0 runs stage 0, see
+:mod:`fastinfer.distributed.pipeline`). The KV slot moves of a
 verification are applied on rank 0 at once and travel with the next plan (nothing reads those
 slots in between).
 
@@ -39,7 +41,7 @@ from ..distributed import (CollectiveError, build_groups, master_store, release_
 from ..models import load_config
 from .config import EngineConfig
 from .model_runner import ForwardPlan, ModelRunner, check_split
-from .worker import PlanEncoder, spawned_worker_main, tp_timeout_s, worker_config, worker_threads
+from .worker import STAGE_BUSY, PlanEncoder, spawned_worker_main, tp_timeout_s, worker_config, worker_threads
 
 __all__ = ["TensorParallelRunner", "TensorParallelError"]
 
@@ -64,8 +66,20 @@ def _describe_exit(code: Optional[int]) -> str:
 
 def world_size_text(config: EngineConfig) -> str:
     """The sizes that make the engine's processes, as an error message names them."""
-    tp, ep = config.tensor_parallel_size, config.expert_parallel_size
-    return f"tensor_parallel_size={tp}" + (f", expert_parallel_size={ep}" if ep > 1 else "")
+    tp, ep, pp = config.tensor_parallel_size, config.expert_parallel_size, config.pipeline_parallel_size
+    return (f"tensor_parallel_size={tp}" + (f", expert_parallel_size={ep}" if ep > 1 else "")
+            + (f", pipeline_parallel_size={pp}" if pp > 1 else ""))
+
+
+def rank_text(config: EngineConfig, rank: int, pid: Optional[int] = None) -> str:
+    """A worker as errors name it: ``tensor-parallel worker rank 1 (pid 123)``; under pipeline
+    parallelism ``pipeline-parallel worker rank 2 (stage 1 of 2, pid 123)``."""
+    pid_text = "" if pid is None else f"pid {pid}"
+    if config.pipeline_parallel_size == 1:
+        return f"tensor-parallel worker rank {rank}" + (f" ({pid_text})" if pid_text else "")
+    stage = rank // config.stage_size
+    where = f"stage {stage} of {config.pipeline_parallel_size}" + (f", {pid_text}" if pid_text else "")
+    return f"pipeline-parallel worker rank {rank} ({where})"
 
 
 class _Workers:
@@ -73,6 +87,7 @@ class _Workers:
 
     def __init__(self, config: EngineConfig, world_size: int, port: int, timeout_s: float, threads: int):
         ctx = multiprocessing.get_context("spawn")
+        self.config = config
         self.procs: List = []
         self.conns: List = []
         wconfig = worker_config(config)
@@ -95,7 +110,7 @@ class _Workers:
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TensorParallelError(f"tensor-parallel workers {sorted(i + 1 for i in pending)} did not "
+                raise TensorParallelError(f"workers {sorted(i + 1 for i in pending)} did not "
                                           f"report '{what}' within {STARTUP_TIMEOUT_S:.0f} s")
             sentinels = {self.procs[i].sentinel: i for i in pending}
             ready = multiprocessing.connection.wait(list(pending.values()) + list(sentinels), timeout=left)
@@ -108,22 +123,22 @@ class _Workers:
                     except EOFError:
                         kind, info = "died", None
                     if kind == "error":
-                        raise TensorParallelError(f"tensor-parallel worker rank {i + 1} failed: {info}")
+                        raise TensorParallelError(f"{rank_text(self.config, i + 1)} failed: {info}")
                     if kind == what:
                         pending.pop(i)
                     continue
                 self.procs[i].join(0.1)
-                raise TensorParallelError(f"tensor-parallel worker rank {i + 1} (pid {self.procs[i].pid}) "
+                raise TensorParallelError(f"{rank_text(self.config, i + 1, self.procs[i].pid)} "
                                           f"{_describe_exit(self.procs[i].exitcode)} while starting")
 
     def dead(self) -> Optional[str]:
         for rank, p in enumerate(self.procs, 1):
             if not p.is_alive():
-                return f"tensor-parallel worker rank {rank} (pid {p.pid}) {_describe_exit(p.exitcode)}"
+                return f"{rank_text(self.config, rank, p.pid)} {_describe_exit(p.exitcode)}"
         return None
 
     def describe_failure(self) -> str:
-        return self.dead() or "; ".join(f"tensor-parallel worker rank {r} (pid {p.pid}) {_describe_exit(None)}"
+        return self.dead() or "; ".join(f"{rank_text(self.config, r, p.pid)} {_describe_exit(None)}"
                                         for r, p in enumerate(self.procs, 1))
 
     def stop(self, graceful: bool) -> None:
@@ -149,7 +164,8 @@ def _shutdown(state: dict) -> None:
             graceful = False
     if workers is not None:
         workers.stop(graceful)
-    for comm in (tp.comm if tp is not None else None, ctrl.comm if ctrl is not None else None):
+    for comm in (tp.comm if tp is not None else None, tp.pipeline if tp is not None else None,
+                 ctrl.comm if ctrl is not None else None):
         if comm is not None:
             comm.close()
     if state.pop("torchrun", False):
@@ -168,6 +184,7 @@ class TensorParallelRunner(ModelRunner):
         timeout = tp_timeout_s()
         self._state: dict = {}
         self._error: Optional[str] = None
+        self._kind = "pipeline-parallel" if config.pipeline_parallel_size > 1 else "tensor-parallel"
         self._pending_moves: Tuple[List[int], List[int]] = ([], [])
         self.encoder = PlanEncoder()
         self.workers: Optional[_Workers] = None
@@ -182,7 +199,7 @@ class TensorParallelRunner(ModelRunner):
                     int(os.environ.get("LOCAL_WORLD_SIZE", n)))))
                 if config.device.type == "cuda":
                     torch.cuda.set_device(env["local_rank"])
-                tp, ctrl = torchrun_groups(config.device, timeout)
+                tp, ctrl = torchrun_groups(config.device, timeout, config.pipeline_parallel_size)
                 self._state["torchrun"] = True
             else:
                 threads = min(torch.get_num_threads(), worker_threads(n))
@@ -196,7 +213,7 @@ class TensorParallelRunner(ModelRunner):
                 self.workers = self._state["workers"] = _Workers(config, n, store.port, timeout, threads)
                 deadline = time.monotonic() + STARTUP_TIMEOUT_S
                 self.workers.wait_for("started", deadline)
-                tp, ctrl = build_groups(store, 0, n, config.device, timeout)
+                tp, ctrl = build_groups(store, 0, n, config.device, timeout, num_stages=config.pipeline_parallel_size)
             self._state["tp"], self._state["ctrl"] = tp, ctrl
             self.ctrl = ctrl
             super().__init__(config, tp)
@@ -235,12 +252,25 @@ class TensorParallelRunner(ModelRunner):
         self._pending_moves[0].extend(src)
         self._pending_moves[1].extend(dst)
 
-    def forward(self, plan: ForwardPlan):
+    def submit(self, plan: ForwardPlan):
         moves, self._pending_moves = self._pending_moves, ([], [])
 
+        def run():  # under PP the next stage may still run the last batch: the message is not waited for
+            self.ctrl.send(self.encoder.encode(plan, moves), wait=self.stage.num_stages == 1)
+            return ModelRunner.submit(self, plan)
+
+        return self._guard(run)
+
+    def collect(self, pending):
+        return self._guard(lambda: ModelRunner.collect(self, pending))
+
+    def stage_busy_seconds(self) -> List[float]:
+        """Per rank, the seconds its pipeline stage has computed so far (its layers, not the waits
+        for the stage before it): bench/pp.py's busy fractions."""
         def run():
-            self.ctrl.send(self.encoder.encode(plan, moves))
-            return ModelRunner.forward(self, plan)
+            self.ctrl.send(STAGE_BUSY)
+            mine = torch.tensor([self.stage_busy_s], dtype=torch.float64)
+            return self.ctrl.comm.gather_to_first(mine, dim=0, timeout_s=self.ctrl.send_timeout_s).tolist()
 
         return self._guard(run)
 
@@ -263,11 +293,11 @@ class TensorParallelRunner(ModelRunner):
             self._fail(f"{what} ({e})")
             raise TensorParallelError(self._error) from None
         except Exception as e:  # the ranks may be out of step now: stop them, keep rank 0's error
-            self._fail(f"rank 0 raised {type(e).__name__} during a tensor-parallel step ({e})")
+            self._fail(f"rank 0 raised {type(e).__name__} during a {self._kind} step ({e})")
             raise
 
     def _fail(self, what: str) -> None:
-        self._error = f"{what}; the tensor-parallel engine has stopped (create a new LLM)"
+        self._error = f"{what}; the {self._kind} engine has stopped (create a new LLM)"
         self._state["failed"] = True
         self.shutdown()
 
@@ -275,4 +305,4 @@ class TensorParallelRunner(ModelRunner):
         """Stop the workers and release the groups and the port (idempotent)."""
         self._finalizer()
         if self._error is None:
-            self._error = "the tensor-parallel engine was shut down"
+            self._error = f"the {self._kind} engine was shut down"

@@ -21,8 +21,9 @@ __all__ = ["add_cli_args", "llm_kwargs", "add_quant_args", "flag_of", "MODEL_OPT
            "SPEC_OPTIONS", "ENGINE_OPTIONS", "PRECISION_OPTIONS", "GENERATE_OPTIONS", "SERVE_OPTIONS", "BENCH_OPTIONS",
            "EVAL_OPTIONS"]
 
-#: the processes of the engine (tensor and expert parallelism)
-PARALLEL_OPTIONS = ("tensor_parallel_size", "expert_parallel_size")
+#: the processes of the engine (tensor, expert and pipeline parallelism)
+PARALLEL_OPTIONS = ("tensor_parallel_size", "expert_parallel_size", "pipeline_parallel_size", "pipeline_partition",
+                    "pipeline_batches_in_flight")
 MODEL_OPTIONS = ("model", "device", "dtype", "max_model_len") + PARALLEL_OPTIONS
 SPEC_OPTIONS = ("draft_model", "spec_method", "spec_model", "spec_mode", "num_spec_tokens", "spec_tree_topk",
                 "spec_tree_depth", "spec_tree")
@@ -83,7 +84,8 @@ def _cli_type(f: dataclasses.Field):
 def llm_kwargs(args: argparse.Namespace, names: Sequence[str]) -> Dict[str, Any]:
     """``LLM(...)`` keyword arguments of the options ``names`` given on the command line, plus
     ``quantization_config`` (:func:`add_quant_args`' int4 options, when the parser has them) and,
-    under torchrun without ``--tensor-parallel-size``, ``tensor_parallel_size=WORLD_SIZE``."""
+    under torchrun without ``--tensor-parallel-size``, ``tensor_parallel_size=WORLD_SIZE //
+    pipeline_parallel_size``."""
     fields = _fields()
     out: Dict[str, Any] = {}
     for name in names:
@@ -93,7 +95,7 @@ def llm_kwargs(args: argparse.Namespace, names: Sequence[str]) -> Dict[str, Any]
             out[name] = parse(v) if parse is not None and isinstance(v, str) else v
     if "tensor_parallel_size" in names and "tensor_parallel_size" not in out \
             and "WORLD_SIZE" in os.environ and "RANK" in os.environ:
-        out["tensor_parallel_size"] = int(os.environ["WORLD_SIZE"])
+        out["tensor_parallel_size"] = int(os.environ["WORLD_SIZE"]) // max(1, int(out.get("pipeline_parallel_size", 1)))
     if hasattr(args, "pad_groups"):
         qc = quant_config(args, out.get("quantization"))
         if qc is not None:

@@ -91,6 +91,29 @@ class _TiedWeight(UnquantizedLinearMethod):
         return ()
 
 
+class _TiedElsewhere(UnquantizedLinearMethod):
+    """The LM head of a tied model on a pipeline stage without the embedding: reads the embedding's
+    tensor (its vocabulary slice under TP) as its own weight; a checkpoint's ``lm_head.weight`` copy
+    is ignored, as for :class:`_TiedWeight`."""
+
+    name = "float (the embedding's tensor)"
+
+    def __init__(self, embedding_name: str):
+        self.embedding_name = embedding_name
+
+    def load_weights(self, layer, reader: WeightReader) -> None:
+        if reader.has(layer.prefix + ".weight"):
+            reader.skip(layer.prefix + ".weight")
+        start, _, stored = _vocab_range(layer.vocab_size, layer.tp)
+        with torch.no_grad():
+            w = reader.get_float(self.embedding_name, (layer.vocab_size, layer.in_features), rows=(start, stored))
+            layer.weight.zero_()
+            layer.weight[:stored].copy_(w.to(device=layer.device, dtype=layer.dtype))
+
+    def checkpoint_tensors(self, layer) -> Iterable[Tuple[str, Tensor]]:
+        return ()  # the embedding's, written by the stage that holds it
+
+
 class _VocabSlice(UnquantizedLinearMethod):
     """An untied LM head's vocabulary slice (padding rows zero)."""
 
@@ -104,13 +127,17 @@ class _VocabSlice(UnquantizedLinearMethod):
 
 class LMHead(Linear):
     """Hidden states ``[T, hidden]`` -> float32 logits ``[T, vocab]``; ``tie_to``: share the
-    embedding's weight. Vocabulary-parallel under TP (a quantised LM head is refused there)."""
+    embedding's weight; ``tied_name``: a tied model's head on a pipeline stage without the embedding
+    (it reads that tensor). Vocabulary-parallel under TP (a quantised LM head is refused there)."""
 
     def __init__(self, vocab: int, hidden: int, prefix: str, *, dtype, device, ops,
-                 tie_to: Optional[VocabEmbedding] = None, quant_config=None, tp: ParallelInfo = SINGLE):
+                 tie_to: Optional[VocabEmbedding] = None, quant_config=None, tp: ParallelInfo = SINGLE,
+                 tied_name: Optional[str] = None):
         self.parallel = "column" if tp.world_size > 1 else "replicated"
         self.vocab_size = int(vocab)
         method = _TiedWeight(tie_to) if tie_to is not None else None
+        if tied_name is not None:
+            method = _TiedElsewhere(tied_name + ".weight")
         if tp.world_size > 1 and method is None:
             probe = quant_config.linear_method(_Probe(prefix, vocab)) if quant_config is not None else None
             if probe is not None and type(probe) is not UnquantizedLinearMethod:

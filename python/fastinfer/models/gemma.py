@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from ..distributed import SINGLE, ParallelInfo
+from ..distributed.pipeline import WHOLE_MODEL, PipelineStage
 from ..layers import (
     ColumnParallelLinear,
     ForwardBatch,
@@ -184,11 +185,12 @@ class GemmaForCausalLM(LlamaForCausalLM):
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32, device=None,
                  max_positions: Optional[int] = None, ops: Optional[Backend] = None,
-                 quant_config: Optional[QuantizationConfig] = None, tp: ParallelInfo = SINGLE):
+                 quant_config: Optional[QuantizationConfig] = None, tp: ParallelInfo = SINGLE,
+                 stage: PipelineStage = WHOLE_MODEL):
         if config.architecture not in GEMMA_ARCHITECTURES:
             raise ValueError(f"GemmaForCausalLM runs {', '.join(GEMMA_ARCHITECTURES)}, not {config.architecture}")
         super().__init__(config, dtype=dtype, device=device, max_positions=max_positions, ops=ops,
-                         quant_config=quant_config, tp=tp)
+                         quant_config=quant_config, tp=tp, stage=stage)
         # transformers multiplies by sqrt(hidden) rounded to the model dtype (55.4256 -> 55.5 in bf16)
         self.register_buffer("embed_scale", torch.tensor(config.hidden_size ** 0.5, dtype=torch.float32)
                              .to(dtype=dtype, device=self.device), persistent=False)

@@ -21,10 +21,17 @@ Tensor parallelism (``tp``, world size N): q/k/v and gate/up are column-parallel
 down_proj row-parallel (one all-reduce each), embedding and lm_head vocabulary-parallel; each rank
 holds ``Hq / N`` query heads and ``Hkv / N`` KV heads, or, when N exceeds ``Hkv``, one KV head
 replicated over ``N / Hkv`` ranks (as vLLM does). Norms and the RoPE table are replicated.
+
+Pipeline parallelism (``stage``, :class:`~fastinfer.distributed.pipeline.PipelineStage`): the model
+holds layers ``[stage.start, stage.end)`` only (``layers[j]`` is layer ``stage.start + j``), the
+embedding on the first stage, the final norm and ``lm_head`` on the last (a tied ``lm_head`` on a
+last stage without the embedding reads the embedding's tensor itself); :meth:`stage_layers` runs a
+stage's part of a forward.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -46,6 +53,7 @@ from ..layers import (
     WeightReader,
 )
 from ..distributed import SINGLE, ParallelInfo
+from ..distributed.pipeline import WHOLE_MODEL, PipelineStage
 from ..layers.attention import FP8_KV_CACHE_DTYPE, report_fp8_kv_cache_scales
 from ..ops import Backend, backend
 from .config import GEMMA_ARCHITECTURES, MOE_ARCHITECTURES, ModelConfig
@@ -66,6 +74,8 @@ PACKED_MODULES: Dict[str, Tuple[str, ...]] = {
 
 # checkpoint tensors that are not weights (rotary tables some exporters write)
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq", ".inv_freq")
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 def attention_shards(config: ModelConfig, tp: ParallelInfo) -> Tuple[int, int, Tuple[int, int]]:
@@ -196,6 +206,7 @@ class LlamaForCausalLM(nn.Module):
             model's life: every layer holds this one backend.
         quant_config: chooses each linear's method (:mod:`fastinfer.quant`); None: float.
         tp: this rank's place in the tensor-parallel group (the model is then its shard).
+        stage: the pipeline stage (its layers only; default: the whole model).
     """
 
     decoder_layer = LlamaDecoderLayer
@@ -203,7 +214,8 @@ class LlamaForCausalLM(nn.Module):
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32, device=None,
                  max_positions: Optional[int] = None, ops: Optional[Backend] = None,
-                 quant_config: Optional[QuantizationConfig] = None, tp: ParallelInfo = SINGLE):
+                 quant_config: Optional[QuantizationConfig] = None, tp: ParallelInfo = SINGLE,
+                 stage: PipelineStage = WHOLE_MODEL):
         super().__init__()
         if self.decoder_layer is LlamaDecoderLayer and config.architecture in GEMMA_ARCHITECTURES + MOE_ARCHITECTURES:
             own_class = "GemmaForCausalLM" if config.architecture in GEMMA_ARCHITECTURES else "MoeForCausalLM"
@@ -218,16 +230,23 @@ class LlamaForCausalLM(nn.Module):
         self.device = device
         self.quant_config = quant_config
         self.tp = tp
+        self.stage = stage
         self.ops = backend() if ops is None else ops
         c = config
         kw = dict(dtype=dtype, device=device)
         self.num_local_kv_heads = attention_shards(c, tp)[1]
-        self.embed_tokens = VocabEmbedding(c.vocab_size, c.hidden_size, "model.embed_tokens", tp=tp, **kw)
+        self.embed_tokens = self.norm = self.lm_head = None  # (absent on the stages that do not hold them)
+        if stage.is_first:
+            self.embed_tokens = VocabEmbedding(c.vocab_size, c.hidden_size, "model.embed_tokens", tp=tp, **kw)
         self.layers = nn.ModuleList([self.decoder_layer(c, i, ops=self.ops, quant_config=quant_config, tp=tp, **kw)
-                                     for i in range(c.num_hidden_layers)])
-        self.norm = self.norm_class(c.hidden_size, c.rms_norm_eps, "model.norm", ops=self.ops, **kw)
-        self.lm_head = LMHead(c.vocab_size, c.hidden_size, "lm_head", ops=self.ops, quant_config=quant_config,
-                              tie_to=self.embed_tokens if c.tie_word_embeddings else None, tp=tp, **kw)
+                                     for i in stage.layer_range(c.num_hidden_layers)])
+        if stage.is_last:
+            self.norm = self.norm_class(c.hidden_size, c.rms_norm_eps, "model.norm", ops=self.ops, **kw)
+            tied = c.tie_word_embeddings
+            self.lm_head = LMHead(c.vocab_size, c.hidden_size, "lm_head", ops=self.ops, quant_config=quant_config,
+                                  tie_to=self.embed_tokens if tied else None, tp=tp,
+                                  tied_name="model.embed_tokens" if tied and self.embed_tokens is None else None,
+                                  **kw)
         self.max_positions = int(c.max_model_len if max_positions is None else max_positions)
         self.register_buffer("cos_sin_cache", build_cos_sin_cache(c, self.max_positions, dtype=torch.float32,
                                                                   device=device), persistent=False)
@@ -252,10 +271,21 @@ class LlamaForCausalLM(nn.Module):
         for m in modules:
             m.load_from(reader)
         for name in reader.unused():
-            if not name.endswith(IGNORED_SUFFIXES):
+            if not name.endswith(IGNORED_SUFFIXES) and not self._other_stage_tensor(name):
                 raise ValueError(f"unexpected tensor {name!r} in checkpoint {reader.description} "
                                  f"(not part of {self.config.architecture})")
         return self
+
+    def _other_stage_tensor(self, name: str) -> bool:
+        """Whether checkpoint tensor ``name`` belongs to another pipeline stage (this one does not read it)."""
+        if self.stage.num_stages == 1:
+            return False
+        m = _LAYER_INDEX.search(name)
+        if m is not None:
+            return not self.stage.owns_layer(int(m.group(1)))
+        if "embed_tokens" in name:
+            return not self.stage.is_first
+        return not self.stage.is_last  # the final norm, lm_head
 
     def checkpoint_tensors(self) -> Iterator[Tuple[str, Tensor]]:
         """The float weights under their checkpoint names (the inverse of :meth:`load_weights`)."""
@@ -292,7 +322,8 @@ class LlamaForCausalLM(nn.Module):
     # ------------------------------------------------------------------------------------------
     @property
     def num_layers(self) -> int:
-        return self.config.num_hidden_layers
+        """The layers this model holds (its stage's under pipeline parallelism): one KV cache each."""
+        return len(self.layers)
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> Tuple[int, int, int, int]:
         """Shape of ONE of a layer's two caches: ``[num_blocks, block_size, Hkv, D]`` (this rank's
@@ -345,18 +376,35 @@ class LlamaForCausalLM(nn.Module):
         bad = [i for i in layer_ids if not 0 <= int(i) < self.num_layers]
         if bad:
             raise ValueError(f"aux hidden-state layer ids {bad} out of range for {self.num_layers} layers")
-        x = self.embed(batch.input_ids)
-        residual = None
         taken: Dict[int, Tensor] = {}
-        for i, (layer, cache) in enumerate(zip(self.layers, kv_caches)):
-            if i in layer_ids:  # copies: the next layer's add_norm updates x and residual in place
-                taken[i] = x.clone() if residual is None else x + residual
-            x, residual = layer(x, residual, batch, cache, self.rope_cache(i))
+        x, residual = self.stage_layers(batch, kv_caches, None, None, layer_ids, taken)
         aux = torch.cat([taken[int(i)] for i in layer_ids], dim=-1) if layer_ids else x[:, :0]
         if residual is None:  # no layers
             return self.norm(x), aux
         x, _ = self.norm.add_norm(x, residual)
         return x, aux
+
+    def stage_layers(self, batch: ForwardBatch, kv_caches: Sequence[KVCache], x: Optional[Tensor],
+                     residual: Optional[Tensor], layer_ids: Sequence[int] = (),
+                     taken: Optional[Dict[int, Tensor]] = None) -> Tuple[Tensor, Optional[Tensor]]:
+        """The layers this model holds over ``batch``, from the embeddings (``x`` None: the first
+        stage) or from the previous stage's ``(x, residual)``; returns ``(x, residual)`` after its
+        last layer (the next stage's input; the last stage's go to :meth:`final_logits`). ``taken``: filled
+        with the residual stream entering each layer of ``layer_ids`` (:meth:`aux_hidden_states`)."""
+        if x is None:
+            x = self.embed(batch.input_ids)
+        for layer, cache in zip(self.layers, kv_caches):
+            i = layer.layer_idx
+            if i in layer_ids:  # copies: the next layer's add_norm updates x and residual in place
+                taken[i] = x.clone() if residual is None else x + residual
+            x, residual = layer(x, residual, batch, cache, self.rope_cache(i))
+        return x, residual
+
+    def final_logits(self, batch: ForwardBatch, x: Tensor, residual: Tensor) -> Tensor:
+        """The last stage: float32 logits of the ``batch.logits_indices`` rows of its last layer's
+        ``(x, residual)`` (final norm, then :meth:`compute_logits`)."""
+        x, _ = self.norm.add_norm(x, residual)
+        return self.compute_logits(x.index_select(0, batch.logits_indices))
 
     def embed(self, input_ids: Tensor) -> Tensor:
         """The residual stream entering layer 0: ``[T, hidden]`` in the model dtype."""

@@ -24,6 +24,7 @@ from typing import Dict, Optional, Type, Union
 import torch
 
 from ..distributed import SINGLE, ParallelInfo
+from ..distributed.pipeline import WHOLE_MODEL, PipelineStage
 from ..layers import QuantizationConfig, SafetensorsReader, WeightReader
 from ..ops import Backend
 from .config import GEMMA_ARCHITECTURES, MOE_ARCHITECTURES, ModelConfig
@@ -83,12 +84,14 @@ def load_model(
     quant_config: Optional[QuantizationConfig] = None,
     ops: Optional[Backend] = None,
     tp: ParallelInfo = SINGLE,
+    stage: PipelineStage = WHOLE_MODEL,
 ) -> LlamaForCausalLM:
     """Build the model of checkpoint ``source`` (a directory, a GGUF file, or a reader with
     ``config`` given) and load its weights. ``dtype`` defaults to :func:`default_dtype`, ``device``
     to the CPU. ``ops``: the op backend every layer calls (:func:`fastinfer.ops.backend`: its
     library and its mode, e.g. ``backend("fastinfer", deterministic=True)``; default: the compiled
-    ops, default mode). ``tp``: build and load this rank's shard only."""
+    ops, default mode). ``tp``: build and load this rank's shard only; ``stage``: the layers of this
+    pipeline stage only."""
     if isinstance(source, str):
         config = load_config(source) if config is None else config
         reader: WeightReader = checkpoint_reader(source, config)
@@ -99,7 +102,7 @@ def load_model(
     device = torch.device("cpu" if device is None else device)
     dtype = default_dtype(config, device) if dtype is None else dtype
     model = model_class(config)(config, dtype=dtype, device=device, max_positions=max_positions,
-                                ops=ops, quant_config=quant_config, tp=tp)
+                                ops=ops, quant_config=quant_config, tp=tp, stage=stage)
     model.load_weights(reader, progress=progress)
     return model.eval()
 

@@ -52,6 +52,7 @@ import torch
 from torch import nn
 
 from ..distributed import SINGLE, ParallelInfo
+from ..distributed.pipeline import WHOLE_MODEL, PipelineStage
 from ..layers import (
     CheckpointModule,
     ColumnParallelLinear,
@@ -213,11 +214,12 @@ class MoeForCausalLM(LlamaForCausalLM):
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32, device=None,
                  max_positions: Optional[int] = None, ops: Optional[Backend] = None,
-                 quant_config: Optional[QuantizationConfig] = None, tp: ParallelInfo = SINGLE):
+                 quant_config: Optional[QuantizationConfig] = None, tp: ParallelInfo = SINGLE,
+                 stage: PipelineStage = WHOLE_MODEL):
         if config.architecture not in MOE_ARCHITECTURES:
             raise ValueError(f"MoeForCausalLM runs {', '.join(MOE_ARCHITECTURES)}, not {config.architecture}")
         super().__init__(config, dtype=dtype, device=device, max_positions=max_positions, ops=ops,
-                         quant_config=quant_config, tp=tp)
+                         quant_config=quant_config, tp=tp, stage=stage)
 
     @torch.no_grad()
     def load_weights(self, reader: WeightReader, progress: bool = False) -> "MoeForCausalLM":
