@@ -170,16 +170,6 @@ FASTINFER_CPU_CLONES void tile_lanes_portable(const uint32_t* words, const float
 }
 
 #if FASTINFER_INT4_AVX512
-// Nibble i of the 16 words v looked up in their steps' tables (lookup_steps), or with kRows 1 (the
-// unit within one group) in the one table.
-template <int kRows>
-__attribute__((target("avx512f"), always_inline)) inline __m512 lookup(__m512i v, int i, const __m512 (&tab)[4]) {
-  if constexpr (kRows == 1)
-    return _mm512_permutexvar_ps(_mm512_and_si512(_mm512_srli_epi32(v, 4 * i), _mm512_set1_epi32(15)), tab[0]);
-  else
-    return lookup_steps<kRows>(v, i, tab);
-}
-
 // Distinct group rows in a 64-k unit: 1 when G % 64 == 0, 2 (one per 32 k) when G % 32 == 0, else
 // 4 (one per k16 step).
 inline int unit_group_rows(int64_t group_size) { return group_size % 32 != 0 ? 4 : (group_size % 64 != 0 ? 2 : 1); }
@@ -224,7 +214,7 @@ __attribute__((target("avx512f"))) void chunk_lanes_avx512(const uint32_t* words
         }
         __m512 w[8];
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i) w[i] = kNibble[i].dn ? lookup<kRows>(v, i, hi) : lookup<kRows>(v, i, lo);
+        for (int i = 0; i < 8; ++i) w[i] = kNibble[i].dn ? lookup_steps<kRows>(v, i, hi) : lookup_steps<kRows>(v, i, lo);
         for (int64_t r = 0; r < m; ++r) {
           const float* xp = xperm + (r * kts + kt) * 8 * kWords;
           float* acc_lo = acc + ((t * m + r) * 16 + g) * kWords;
@@ -266,22 +256,6 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 zero_terms_avx51
 // (x[k], x[k + 1]). Each unit's integer sums are then scaled per lane (a lane takes the scale of its
 // k16 step's group row): see "the bf16 order" above int4_gemm_fused_bf16.
 
-// Column col of the per-step rows s[j] (16 columns each) in the lanes of step j (w & 3 == j).
-template <int kRows>
-__attribute__((target("avx512f"), always_inline)) inline __m512 column_per_step(const __m512 (&s)[4], int col) {
-  const __m512i c = _mm512_set1_epi32(col);
-  if constexpr (kRows == 1) {
-    return _mm512_permutexvar_ps(c, s[0]);
-  } else if constexpr (kRows == 2) {
-    const __m512i second = _mm512_set_epi32(16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0);
-    return _mm512_permutex2var_ps(s[0], _mm512_add_epi32(second, c), s[2]);
-  } else {
-    const __m512i odd = _mm512_add_epi32(c, _mm512_set_epi32(16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0));
-    return _mm512_mask_blend_ps(kSecondHalfWords, _mm512_permutex2var_ps(s[0], odd, s[1]),
-                                _mm512_permutex2var_ps(s[2], odd, s[3]));
-  }
-}
-
 template <int kRows, bool kZeros>
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) void chunk_lanes_bf16dp(
     const uint32_t* words, const BFloat16* scales, const uint8_t* zeros, const uint32_t* xpair, const float* xsum,
@@ -316,11 +290,13 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void chunk_lanes_bf16dp(
         const __m512bh w1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi32(v, 4), table);
         const __m512bh w2 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi32(v, 8), table);
         const __m512bh w3 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi32(v, 12), table);
-        const __m512 slo = column_per_step<kRows>(s, g), shi = column_per_step<kRows>(s, g + 8);
+        // column g (g + 8) of each lane's step row
+        const __m512i lo_col = _mm512_set1_epi32(g), hi_col = _mm512_set1_epi32(g + 8);
+        const __m512 slo = select_per_step<kRows>(lo_col, s), shi = select_per_step<kRows>(hi_col, s);
         __m512 zlo = slo, zhi = shi;
         if constexpr (kZeros) {
-          zlo = column_per_step<kRows>(z, g);
-          zhi = column_per_step<kRows>(z, g + 8);
+          zlo = select_per_step<kRows>(lo_col, z);
+          zhi = select_per_step<kRows>(hi_col, z);
         }
         for (int64_t r = 0; r < m; ++r) {
           const uint32_t* xp = xpair + (r * kts + kt) * 2 * kWords;

@@ -119,20 +119,27 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline void store16(O
 // Words w of 16 (4 lanes x 4 k16 steps) whose step w & 3 is 2 or 3: the unit's second 32 k.
 constexpr __mmask16 kSecondHalfWords = 0xCCCC;
 
-// Nibble i of the 16 words v looked up in the tables of their k16 steps: tab[j] (16 entries) for
-// the words of step j (w & 3 == j). kRows 2: tab[0] for steps 0 and 1, tab[2] for 2 and 3 (one
-// vpermt2ps); kRows 4: a vpermt2ps per pair of steps and a blend.
+// Per word w of 16 (4 lanes x 4 k16 steps), entry idx[w] (0..15) of its step's row: tab[j] for the
+// words of step j (w & 3 == j). kRows 1: tab[0] for every step (one vpermps); 2: tab[0] for steps 0
+// and 1, tab[2] for 2 and 3 (one vpermt2ps); 4: a vpermt2ps per pair of steps and a blend.
 template <int kRows>
-__attribute__((target("avx512f"), always_inline)) inline __m512 lookup_steps(__m512i v, int i, const __m512 (&tab)[4]) {
-  const __m512i q = _mm512_and_si512(_mm512_srli_epi32(v, 4 * i), _mm512_set1_epi32(15));
-  if constexpr (kRows == 2) {
+__attribute__((target("avx512f"), always_inline)) inline __m512 select_per_step(__m512i idx, const __m512 (&tab)[4]) {
+  if constexpr (kRows == 1) {
+    return _mm512_permutexvar_ps(idx, tab[0]);
+  } else if constexpr (kRows == 2) {
     const __m512i second = _mm512_set_epi32(16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0, 16, 16, 0, 0);
-    return _mm512_permutex2var_ps(tab[0], _mm512_or_si512(q, second), tab[2]);
+    return _mm512_permutex2var_ps(tab[0], _mm512_or_si512(idx, second), tab[2]);
   } else {
-    const __m512i odd = _mm512_or_si512(q, _mm512_set_epi32(16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0));
+    const __m512i odd = _mm512_or_si512(idx, _mm512_set_epi32(16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0, 16, 0));
     return _mm512_mask_blend_ps(kSecondHalfWords, _mm512_permutex2var_ps(tab[0], odd, tab[1]),
                                 _mm512_permutex2var_ps(tab[2], odd, tab[3]));
   }
+}
+
+// Nibble i of the 16 words v looked up in the tables of their k16 steps (select_per_step).
+template <int kRows>
+__attribute__((target("avx512f"), always_inline)) inline __m512 lookup_steps(__m512i v, int i, const __m512 (&tab)[4]) {
+  return select_per_step<kRows>(_mm512_and_si512(_mm512_srli_epi32(v, 4 * i), _mm512_set1_epi32(15)), tab);
 }
 
 // decode_unit with AVX-512, bitwise the same: per word group g (columns g and g + 8) each nibble's
