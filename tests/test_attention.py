@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from conftest import BACKENDS, assert_fa_close, get_backend, make_gen, poison_, randn, raw_bits
+from conftest import BACKENDS, assert_bits_equal, assert_fa_close, get_backend, make_gen, poison_, randn, raw_bits
 import fastinfer.reference.attention as R
 
 BACKEND_NAMES = ["cpu", "sim", "cuda"]
@@ -615,6 +615,31 @@ def test_merge_attention_states(backend, dtype, case):
     assert (lse[fin].double() - ref_lse[fin]).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("backend,dtype,case", params([(7, 4, 64), (5, 3, 24)], dtypes=None))
+def test_merge_attention_states_mask(backend, dtype, case):
+    """FlashInfer's merge_state_in_place mask: masked-out tokens keep state a bit for bit (even
+    where state b is NaN), the others equal the unmasked merge bit for bit."""
+    be = get_backend(backend)
+    t, h, d = case
+    g = make_gen(t + d)
+    va, vb = randn((t, h, d), dtype, gen=g), randn((t, h, d), dtype, gen=g)
+    la, lb = randn((t, h), torch.float32, gen=g, scale=3), randn((t, h), torch.float32, gen=g, scale=3)
+    mask = torch.tensor([i % 3 != 1 for i in range(t)])
+    lb[1] = float("nan")  # token 1 is masked out: its NaN second state must not leak
+    dev = be.device
+    v, lse = be.run(lambda: tuple(x.cpu() for x in be.ns.merge_attention_states(
+        va.to(dev), la.to(dev), vb.to(dev), lb.to(dev), mask.to(dev))))
+    full_v, full_lse = (x.cpu() for x in be.ns.merge_attention_states(va.to(dev), la.to(dev), vb.to(dev), lb.to(dev)))
+    keep = ~mask
+    assert_bits_equal(v[keep], va[keep], "masked-out v")
+    assert_bits_equal(lse[keep], la[keep], "masked-out lse")
+    assert_bits_equal(v[mask], full_v[mask], "merged v")
+    assert_bits_equal(lse[mask], full_lse[mask], "merged lse")
+    ref_v, ref_lse = R.merge_attention_states(va, la, vb, lb, mask)
+    assert torch.equal(ref_v[keep], va[keep].double()) and torch.equal(ref_lse[keep], la[keep].double())
+    assert (v[mask].double() - ref_v[mask]).abs().max().item() < 2e-2
+
+
 @pytest.mark.parametrize("backend,dtype", [pytest.param(b, dt, marks=MARKS.get(b, []), id=f"{b}-{str(dt)[6:]}")
                                            for b in BACKEND_NAMES for dt in (torch.bfloat16, torch.float8_e4m3fn)])
 @pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
@@ -775,6 +800,25 @@ BAD = [
 ]
 
 
+MASK_BAD = [
+    ("dtype", lambda: torch.ones(3, dtype=torch.int32)),
+    ("shape", lambda: torch.ones(4, dtype=torch.bool)),
+    ("rank", lambda: torch.ones(3, 4, dtype=torch.bool)),
+    ("noncontig", lambda: torch.ones(6, dtype=torch.bool)[::2]),
+    ("device", lambda: torch.ones(3, dtype=torch.bool, device="meta")),
+]
+
+
+@pytest.mark.parametrize("ns", ["fastinfer", pytest.param("fastinfer_sim", marks=pytest.mark.sim)])
+@pytest.mark.parametrize("case,make_mask", MASK_BAD, ids=[c[0] for c in MASK_BAD])
+def test_merge_attention_states_bad_mask(ns, case, make_mask):
+    be = get_backend("sim" if ns == "fastinfer_sim" else "cpu")
+    v, lse = torch.randn(3, 4, 64).to(torch.bfloat16), torch.randn(3, 4)
+    with pytest.raises(RuntimeError, match=r"\bmask\b") as exc:
+        be.ns.merge_attention_states(v, lse, v.clone(), lse.clone(), make_mask())
+    assert f"{ns}.merge_attention_states:" in str(exc.value)
+
+
 @pytest.mark.parametrize("ns", ["fastinfer", pytest.param("fastinfer_sim", marks=pytest.mark.sim)])
 @pytest.mark.parametrize("op,case,make_args,arg_re", BAD, ids=[f"{b[0]}-{b[1]}" for b in BAD])
 def test_attention_bad_input(ns, op, case, make_args, arg_re):
@@ -807,6 +851,8 @@ def test_attention_opcheck(ns):
                                      torch.tensor([0b10110111, 0b1], dtype=torch.uint8))),  # the packed form
         ("paged_decode_attention", (q[:2], kc, vc, table, lens, 0.125, -1, 0.0, 2, True, None, None)),
         ("merge_attention_states", (q, randn((10, 4), torch.float32, gen=g), q.clone(), randn((10, 4), torch.float32, gen=g))),
+        ("merge_attention_states", (q, randn((10, 4), torch.float32, gen=g), q.clone(), randn((10, 4), torch.float32, gen=g),
+                                    torch.arange(10) % 3 != 0)),
         ("move_kv_slots", (kc.clone(), vc.clone(), torch.tensor([3, 4]), torch.tensor([4, 9]))),
     ]
     for op, args in cases:

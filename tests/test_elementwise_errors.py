@@ -73,6 +73,8 @@ CASES = [
     ("rms_norm", "noncontig-x", lambda: (noncontig(T, H), w(), 1e-6), r"\bx\b"),
     ("rms_norm", "noncontig-weight", lambda: (r(T, H), r(H, 2)[:, 0], 1e-6), r"\bweight\b"),
     ("rms_norm", "eps", lambda: (r(T, H), w(), -1e-6), r"\beps\b"),
+    ("rms_norm", "weightless-dtype-x", lambda: (r(T, H, dtype=F64), None, 1e-6), r"\bx\b"),
+    ("rms_norm", "weightless-eps", lambda: (r(T, H), None, float("nan")), r"\beps\b"),
     # ---------------- rms_norm_out
     ("rms_norm_out", "shape-out", lambda: (r(T, H + 1), r(T, H), w(), 1e-6), r"\bout\b"),
     ("rms_norm_out", "dtype-out", lambda: (r(T, H, dtype=HF), r(T, H), w(), 1e-6), r"\bout\b"),
@@ -90,6 +92,7 @@ CASES = [
     ("fused_add_rms_norm", "noncontig-residual", lambda: (r(T, H), noncontig(T, H), w(), 1e-6), r"\bresidual\b"),
     ("fused_add_rms_norm", "device-residual", lambda: (r(T, H), r(T, H, device="meta"), w(), 1e-6), r"\bresidual\b|device"),
     ("fused_add_rms_norm", "eps", lambda: (r(T, H), r(T, H), w(), -0.5), r"\beps\b"),
+    ("fused_add_rms_norm", "weightless-shape-residual", lambda: (r(T, H), r(T, H + 2), None, 1e-6), r"\bresidual\b"),
     # ---------------- silu_and_mul(_out)
     ("silu_and_mul", "dtype-x", lambda: (r(T, 2 * F_, dtype=F64),), r"\bx\b"),
     ("silu_and_mul", "dtype-x-int", lambda: (torch.ones(T, 2 * F_, dtype=torch.int64),), r"\bx\b"),
@@ -109,6 +112,20 @@ CASES = [
     ("gelu_tanh_and_mul_out", "shape-out", lambda: (r(T, 2 * F_), r(T, 2 * F_)), r"\bout\b"),
     ("gelu_tanh_and_mul_out", "dtype-out", lambda: (r(T, F_, dtype=HF), r(T, 2 * F_)), r"\bout\b"),
     ("gelu_tanh_and_mul_out", "device-out", lambda: (r(T, F_, device="meta"), r(T, 2 * F_)), r"\bout\b|device"),
+    # ---------------- gelu_and_mul(_out), activation(_out)
+    ("gelu_and_mul", "dtype-x", lambda: (r(T, 2 * F_, dtype=F64),), r"\bx\b"),
+    ("gelu_and_mul", "odd-x", lambda: (r(T, 2 * F_ + 1),), r"\bx\b"),
+    ("gelu_and_mul", "noncontig-x", lambda: (noncontig(T, 2 * F_),), r"\bx\b"),
+    ("gelu_and_mul_out", "shape-out", lambda: (r(T, 2 * F_), r(T, 2 * F_)), r"\bout\b"),
+    ("gelu_and_mul_out", "dtype-out", lambda: (r(T, F_, dtype=HF), r(T, 2 * F_)), r"\bout\b"),
+    ("activation", "unknown-activation", lambda: (r(T, H), "gelu_slow"), r"\bactivation\b.*gelu_slow"),
+    ("activation", "vllm-name", lambda: (r(T, H), "gelu_quick"), r"\bactivation\b"),
+    ("activation", "dtype-x", lambda: (r(T, H, dtype=F64), "gelu_new"), r"\bx\b"),
+    ("activation", "noncontig-x", lambda: (noncontig(T, H), "gelu_fast"), r"\bx\b"),
+    ("activation_out", "shape-out", lambda: (r(T, H + 1), r(T, H), "quick_gelu"), r"\bout\b"),
+    ("activation_out", "dtype-out", lambda: (r(T, H, dtype=HF), r(T, H), "quick_gelu"), r"\bout\b"),
+    ("activation_out", "noncontig-out", lambda: (noncontig(T, H), r(T, H), "gelu_new"), r"\bout\b"),
+    ("activation_out", "unknown-activation", lambda: (r(T, H), r(T, H), "relu"), r"\bactivation\b"),
     # ---------------- rotary_embedding
     ("rotary_embedding", "dtype-positions", lambda: (pos().float(), r(T, HQ, D), r(T, HKV, D), cache_(), True), r"\bpositions\b"),
     ("rotary_embedding", "rank-positions", lambda: (pos().view(T, 1), r(T, HQ, D), r(T, HKV, D), cache_(), True), r"\bpositions\b"),

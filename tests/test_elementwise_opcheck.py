@@ -42,8 +42,15 @@ def _op_cases(dtype):
         ("rms_norm", (a["x"], a["w"], 1e-6)),
         ("rms_norm_out", (a["out_h"], a["x"], a["w"], 1e-6)),
         ("fused_add_rms_norm", (a["x"].clone(), a["res"].clone(), a["w"], 1e-6)),
+        ("rms_norm", (a["x"], None, 1e-6)),
+        ("fused_add_rms_norm", (a["x"].clone(), a["res"].clone(), None, 1e-6)),
         ("silu_and_mul", (a["gu"],)),
         ("silu_and_mul_out", (a["out_f"], a["gu"])),
+        ("gelu_and_mul", (a["gu"],)),
+        ("gelu_and_mul_out", (a["out_f"], a["gu"])),
+        ("activation", (a["x"], "gelu_new")),
+        ("activation", (a["x"], "gelu_fast")),
+        ("activation_out", (a["out_h"], a["x"], "quick_gelu")),
         ("gelu_tanh_and_mul", (a["gu"],)),
         ("gelu_tanh_and_mul_out", (a["out_f"], a["gu"])),
         ("rotary_embedding", (a["pos"], a["q"], a["k"], a["cache"], True)),
@@ -93,6 +100,12 @@ def test_wrappers_match_ops():
     out = poison_(torch.empty_like(a["out_f"]))
     assert fo.silu_and_mul(a["gu"], out=out) is out
     assert torch.equal(out, ops.silu_and_mul(a["gu"]))
+    assert torch.equal(fo.gelu_and_mul(a["gu"]), ops.gelu_and_mul(a["gu"]))
+    out = poison_(torch.empty_like(a["out_f"]))
+    assert fo.gelu_and_mul(a["gu"], out=out) is out and torch.equal(out, ops.gelu_and_mul(a["gu"]))
+    assert torch.equal(fo.activation(a["x"], "quick_gelu"), ops.activation(a["x"], "quick_gelu"))
+    out = poison_(torch.empty_like(a["x"]))
+    assert fo.activation(a["x"], "gelu_new", out=out) is out and torch.equal(out, ops.activation(a["x"], "gelu_new"))
     assert torch.equal(fo.gelu_tanh_and_mul(a["gu"]), ops.gelu_tanh_and_mul(a["gu"]))
     out = poison_(torch.empty_like(a["out_f"]))
     assert fo.gelu_tanh_and_mul(a["gu"], out=out) is out

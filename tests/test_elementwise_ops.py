@@ -43,6 +43,11 @@ def naive_silu_and_mul(x):
     return F.silu(x[..., :f]) * x[..., f:]
 
 
+def naive_gelu_and_mul(x):
+    f = x.shape[-1] // 2
+    return F.gelu(x[..., :f]) * x[..., f:]
+
+
 def naive_gelu_tanh_and_mul(x):  # PyTorch's own tanh-approximated gelu, in the input precision
     f = x.shape[-1] // 2
     return F.gelu(x[..., :f], approximate="tanh") * x[..., f:]
@@ -139,6 +144,46 @@ def test_rms_norm_fp16_large_values(bname, dtype, shape):
     assert_fa_close(out, ref_ops.rms_norm(x.cpu(), w.cpu(), 0.0), naive, name="rms_norm")
 
 
+WEIGHTLESS_CASES = {"cpu": [(7, 96), (3, 5, 4095), (1, 8)], "sim": [(3, 96), (2, 33)], "cuda": [(7, 96), (513, 4095)]}
+
+
+@pytest.mark.parametrize("bname,dtype,shape", backend_params(_one_arg(WEIGHTLESS_CASES)))
+def test_rms_norm_weightless(bname, dtype, shape):
+    """weight=None (elementwise_affine=False): against the fp64 oracle without a weight and bit
+    for bit a weight of ones, in both rms_norm and fused_add_rms_norm."""
+    be = get_backend(bname)
+    gen = make_gen(21)
+    x = _row_scaled(shape, dtype, be.device, gen)
+    res = _row_scaled(shape, dtype, be.device, gen)
+    ones = torch.ones(shape[-1], dtype=dtype, device=be.device)
+    eps = 1e-6
+
+    def run():
+        plain = be.ns.rms_norm(x, None, eps)
+        xc, rc = x.clone(), res.clone()
+        be.ns.fused_add_rms_norm(xc, rc, None, eps)
+        return plain, xc, rc
+
+    plain, x_out, res_out = be.run(run)
+    assert_fa_close(plain, ref_ops.rms_norm(x.cpu(), None, eps), naive_rms_norm(x, 1.0, eps), name="rms_norm")
+    assert_bits_equal(plain.cpu(), be.ns.rms_norm(x, ones, eps).cpu(), "weightless vs ones")
+    out = poison_like(x)
+    be.ns.rms_norm_out(out, x, None, eps)
+    assert_bits_equal(out.cpu(), plain.cpu(), "rms_norm_out(weight=None)")
+    x_ref, res_ref = ref_ops.fused_add_rms_norm(x.cpu(), res.cpu(), None, eps)
+    assert_bits_equal(res_out.cpu(), res_ref.to(dtype), "residual")
+    assert_fa_close(x_out, x_ref, naive_rms_norm(x + res, 1.0, eps), name="fused_add x")
+    xo, ro = x.clone(), res.clone()
+    be.ns.fused_add_rms_norm(xo, ro, ones, eps)
+    assert_bits_equal(x_out.cpu(), xo.cpu(), "fused_add weightless vs ones")
+
+
+def test_rms_norm_weightless_reference_is_torch():
+    """The oracle without a weight against torch.nn.functional.rms_norm (the convention's owner)."""
+    x = randn((5, 37), torch.float64, "cpu", make_gen(22), scale=3.0)
+    assert torch.allclose(ref_ops.rms_norm(x, None, 1e-6), F.rms_norm(x, (37,), None, 1e-6), rtol=1e-12, atol=0)
+
+
 # --------------------------------------------------------------------------------------------
 # fused_add_rms_norm
 # --------------------------------------------------------------------------------------------
@@ -186,6 +231,7 @@ SILU_CASES = {
 # The gated activations: the op, its fp64 reference, the plain-torch version in the input precision.
 GATED = {
     "silu": ("silu_and_mul", ref_ops.silu_and_mul, naive_silu_and_mul),
+    "gelu": ("gelu_and_mul", ref_ops.gelu_and_mul, naive_gelu_and_mul),
     "gelu_tanh": ("gelu_tanh_and_mul", ref_ops.gelu_tanh_and_mul, naive_gelu_tanh_and_mul),
 }
 
@@ -214,11 +260,100 @@ def test_gated_and_mul(bname, dtype, shape, use_out, act):
     assert_fa_close(out, reference(x.cpu()), naive(x), name=op)
 
 
+# float32 silu_and_mul against torch's own F.silu(gate) * up (vLLM's activation test asks for
+# bitwise equality with it). torch's CPU silu computes runs of 2 * vector-width elements with
+# SLEEF's expf and the rest of each run of contiguous elements (the tail of a row) with libm's expf;
+# the CPU impl uses SLEEF's everywhere. So: rows whose F is a multiple of 32 (any vector width up to
+# AVX-512) are equal bit for bit; in the other rows the vector part is, and the tail (the two exps
+# differ by up to 1 ulp) within 2 ulp of the product.
+@pytest.mark.parametrize("shape", [(7, 2 * 4096), (3, 5, 2 * 96), (1, 2 * 14336), (100, 2 * 4095), (9, 2 * 31)])
+def test_silu_and_mul_fp32_matches_torch(shape):
+    be = get_backend("cpu")
+    x = randn(shape, torch.float32, "cpu", make_gen(5), scale=4.0)
+    x.view(-1)[:4] = torch.tensor([-100.0, 100.0, -88.5, 1e-30])  # exp's range ends, a subnormal product
+    f = shape[-1] // 2
+    out = be.ns.silu_and_mul(x)
+    expect = F.silu(x[..., :f]) * x[..., f:]
+    if f % 32 == 0:
+        assert_bits_equal(out, expect, "silu_and_mul vs F.silu * up")
+    else:
+        ulps = (raw_bits(out).long() - raw_bits(expect).long()).abs()
+        assert ulps.max().item() <= 2, f"silu_and_mul is {ulps.max().item()} ulp from torch"
+        assert torch.equal(raw_bits(out)[..., : f - f % 32], raw_bits(expect)[..., : f - f % 32])
+
+
+def test_silu_and_mul_fp32_ulp_vs_oracle():
+    """As close to the fp64 oracle as torch's silu: the same max ulp (they agree bit for bit on
+    these rows)."""
+    be = get_backend("cpu")
+    x = randn((64, 2 * 4096), torch.float32, "cpu", make_gen(6), scale=4.0)
+    f = x.shape[-1] // 2
+    ref = ref_ops.silu_and_mul(x)
+    spacing = lambda t: (torch.nextafter(t.abs(), torch.tensor(float("inf"))) - t.abs()).double()
+    def max_ulp(o):
+        return ((o.double() - ref).abs() / spacing(ref.float())).max().item()
+    ours, torchs = max_ulp(be.ns.silu_and_mul(x)), max_ulp(F.silu(x[:, :f]) * x[:, f:])
+    assert ours <= torchs + 1e-9, f"silu_and_mul {ours:.2f} ulp vs torch's {torchs:.2f}"
+
+
 def test_gelu_tanh_reference_is_torch_gelu_tanh():
     """The fp64 reference against PyTorch's definition (the convention's owner), in float64."""
     x = randn((5, 2 * 33), torch.float64, "cpu", make_gen(4), scale=3.0)
     expect = F.gelu(x[:, :33], approximate="tanh") * x[:, 33:]
     assert torch.allclose(ref_ops.gelu_tanh_and_mul(x), expect, rtol=1e-12, atol=1e-12)
+
+
+def test_gelu_reference_is_torch_gelu():
+    x = randn((5, 2 * 33), torch.float64, "cpu", make_gen(4), scale=3.0)
+    assert torch.allclose(ref_ops.gelu_and_mul(x), F.gelu(x[:, :33]) * x[:, 33:], rtol=1e-12, atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------------
+# activation: transformers' gelu_new, gelu_fast, quick_gelu
+# --------------------------------------------------------------------------------------------
+
+PLAIN_ACTS = {"gelu_new": ref_ops.gelu_new, "gelu_fast": ref_ops.gelu_fast, "quick_gelu": ref_ops.quick_gelu}
+ACT_CASES = {
+    "cpu": [(7, 96), (3, 5, 33), (100, 4095), (0, 64), (5,), ()],
+    "sim": [(3, 96), (2, 33), (7,)],
+    "cuda": [(7, 96), (3, 5, 33), (4096, 14336), (0, 64), (5,), ()],
+}
+
+
+def _transformers_act(name):
+    from transformers.activations import ACT2FN  # the convention's owner (a pinned test dependency)
+
+    return ACT2FN[name]
+
+
+@pytest.mark.parametrize("act", list(PLAIN_ACTS))
+@pytest.mark.parametrize("use_out", [False, True], ids=["ret", "out"])
+@pytest.mark.parametrize("bname,dtype,shape", backend_params(_one_arg(ACT_CASES)))
+def test_activation(bname, dtype, shape, use_out, act):
+    be = get_backend(bname)
+    x = randn(shape, dtype, be.device, make_gen(31), scale=3.0)
+
+    def run():
+        xc = x.clone()
+        if use_out:
+            out = poison_like(xc)
+            assert be.ns.activation_out(out, xc, act) is None
+        else:
+            out = be.ns.activation(xc, act)
+        assert torch.equal(xc, x), "activation must not modify x"
+        return out
+
+    out = be.run(run)
+    assert out.dtype == dtype and out.shape == x.shape
+    # yardstick: transformers' module in the input precision
+    assert_fa_close(out, PLAIN_ACTS[act](x.cpu()), _transformers_act(act)(x), name=act)
+
+
+@pytest.mark.parametrize("act", list(PLAIN_ACTS))
+def test_activation_reference_is_transformers(act):
+    """The fp64 oracles against transformers' activations.py modules, in float64."""
+    x = randn((5, 37), torch.float64, "cpu", make_gen(32), scale=4.0)
+    assert torch.allclose(PLAIN_ACTS[act](x), _transformers_act(act)(x), rtol=1e-13, atol=1e-15)
 
 
 # --------------------------------------------------------------------------------------------

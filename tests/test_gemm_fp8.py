@@ -120,6 +120,44 @@ def test_fp8_quantize(bname, dtype, m, k, mode, gs, extra):
         assert q.cpu().float().abs().max().item() >= 400
 
 
+GIVEN_CASES = {
+    "cpu": [(7, 64, "token"), (5, 256, "group"), (3, 136, "channel"), (1, 64, "channel")],
+    "sim": [(3, 64, "token"), (2, 128, "group"), (3, 40, "channel")],
+    "cuda": [(7, 64, "token"), (513, 4096, "group"), (300, 4096, "channel")],
+}
+
+
+@pytest.mark.parametrize("bname,dtype,m,k,mode", backend_params(GIVEN_CASES))
+def test_fp8_quantize_given_scales(bname, dtype, m, k, mode):
+    """Static scales per token [M], per group [M, K / 64] and per channel [K] (vLLM's static
+    fp8 quantisation with a scale of that shape): codes e4m3(clamp(x / scale[unit])) bit for bit
+    the reference, NaN and saturation included; the returned scale is the given one."""
+    be = get_backend(bname)
+    gen = make_gen(m * 7 + k)
+    x = _x(m, k, dtype, gen)
+    xa = x.float().abs()
+    amax = {"token": lambda: xa.amax(1), "group": lambda: xa.view(m, k // 64, 64).amax(2),
+            "channel": lambda: xa.amax(0)}[mode]()
+    scale = amax / 448.0 * torch.exp(torch.randn(amax.shape, generator=gen) * 0.5)
+    scale.view(-1)[0] *= 0.25  # the first unit saturates
+    x[0, 1] = float("nan")
+    q_ref, s_ref = ref.fp8_quantize(x, mode, 64, scale)
+    q, s = be.run(lambda: be.ns.fp8_quantize(x.to(be.device), mode, 64, scale.to(be.device)))
+    assert_bits_equal(s.cpu(), s_ref, "scale")
+    assert_bits_equal(q.cpu(), q_ref, "x_fp8")
+    assert q_ref.float().isnan()[0, 1] and (q_ref.float().abs() == 448).any()
+
+
+def test_fp8_quantize_given_scales_reference_worked_example():
+    """The reference per channel, worked by hand: x / scale[k] clamped to +-448 and rounded to e4m3
+    (3 mantissa bits, ties to even): 5 / 2 = 2.5 (exact), 19 / 2 = 9.5 (a tie between 9 and 10,
+    the spacing being 1 in [8, 16): the even mantissa, 10), 1000 -> 448, -3 -> -3."""
+    x = torch.tensor([[5.0, 19.0, 1000.0, -3.0, 1.0, 1.0, 1.0, 1.0]])
+    scale = torch.tensor([2.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    q, s = ref.fp8_quantize(x, "channel", 128, scale)
+    assert q.float().tolist() == [[2.5, 10.0, 448.0, -3.0, 1.0, 1.0, 1.0, 1.0]] and torch.equal(s, scale)
+
+
 @pytest.mark.parametrize("bname", ["cpu", pytest.param("sim", marks=pytest.mark.sim)])
 def test_fp8_quantize_roundtrip(bname):
     """Dequantised values are within half an e4m3 step of x (relative 2^-4) for every mode."""
@@ -323,11 +361,16 @@ BAD_QUANT = [
     ("x_int", lambda: (torch.ones(4, 64, dtype=torch.int32), "token", 128, None), r"\bx\b.*dtype"),
     ("x_3d", lambda: (torch.randn(2, 4, 64, dtype=BF), "token", 128, None), r"\bx\b.*2-D"),
     ("x_k", lambda: (torch.randn(4, 60, dtype=BF), "token", 128, None), r"\bx\b.*multiple of 8"),
-    ("mode", lambda: (torch.randn(4, 64, dtype=BF), "channel", 128, None), r"\bmode\b"),
+    ("mode", lambda: (torch.randn(4, 64, dtype=BF), "row", 128, None), r"\bmode\b"),
+    ("channel_no_scale", lambda: (torch.randn(4, 64, dtype=BF), "channel", 128, None), r"mode='channel' needs a given scale"),
+    ("scale_channel_shape", lambda: (torch.randn(4, 64, dtype=BF), "channel", 128, _f(4)), r"\bscale\b.*\[K\] = \[64\]"),
+    ("scale_group_shape", lambda: (torch.randn(4, 64, dtype=BF), "group", 32, _f(4, 3)), r"\bscale\b.*\[M, K / group_size\] = \[4, 2\]"),
+    ("scale_token_2d", lambda: (torch.randn(4, 64, dtype=BF), "token", 128, _f(4, 1)), r"\bscale\b.*\[M\] = \[4\]"),
+    ("scale_token_dtype", lambda: (torch.randn(4, 64, dtype=BF), "token", 128, _f(4).half()), r"\bscale\b.*float32"),
     ("group_k", lambda: (torch.randn(4, 192, dtype=BF), "group", 128, None), r"\bx\b.*group_size"),
     ("group_size", lambda: (torch.randn(4, 192, dtype=BF), "group", 96, None), r"\bgroup_size\b"),
     ("group_size_big", lambda: (torch.randn(4, 512, dtype=BF), "group", 512, None), r"\bgroup_size\b"),
-    ("scale_token", lambda: (torch.randn(4, 64, dtype=BF), "token", 128, _f(1)), r"\bscale\b.*None"),
+    ("scale_token", lambda: (torch.randn(4, 64, dtype=BF), "token", 128, _f(1)), r"\bscale\b.*\[M\] = \[4\]"),
     ("scale_dtype", lambda: (torch.randn(4, 64, dtype=BF), "tensor", 128, _f(1).double()), r"\bscale\b.*float32"),
     ("scale_numel", lambda: (torch.randn(4, 64, dtype=BF), "tensor", 128, _f(2)), r"\bscale\b.*1 element"),
     ("x_noncontig", lambda: (torch.randn(64, 4, dtype=BF).t(), "token", 128, None), r"\bx\b.*contiguous"),

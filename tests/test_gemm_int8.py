@@ -99,6 +99,44 @@ def test_int8_quantize(bname, dtype, m, k, mode, sym, extra):
         assert (azp.cpu()[~neg] == -128).all() and neg.any()
 
 
+@pytest.mark.parametrize("bname,dtype,m,k,azp", backend_params(
+    {"cpu": [(7, 64, -5), (1, 136, 40)], "sim": [(3, 64, -5), (2, 40, 127)], "cuda": [(7, 64, -5), (513, 4096, 40)]}))
+def test_int8_quantize_static_asymmetric(bname, dtype, m, k, azp):
+    """A given scale and zero point (vLLM's static_scaled_int8_quant with azp): the codes are
+    clamp(rne(x / scale) + azp, -128, 127), bit for bit the reference, saturating at both ends."""
+    be = get_backend(bname)
+    x = _x(m, k, dtype, make_gen(m + k), shift=1.5)
+    scale = torch.tensor([x.float().abs().nan_to_num(0).max().item() / 150.0], dtype=torch.float32)  # saturates some
+    z = torch.tensor([azp], dtype=I32)
+    x[0, 1] = float("nan")  # int8 has no NaN: code 0 (the NaN contract of the given-scale quantisers)
+    want_q, want_s, want_z = ref.int8_quantize(x, "tensor", scale, False, z)
+    assert want_q[0, 1] == 0
+    q, s, zo = be.run(lambda: be.ns.int8_quantize(x.to(be.device), "tensor", scale.to(be.device), False, z.to(be.device)))
+    assert_bits_equal(q.cpu(), want_q, "x_int8")
+    assert_bits_equal(s.cpu(), want_s, "scale")
+    assert_bits_equal(zo.cpu(), want_z, "azp")
+    assert ((want_q == 127) | (want_q == -128)).any(), "test inputs do not saturate"
+    import fastinfer.ops as fo
+
+    wq, _, wz = fo.int8_quantize(x.to(be.device), "tensor", scale.to(be.device), symmetric=False, azp=z.to(be.device),
+                                 lib=be.ns)
+    assert_bits_equal(wq.cpu(), want_q, "wrapper x_int8")
+    assert_bits_equal(wz.cpu(), want_z, "wrapper azp")
+
+
+@pytest.mark.parametrize("bname", ["cpu", pytest.param("sim", marks=pytest.mark.sim)])
+def test_int8_quantize_static_asymmetric_worked_example(bname):
+    """Worked by hand from vLLM's static_scaled_int8_quant with azp (csrc/quantization/
+    compressed_tensors/int8_quant_kernels.cu: dst = rint(x / scale) + azp, saturated to int8),
+    scale 0.5, azp 3: 1 -> 2 + 3 = 5; -2.5 -> -5 + 3 = -2; 300 -> 600 + 3 -> 127; -300 -> -128;
+    0.25 -> rint(0.5) = 0 -> 3; 0.75 -> rint(1.5) = 2 -> 5; -0.25 -> rint(-0.5) = -0 -> 3; -1 -> 1."""
+    be = get_backend(bname)
+    x = torch.tensor([[1.0, -2.5, 300.0, -300.0, 0.25, 0.75, -0.25, -1.0]], dtype=BF)
+    q, s, z = be.run(lambda: be.ns.int8_quantize(x, "tensor", torch.tensor([0.5]), False, torch.tensor([3], dtype=I32)))
+    assert q.tolist() == [[5, -2, 127, -128, 3, 5, 3, 1]]
+    assert s.tolist() == [0.5] and z.tolist() == [3]
+
+
 @pytest.mark.parametrize("bname", ["cpu", pytest.param("sim", marks=pytest.mark.sim)])
 def test_int8_quantize_roundtrip(bname):
     """Dequantised values are within half a step (scale / 2) of x, symmetric and asymmetric."""
@@ -287,6 +325,8 @@ def _opcheck_cases():
         ("int8_quantize", (x, "token", None, False)),
         ("int8_quantize", (x, "tensor", None, True)),
         ("int8_quantize", (x, "tensor", torch.tensor([0.01]), True)),
+        ("int8_quantize", (x, "tensor", torch.tensor([0.01]), False, torch.tensor([-7], dtype=I32))),
+        ("int8_quantize", (x[:, :128], "token", None, True)),  # strided rows
         ("int8_scaled_mm", (a, b, sa, sb, BF, bv, None, None)),
         ("int8_scaled_mm", (a, b, sa, sb, HF, None, adj, z)),
     ]
@@ -295,7 +335,7 @@ def _opcheck_cases():
 @pytest.mark.parametrize(
     "bname", ["cpu", pytest.param("sim", marks=pytest.mark.sim), pytest.param("cuda", marks=pytest.mark.cuda)]
 )
-@pytest.mark.parametrize("idx", range(6))
+@pytest.mark.parametrize("idx", range(8))
 def test_opcheck(bname, idx):
     be = get_backend(bname)
     name, args = _opcheck_cases()[idx]
@@ -335,6 +375,12 @@ BAD_QUANT = [
     ("scale_dtype", lambda: (torch.randn(4, 64, dtype=BF), "tensor", _f(1).double(), True), r"\bscale\b.*float32"),
     ("scale_numel", lambda: (torch.randn(4, 64, dtype=BF), "tensor", _f(2), True), r"\bscale\b.*1 element"),
     ("x_noncontig", lambda: (torch.randn(64, 4, dtype=BF).t(), "token", None, True), r"\bx\b.*contiguous"),
+    ("asym_tensor_no_azp", lambda: (torch.randn(4, 64, dtype=BF), "tensor", _f(1), False), r"\bsymmetric\b.*azp"),
+    ("azp_symmetric", lambda: (torch.randn(4, 64, dtype=BF), "tensor", _f(1), True, _z1()), r"\bazp\b.*None"),
+    ("azp_token", lambda: (torch.randn(4, 64, dtype=BF), "token", None, False, _z1()), r"\bazp\b.*None"),
+    ("azp_dtype", lambda: (torch.randn(4, 64, dtype=BF), "tensor", _f(1), False, _z1().long()), r"\bazp\b.*int32"),
+    ("azp_numel", lambda: (torch.randn(4, 64, dtype=BF), "tensor", _f(1), False, torch.zeros(2, dtype=I32)), r"\bazp\b.*1 element"),
+    ("azp_device", lambda: (torch.randn(4, 64, dtype=BF), "tensor", _f(1), False, _z1().to("meta")), r"\bazp\b"),
 ]
 
 BAD_MM = [
@@ -362,6 +408,10 @@ BAD_MM = [
     ("b_transposed", lambda: _mm(b=_r(64, 32).t()), r"\bb\b.*row-major"),
     ("sa_noncontig", lambda: _mm(sa=_f(4, 2)[:, 0], sb=_f(32)), r"\bscale_a\b.*contiguous"),
 ]
+
+
+def _z1():
+    return torch.tensor([3], dtype=I32)
 
 
 def _bad_params():

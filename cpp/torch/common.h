@@ -251,6 +251,38 @@ inline void check_contiguous(const Tensor& t, const char* op, const char* name) 
            strides_of(t), " for shape ", shape_of(t));
 }
 
+// The distance in elements between the rows of t [..., W] when its last dim is contiguous and its
+// leading dims are evenly spaced rows at least W apart (a contiguous tensor: W; a column slice of a
+// wider buffer, such as a view into a fused qkv or gate/up output: the buffer's row); -1 otherwise.
+inline int64_t row_stride_of(const Tensor& t) {
+  const int64_t nd = t.dim();
+  if (nd == 0) return 1;
+  const int64_t w = t.size(nd - 1);
+  if (t.numel() == 0) return w;  // nothing is read: any strides
+  if (w > 1 && t.stride(nd - 1) != 1) return -1;
+  int64_t row = -1, next = 0;  // next: the stride an outer dim must have to continue the rows
+  for (int64_t d = nd - 2; d >= 0; --d) {
+    if (t.size(d) == 1) continue;
+    if (row < 0) {
+      row = t.stride(d);
+      if (row < w) return -1;
+    } else if (t.stride(d) != next) {
+      return -1;
+    }
+    next = t.stride(d) * t.size(d);
+  }
+  return row < 0 ? w : row;
+}
+
+// Rows as row_stride_of describes them, or an error naming the argument; returns the row stride.
+inline int64_t check_rows(const Tensor& t, const char* op, const char* name) {
+  const int64_t stride = row_stride_of(t);
+  FI_CHECK(stride >= 0, op, name,
+           " must have a contiguous last dim and evenly spaced rows (any row stride >= the last dim, as a "
+           "column slice of a wider buffer), got strides ", strides_of(t), " for shape ", shape_of(t));
+  return stride;
+}
+
 // [T, H, D] tensors whose heads are packed (stride(-1) == 1, stride(-2) == D) but whose token
 // stride is free: views into a fused qkv projection output are accepted without a copy.
 inline void check_packed_heads(const Tensor& t, const char* op, const char* name) {

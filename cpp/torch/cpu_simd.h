@@ -52,6 +52,35 @@ FASTINFER_CPU_INLINE float fast_exp(float x) {
   return x < lo ? 0.0f : p * scale;
 }
 
+// exp(x) for float as torch's vectorised CPU kernels compute it (SLEEF's expf_u10, which ATen's
+// Vectorized<float>::exp calls; within 1 ulp): x = q ln2 + s with q = rint(x / ln2) and ln2 split
+// in two, a degree-7 polynomial in s with fused multiply-adds, then 2^q in two factors so that
+// q = -150 still scales to a subnormal. torch's own F.silu is x / (1 + this(-x)), so the gated
+// activations built on it equal torch's bit for bit on the elements torch computes vectorised. The
+// explicit fmaf (not a contraction the compiler may or may not make) fixes every rounding.
+FASTINFER_CPU_INLINE float sleef_exp(float x) {
+  const float d = x >= -104.0f ? (x <= 100.0f ? x : 100.0f) : -104.0f;  // NaN -> -104, fixed below
+  const float q = std::nearbyint(d * 1.442695040888963407359924681001892137426645954152985934135449406931f);
+  float s = std::fma(q, -0.693145751953125f, d);
+  s = std::fma(q, -1.428606765330187045e-06f, s);
+  float u = 0.000198527617612853646278381f;
+  u = std::fma(u, s, 0.00139304355252534151077271f);
+  u = std::fma(u, s, 0.00833336077630519866943359f);
+  u = std::fma(u, s, 0.0416664853692054748535156f);
+  u = std::fma(u, s, 0.166666671633720397949219f);
+  u = std::fma(u, s, 0.5f);
+  u = 1.0f + std::fma(s * s, u, s);
+  const int32_t qi = static_cast<int32_t>(q), half = qi >> 1;
+  const int32_t bits_lo = (half + 127) << 23, bits_hi = (qi - half + 127) << 23;
+  float lo, hi;
+  std::memcpy(&lo, &bits_lo, sizeof(lo));
+  std::memcpy(&hi, &bits_hi, sizeof(hi));
+  u = u * lo * hi;
+  u = x < -104.0f ? 0.0f : u;
+  u = x > 100.0f ? INFINITY : u;
+  return x != x ? x : u;
+}
+
 // Pairwise sum / max of N lanes (N a power of two): log2(N) vector steps with constant trip
 // counts instead of a serial chain of N dependent scalar ops (the compiler may not reassociate
 // float math itself). Folds lanes in place.

@@ -14,6 +14,18 @@ inline void check_quantize_input(const char* op, const Tensor& x, bool allow_fp3
            shape_str(x), " (pad K)");
 }
 
+// The layout of x of a *_quantize op, the same on every backend: rows (check_rows) whose stride is a
+// multiple of 8 elements, so that every row starts 16-byte aligned for the kernels' vectors (a
+// column slice of a wider buffer is read in place). Returns the row stride.
+inline int64_t check_quantize_layout(const char* op, const Tensor& x) {
+  const int64_t stride = check_rows(x, op, "x");
+  if (x.numel() == 0) return 0;  // nothing is read: contiguous for the kernels
+  FI_CHECK(x.size(0) <= 1 || stride % 8 == 0, op,
+           "x must have a row stride that is a multiple of 8 elements (each row is read in 16-byte vectors), got "
+           "strides ", strides_of(x), " for shape ", shape_of(x), " (call .contiguous())");
+  return stride;
+}
+
 // The caller-given per-tensor scale of a *_quantize op (the caller checked the mode allows one).
 inline void check_given_scale(const char* op, const Tensor& scale, const Tensor& x) {
   FI_CHECK(scale.scalar_type() == kFloat, op, "scale must be float32, got ", scale.scalar_type());
@@ -59,10 +71,15 @@ inline void check_gemm_bias(const char* op, const std::optional<Tensor>& bias, S
   FI_CHECK(bias->size(0) == N, op, "bias must have shape [N] = [", N, "], got ", shape_str(*bias));
 }
 
-// The layout the CUDA/sim kernels read: everything contiguous, b as the nn.Linear weight.
+// The layout the CUDA/sim kernels read: b as the nn.Linear weight, scales and bias contiguous; a
+// may have strided rows (a column slice of a wider buffer, as cuBLASLt's and CUTLASS's lda): its
+// row stride a multiple of 16 bytes, what the kernels' 16-byte row chunks (cp.async, TMA) need.
 inline void check_w8a8_layout(const char* op, const Tensor& a, const Tensor& b, const Tensor& scale_a,
                               const Tensor& scale_b, const std::optional<Tensor>& bias) {
-  check_contiguous(a, op, "a");
+  const int64_t lda = check_rows(a, op, "a");
+  FI_CHECK(a.size(0) <= 1 || a.numel() == 0 || lda % 16 == 0, op,
+           "a must have a row stride that is a multiple of 16 elements (the kernels move 16-byte row chunks), got "
+           "strides ", strides_of(a), " for shape ", shape_of(a), " (call .contiguous())");
   FI_CHECK(b.is_contiguous(), op, "b must be [N, K] row-major contiguous (the weight in nn.Linear layout; for a "
            "transposed view call .contiguous()), got strides ", strides_of(b), " for shape ", shape_of(b));
   check_contiguous(scale_a, op, "scale_a");

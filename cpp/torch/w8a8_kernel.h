@@ -41,6 +41,7 @@ Params w8a8_mm_params(const Tensor& a, const Tensor& b, const Tensor& out, const
   p.m = a.size(0);
   p.n = b.size(0);
   p.k = a.size(1);
+  p.lda = a.size(0) > 1 && a.numel() > 0 ? a.stride(0) : 0;  // check_w8a8_layout: a multiple of 16, >= k
   p.out_dtype = to_dtype(out.scalar_type());
   return p;
 }

@@ -22,7 +22,10 @@ cudaError_t launch_quantize(const Fp8QuantizeParams& p, cudaStream_t stream) {
   const int64_t flat_blocks = quant::flat_blocks(p.rows, p.cols);
   if (flat_blocks > 0x7fffffff) return cudaErrorInvalidValue;
   const dim3 block(quant::kQuantThreads);
+  if (p.given_scale != nullptr && p.mode != Fp8QuantMode::kTensor)
+    return launch_kernel(fp8_quantize_given_kernel<T>, dim3(static_cast<unsigned>(flat_blocks)), block, 0, stream, p);
   switch (p.mode) {
+    case Fp8QuantMode::kChannel: return cudaErrorInvalidValue;  // given scales only
     case Fp8QuantMode::kGroup: {
       const dim3 grid(static_cast<unsigned>(flat_blocks));
       switch (p.group_size) {
@@ -107,10 +110,11 @@ size_t fp8_quantize_workspace_size(const Fp8QuantizeParams& p) {
 
 cudaError_t launch_fp8_quantize(const Fp8QuantizeParams& p, cudaStream_t stream) {
   if (p.rows < 0 || p.cols < 0 || p.cols % 8 != 0) return cudaErrorInvalidValue;
+  if (p.x_row_stride != 0 && (p.x_row_stride < p.cols || p.x_row_stride % 8 != 0)) return cudaErrorInvalidValue;
   if (p.mode == Fp8QuantMode::kGroup &&
       (p.group_size < 8 || p.group_size > 256 || (p.group_size & (p.group_size - 1)) != 0 || p.cols % p.group_size != 0))
     return cudaErrorInvalidValue;
-  if (p.given_scale != nullptr && p.mode != Fp8QuantMode::kTensor) return cudaErrorInvalidValue;
+  if (p.mode == Fp8QuantMode::kChannel && p.given_scale == nullptr) return cudaErrorInvalidValue;
   if (p.rows == 0 || p.cols == 0) {
     // Nothing to read; per-tensor still defines its scale (the given one, or max(0, 1e-12) / 448).
     if (p.mode != Fp8QuantMode::kTensor) return cudaSuccess;
@@ -125,6 +129,7 @@ cudaError_t launch_fp8_scaled_mm(const Fp8ScaledMmParams& p, cudaStream_t stream
   if (p.m < 0 || p.n < 0 || p.k < 0 || p.n % 16 != 0 || p.k % 16 != 0) return cudaErrorInvalidValue;
   if (p.m == 0 || p.n == 0) return cudaSuccess;
   // K == 0 is legal (out = bias, or 0): a and b are then empty and may be null.
+  if (p.lda != 0 && (p.lda < p.k || p.lda % 16 != 0)) return cudaErrorInvalidValue;
   if ((p.k > 0 && (p.a == nullptr || p.b == nullptr)) || p.out == nullptr || p.scale_a == nullptr ||
       (p.scale_b == nullptr))
     return cudaErrorInvalidValue;

@@ -25,7 +25,8 @@ cudaError_t launch_quantize(const Int8QuantizeParams& p, cudaStream_t stream) {
     return p.symmetric ? launch_kernel(quant::quantize_token_kernel<Int8Format<true>, T>, grid, block, 0, stream, p)
                        : launch_kernel(quant::quantize_token_kernel<Int8Format<false>, T>, grid, block, 0, stream, p);
   }
-  return quant::launch_quantize_tensor<Int8Format<true>, T>(p, stream);
+  return p.symmetric ? quant::launch_quantize_tensor<Int8Format<true>, T>(p, stream)
+                     : quant::launch_quantize_tensor<Int8Format<false>, T>(p, stream);
 }
 
 template <typename Cfg, typename TOut>
@@ -94,9 +95,13 @@ size_t int8_quantize_workspace_size(const Int8QuantizeParams& p) {
 
 cudaError_t launch_int8_quantize(const Int8QuantizeParams& p, cudaStream_t stream) {
   if (p.rows < 0 || p.cols < 0 || p.cols % 8 != 0) return cudaErrorInvalidValue;
+  if (p.x_row_stride != 0 && (p.x_row_stride < p.cols || p.x_row_stride % 8 != 0)) return cudaErrorInvalidValue;
   if (p.mode != Int8QuantMode::kToken && p.mode != Int8QuantMode::kTensor) return cudaErrorInvalidValue;
   if (p.given_scale != nullptr && p.mode != Int8QuantMode::kTensor) return cudaErrorInvalidValue;
-  if (!p.symmetric && (p.mode != Int8QuantMode::kToken || p.azp == nullptr)) return cudaErrorInvalidValue;
+  if (!p.symmetric && p.azp == nullptr) return cudaErrorInvalidValue;
+  if (!p.symmetric && p.mode == Int8QuantMode::kTensor && (p.given_scale == nullptr || p.given_azp == nullptr))
+    return cudaErrorInvalidValue;
+  if (p.given_azp != nullptr && (p.symmetric || p.mode != Int8QuantMode::kTensor)) return cudaErrorInvalidValue;
   if ((p.rows == 0 || p.cols == 0) && p.mode == Int8QuantMode::kToken) return cudaSuccess;  // nothing to read
   if (p.x == nullptr && p.rows * p.cols > 0) return cudaErrorInvalidValue;
   if (p.scale == nullptr || (p.out == nullptr && p.rows * p.cols > 0)) return cudaErrorInvalidValue;
@@ -108,6 +113,7 @@ cudaError_t launch_int8_scaled_mm(const Int8ScaledMmParams& p, cudaStream_t stre
   if (p.m < 0 || p.n < 0 || p.k < 0 || p.n % 16 != 0 || p.k % 16 != 0) return cudaErrorInvalidValue;
   if (p.m == 0 || p.n == 0) return cudaSuccess;
   // K == 0 is legal (out = bias, or 0): a and b are then empty and may be null.
+  if (p.lda != 0 && (p.lda < p.k || p.lda % 16 != 0)) return cudaErrorInvalidValue;
   if ((p.k > 0 && (p.a == nullptr || p.b == nullptr)) || p.out == nullptr || p.scale_a == nullptr ||
       p.scale_b == nullptr || ((p.azp == nullptr) != (p.azp_adj == nullptr)))
     return cudaErrorInvalidValue;

@@ -66,10 +66,12 @@ static void check_errors() {
   EXPECT(launch_fp8_quantize(q, nullptr) == cudaErrorInvalidValue, "group_size 96 accepted");
   q.group_size = 128;  // does not divide 192
   EXPECT(launch_fp8_quantize(q, nullptr) == cudaErrorInvalidValue, "K %% group_size != 0 accepted");
+  q.mode = Fp8QuantMode::kChannel;  // per-channel scales are given only
+  EXPECT(launch_fp8_quantize(q, nullptr) == cudaErrorInvalidValue, "per-channel mode without a given scale accepted");
   q.mode = Fp8QuantMode::kToken;
-  q.given_scale = s.ptr;
-  EXPECT(launch_fp8_quantize(q, nullptr) == cudaErrorInvalidValue, "given scale with per-token mode accepted");
-  q.given_scale = nullptr;
+  q.x_row_stride = 196;  // rows not 16-byte aligned
+  EXPECT(launch_fp8_quantize(q, nullptr) == cudaErrorInvalidValue, "row stride %% 8 != 0 accepted");
+  q.x_row_stride = 0;
   q.mode = Fp8QuantMode::kTensor;
   EXPECT(fastinfer::fp8_quantize_workspace_size(q) > 0, "per-tensor without a scale needs a workspace");
   EXPECT(launch_fp8_quantize(q, nullptr) == cudaErrorInvalidValue, "missing workspace accepted");

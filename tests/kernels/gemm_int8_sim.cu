@@ -57,7 +57,7 @@ static void check_errors() {
   EXPECT(launch_int8_quantize(q, nullptr) == cudaErrorInvalidValue, "asymmetric without azp accepted");
   q.azp = z.ptr;
   q.mode = Int8QuantMode::kTensor;
-  EXPECT(launch_int8_quantize(q, nullptr) == cudaErrorInvalidValue, "asymmetric per-tensor accepted");
+  EXPECT(launch_int8_quantize(q, nullptr) == cudaErrorInvalidValue, "asymmetric per-tensor without a given scale and azp accepted");
   q.symmetric = true;
   EXPECT(fastinfer::int8_quantize_workspace_size(q) > 0, "per-tensor without a scale needs a workspace");
   EXPECT(launch_int8_quantize(q, nullptr) == cudaErrorInvalidValue, "missing workspace accepted");

@@ -23,7 +23,8 @@ inline void define_attention_ops(StableLibrary& m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
         "float scale, int window_left=-1, float softcap=0.0, int num_splits=0, bool return_lse=False, "
         "Tensor? k_scale=None, Tensor? v_scale=None, int fixed_split_size=0, Tensor? sinks=None) -> (Tensor out, Tensor lse)");
-  m.def("merge_attention_states(Tensor v_a, Tensor lse_a, Tensor v_b, Tensor lse_b) -> (Tensor v, Tensor lse)");
+  m.def("merge_attention_states(Tensor v_a, Tensor lse_a, Tensor v_b, Tensor lse_b, Tensor? mask=None) -> (Tensor v, "
+        "Tensor lse)");
 }
 
 inline bool is_pow2(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
@@ -181,8 +182,10 @@ inline void validate_paged_decode_attention(const char* op, const Tensor& q, con
   validate_sinks(op, sinks, q);
 }
 
+// mask: which tokens take state b (FlashInfer's merge_state_in_place mask); the others keep state a.
 inline void validate_merge_attention_states(const char* op, const Tensor& v_a, const Tensor& lse_a,
-                                            const Tensor& v_b, const Tensor& lse_b) {
+                                            const Tensor& v_b, const Tensor& lse_b,
+                                            const std::optional<Tensor>& mask) {
   check_dim(v_a, 3, op, "v_a", "[num_tokens, num_heads, head_dim]");
   check_dtype_in(v_a, {kHalf, kBFloat16, kFloat}, op, "v_a");
   FI_CHECK(v_a.size(2) > 0, op, "v_a must have head_dim > 0, got shape ", shape_str(v_a));
@@ -194,6 +197,13 @@ inline void validate_merge_attention_states(const char* op, const Tensor& v_a, c
            shape_str(lse_a));
   check_same_device(lse_a, v_a, op, "lse_a", "v_a");
   validate_like(op, lse_b, "lse_b", lse_a, "lse_a");
+  if (mask.has_value()) {
+    check_dim(*mask, 1, op, "mask", "[num_tokens]");
+    check_dtype_in(*mask, {kBool}, op, "mask");
+    FI_CHECK(mask->size(0) == v_a.size(0), op, "mask must have shape [num_tokens] = [", v_a.size(0), "], got ",
+             shape_str(*mask));
+    check_same_device(*mask, v_a, op, "mask", "v_a");
+  }
 }
 
 inline void validate_move_kv_slots(const char* op, const Tensor& k_cache, const Tensor& v_cache,

@@ -655,10 +655,17 @@ std::tuple<Tensor, Tensor> paged_decode_attention_cpu(
   return {out, lse};
 }
 
+// mask (per token of `heads` rows, or null): a false entry keeps state a, bit for bit.
 template <typename T>
-void merge_rows(const T* va, const float* la, const T* vb, const float* lb, T* vo, float* lo, int64_t rows, int64_t d) {
+void merge_rows(const T* va, const float* la, const T* vb, const float* lb, T* vo, float* lo, int64_t rows, int64_t d,
+                const bool* mask, int64_t heads) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (int64_t r = 0; r < rows; ++r) {
+    if (mask != nullptr && !mask[r / heads]) {
+      std::copy(va + r * d, va + (r + 1) * d, vo + r * d);
+      lo[r] = la[r];
+      continue;
+    }
     const float a = la[r], b = lb[r], mx = std::isnan(b) ? b : std::max(a, b);  // NaN either side: NaN
     // logaddexp; both -inf: -inf, and the merged value is 0; a NaN: NaN lse, weights and value.
     const float lse = mx == kNegInf ? kNegInf : mx + std::log1p(std::exp(-std::fabs(a - b)));
@@ -671,10 +678,13 @@ void merge_rows(const T* va, const float* la, const T* vb, const float* lb, T* v
 }
 
 std::tuple<Tensor, Tensor> merge_attention_states_cpu(const Tensor& v_a, const Tensor& lse_a, const Tensor& v_b,
-                                                      const Tensor& lse_b) {
+                                                      const Tensor& lse_b, const std::optional<Tensor>& mask) {
   const char* op = "merge_attention_states";
-  validate_merge_attention_states(op, v_a, lse_a, v_b, lse_b);
+  validate_merge_attention_states(op, v_a, lse_a, v_b, lse_b, mask);
   check_on_cpu(v_a, op, "v_a");
+  if (mask.has_value()) check_contiguous(*mask, op, "mask");
+  const bool* mk = mask.has_value() ? mask->const_data_ptr<bool>() : nullptr;
+  const int64_t heads = std::max<int64_t>(v_a.size(1), 1);
   const auto va = torch::stable::contiguous(v_a), vb = torch::stable::contiguous(v_b);
   const auto la = torch::stable::contiguous(lse_a), lb = torch::stable::contiguous(lse_b);
   auto v = empty_as(va);
@@ -685,14 +695,14 @@ std::tuple<Tensor, Tensor> merge_attention_states_cpu(const Tensor& v_a, const T
   float* po = lse.mutable_data_ptr<float>();
   switch (v_a.scalar_type()) {
     case kHalf:
-      merge_rows(va.const_data_ptr<Half>(), pa, vb.const_data_ptr<Half>(), pb, v.mutable_data_ptr<Half>(), po, rows, d);
+      merge_rows(va.const_data_ptr<Half>(), pa, vb.const_data_ptr<Half>(), pb, v.mutable_data_ptr<Half>(), po, rows, d, mk, heads);
       break;
     case kBFloat16:
       merge_rows(va.const_data_ptr<BFloat16>(), pa, vb.const_data_ptr<BFloat16>(), pb, v.mutable_data_ptr<BFloat16>(),
-                 po, rows, d);
+                 po, rows, d, mk, heads);
       break;
     default:
-      merge_rows(va.const_data_ptr<float>(), pa, vb.const_data_ptr<float>(), pb, v.mutable_data_ptr<float>(), po, rows, d);
+      merge_rows(va.const_data_ptr<float>(), pa, vb.const_data_ptr<float>(), pb, v.mutable_data_ptr<float>(), po, rows, d, mk, heads);
   }
   return {v, lse};
 }

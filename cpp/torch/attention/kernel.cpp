@@ -254,12 +254,14 @@ std::tuple<Tensor, Tensor> paged_decode_attention(
 }
 
 std::tuple<Tensor, Tensor> merge_attention_states(const Tensor& v_a, const Tensor& lse_a,
-                                                          const Tensor& v_b, const Tensor& lse_b) {
+                                                          const Tensor& v_b, const Tensor& lse_b,
+                                                          const std::optional<Tensor>& mask) {
   const char* op = "merge_attention_states";
-  validate_merge_attention_states(op, v_a, lse_a, v_b, lse_b);
+  validate_merge_attention_states(op, v_a, lse_a, v_b, lse_b, mask);
   check_device(v_a, op, "v_a");
   for (const auto& [t, name] : {std::pair{&v_a, "v_a"}, {&lse_a, "lse_a"}, {&v_b, "v_b"}, {&lse_b, "lse_b"}})
     check_contiguous(*t, op, name);
+  if (mask.has_value()) check_contiguous(*mask, op, "mask");
   auto v = empty_as(v_a);
   auto lse = empty_as(lse_a);
   if (v_a.numel() == 0) return {v, lse};
@@ -271,6 +273,7 @@ std::tuple<Tensor, Tensor> merge_attention_states(const Tensor& v_a, const Tenso
   p.lse_b = lse_b.mutable_data_ptr<float>();
   p.v_out = v.data_ptr();
   p.lse_out = lse.mutable_data_ptr<float>();
+  p.mask = mask.has_value() ? mask->const_data_ptr<bool>() : nullptr;
   p.num_tokens = v_a.size(0);
   p.num_heads = static_cast<int32_t>(v_a.size(1));
   p.head_dim = static_cast<int32_t>(v_a.size(2));

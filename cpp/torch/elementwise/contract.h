@@ -4,36 +4,46 @@
 // enforce exactly the same contract (the fake impls only compute output shapes). Layout (strides)
 // and index-range checks: the check_*_layout functions below and check_index_range.
 #include <cmath>
+#include <string>
+#include <string_view>
 
 #include "common.h"
+#include "fastinfer/activation/gated.h"
 
 namespace fastinfer::binding {
 
 // The schemas of the elementwise ops (schema.cpp registers them for every module).
 inline void define_elementwise_ops(StableLibrary& m) {
   // Fused elementwise ops around the big kernels (docs/design.md "Fused elementwise").
-  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
-  m.def("rms_norm_out(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()");
-  m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
+  m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
+  m.def("rms_norm_out(Tensor(a!) out, Tensor x, Tensor? weight, float eps) -> ()");
+  m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps) -> ()");
   m.def("silu_and_mul(Tensor x) -> Tensor");
   m.def("silu_and_mul_out(Tensor(a!) out, Tensor x) -> ()");
+  m.def("gelu_and_mul(Tensor x) -> Tensor");
+  m.def("gelu_and_mul_out(Tensor(a!) out, Tensor x) -> ()");
   m.def("gelu_tanh_and_mul(Tensor x) -> Tensor");
   m.def("gelu_tanh_and_mul_out(Tensor(a!) out, Tensor x) -> ()");
+  m.def("activation(Tensor x, str activation) -> Tensor");
+  m.def("activation_out(Tensor(a!) out, Tensor x, str activation) -> ()");
   m.def("rotary_embedding(Tensor positions, Tensor(a!) q, Tensor(b!) k, Tensor cos_sin_cache, bool is_neox=True) -> ()");
   // Attention-side cache maintenance.
   m.def("reshape_and_cache(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, "
         "Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
 }
 
-inline void validate_rms_norm(const char* op, const Tensor& x, const Tensor& weight, double eps,
+// weight None: the weightless RMSNorm (elementwise_affine=False), exactly a weight of ones.
+inline void validate_rms_norm(const char* op, const Tensor& x, const std::optional<Tensor>& weight, double eps,
                               bool allow_fp32) {
   FI_CHECK(x.dim() >= 1, op, "x must have shape [..., hidden], got a 0-D tensor");
   check_activation_dtype(x, allow_fp32, op, "x");
-  check_dim(weight, 1, op, "weight", "[hidden]");
-  check_same_dtype(weight, x, op, "weight", "x");
-  check_same_device(weight, x, op, "weight", "x");
-  FI_CHECK(weight.size(0) == x.size(-1), op, "weight must have shape [hidden] = [", x.size(-1),
-               "] (the last dim of x), got ", shape_str(weight));
+  if (weight.has_value()) {
+    check_dim(*weight, 1, op, "weight", "[hidden]");
+    check_same_dtype(*weight, x, op, "weight", "x");
+    check_same_device(*weight, x, op, "weight", "x");
+    FI_CHECK(weight->size(0) == x.size(-1), op, "weight must have shape [hidden] = [", x.size(-1),
+             "] (the last dim of x), got ", shape_str(*weight));
+  }
   FI_CHECK(std::isfinite(eps) && eps >= 0, op, "eps must be a finite number >= 0, got ", eps);
 }
 
@@ -56,6 +66,25 @@ inline void validate_gated_and_mul_out(const char* op, const Tensor& out, const 
   FI_CHECK(shape_of(out) == shape, op, "out must have shape [..., F] = ", shape, ", got ", shape_str(out));
   check_same_dtype(out, x, op, "out", "x");
   check_same_device(out, x, op, "out", "x");
+}
+
+// The plain activations by transformers' names (ACT2FN keys).
+inline Activation parse_activation(const char* op, std::string_view activation) {
+  if (activation == "gelu_new") return Activation::kGeluNew;
+  if (activation == "gelu_fast") return Activation::kGeluFast;
+  if (activation == "quick_gelu") return Activation::kQuickGelu;
+  fail(op, "activation must be 'gelu_new', 'gelu_fast' or 'quick_gelu', got '", std::string(activation), "'");
+}
+
+inline void validate_activation(const char* op, const Tensor& x, std::string_view activation, bool allow_fp32) {
+  check_activation_dtype(x, allow_fp32, op, "x");
+  parse_activation(op, activation);
+}
+
+inline void validate_activation_out(const char* op, const Tensor& out, const Tensor& x, std::string_view activation,
+                                    bool allow_fp32) {
+  validate_activation(op, x, activation, allow_fp32);
+  validate_like(op, out, "out", x, "x");
 }
 
 inline void validate_rotary_embedding(const char* op, const Tensor& positions, const Tensor& q,
@@ -137,17 +166,27 @@ inline void validate_reshape_and_cache(const char* op, const Tensor& k, const Te
 // Layout rules (need real strides, so not part of the fake impls' checks): identical for the CPU and
 // CUDA impls, so code developed against one runs unchanged on the other.
 // `other`: out of rms_norm_out or residual of fused_add_rms_norm (named by other_name).
-inline void check_rms_norm_layout(const char* op, const Tensor& x, const Tensor& weight,
+// x, out and residual: rows (check_rows: the last dim contiguous, any row stride, so a slice of a
+// wider buffer is read and written in place without a copy); the weight contiguous.
+inline void check_rms_norm_layout(const char* op, const Tensor& x, const std::optional<Tensor>& weight,
                                   const Tensor* other, const char* other_name) {
-  check_contiguous(x, op, "x");
-  check_contiguous(weight, op, "weight");
-  if (other != nullptr) check_contiguous(*other, op, other_name);
+  check_rows(x, op, "x");
+  if (weight.has_value()) check_contiguous(*weight, op, "weight");
+  if (other != nullptr) check_rows(*other, op, other_name);
 }
 
 inline void check_gated_and_mul_layout(const char* op, const Tensor& x, const Tensor* out) {
-  check_contiguous(x, op, "x");
-  if (out != nullptr) check_contiguous(*out, op, "out");
+  check_rows(x, op, "x");
+  if (out != nullptr) check_rows(*out, op, "out");
 }
+
+inline void check_activation_layout(const char* op, const Tensor& x, const Tensor* out) {
+  check_rows(x, op, "x");
+  if (out != nullptr) check_rows(*out, op, "out");
+}
+
+// The row stride of a tensor the layout checks above accepted.
+inline int64_t row_stride(const Tensor& x) { return row_stride_of(x); }
 
 inline void check_rotary_embedding_layout(const char* op, const Tensor& positions, const Tensor& q,
                                           const Tensor& k, const Tensor& cos_sin_cache) {

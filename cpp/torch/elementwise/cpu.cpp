@@ -23,12 +23,19 @@ std::vector<float> to_float_vector(const Tensor& t) {
   return {f.mutable_data_ptr<float>(), f.mutable_data_ptr<float>() + f.numel()};
 }
 
+// The RMSNorm weight in float32; None (the weightless norm) is a weight of ones, exactly: the
+// product by 1.0f rounds nothing.
+std::vector<float> norm_weight(const std::optional<Tensor>& weight, int64_t hidden) {
+  return weight.has_value() ? to_float_vector(*weight) : std::vector<float>(hidden, 1.0f);
+}
+
+// Row r of x starts at x + r * xs, of out at out + r * os (strided rows: slices of wider buffers).
 // out may alias x (each row is fully read before it is written).
 template <typename T>
-FASTINFER_CPU_INLINE void rms_norm_range(T* out, const T* x, const float* w, int64_t begin, int64_t end, int64_t h,
-                                         float eps) {
+FASTINFER_CPU_INLINE void rms_norm_range(T* out, int64_t os, const T* x, int64_t xs, const float* w, int64_t begin,
+                                         int64_t end, int64_t h, float eps) {
   for (int64_t r = begin; r < end; ++r) {
-    const T* xr = x + r * h;
+    const T* xr = x + r * xs;
     float lanes[kLanes] = {};  // independent partial sums: vectorisable and accurate
     int64_t i = 0;
     for (; i + kLanes <= h; i += kLanes)
@@ -40,40 +47,70 @@ FASTINFER_CPU_INLINE void rms_norm_range(T* out, const T* x, const float* w, int
     for (; i < h; ++i) sum_sq += static_cast<double>(static_cast<float>(xr[i])) * static_cast<float>(xr[i]);
     sum_sq += cpu::tree_sum<kLanes>(lanes);
     const float inv_rms = 1.0f / std::sqrt(static_cast<float>(sum_sq / h) + eps);
-    T* o = out + r * h;
+    T* o = out + r * os;
     for (int64_t i = 0; i < h; ++i) o[i] = static_cast<T>(static_cast<float>(xr[i]) * inv_rms * w[i]);
   }
 }
 
 // residual <- round(x + residual), then x <- rms_norm(residual) (of the rounded residual).
 template <typename T>
-FASTINFER_CPU_INLINE void add_rms_norm_range(T* x, T* residual, const float* w, int64_t begin, int64_t end, int64_t h,
-                                             float eps) {
-  for (int64_t i = begin * h; i < end * h; ++i)
-    residual[i] = static_cast<T>(static_cast<float>(x[i]) + static_cast<float>(residual[i]));
-  rms_norm_range(x, residual, w, begin, end, h, eps);
+FASTINFER_CPU_INLINE void add_rms_norm_range(T* x, int64_t xs, T* residual, int64_t rs, const float* w, int64_t begin,
+                                             int64_t end, int64_t h, float eps) {
+  for (int64_t r = begin; r < end; ++r) {
+    T* xr = x + r * xs;
+    T* rr = residual + r * rs;
+    for (int64_t i = 0; i < h; ++i) rr[i] = static_cast<T>(static_cast<float>(xr[i]) + static_cast<float>(rr[i]));
+  }
+  rms_norm_range(x, xs, residual, rs, w, begin, end, h, eps);
 }
 
 // The gated activations (gate then up halves of each row): silu (SwiGLU) and gelu's tanh
-// approximation (GeGLU, torch.nn.functional.gelu(approximate="tanh")).
+// approximation (GeGLU, torch.nn.functional.gelu(approximate="tanh")). silu is torch's CPU formula
+// with torch's exp, so float32 silu_and_mul equals F.silu(gate) * up bit for bit (tests/
+// test_elementwise_ops.py says on which elements).
 struct SiluGate {
-  FASTINFER_CPU_INLINE float operator()(float g) const { return g / (1.0f + cpu::fast_exp(-g)); }
+  FASTINFER_CPU_INLINE float operator()(float g) const { return g / (1.0f + cpu::sleef_exp(-g)); }
 };
+struct GeluErfGate {
+  FASTINFER_CPU_INLINE float operator()(float g) const { return 0.5f * g * (1.0f + std::erf(g * 0.7071067811865476f)); }
+};
+// Also transformers' gelu_new (NewGELUActivation): the same formula.
 struct GeluTanhGate {
   FASTINFER_CPU_INLINE float operator()(float g) const {
     constexpr float kSqrt2OverPi = 0.7978845608028654f;
     return 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g)));
   }
 };
+// transformers' FastGELUActivation and QuickGELUActivation (the kernels' GeluFast, QuickGelu).
+struct GeluFast {
+  FASTINFER_CPU_INLINE float operator()(float g) const {
+    return 0.5f * g * (1.0f + std::tanh(g * 0.7978845608f * (1.0f + 0.044715f * g * g)));
+  }
+};
+struct QuickGelu {
+  FASTINFER_CPU_INLINE float operator()(float g) const { return g / (1.0f + cpu::sleef_exp(-1.702f * g)); }
+};
 
+// Rows of x start xs elements apart, rows of out os apart (slices of wider buffers).
 template <typename Act, typename T>
-FASTINFER_CPU_INLINE void gated_and_mul_range(T* out, const T* x, int64_t begin, int64_t end, int64_t f) {
+FASTINFER_CPU_INLINE void gated_and_mul_range(T* out, int64_t os, const T* x, int64_t xs, int64_t begin, int64_t end,
+                                              int64_t f) {
   for (int64_t r = begin; r < end; ++r) {
-    const T* gate = x + r * 2 * f;
+    const T* gate = x + r * xs;
     const T* up = gate + f;
-    T* o = out + r * f;
+    T* o = out + r * os;
     for (int64_t i = 0; i < f; ++i)
       o[i] = static_cast<T>(Act()(static_cast<float>(gate[i])) * static_cast<float>(up[i]));
+  }
+}
+
+template <typename Act, typename T>
+FASTINFER_CPU_INLINE void activation_range(T* out, int64_t os, const T* x, int64_t xs, int64_t begin, int64_t end,
+                                           int64_t w) {
+  for (int64_t r = begin; r < end; ++r) {
+    const T* xr = x + r * xs;
+    T* o = out + r * os;
+    for (int64_t i = 0; i < w; ++i) o[i] = static_cast<T>(Act()(static_cast<float>(xr[i])));
   }
 }
 
@@ -107,19 +144,34 @@ FASTINFER_CPU_INLINE void rotary_range(T* x, int64_t stride, int64_t heads, int6
 
 // One ISA-cloned entry per dtype (target_clones does not apply to templates; see cpu_simd.h).
 #define FASTINFER_ROW_ENTRIES(SUFFIX, T)                                                                    \
-  FASTINFER_CPU_CLONES void rms_norm_##SUFFIX(T* out, const T* x, const float* w, int64_t b, int64_t e,     \
-                                              int64_t h, float eps) {                                        \
-    rms_norm_range(out, x, w, b, e, h, eps);                                                                 \
+  FASTINFER_CPU_CLONES void rms_norm_##SUFFIX(T* out, int64_t os, const T* x, int64_t xs, const float* w,   \
+                                              int64_t b, int64_t e, int64_t h, float eps) {                  \
+    rms_norm_range(out, os, x, xs, w, b, e, h, eps);                                                         \
   }                                                                                                          \
-  FASTINFER_CPU_CLONES void add_rms_norm_##SUFFIX(T* x, T* r, const float* w, int64_t b, int64_t e, int64_t h, \
-                                                  float eps) {                                               \
-    add_rms_norm_range(x, r, w, b, e, h, eps);                                                               \
+  FASTINFER_CPU_CLONES void add_rms_norm_##SUFFIX(T* x, int64_t xs, T* r, int64_t rs, const float* w,        \
+                                                  int64_t b, int64_t e, int64_t h, float eps) {              \
+    add_rms_norm_range(x, xs, r, rs, w, b, e, h, eps);                                                       \
   }                                                                                                          \
-  FASTINFER_CPU_CLONES void silu_and_mul_##SUFFIX(T* out, const T* x, int64_t b, int64_t e, int64_t f) {     \
-    gated_and_mul_range<SiluGate>(out, x, b, e, f);                                                          \
+  FASTINFER_CPU_CLONES void silu_and_mul_##SUFFIX(T* out, int64_t os, const T* x, int64_t s, int64_t b, int64_t e,       \
+                                                  int64_t f) {                                               \
+    gated_and_mul_range<SiluGate>(out, os, x, s, b, e, f);                                                       \
   }                                                                                                          \
-  FASTINFER_CPU_CLONES void gelu_tanh_and_mul_##SUFFIX(T* out, const T* x, int64_t b, int64_t e, int64_t f) { \
-    gated_and_mul_range<GeluTanhGate>(out, x, b, e, f);                                                      \
+  FASTINFER_CPU_CLONES void gelu_and_mul_##SUFFIX(T* out, int64_t os, const T* x, int64_t s, int64_t b, int64_t e,       \
+                                                  int64_t f) {                                               \
+    gated_and_mul_range<GeluErfGate>(out, os, x, s, b, e, f);                                                    \
+  }                                                                                                          \
+  FASTINFER_CPU_CLONES void gelu_tanh_and_mul_##SUFFIX(T* out, int64_t os, const T* x, int64_t s, int64_t b, int64_t e,  \
+                                                       int64_t f) {                                          \
+    gated_and_mul_range<GeluTanhGate>(out, os, x, s, b, e, f);                                                   \
+  }                                                                                                          \
+  FASTINFER_CPU_CLONES void gelu_new_##SUFFIX(T* out, int64_t os, const T* x, int64_t s, int64_t b, int64_t e, int64_t w) { \
+    activation_range<GeluTanhGate>(out, os, x, s, b, e, w);                                                      \
+  }                                                                                                          \
+  FASTINFER_CPU_CLONES void gelu_fast_##SUFFIX(T* out, int64_t os, const T* x, int64_t s, int64_t b, int64_t e, int64_t w) { \
+    activation_range<GeluFast>(out, os, x, s, b, e, w);                                                          \
+  }                                                                                                          \
+  FASTINFER_CPU_CLONES void quick_gelu_##SUFFIX(T* out, int64_t os, const T* x, int64_t s, int64_t b, int64_t e, int64_t w) { \
+    activation_range<QuickGelu>(out, os, x, s, b, e, w);                                                         \
   }                                                                                                          \
   FASTINFER_CPU_CLONES void rotary_##SUFFIX(T* x, int64_t stride, int64_t heads, int64_t d, const int64_t* pos, \
                                             const float* cache, int64_t rot, bool neox, int64_t b, int64_t e) { \
@@ -137,7 +189,11 @@ template <typename T> struct RowEntries;
     static constexpr auto rms_norm = rms_norm_##SUFFIX;                  \
     static constexpr auto add_rms_norm = add_rms_norm_##SUFFIX;          \
     static constexpr auto silu_and_mul = silu_and_mul_##SUFFIX;          \
+    static constexpr auto gelu_and_mul = gelu_and_mul_##SUFFIX;          \
     static constexpr auto gelu_tanh_and_mul = gelu_tanh_and_mul_##SUFFIX; \
+    static constexpr auto gelu_new = gelu_new_##SUFFIX;                  \
+    static constexpr auto gelu_fast = gelu_fast_##SUFFIX;                \
+    static constexpr auto quick_gelu = quick_gelu_##SUFFIX;              \
     static constexpr auto rotary = rotary_##SUFFIX;                      \
   };
 FASTINFER_ROW_TABLE(f32, float)
@@ -147,35 +203,36 @@ FASTINFER_ROW_TABLE(bf16, BFloat16)
 
 int64_t grain_rows(int64_t row_elems) { return std::max<int64_t>(1, kGrainElems / std::max<int64_t>(row_elems, 1)); }
 
-void rms_norm_into(Tensor& out, const Tensor& x, const Tensor& weight, double eps) {
+void rms_norm_into(Tensor& out, const Tensor& x, const std::optional<Tensor>& weight, double eps) {
   const int64_t h = x.size(-1);
   if (x.numel() == 0 || h == 0) return;
-  const auto w = to_float_vector(weight);
+  const auto w = norm_weight(weight, h);
   FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), "rms_norm", [&] {
     scalar_t* o = out.mutable_data_ptr<scalar_t>();
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    const int64_t os = row_stride(out), xs = row_stride(x);
     torch::stable::parallel_for(0, x.numel() / h, grain_rows(h), [&](int64_t b, int64_t e) {
-      RowEntries<scalar_t>::rms_norm(o, xp, w.data(), b, e, h, static_cast<float>(eps));
+      RowEntries<scalar_t>::rms_norm(o, os, xp, xs, w.data(), b, e, h, static_cast<float>(eps));
     });
   });
 }
 
-void check_rms_norm_inputs(const char* op, const Tensor& x, const Tensor& weight, const Tensor* other,
+void check_rms_norm_inputs(const char* op, const Tensor& x, const std::optional<Tensor>& weight, const Tensor* other,
                            const char* other_name) {
   check_on_cpu(x, op, "x");
-  check_on_cpu(weight, op, "weight");
+  if (weight.has_value()) check_on_cpu(*weight, op, "weight");
   if (other != nullptr) check_on_cpu(*other, op, other_name);
   check_rms_norm_layout(op, x, weight, other, other_name);
 }
 
-void rms_norm_out_cpu(Tensor& out, const Tensor& x, const Tensor& weight, double eps) {
+void rms_norm_out_cpu(Tensor& out, const Tensor& x, const std::optional<Tensor>& weight, double eps) {
   validate_rms_norm("rms_norm_out", x, weight, eps, true);
   validate_like("rms_norm_out", out, "out", x, "x");
   check_rms_norm_inputs("rms_norm_out", x, weight, &out, "out");
   rms_norm_into(out, x, weight, eps);
 }
 
-Tensor rms_norm_cpu(const Tensor& x, const Tensor& weight, double eps) {
+Tensor rms_norm_cpu(const Tensor& x, const std::optional<Tensor>& weight, double eps) {
   validate_rms_norm("rms_norm", x, weight, eps, true);
   check_rms_norm_inputs("rms_norm", x, weight, nullptr, nullptr);
   auto out = empty_as(x);
@@ -183,24 +240,25 @@ Tensor rms_norm_cpu(const Tensor& x, const Tensor& weight, double eps) {
   return out;
 }
 
-void fused_add_rms_norm_cpu(Tensor& x, Tensor& residual, const Tensor& weight, double eps) {
+void fused_add_rms_norm_cpu(Tensor& x, Tensor& residual, const std::optional<Tensor>& weight, double eps) {
   const char* op = "fused_add_rms_norm";
   validate_rms_norm(op, x, weight, eps, true);
   validate_like(op, residual, "residual", x, "x");
   check_rms_norm_inputs(op, x, weight, &residual, "residual");
   const int64_t h = x.size(-1);
   if (x.numel() == 0 || h == 0) return;
-  const auto w = to_float_vector(weight);
+  const auto w = norm_weight(weight, h);
   FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), "fused_add_rms_norm", [&] {
     scalar_t* xp = x.mutable_data_ptr<scalar_t>();
     scalar_t* rp = residual.mutable_data_ptr<scalar_t>();
+    const int64_t xs = row_stride(x), rs = row_stride(residual);
     torch::stable::parallel_for(0, x.numel() / h, grain_rows(h), [&](int64_t b, int64_t e) {
-      RowEntries<scalar_t>::add_rms_norm(xp, rp, w.data(), b, e, h, static_cast<float>(eps));
+      RowEntries<scalar_t>::add_rms_norm(xp, xs, rp, rs, w.data(), b, e, h, static_cast<float>(eps));
     });
   });
 }
 
-enum class Gate { kSilu, kGeluTanh };
+enum class Gate { kSilu, kGeluErf, kGeluTanh };
 
 void gated_and_mul_into(Tensor& out, const Tensor& x, Gate gate) {
   const int64_t f = x.size(-1) / 2;
@@ -208,10 +266,11 @@ void gated_and_mul_into(Tensor& out, const Tensor& x, Gate gate) {
   FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), "gated_and_mul", [&] {
     scalar_t* o = out.mutable_data_ptr<scalar_t>();
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
-    const auto rows =
-        gate == Gate::kSilu ? RowEntries<scalar_t>::silu_and_mul : RowEntries<scalar_t>::gelu_tanh_and_mul;
+    using E = RowEntries<scalar_t>;
+    const auto rows = gate == Gate::kSilu ? E::silu_and_mul : gate == Gate::kGeluErf ? E::gelu_and_mul : E::gelu_tanh_and_mul;
+    const int64_t os = row_stride(out), xs = row_stride(x);
     torch::stable::parallel_for(0, out.numel() / f, grain_rows(2 * f),
-                                [&](int64_t b, int64_t e) { rows(o, xp, b, e, f); });
+                                [&](int64_t b, int64_t e) { rows(o, os, xp, xs, b, e, f); });
   });
 }
 
@@ -236,9 +295,46 @@ Tensor silu_and_mul_cpu(const Tensor& x) { return gated_and_mul_cpu("silu_and_mu
 void silu_and_mul_out_cpu(Tensor& out, const Tensor& x) {
   gated_and_mul_out_cpu("silu_and_mul_out", out, x, Gate::kSilu);
 }
+Tensor gelu_and_mul_cpu(const Tensor& x) { return gated_and_mul_cpu("gelu_and_mul", x, Gate::kGeluErf); }
+void gelu_and_mul_out_cpu(Tensor& out, const Tensor& x) { gated_and_mul_out_cpu("gelu_and_mul_out", out, x, Gate::kGeluErf); }
 Tensor gelu_tanh_and_mul_cpu(const Tensor& x) { return gated_and_mul_cpu("gelu_tanh_and_mul", x, Gate::kGeluTanh); }
 void gelu_tanh_and_mul_out_cpu(Tensor& out, const Tensor& x) {
   gated_and_mul_out_cpu("gelu_tanh_and_mul_out", out, x, Gate::kGeluTanh);
+}
+
+void activation_into(Tensor& out, const Tensor& x, Activation activation) {
+  const int64_t w = x.dim() == 0 ? 1 : x.size(-1);
+  if (out.numel() == 0) return;
+  FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), "activation", [&] {
+    scalar_t* o = out.mutable_data_ptr<scalar_t>();
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    using E = RowEntries<scalar_t>;
+    const auto rows = activation == Activation::kGeluNew    ? E::gelu_new
+                      : activation == Activation::kGeluFast ? E::gelu_fast
+                                                            : E::quick_gelu;
+    const int64_t os = row_stride(out), xs = row_stride(x);
+    torch::stable::parallel_for(0, out.numel() / w, grain_rows(w),
+                                [&](int64_t b, int64_t e) { rows(o, os, xp, xs, b, e, w); });
+  });
+}
+
+Tensor activation_cpu(const Tensor& x, std::string_view activation) {
+  const char* op = "activation";
+  validate_activation(op, x, activation, true);
+  check_on_cpu(x, op, "x");
+  check_activation_layout(op, x, nullptr);
+  auto out = empty_as(x);
+  activation_into(out, x, parse_activation(op, activation));
+  return out;
+}
+
+void activation_out_cpu(Tensor& out, const Tensor& x, std::string_view activation) {
+  const char* op = "activation_out";
+  validate_activation_out(op, out, x, activation, true);
+  check_on_cpu(x, op, "x");
+  check_on_cpu(out, op, "out");
+  check_activation_layout(op, x, &out);
+  activation_into(out, x, parse_activation(op, activation));
 }
 
 void rotary_embedding_cpu(const Tensor& positions, Tensor& q, Tensor& k,
@@ -320,8 +416,12 @@ FASTINFER_LIBRARY_IMPL(CPU, m) {
   m.impl("fused_add_rms_norm", TORCH_BOX(&fused_add_rms_norm_cpu));
   m.impl("silu_and_mul", TORCH_BOX(&silu_and_mul_cpu));
   m.impl("silu_and_mul_out", TORCH_BOX(&silu_and_mul_out_cpu));
+  m.impl("gelu_and_mul", TORCH_BOX(&gelu_and_mul_cpu));
+  m.impl("gelu_and_mul_out", TORCH_BOX(&gelu_and_mul_out_cpu));
   m.impl("gelu_tanh_and_mul", TORCH_BOX(&gelu_tanh_and_mul_cpu));
   m.impl("gelu_tanh_and_mul_out", TORCH_BOX(&gelu_tanh_and_mul_out_cpu));
+  m.impl("activation", TORCH_BOX(&activation_cpu));
+  m.impl("activation_out", TORCH_BOX(&activation_out_cpu));
   m.impl("rotary_embedding", TORCH_BOX(&rotary_embedding_cpu));
   m.impl("reshape_and_cache", TORCH_BOX(&reshape_and_cache_cpu));
 }

@@ -9,38 +9,38 @@ namespace fastinfer::binding {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-void rms_norm_out_impl(const char* op, Tensor& out, const Tensor& x, const Tensor& weight, double eps) {
+void rms_norm_out_impl(const char* op, Tensor& out, const Tensor& x, const std::optional<Tensor>& weight, double eps) {
   check_device(x, op, "x");
   check_rms_norm_layout(op, x, weight, &out, "out");
   KernelScope scope(op, x);
   RmsNormParams p;
   p.out = out.data_ptr();
   p.x = x.data_ptr();
-  p.weight = weight.data_ptr();
+  p.weight = weight.has_value() ? weight->data_ptr() : nullptr;
   p.hidden = x.size(-1);
   p.num_rows = p.hidden == 0 ? 0 : x.numel() / p.hidden;
-  p.x_row_stride = p.hidden;
-  p.out_row_stride = p.hidden;
+  p.x_row_stride = row_stride(x);
+  p.out_row_stride = row_stride(out);
   p.eps = static_cast<float>(eps);
   p.dtype = to_dtype(x.scalar_type());
   if (p.hidden == 0) return;
   check_launch(launch_rms_norm(p, scope.stream()), op);
 }
 
-Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+Tensor rms_norm(const Tensor& x, const std::optional<Tensor>& weight, double eps) {
   validate_rms_norm("rms_norm", x, weight, eps, false);
   auto out = empty_as(x);
   rms_norm_out_impl("rms_norm", out, x, weight, eps);
   return out;
 }
 
-void rms_norm_out(Tensor& out, const Tensor& x, const Tensor& weight, double eps) {
+void rms_norm_out(Tensor& out, const Tensor& x, const std::optional<Tensor>& weight, double eps) {
   validate_rms_norm("rms_norm_out", x, weight, eps, false);
   validate_like("rms_norm_out", out, "out", x, "x");
   rms_norm_out_impl("rms_norm_out", out, x, weight, eps);
 }
 
-void fused_add_rms_norm(Tensor& x, Tensor& residual, const Tensor& weight, double eps) {
+void fused_add_rms_norm(Tensor& x, Tensor& residual, const std::optional<Tensor>& weight, double eps) {
   const char* op = "fused_add_rms_norm";
   validate_rms_norm(op, x, weight, eps, false);
   validate_like(op, residual, "residual", x, "x");
@@ -51,11 +51,11 @@ void fused_add_rms_norm(Tensor& x, Tensor& residual, const Tensor& weight, doubl
   FusedAddRmsNormParams p;
   p.x = x.data_ptr();
   p.residual = residual.data_ptr();
-  p.weight = weight.data_ptr();
+  p.weight = weight.has_value() ? weight->data_ptr() : nullptr;
   p.hidden = x.size(-1);
   p.num_rows = x.numel() / p.hidden;
-  p.x_row_stride = p.hidden;
-  p.residual_row_stride = p.hidden;
+  p.x_row_stride = row_stride(x);
+  p.residual_row_stride = row_stride(residual);
   p.eps = static_cast<float>(eps);
   p.dtype = to_dtype(x.scalar_type());
   check_launch(launch_fused_add_rms_norm(p, scope.stream()), op);
@@ -74,8 +74,8 @@ void gated_and_mul_impl(const char* op, GatedLauncher launch, Tensor& out, const
   p.x = x.data_ptr();
   p.width = x.size(-1) / 2;
   p.num_rows = out.numel() / p.width;
-  p.x_row_stride = 2 * p.width;
-  p.out_row_stride = p.width;
+  p.x_row_stride = row_stride(x);
+  p.out_row_stride = row_stride(out);
   p.dtype = to_dtype(x.scalar_type());
   check_launch(launch(p, scope.stream()), op);
 }
@@ -98,9 +98,40 @@ Tensor silu_and_mul(const Tensor& x) { return gated_and_mul<launch_silu_and_mul>
 void silu_and_mul_out(Tensor& out, const Tensor& x) {
   gated_and_mul_out<launch_silu_and_mul>(out, x, "silu_and_mul_out");
 }
+Tensor gelu_and_mul(const Tensor& x) { return gated_and_mul<launch_gelu_and_mul>(x, "gelu_and_mul"); }
+void gelu_and_mul_out(Tensor& out, const Tensor& x) { gated_and_mul_out<launch_gelu_and_mul>(out, x, "gelu_and_mul_out"); }
 Tensor gelu_tanh_and_mul(const Tensor& x) { return gated_and_mul<launch_gelu_tanh_and_mul>(x, "gelu_tanh_and_mul"); }
 void gelu_tanh_and_mul_out(Tensor& out, const Tensor& x) {
   gated_and_mul_out<launch_gelu_tanh_and_mul>(out, x, "gelu_tanh_and_mul_out");
+}
+
+void activation_impl(const char* op, Tensor& out, const Tensor& x, std::string_view activation) {
+  check_device(x, op, "x");
+  check_activation_layout(op, x, &out);
+  if (out.numel() == 0) return;
+  KernelScope scope(op, x);
+  ActivationParams p;
+  p.out = out.data_ptr();
+  p.x = x.data_ptr();
+  p.width = x.dim() == 0 ? 1 : x.size(-1);
+  p.num_rows = out.numel() / p.width;
+  p.x_row_stride = row_stride(x);
+  p.out_row_stride = row_stride(out);
+  p.activation = parse_activation(op, activation);
+  p.dtype = to_dtype(x.scalar_type());
+  check_launch(launch_activation(p, scope.stream()), op);
+}
+
+Tensor activation(const Tensor& x, std::string_view activation) {
+  validate_activation("activation", x, activation, false);
+  auto out = empty_as(x);
+  activation_impl("activation", out, x, activation);
+  return out;
+}
+
+void activation_out(Tensor& out, const Tensor& x, std::string_view activation) {
+  validate_activation_out("activation_out", out, x, activation, false);
+  activation_impl("activation_out", out, x, activation);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -177,8 +208,12 @@ FASTINFER_LIBRARY_IMPL(FASTINFER_KERNEL_KEY, m) {
   m.impl("fused_add_rms_norm", TORCH_BOX(&fused_add_rms_norm));
   m.impl("silu_and_mul", TORCH_BOX(&silu_and_mul));
   m.impl("silu_and_mul_out", TORCH_BOX(&silu_and_mul_out));
+  m.impl("gelu_and_mul", TORCH_BOX(&gelu_and_mul));
+  m.impl("gelu_and_mul_out", TORCH_BOX(&gelu_and_mul_out));
   m.impl("gelu_tanh_and_mul", TORCH_BOX(&gelu_tanh_and_mul));
   m.impl("gelu_tanh_and_mul_out", TORCH_BOX(&gelu_tanh_and_mul_out));
+  m.impl("activation", TORCH_BOX(&activation));
+  m.impl("activation_out", TORCH_BOX(&activation_out));
   m.impl("rotary_embedding", TORCH_BOX(&rotary_embedding));
   m.impl("reshape_and_cache", TORCH_BOX(&reshape_and_cache));
 }

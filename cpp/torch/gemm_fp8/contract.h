@@ -3,6 +3,7 @@
 // CPU and CUDA/sim impls, plus their layout checks.
 #include <string>
 
+#include "fastinfer/gemm/fp8.h"
 #include "w8a8_contract.h"
 
 namespace fastinfer::binding {
@@ -10,19 +11,32 @@ namespace fastinfer::binding {
 // The schemas of the gemm fp8 ops (schema.cpp registers them for every module).
 inline void define_gemm_fp8_ops(StableLibrary& m) {
   // FP8 W8A8 (docs/design.md "GEMM"): dynamic e4m3 quantisation and the scaled e4m3 matmul.
+  // A given scale: per tensor [1], per token [M], per group [M, K / group_size], per channel [K]
+  // (mode='channel' takes only a given one).
   m.def("fp8_quantize(Tensor x, str mode='token', int group_size=128, Tensor? scale=None) -> (Tensor x_fp8, Tensor scale)");
   m.def("fp8_scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, ScalarType out_dtype, Tensor? bias=None, "
         "bool deterministic=False) -> Tensor");
 }
 
-enum class Fp8Mode { kTensor, kToken, kGroup };
+enum class Fp8Mode { kTensor, kToken, kGroup, kChannel };
 
 inline Fp8Mode parse_fp8_mode(const char* op, std::string_view mode) {
   if (mode == "tensor") return Fp8Mode::kTensor;
   if (mode == "token") return Fp8Mode::kToken;
   if (mode == "group") return Fp8Mode::kGroup;
-  FI_CHECK(false, op, "mode must be 'tensor', 'token' or 'group', got '", std::string(mode), "'");
+  if (mode == "channel") return Fp8Mode::kChannel;
+  FI_CHECK(false, op, "mode must be 'tensor', 'token', 'group' or 'channel', got '", std::string(mode), "'");
   return Fp8Mode::kToken;
+}
+
+inline Fp8QuantMode to_fp8_quant_mode(Fp8Mode mode) {
+  switch (mode) {
+    case Fp8Mode::kTensor: return Fp8QuantMode::kTensor;
+    case Fp8Mode::kToken: return Fp8QuantMode::kToken;
+    case Fp8Mode::kGroup: return Fp8QuantMode::kGroup;
+    case Fp8Mode::kChannel: return Fp8QuantMode::kChannel;
+  }
+  return Fp8QuantMode::kToken;
 }
 
 inline Fp8Mode validate_fp8_quantize(const char* op, const Tensor& x, std::string_view mode_str,
@@ -35,10 +49,21 @@ inline Fp8Mode validate_fp8_quantize(const char* op, const Tensor& x, std::strin
     FI_CHECK(x.size(1) % group_size == 0, op, "x must have K a multiple of group_size = ", group_size,
              " with mode='group', got shape ", shape_str(x));
   }
+  FI_CHECK(mode != Fp8Mode::kChannel || scale.has_value(), op,
+           "mode='channel' needs a given scale [K] (per-channel activation scales are static)");
   if (scale.has_value()) {
-    FI_CHECK(mode == Fp8Mode::kTensor, op,
-             "scale must be None unless mode='tensor' (token and group scales are always computed)");
-    check_given_scale(op, *scale, x);
+    if (mode == Fp8Mode::kTensor) {
+      check_given_scale(op, *scale, x);
+    } else {  // static per-token, per-channel or per-group scales, the shape of the computed ones
+      FI_CHECK(scale->scalar_type() == kFloat, op, "scale must be float32, got ", scale->scalar_type());
+      check_same_device(*scale, x, op, "scale", "x");
+      const Shape want = mode == Fp8Mode::kToken     ? Shape{x.size(0)}
+                         : mode == Fp8Mode::kChannel ? Shape{x.size(1)}
+                                                     : Shape{x.size(0), x.size(1) / group_size};
+      const char* layout = mode == Fp8Mode::kToken ? "[M]" : mode == Fp8Mode::kChannel ? "[K]" : "[M, K / group_size]";
+      FI_CHECK(shape_of(*scale) == want, op, "scale must have shape ", layout, " = ", want, " for mode='",
+               std::string(mode_str), "', got ", shape_str(*scale));
+    }
   }
   return mode;
 }
@@ -48,6 +73,7 @@ inline std::vector<int64_t> fp8_quantize_scale_shape(const Tensor& x, Fp8Mode mo
     case Fp8Mode::kTensor: return {int64_t(1)};
     case Fp8Mode::kToken: return {x.size(0)};
     case Fp8Mode::kGroup: return {x.size(0), x.size(1) / group_size};
+    case Fp8Mode::kChannel: return {x.size(1)};
   }
   return {};
 }

@@ -22,7 +22,7 @@ std::tuple<Tensor, Tensor> fp8_quantize_cpu(const Tensor& x, std::string_view mo
   const char* op = "fp8_quantize";
   const Fp8Mode mode = validate_fp8_quantize(op, x, mode_str, group_size, scale, /*allow_fp32=*/true);
   check_on_cpu(x, op, "x");
-  check_contiguous(x, op, "x");  // the kernels' layout rule, kept here so code moves between backends unchanged
+  check_quantize_layout(op, x);  // the kernels' layout rule, kept here so code moves between backends unchanged
   const int64_t M = x.size(0), K = x.size(1);
   const auto xf_t = contiguous_as(x, kFloat);
   const float* xf = xf_t.const_data_ptr<float>();
@@ -38,17 +38,33 @@ std::tuple<Tensor, Tensor> fp8_quantize_cpu(const Tensor& x, std::string_view mo
       for (int64_t i = 0; i < M * K; ++i) q[i] = to_e4m3(xf[i], s);
       break;
     }
+    case Fp8Mode::kChannel: {  // given scales only (validated)
+      check_on_cpu(*scale, op, "scale");
+      s_t = torch::stable::contiguous(torch::stable::clone(*scale));
+      const float* sp = s_t.const_data_ptr<float>();
+      torch::stable::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t k = 0; k < K; ++k) q[r * K + k] = to_e4m3(xf[r * K + k], sp[k]);
+      });
+      break;
+    }
     case Fp8Mode::kToken:
     case Fp8Mode::kGroup: {
       const int64_t g = mode == Fp8Mode::kToken ? std::max<int64_t>(K, 1) : group_size;
       const int64_t groups = mode == Fp8Mode::kToken ? 1 : K / group_size;
-      s_t = mode == Fp8Mode::kToken ? empty_on(x, {M}, kFloat) : empty_on(x, {M, groups}, kFloat);
+      if (scale.has_value()) {  // given (static) scales: copied, then used as they are
+        check_on_cpu(*scale, op, "scale");
+        s_t = torch::stable::contiguous(torch::stable::clone(*scale));
+      } else {
+        s_t = mode == Fp8Mode::kToken ? empty_on(x, {M}, kFloat) : empty_on(x, {M, groups}, kFloat);
+      }
       float* sp = s_t.mutable_data_ptr<float>();
+      const bool given = scale.has_value();
       torch::stable::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r)
           for (int64_t c = 0; c < groups; ++c) {
             const int64_t k0 = c * g, n = std::min(g, K - k0);
-            const float s = scale_from_amax(n > 0 ? cpu::abs_max(xf + r * K + k0, n) : 0.0f);
+            const float s = given ? sp[r * groups + c] : scale_from_amax(n > 0 ? cpu::abs_max(xf + r * K + k0, n) : 0.0f);
             sp[r * groups + c] = s;
             for (int64_t k = k0; k < k0 + n; ++k) q[r * K + k] = to_e4m3(xf[r * K + k], s);
           }
@@ -91,6 +107,7 @@ Tensor fp8_scaled_mm_cpu(const Tensor& a, const Tensor& b, const Tensor& scale_a
   const bool blockwise = validate_fp8_scaled_mm(op, a, b, scale_a, scale_b, out_dtype, bias, /*allow_fp32=*/true);
   check_on_cpu(a, op, "a");
   check_w8a8_layout(op, a, b, scale_a, scale_b, bias);
+  const Tensor a_rows = torch::stable::contiguous(a);  // strided rows of a: a dense copy (1 byte per element)
   // deterministic: the batch-invariant fp32 GEMM (gemm_dense/batch_invariant_mm.h) instead of ATen's, whose k-order
   // depends on M; the dequantisation and the epilogue are elementwise already.
   auto mm = [&](const Tensor& x, const Tensor& w) {
@@ -98,11 +115,11 @@ Tensor fp8_scaled_mm_cpu(const Tensor& a, const Tensor& b, const Tensor& scale_a
   };
   Tensor out;
   if (blockwise) {
-    const auto af = dequantize_e4m3(a, &scale_a, 1);
+    const auto af = dequantize_e4m3(a_rows, &scale_a, 1);
     const auto bf = dequantize_e4m3(b, &scale_b, 128);
     out = torch::stable::contiguous(mm(af, bf));
   } else {
-    out = torch::stable::contiguous(mm(dequantize_e4m3(a, nullptr, 1), dequantize_e4m3(b, nullptr, 1)));
+    out = torch::stable::contiguous(mm(dequantize_e4m3(a_rows, nullptr, 1), dequantize_e4m3(b, nullptr, 1)));
     const int64_t M = out.size(0), N = out.size(1);
     const float* sa = scale_a.const_data_ptr<float>();
     const float* sb = scale_b.const_data_ptr<float>();

@@ -13,11 +13,12 @@ std::tuple<Tensor, Tensor> fp8_quantize(const Tensor& x, std::string_view mode_s
   const char* op = "fp8_quantize";
   const Fp8Mode mode = validate_fp8_quantize(op, x, mode_str, group_size, scale, /*allow_fp32=*/false);
   check_device(x, op, "x");
-  check_contiguous(x, op, "x");
+  const int64_t x_row_stride = check_quantize_layout(op, x);
   if (x.numel() > 0) check_aligned16(x, op, "x");
   auto q = empty_on(x, shape_of(x), kFloat8_e4m3fn);
   auto s = empty_on(x, fp8_quantize_scale_shape(x, mode, group_size), kFloat);
   if (mode != Fp8Mode::kTensor && x.numel() == 0) {
+    if (scale.has_value()) return {q, torch::stable::clone(*scale)};  // the given scales, as they are
     if (s.numel() > 0) torch::stable::fill_(s, 1e-12f / 448.0f);  // K == 0: rows with no data get the amax-0 scale
     return {q, s};
   }
@@ -28,9 +29,9 @@ std::tuple<Tensor, Tensor> fp8_quantize(const Tensor& x, std::string_view mode_s
   p.scale = s.mutable_data_ptr<float>();
   p.rows = x.size(0);
   p.cols = x.size(1);
+  p.x_row_stride = x_row_stride;
   p.group_size = static_cast<int32_t>(group_size);
-  p.mode = mode == Fp8Mode::kTensor ? Fp8QuantMode::kTensor
-                                    : (mode == Fp8Mode::kToken ? Fp8QuantMode::kToken : Fp8QuantMode::kGroup);
+  p.mode = to_fp8_quant_mode(mode);
   p.dtype = to_dtype(x.scalar_type());
   const QuantizeBuffers buffers = attach_quantize_buffers(p, scale, x, &fp8_quantize_workspace_size);
   check_launch(launch_fp8_quantize(p, scope.stream()), op);

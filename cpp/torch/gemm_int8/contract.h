@@ -11,24 +11,38 @@ namespace fastinfer::binding {
 inline void define_gemm_int8_ops(StableLibrary& m) {
   // INT8 W8A8 (docs/design.md "GEMM"): dynamic int8 quantisation (zero points when symmetric=False; azp is
   // an empty [0] tensor otherwise) and the scaled int8 matmul (int32 accumulation).
-  m.def("int8_quantize(Tensor x, str mode='token', Tensor? scale=None, bool symmetric=True) -> (Tensor x_int8, "
-        "Tensor scale, Tensor azp)");
+  m.def("int8_quantize(Tensor x, str mode='token', Tensor? scale=None, bool symmetric=True, Tensor? azp=None) -> "
+        "(Tensor x_int8, Tensor scale, Tensor azp)");
   m.def("int8_scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, ScalarType out_dtype, Tensor? bias=None, "
         "Tensor? azp_adj=None, Tensor? azp=None, bool deterministic=False) -> Tensor");
 }
 
 enum class Int8Mode { kTensor, kToken };
 
+// Static asymmetric (vLLM's static_scaled_int8_quant with azp): mode='tensor', symmetric=False, a
+// given scale and a given zero point azp (int32, 1 element); the codes are clamp(rne(x / scale) +
+// azp, -128, 127) and the returned azp is the given one.
 inline Int8Mode validate_int8_quantize(const char* op, const Tensor& x, std::string_view mode,
-                                       const std::optional<Tensor>& scale, bool symmetric, bool allow_fp32) {
+                                       const std::optional<Tensor>& scale, bool symmetric,
+                                       const std::optional<Tensor>& azp, bool allow_fp32) {
   FI_CHECK(mode == "tensor" || mode == "token", op, "mode must be 'tensor' or 'token', got '", std::string(mode), "'");
   const Int8Mode m = mode == "tensor" ? Int8Mode::kTensor : Int8Mode::kToken;
   check_quantize_input(op, x, allow_fp32);
-  FI_CHECK(symmetric || m == Int8Mode::kToken, op,
-           "symmetric=False (zero points) needs mode='token'; per-tensor quantisation is symmetric only");
+  const bool static_asymmetric = m == Int8Mode::kTensor && !symmetric;
+  FI_CHECK(symmetric || m == Int8Mode::kToken || (scale.has_value() && azp.has_value()), op,
+           "symmetric=False with mode='tensor' needs a given scale and azp (static asymmetric); dynamic zero points "
+           "need mode='token'");
   if (scale.has_value()) {
     FI_CHECK(m == Int8Mode::kTensor, op, "scale must be None unless mode='tensor' (token scales are always computed)");
     check_given_scale(op, *scale, x);
+  }
+  if (azp.has_value()) {
+    FI_CHECK(static_asymmetric, op,
+             "azp must be None unless mode='tensor', symmetric=False and a scale is given (static asymmetric)");
+    FI_CHECK(azp->scalar_type() == kInt && azp->numel() == 1, op,
+             "azp must be int32 with exactly 1 element (a per-tensor zero point), got ", azp->scalar_type(), " ",
+             shape_str(*azp));
+    check_same_device(*azp, x, op, "azp", "x");
   }
   return m;
 }

@@ -27,12 +27,18 @@ float clamp(float v, float lo, float hi) { return std::min(std::max(v, lo), hi);
 // The symmetric code of v = x / scale; NaN (a NaN value, or a row's NaN scale) has code 0: int8 has
 // no NaN, the scale carries it (the kernels' rule).
 int8_t symmetric_code(float v) { return v != v ? 0 : static_cast<int8_t>(std::nearbyint(clamp(v, -127.0f, 127.0f))); }
+// The code of v = x / scale with zero point z (asymmetric): NaN -> 0, else clamp(rne(v) + z).
+int8_t asymmetric_code(float v, float z) {
+  return v != v ? 0 : static_cast<int8_t>(clamp(std::nearbyint(clamp(v, -256.0f, 256.0f)) + z, -128.0f, 127.0f));
+}
+
 std::tuple<Tensor, Tensor, Tensor> int8_quantize_cpu(const Tensor& x, std::string_view mode_str,
-                                                     const std::optional<Tensor>& scale, bool symmetric) {
+                                                     const std::optional<Tensor>& scale, bool symmetric,
+                                                     const std::optional<Tensor>& given_azp) {
   const char* op = "int8_quantize";
-  const Int8Mode mode = validate_int8_quantize(op, x, mode_str, scale, symmetric, /*allow_fp32=*/true);
+  const Int8Mode mode = validate_int8_quantize(op, x, mode_str, scale, symmetric, given_azp, /*allow_fp32=*/true);
   check_on_cpu(x, op, "x");
-  check_contiguous(x, op, "x");
+  check_quantize_layout(op, x);
   const int64_t M = x.size(0), K = x.size(1);
   const auto xf_t = contiguous_as(x, kFloat);
   const float* xf = xf_t.const_data_ptr<float>();
@@ -44,6 +50,12 @@ std::tuple<Tensor, Tensor, Tensor> int8_quantize_cpu(const Tensor& x, std::strin
     if (scale.has_value()) check_on_cpu(*scale, op, "scale");
     const float amax = M * K > 0 ? cpu::abs_max(xf, M * K) : 0.0f;
     const float s = scale.has_value() ? scalar_value(*scale) : std::max(amax, min_range) / 127.0f;
+    if (!symmetric) {  // static asymmetric: the given scale and zero point
+      check_on_cpu(*given_azp, op, "azp");
+      const int32_t z = host_indices(*given_azp)[0];
+      for (int64_t i = 0; i < M * K; ++i) q[i] = asymmetric_code(xf[i] / s, static_cast<float>(z));
+      return {q_t, full_on(x, {1}, s, kFloat), full_on(x, {1}, z, kInt)};
+    }
     for (int64_t i = 0; i < M * K; ++i) q[i] = symmetric_code(xf[i] / s);
     return {q_t, full_on(x, {1}, s, kFloat), empty_on(x, {0}, kInt)};
   }
@@ -66,11 +78,7 @@ std::tuple<Tensor, Tensor, Tensor> int8_quantize_cpu(const Tensor& x, std::strin
         const float z = s != s ? 0.0f : clamp(std::nearbyint(lo / s) - 128.0f, -128.0f, 127.0f);
         sp[r] = s;
         zp[r] = static_cast<int32_t>(z);
-        for (int64_t k = 0; k < K; ++k) {
-          const float v = xr[k] / s;
-          qr[k] = v != v ? 0
-                         : static_cast<int8_t>(clamp(std::nearbyint(clamp(v, -256.0f, 256.0f)) + z, -128.0f, 127.0f));
-        }
+        for (int64_t k = 0; k < K; ++k) qr[k] = asymmetric_code(xr[k] / s, z);
       }
     }
   });
@@ -150,7 +158,7 @@ Tensor int8_scaled_mm_cpu(const Tensor& a, const Tensor& b, const Tensor& scale_
   const int64_t M = a.size(0), N = b.size(0);
   auto out = empty_on(a, {M, N}, out_dtype);
   if (out.numel() == 0) return out;
-  const auto acc = int8_mm_exact(a, b);
+  const auto acc = int8_mm_exact(torch::stable::contiguous(a), b);  // strided rows of a: a dense copy
   const bool sa_rows = scale_a.size(0) == M && M > 1, sb_cols = scale_b.size(0) == N;
   const int32_t* z = azp.has_value() ? azp->mutable_data_ptr<int32_t>() : nullptr;
   const int32_t* adj = azp_adj.has_value() ? azp_adj->mutable_data_ptr<int32_t>() : nullptr;

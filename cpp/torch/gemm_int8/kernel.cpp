@@ -9,15 +9,16 @@ namespace fastinfer::binding {
 namespace {
 
 std::tuple<Tensor, Tensor, Tensor> int8_quantize(const Tensor& x, std::string_view mode_str,
-                                                             const std::optional<Tensor>& scale, bool symmetric) {
+                                                             const std::optional<Tensor>& scale, bool symmetric,
+                                                             const std::optional<Tensor>& given_azp) {
   const char* op = "int8_quantize";
-  const Int8Mode mode = validate_int8_quantize(op, x, mode_str, scale, symmetric, /*allow_fp32=*/false);
+  const Int8Mode mode = validate_int8_quantize(op, x, mode_str, scale, symmetric, given_azp, /*allow_fp32=*/false);
   check_device(x, op, "x");
-  check_contiguous(x, op, "x");
+  const int64_t x_row_stride = check_quantize_layout(op, x);
   if (x.numel() > 0) check_aligned16(x, op, "x");
   auto q = empty_on(x, shape_of(x), kChar);
   auto s = empty_on(x, int8_quantize_scale_shape(x, mode), kFloat);
-  auto azp = empty_on(x, {symmetric ? 0 : x.size(0)}, kInt);
+  auto azp = empty_on(x, {symmetric ? 0 : (mode == Int8Mode::kTensor ? 1 : x.size(0))}, kInt);
   if (mode == Int8Mode::kToken && x.numel() == 0) {
     if (s.numel() > 0) torch::stable::fill_(s, 1e-12f / (symmetric ? 127.0f : 255.0f));  // K == 0: the range-0 scale
     if (azp.numel() > 0) torch::stable::fill_(azp, -128);
@@ -31,10 +32,16 @@ std::tuple<Tensor, Tensor, Tensor> int8_quantize(const Tensor& x, std::string_vi
   p.azp = symmetric ? nullptr : azp.mutable_data_ptr<int32_t>();
   p.rows = x.size(0);
   p.cols = x.size(1);
+  p.x_row_stride = x_row_stride;
   p.mode = mode == Int8Mode::kTensor ? Int8QuantMode::kTensor : Int8QuantMode::kToken;
   p.symmetric = symmetric;
   p.dtype = to_dtype(x.scalar_type());
   const QuantizeBuffers buffers = attach_quantize_buffers(p, scale, x, &int8_quantize_workspace_size);
+  Tensor azp_in;  // kept alive until the launch returns
+  if (given_azp.has_value()) {
+    azp_in = torch::stable::contiguous(*given_azp);
+    p.given_azp = azp_in.mutable_data_ptr<int32_t>();
+  }
   check_launch(launch_int8_quantize(p, scope.stream()), op);
   return {q, s, azp};
 }

@@ -216,13 +216,17 @@ def paged_decode_attention(
     return _result(res, return_lse)
 
 
-def merge_attention_states(v_a: Tensor, lse_a: Tensor, v_b: Tensor, lse_b: Tensor, *, lib=None) -> Tuple[Tensor, Tensor]:
+def merge_attention_states(
+    v_a: Tensor, lse_a: Tensor, v_b: Tensor, lse_b: Tensor, mask: Optional[Tensor] = None, *, lib=None
+) -> Tuple[Tensor, Tensor]:
     """Combine attention over two disjoint key sets (split-KV, shared prefix + suffix):
     ``lse = logaddexp(lse_a, lse_b)``, ``v = v_a * exp(lse_a - lse) + v_b * exp(lse_b - lse)``;
     both ``-inf``: ``v = 0``, ``lse = -inf``; a NaN lse on either side: NaN ``lse`` and ``v``.
-    ``v_*``: ``[T, H, D]`` (fp16/bf16/fp32, ``D > 0``); ``lse_*``: ``[T, H]`` float32. Returns
-    ``(v, lse)``."""
-    return (lib or torch.ops.fastinfer).merge_attention_states(v_a, lse_a, v_b, lse_b)
+    ``v_*``: ``[T, H, D]`` (fp16/bf16/fp32, ``D > 0``); ``lse_*``: ``[T, H]`` float32.
+    ``mask``: optional ``[T]`` bool (FlashInfer's ``merge_state_in_place`` mask): tokens whose
+    entry is False keep ``(v_a, lse_a)`` bit for bit, so one captured graph serves batches where
+    only some tokens have a second state. Returns ``(v, lse)``."""
+    return (lib or torch.ops.fastinfer).merge_attention_states(v_a, lse_a, v_b, lse_b, mask)
 
 
 def move_kv_slots(k_cache: Tensor, v_cache: Tensor, src_slots: Tensor, dst_slots: Tensor, *, lib=None) -> None:
@@ -274,7 +278,7 @@ def _paged_decode_attention_fake(ns, q, k_cache, v_cache, block_table, seq_lens,
 
 
 @fake("merge_attention_states")
-def _merge_attention_states_fake(ns, v_a, lse_a, v_b, lse_b):
-    same_device(ns, "merge_attention_states", "v_a", v_a, lse_a=lse_a, v_b=v_b, lse_b=lse_b)
+def _merge_attention_states_fake(ns, v_a, lse_a, v_b, lse_b, mask=None):
+    same_device(ns, "merge_attention_states", "v_a", v_a, lse_a=lse_a, v_b=v_b, lse_b=lse_b, mask=mask)
     return (torch.empty_like(v_a, memory_format=torch.contiguous_format),
             torch.empty_like(lse_a, memory_format=torch.contiguous_format))

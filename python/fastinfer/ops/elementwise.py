@@ -6,6 +6,12 @@ raises ``RuntimeError("fastinfer.<op>: <argument> must ..., got ...")``.
 
 Dtypes: float16 and bfloat16 on CUDA; the CPU implementations also accept float32. All math is
 fp32 inside with a single rounding to the output dtype. Empty inputs (T = 0) are no-ops.
+
+Strided rows: the norms and activations read (and their ``out=`` / in-place arguments write) any
+tensor whose last dim is contiguous and whose leading dims are evenly spaced rows at least a row
+apart, e.g. ``qkv[:, :q_size]`` or ``gate_up[..., :2F]`` of a wider buffer, without a copy. The
+kernels use 16-byte vectors where the row stride and the pointers allow it and one element per
+thread otherwise (any stride works). Returned outputs are contiguous.
 """
 
 from __future__ import annotations
@@ -18,26 +24,36 @@ from ._fake import check, check_dim, fake, same_device
 
 Tensor = torch.Tensor
 
+ACTIVATIONS = ("gelu_new", "gelu_fast", "quick_gelu")
+"""The names :func:`activation` takes (transformers' ``ACT2FN`` keys)."""
+
 __all__ = [
     "rms_norm",
     "fused_add_rms_norm",
     "silu_and_mul",
+    "gelu_and_mul",
     "gelu_tanh_and_mul",
+    "activation",
     "rotary_embedding",
     "reshape_and_cache",
     "build_rope_cache",
 ]
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, out: Optional[Tensor] = None, *, lib=None) -> Tensor:
+def rms_norm(
+    x: Tensor, weight: Optional[Tensor], eps: float = 1e-6, out: Optional[Tensor] = None, *, lib=None
+) -> Tensor:
     """RMSNorm over the last dim: ``x * rsqrt(mean(x**2, -1) + eps) * weight``.
 
     Args:
-        x: ``[..., H]``, contiguous, rank >= 1; float16 / bfloat16 (float32 on CPU).
-        weight: ``[H]``, same dtype and device as ``x``.
+        x: ``[..., H]``, rank >= 1; float16 / bfloat16 (float32 on CPU). Strided rows are read in
+            place: the last dim contiguous, the rows evenly spaced at any stride (a column slice of
+            a wider buffer such as a fused qkv output; see the module docstring).
+        weight: ``[H]``, same dtype and device as ``x``; or None, the weightless RMSNorm
+            (``elementwise_affine=False``), which equals a weight of ones bit for bit.
         eps: ``>= 0``.
-        out: optional preallocated ``[..., H]`` tensor (same shape/dtype/device as ``x``,
-            contiguous); written in place (``rms_norm_out``) and returned.
+        out: optional preallocated ``[..., H]`` tensor (same shape/dtype/device as ``x``, rows as
+            ``x``); written in place (``rms_norm_out``) and returned.
 
     Returns:
         A new tensor shaped like ``x`` (or ``out``). ``x`` is not modified.
@@ -49,7 +65,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, out: Optional[Tensor]
 
 
 def fused_add_rms_norm(
-    x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, *, lib=None
+    x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float = 1e-6, *, lib=None
 ) -> Tuple[Tensor, Tensor]:
     """Residual add + RMSNorm, both **in place** (the residual stream of a Llama layer).
 
@@ -57,9 +73,9 @@ def fused_add_rms_norm(
     ``x <- rms_norm(residual, weight, eps)`` computed from the rounded residual.
 
     Args:
-        x: ``[..., H]`` contiguous; overwritten with the normalised output.
-        residual: same shape/dtype/device as ``x``, contiguous; overwritten with the sum.
-        weight: ``[H]``, same dtype as ``x``.
+        x: ``[..., H]`` (strided rows allowed); overwritten with the normalised output.
+        residual: same shape/dtype/device as ``x`` (strided rows allowed); overwritten with the sum.
+        weight: ``[H]``, same dtype as ``x``; or None (no weight, as :func:`rms_norm`).
         eps: ``>= 0``.
 
     Returns:
@@ -73,8 +89,8 @@ def silu_and_mul(x: Tensor, out: Optional[Tensor] = None, *, lib=None) -> Tensor
     """SwiGLU gate: ``out = silu(x[..., :F]) * x[..., F:]``.
 
     Args:
-        x: ``[..., 2F]`` contiguous (the fused gate/up projection output).
-        out: optional preallocated ``[..., F]`` tensor (same dtype/device, contiguous), written in
+        x: ``[..., 2F]`` (the fused gate/up projection output; strided rows allowed).
+        out: optional preallocated ``[..., F]`` tensor (same dtype/device, strided rows allowed), written in
             place (``silu_and_mul_out``) and returned.
 
     Returns:
@@ -86,13 +102,53 @@ def silu_and_mul(x: Tensor, out: Optional[Tensor] = None, *, lib=None) -> Tensor
     return out
 
 
+def gelu_and_mul(x: Tensor, out: Optional[Tensor] = None, *, lib=None) -> Tensor:
+    """GeGLU gate with the exact (erf) gelu: ``out = gelu(x[..., :F]) * x[..., F:]``,
+    ``gelu(a) = a / 2 * (1 + erf(a / sqrt(2)))`` (``torch.nn.functional.gelu``, transformers'
+    ``gelu``).
+
+    Args:
+        x: ``[..., 2F]`` (the fused gate/up projection output; strided rows allowed).
+        out: optional preallocated ``[..., F]`` tensor (same dtype/device, strided rows allowed), written in
+            place (``gelu_and_mul_out``) and returned.
+
+    Returns:
+        ``[..., F]``. ``x`` is not modified.
+    """
+    if out is None:
+        return (lib or torch.ops.fastinfer).gelu_and_mul(x)
+    (lib or torch.ops.fastinfer).gelu_and_mul_out(out, x)
+    return out
+
+
+def activation(x: Tensor, activation: str, out: Optional[Tensor] = None, *, lib=None) -> Tensor:
+    """An elementwise activation by transformers' name (``ACT2FN`` key), fp32 inside, one rounding:
+
+    * ``"gelu_new"``: ``x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))``;
+    * ``"gelu_fast"``: ``x / 2 * (1 + tanh(x * 0.7978845608 * (1 + 0.044715 x^2)))``;
+    * ``"quick_gelu"``: ``x * sigmoid(1.702 x)`` (vLLM's ``gelu_quick``).
+
+    Any other name raises. Args:
+        x: any shape (strided rows allowed); float16 / bfloat16 (float32 on CPU).
+        out: optional preallocated tensor shaped like ``x`` (same dtype/device, strided rows allowed),
+            written in place (``activation_out``) and returned.
+
+    Returns:
+        A tensor shaped like ``x`` (or ``out``). ``x`` is not modified.
+    """
+    if out is None:
+        return (lib or torch.ops.fastinfer).activation(x, activation)
+    (lib or torch.ops.fastinfer).activation_out(out, x, activation)
+    return out
+
+
 def gelu_tanh_and_mul(x: Tensor, out: Optional[Tensor] = None, *, lib=None) -> Tensor:
     """GeGLU gate (Gemma): ``out = gelu(x[..., :F]) * x[..., F:]``, gelu's tanh approximation
     (``torch.nn.functional.gelu(approximate="tanh")``, transformers' ``gelu_pytorch_tanh``).
 
     Args:
-        x: ``[..., 2F]`` contiguous (the fused gate/up projection output).
-        out: optional preallocated ``[..., F]`` tensor (same dtype/device, contiguous), written in
+        x: ``[..., 2F]`` (the fused gate/up projection output; strided rows allowed).
+        out: optional preallocated ``[..., F]`` tensor (same dtype/device, strided rows allowed), written in
             place (``gelu_tanh_and_mul_out``) and returned.
 
     Returns:
@@ -191,7 +247,8 @@ def build_rope_cache(
 @fake("rms_norm")
 def _rms_norm_fake(ns, x, weight, eps):
     same_device(ns, "rms_norm", "x", x, weight=weight)
-    check_dim(ns, "rms_norm", "weight", weight, 1, "[hidden]")
+    if weight is not None:
+        check_dim(ns, "rms_norm", "weight", weight, 1, "[hidden]")
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
@@ -214,6 +271,29 @@ def _silu_and_mul_fake(ns, x):
 @fake("silu_and_mul_out")
 def _silu_and_mul_out_fake(ns, out, x):
     same_device(ns, "silu_and_mul_out", "x", x, out=out)
+
+
+@fake("gelu_and_mul")
+def _gelu_and_mul_fake(ns, x):
+    check(ns, "gelu_and_mul", x.dim() >= 1, "x must have shape [..., 2 * F], got a 0-D tensor")
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+@fake("gelu_and_mul_out")
+def _gelu_and_mul_out_fake(ns, out, x):
+    same_device(ns, "gelu_and_mul_out", "x", x, out=out)
+
+
+@fake("activation")
+def _activation_fake(ns, x, activation):
+    check(ns, "activation", activation in ACTIVATIONS,
+          f"activation must be 'gelu_new', 'gelu_fast' or 'quick_gelu', got '{activation}'")
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@fake("activation_out")
+def _activation_out_fake(ns, out, x, activation):
+    same_device(ns, "activation_out", "x", x, out=out)
 
 
 @fake("gelu_tanh_and_mul")

@@ -38,15 +38,22 @@ def fp8_quantize(
       static calibration scale) the data is quantised with it in one pass (the returned scale is a
       copy); without, a reduction pass computes the amax first (two kernels, x read twice).
 
+    * Static scales: ``scale`` given with ``mode='token'`` (``[M]``), ``'group'``
+      (``[M, K / group_size]``) or ``'channel'`` (``[K]``, one per column; this mode takes only a
+      given scale) quantises with them in one pass: ``q[m, k] = e4m3(clamp(x[m, k] / scale[unit]))``;
+      the returned scale is a copy.
+
     Non-finite values, on every backend: a NaN makes its unit's scale NaN (as ``amax`` does) and
     every code under that scale NaN; an infinity makes the scale infinite, its own code NaN and the
     unit's finite values 0. With a given scale a NaN value's code is NaN and an infinity saturates.
 
     Args:
-        x: ``[M, K]`` contiguous float16 / bfloat16 (float32 too on CPU); K a multiple of 8.
-        mode: ``'token'`` (default), ``'group'`` or ``'tensor'``.
+        x: ``[M, K]`` float16 / bfloat16 (float32 too on CPU); K a multiple of 8. Strided rows
+            (``stride(1) == 1``, ``stride(0)`` any multiple of 8 >= K: a column slice of a wider
+            buffer) are read in place; the outputs are contiguous.
+        mode: ``'token'`` (default), ``'group'``, ``'tensor'`` or ``'channel'``.
         group_size: the group width for ``mode='group'``.
-        scale: optional given per-tensor scale (only with ``mode='tensor'``).
+        scale: optional given (static) float32 scale of the mode's shape.
 
     Returns:
         ``(x_fp8 [M, K] float8_e4m3fn, scale float32)``; ``x ~= x_fp8.float() * scale``.
@@ -79,7 +86,9 @@ def fp8_scaled_mm(
     pipeline; it needs sm_89+ (Ada / Hopper) and raises "requires sm_89+" on older GPUs.
 
     Args:
-        a: ``[M, K]`` float8_e4m3fn, contiguous (activations); K a multiple of 16.
+        a: ``[M, K]`` float8_e4m3fn (activations); K a multiple of 16. Its rows may lie further
+            apart (``stride(1) == 1``, ``stride(0)`` a multiple of 16 >= K: a column slice of a
+            wider buffer, cuBLASLt's ``lda``), read in place.
         b: ``[N, K]`` float8_e4m3fn, contiguous row-major (a weight in ``nn.Linear`` layout);
             N a multiple of 16.
         scale_a, scale_b: see above.
@@ -103,8 +112,10 @@ def _fp8_quantize_fake(ns, x, mode="token", group_size=128, scale=None):
     op = "fp8_quantize"
     check_dim(ns, op, "x", x, 2, "[M, K]")
     same_device(ns, op, "x", x, scale=scale)
-    check(ns, op, mode in ("tensor", "token", "group"), f"mode must be 'tensor', 'token' or 'group', got '{mode}'")
-    shape = {"tensor": (1,), "token": (x.shape[0],)}.get(mode) or (x.shape[0], x.shape[1] // group_size)
+    check(ns, op, mode in ("tensor", "token", "group", "channel"),
+          f"mode must be 'tensor', 'token', 'group' or 'channel', got '{mode}'")
+    shape = {"tensor": (1,), "token": (x.shape[0],), "channel": (x.shape[1],)}.get(mode) or (
+        x.shape[0], x.shape[1] // group_size)
     return x.new_empty(x.shape, dtype=torch.float8_e4m3fn), x.new_empty(shape, dtype=torch.float32)
 
 

@@ -20,7 +20,8 @@ __all__ = ["int8_quantize", "int8_scaled_mm", "int8_azp_adj"]
 
 
 def int8_quantize(
-    x: Tensor, mode: str = "token", scale: Optional[Tensor] = None, symmetric: bool = True, *, lib=None
+    x: Tensor, mode: str = "token", scale: Optional[Tensor] = None, symmetric: bool = True,
+    azp: Optional[Tensor] = None, *, lib=None,
 ) -> Tuple[Tensor, ...]:
     """Quantise ``x`` to int8 with dynamic (or, per tensor, given) float32 scales.
 
@@ -30,7 +31,10 @@ def int8_quantize(
       per row (``mode='token'``, ``scale [M]``) or over the tensor (``mode='tensor'``, ``scale [1]``;
       with ``scale`` given, e.g. a static calibration scale, one pass with it; without, a reduction
       pass first: two kernels, x read twice);
-    * asymmetric (``symmetric=False``, per token only): ``lo = max(-min(x), 0)``,
+    * static asymmetric (``mode='tensor'``, ``symmetric=False``, ``scale`` and ``azp`` given, 1
+      element each; vLLM's ``static_scaled_int8_quant`` with ``azp``):
+      ``q = clamp(round(x / scale) + azp, -128, 127)``; returns the given ``azp`` ``[1]``;
+    * asymmetric (``symmetric=False``, per token): ``lo = max(-min(x), 0)``,
       ``hi = max(max(x), 0)``, ``scale = max(hi + lo, 1e-12) / 255``,
       ``azp = clamp(round(lo / scale) - 128, -128, 127)`` (int32 [M]),
       ``q = clamp(round(x / scale) + azp, -128, 127)``, so ``x ~= (q - azp) * scale``.
@@ -41,15 +45,19 @@ def int8_quantize(
     too: inf / inf is NaN), at the zero point when asymmetric.
 
     Args:
-        x: ``[M, K]`` contiguous float16 / bfloat16 (float32 too on CPU); K a multiple of 8.
+        x: ``[M, K]`` float16 / bfloat16 (float32 too on CPU); K a multiple of 8. Strided rows
+            (``stride(1) == 1``, ``stride(0)`` any multiple of 8 >= K: a column slice of a wider
+            buffer) are read in place; the outputs are contiguous.
         mode: ``'token'`` (default) or ``'tensor'``.
         scale: optional given per-tensor scale (float32, 1 element; only with ``mode='tensor'``).
-        symmetric: False for per-token zero points.
+        symmetric: False for zero points (per token, or the given one per tensor).
+        azp: the given zero point (int32, 1 element) of static asymmetric quantisation.
 
     Returns:
-        ``(x_int8 [M, K] int8, scale float32)``, and ``azp int32 [M]`` third when ``symmetric=False``.
+        ``(x_int8 [M, K] int8, scale float32)``, and ``azp int32`` (``[M]``, or ``[1]`` per tensor)
+        third when ``symmetric=False``.
     """
-    q, s, azp = (lib or torch.ops.fastinfer).int8_quantize(x, mode, scale, bool(symmetric))
+    q, s, azp = (lib or torch.ops.fastinfer).int8_quantize(x, mode, scale, bool(symmetric), azp)
     return (q, s) if symmetric else (q, s, azp)
 
 
@@ -84,7 +92,9 @@ def int8_scaled_mm(
     else fp32 GEMMs over K chunks of 1024) and the same epilogue, so CPU and the emulated kernel agree bit for bit.
 
     Args:
-        a: ``[M, K]`` int8, contiguous (activations); K a multiple of 16.
+        a: ``[M, K]`` int8 (activations); K a multiple of 16. Its rows may lie further apart
+            (``stride(1) == 1``, ``stride(0)`` a multiple of 16 >= K: a column slice of a wider
+            buffer, cuBLASLt's ``lda``), read in place.
         b: ``[N, K]`` int8, contiguous row-major (a weight in ``nn.Linear`` layout); N a multiple of 16.
         scale_a, scale_b: see above.
         out_dtype: ``torch.bfloat16`` or ``torch.float16`` (``torch.float32`` too on CPU).
@@ -106,13 +116,13 @@ def int8_scaled_mm(
 
 
 @fake("int8_quantize")
-def _int8_quantize_fake(ns, x, mode="token", scale=None, symmetric=True):
+def _int8_quantize_fake(ns, x, mode="token", scale=None, symmetric=True, azp=None):
     op = "int8_quantize"
     check_dim(ns, op, "x", x, 2, "[M, K]")
-    same_device(ns, op, "x", x, scale=scale)
+    same_device(ns, op, "x", x, scale=scale, azp=azp)
     check(ns, op, mode in ("tensor", "token"), f"mode must be 'tensor' or 'token', got '{mode}'")
     scale_shape = (1,) if mode == "tensor" else (x.shape[0],)
-    azp = x.new_empty((0,) if symmetric else (x.shape[0],), dtype=torch.int32)
+    azp = x.new_empty((0,) if symmetric else scale_shape, dtype=torch.int32)
     return x.new_empty(x.shape, dtype=torch.int8), x.new_empty(scale_shape, dtype=torch.float32), azp
 
 

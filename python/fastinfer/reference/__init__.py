@@ -14,7 +14,11 @@ from .elementwise import (  # noqa: F401
     rms_norm,
     rotary_embedding,
     silu_and_mul,
+    gelu_and_mul,
     gelu_tanh_and_mul,
+    gelu_new,
+    gelu_fast,
+    quick_gelu,
 )
 
 from .attention import (  # noqa: F401
@@ -59,7 +63,11 @@ __all__ = [
     "rms_norm",
     "rotary_embedding",
     "silu_and_mul",
+    "gelu_and_mul",
     "gelu_tanh_and_mul",
+    "gelu_new",
+    "gelu_fast",
+    "quick_gelu",
     "fp8_dequantize",
     "fp8_quantize",
     "fp8_scaled_mm",

@@ -242,16 +242,24 @@ def paged_decode_attention(
                                    fixed_split_size=fixed_split_size, sinks=sinks)
 
 
-def merge_attention_states(v_a: Tensor, lse_a: Tensor, v_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+def merge_attention_states(
+    v_a: Tensor, lse_a: Tensor, v_b: Tensor, lse_b: Tensor, mask: Optional[Tensor] = None
+) -> Tuple[Tensor, Tensor]:
     """Combine two results over disjoint key sets: lse = logaddexp(lse_a, lse_b),
     v = v_a * exp(lse_a - lse) + v_b * exp(lse_b - lse); both -inf -> v = 0, lse = -inf; a NaN lse
-    on either side -> NaN lse and v."""
+    on either side -> NaN lse and v. ``mask [T]`` bool (FlashInfer's ``merge_state_in_place``
+    mask): tokens whose entry is False keep ``(v_a, lse_a)`` unchanged."""
     la, lb = lse_a.to(torch.float64), lse_b.to(torch.float64)
     lse = torch.logaddexp(la, lb)
     none = lse == float("-inf")
     wa = torch.where(none, torch.zeros_like(la), torch.exp(la - lse)).unsqueeze(-1)
     wb = torch.where(none, torch.zeros_like(lb), torch.exp(lb - lse)).unsqueeze(-1)
-    return v_a.to(torch.float64) * wa + v_b.to(torch.float64) * wb, lse
+    v = v_a.to(torch.float64) * wa + v_b.to(torch.float64) * wb
+    if mask is not None:
+        keep = ~mask.to(torch.bool).reshape(-1, 1)
+        v = torch.where(keep.unsqueeze(-1), v_a.to(torch.float64), v)
+        lse = torch.where(keep, la, lse)
+    return v, lse
 
 
 def move_kv_slots(k_cache: Tensor, v_cache: Tensor, src_slots: Tensor, dst_slots: Tensor) -> Tuple[Tensor, Tensor]:

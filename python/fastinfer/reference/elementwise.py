@@ -20,7 +20,11 @@ __all__ = [
     "rms_norm",
     "fused_add_rms_norm",
     "silu_and_mul",
+    "gelu_and_mul",
     "gelu_tanh_and_mul",
+    "gelu_new",
+    "gelu_fast",
+    "quick_gelu",
     "rotary_embedding",
     "reshape_and_cache",
     "fp8_e4m3_quantize",
@@ -33,14 +37,14 @@ FP8_E4M3_MAX = 448.0
 Tensor = torch.Tensor
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+def rms_norm(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
     """RMSNorm over the last dimension.
 
     ``out = x * rsqrt(mean(x ** 2, dim=-1) + eps) * weight``
 
     Args:
         x: ``[..., H]`` any floating dtype.
-        weight: ``[H]``.
+        weight: ``[H]``, or None: no weight (``torch.nn.RMSNorm(elementwise_affine=False)``).
         eps: ``>= 0``.
 
     Returns:
@@ -48,15 +52,17 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
-    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
-        raise ValueError(f"weight must be [{x.shape[-1]}], got {list(weight.shape)}")
     x64 = x.to(torch.float64)
     ms = x64.square().mean(dim=-1, keepdim=True)
+    if weight is None:
+        return x64 * torch.rsqrt(ms + eps)
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"weight must be [{x.shape[-1]}], got {list(weight.shape)}")
     return x64 * torch.rsqrt(ms + eps) * weight.to(torch.float64)
 
 
 def fused_add_rms_norm(
-    x: Tensor, residual: Tensor, weight: Tensor, eps: float
+    x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float
 ) -> Tuple[Tensor, Tensor]:
     """Residual add followed by RMSNorm (one Llama residual-stream step).
 
@@ -104,6 +110,39 @@ def gelu_tanh_and_mul(x: Tensor) -> Tensor:
     ``gelu_pytorch_tanh``); ``x [..., 2F]`` -> ``[..., F]`` float64."""
     a, b = _gate_up(x)
     return 0.5 * a * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (a + 0.044715 * a ** 3))) * b
+
+
+def gelu_and_mul(x: Tensor) -> Tensor:
+    """GeGLU gate with the exact gelu: ``out = gelu(x[..., :F]) * x[..., F:]`` with
+    ``gelu(a) = a / 2 * (1 + erf(a / sqrt(2)))`` (``torch.nn.functional.gelu``'s default,
+    transformers' ``gelu``, vLLM's ``GeluAndMul(approximate="none")``); ``x [..., 2F]`` ->
+    ``[..., F]`` float64."""
+    a, b = _gate_up(x)
+    return 0.5 * a * (1.0 + torch.erf(a / math.sqrt(2.0))) * b
+
+
+# The plain activations as transformers defines them (src/transformers/activations.py), in float64.
+
+
+def gelu_new(x: Tensor) -> Tensor:
+    """transformers' ``NewGELUActivation`` (``ACT2FN["gelu_new"]``, GPT-2's gelu):
+    ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))``; float64."""
+    x = x.to(torch.float64)
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def gelu_fast(x: Tensor) -> Tensor:
+    """transformers' ``FastGELUActivation`` (``ACT2FN["gelu_fast"]``):
+    ``0.5 * x * (1 + tanh(x * 0.7978845608 * (1 + 0.044715 * x * x)))``; float64."""
+    x = x.to(torch.float64)
+    return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+
+
+def quick_gelu(x: Tensor) -> Tensor:
+    """transformers' ``QuickGELUActivation`` (``ACT2FN["quick_gelu"]``, CLIP's):
+    ``x * sigmoid(1.702 * x)``; float64."""
+    x = x.to(torch.float64)
+    return x * torch.sigmoid(1.702 * x)
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, rot: int, is_neox: bool) -> Tensor:

@@ -32,6 +32,10 @@ def fp8_quantize(
 ) -> Tuple[Tensor, Tensor]:
     """Dynamic e4m3 quantisation of ``x [M, K]``; returns ``(x_fp8 [M, K], scale float32)``.
 
+    With ``scale`` given (static) it is used as is and returned (copied): ``[1]`` per tensor, ``[M]``
+    per token, ``[M, K / group_size]`` per group, ``[K]`` per channel (``mode='channel'``, given
+    only): ``q[m, k] = e4m3(clamp(x[m, k] / scale[unit(m, k)], -448, 448))``.
+
     ``mode='tensor'``: one scale ``[1]`` (``scale`` if given, else from the amax of all of x);
     ``'token'``: scale ``[M]`` from each row's amax; ``'group'``: scale ``[M, K / group_size]`` from
     the amax of each run of ``group_size`` elements of a row. ``x ~= x_fp8.float() * scale``
@@ -47,15 +51,23 @@ def fp8_quantize(
             s = _scale_from_amax(amax).reshape(1)
         q = xf / s
     elif mode == "token":
-        amax = xf.abs().amax(1) if k else torch.zeros(m, dtype=torch.float32)
-        s = _scale_from_amax(amax)
+        if scale is not None:
+            s = scale.to(torch.float32).reshape(m).clone()
+        else:
+            amax = xf.abs().amax(1) if k else torch.zeros(m, dtype=torch.float32)
+            s = _scale_from_amax(amax)
         q = xf / s[:, None]
     elif mode == "group":
         xg = xf.view(m, k // group_size, group_size)
-        s = _scale_from_amax(xg.abs().amax(2))
+        s = scale.to(torch.float32).reshape(m, k // group_size).clone() if scale is not None else _scale_from_amax(xg.abs().amax(2))
         q = (xg / s[:, :, None]).view(m, k)
+    elif mode == "channel":
+        if scale is None:
+            raise ValueError("mode='channel' needs a given scale [K]")
+        s = scale.to(torch.float32).reshape(k).clone()
+        q = xf / s[None, :]
     else:
-        raise ValueError(f"mode must be 'tensor', 'token' or 'group', got {mode!r}")
+        raise ValueError(f"mode must be 'tensor', 'token', 'group' or 'channel', got {mode!r}")
     return q.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn), s
 
 

@@ -27,12 +27,16 @@ INT8_MIN_RANGE = 1e-12
 
 
 def int8_quantize(
-    x: Tensor, mode: str = "token", scale: Optional[Tensor] = None, symmetric: bool = True
+    x: Tensor, mode: str = "token", scale: Optional[Tensor] = None, symmetric: bool = True,
+    azp: Optional[Tensor] = None,
 ) -> Tuple[Tensor, ...]:
     """Dynamic int8 quantisation of ``x [M, K]``.
 
     Returns ``(x_int8 [M, K], scale float32 [1] or [M])``, plus ``azp int32 [M]`` when
-    ``symmetric=False`` (``mode='token'`` only). ``mode='tensor'`` uses ``scale`` when given.
+    ``symmetric=False`` (``mode='token'``). ``mode='tensor'`` uses ``scale`` when given; with
+    ``symmetric=False`` it is static asymmetric (vLLM's ``static_scaled_int8_quant`` with ``azp``):
+    the given ``scale`` and zero point ``azp`` (1 element each), codes ``clamp(round(x / scale) +
+    azp, -128, 127)``, and the returned ``azp`` is the given one ``[1]``.
     A NaN in x makes its row's (or the tensor's) scale NaN, as ``amax`` does; a NaN ``x / scale``
     has code 0 (int8 has no NaN) and a NaN row zero point 0.
     """
@@ -42,7 +46,12 @@ def int8_quantize(
         raise ValueError(f"mode must be 'tensor' or 'token', got {mode!r}")
     if mode == "tensor":
         if not symmetric:
-            raise ValueError("per-tensor quantisation is symmetric only")
+            if scale is None or azp is None:
+                raise ValueError("per-tensor asymmetric quantisation needs a given scale and azp")
+            s = scale.to(torch.float32).reshape(1).clone()
+            z = azp.to(torch.int32).reshape(1).clone()
+            q = ((xf / s).clamp(-256, 256).round() + z.to(torch.float32)).clamp(-128, 127)
+            return _codes(q), s, z
         if scale is not None:
             s = scale.to(torch.float32).reshape(1).clone()
         else:

@@ -212,6 +212,7 @@ struct MergeAttentionStatesParams {
   const float* lse_b = nullptr;
   void* v_out = nullptr;
   float* lse_out = nullptr;
+  const bool* mask = nullptr;  // [T], or null: tokens whose entry is false keep (v_a, lse_a) as they are
   int64_t num_tokens = 0;
   int32_t num_heads = 0;
   int32_t head_dim = 0;

@@ -21,9 +21,11 @@ __global__ void __launch_bounds__(kThreads) merge_attention_states_kernel(const 
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool active = row < num_rows;
   float lse_a = -INFINITY, lse_b = -INFINITY;
+  bool keep_a = false;  // a masked-out token: state a, copied bit for bit
   if (active) {
     lse_a = p.lse_a[row];
     lse_b = p.lse_b[row];
+    keep_a = p.mask != nullptr && !p.mask[row / p.num_heads];
   }
   // -inf safe: both -inf -> weights 0 and lse -inf. A NaN lse (either side) gives NaN weights, v
   // and lse: NaN in, NaN out (fmaxf would drop it and keep the other side). (+inf inputs are not
@@ -45,13 +47,15 @@ __global__ void __launch_bounds__(kThreads) merge_attention_states_kernel(const 
       Vec<T, VEC> a, b;
       a.load(va + d);
       b.load(vb + d);
+      if (!keep_a) {
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) a[i] = from_float<T>(wa * to_float(a[i]) + wb * to_float(b[i]));
+        for (int i = 0; i < VEC; ++i) a[i] = from_float<T>(wa * to_float(a[i]) + wb * to_float(b[i]));
+      }
       a.store(vo + d);
     }
   }
   __syncthreads();  // every lse read of the CTA happens before lse_out (which may alias) is written
-  if (active && threadIdx.x == 0 && p.lse_out != nullptr) p.lse_out[row] = seen ? m + logf(sum) : -INFINITY;
+  if (active && threadIdx.x == 0 && p.lse_out != nullptr) p.lse_out[row] = keep_a ? lse_a : (seen ? m + logf(sum) : -INFINITY);
 }
 
 }  // namespace fastinfer::attention::merge

@@ -24,17 +24,20 @@ enum class Fp8QuantMode : int32_t {
   kTensor = 0,  // one scale for the whole tensor (given, or computed by a reduction pass first)
   kToken = 1,   // one scale per row: scale [M]
   kGroup = 2,   // one scale per group of group_size consecutive elements of a row: scale [M, K / group_size]
+  kChannel = 3, // one given scale per column: scale [K] (given_scale only)
 };
 
 struct Fp8QuantizeParams {
-  const void* x = nullptr;   // [M, K], contiguous, dtype
+  const void* x = nullptr;   // [M, K], rows x_row_stride apart, dtype
   void* out = nullptr;       // [M, K], contiguous, e4m3
   float* scale = nullptr;    // output scales (device): [1], [M] or [M, K / group_size]
-  // kTensor only: a given scale (device, 1 element). When non-null the data is quantised with it in
-  // one pass and copied to `scale`; when null a reduction pass computes amax first (2 kernels).
+  // A given scale (device) of the mode's shape: [1], [M], [K] or [M, K / group_size]. When non-null
+  // the data is quantised with it in one pass and it is copied to `scale`; when null the scales come
+  // from the amax (kTensor: a reduction pass first, 2 kernels). kChannel needs one.
   const float* given_scale = nullptr;
   int64_t rows = 0;          // M
   int64_t cols = 0;          // K: a multiple of 8 (16-byte vectors)
+  int64_t x_row_stride = 0;  // elements between rows of x: >= K, a multiple of 8; 0: K (contiguous)
   int32_t group_size = 128;  // kGroup: a power of two in [8, 256] dividing K
   Fp8QuantMode mode = Fp8QuantMode::kToken;
   DType dtype = DType::kBFloat16;  // of x: float16 or bfloat16
@@ -50,7 +53,7 @@ enum class Fp8ScaleMode : int32_t {
 };
 
 struct Fp8ScaledMmParams {
-  const void* a = nullptr;       // [M, K] e4m3, row-major (row stride K bytes), 16-byte aligned
+  const void* a = nullptr;       // [M, K] e4m3, rows lda bytes apart, 16-byte aligned
   const void* b = nullptr;       // [N, K] e4m3, row-major, 16-byte aligned
   void* out = nullptr;           // [M, N] out_dtype, row-major, 4-byte aligned
   const float* scale_a = nullptr;
@@ -59,6 +62,7 @@ struct Fp8ScaledMmParams {
   int64_t m = 0;
   int64_t n = 0;                 // a multiple of 16 (even: packed 2-element stores)
   int64_t k = 0;                 // a multiple of 16 (16-byte cp.async chunks)
+  int64_t lda = 0;               // row stride of a in elements: 0 for k, else a multiple of 16 >= k
   Fp8ScaleMode scale_mode = Fp8ScaleMode::kTensorOrChannel;
   bool scale_a_per_row = false;  // kTensorOrChannel: scale_a has M entries (else 1)
   bool scale_b_per_col = false;  // kTensorOrChannel: scale_b has N entries (else 1)

@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_scaled_mm_kernel(const F
   uint8_t* smem = dynamic_smem<uint8_t>();
 
   auto load_tile = [&](int kt, int stage) {  // K % 16 == 0 (one byte per element)
-    mma::load_ab_stage<Cfg>(smem + stage * Cfg::kStageBytes, a_ptr, b_ptr, m0, n0, M, N, K, kt, tid);
+    mma::load_ab_stage<Cfg>(smem + stage * Cfg::kStageBytes, a_ptr, b_ptr, m0, n0, M, N, K, kt, tid, p.lda);
   };
 
   float acc[kMi][kNi][4];

@@ -53,6 +53,7 @@ struct E4m3Format {
     }
   };
   static __device__ __forceinline__ float scale_from_amax(float amax) { return fp8::scale_from_amax(amax); }
+  static __device__ __forceinline__ int32_t given_zero_point(const Params&) { return 0; }
   static __device__ __forceinline__ quant::QuantScale row_scale(const Range& range, float* scratch) {
     return {fp8::scale_from_amax(block_reduce_max(range.amax, scratch)), 0};
   }
@@ -75,7 +76,7 @@ __global__ void __launch_bounds__(quant::kQuantThreads) fp8_quantize_group_kerne
   Vec<T, 8> x;
   float amax = 0.f;
   if (valid) {
-    x.load(static_cast<const T*>(p.x) + v * 8);
+    x.load(static_cast<const T*>(p.x) + quant::x_vector_offset(p, v));
     amax = quant::amax8(x);
   }
   amax = warp_reduce_max_nan<kLanes>(amax);
@@ -83,6 +84,40 @@ __global__ void __launch_bounds__(quant::kQuantThreads) fp8_quantize_group_kerne
   const float scale = scale_from_amax(amax);
   reinterpret_cast<uint2*>(p.out)[v] = quantize8(x, scale);
   if (v % kLanes == 0) p.scale[v / kLanes] = scale;
+}
+
+// ---- given scales per token, channel or group --------------------------------------------------
+// grid ceil(M * K / 8 / kQuantThreads), block kQuantThreads: one 8-element vector per thread, each
+// element divided by its given scale (a vector never straddles a group: group_size >= 8); the
+// thread of a unit's first vector copies its scale to the output.
+template <typename T>
+__global__ void __launch_bounds__(quant::kQuantThreads) fp8_quantize_given_kernel(const Fp8QuantizeParams p) {
+  const int64_t vecs_per_row = p.cols / 8;
+  const int64_t v = static_cast<int64_t>(blockIdx.x) * quant::kQuantThreads + threadIdx.x;
+  if (v >= p.rows * vecs_per_row) return;
+  const int64_t row = v / vecs_per_row, col = v % vecs_per_row * 8;
+  Vec<T, 8> x;
+  x.load(static_cast<const T*>(p.x) + quant::x_vector_offset(p, v));
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    int64_t unit;
+    switch (p.mode) {
+      case Fp8QuantMode::kToken: unit = row; break;
+      case Fp8QuantMode::kChannel: unit = col + i; break;
+      case Fp8QuantMode::kGroup: unit = row * (p.cols / p.group_size) + (col + i) / p.group_size; break;
+      default: unit = 0; break;
+    }
+    const float s = p.given_scale[unit];
+    const float q = to_float(x[i]) / s;
+    const __nv_fp8_e4m3 e = from_float<__nv_fp8_e4m3>(q != q ? q : fminf(fmaxf(q, -kE4m3Max), kE4m3Max));
+    w[i / 4] |= static_cast<uint32_t>(*reinterpret_cast<const uint8_t*>(&e)) << (8 * (i % 4));
+    const bool first_of_unit = p.mode == Fp8QuantMode::kToken     ? col + i == 0
+                               : p.mode == Fp8QuantMode::kChannel ? row == 0
+                                                                   : (col + i) % p.group_size == 0;
+    if (first_of_unit) p.scale[unit] = s;
+  }
+  reinterpret_cast<uint2*>(p.out)[v] = make_uint2(w[0], w[1]);
 }
 
 }  // namespace fastinfer::fp8

@@ -31,15 +31,17 @@ enum class Int8QuantMode : int32_t {
 };
 
 struct Int8QuantizeParams {
-  const void* x = nullptr;    // [M, K], contiguous, dtype
+  const void* x = nullptr;    // [M, K], rows x_row_stride apart, dtype
   void* out = nullptr;        // [M, K], contiguous, int8
   float* scale = nullptr;     // output scales (device): [1] or [M]
   int32_t* azp = nullptr;     // asymmetric: output zero points [M] (device)
   const float* given_scale = nullptr;  // kTensor only: quantise with this scale (1 element), copied to `scale`
+  const int32_t* given_azp = nullptr;  // kTensor, asymmetric: the zero point (1 element) with given_scale, copied to `azp`
   int64_t rows = 0;           // M
   int64_t cols = 0;           // K: a multiple of 8 (16-byte vectors)
+  int64_t x_row_stride = 0;   // elements between rows of x: >= K, a multiple of 8; 0: K (contiguous)
   Int8QuantMode mode = Int8QuantMode::kToken;
-  bool symmetric = true;      // false: kToken only
+  bool symmetric = true;      // false: kToken, or kTensor with given_scale and given_azp
   DType dtype = DType::kBFloat16;  // of x: float16 or bfloat16
   void* workspace = nullptr;  // int8_quantize_workspace_size(params) bytes (kTensor without a given scale)
 };
@@ -52,7 +54,7 @@ cudaError_t launch_int8_quantize(const Int8QuantizeParams& params, cudaStream_t 
 enum class Int8GemmTiles : int32_t { kAuto = 0, kSmall = 1, kMedium = 2, kLarge = 3 };
 
 struct Int8ScaledMmParams {
-  const void* a = nullptr;          // [M, K] int8, row-major, 16-byte aligned
+  const void* a = nullptr;          // [M, K] int8, rows lda apart, 16-byte aligned
   const void* b = nullptr;          // [N, K] int8, row-major, 16-byte aligned
   void* out = nullptr;              // [M, N] out_dtype, row-major, 4-byte aligned
   const float* scale_a = nullptr;   // [1] or [M]
@@ -63,6 +65,7 @@ struct Int8ScaledMmParams {
   int64_t m = 0;
   int64_t n = 0;                    // a multiple of 16
   int64_t k = 0;                    // a multiple of 16 (16-byte cp.async chunks)
+  int64_t lda = 0;                  // row stride of a in elements: 0 for k, else a multiple of 16 >= k
   bool scale_a_per_row = false;     // scale_a has M entries (else 1)
   bool scale_b_per_col = false;     // scale_b has N entries (else 1)
   bool azp_per_row = false;         // azp has M entries (else 1)

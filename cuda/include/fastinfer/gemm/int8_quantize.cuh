@@ -3,8 +3,8 @@
 // gemm/quantize.cuh with the int8 formats below.
 //  - per token (kToken): the block reduction is of amax (symmetric) or of max(x, 0) and max(-x, 0)
 //    (asymmetric: scale and zero point from the two), then 8 bytes per vector.
-//  - per tensor (kTensor, symmetric): with a given scale one flat elementwise pass; otherwise the
-//    reduction pass first.
+//  - per tensor (kTensor): with a given scale one flat elementwise pass (asymmetric: with a given
+//    zero point too); otherwise the reduction pass first (symmetric).
 #include "fastinfer/common/platform.cuh"
 #include "fastinfer/common/reduce.cuh"
 #include "fastinfer/common/vec.cuh"
@@ -64,6 +64,9 @@ struct Int8Format {
     return range != range ? range : fmaxf(range, kMinRange);
   }
   static __device__ __forceinline__ float scale_from_amax(float amax) { return floored(amax) / 127.f; }
+  static __device__ __forceinline__ int32_t given_zero_point(const Params& p) {
+    return kSymmetric || p.given_azp == nullptr ? 0 : *p.given_azp;
+  }
   static __device__ __forceinline__ quant::QuantScale row_scale(const Range& range, float* scratch) {
     if constexpr (kSymmetric) {
       return {scale_from_amax(block_reduce_max(max_nan(range.hi, range.lo), scratch)), 0};

@@ -15,11 +15,13 @@
 //    barrier.
 //
 // A format F provides:
-//   Params                               the op's parameters (x, out, scale, given_scale, rows, cols, workspace)
+//   Params                               the op's parameters (x, out, scale, given_scale, rows, cols,
+//                                        x_row_stride, workspace)
 //   Range                                a thread's running statistic of a row: add(Vec<T, 8>)
 //   row_scale(Range, scratch)            the block-wide reduction of the CTA's Ranges -> QuantScale
 //   store_row_scale(Params, row, scale)  the row's scale (and zero point) into the outputs
 //   scale_from_amax(amax)                the per-tensor scale
+//   given_zero_point(Params)             the per-tensor zero point with a given scale (0 without one)
 //   quantize8(Vec<T, 8>, QuantScale)     8 codes -> 8 bytes (a uint2), lower index in the lowest byte
 #include "fastinfer/common/platform.cuh"
 #include "fastinfer/common/launch.cuh"
@@ -50,13 +52,29 @@ struct QuantScale {
   int32_t zero_point;
 };
 
+// Where x's rows start: x_row_stride elements apart (a column slice of a wider buffer; a multiple
+// of 8), or cols apart when it is 0. The outputs are dense [rows, cols].
+template <typename Params>
+__device__ __forceinline__ int64_t x_row_stride(const Params& p) {
+  return p.x_row_stride != 0 ? p.x_row_stride : p.cols;
+}
+
+// The element offset in x of the v-th 8-element vector of the dense [rows, cols] output.
+template <typename Params>
+__device__ __forceinline__ int64_t x_vector_offset(const Params& p, int64_t v) {
+  const int64_t stride = x_row_stride(p);
+  if (stride == p.cols) return v * 8;
+  const int64_t vecs_per_row = p.cols / 8;
+  return v / vecs_per_row * stride + v % vecs_per_row * 8;
+}
+
 // ---- per token: grid M, block kQuantThreads --------------------------------------------------
 template <typename F, typename T>
 __global__ void __launch_bounds__(kQuantThreads) quantize_token_kernel(const typename F::Params p) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const int vecs = static_cast<int>(p.cols / 8);
-  const T* x_row = static_cast<const T*>(p.x) + row * p.cols;
+  const T* x_row = static_cast<const T*>(p.x) + row * x_row_stride(p);
   uint2* out_row = reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.out) + row * p.cols);
   const bool in_regs = vecs <= kQuantThreads * kTokenRegVecs;
 
@@ -106,7 +124,7 @@ __global__ void __launch_bounds__(kQuantThreads) amax_partials_kernel(const Para
   for (int64_t v = static_cast<int64_t>(blockIdx.x) * kQuantThreads + threadIdx.x; v < num_vecs;
        v += static_cast<int64_t>(gridDim.x) * kQuantThreads) {
     Vec<T, 8> x;
-    x.load(static_cast<const T*>(p.x) + v * 8);
+    x.load(static_cast<const T*>(p.x) + x_vector_offset(p, v));
     amax = max_nan(amax, amax8(x));
   }
   amax = block_reduce_max(amax, scratch);
@@ -128,13 +146,14 @@ __global__ void __launch_bounds__(kQuantThreads)
     for (int i = threadIdx.x; i < num_partials; i += kQuantThreads) amax = max_nan(amax, partials[i]);
     scale = F::scale_from_amax(block_reduce_max(amax, scratch));
   }
-  if (blockIdx.x == 0 && threadIdx.x == 0) p.scale[0] = scale;
+  const QuantScale s{scale, F::given_zero_point(p)};
+  if (blockIdx.x == 0 && threadIdx.x == 0) F::store_row_scale(p, 0, s);
   const int64_t num_vecs = p.rows * p.cols / 8;
   const int64_t v = static_cast<int64_t>(blockIdx.x) * kQuantThreads + threadIdx.x;
   if (v >= num_vecs) return;
   Vec<T, 8> x;
-  x.load(static_cast<const T*>(p.x) + v * 8);
-  reinterpret_cast<uint2*>(p.out)[v] = F::quantize8(x, QuantScale{scale, 0});
+  x.load(static_cast<const T*>(p.x) + x_vector_offset(p, v));
+  reinterpret_cast<uint2*>(p.out)[v] = F::quantize8(x, s);
 }
 
 // ---- launch (host) -----------------------------------------------------------------------------

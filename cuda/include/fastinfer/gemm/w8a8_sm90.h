@@ -68,6 +68,7 @@ W8a8GemmSm90Args w8a8_gemm_sm90_args(const ScaledMmParams& p) {
   a.m = p.m;
   a.n = p.n;
   a.k = p.k;
+  a.lda = p.lda;
   a.scale_a_per_row = p.scale_a_per_row;
   a.scale_b_per_col = p.scale_b_per_col;
   a.out_dtype = p.out_dtype;

@@ -12,6 +12,20 @@ namespace fastinfer::norm {
 
 constexpr int kMaxThreads = 1024;
 
+// Vector i of the weight; a null weight (the weightless norm) reads as ones, and x * inv_rms * 1
+// rounds exactly as x * inv_rms. The branch is uniform over the grid.
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> load_weight(const T* weight, int64_t i) {
+  Vec<T, VEC> w;
+  if (weight != nullptr) {
+    w.load(weight + i * VEC);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) w[j] = from_float<T>(1.0f);
+  }
+  return w;
+}
+
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kMaxThreads) rms_norm_kernel(const RmsNormParams p) {
   __shared__ float scratch[32];
@@ -34,9 +48,9 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_kernel(const RmsNormPara
   const float inv_rms = rsqrtf(block_reduce_sum(sum_sq, scratch) / static_cast<float>(p.hidden) + p.eps);
 
   for (int64_t i = threadIdx.x; i < num_vecs; i += blockDim.x) {
-    Vec<T, VEC> v, w;
+    Vec<T, VEC> v;
     v.load(x + i * VEC);
-    w.load(weight + i * VEC);
+    const Vec<T, VEC> w = load_weight<T, VEC>(weight, i);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) v[j] = from_float<T>(to_float(v[j]) * inv_rms * to_float(w[j]));
     v.store(out + i * VEC);
@@ -70,9 +84,9 @@ __global__ void __launch_bounds__(kMaxThreads) fused_add_rms_norm_kernel(const F
   const float inv_rms = rsqrtf(block_reduce_sum(sum_sq, scratch) / static_cast<float>(p.hidden) + p.eps);
 
   for (int64_t i = threadIdx.x; i < num_vecs; i += blockDim.x) {
-    Vec<T, VEC> r, w;
+    Vec<T, VEC> r;
     r.load(residual + i * VEC);
-    w.load(weight + i * VEC);
+    const Vec<T, VEC> w = load_weight<T, VEC>(weight, i);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) r[j] = from_float<T>(to_float(r[j]) * inv_rms * to_float(w[j]));
     r.store(x + i * VEC);

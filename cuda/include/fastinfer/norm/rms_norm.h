@@ -1,6 +1,6 @@
 #pragma once
 // RMSNorm launchers (torch-free C++ API).
-//   rms_norm:            out = x * rsqrt(mean(x^2) + eps) * weight            (fp32 inside)
+//   rms_norm:            out = x * rsqrt(mean(x^2) + eps) * weight            (fp32 inside; no weight: ones)
 //   fused_add_rms_norm:  residual <- x + residual;  x <- rms_norm(residual)   (in place)
 #include <cuda_runtime_api.h>
 
@@ -13,7 +13,7 @@ namespace fastinfer {
 struct RmsNormParams {
   void* out = nullptr;           // [num_rows, hidden], row stride out_row_stride
   const void* x = nullptr;       // [num_rows, hidden], row stride x_row_stride
-  const void* weight = nullptr;  // [hidden]
+  const void* weight = nullptr;  // [hidden], or null: no weight (ones)
   int64_t num_rows = 0;
   int64_t hidden = 0;
   int64_t x_row_stride = 0;      // elements
@@ -25,7 +25,7 @@ struct RmsNormParams {
 struct FusedAddRmsNormParams {
   void* x = nullptr;             // [num_rows, hidden] in: the layer output; out: normalised
   void* residual = nullptr;      // [num_rows, hidden] in: residual stream; out: x + residual
-  const void* weight = nullptr;  // [hidden]
+  const void* weight = nullptr;  // [hidden], or null: no weight (ones)
   int64_t num_rows = 0;
   int64_t hidden = 0;
   int64_t x_row_stride = 0;
