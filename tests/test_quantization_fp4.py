@@ -162,3 +162,32 @@ def test_nvfp4_layer_not_whole_tiles_loads_dequantised():
     assert (layer.weight.double() - oracle).abs().max() <= 2 ** -22 * oracle.abs().max()
     with pytest.raises(ValueError, match=r"p: quantization='mxfp4' needs whole 64 x 16 tiles"):
         _nvfp4_layer(n, k, Fp4LinearMethod(source="float", fmt="mxfp4")).load_from(reader)
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_sim_fp4_model(float_ckpt, fmt):
+    """bf16 prefill of a model quantised on load through ``torch.ops.fastinfer_sim`` (the fp4_gemm
+    kernel source), bit-identical across emulator schedule seeds; error rule of conftest: against
+    the same quantised model in float32 on the CPU ops, at most 2x as wrong as the CPU ops in bf16."""
+    from conftest import SIM_SEEDS, raw_bits, require_sim, sim_seed
+    from fastinfer.engine.checkpoints import load_checkpoint
+    from fastinfer.quant import QuantOptions
+    from model_helpers import make_forward_batch
+
+    require_sim()
+    ref32 = prefill_logits(LLM(float_ckpt, num_kv_blocks=8, dtype="float32", quantization=fmt).model, PROMPT)
+    naive = prefill_logits(LLM(float_ckpt, num_kv_blocks=8, dtype="bfloat16", quantization=fmt).model, PROMPT)
+    model = load_checkpoint(float_ckpt, torch.bfloat16, "cpu", None, fastinfer.ops.backend("fastinfer_sim"),
+                            quantization=QuantOptions(fmt))
+    assert type(model.layers[0].qkv_proj.method) is Fp4LinearMethod
+    results = []
+    for seed in SIM_SEEDS:
+        with sim_seed(seed):
+            caches = model.allocate_kv_cache(2, 16)
+            results.append(model(make_forward_batch(prefill=[(PROMPT, 0, [1, 0])], all_logits=True), caches))
+    err, err_naive = rel_norm(results[0], ref32), rel_norm(naive, ref32)
+    print(f"sim {fmt}: rel err {err:.4f} (cpu bf16: {err_naive:.4f})")
+    assert 0 < err_naive < 0.1 and err <= 2 * err_naive, (err, err_naive)
+    for other in results[1:]:
+        assert torch.equal(raw_bits(results[0]), raw_bits(other)), "sim result depends on the schedule seed"
