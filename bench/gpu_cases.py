@@ -111,6 +111,8 @@ def sanitize_cases():
     cs += [M.case_int4(4, 256, 1024, "small"),  # split-K
            M.case_int4(512, 256, 512, "small"),  # dequantise + dense
            M.case_int4(300, 256, 1024, "small", deterministic=True)]  # fixed split-K, 256-row launches
+    cs += [M.case_fp4(4, 256, 1024, "small", "nvfp4"),  # split-K, global scale
+           M.case_fp4(100, 256, 512, "small", "mxfp4")]  # 64-row blocks
     cs += [M.case_dense_mm(4, 256, 512, "small"), M.case_dense_mm(100, 384, 520, "small")]  # small / large tiles
     cs += [M.case_tree_verify(2, 8, mode, v=5000) for mode in ("greedy", "sample", "draft")]
     cs += [M.case_moe_topk(37, "tiny"), M.case_moe_align(37, "tiny"),

@@ -6,10 +6,10 @@ the emulated execution of our kernel sources (the simt profiler: cpp/simt/README
 combined with the ptxas resource report and the launch grid into an idealised H200 time. Nothing
 here was timed on a GPU.
 
-Per case (a benchmark shape of bench/ops.py, attention.py, gemm_fp8.py, gemm_int4.py, gemm_int8.py,
-tree_verify.py -- the decode contexts whose KV cache fits a few GB of host memory, the 70B GEMM
-layers at decode sizes M = 1, 16; merge_attention_states, move_kv_slots, fp8_quantize and
-int8_quantize, which no benchmark times, at representative shapes):
+Per case (a benchmark shape of bench/ops.py, attention.py, gemm_fp8.py, gemm_int4.py (and fp4_gemm
+at its shapes), gemm_int8.py, tree_verify.py -- the decode contexts whose KV cache fits a few GB of
+host memory, the 70B GEMM layers at decode sizes M = 1, 16; merge_attention_states, move_kv_slots,
+fp8_quantize and int8_quantize, which no benchmark times, at representative shapes):
 
 1. The op runs once through ``fastinfer.simt.profile`` (the profile build of the sim kernels) at
    the benchmark shape itself, so grids, split heuristics and per-CTA work are the real ones.
@@ -22,7 +22,7 @@ int8_quantize, which no benchmark times, at representative shapes):
    GEMMs) a sampled subset would count every CTA's re-reads as DRAM traffic, so there the model
    DRAM bytes are the ideal bytes times the measured sector over-fetch of the global accesses
    (L2 is assumed to hold the reuse; the profiler cannot see L2 hits), plus the split-K partials
-   of int4_gemm (2 x splits x M x N x 4 bytes), which are not part of the ideal.
+   of int4_gemm and fp4_gemm (2 x splits x M x N x 4 bytes), which are not part of the ideal.
 2. DRAM bytes (model) = distinct 32-byte sectors read + written per launch (a lower bound on HBM
    traffic); ideal bytes = every input read once and every output written once.
 3. Occupancy: CTAs per SM from registers (ptxas report, sm_90a; 64K registers, 256-register warp
@@ -556,6 +556,31 @@ def case_int4(m, n, k, layer, model="8b", deterministic=False):
                 extra=split_k_partials)
 
 
+def case_fp4(m, n, k, layer, fmt="nvfp4", model="8b"):
+    """fp4_gemm (W4A16, NVFP4 e4m3 scales per 16 + a global scale, or MXFP4 e8m0 per 32): the fused
+    kernel at every M (it has no dequantise + dense path), split-K by int4_gemm's rule."""
+    group = 16 if fmt == "nvfp4" else 32
+
+    def build():
+        codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
+        lo, hi = (0x30, 0x48) if fmt == "nvfp4" else (120, 128)
+        scale = torch.randint(lo, hi, (n, k // group), dtype=torch.uint8)
+        packed, scales = torch.ops.fastinfer.fp4_repack(codes, scale)
+        gs = torch.tensor([100.0]) if fmt == "nvfp4" else None
+        a = _bf16(m, k)
+        ideal = n * k // 2 + (k // group) * n + m * k * 2 + m * n * 2
+        return dict(fn=lambda: ns().fp4_gemm(a, packed, scales, gs, fmt, False), ideal=ideal,
+                    flops=2.0 * m * n * k, peak="bf16")
+    bm = 16 if m <= 16 else (32 if m <= 32 else 64)
+    mma = math.ceil(m / bm) * (bm // 16) * (n // 8) * (k // 16)
+
+    def split_k_partials(kname, rec):  # fp32 partials [splits, M, N] written by every split, read by the last
+        return 2 * rec["grid"][2] * m * n * 4 if "fp4_gemm_kernel" in kname and rec["grid"][2] > 1 else 0
+
+    return Case(f"fp4_gemm {fmt}", f"llama3-{model} {layer} M={m} N={n} K={k}", build,
+                sample=max(1, math.ceil(mma / 3e5)), reuse=True, extra=split_k_partials)
+
+
 # Mixture-of-experts layers (H, I per expert, E, k): Mixtral-8x7B and Qwen3-30B-A3B.
 MOE_MODELS = {"mixtral-8x7b": (4096, 14336, 8, 2), "qwen3-30b-a3b": (2048, 768, 128, 8),
               "tiny": (256, 128, 8, 2)}  # the GPU check's sanitizer cases (bench/gpu_cases.py)
@@ -797,6 +822,8 @@ def all_cases(quick=False):
             cases.append(case_int8_mm(m, n, k, layer))
         for m in ((1, 16) if quick else (1, 16, 64, 256, 4096)):
             cases.append(case_int4(m, n, k, layer))
+        for m in ((1, 16) if quick else (1, 16, 64, 256, 4096)):  # Llama-3-8B = Mixtral-8x7B's dense shapes
+            cases += [case_fp4(m, n, k, layer, fmt) for fmt in ("nvfp4", "mxfp4")]
         for m in ((1,) if quick else (1, 16, 256)):  # batch-invariant mode: split-K from (N, K) only
             cases.append(case_int4(m, n, k, layer, deterministic=True))
             cases.append(case_dense_mm(m, n, k, layer))

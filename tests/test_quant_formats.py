@@ -789,26 +789,27 @@ def test_sim_compressed_tensors_fp8(ct_ckpt, variant):
 
 
 # ------------------------------------------------------------------------------------------------
-# compressed-tensors NVFP4 (W4A16), dequantised at load
+# compressed-tensors NVFP4 (W4A16) on fp4_gemm
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_compressed_tensors_nvfp4_dequantised(tmp_path, arch):
+def test_compressed_tensors_nvfp4(tmp_path, arch):
     """An NVFP4A16 checkpoint written by compressed-tensors (``nvfp4-pack-quantized``: e2m1 codes,
-    an e4m3 scale per 16 input features, a global scale) loads with every decoder linear
-    dequantised in float32: each weight is the producer's fp32 dequantisation and the float64
-    oracle's (fastinfer.reference.fp4) within fp32 rounding, and its own decompressed model (which
-    rounds each weight to bf16 on the way) within bf16's; the logits follow that model within
-    the bf16 rounding (rel 1e-2) and the float original within the fp4 error."""
+    an e4m3 scale per 16 input features, a global scale) loads with every decoder linear on
+    fp4_gemm: each weight (read back by multiplying the identity, in float32) is the producer's
+    fp32 dequantisation and the float64 oracle's (fastinfer.reference.fp4) within fp32 rounding,
+    and its own decompressed model (which rounds each weight to bf16 on the way) within bf16's;
+    the logits follow that model within the bf16 rounding (rel 1e-2) and the float original
+    within the fp4 error."""
     from safetensors import safe_open
 
     from compressed_tensors.quantization.lifecycle.forward import dequantize
-    from fastinfer.quant import Nvfp4DequantizedLinearMethod
+    from fastinfer.quant import Fp4LinearMethod
 
     ct_path, deq_path, schemes = ct_checkpoint(arch, {"group_0": preset_name_to_scheme("NVFP4A16", ["Linear"])},
                                                ["lm_head"], str(tmp_path / "nvfp4"))
     llm = LLM(ct_path, dtype="float32", num_kv_blocks=8)
     linears = [m for m in llm.model.linear_layers() if m is not llm.model.lm_head]
-    assert all(type(m.method) is Nvfp4DequantizedLinearMethod for m in linears)
+    assert all(type(m.method) is Fp4LinearMethod for m in linears)
     with safe_open(os.path.join(ct_path, "model.safetensors"), "pt") as f, \
             safe_open(os.path.join(deq_path, "model.safetensors"), "pt") as d:
         name = "model.layers.1.mlp.down_proj"
@@ -816,7 +817,9 @@ def test_compressed_tensors_nvfp4_dequantised(tmp_path, arch):
         scale, gs = f.get_tensor(name + ".weight_scale"), f.get_tensor(name + ".weight_global_scale")
         codes = ref.fp4.e2m1_values(ref.fp4.fp4_unpack(f.get_tensor(name + ".weight_packed"))).float()
         theirs_fp32 = dequantize(codes, scale.float(), None, schemes[name].weights, torch.float32, gs)
-        w = layer.weight.detach()
+        with torch.no_grad():
+            w = layer.method.apply(layer, torch.eye(layer.in_features), None).t()
+        assert w.shape == theirs_fp32.shape
         assert (w - theirs_fp32).abs().max() <= 2 ** -22 * w.abs().max()
         oracle = ref.fp4.nvfp4_dequantize(f.get_tensor(name + ".weight_packed"), scale, gs)
         assert (w.double() - oracle).abs().max() <= 2 ** -22 * oracle.abs().max()
@@ -824,7 +827,7 @@ def test_compressed_tensors_nvfp4_dequantised(tmp_path, arch):
         assert ((w - decompressed).abs() <= 2 ** -8 * w.abs()).all() and not torch.equal(w, decompressed)
     ours, producer = runner_logits(llm), runner_logits(deq_path)
     err = rel_norm(ours, producer)
-    print(f"{arch} NVFP4A16: rel err {err:.2e} against the producer's decompressed (bf16-rounded) model, "
+    print(f"{arch} NVFP4A16 (fp4_gemm): rel err {err:.2e} against the producer's decompressed (bf16-rounded) model, "
           f"{rel_norm(ours, original_logits(arch)):.2e} against the float original")
     assert 0 < err < 1e-2
 

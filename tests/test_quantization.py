@@ -538,7 +538,7 @@ def test_heldout_perplexity_int8_smoothquant(heldout_stream, bf16_ppl, tmp_path)
 
 def test_unknown_method(float_ckpt, tmp_path, capsys):
     assert cli_main(["quantize", "--method", "int3", float_ckpt, str(tmp_path / "x")]) == 2
-    assert "unknown quantization method 'int3' (one of fp8, int4, int8)" in capsys.readouterr().err
+    assert "unknown quantization method 'int3' (one of fp8, int4, int8, nvfp4, mxfp4)" in capsys.readouterr().err
     assert cli_main(["quantize", "--method", "fp8", "--smoothquant", "0.5", float_ckpt, str(tmp_path / "y")]) == 2
     assert "--smoothquant / --calibration apply to --method int8 only" in capsys.readouterr().err
     assert cli_main(["quantize", "--method", "int8", "--smoothquant", "1.5", float_ckpt, str(tmp_path / "z")]) == 2

@@ -163,22 +163,25 @@ def test_tp2_equals_tp1_shipped_model_spec_decoding_and_preemption(engines):
     assert st["num_preemptions"] == a.stats()["num_preemptions"]
 
 
-@pytest.mark.parametrize("quant", ["fp8", "int4", "int8"])
+@pytest.mark.parametrize("quant", ["fp8", "int4", "int8", "nvfp4", "mxfp4"])
 def test_tp2_equals_tp1_quantised(ckpts, engines, quant):
     path = ckpts("llama")
     qc = {"group_size": 64} if quant == "int4" else None
     tp1 = engines(path, num_kv_blocks=32, quantization=quant, quantization_config=qc)
     tp2 = engines(path, num_kv_blocks=32, quantization=quant, quantization_config=qc, tensor_parallel_size=TP)
-    assert type(tp2.model.layers[0].down_proj.method).__name__ == f"{quant.capitalize()}LinearMethod"
+    method = "Fp4" if quant in ("nvfp4", "mxfp4") else quant.capitalize()
+    assert type(tp2.model.layers[0].down_proj.method).__name__ == f"{method}LinearMethod"
     _check_equal(tp1, tp2, _prompts(300, n=2), 300)
 
 
-@pytest.mark.parametrize("scheme", ["FP8_BLOCK", "W4A16_ASYM", "FP8_DYNAMIC", "W8A8", "W8A8-asym-activations"])
+@pytest.mark.parametrize("scheme", ["FP8_BLOCK", "W4A16_ASYM", "FP8_DYNAMIC", "W8A8", "W8A8-asym-activations",
+                                    "NVFP4A16"])
 def test_tp2_equals_tp1_compressed_tensors(engines, tmp_path, scheme):
     """Checkpoints written by the compressed-tensors package (128 x 128 fp8 blocks, int4 groups of
     128 with zero points, fp8 per channel with dynamic per-token activations, int8 per channel with
     dynamic per-token symmetric or asymmetric activations: a row-parallel shard quantises with the
-    whole row's scale and zero point), MHA 4/4 so every rank's K/V rows are whole 128-row blocks."""
+    whole row's scale and zero point; NVFP4 e2m1 with e4m3 scales per 16 on fp4_gemm), MHA 4/4 so
+    every rank's K/V rows are whole 128-row blocks."""
     pytest.importorskip("compressed_tensors")
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme, preset_name_to_scheme
 
@@ -196,6 +199,9 @@ def test_tp2_equals_tp1_compressed_tensors(engines, tmp_path, scheme):
     tp1 = engines(path, num_kv_blocks=32)
     tp2 = engines(path, num_kv_blocks=32, tensor_parallel_size=TP)
     assert tp2.model.layers[0].down_proj.in_features == 128
+    if scheme == "NVFP4A16":  # whole 64 x 16 tiles on each rank: fp4_gemm, not the dequantised fallback
+        methods = [type(m.method).__name__ for m in tp2.model.layers[0].modules() if hasattr(m, "method")]
+        assert methods and set(methods) == {"Fp4LinearMethod"}, methods
     _check_equal(tp1, tp2, _prompts(300, n=2), 300)
 
 

@@ -11,6 +11,7 @@
 #include "gemm_int8/contract.h"
 #include "gemm_int4/contract.h"
 #include "linear_attention/contract.h"
+#include "gemm_fp4/contract.h"
 #include "speculative/contract.h"
 #include "moe/contract.h"
 
@@ -23,6 +24,7 @@ FASTINFER_LIBRARY(m) {
   define_gemm_int8_ops(m);
   define_gemm_int4_ops(m);
   define_linear_attention_ops(m);
+  define_gemm_fp4_ops(m);
   define_speculative_ops(m);
   define_moe_ops(m);
 }

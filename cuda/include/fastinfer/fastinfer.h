@@ -6,6 +6,7 @@
 #include "fastinfer/cache/reshape_and_cache.h"
 #include "fastinfer/common/types.h"
 #include "fastinfer/gemm/dense.h"
+#include "fastinfer/gemm/fp4.h"
 #include "fastinfer/gemm/fp8.h"
 #include "fastinfer/gemm/int4.h"
 #include "fastinfer/gemm/int8.h"

@@ -256,8 +256,8 @@ class EngineConfig:
     # ---- quantisation ------------------------------------------------------------------------------
     quantization: Optional[str] = _option(
         None, _QUANT, "fp8 (W8A8: e4m3 weights per channel, dynamic per-token e4m3 activations) | int4 "
-        "(W4A16, group-wise) | int8 (W8A8): quantise a float checkpoint's decoder linears on load; lm_head "
-        "stays unquantised (see fastinfer.quant)",
+        "(W4A16, group-wise) | int8 (W8A8) | nvfp4 / mxfp4 (W4A16, FP4 weights on fp4_gemm): quantise a float "
+        "checkpoint's decoder linears on load; lm_head stays unquantised (see fastinfer.quant)",
         default_doc="run the checkpoint as stored; quantised checkpoints (fastinfer, AutoAWQ, AutoGPTQ) are "
         "detected from config.json")
     gguf_weights: str = _option(

@@ -8,6 +8,7 @@ Ways to run a quantised model::
     fastinfer quantize --method int8 [--smoothquant 0.5 [--calibration FILE]] IN_DIR OUT_DIR
     LLM(OUT_DIR)                                                    # loads it (detected from config.json)
     LLM(IN_DIR, quantization="fp8" | "int4" | "int8")               # quantise a float checkpoint on load
+    LLM(IN_DIR, quantization="nvfp4" | "mxfp4")                     # on load only (no checkpoint written)
     LLM(AWQ_OR_GPTQ_DIR)                                            # AutoAWQ / AutoGPTQ 4-bit checkpoints
     LLM(LLM_COMPRESSOR_DIR)                                         # compressed-tensors (llm-compressor)
     LLM(FP8_DIR)                                                    # fine-grained FP8 (Qwen3 / DeepSeek FP8)
@@ -57,6 +58,15 @@ Methods (round to nearest; calibration data only for int8 with SmoothQuant)
   of G (``pad_groups``, on by default; ``--no-pad-groups`` makes it an error instead; e.g. the shipped
   tiny model's MLP width 704 with G = 128): the padded columns get the code ``z``, so they
   dequantise to exactly 0, and the runner zero-pads the activations of that layer.
+* **nvfp4** / **mxfp4** (W4A16, on load only): e2m1 codes along the input features; NVFP4 an e4m3
+  scale per 16 and a float32 global divisor, compressed-tensors' arithmetic
+  (:func:`fastinfer.quant.math.quantize_nvfp4_weight`: global ``448 * 6 / amax``, scale
+  ``amax_group / 6 * global`` rounded to e4m3); MXFP4 an e8m0 scale per 32, the OCP MX rule
+  (:func:`fastinfer.quant.math.quantize_mxfp4_weight`: ``2^(floor(log2(amax_group)) - 2)``); codes
+  the nearest e2m1 value (halfway: the smaller magnitude). The runner multiplies with ``fp4_gemm``
+  (:class:`Fp4LinearMethod`); every decoder linear must be whole 64 x 16 tiles on each rank (K a
+  multiple of 64, each projection's rows of 16), else loading fails naming the layer. Mixture-of-experts
+  experts are refused, and ``fastinfer quantize`` writes no FP4 checkpoint.
 
 On-disk format (``quantization_config.quant_method == "fastinfer"``, ``format_version`` 1)
 ------------------------------------------------------------------------------------------
@@ -168,8 +178,10 @@ checkpoint did). The projections fused into one layer must share a scheme. Suppo
 
 * ``nvfp4-pack-quantized`` NVFP4A16 (``P.weight_packed`` uint8 ``[N, K / 2]``, two e2m1 codes a
   byte, ``weight_scale`` e4m3 ``[N, K / 16]``, ``weight_global_scale`` float32 ``[1]``): dense
-  layers dequantised at load (in float32, as compressed-tensors computes it) to float linears
-  (:class:`Nvfp4DequantizedLinearMethod`; no FP4 kernel yet, so the memory and speed of a float model).
+  layers run on ``fp4_gemm`` (:class:`Fp4LinearMethod`: ``fp4_repack`` at load, one GEMM per
+  projection since each has its own global scale); a layer whose shard is not whole 64 x 16 tiles
+  (K a multiple of 64, each projection's rows of 16) is dequantised at load (in float32, as
+  compressed-tensors computes it) to a float linear (:class:`Nvfp4DequantizedLinearMethod`).
 
 Any other scheme (int8 weight-only W8A16 or with asymmetric weights, W4A8, NVFP4 W4A4 / MXFP4, NVFP4 experts, FP8 weight-only, output activations, other
 block shapes, 2:4 sparsity) raises one ``ValueError`` line naming the scheme and the first module
@@ -256,6 +268,7 @@ from .methods import (  # noqa: F401
     Int4Part,
     Int8LinearMethod,
     Nvfp4DequantizedLinearMethod,
+    Fp4LinearMethod,
     describe_quantization,
 )
 from .smoothquant import apply_smoothing, calibrate, smoothing_plan  # noqa: F401
@@ -281,6 +294,7 @@ __all__ = [
     "Int4Part",
     "Int8LinearMethod",
     "Nvfp4DequantizedLinearMethod",
+    "Fp4LinearMethod",
     "describe_quantization",
     "calibrate",
     "smoothing_plan",

@@ -18,7 +18,7 @@ import torch
 
 from ..layers import FusedMoE, SafetensorsReader, UnquantizedFusedMoEMethod, UnquantizedLinearMethod
 from ..models import GEMMA_ARCHITECTURES, ModelConfig, load_model, model_class
-from .config import QuantOptions
+from .config import ON_LOAD_ONLY, QuantOptions
 from .resolve import OnLoadQuantization
 from .math import pack_nibbles, quantize_fp8_weight, quantize_int4_weight, quantize_int8_weight
 from .smoothquant import apply_smoothing, calibrate, smoothing_plan
@@ -97,6 +97,9 @@ def quantize_checkpoint(in_dir: str, out_dir: str, opts: QuantOptions, progress:
     """
     if not isinstance(opts, QuantOptions):
         raise TypeError("opts must be a QuantOptions")
+    if opts.method in ON_LOAD_ONLY:
+        raise ValueError(f"method {opts.method!r} quantises on load only (LLM(..., quantization={opts.method!r})); "
+                         "fastinfer quantize writes fp8, int4 or int8 checkpoints")
     if smoothquant is not None and (opts.method != "int8" or calibration is None or len(calibration) < 2):
         raise ValueError("smoothquant needs method 'int8' and calibration token ids")
     if smoothquant is not None and not 0.0 <= float(smoothquant) <= 1.0:

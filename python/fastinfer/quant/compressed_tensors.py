@@ -45,7 +45,7 @@ __all__ = ["CtScheme", "CompressedTensorsConfig", "SUPPORTED_SCHEMES", "check_kv
 SUPPORTED_SCHEMES = ("W4A16 / W4A16_ASYM (pack-quantized int4, group or channel, actorder), FP8_DYNAMIC, FP8 "
                      "(static per-tensor), FP8_BLOCK (float-quantized), W8A8 int8 (int-quantized, symmetric "
                      "weights; dynamic per-token or static per-tensor activations), NVFP4A16 "
-                     "(nvfp4-pack-quantized, dense layers, dequantised at load)")
+                     "(nvfp4-pack-quantized, dense layers, on fp4_gemm)")
 FP8_BLOCK = 128
 
 
@@ -173,7 +173,7 @@ def _classify(name: str, g: dict, default_format: Optional[str]) -> CtScheme:
         if ia is not None:
             return unsupported("fp4 activations (NVFP4 W4A4)")
         return CtScheme(name, "nvfp4", "nvfp4-pack-quantized NVFP4 W4A16 (e2m1 weights, an e4m3 scale per 16 "
-                        "and a global scale), dequantised at load", group_size=16)
+                        "and a global scale), on fp4_gemm", group_size=16)
     if wtype == "int" and wbits == 8 and isinstance(ia, dict):
         if fmt not in ("int-quantized", "naive-quantized"):
             return unsupported("int8 weights are read in format 'int-quantized' only")

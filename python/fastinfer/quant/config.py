@@ -10,11 +10,13 @@ from typing import Any, NamedTuple, Optional
 
 from .compressed_tensors import FP8_BLOCK, CompressedTensorsConfig
 
-__all__ = ["FORMAT_VERSION", "METHODS", "NOT_QUANTIZED", "QuantOptions", "StoredQuantization",
+__all__ = ["FORMAT_VERSION", "METHODS", "ON_LOAD_ONLY", "NOT_QUANTIZED", "QuantOptions", "StoredQuantization",
            "stored_quantization"]
 
 FORMAT_VERSION = 1
-METHODS = ("fp8", "int4", "int8")
+METHODS = ("fp8", "int4", "int8", "nvfp4", "mxfp4")
+# methods that quantise on load only (fastinfer quantize writes no checkpoint of them)
+ON_LOAD_ONLY = ("nvfp4", "mxfp4")
 # layers never quantised: the LM head (tied to the embedding in many small models; it dominates the
 # logits' accuracy)
 NOT_QUANTIZED = ("lm_head",)
@@ -47,6 +49,9 @@ class QuantOptions:
         unknown = set(config) - {"group_size", "symmetric", "pad_groups"}
         if unknown:
             raise ValueError(f"unknown quantization_config keys {sorted(unknown)} (group_size, symmetric, pad_groups)")
+        if config and method in ON_LOAD_ONLY:
+            raise ValueError(f"quantization_config {sorted(config)}: group_size / symmetric / pad_groups are int4 "
+                             f"options; {method!r} has fixed groups (nvfp4: 16, mxfp4: 32) and takes none")
         return cls(str(method), **config)
 
     def config_entry(self, smoothquant: Optional[dict] = None) -> dict:

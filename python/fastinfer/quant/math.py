@@ -17,7 +17,7 @@ from ..ops import fp8_quantize, int8_quantize
 Tensor = torch.Tensor
 
 __all__ = ["quantize_fp8_weight", "quantize_int8_weight", "quantize_int4_weight", "int4_padded_k", "pack_nibbles", "unpack_nibbles",
-           "unpack_int4_words", "dequantize_nvfp4"]
+           "unpack_int4_words", "dequantize_nvfp4", "quantize_nvfp4_weight", "quantize_mxfp4_weight"]
 
 
 def quantize_fp8_weight(w: Tensor) -> Tuple[Tensor, Tensor]:
@@ -121,3 +121,56 @@ def dequantize_nvfp4(packed: Tensor, scale: Tensor, global_scale: Tensor) -> Ten
     values = torch.tensor(_E2M1, dtype=torch.float32)[codes]
     s = scale.float() / global_scale.float().reshape(())
     return values * s.repeat_interleave(16, dim=1)
+
+
+def _e2m1_codes(x: Tensor) -> Tensor:
+    """uint8 e2m1 codes of float32 values: the nearest magnitude of |x| clamped to 6 (a value
+    halfway between two magnitudes takes the smaller), the sign in bit 3."""
+    mags = torch.tensor(_E2M1[:8], dtype=torch.float32)
+    mid = (mags[1:] + mags[:-1]) / 2
+    code = torch.bucketize(x.abs().clamp(max=6.0), mid, right=False).to(torch.uint8)
+    return code | (torch.signbit(x).to(torch.uint8) << 3)
+
+
+def quantize_nvfp4_weight(w: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """NVFP4 of ``w [N, K]`` (K a multiple of 16), compressed-tensors' arithmetic: the global scale
+    ``448 * 6 / amax(|W|)`` (1 for an all-zero weight), a divisor; per 16 input features the e4m3
+    scale ``amax_group / 6 * global`` (at most 448, rounded to nearest); codes the nearest e2m1 of
+    ``W * global / scale`` (:func:`_e2m1_codes`; 0 under a zero scale).
+
+    Returns ``(packed uint8 [N, K / 2]`` (the even element in the low nibble), ``scale
+    float8_e4m3fn [N, K / 16]``, ``global_scale float32 [1])``, all on the CPU."""
+    if w.dim() != 2 or not w.is_floating_point() or w.shape[1] % 16:
+        raise ValueError(f"NVFP4 quantisation needs a 2-D float weight with K a multiple of 16, got "
+                         f"{tuple(w.shape)} {w.dtype}")
+    w32 = w.detach().to("cpu", torch.float32)
+    n, k = w32.shape
+    amax = w32.abs().max() if w32.numel() else torch.tensor(0.0)
+    gs = (448.0 * 6.0 / amax if amax > 0 else torch.tensor(1.0)).reshape(1).to(torch.float32)
+    g = w32.reshape(n, k // 16, 16)
+    scale = (g.abs().amax(-1) / 6.0 * gs).clamp(max=448.0).to(torch.float8_e4m3fn)
+    s32 = scale.float().unsqueeze(-1)
+    x = torch.where(s32 > 0, g * gs / torch.where(s32 > 0, s32, torch.ones_like(s32)), torch.zeros_like(g))
+    return pack_nibbles(_e2m1_codes(x).reshape(n, k)), scale, gs
+
+
+def quantize_mxfp4_weight(w: Tensor) -> Tuple[Tensor, Tensor]:
+    """MXFP4 of ``w [N, K]`` (K a multiple of 32), the OCP MX rule: per 32 input features the
+    shared exponent ``floor(log2(amax_group)) - 2`` (e2m1's largest exponent), stored e8m0 as
+    ``e + 127`` clamped to 0..254 (0 for an all-zero group); codes the nearest e2m1 of
+    ``W / 2^e`` (:func:`_e2m1_codes`, clamped to 6).
+
+    Returns ``(packed uint8 [N, K / 2]`` (the even element in the low nibble), ``scale uint8
+    [N, K / 32])``, on the CPU."""
+    if w.dim() != 2 or not w.is_floating_point() or w.shape[1] % 32:
+        raise ValueError(f"MXFP4 quantisation needs a 2-D float weight with K a multiple of 32, got "
+                         f"{tuple(w.shape)} {w.dtype}")
+    w32 = w.detach().to("cpu", torch.float32)
+    n, k = w32.shape
+    g = w32.reshape(n, k // 32, 32)
+    amax = g.abs().amax(-1)
+    _, exp = torch.frexp(amax)  # amax = m 2^exp, m in [0.5, 1): floor(log2(amax)) = exp - 1
+    biased = torch.where(amax > 0, exp.to(torch.int32) - 1 - 2 + 127, torch.zeros_like(exp, dtype=torch.int32))
+    biased = biased.clamp(0, 254)
+    x = g / torch.pow(2.0, (biased - 127).to(torch.float32)).unsqueeze(-1)
+    return pack_nibbles(_e2m1_codes(x).reshape(n, k)), biased.to(torch.uint8)

@@ -24,16 +24,16 @@ from ..layers import (
     UnquantizedLinearMethod,
     WeightReader,
 )
-from ..ops import int8_azp_adj
+from ..ops import fp4_repack, int8_azp_adj
 from .compressed_tensors import FP8_BLOCK, CtScheme
 from .config import QuantOptions
-from .math import dequantize_nvfp4
+from .math import dequantize_nvfp4, quantize_mxfp4_weight, quantize_nvfp4_weight
 from .stored import Int4Part, _cdiv, _read_part, _shard, _Stored
 
 Tensor = torch.Tensor
 
 __all__ = ["Fp8LinearMethod", "Fp8BlockLinearMethod", "Int4LinearMethod", "Int4Part", "Int8LinearMethod",
-           "Nvfp4DequantizedLinearMethod",
+           "Nvfp4DequantizedLinearMethod", "Fp4LinearMethod",
            "Fp8FusedMoEMethod", "Int4FusedMoEMethod"]
 
 
@@ -410,6 +410,89 @@ class Nvfp4DequantizedLinearMethod(UnquantizedLinearMethod):
                     w = w.narrow(1, *cols)
                 layer.weight.narrow(0, off, rows).copy_(w.to(device=layer.device, dtype=layer.dtype))
                 off += rows
+
+
+def fp4_tiles_fit(layer: Linear) -> bool:
+    """Whether every part of ``layer`` on this rank is whole 64 x 16 tiles of the fp4_gemm layout
+    (input features a multiple of 64, each part's rows a multiple of 16)."""
+    return layer.in_features % 64 == 0 and all(rows % 16 == 0 for rows in layer.part_rows)
+
+
+class Fp4LinearMethod(LinearMethod):
+    """W4A16 with FP4 weights: one ``fp4_gemm(x, packed, scales, global_scale, fmt)`` per part (an
+    NVFP4 projection has its own global scale), the outputs concatenated (+ bias).
+
+    Sources: ``"compressed-tensors"`` NVFP4A16 (``weight_packed`` uint8 ``[N, K / 2]``,
+    ``weight_scale`` e4m3 ``[N, K / 16]``, ``weight_global_scale`` float32 ``[1]``), or ``"float"``
+    (``quantization="nvfp4" | "mxfp4"``: each whole weight quantised on load by
+    :func:`~fastinfer.quant.math.quantize_nvfp4_weight` / :func:`~fastinfer.quant.math.quantize_mxfp4_weight`).
+    This rank keeps its rows (column parallel) or input features (row parallel: whole groups, since
+    a shard is a multiple of 64) of the stored form and converts them with ``fp4_repack`` (buffers
+    ``packed{i}``, ``scales{i}``, ``global_scale{i}``). A layer whose shard is not whole 64 x 16
+    tiles (:func:`fp4_tiles_fit`) loads dequantised from a compressed-tensors checkpoint
+    (:class:`Nvfp4DequantizedLinearMethod`) and is refused when quantising on load.
+    """
+
+    def __init__(self, source: str = "compressed-tensors", stored_config=None, scheme=None, fmt: str = "nvfp4",
+                 opts: Optional[QuantOptions] = None):
+        if source not in ("compressed-tensors", "float") or fmt not in ("nvfp4", "mxfp4"):
+            raise ValueError(f"fp4 linears read compressed-tensors NVFP4 or quantise float weights to nvfp4 / mxfp4, "
+                             f"got source {source!r}, format {fmt!r}")
+        if source == "compressed-tensors" and fmt != "nvfp4":
+            raise ValueError("compressed-tensors fp4 weights are NVFP4")
+        self.source, self.scheme, self.fmt, self.opts = source, scheme, fmt, opts
+        self.name = fmt
+
+    def _read(self, layer: Linear, reader: WeightReader, i: int) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        """This rank's (checkpoint bytes [n, k / 2], scale bits [n, k / G], global scale or None)."""
+        part = layer.parts[i]
+        n, k = layer.full_shape(part)
+        span = layer.row_shard(i)
+        if self.source == "compressed-tensors":
+            packed = reader.get(part.prefix + ".weight_packed", (n, k // 2), (torch.uint8,), rows=span)
+            scale = reader.get(part.prefix + ".weight_scale", (n, k // 16), (torch.float8_e4m3fn,), rows=span)
+            gs = reader.get(part.prefix + ".weight_global_scale", (1,), (torch.float32,))
+        else:  # the whole weight (an NVFP4 global scale is the whole tensor's), then this rank's rows
+            w = reader.get_float(part.prefix + ".weight", (n, k))
+            if self.fmt == "nvfp4":
+                packed, scale, gs = quantize_nvfp4_weight(w)
+            else:
+                (packed, scale), gs = quantize_mxfp4_weight(w), None
+            if span is not None:
+                packed, scale = packed.narrow(0, *span), scale.narrow(0, *span)
+        cols = layer.col_shard()
+        if cols is not None:
+            group = 16 if self.fmt == "nvfp4" else 32
+            packed = packed.narrow(1, cols[0] // 2, cols[1] // 2)
+            scale = scale.narrow(1, cols[0] // group, cols[1] // group)
+        return packed.contiguous(), scale.contiguous(), gs
+
+    def load_weights(self, layer: Linear, reader: WeightReader) -> None:
+        if not fp4_tiles_fit(layer):
+            if self.source == "float":
+                raise ValueError(f"{layer.prefix}: quantization={self.fmt!r} needs whole 64 x 16 tiles of fp4_gemm "
+                                 f"on each rank (input features {layer.in_features} a multiple of 64, each "
+                                 f"projection's rows {layer.part_rows} a multiple of 16)")
+            layer.replace_method(Nvfp4DequantizedLinearMethod(self.source, scheme=self.scheme))
+            layer.method.load_weights(layer, reader)
+            return
+        for i in range(len(layer.parts)):
+            packed, scale, gs = self._read(layer, reader, i)
+            w = fp4_repack(packed, scale)
+            layer.register_buffer(f"packed{i}", w.packed.to(layer.device), persistent=False)
+            layer.register_buffer(f"scales{i}", w.scales.to(layer.device), persistent=False)
+            layer.register_buffer(f"global_scale{i}", None if gs is None else
+                                  gs.reshape(1).to(layer.device, torch.float32).contiguous(), persistent=False)
+
+    def apply(self, layer: Linear, x: Tensor, bias: Optional[Tensor]) -> Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, layer.in_features).contiguous()
+        outs = [layer.ops.fp4_gemm(x2, getattr(layer, f"packed{i}"), getattr(layer, f"scales{i}"),
+                                   getattr(layer, f"global_scale{i}"), self.fmt) for i in range(len(layer.parts))]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        if bias is not None:
+            out = out + bias.to(out.dtype)
+        return out.reshape(*lead, layer.out_features)
 
 
 class Fp8FusedMoEMethod(FusedMoEMethod):

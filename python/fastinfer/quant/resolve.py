@@ -19,13 +19,13 @@ from ..layers import (
 )
 from .config import NOT_QUANTIZED, QuantOptions, StoredQuantization, stored_quantization
 from .methods import (
+    Fp4LinearMethod,
     Fp8BlockLinearMethod,
     Fp8FusedMoEMethod,
     Fp8LinearMethod,
     Int4FusedMoEMethod,
     Int4LinearMethod,
     Int8LinearMethod,
-    Nvfp4DequantizedLinearMethod,
 )
 
 __all__ = ["OnLoadQuantization", "CheckpointQuantization", "CompressedTensorsQuantization", "GgufQuantization",
@@ -39,7 +39,8 @@ def _ignored(layer: Linear, names) -> bool:
 
 
 class OnLoadQuantization(QuantizationConfig):
-    """A float checkpoint quantised while loading (``LLM(..., quantization="fp8" | "int4" | "int8")``)."""
+    """A float checkpoint quantised while loading (``LLM(..., quantization="fp8" | "int4" | "int8" | "nvfp4" |
+    "mxfp4")``)."""
 
     def __init__(self, opts: QuantOptions):
         self.opts = opts
@@ -52,6 +53,8 @@ class OnLoadQuantization(QuantizationConfig):
             return Fp8LinearMethod(source="float", opts=self.opts)
         if self.opts.method == "int8":
             return Int8LinearMethod(source="float", opts=self.opts)
+        if self.opts.method in ("nvfp4", "mxfp4"):
+            return Fp4LinearMethod(source="float", fmt=self.opts.method, opts=self.opts)
         return Int4LinearMethod(source="float", opts=self.opts)
 
     def moe_method(self, layer: FusedMoE) -> FusedMoEMethod:
@@ -110,7 +113,7 @@ class CompressedTensorsQuantization(QuantizationConfig):
     share a scheme. An unsupported scheme is a ``ValueError`` naming it and the module."""
 
     _METHODS = {"int4": Int4LinearMethod, "fp8": Fp8LinearMethod, "fp8-block": Fp8BlockLinearMethod,
-                "int8": Int8LinearMethod, "nvfp4": Nvfp4DequantizedLinearMethod}
+                "int8": Int8LinearMethod, "nvfp4": Fp4LinearMethod}
 
     def __init__(self, stored: StoredQuantization):
         self.stored = stored

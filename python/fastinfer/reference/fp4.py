@@ -18,11 +18,13 @@ features, **the even element in the low nibble**: byte ``j`` of a row holds elem
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
 __all__ = ["E2M1_VALUES", "e2m1_values", "fp4_pack", "fp4_unpack", "e2m1_encode", "nvfp4_dequantize",
-           "mxfp4_dequantize"]
+           "mxfp4_dequantize", "FP4_GROUP", "fp4_scale_values", "fp4_gemm_weight", "fp4_gemm"]
 
 #: the magnitudes of e2m1 codes 0..7 (codes 8..15: the same, negative)
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -85,3 +87,39 @@ def mxfp4_dequantize(blocks: Tensor, scales: Tensor) -> Tensor:
     v = e2m1_values(fp4_unpack(blocks))  # [..., G, 32]
     e = scales.to(torch.float64) - 127
     return (v * torch.pow(2.0, e).unsqueeze(-1)).flatten(-2)
+
+
+# ---- the fp4_gemm op (W4A16; layout in fastinfer.ops.gemm_fp4) ----------------------------------
+
+#: input features per scale of each format
+FP4_GROUP = {"nvfp4": 16, "mxfp4": 32}
+
+
+def fp4_scale_values(scales: Tensor, fmt: str) -> Tensor:
+    """float64 values of scale bits (uint8): e4m3 for ``nvfp4`` (0x7F / 0xFF are NaN), e8m0
+    ``2^(e - 127)`` for ``mxfp4`` (255 refused)."""
+    if fmt == "nvfp4":
+        return scales.view(torch.float8_e4m3fn).to(torch.float64)
+    if fmt == "mxfp4":
+        if scales.numel() and int(scales.to(torch.int32).max()) == 255:
+            raise ValueError("an e8m0 scale of 255 is the MX spec's NaN")
+        return torch.pow(2.0, scales.to(torch.float64) - 127)
+    raise ValueError(f"format must be 'nvfp4' or 'mxfp4', got {fmt!r}")
+
+
+def fp4_gemm_weight(codes: Tensor, scales: Tensor, fmt: str, dtype: torch.dtype) -> Tensor:
+    """The weight ``fp4_gemm`` multiplies, float64 ``[N, K]``: codes uint8 ``[N, K]``, scales uint8
+    ``[K / G, N]``; the scale rounded to ``dtype``, then ``e2m1 * scale`` rounded to ``dtype``."""
+    group = FP4_GROUP[fmt]
+    s = fp4_scale_values(scales, fmt).to(dtype).to(torch.float64)
+    s = s.t().repeat_interleave(group, dim=1)  # [N, K]
+    return (e2m1_values(codes) * s).to(dtype).to(torch.float64)
+
+
+def fp4_gemm(a: Tensor, codes: Tensor, scales: Tensor, global_scale: Optional[Tensor], fmt: str) -> Tensor:
+    """fp64 oracle of ``fp4_gemm`` given the UNPACKED codes ``[N, K]``: ``a @ W.T / global_scale``
+    with W as :func:`fp4_gemm_weight` (rounded to ``a``'s dtype), accumulated in fp64."""
+    out = a.to(torch.float64) @ fp4_gemm_weight(codes, scales, fmt, a.dtype).t()
+    if global_scale is not None:
+        out = out / global_scale.to(torch.float64).reshape(())
+    return out
