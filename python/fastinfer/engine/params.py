@@ -31,7 +31,8 @@ class StructuredOutputs:
     The grammar is compiled once per distinct constraint (the engine caches compiled grammars) by
     xgrammar (``pip install 'fastinfer[structured]'``); each sequence keeps a matcher, and the
     tokens the grammar does not allow next are masked to -inf before sampling
-    (``fastinfer.ops.apply_token_bitmask``). JSON is generated without optional whitespace. A
+    (``fastinfer.ops.apply_token_bitmask``). JSON is written in one layout (``", "`` and ``": "``
+    separators, no newlines: a small model cannot pad it with whitespace). A
     constraint that does not compile makes the request finish with an error naming it. The
     sequence can end (EOS) only where the grammar is complete; ``max_tokens`` may still cut it.
     """

@@ -12,7 +12,8 @@ text against) and imports xgrammar on first use (``pip install 'fastinfer[struct
   appended since (sampled or accepted from a draft), so a matcher always stands at its sequence's
   committed output: preemption and re-prefill keep it (the sequence keeps its tokens), forks of
   n > 1 start their own from the grammar's start. The executor fills the masks after the forward
-  is enqueued, so on a GPU the host work of step t overlaps the device's forward of step t;
+  is enqueued and before sampling reads the logits, so on a GPU (an asynchronous forward) the
+  host work of a step can overlap the device's forward of that step;
 * :meth:`~GrammarBackend.tree_bitmask` gives every node of a speculative draft the mask of the
   matcher advanced along the node's path (draft tokens the grammar refuses leave their subtree
   unmasked: the parent's mask already rejects them), then rolls the matcher back to the committed
