@@ -14,7 +14,7 @@ import pytest
 
 from test_gguf import SMOLLM, needs_smollm
 
-EXTRAS_PACKAGES = ("fastapi", "uvicorn", "prometheus_client", "gguf", "starlette", "pydantic")
+EXTRAS_PACKAGES = ("fastapi", "uvicorn", "prometheus_client", "gguf", "starlette", "pydantic", "xgrammar")
 
 BLOCK = textwrap.dedent(f"""
     import importlib.abc, sys
@@ -56,6 +56,20 @@ def test_ops_llm_and_cli_need_no_extra():
     """)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
     assert "fastapi" not in r.stderr
+
+
+def test_structured_output_names_its_extra():
+    """Without xgrammar a constrained request finishes with an error naming the extra; the others run."""
+    r = _run("""
+        from fastinfer import LLM, SamplingParams, StructuredOutputs
+        llm = LLM()
+        outs = llm.generate(["Hi", "Hi"], [SamplingParams(max_tokens=2, structured=StructuredOutputs(regex="a+")),
+                                           SamplingParams(max_tokens=2)])
+        print(outs[0].error)
+        assert outs[1].error is None and len(outs[1].outputs[0].token_ids) == 2
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "structured output needs the 'xgrammar' package: pip install 'fastinfer[structured]'" in r.stdout
 
 
 def test_serve_names_its_extra():

@@ -428,15 +428,71 @@ def test_llama3_json_calls_and_plain_answers(scripted):
     assert json.dumps(TOOLS[0], ensure_ascii=False) in engine.prompts[-1]  # "none" still renders the tools
 
 
+def test_forced_tool_choice_constrains_and_reads_the_json(scripted):
+    """"required" and a named function: the engine gets the JSON schema of the calls as its
+    constraint and the calls are read from that JSON (no parser configured), streamed and not;
+    an output cut before its JSON closed is content."""
+    from fastinfer.entrypoints.openai.tool_parsers import tool_choice_schema
+
+    engine, servers = scripted
+    client = _client(servers[None])
+    seen = []
+    generate = engine.generate
+
+    def spy(prompt, params, request_id):
+        seen.append(params.structured)
+        return generate(prompt, params, request_id)
+
+    engine.generate = spy
+    try:
+        cases = [("required", '[{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}]',
+                  [("get_weather", WEATHER)], tool_choice_schema(TOOLS, None)),
+                 ({"type": "function", "function": {"name": "get_weather"}}, '{"city": "Lyon"}',
+                  [("get_weather", {"city": "Lyon"})], TOOLS[0]["function"]["parameters"])]
+        for choice, script, calls, schema in cases:
+            engine.script = script
+            for stream in (False, True):
+                kw = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice)
+                if stream:
+                    with client.chat.completions.stream(**kw) as s:
+                        for _ in s:
+                            pass
+                        out = s.get_final_completion().choices[0]
+                else:
+                    out = client.chat.completions.create(**kw).choices[0]
+                assert out.finish_reason == "tool_calls" and not out.message.content
+                assert [(c.function.name, json.loads(c.function.arguments)) for c in out.message.tool_calls] == calls
+                assert seen[-1].json == schema
+        engine.script = '[{"name": "get_weather", "parameters": {"ci'
+        cut = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required")
+        assert cut.choices[0].message.content == engine.script and cut.choices[0].message.tool_calls is None
+    finally:
+        engine.generate = generate
+
+
+def test_tool_choice_schema():
+    from fastinfer.entrypoints.openai.tool_parsers import tool_choice_schema
+
+    one = tool_choice_schema(TOOLS[:1], None)
+    assert one == {"type": "array", "minItems": 1, "items": {
+        "type": "object", "properties": {"name": {"type": "string", "enum": ["get_weather"]},
+                                         "parameters": TOOLS[0]["function"]["parameters"]},
+        "required": ["name", "parameters"], "additionalProperties": False}}
+    no_params = [{"type": "function", "function": {"name": "ping"}}]
+    two = tool_choice_schema(TOOLS + no_params, None)
+    assert [c["properties"]["name"]["enum"] for c in two["items"]["anyOf"]] == [["get_weather"], ["ping"]]
+    assert tool_choice_schema(no_params, "ping") == {"type": "object", "properties": {}}
+
+
 BAD_TOOL_REQUESTS = [
     ("hermes", {"tools": "get_weather"}, "tools", "tools"),
     ("hermes", {"tools": [{"type": "retrieval"}]}, "tools", "only function tools"),
     ("hermes", {"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools", "name"),
     ("hermes", {"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}, "tools",
      "parameters"),
-    ("hermes", {"tools": TOOLS, "tool_choice": "required"}, "tool_choice", "constrained decoding"),
-    ("hermes", {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
-     "tool_choice", "constrained decoding"),
+    ("hermes", {"tool_choice": "required"}, "tool_choice", "needs tools"),
+    ("hermes", {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "response_format", "one output constraint per request"),
     ("hermes", {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice", "'nope', which is not among the tools"),
     ("hermes", {"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "must be"),

@@ -10,9 +10,10 @@
 #include "gemm_fp8/contract.h"
 #include "gemm_int8/contract.h"
 #include "gemm_int4/contract.h"
-#include "linear_attention/contract.h"
 #include "gemm_fp4/contract.h"
+#include "linear_attention/contract.h"
 #include "speculative/contract.h"
+#include "sampling/contract.h"
 #include "moe/contract.h"
 
 FASTINFER_LIBRARY(m) {
@@ -23,8 +24,9 @@ FASTINFER_LIBRARY(m) {
   define_gemm_fp8_ops(m);
   define_gemm_int8_ops(m);
   define_gemm_int4_ops(m);
-  define_linear_attention_ops(m);
   define_gemm_fp4_ops(m);
+  define_linear_attention_ops(m);
   define_speculative_ops(m);
+  define_sampling_ops(m);
   define_moe_ops(m);
 }

@@ -100,7 +100,7 @@ from . import ops  # noqa: E402,F401
 
 # The runner loads on first use (``fastinfer.LLM``): ``import fastinfer`` stays light for users of
 # the ops alone.
-_ENGINE_NAMES = ("LLM", "SamplingParams", "RequestOutput", "CompletionOutput")
+_ENGINE_NAMES = ("LLM", "SamplingParams", "StructuredOutputs", "RequestOutput", "CompletionOutput")
 
 
 def __getattr__(name: str):

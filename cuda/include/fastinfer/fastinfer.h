@@ -16,4 +16,5 @@
 #include "fastinfer/moe/routing.h"
 #include "fastinfer/norm/rms_norm.h"
 #include "fastinfer/rope/rotary_embedding.h"
+#include "fastinfer/sampling/token_bitmask.h"
 #include "fastinfer/speculative/tree_verify.h"

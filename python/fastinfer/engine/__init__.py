@@ -9,10 +9,10 @@ forward is a :class:`~.model_runner.ForwardPlan` run by a ``ModelRunner`` (``mod
 tensor parallelism on every rank (``workers.py``: rank 0's side; ``worker.py``: ranks > 0).
 
 Public API: :class:`LLM`, :class:`SamplingParams`, :class:`RequestOutput`, :class:`CompletionOutput`,
-:class:`Tokenizer`, :class:`EngineConfig`.
+:class:`StructuredOutputs`, :class:`Tokenizer`, :class:`EngineConfig`.
 """
 
-from .params import CompletionOutput, RequestOutput, SamplingParams  # noqa: F401
+from .params import CompletionOutput, RequestOutput, SamplingParams, StructuredOutputs  # noqa: F401
 from .tokenizer import IncrementalDetokenizer, Tokenizer  # noqa: F401
 from .config import EngineConfig, SpeculativeConfig, default_model_path  # noqa: F401
 from .block_manager import BlockManager  # noqa: F401
@@ -23,6 +23,6 @@ from .core import EngineCore  # noqa: F401
 from .output_processor import OutputProcessor  # noqa: F401
 from .llm import LLM  # noqa: F401
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Tokenizer", "IncrementalDetokenizer",
+__all__ = ["LLM", "SamplingParams", "StructuredOutputs", "RequestOutput", "CompletionOutput", "Tokenizer", "IncrementalDetokenizer",
            "EngineConfig", "SpeculativeConfig", "BlockManager", "Scheduler", "Sampler", "Executor", "EngineCore",
            "OutputProcessor", "default_model_path"]

@@ -74,6 +74,10 @@ class EngineCore:
         bad = [t for t in params.logit_bias or () if t >= self.vocab_size]
         if bad:
             return f"logit_bias token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
+        if params.structured is not None:
+            error = self.executor.structured_output_error(params.structured)
+            if error is not None:
+                return error
         if len(prompt_ids) >= self.max_model_len:
             return (f"prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len} "
                     f"(prompt + at least one generated token must fit)")

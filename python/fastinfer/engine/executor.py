@@ -26,6 +26,7 @@ from .sampler import Sampler, logprob_dict, logprob_dicts
 from .sequence import Sequence
 from .speculative import Draft, Drafter, commit_moves, plan_slots, verify
 from .speculative.trees import Path
+from .structured import GrammarBackend
 
 __all__ = ["Executor", "nvtx_range", "num_kv_blocks_for"]
 
@@ -84,6 +85,8 @@ class Executor:
         gen.manual_seed(int(config.seed))
         self.sampler = Sampler(gen, self.ops)
         self._generators: Dict[int, torch.Generator] = {}  # seq_id -> generator of a seeded request
+        # structured output: set by the driver, which has the tokenizer (None: no tokenizer)
+        self.grammar: Optional[GrammarBackend] = None
 
     @property
     def vocab_size(self) -> int:
@@ -107,6 +110,12 @@ class Executor:
 
     def enable_decode_graphs(self, max_batch: int, max_blocks: int, use_graphs: bool):
         return self.runner.enable_decode_graphs(max_batch, max_blocks, use_graphs)
+
+    def structured_output_error(self, spec) -> Optional[str]:
+        """Why a request's :class:`~.params.StructuredOutputs` cannot run (it compiles here, once)."""
+        if self.grammar is None:
+            return "structured output needs a tokenizer (the model directory has no tokenizer.json)"
+        return self.grammar.error(spec)
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers (a no-op at world size 1); idempotent."""
@@ -147,6 +156,8 @@ class Executor:
             self._generators.pop(sid, None)
         if self.drafter is not None:
             self.drafter.forget(step.finished_seq_ids)
+        if self.grammar is not None:
+            self.grammar.forget(step.finished_seq_ids)
         sched = step.scheduled
         drafts: List[Draft] = []
         if step.spec:
@@ -248,8 +259,9 @@ class Executor:
         return out
 
     def _verify(self, drafts: List[Draft], logits: torch.Tensor) -> List[VerifiedDraft]:
-        """tree_verify, then compact the accepted K/V of both pools; the verdicts as data."""
-        verify(drafts, logits, [self._gen(d.seq) for d in drafts], self.ops)
+        """tree_verify (on the grammar-masked logits of constrained drafts), then compact the
+        accepted K/V of both pools; the verdicts as data."""
+        verify(drafts, self._mask_drafts(drafts, logits), [self._gen(d.seq) for d in drafts], self.ops)
         self.drafter.on_verified(drafts)
         ts, td, ds, dd, computed = commit_moves(drafts, self.block_size)
         self.runner.move_slots(ts, td)
@@ -267,6 +279,25 @@ class Executor:
             out.append(VerifiedDraft(d.seq, new, lps, d.num_nodes - 1, len(acc), max(d.depths), dc))
         return out
 
+    def _mask_drafts(self, drafts: List[Draft], logits: torch.Tensor) -> torch.Tensor:
+        """The verification logits with each constrained node's grammar mask applied (a copy: the
+        reported logprobs stay those of the raw logits)."""
+        if self.grammar is None or not any(d.seq.params.structured is not None for d in drafts):
+            return logits
+        masks, rows, off = [], [], 0
+        for d in drafts:
+            if d.seq.params.structured is not None:
+                mask, nodes = self.grammar.tree_bitmask(d.seq, d.tokens, d.parents)
+                masks.append(mask)
+                rows += [off + j for j in nodes]
+            else:
+                masks.append(self.grammar.allocate(d.num_nodes))
+            off += d.num_nodes
+        masked = logits.clone()
+        dev = logits.device
+        self.ops.apply_token_bitmask(masked, torch.cat(masks).to(dev), torch.tensor(rows, dtype=torch.int64).to(dev))
+        return masked
+
     def _sample(self, logits: torch.Tensor, sampled: List[Sequence],
                 forks: Dict[int, List[Sequence]]) -> List[SampledToken]:
         """One row per sampled sequence, plus its new forks (n > 1) on the same logits row."""
@@ -278,8 +309,10 @@ class Executor:
                 row_seqs.append(s)
         if len(rows) != len(sampled):
             logits = logits.index_select(0, torch.tensor(rows, device=logits.device))
+        bitmask = self.grammar.row_bitmask(row_seqs) if self.grammar is not None else None
         tokens, lps = self.sampler(logits, [s.params for s in row_seqs], [s.token_ids for s in row_seqs],
-                                   [self._generator(s) for s in row_seqs], [s.num_prompt_tokens for s in row_seqs])
+                                   [self._generator(s) for s in row_seqs], [s.num_prompt_tokens for s in row_seqs],
+                                   bitmask)
         return [SampledToken(s, t, lp) for s, t, lp in zip(row_seqs, tokens, lps)]
 
     def stats(self) -> Dict[str, object]:

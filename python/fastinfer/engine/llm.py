@@ -27,6 +27,7 @@ from .executor import Executor
 from .output_processor import OutputProcessor
 from .params import RequestOutput, SamplingParams
 from .speculative.tokenizers import check_draft_tokenizer
+from .structured import GrammarBackend
 from .tokenizer import Tokenizer, has_tokenizer
 
 __all__ = ["LLM"]
@@ -55,6 +56,8 @@ class LLM:
         eos = set(self.executor.model.config.eos_token_ids or [])
         if not eos and self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos = {self.tokenizer.eos_token_id}
+        if self.tokenizer is not None:
+            self.executor.grammar = GrammarBackend(self.tokenizer, self.executor.vocab_size, eos)
         self.engine_core = EngineCore(config, self.executor, eos)
         self.output_processor = OutputProcessor(self.tokenizer, speculative=spec is not None)
         self._next_id = 0

@@ -110,6 +110,10 @@ class StepExecutor(Protocol):
     def draft_tree(self) -> Optional[Seq[Path]]:
         """The static tree of a draft-heads drafter (Medusa), for the core's proposer; else None."""
 
+    def structured_output_error(self, spec) -> Optional[str]:
+        """Why a request's structured-output constraint cannot run (None: it can; it is compiled
+        now, once per distinct constraint)."""
+
     def execute(self, step: StepInput) -> ModelOutput: ...
 
     def stats(self) -> Dict[str, object]: ...

@@ -12,8 +12,70 @@ the other requests of the same ``generate`` call run normally.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
+
+
+@dataclass
+class StructuredOutputs:
+    """A constraint on the text of a completion (vLLM's ``StructuredOutputsParams``): exactly one of
+
+    - ``json``: a JSON schema (a dict, or its JSON text); the output is one JSON value valid against
+      it (xgrammar's strict mode: no properties beyond those the schema names unless it allows them);
+    - ``json_object=True``: any JSON object;
+    - ``regex``: the whole output matches this regular expression;
+    - ``choice``: the output is one of these strings;
+    - ``grammar``: an EBNF grammar in xgrammar's (GBNF) notation, whose ``root`` rule the output matches.
+
+    The grammar is compiled once per distinct constraint (the engine caches compiled grammars) by
+    xgrammar (``pip install 'fastinfer[structured]'``); each sequence keeps a matcher, and the
+    tokens the grammar does not allow next are masked to -inf before sampling
+    (``fastinfer.ops.apply_token_bitmask``). JSON is written in one layout (``", "`` and ``": "``
+    separators, no newlines: a small model cannot pad it with whitespace). A
+    constraint that does not compile makes the request finish with an error naming it. The
+    sequence can end (EOS) only where the grammar is complete; ``max_tokens`` may still cut it.
+    """
+
+    json: Optional[Union[str, Dict[str, Any]]] = None
+    json_object: bool = False
+    regex: Optional[str] = None
+    choice: Optional[List[str]] = None
+    grammar: Optional[str] = None
+
+    def verify(self) -> None:
+        def bad(msg: str) -> None:
+            raise ValueError(f"invalid SamplingParams: structured: {msg}")
+
+        given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            bad(f"exactly one of json, json_object, regex, choice, grammar must be given, got {given or 'none'}")
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            bad(f"json must be a JSON schema (a dict or its JSON text), got {type(self.json).__name__}")
+        if not isinstance(self.json_object, bool):
+            bad(f"json_object must be a bool, got {self.json_object!r}")
+        for name in ("regex", "grammar"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v):
+                bad(f"{name} must be a non-empty string, got {v!r}")
+        if self.choice is not None and (not isinstance(self.choice, list) or not self.choice
+                                        or not all(isinstance(c, str) and c for c in self.choice)):
+            bad(f"choice must be a non-empty list of non-empty strings, got {self.choice!r}")
+
+    @property
+    def key(self) -> tuple:
+        """What identifies the compiled grammar (the engine's cache key)."""
+        if self.json is not None:
+            schema = self.json if isinstance(self.json, str) else json.dumps(self.json, sort_keys=True)
+            return ("json", schema)
+        if self.json_object:
+            return ("json_object", "")
+        if self.regex is not None:
+            return ("regex", self.regex)
+        if self.choice is not None:
+            return ("choice", tuple(self.choice))
+        return ("grammar", self.grammar)
 
 
 @dataclass
@@ -49,6 +111,8 @@ class SamplingParams:
       that token's logit after the penalties and before temperature and the filters, so it steers
       greedy decoding too (100 all but forces a token, -100 all but bans it). Token ids at or past
       the model's vocabulary make the request finish with an error (they depend on the model).
+    - ``structured``: a :class:`StructuredOutputs` constraint on the output (JSON schema, any JSON
+      object, regex, choice, EBNF grammar); not with ``ignore_eos`` (a grammar ends at EOS).
     - ``skip_special_tokens``: drop special tokens from the text.
     - ``speculative``: speculative decoding for this request when the engine has a draft model
       (``LLM(draft_model=...)``): None/True = use it, False = decode normally (in the same steps as
@@ -75,6 +139,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     speculative: Optional[bool] = None
+    structured: Optional[StructuredOutputs] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -135,6 +200,13 @@ class SamplingParams:
                     bad(f"logit_bias keys must be token ids (ints >= 0), got {t!r}")
                 if not isinstance(b, (int, float)) or isinstance(b, bool) or not -100.0 <= b <= 100.0:
                     bad(f"logit_bias values must be numbers in [-100, 100], got {b!r} for token {t}")
+        if self.structured is not None:
+            if not isinstance(self.structured, StructuredOutputs):
+                bad(f"structured must be a StructuredOutputs or None, got {type(self.structured).__name__}")
+            self.structured.verify()
+            if self.ignore_eos:
+                bad("structured output ends the completion at EOS where the grammar is complete: "
+                    "ignore_eos is not supported with it")
 
     @property
     def greedy(self) -> bool:

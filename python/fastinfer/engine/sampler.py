@@ -1,7 +1,8 @@
 """Token sampling from float32 logits, one row per sequence, each with its own SamplingParams.
 
 Order of the logits processors (as Hugging Face ``generate``): repetition penalty (then the
-presence / frequency penalties and ``logit_bias``), temperature, top-k, top-p, min-p; then greedy
+presence / frequency penalties and ``logit_bias``), the grammar mask of structured output,
+temperature, top-k, top-p, min-p; then greedy
 argmax (temperature 0) or a draw from the softmax. Draws use the exponential-race form
 ``argmax(p / E)`` with ``E ~ Exp(1)`` drawn from the row's own ``torch.Generator`` when the request
 has a seed, so a seeded completion does not depend on what else is in the batch.
@@ -131,10 +132,13 @@ class Sampler:
         token_ids: Seq[Seq[int]],
         generators: Seq[Optional[torch.Generator]],
         num_prompt_tokens: Optional[Seq[int]] = None,
+        bitmask: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> Tuple[List[int], List[Optional[Dict[int, float]]]]:
         """``logits [N, V]`` float32; per row its params, its tokens so far (prompt + output, for
         the repetition penalty), its generator (None: the sampler's) and how many of its tokens are
-        the prompt (the presence / frequency penalties count the rest; None: 0). Returns the
+        the prompt (the presence / frequency penalties count the rest; None: 0); ``bitmask``:
+        structured output's ``(bitmask [N, W] int32, rows)``, the tokens each listed row's grammar
+        allows (:func:`~fastinfer.ops.apply_token_bitmask`). Returns the
         sampled token per row and, for rows that asked for logprobs, a dict {token: logprob}."""
         N, V = logits.shape
         dev = logits.device
@@ -152,6 +156,8 @@ class Sampler:
                                                [p.frequency_penalty for p in params])
         if any(p.logit_bias for p in params):
             apply_logit_bias(logits, [p.logit_bias for p in params])
+        if bitmask is not None:
+            self.ops.apply_token_bitmask(logits, bitmask[0].to(dev), bitmask[1].to(dev))
 
         out = logits.argmax(dim=-1)
         sample_rows = [i for i, p in enumerate(params) if not p.greedy]

@@ -159,6 +159,10 @@ class Tokenizer:
         """Token string -> id, added tokens included."""
         return self._tok.get_vocab(with_added_tokens=True)
 
+    def backend_json(self) -> str:
+        """The ``tokenizers`` tokenizer as JSON (its model, pre-tokenizer and decoder)."""
+        return self._tok.to_str()
+
     def token_to_id(self, token: str) -> Optional[int]:
         return self._tok.token_to_id(token)
 

@@ -19,7 +19,19 @@ import torch
 
 # Each family module lists its public names in __all__; its op wrappers are those with a fake impl
 # (_fake.FAKES, declared next to each wrapper), the rest are helpers (pack_custom_mask, Int4Weight).
-from . import attention, elementwise, gemm_dense, gemm_fp4, gemm_fp8, gemm_int4, gemm_int8, linear_attention, moe, speculative
+from . import (
+    attention,
+    elementwise,
+    gemm_dense,
+    gemm_fp4,
+    gemm_fp8,
+    gemm_int4,
+    gemm_int8,
+    linear_attention,
+    moe,
+    sampling,
+    speculative,
+)
 from ._fake import FAKES
 from .attention import *  # noqa: F401,F403
 from .elementwise import *  # noqa: F401,F403
@@ -30,9 +42,13 @@ from .gemm_int4 import *  # noqa: F401,F403
 from .gemm_int8 import *  # noqa: F401,F403
 from .linear_attention import *  # noqa: F401,F403
 from .moe import *  # noqa: F401,F403
+from .sampling import *  # noqa: F401,F403
 from .speculative import *  # noqa: F401,F403
 
-_FAMILIES = (elementwise, attention, gemm_dense, gemm_fp4, gemm_fp8, gemm_int4, gemm_int8, linear_attention, speculative, moe)
+_FAMILIES = (
+    elementwise, attention, gemm_dense, gemm_fp4, gemm_fp8, gemm_int4, gemm_int8, linear_attention, speculative,
+    sampling, moe,
+)
 _OPS = {name: getattr(m, name) for m in _FAMILIES for name in m.__all__ if name in FAKES}
 
 NAMESPACES = ("fastinfer", "fastinfer_sim")

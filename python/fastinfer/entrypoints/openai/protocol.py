@@ -2,8 +2,8 @@
 
 Requests carry the OpenAI fields and vLLM's sampling extras (``top_k``, ``min_p``,
 ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``, ``prompt_logprobs``, ...). A field
-OpenAI defines but fastinfer cannot honour (``suffix``, ``response_format`` other than text, ...) is
-accepted at its neutral value and refused otherwise. A top-level field neither API defines is accepted and ignored, as vLLM
+OpenAI defines but fastinfer cannot honour (``suffix``, ...) is accepted at its neutral value and
+refused otherwise. A top-level field neither API defines is accepted and ignored, as vLLM
 does for its clients (which send extras of their own), with one warning per field name in the
 server log; a known field of the wrong type is still a 400. Every refusal is an :class:`APIError`,
 rendered as OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Dict, List, Literal, Optional, Set, Type, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = ["APIError", "error_body", "parse_body", "CompletionRequest", "ChatCompletionRequest", "ChatMessage",
            "TokenizeRequest", "DetokenizeRequest", "StreamOptions"]
@@ -123,6 +123,11 @@ class _Sampling(_Request):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     prompt_logprobs: Optional[int] = None
+    # vLLM's structured output fields (one at most; the chat API's response_format is the other way)
+    guided_json: Optional[Union[str, Dict[str, Any]]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[List[str]] = None
+    guided_grammar: Optional[str] = None
 
 
 class CompletionRequest(_Sampling):
@@ -170,8 +175,20 @@ class ChatMessage(_Echoed):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
+class JsonSchemaFormat(_Strict):
+    """``response_format.json_schema``: OpenAI's named schema (the openai SDK's ``parse()`` sends a
+    pydantic model's, with ``strict: true``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: str
+    description: Optional[str] = None
+    schema_: Optional[Dict[str, Any]] = Field(default=None, alias="schema")
+    strict: Optional[bool] = None
+
+
 class ResponseFormat(_Strict):
     type: str
+    json_schema: Optional[JsonSchemaFormat] = None
 
 
 class ChatCompletionRequest(_Sampling):

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Awaitable, Dict, List, Optional, Tuple, U
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from ...engine import RequestOutput, SamplingParams
+from ...engine import RequestOutput, SamplingParams, StructuredOutputs
 from ...engine.async_llm import AsyncLLM, EngineDeadError
 from .metrics import ServerMetrics
 from .protocol import APIError, error_body
@@ -170,8 +170,33 @@ class OpenAIServing:
             out[tid] = float(value)
         return out
 
+    @staticmethod
+    def guided(req: Any) -> Optional[Tuple[StructuredOutputs, str]]:
+        """vLLM's ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar`` (one
+        at most) as a structured-output constraint and the field that gave it."""
+        given = [f for f in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+                 if getattr(req, f) is not None]
+        if not given:
+            return None
+        if len(given) > 1:
+            raise APIError(400, f"at most one of {', '.join(given)} may be given", param=given[1])
+        field = given[0]
+        value = getattr(req, field)
+        if field == "guided_json" and isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as e:
+                raise APIError(400, f"guided_json must be a JSON schema: {e}", param=field) from None
+        try:
+            spec = StructuredOutputs(**{field[len("guided_"):]: value})
+            spec.verify()
+        except ValueError as e:
+            raise APIError(400, f"{field}: {str(e).split('structured: ', 1)[-1]}", param=field) from None
+        return spec, field
+
     def sampling_params(self, req: Any, max_tokens: int, logprobs: Optional[int],
-                        max_tokens_param: str = "max_tokens", prompt_logprobs: Optional[int] = None) -> SamplingParams:
+                        max_tokens_param: str = "max_tokens", prompt_logprobs: Optional[int] = None,
+                        structured: Optional[StructuredOutputs] = None) -> SamplingParams:
         lim = self.limits
 
         def need(ok: bool, param: str, what: str) -> None:
@@ -208,20 +233,23 @@ class OpenAIServing:
                 seed=req.seed, max_tokens=max_tokens, stop=stop, stop_token_ids=req.stop_token_ids,
                 ignore_eos=req.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                 logit_bias=logit_bias, skip_special_tokens=req.skip_special_tokens,
-                include_stop_str_in_output=req.include_stop_str_in_output)
+                include_stop_str_in_output=req.include_stop_str_in_output, structured=structured)
         except ValueError as e:
             raise APIError(400, str(e)) from None
 
     # ---- running ------------------------------------------------------------------------------
-    async def run(self, request_id: str, prompt_ids: List[int], params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        """One engine request; its metrics are recorded however it ends."""
+    async def run(self, request_id: str, prompt_ids: List[int], params: SamplingParams,
+                  structured_param: Optional[str] = None) -> AsyncIterator[RequestOutput]:
+        """One engine request; its metrics are recorded however it ends. ``structured_param``: the
+        request field that gave ``params.structured`` (a refusal of the constraint names it)."""
         last: Optional[RequestOutput] = None
         finished = False
         try:
             async for out in self.engine.generate({"prompt_token_ids": prompt_ids}, params, request_id):
                 if out.error is not None:
                     finished = True
-                    raise APIError(400, out.error)
+                    param = structured_param if out.error.startswith("structured output") else None
+                    raise APIError(400, out.error, param=param)
                 last, finished = out, out.finished
                 yield out
         except EngineDeadError as e:
@@ -231,10 +259,10 @@ class OpenAIServing:
             if last is not None or not finished:
                 self.metrics.observe(last, len(prompt_ids), finished)
 
-    async def run_all(self, base_id: str, prompts: List[List[int]],
-                      params: SamplingParams) -> AsyncIterator[Tuple[int, RequestOutput]]:
+    async def run_all(self, base_id: str, prompts: List[List[int]], params: SamplingParams,
+                      structured_param: Optional[str] = None) -> AsyncIterator[Tuple[int, RequestOutput]]:
         """Several prompts at once: ``(prompt index, output)`` as they come."""
-        gens = [self.run(f"{base_id}-{i}", ids, params) for i, ids in enumerate(prompts)]
+        gens = [self.run(f"{base_id}-{i}", ids, params, structured_param) for i, ids in enumerate(prompts)]
         if len(gens) == 1:
             async with contextlib.aclosing(gens[0]) as g:
                 async for out in g:
@@ -267,10 +295,10 @@ class OpenAIServing:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def final_outputs(self, base_id: str, prompts: List[List[int]],
-                            params: SamplingParams) -> List[RequestOutput]:
+    async def final_outputs(self, base_id: str, prompts: List[List[int]], params: SamplingParams,
+                            structured_param: Optional[str] = None) -> List[RequestOutput]:
         finals: List[Optional[RequestOutput]] = [None] * len(prompts)
-        async for i, out in self.run_all(base_id, prompts, params):
+        async for i, out in self.run_all(base_id, prompts, params, structured_param):
             if out.finished:
                 finals[i] = out
         if any(f is None for f in finals):

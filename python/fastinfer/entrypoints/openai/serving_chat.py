@@ -8,20 +8,28 @@ output is parsed by the server's ``--tool-call-parser`` (:mod:`.tool_parsers`) i
 ``message.tool_calls``, ``finish_reason: "tool_calls"``; streamed, a call is sent once complete (its
 id, type and name, then its arguments) while the text around it streams as content. With "none" the
 tools are still rendered, as vLLM does, and the output is plain content. "required" and a named
-function need constrained decoding, which fastinfer does not have: a 400.
+function constrain the output (structured output) to the JSON schema of the function's parameters
+(named) or of a non-empty list of ``{"name", "parameters"}`` calls of the tools ("required"), as vLLM
+does; the calls are read from that JSON (:class:`~.tool_parsers.ConstrainedToolCallParser`).
+
+Structured output: ``response_format`` ``{"type": "json_object"}`` or ``{"type": "json_schema",
+"json_schema": {"name", "schema", "strict"}}`` (what the openai SDK's ``parse()`` sends), or vLLM's
+``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar``; one constraint per
+request. A constraint that does not compile is a 400 naming its field.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple
 
 from starlette.responses import JSONResponse, Response
 
-from ...engine import CompletionOutput, SamplingParams
+from ...engine import CompletionOutput, SamplingParams, StructuredOutputs
 from .protocol import APIError, ChatCompletionRequest, ChatMessage, MessageToolCall
 from .serving import SSE_DONE, EventStream, OpenAIServing, random_id, sse
-from .tool_parsers import TOOL_CALL_PARSERS, check_tool_call_parser, make_tool_call_parser, parse_tool_calls
+from .tool_parsers import (TOOL_CALL_PARSERS, ConstrainedToolCallParser, StreamingToolCallParser,
+                           check_tool_call_parser, make_tool_call_parser, parse_whole, tool_choice_schema)
 
 __all__ = ["ServingChat"]
 
@@ -75,7 +83,8 @@ def check_tools(tools: Any) -> List[Dict[str, Any]]:
 
 
 _TOOL_CHOICES = '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
-_NEEDS_CONSTRAINED = 'needs constrained decoding, which this server does not have: use "auto" (or "none")'
+# how the calls of a response are read: None (no tools to parse) or a parser per choice
+ParserFactory = Optional[Callable[[], StreamingToolCallParser]]
 
 
 class ServingChat(OpenAIServing):
@@ -98,36 +107,67 @@ class ServingChat(OpenAIServing):
             raise APIError(400, f"the chat template refused the messages: {e}", param="messages") from None
         return self.token_ids(self.tokenizer.encode(text, add_special_tokens=False), param="messages")
 
-    def tool_calling(self, req: ChatCompletionRequest) -> Tuple[Optional[List[Dict[str, Any]]], bool]:
-        """The tools to render and whether to parse the output for calls."""
+    def tool_calling(self, req: ChatCompletionRequest) -> Tuple[Optional[List[Dict[str, Any]]], ParserFactory,
+                                                                Optional[StructuredOutputs]]:
+        """The tools to render, how to read calls from the output, and the constraint that
+        "required" or a named function puts on it."""
         tools = check_tools(req.tools) if req.tools else None
         choice = req.tool_choice
-        if isinstance(choice, dict):
-            function = choice.get("function")
-            name = function.get("name") if isinstance(function, dict) else None
-            if choice.get("type") != "function" or not isinstance(name, str):
-                raise APIError(400, f"tool_choice must be {_TOOL_CHOICES}", param="tool_choice")
-            if name not in {t["function"]["name"] for t in tools or []}:
-                raise APIError(400, f"tool_choice names the function {name!r}, which is not among the tools",
-                               param="tool_choice")
-            raise APIError(400, f"tool_choice naming a function {_NEEDS_CONSTRAINED}", param="tool_choice")
-        if choice == "required":
-            raise APIError(400, f'tool_choice "required" {_NEEDS_CONSTRAINED}', param="tool_choice")
+        if isinstance(choice, dict) or choice == "required":
+            function = None
+            if isinstance(choice, dict):
+                spec = choice.get("function")
+                function = spec.get("name") if isinstance(spec, dict) else None
+                if choice.get("type") != "function" or not isinstance(function, str):
+                    raise APIError(400, f"tool_choice must be {_TOOL_CHOICES}", param="tool_choice")
+                if function not in {t["function"]["name"] for t in tools or []}:
+                    raise APIError(400, f"tool_choice names the function {function!r}, which is not among the "
+                                        "tools", param="tool_choice")
+            elif tools is None:
+                raise APIError(400, 'tool_choice "required" needs tools', param="tool_choice")
+            structured = StructuredOutputs(json=tool_choice_schema(tools, function))
+            return tools, lambda: ConstrainedToolCallParser(function), structured
         if choice not in (None, "none", "auto"):
             raise APIError(400, f"tool_choice must be {_TOOL_CHOICES}, got {choice!r}", param="tool_choice")
-        parse = tools is not None and choice != "none"
-        if parse and self.tool_call_parser is None:
+        if tools is None or choice == "none":
+            return tools, None, None
+        if self.tool_call_parser is None:
             raise APIError(400, "tools need tool calling, which is not enabled on this server: start it with "
                                 f"--tool-call-parser {{{'|'.join(TOOL_CALL_PARSERS)}}} (or send tool_choice: "
                                 '"none")', param="tools")
-        return tools, parse
+        name = self.tool_call_parser
+        return tools, lambda: make_tool_call_parser(name), None
+
+    def structured_output(self, req: ChatCompletionRequest,
+                          tool_constraint: Optional[StructuredOutputs]) -> Tuple[Optional[StructuredOutputs], Optional[str]]:
+        """The request's one output constraint and the field that gave it (None, None: none)."""
+        given: List[Tuple[StructuredOutputs, str]] = []
+        if tool_constraint is not None:
+            given.append((tool_constraint, "tools"))
+        fmt = req.response_format
+        if fmt is not None and fmt.type != "text":
+            if fmt.type == "json_object":
+                given.append((StructuredOutputs(json_object=True), "response_format"))
+            elif fmt.type == "json_schema":
+                if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+                    raise APIError(400, 'response_format {"type": "json_schema"} needs json_schema.schema',
+                                   param="response_format")
+                given.append((StructuredOutputs(json=fmt.json_schema.schema_), "response_format"))
+            else:
+                raise APIError(400, f"response_format type must be 'text', 'json_object' or 'json_schema', got "
+                                    f"{fmt.type!r}", param="response_format")
+        guided = self.guided(req)
+        if guided is not None:
+            given.append(guided)
+        if len(given) > 1:
+            names = ["tool_choice" if f == "tools" else f for _, f in given]
+            raise APIError(400, f"one output constraint per request: got {' and '.join(names)}", param=names[1])
+        return given[0] if given else (None, None)
 
     def prepare(self, req: ChatCompletionRequest):
         self.check_model(req.model)
-        tools, parse_calls = self.tool_calling(req)
-        if req.response_format is not None and req.response_format.type != "text":
-            raise APIError(400, f"response_format {req.response_format.type!r} is not supported (only 'text')",
-                           param="response_format")
+        tools, parse_calls, tool_constraint = self.tool_calling(req)
+        structured, structured_param = self.structured_output(req, tool_constraint)
         if req.top_logprobs is not None:
             if not req.logprobs:
                 raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
@@ -142,9 +182,9 @@ class ServingChat(OpenAIServing):
         asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         budget = self.max_tokens_for(len(ids), asked, which, prompt_param="messages")
         params = self.sampling_params(req, budget, (req.top_logprobs or 0) if req.logprobs else None, which,
-                                      prompt_logprobs=req.prompt_logprobs)
+                                      prompt_logprobs=req.prompt_logprobs, structured=structured)
         self.check_capacity(1)
-        return ids, params, parse_calls
+        return ids, params, parse_calls, structured_param
 
     def _logprobs(self, c: CompletionOutput, start: int, top: int) -> Optional[Dict[str, Any]]:
         if c.logprobs is None:
@@ -160,11 +200,11 @@ class ServingChat(OpenAIServing):
             content.append(dict(entry(tid, d[tid]), top_logprobs=[entry(t, v) for t, v in best]))
         return {"content": content}
 
-    def _message(self, c: CompletionOutput, parse_calls: bool) -> Tuple[Dict[str, Any], Optional[str]]:
+    def _message(self, c: CompletionOutput, parse_calls: ParserFactory) -> Tuple[Dict[str, Any], Optional[str]]:
         """The assistant message of a finished completion, and its finish reason."""
-        if not parse_calls:
+        if parse_calls is None:
             return {"role": "assistant", "content": c.text}, c.finish_reason
-        parsed = parse_tool_calls(self.tool_call_parser, c.text)
+        parsed = parse_whole(parse_calls(), c.text)
         if not parsed.calls:
             return {"role": "assistant", "content": c.text}, c.finish_reason
         message = {"role": "assistant", "content": parsed.content,
@@ -172,12 +212,12 @@ class ServingChat(OpenAIServing):
         return message, _finish_reason(c.finish_reason, True)
 
     async def create(self, req: ChatCompletionRequest) -> Response:
-        ids, params, parse_calls = self.prepare(req)
+        ids, params, parse_calls, structured_param = self.prepare(req)
         rid = random_id("chatcmpl")
         top = req.top_logprobs or 0
         if req.stream:
-            return EventStream(self._stream(req, rid, ids, params, parse_calls))
-        (out,) = await self.final_outputs(rid, [ids], params)
+            return EventStream(self._stream(req, rid, ids, params, parse_calls, structured_param))
+        (out,) = await self.final_outputs(rid, [ids], params, structured_param)
         choices = []
         for c in out.outputs:
             message, finish_reason = self._message(c, parse_calls)
@@ -191,7 +231,8 @@ class ServingChat(OpenAIServing):
         return JSONResponse(body)
 
     async def _stream(self, req: ChatCompletionRequest, rid: str, ids: List[int],
-                      params: SamplingParams, parse_calls: bool) -> AsyncIterator[bytes]:
+                      params: SamplingParams, parse_calls: ParserFactory,
+                      structured_param: Optional[str]) -> AsyncIterator[bytes]:
         created, top = self.created(), req.top_logprobs or 0
         opts = req.stream_options
         include_usage = opts is not None and opts.include_usage
@@ -200,7 +241,7 @@ class ServingChat(OpenAIServing):
         sent_tok: Dict[int, int] = {}
         finished = set()
         gen, cached = 0, 0
-        parsers = {i: make_tool_call_parser(self.tool_call_parser) for i in range(params.n)} if parse_calls else {}
+        parsers = {i: parse_calls() for i in range(params.n)} if parse_calls is not None else {}
         num_calls: Dict[int, int] = {}  # per choice: calls sent so far (their delta indices)
 
         def chunk(choices: List[Dict[str, Any]], usage=None) -> bytes:
@@ -233,7 +274,7 @@ class ServingChat(OpenAIServing):
             usage0 = self.usage(len(ids), 0, 0) if continuous else None
             yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                           "finish_reason": None} for i in range(params.n)], usage0)
-            async for _, out in self.run_all(rid, [ids], params):
+            async for _, out in self.run_all(rid, [ids], params, structured_param):
                 gen = sum(len(c.token_ids) for c in out.outputs)
                 cached = out.num_cached_tokens
                 for c in out.outputs:

@@ -60,14 +60,15 @@ class ServingCompletion(OpenAIServing):
         budgets = [self.max_tokens_for(len(ids), 1 if only_prompt else req.max_tokens) for ids in prompts]
         # the echoed prompt's logprobs are prompt logprobs: the engine computes the larger k asked
         wanted = [k for k in (req.prompt_logprobs, req.logprobs if req.echo else None) if k is not None]
+        structured, structured_param = self.guided(req) or (None, None)
         params = self.sampling_params(req, min(budgets), req.logprobs,
-                                      prompt_logprobs=max(wanted) if wanted else None)
+                                      prompt_logprobs=max(wanted) if wanted else None, structured=structured)
         self.check_capacity(len(prompts))
         echo = None
         if req.echo:
             echo = _Echo([x if isinstance(x, str) else self._decode(ids, req.skip_special_tokens)
                           for x, ids in zip(items, prompts)], only_prompt)
-        return prompts, params, echo
+        return prompts, params, echo, structured_param
 
     def _decode(self, ids: List[int], skip_special_tokens: bool) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens) if self.tokenizer is not None else ""
@@ -119,11 +120,11 @@ class ServingCompletion(OpenAIServing):
         return {"text": text, "logprobs": logprobs, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
 
     async def create(self, req: CompletionRequest) -> Response:
-        prompts, params, echo = self.prepare(req)
+        prompts, params, echo, structured_param = self.prepare(req)
         rid = random_id("cmpl")
         if req.stream:
-            return EventStream(self._stream(req, rid, prompts, params, echo))
-        finals = await self.final_outputs(rid, prompts, params)
+            return EventStream(self._stream(req, rid, prompts, params, echo, structured_param))
+        finals = await self.final_outputs(rid, prompts, params, structured_param)
         choices = []
         for i, out in enumerate(finals):
             prompt_text = echo.texts[i] if echo is not None else ""
@@ -141,7 +142,8 @@ class ServingCompletion(OpenAIServing):
                              "system_fingerprint": None})
 
     async def _stream(self, req: CompletionRequest, rid: str, prompts: List[List[int]],
-                      params: SamplingParams, echo: Optional[_Echo]) -> AsyncIterator[bytes]:
+                      params: SamplingParams, echo: Optional[_Echo],
+                      structured_param: Optional[str]) -> AsyncIterator[bytes]:
         created, n = self.created(), params.n
         sent_text: Dict[int, int] = {}  # choice index -> characters of the completion sent
         sent_tok: Dict[int, int] = {}  # choice index -> tokens sent
@@ -164,7 +166,7 @@ class ServingCompletion(OpenAIServing):
             return self.usage(sum(map(len, prompts)), sum(gen_tokens.values()), sum(cached.values()))
 
         try:
-            async for i, out in self.run_all(rid, prompts, params):
+            async for i, out in self.run_all(rid, prompts, params, structured_param):
                 cached[i] = out.num_cached_tokens
                 for c in out.outputs:
                     k = i * n + c.index

@@ -13,6 +13,12 @@ A call whose JSON does not parse, is not an object, has no string ``name`` or wh
 not an object stays in the content as the model wrote it. Names are not checked against the
 request's tools: the client sees what the model asked for.
 
+``tool_choice`` "required" or a named function: the output is constrained (structured output) to
+the JSON that :func:`tool_choice_schema` gives, and :class:`ConstrainedToolCallParser` reads the
+calls from it: for a named function its arguments object, for "required" a list of
+``{"name", "parameters"}`` (vLLM's format). Such an output is never content, unless it was cut
+before its JSON completed (``max_tokens``): then it is returned as content, as written.
+
 One implementation serves both responses: :class:`StreamingToolCallParser` takes the text as it
 is generated and holds back only what may still turn out to be part of a call; :func:`parse_tool_calls`
 is the same machine fed the whole text at once, so a streamed response reassembles to the
@@ -27,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["ToolCall", "ParsedOutput", "StreamingToolCallParser", "HermesToolCallParser",
-           "Llama3JsonToolCallParser", "TOOL_CALL_PARSERS", "parse_tool_calls", "make_tool_call_parser",
-           "check_tool_call_parser"]
+           "Llama3JsonToolCallParser", "ConstrainedToolCallParser", "TOOL_CALL_PARSERS", "parse_tool_calls", "parse_whole",
+           "make_tool_call_parser", "check_tool_call_parser", "tool_choice_schema"]
 
 
 @dataclass
@@ -214,6 +220,45 @@ class Llama3JsonToolCallParser(StreamingToolCallParser):
             pos = len(body) - len(rest) + 1
 
 
+class ConstrainedToolCallParser(StreamingToolCallParser):
+    """The calls of an output constrained to :func:`tool_choice_schema`, all at the end."""
+
+    def __init__(self, function: Optional[str]) -> None:
+        self.function = function  # a named function; None: "required"
+        self.text = ""
+
+    def feed(self, delta: str) -> Tuple[str, List[ToolCall]]:
+        self.text += delta
+        return "", []
+
+    def finish(self) -> Tuple[str, List[ToolCall]]:
+        try:
+            obj = json.loads(self.text)
+        except ValueError:
+            return self.text, []
+        if self.function is not None:
+            items = [{"name": self.function, "parameters": obj}]
+        else:
+            items = obj if isinstance(obj, list) else []
+        calls = [ToolCall(i["name"], json.dumps(i["parameters"], ensure_ascii=False)) for i in items
+                 if isinstance(i, dict) and isinstance(i.get("name"), str) and isinstance(i.get("parameters"), dict)]
+        return ("", calls) if calls and len(calls) == len(items) else (self.text, [])
+
+
+def tool_choice_schema(tools: List[Dict[str, Any]], function: Optional[str]) -> Dict[str, Any]:
+    """The JSON schema an output must follow for ``tool_choice`` naming ``function`` (its
+    parameters) or "required" (``function`` None: a non-empty list of calls of any of the tools)."""
+    def parameters(tool: Dict[str, Any]) -> Dict[str, Any]:
+        return tool["function"].get("parameters") or {"type": "object", "properties": {}}
+
+    if function is not None:
+        return parameters(next(t for t in tools if t["function"]["name"] == function))
+    calls = [{"type": "object", "properties": {"name": {"type": "string", "enum": [t["function"]["name"]]},
+                                               "parameters": parameters(t)},
+              "required": ["name", "parameters"], "additionalProperties": False} for t in tools]
+    return {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+
+
 TOOL_CALL_PARSERS = {"hermes": HermesToolCallParser, "llama3_json": Llama3JsonToolCallParser}
 
 
@@ -229,7 +274,11 @@ def make_tool_call_parser(name: str) -> StreamingToolCallParser:
 
 def parse_tool_calls(name: str, text: str) -> ParsedOutput:
     """The calls and the content of a whole output ``text`` in format ``name``."""
-    parser = make_tool_call_parser(name)
+    return parse_whole(make_tool_call_parser(name), text)
+
+
+def parse_whole(parser: StreamingToolCallParser, text: str) -> ParsedOutput:
+    """The calls and the content of a whole output ``text``: ``parser`` fed it at once."""
     content, calls = parser.feed(text)
     rest, more = parser.finish()
     content += rest
