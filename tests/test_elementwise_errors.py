@@ -75,6 +75,20 @@ CASES = [
     ("rms_norm", "eps", lambda: (r(T, H), w(), -1e-6), r"\beps\b"),
     ("rms_norm", "weightless-dtype-x", lambda: (r(T, H, dtype=F64), None, 1e-6), r"\bx\b"),
     ("rms_norm", "weightless-eps", lambda: (r(T, H), None, float("nan")), r"\beps\b"),
+    ("rms_norm", "weight_offset-weightless", lambda: (r(T, H), None, 1e-6, 1.0), r"\bweight_offset\b"),
+    ("rms_norm", "weight_offset-nan", lambda: (r(T, H), w(), 1e-6, float("nan")), r"\bweight_offset\b"),
+    ("fused_add_rms_norm", "weight_offset-weightless", lambda: (r(T, H), r(T, H), None, 1e-6, 1.0), r"\bweight_offset\b"),
+    # ---------------- gated_rms_norm
+    ("gated_rms_norm", "dtype-x", lambda: (r(T, H, dtype=F64), r(T, H, dtype=F64), w(dtype=F64), 1e-6), r"\bx\b"),
+    ("gated_rms_norm", "dtype-gate", lambda: (r(T, H), r(T, H, dtype=HF), w(), 1e-6), r"\bgate\b"),
+    ("gated_rms_norm", "shape-gate", lambda: (r(T, H), r(T, H + 2), w(), 1e-6), r"\bgate\b"),
+    ("gated_rms_norm", "rank-gate", lambda: (r(T, H), r(1, T, H), w(), 1e-6), r"\bgate\b"),
+    ("gated_rms_norm", "device-gate", lambda: (r(T, H), r(T, H, device="meta"), w(), 1e-6), r"\bgate\b|device"),
+    ("gated_rms_norm", "noncontig-gate", lambda: (r(T, H), noncontig(T, H), w(), 1e-6), r"\bgate\b"),
+    ("gated_rms_norm", "noncontig-x", lambda: (noncontig(T, H), r(T, H), w(), 1e-6), r"\bx\b"),
+    ("gated_rms_norm", "shape-weight", lambda: (r(T, H), r(T, H), w(H + 1), 1e-6), r"\bweight\b"),
+    ("gated_rms_norm", "eps", lambda: (r(T, H), r(T, H), w(), -1.0), r"\beps\b"),
+    ("gated_rms_norm", "weight_offset-weightless", lambda: (r(T, H), r(T, H), None, 1e-6, 1.0), r"\bweight_offset\b"),
     # ---------------- rms_norm_out
     ("rms_norm_out", "shape-out", lambda: (r(T, H + 1), r(T, H), w(), 1e-6), r"\bout\b"),
     ("rms_norm_out", "dtype-out", lambda: (r(T, H, dtype=HF), r(T, H), w(), 1e-6), r"\bout\b"),
@@ -210,6 +224,7 @@ def _cuda_device_cases():
         ("rms_norm", lambda: (r(T, H, device=c), w(device=g), 1e-6), r"\bweight\b"),
         ("rms_norm_out", lambda: (r(T, H, device=g), r(T, H, device=c), w(device=c), 1e-6), r"\bout\b"),
         ("fused_add_rms_norm", lambda: (r(T, H, device=c), r(T, H, device=g), w(device=c), 1e-6), r"\bresidual\b"),
+        ("gated_rms_norm", lambda: (r(T, H, device=c), r(T, H, device=g), w(device=c), 1e-6), r"\bgate\b"),
         ("silu_and_mul", lambda: (r(T, 2 * F_, device=g).to(torch.float64),), r"\bx\b"),
         ("silu_and_mul_out", lambda: (r(T, F_, device=g), r(T, 2 * F_, device=c)), r"\bout\b"),
         ("rotary_embedding", lambda: (pos(), r(T, HQ, D, device=c), r(T, HKV, D, device=c), cache_().to(c), True), r"\bpositions\b"),
@@ -220,7 +235,7 @@ def _cuda_device_cases():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("idx", range(9))
+@pytest.mark.parametrize("idx", range(len(_cuda_device_cases())))
 def test_bad_device_cuda(idx):
     """CUDA tensors mixed with CPU tensors: RuntimeError naming the CPU argument."""
     be = get_backend("cuda")

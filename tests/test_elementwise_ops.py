@@ -214,6 +214,138 @@ def test_fused_add_rms_norm(bname, dtype, shape):
 
 
 # --------------------------------------------------------------------------------------------
+# zero-centred (weight_offset) and gated RMSNorm
+# --------------------------------------------------------------------------------------------
+
+GATED_NORM_CASES = {
+    # shape of x and gate: [..., H] (Gated DeltaNet: [tokens, value heads, Dv])
+    "cpu": [(1, 128), (7, 4, 128), (33, 96), (5, 4095), (2, 3, 64), (0, 128)],
+    "sim": [(1, 128), (7, 4, 128), (5, 96), (3, 4095), (0, 128)],
+    "cuda": [(1, 128), (7, 4, 128), (33, 96), (5, 4095), (4096, 32, 128), (0, 128)],
+}
+
+
+def naive_gated_rms_norm(x, z, w, eps):
+    return naive_rms_norm(x, w, eps) * F.silu(z)
+
+
+@pytest.mark.parametrize("bname,dtype,shape", backend_params(_one_arg(NORM_CASES)))
+def test_rms_norm_zero_centred(bname, dtype, shape):
+    """weight_offset=1: x_normed * (1 + w) with small w (Gemma, Qwen3.5), the 1 added in fp32; and
+    the residual step with it."""
+    be = get_backend(bname)
+    gen = make_gen(23)
+    h = shape[-1]
+    x = _row_scaled(shape, dtype, be.device, gen)
+    res = _row_scaled(shape, dtype, be.device, gen)
+    w = randn((h,), dtype, be.device, gen, scale=0.05)
+    eps = 1e-6
+
+    def run():
+        plain = be.ns.rms_norm(x, w, eps, weight_offset=1.0)
+        out = poison_like(x)
+        be.ns.rms_norm_out(out, x, w, eps, weight_offset=1.0)
+        xc, rc = x.clone(), res.clone()
+        be.ns.fused_add_rms_norm(xc, rc, w, eps, weight_offset=1.0)
+        return plain, out, xc, rc
+
+    plain, out, x_out, res_out = be.run(run)
+    one_plus_w = w.float() + 1.0  # the naive yardstick in the input precision keeps the fp32 weight
+    assert_fa_close(plain, ref_ops.rms_norm(x.cpu(), w.cpu(), eps, 1.0),
+                    naive_rms_norm(x.float(), one_plus_w, eps).to(dtype), name="rms_norm offset")
+    assert_bits_equal(out.cpu(), plain.cpu(), "rms_norm_out offset")
+    x_ref, res_ref = ref_ops.fused_add_rms_norm(x.cpu(), res.cpu(), w.cpu(), eps, 1.0)
+    assert_bits_equal(res_out.cpu(), res_ref.to(dtype), "residual")
+    assert_fa_close(x_out, x_ref, naive_rms_norm((x + res).float(), one_plus_w, eps).to(dtype), name="fused_add offset")
+    if dtype != torch.float32 and x.numel() > 0:
+        # rounding 1 + w to the dtype first (what a plain norm on a pre-added weight does) is visibly worse
+        pre_added = be.ns.rms_norm(x, (w.float() + 1.0).to(dtype), eps).cpu().double()
+        ref = ref_ops.rms_norm(x.cpu(), w.cpu(), eps, 1.0)
+        assert (plain.cpu().double() - ref).norm() < (pre_added - ref).norm()
+
+
+@pytest.mark.parametrize("bname,dtype,shape", backend_params(_one_arg(GATED_NORM_CASES)))
+def test_gated_rms_norm(bname, dtype, shape):
+    """rms_norm(x) * silu(gate), x and gate read as strided rows of wider buffers (Qwen3.5 takes z
+    from a fused projection), weighted, zero-centred and weightless."""
+    be = get_backend(bname)
+    gen = make_gen(24)
+    h = shape[-1]
+    xz = _row_scaled(shape[:-1] + (3 * h,), dtype, be.device, gen)
+    x, z = xz[..., :h], xz[..., 2 * h:]  # strided rows, the gate 2h elements after x
+    w = randn((h,), dtype, be.device, gen, scale=0.2, offset=1.0)
+    eps = 1e-6
+
+    def run():
+        return (be.ns.gated_rms_norm(x, z, w, eps), be.ns.gated_rms_norm(x, z, None, eps),
+                be.ns.gated_rms_norm(x, z, w, eps, weight_offset=1.0))
+
+    weighted, weightless, centred = be.run(run)
+    for out in (weighted, weightless, centred):
+        assert out.dtype == dtype and out.shape == x.shape and out.is_contiguous()
+    xc, zc = x.cpu(), z.cpu()
+    assert_fa_close(weighted, ref_ops.gated_rms_norm(xc, zc, w.cpu(), eps),
+                    naive_gated_rms_norm(x, z, w, eps), name="gated")
+    assert_fa_close(weightless, ref_ops.gated_rms_norm(xc, zc, None, eps),
+                    naive_gated_rms_norm(x, z, 1.0, eps), name="gated weightless")
+    assert_fa_close(centred, ref_ops.gated_rms_norm(xc, zc, w.cpu(), eps, 1.0),
+                    naive_gated_rms_norm(x.float(), z.float(), w.float() + 1.0, eps).to(dtype), name="gated offset")
+    # the same rows contiguous give the same bits
+    assert_bits_equal(be.ns.gated_rms_norm(x.contiguous(), z.contiguous(), w, eps).cpu(), weighted.cpu(), "contiguous")
+
+
+def _qwen3_5_norms():
+    modeling = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    return modeling.Qwen3_5RMSNorm, modeling.Qwen3_5RMSNormGated
+
+
+def test_norm_references_are_transformers():
+    """The oracles against the models' own definitions: Qwen3.5's zero-centred RMSNorm, Gemma's
+    (1 + weight) norm and Qwen3.5's gated norm (Gated DeltaNet's output norm)."""
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+
+    RMSNorm, RMSNormGated = _qwen3_5_norms()
+    gen = make_gen(25)
+    x = randn((6, 3, 64), torch.float64, "cpu", gen, scale=2.0)
+    z = randn((6, 3, 64), torch.float64, "cpu", gen, scale=2.0)
+    w = randn((64,), torch.float64, "cpu", gen, scale=0.1)
+    with torch.no_grad():
+        centred = RMSNorm(64, eps=1e-6).double()
+        centred.weight.copy_(w)
+        gated = RMSNormGated(64, eps=1e-6).double()
+        gated.weight.copy_(w + 1.0)
+        gemma = GemmaRMSNorm(64, eps=1e-6).double()
+        gemma.weight.copy_(w)
+        # the modules cast to float32 inside whatever their input: agreement to float32 precision,
+        # and dropping the offset (or the gate) is far outside it
+        want = ref_ops.rms_norm(x, w, 1e-6, 1.0)
+        torch.testing.assert_close(want, centred(x).double(), rtol=2e-6, atol=1e-6)
+        torch.testing.assert_close(want, gemma(x).double(), rtol=2e-6, atol=1e-6)
+        torch.testing.assert_close(ref_ops.gated_rms_norm(x, z, w + 1.0, 1e-6), gated(x, z).double(),
+                                   rtol=2e-6, atol=1e-6)
+        assert (ref_ops.rms_norm(x, w, 1e-6) - centred(x)).abs().max() > 0.1
+
+
+def test_zero_centred_fp32_matches_transformers():
+    """On the CPU in float32 the zero-centred and gated norms agree with transformers' modules to an
+    fp32 ulp or two (the sum of squares is accumulated in a different order)."""
+    RMSNorm, RMSNormGated = _qwen3_5_norms()
+    gen = make_gen(26)
+    x = _row_scaled((9, 4, 128), torch.float32, "cpu", gen)
+    z = _row_scaled((9, 4, 128), torch.float32, "cpu", gen)
+    w = randn((128,), torch.float32, "cpu", gen, scale=0.1)
+    with torch.no_grad():
+        centred = RMSNorm(128, eps=1e-6)
+        centred.weight.copy_(w)
+        gated = RMSNormGated(128, eps=1e-6)
+        gated.weight.copy_(w + 1.0)
+        torch.testing.assert_close(get_backend("cpu").ns.rms_norm(x, w, 1e-6, weight_offset=1.0), centred(x),
+                                   rtol=3e-7, atol=0)
+        torch.testing.assert_close(get_backend("cpu").ns.gated_rms_norm(x, z, w + 1.0, 1e-6), gated(x, z),
+                                   rtol=5e-7, atol=1e-30)
+
+
+# --------------------------------------------------------------------------------------------
 # silu_and_mul / silu_and_mul_out
 # --------------------------------------------------------------------------------------------
 

@@ -15,9 +15,11 @@ namespace fastinfer::binding {
 // The schemas of the elementwise ops (schema.cpp registers them for every module).
 inline void define_elementwise_ops(StableLibrary& m) {
   // Fused elementwise ops around the big kernels (docs/design.md "Fused elementwise").
-  m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
-  m.def("rms_norm_out(Tensor(a!) out, Tensor x, Tensor? weight, float eps) -> ()");
-  m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps) -> ()");
+  m.def("rms_norm(Tensor x, Tensor? weight, float eps, float weight_offset=0.) -> Tensor");
+  m.def("rms_norm_out(Tensor(a!) out, Tensor x, Tensor? weight, float eps, float weight_offset=0.) -> ()");
+  m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps, "
+        "float weight_offset=0.) -> ()");
+  m.def("gated_rms_norm(Tensor x, Tensor gate, Tensor? weight, float eps, float weight_offset=0.) -> Tensor");
   m.def("silu_and_mul(Tensor x) -> Tensor");
   m.def("silu_and_mul_out(Tensor(a!) out, Tensor x) -> ()");
   m.def("gelu_and_mul(Tensor x) -> Tensor");
@@ -33,8 +35,10 @@ inline void define_elementwise_ops(StableLibrary& m) {
 }
 
 // weight None: the weightless RMSNorm (elementwise_affine=False), exactly a weight of ones.
+// weight_offset: the norm multiplies by weight + weight_offset (1 for the zero-centred weights of
+// Gemma and Qwen3.5, added in fp32); it needs a weight.
 inline void validate_rms_norm(const char* op, const Tensor& x, const std::optional<Tensor>& weight, double eps,
-                              bool allow_fp32) {
+                              double weight_offset, bool allow_fp32) {
   FI_CHECK(x.dim() >= 1, op, "x must have shape [..., hidden], got a 0-D tensor");
   check_activation_dtype(x, allow_fp32, op, "x");
   if (weight.has_value()) {
@@ -45,6 +49,20 @@ inline void validate_rms_norm(const char* op, const Tensor& x, const std::option
              "] (the last dim of x), got ", shape_str(*weight));
   }
   FI_CHECK(std::isfinite(eps) && eps >= 0, op, "eps must be a finite number >= 0, got ", eps);
+  FI_CHECK(std::isfinite(weight_offset), op, "weight_offset must be a finite number, got ", weight_offset);
+  FI_CHECK(weight_offset == 0 || weight.has_value(), op,
+           "weight_offset must be 0 without a weight (the weightless norm), got ", weight_offset);
+}
+
+// gated_rms_norm: the gate z has the shape, dtype and device of x.
+inline void validate_gated_rms_norm(const char* op, const Tensor& x, const Tensor& gate,
+                                    const std::optional<Tensor>& weight, double eps, double weight_offset,
+                                    bool allow_fp32) {
+  validate_rms_norm(op, x, weight, eps, weight_offset, allow_fp32);
+  FI_CHECK(shape_of(gate) == shape_of(x), op, "gate must have the shape of x ", shape_str(x), ", got ",
+           shape_str(gate));
+  check_same_dtype(gate, x, op, "gate", "x");
+  check_same_device(gate, x, op, "gate", "x");
 }
 
 inline void validate_gated_and_mul(const char* op, const Tensor& x, bool allow_fp32) {
@@ -165,7 +183,8 @@ inline void validate_reshape_and_cache(const char* op, const Tensor& k, const Te
 
 // Layout rules (need real strides, so not part of the fake impls' checks): identical for the CPU and
 // CUDA impls, so code developed against one runs unchanged on the other.
-// `other`: out of rms_norm_out or residual of fused_add_rms_norm (named by other_name).
+// `other`: out of rms_norm_out, residual of fused_add_rms_norm or gate of gated_rms_norm (named by
+// other_name).
 // x, out and residual: rows (check_rows: the last dim contiguous, any row stride, so a slice of a
 // wider buffer is read and written in place without a copy); the weight contiguous.
 inline void check_rms_norm_layout(const char* op, const Tensor& x, const std::optional<Tensor>& weight,

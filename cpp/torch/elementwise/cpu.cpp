@@ -23,17 +23,25 @@ std::vector<float> to_float_vector(const Tensor& t) {
   return {f.mutable_data_ptr<float>(), f.mutable_data_ptr<float>() + f.numel()};
 }
 
-// The RMSNorm weight in float32; None (the weightless norm) is a weight of ones, exactly: the
-// product by 1.0f rounds nothing.
-std::vector<float> norm_weight(const std::optional<Tensor>& weight, int64_t hidden) {
-  return weight.has_value() ? to_float_vector(*weight) : std::vector<float>(hidden, 1.0f);
+// The RMSNorm weight plus weight_offset in float32 (the zero-centred weights' 1 + w is formed in
+// fp32, as transformers' Gemma and Qwen3.5 norms do); None (the weightless norm, offset 0) is a
+// weight of ones, exactly: the product by 1.0f rounds nothing.
+std::vector<float> norm_weight(const std::optional<Tensor>& weight, int64_t hidden, double weight_offset) {
+  if (!weight.has_value()) return std::vector<float>(hidden, 1.0f);
+  auto w = to_float_vector(*weight);
+  for (auto& v : w) v += static_cast<float>(weight_offset);
+  return w;
 }
 
+// silu(z) = z / (1 + exp(-z)) with torch's fp32 exp (the gated activations' SiluGate below).
+FASTINFER_CPU_INLINE float silu_of(float z) { return z / (1.0f + cpu::sleef_exp(-z)); }
+
 // Row r of x starts at x + r * xs, of out at out + r * os (strided rows: slices of wider buffers).
-// out may alias x (each row is fully read before it is written).
+// out may alias x (each row is fully read before it is written). With a gate (row stride gs) the
+// output is also multiplied by silu(gate), in fp32 before the one rounding.
 template <typename T>
-FASTINFER_CPU_INLINE void rms_norm_range(T* out, int64_t os, const T* x, int64_t xs, const float* w, int64_t begin,
-                                         int64_t end, int64_t h, float eps) {
+FASTINFER_CPU_INLINE void rms_norm_range(T* out, int64_t os, const T* x, int64_t xs, const T* gate, int64_t gs,
+                                         const float* w, int64_t begin, int64_t end, int64_t h, float eps) {
   for (int64_t r = begin; r < end; ++r) {
     const T* xr = x + r * xs;
     float lanes[kLanes] = {};  // independent partial sums: vectorisable and accurate
@@ -48,7 +56,13 @@ FASTINFER_CPU_INLINE void rms_norm_range(T* out, int64_t os, const T* x, int64_t
     sum_sq += cpu::tree_sum<kLanes>(lanes);
     const float inv_rms = 1.0f / std::sqrt(static_cast<float>(sum_sq / h) + eps);
     T* o = out + r * os;
-    for (int64_t i = 0; i < h; ++i) o[i] = static_cast<T>(static_cast<float>(xr[i]) * inv_rms * w[i]);
+    if (gate == nullptr) {
+      for (int64_t i = 0; i < h; ++i) o[i] = static_cast<T>(static_cast<float>(xr[i]) * inv_rms * w[i]);
+    } else {
+      const T* zr = gate + r * gs;
+      for (int64_t i = 0; i < h; ++i)
+        o[i] = static_cast<T>(static_cast<float>(xr[i]) * inv_rms * w[i] * silu_of(static_cast<float>(zr[i])));
+    }
   }
 }
 
@@ -61,7 +75,7 @@ FASTINFER_CPU_INLINE void add_rms_norm_range(T* x, int64_t xs, T* residual, int6
     T* rr = residual + r * rs;
     for (int64_t i = 0; i < h; ++i) rr[i] = static_cast<T>(static_cast<float>(xr[i]) + static_cast<float>(rr[i]));
   }
-  rms_norm_range(x, xs, residual, rs, w, begin, end, h, eps);
+  rms_norm_range(x, xs, residual, rs, static_cast<const T*>(nullptr), 0, w, begin, end, h, eps);
 }
 
 // The gated activations (gate then up halves of each row): silu (SwiGLU) and gelu's tanh
@@ -69,7 +83,7 @@ FASTINFER_CPU_INLINE void add_rms_norm_range(T* x, int64_t xs, T* residual, int6
 // with torch's exp, so float32 silu_and_mul equals F.silu(gate) * up bit for bit (tests/
 // test_elementwise_ops.py says on which elements).
 struct SiluGate {
-  FASTINFER_CPU_INLINE float operator()(float g) const { return g / (1.0f + cpu::sleef_exp(-g)); }
+  FASTINFER_CPU_INLINE float operator()(float g) const { return silu_of(g); }
 };
 struct GeluErfGate {
   FASTINFER_CPU_INLINE float operator()(float g) const { return 0.5f * g * (1.0f + std::erf(g * 0.7071067811865476f)); }
@@ -144,9 +158,10 @@ FASTINFER_CPU_INLINE void rotary_range(T* x, int64_t stride, int64_t heads, int6
 
 // One ISA-cloned entry per dtype (target_clones does not apply to templates; see cpu_simd.h).
 #define FASTINFER_ROW_ENTRIES(SUFFIX, T)                                                                    \
-  FASTINFER_CPU_CLONES void rms_norm_##SUFFIX(T* out, int64_t os, const T* x, int64_t xs, const float* w,   \
-                                              int64_t b, int64_t e, int64_t h, float eps) {                  \
-    rms_norm_range(out, os, x, xs, w, b, e, h, eps);                                                         \
+  FASTINFER_CPU_CLONES void rms_norm_##SUFFIX(T* out, int64_t os, const T* x, int64_t xs, const T* z,       \
+                                              int64_t zs, const float* w, int64_t b, int64_t e, int64_t h,   \
+                                              float eps) {                                                   \
+    rms_norm_range(out, os, x, xs, z, zs, w, b, e, h, eps);                                                  \
   }                                                                                                          \
   FASTINFER_CPU_CLONES void add_rms_norm_##SUFFIX(T* x, int64_t xs, T* r, int64_t rs, const float* w,        \
                                                   int64_t b, int64_t e, int64_t h, float eps) {              \
@@ -203,16 +218,19 @@ FASTINFER_ROW_TABLE(bf16, BFloat16)
 
 int64_t grain_rows(int64_t row_elems) { return std::max<int64_t>(1, kGrainElems / std::max<int64_t>(row_elems, 1)); }
 
-void rms_norm_into(Tensor& out, const Tensor& x, const std::optional<Tensor>& weight, double eps) {
+// gate: gated_rms_norm's, or nullptr.
+void rms_norm_into(Tensor& out, const Tensor& x, const Tensor* gate, const std::optional<Tensor>& weight, double eps,
+                   double weight_offset) {
   const int64_t h = x.size(-1);
   if (x.numel() == 0 || h == 0) return;
-  const auto w = norm_weight(weight, h);
+  const auto w = norm_weight(weight, h, weight_offset);
   FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), "rms_norm", [&] {
     scalar_t* o = out.mutable_data_ptr<scalar_t>();
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
-    const int64_t os = row_stride(out), xs = row_stride(x);
+    const scalar_t* zp = gate != nullptr ? gate->const_data_ptr<scalar_t>() : nullptr;
+    const int64_t os = row_stride(out), xs = row_stride(x), zs = gate != nullptr ? row_stride(*gate) : 0;
     torch::stable::parallel_for(0, x.numel() / h, grain_rows(h), [&](int64_t b, int64_t e) {
-      RowEntries<scalar_t>::rms_norm(o, os, xp, xs, w.data(), b, e, h, static_cast<float>(eps));
+      RowEntries<scalar_t>::rms_norm(o, os, xp, xs, zp, zs, w.data(), b, e, h, static_cast<float>(eps));
     });
   });
 }
@@ -225,29 +243,41 @@ void check_rms_norm_inputs(const char* op, const Tensor& x, const std::optional<
   check_rms_norm_layout(op, x, weight, other, other_name);
 }
 
-void rms_norm_out_cpu(Tensor& out, const Tensor& x, const std::optional<Tensor>& weight, double eps) {
-  validate_rms_norm("rms_norm_out", x, weight, eps, true);
+void rms_norm_out_cpu(Tensor& out, const Tensor& x, const std::optional<Tensor>& weight, double eps,
+                      double weight_offset) {
+  validate_rms_norm("rms_norm_out", x, weight, eps, weight_offset, true);
   validate_like("rms_norm_out", out, "out", x, "x");
   check_rms_norm_inputs("rms_norm_out", x, weight, &out, "out");
-  rms_norm_into(out, x, weight, eps);
+  rms_norm_into(out, x, nullptr, weight, eps, weight_offset);
 }
 
-Tensor rms_norm_cpu(const Tensor& x, const std::optional<Tensor>& weight, double eps) {
-  validate_rms_norm("rms_norm", x, weight, eps, true);
+Tensor rms_norm_cpu(const Tensor& x, const std::optional<Tensor>& weight, double eps, double weight_offset) {
+  validate_rms_norm("rms_norm", x, weight, eps, weight_offset, true);
   check_rms_norm_inputs("rms_norm", x, weight, nullptr, nullptr);
   auto out = empty_as(x);
-  rms_norm_into(out, x, weight, eps);
+  rms_norm_into(out, x, nullptr, weight, eps, weight_offset);
   return out;
 }
 
-void fused_add_rms_norm_cpu(Tensor& x, Tensor& residual, const std::optional<Tensor>& weight, double eps) {
+Tensor gated_rms_norm_cpu(const Tensor& x, const Tensor& gate, const std::optional<Tensor>& weight, double eps,
+                          double weight_offset) {
+  const char* op = "gated_rms_norm";
+  validate_gated_rms_norm(op, x, gate, weight, eps, weight_offset, true);
+  check_rms_norm_inputs(op, x, weight, &gate, "gate");
+  auto out = empty_as(x);
+  rms_norm_into(out, x, &gate, weight, eps, weight_offset);
+  return out;
+}
+
+void fused_add_rms_norm_cpu(Tensor& x, Tensor& residual, const std::optional<Tensor>& weight, double eps,
+                            double weight_offset) {
   const char* op = "fused_add_rms_norm";
-  validate_rms_norm(op, x, weight, eps, true);
+  validate_rms_norm(op, x, weight, eps, weight_offset, true);
   validate_like(op, residual, "residual", x, "x");
   check_rms_norm_inputs(op, x, weight, &residual, "residual");
   const int64_t h = x.size(-1);
   if (x.numel() == 0 || h == 0) return;
-  const auto w = norm_weight(weight, h);
+  const auto w = norm_weight(weight, h, weight_offset);
   FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), "fused_add_rms_norm", [&] {
     scalar_t* xp = x.mutable_data_ptr<scalar_t>();
     scalar_t* rp = residual.mutable_data_ptr<scalar_t>();
@@ -414,6 +444,7 @@ FASTINFER_LIBRARY_IMPL(CPU, m) {
   m.impl("rms_norm", TORCH_BOX(&rms_norm_cpu));
   m.impl("rms_norm_out", TORCH_BOX(&rms_norm_out_cpu));
   m.impl("fused_add_rms_norm", TORCH_BOX(&fused_add_rms_norm_cpu));
+  m.impl("gated_rms_norm", TORCH_BOX(&gated_rms_norm_cpu));
   m.impl("silu_and_mul", TORCH_BOX(&silu_and_mul_cpu));
   m.impl("silu_and_mul_out", TORCH_BOX(&silu_and_mul_out_cpu));
   m.impl("gelu_and_mul", TORCH_BOX(&gelu_and_mul_cpu));

@@ -9,40 +9,55 @@ namespace fastinfer::binding {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-void rms_norm_out_impl(const char* op, Tensor& out, const Tensor& x, const std::optional<Tensor>& weight, double eps) {
+// gate: gated_rms_norm's (checked like out), or nullptr.
+void rms_norm_out_impl(const char* op, Tensor& out, const Tensor& x, const Tensor* gate,
+                       const std::optional<Tensor>& weight, double eps, double weight_offset) {
   check_device(x, op, "x");
   check_rms_norm_layout(op, x, weight, &out, "out");
+  if (gate != nullptr) check_rms_norm_layout(op, x, weight, gate, "gate");
   KernelScope scope(op, x);
   RmsNormParams p;
   p.out = out.data_ptr();
   p.x = x.data_ptr();
   p.weight = weight.has_value() ? weight->data_ptr() : nullptr;
+  p.gate = gate != nullptr ? gate->data_ptr() : nullptr;
   p.hidden = x.size(-1);
   p.num_rows = p.hidden == 0 ? 0 : x.numel() / p.hidden;
   p.x_row_stride = row_stride(x);
   p.out_row_stride = row_stride(out);
+  p.gate_row_stride = gate != nullptr ? row_stride(*gate) : 0;
   p.eps = static_cast<float>(eps);
+  p.weight_offset = static_cast<float>(weight_offset);
   p.dtype = to_dtype(x.scalar_type());
   if (p.hidden == 0) return;
   check_launch(launch_rms_norm(p, scope.stream()), op);
 }
 
-Tensor rms_norm(const Tensor& x, const std::optional<Tensor>& weight, double eps) {
-  validate_rms_norm("rms_norm", x, weight, eps, false);
+Tensor rms_norm(const Tensor& x, const std::optional<Tensor>& weight, double eps, double weight_offset) {
+  validate_rms_norm("rms_norm", x, weight, eps, weight_offset, false);
   auto out = empty_as(x);
-  rms_norm_out_impl("rms_norm", out, x, weight, eps);
+  rms_norm_out_impl("rms_norm", out, x, nullptr, weight, eps, weight_offset);
   return out;
 }
 
-void rms_norm_out(Tensor& out, const Tensor& x, const std::optional<Tensor>& weight, double eps) {
-  validate_rms_norm("rms_norm_out", x, weight, eps, false);
+void rms_norm_out(Tensor& out, const Tensor& x, const std::optional<Tensor>& weight, double eps, double weight_offset) {
+  validate_rms_norm("rms_norm_out", x, weight, eps, weight_offset, false);
   validate_like("rms_norm_out", out, "out", x, "x");
-  rms_norm_out_impl("rms_norm_out", out, x, weight, eps);
+  rms_norm_out_impl("rms_norm_out", out, x, nullptr, weight, eps, weight_offset);
 }
 
-void fused_add_rms_norm(Tensor& x, Tensor& residual, const std::optional<Tensor>& weight, double eps) {
+Tensor gated_rms_norm(const Tensor& x, const Tensor& gate, const std::optional<Tensor>& weight, double eps,
+                      double weight_offset) {
+  validate_gated_rms_norm("gated_rms_norm", x, gate, weight, eps, weight_offset, false);
+  auto out = empty_as(x);
+  rms_norm_out_impl("gated_rms_norm", out, x, &gate, weight, eps, weight_offset);
+  return out;
+}
+
+void fused_add_rms_norm(Tensor& x, Tensor& residual, const std::optional<Tensor>& weight, double eps,
+                        double weight_offset) {
   const char* op = "fused_add_rms_norm";
-  validate_rms_norm(op, x, weight, eps, false);
+  validate_rms_norm(op, x, weight, eps, weight_offset, false);
   validate_like(op, residual, "residual", x, "x");
   check_device(x, op, "x");
   check_rms_norm_layout(op, x, weight, &residual, "residual");
@@ -57,6 +72,7 @@ void fused_add_rms_norm(Tensor& x, Tensor& residual, const std::optional<Tensor>
   p.x_row_stride = row_stride(x);
   p.residual_row_stride = row_stride(residual);
   p.eps = static_cast<float>(eps);
+  p.weight_offset = static_cast<float>(weight_offset);
   p.dtype = to_dtype(x.scalar_type());
   check_launch(launch_fused_add_rms_norm(p, scope.stream()), op);
 }
@@ -206,6 +222,7 @@ FASTINFER_LIBRARY_IMPL(FASTINFER_KERNEL_KEY, m) {
   m.impl("rms_norm", TORCH_BOX(&rms_norm));
   m.impl("rms_norm_out", TORCH_BOX(&rms_norm_out));
   m.impl("fused_add_rms_norm", TORCH_BOX(&fused_add_rms_norm));
+  m.impl("gated_rms_norm", TORCH_BOX(&gated_rms_norm));
   m.impl("silu_and_mul", TORCH_BOX(&silu_and_mul));
   m.impl("silu_and_mul_out", TORCH_BOX(&silu_and_mul_out));
   m.impl("gelu_and_mul", TORCH_BOX(&gelu_and_mul));

@@ -15,11 +15,15 @@ __all__ = ["RMSNorm"]
 
 
 class RMSNorm(SingleWeightModule):
-    """``x * rsqrt(mean(x^2) + eps) * weight`` over the last dimension (``hidden``), fp32 inside.
+    """``x * rsqrt(mean(x^2) + eps) * (weight + weight_offset)`` over the last dimension (``hidden``),
+    fp32 inside.
 
     ``forward(x)`` returns the normalised tensor; :meth:`add_norm` is the residual-stream step of a
-    Llama layer.
+    Llama layer. ``weight_offset`` is 0 here; zero-centred norms (Gemma, Qwen3.5) set it to 1 and
+    hold the checkpoint's weight as it is.
     """
+
+    weight_offset = 0.0
 
     def __init__(self, hidden: int, eps: float, prefix: str, *, dtype, device, ops):
         super().__init__()
@@ -29,9 +33,9 @@ class RMSNorm(SingleWeightModule):
         self.weight = param((hidden,), dtype, device)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.ops.rms_norm(x, self.weight, self.eps)
+        return self.ops.rms_norm(x, self.weight, self.eps, weight_offset=self.weight_offset)
 
     def add_norm(self, x: Tensor, residual: Tensor) -> Tuple[Tensor, Tensor]:
         """``residual <- x + residual``, then ``x <- rms_norm(residual)``, both in place."""
-        self.ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
+        self.ops.fused_add_rms_norm(x, residual, self.weight, self.eps, weight_offset=self.weight_offset)
         return x, residual

@@ -15,10 +15,9 @@ What differs from :mod:`.llama` (transformers' ``Gemma2ForCausalLM`` / ``Gemma3F
     logits = lm_head(rms_norm(h))
     logits = c * tanh(logits / c)              # when final_logit_softcapping = c is set (Gemma 2: 30)
 
-Every Gemma RMSNorm multiplies by ``1 + weight``: :class:`GemmaRMSNorm` adds the 1 to its weight
-once, when it is loaded (in float32, then rounded to the model dtype), so the forward is fastinfer's
-plain ``rms_norm`` / ``fused_add_rms_norm``; :meth:`GemmaRMSNorm.checkpoint_tensors` subtracts it
-again. The residual add before each norm rides on ``fused_add_rms_norm`` as in Llama: the layer
+Every Gemma RMSNorm multiplies by ``1 + weight``: :class:`GemmaRMSNorm` holds the checkpoint's
+weight and runs ``rms_norm`` / ``fused_add_rms_norm`` with ``weight_offset=1``, which adds the 1 in
+float32 inside the kernel, as transformers does. The residual add before each norm rides on ``fused_add_rms_norm`` as in Llama: the layer
 returns its post-feed-forward-normed output and the residual stream, and the next layer's (or the
 final) norm adds them.
 
@@ -63,21 +62,11 @@ _VISION_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "visi
 
 
 class GemmaRMSNorm(RMSNorm):
-    """Gemma's RMSNorm, ``x * rsqrt(mean(x^2) + eps) * (1 + weight)``: the checkpoint's ``weight``
-    plus one is what this layer holds (added once at load time, in float32, then rounded to the
-    model dtype), so it runs on the plain ``rms_norm`` op. In bfloat16 that rounds ``1 + weight``
-    where transformers keeps it in float32 (a relative difference below 2^-9 per channel, the
-    size of the output's own bf16 rounding)."""
+    """Gemma's RMSNorm, ``x * rsqrt(mean(x^2) + eps) * (1 + weight)`` with the checkpoint's
+    ``weight``: the 1 is added in float32 by the norm ops (``weight_offset``), never rounded to the
+    model dtype."""
 
-    def load_from(self, reader: WeightReader) -> None:
-        with torch.no_grad():
-            w = reader.get_float(self.prefix + ".weight", tuple(self.weight.shape))
-            self.weight.copy_((w.float() + 1.0).to(device=self.weight.device, dtype=self.weight.dtype))
-
-    def checkpoint_tensors(self) -> Iterable[Tuple[str, Tensor]]:
-        # the checkpoint's weight up to the rounding of 1 + weight; loading it again gives the same
-        # 1 + weight exactly (subtracting 1 from a value in [0.5, 2] is exact)
-        yield self.prefix + ".weight", (self.weight.detach().float() - 1.0).to(self.weight.dtype)
+    weight_offset = 1.0
 
 
 class GemmaDecoderLayer(nn.Module):

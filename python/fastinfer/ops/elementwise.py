@@ -30,6 +30,7 @@ ACTIVATIONS = ("gelu_new", "gelu_fast", "quick_gelu")
 __all__ = [
     "rms_norm",
     "fused_add_rms_norm",
+    "gated_rms_norm",
     "silu_and_mul",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
@@ -41,9 +42,15 @@ __all__ = [
 
 
 def rms_norm(
-    x: Tensor, weight: Optional[Tensor], eps: float = 1e-6, out: Optional[Tensor] = None, *, lib=None
+    x: Tensor,
+    weight: Optional[Tensor],
+    eps: float = 1e-6,
+    out: Optional[Tensor] = None,
+    *,
+    weight_offset: float = 0.0,
+    lib=None,
 ) -> Tensor:
-    """RMSNorm over the last dim: ``x * rsqrt(mean(x**2, -1) + eps) * weight``.
+    """RMSNorm over the last dim: ``x * rsqrt(mean(x**2, -1) + eps) * (weight + weight_offset)``.
 
     Args:
         x: ``[..., H]``, rank >= 1; float16 / bfloat16 (float32 on CPU). Strided rows are read in
@@ -54,18 +61,21 @@ def rms_norm(
         eps: ``>= 0``.
         out: optional preallocated ``[..., H]`` tensor (same shape/dtype/device as ``x``, rows as
             ``x``); written in place (``rms_norm_out``) and returned.
+        weight_offset: added to the weight in float32: 1.0 for the zero-centred weights of Gemma,
+            Qwen3.5 and Qwen3-Next (``x_normed * (1 + weight)``, the 1 never rounded to the model
+            dtype). Must be 0 without a weight.
 
     Returns:
         A new tensor shaped like ``x`` (or ``out``). ``x`` is not modified.
     """
     if out is None:
-        return (lib or torch.ops.fastinfer).rms_norm(x, weight, float(eps))
-    (lib or torch.ops.fastinfer).rms_norm_out(out, x, weight, float(eps))
+        return (lib or torch.ops.fastinfer).rms_norm(x, weight, float(eps), float(weight_offset))
+    (lib or torch.ops.fastinfer).rms_norm_out(out, x, weight, float(eps), float(weight_offset))
     return out
 
 
 def fused_add_rms_norm(
-    x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float = 1e-6, *, lib=None
+    x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float = 1e-6, *, weight_offset: float = 0.0, lib=None
 ) -> Tuple[Tensor, Tensor]:
     """Residual add + RMSNorm, both **in place** (the residual stream of a Llama layer).
 
@@ -77,12 +87,37 @@ def fused_add_rms_norm(
         residual: same shape/dtype/device as ``x`` (strided rows allowed); overwritten with the sum.
         weight: ``[H]``, same dtype as ``x``; or None (no weight, as :func:`rms_norm`).
         eps: ``>= 0``.
+        weight_offset: as :func:`rms_norm` (1.0 for zero-centred weights).
 
     Returns:
         ``(x, residual)`` -- the same tensor objects, for chaining.
     """
-    (lib or torch.ops.fastinfer).fused_add_rms_norm(x, residual, weight, float(eps))
+    (lib or torch.ops.fastinfer).fused_add_rms_norm(x, residual, weight, float(eps), float(weight_offset))
     return x, residual
+
+
+def gated_rms_norm(
+    x: Tensor, gate: Tensor, weight: Optional[Tensor], eps: float = 1e-6, *, weight_offset: float = 0.0, lib=None
+) -> Tensor:
+    """Gated RMSNorm: ``rms_norm(x, weight, eps) * silu(gate)``, fp32 inside, one rounding.
+
+    The output norm of Gated DeltaNet layers (Qwen3.5, Qwen3-Next: transformers'
+    ``Qwen3_5RMSNormGated``, flash-linear-attention's ``FusedRMSNormGated`` with the norm before
+    the gate), applied per head: ``x`` and ``gate`` are ``[..., Dv]`` rows.
+
+    Args:
+        x: ``[..., H]`` (strided rows allowed), float16 / bfloat16 (float32 on CPU).
+        gate: the shape, dtype and device of ``x`` (strided rows allowed).
+        weight: ``[H]``, same dtype as ``x``; or None.
+        eps: ``>= 0``.
+        weight_offset: as :func:`rms_norm`.
+
+    Returns:
+        A new tensor shaped like ``x``. transformers rounds the normalised ``x`` and its product
+        with the weight to the model dtype before the gate; this op rounds once (the same in
+        float32).
+    """
+    return (lib or torch.ops.fastinfer).gated_rms_norm(x, gate, weight, float(eps), float(weight_offset))
 
 
 def silu_and_mul(x: Tensor, out: Optional[Tensor] = None, *, lib=None) -> Tensor:
@@ -245,7 +280,7 @@ def build_rope_cache(
 
 
 @fake("rms_norm")
-def _rms_norm_fake(ns, x, weight, eps):
+def _rms_norm_fake(ns, x, weight, eps, weight_offset=0.0):
     same_device(ns, "rms_norm", "x", x, weight=weight)
     if weight is not None:
         check_dim(ns, "rms_norm", "weight", weight, 1, "[hidden]")
@@ -253,13 +288,23 @@ def _rms_norm_fake(ns, x, weight, eps):
 
 
 @fake("rms_norm_out")
-def _rms_norm_out_fake(ns, out, x, weight, eps):
+def _rms_norm_out_fake(ns, out, x, weight, eps, weight_offset=0.0):
     same_device(ns, "rms_norm_out", "x", x, out=out, weight=weight)
 
 
 @fake("fused_add_rms_norm")
-def _fused_add_rms_norm_fake(ns, x, residual, weight, eps):
+def _fused_add_rms_norm_fake(ns, x, residual, weight, eps, weight_offset=0.0):
     same_device(ns, "fused_add_rms_norm", "x", x, residual=residual, weight=weight)
+
+
+@fake("gated_rms_norm")
+def _gated_rms_norm_fake(ns, x, gate, weight, eps, weight_offset=0.0):
+    same_device(ns, "gated_rms_norm", "x", x, gate=gate, weight=weight)
+    check(ns, "gated_rms_norm", gate.shape == x.shape,
+          f"gate must have the shape of x {list(x.shape)}, got {list(gate.shape)}")
+    if weight is not None:
+        check_dim(ns, "gated_rms_norm", "weight", weight, 1, "[hidden]")
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @fake("silu_and_mul")

@@ -19,6 +19,7 @@ import torch
 __all__ = [
     "rms_norm",
     "fused_add_rms_norm",
+    "gated_rms_norm",
     "silu_and_mul",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
@@ -37,15 +38,17 @@ FP8_E4M3_MAX = 448.0
 Tensor = torch.Tensor
 
 
-def rms_norm(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
+def rms_norm(x: Tensor, weight: Optional[Tensor], eps: float, weight_offset: float = 0.0) -> Tensor:
     """RMSNorm over the last dimension.
 
-    ``out = x * rsqrt(mean(x ** 2, dim=-1) + eps) * weight``
+    ``out = x * rsqrt(mean(x ** 2, dim=-1) + eps) * (weight + weight_offset)``
 
     Args:
         x: ``[..., H]`` any floating dtype.
         weight: ``[H]``, or None: no weight (``torch.nn.RMSNorm(elementwise_affine=False)``).
         eps: ``>= 0``.
+        weight_offset: 1.0 for zero-centred weights (Gemma, Qwen3.5: ``* (1 + weight)``); 0 without
+            a weight.
 
     Returns:
         ``[..., H]`` float64.
@@ -55,14 +58,28 @@ def rms_norm(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
     x64 = x.to(torch.float64)
     ms = x64.square().mean(dim=-1, keepdim=True)
     if weight is None:
+        if weight_offset != 0:
+            raise ValueError(f"weight_offset must be 0 without a weight, got {weight_offset}")
         return x64 * torch.rsqrt(ms + eps)
     if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
         raise ValueError(f"weight must be [{x.shape[-1]}], got {list(weight.shape)}")
-    return x64 * torch.rsqrt(ms + eps) * weight.to(torch.float64)
+    return x64 * torch.rsqrt(ms + eps) * (weight.to(torch.float64) + weight_offset)
+
+
+def gated_rms_norm(x: Tensor, gate: Tensor, weight: Optional[Tensor], eps: float, weight_offset: float = 0.0) -> Tensor:
+    """Gated RMSNorm (Gated DeltaNet's output norm): ``rms_norm(x, weight, eps, weight_offset) * silu(gate)``.
+
+    Returns:
+        ``[..., H]`` float64.
+    """
+    if gate.shape != x.shape:
+        raise ValueError(f"gate must have the shape of x {list(x.shape)}, got {list(gate.shape)}")
+    z = gate.to(torch.float64)
+    return rms_norm(x, weight, eps, weight_offset) * z * torch.sigmoid(z)
 
 
 def fused_add_rms_norm(
-    x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float
+    x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float, weight_offset: float = 0.0
 ) -> Tuple[Tensor, Tensor]:
     """Residual add followed by RMSNorm (one Llama residual-stream step).
 
@@ -84,7 +101,7 @@ def fused_add_rms_norm(
     if x.shape != residual.shape:
         raise ValueError(f"residual must have shape {list(x.shape)}, got {list(residual.shape)}")
     res = (x.to(torch.float32) + residual.to(torch.float32)).to(x.dtype)
-    return rms_norm(res, weight, eps), res.to(torch.float64)
+    return rms_norm(res, weight, eps, weight_offset), res.to(torch.float64)
 
 
 def _gate_up(x: Tensor) -> Tuple[Tensor, Tensor]:

@@ -11,23 +11,31 @@
 namespace fastinfer::norm {
 
 constexpr int kMaxThreads = 1024;
+// The gated norm holds x, the gate and the weight of a vector at once: at most 512 threads per row
+// (128 registers each) keeps it free of spills; its rows are head-sized (Dv = 128) anyway.
+constexpr int kMaxGatedThreads = 512;
 
-// Vector i of the weight; a null weight (the weightless norm) reads as ones, and x * inv_rms * 1
-// rounds exactly as x * inv_rms. The branch is uniform over the grid.
+// Vector i of weight + offset in fp32; a null weight (the weightless norm, offset 0) reads as ones,
+// and x * inv_rms * 1 rounds exactly as x * inv_rms. The branch is uniform over the grid.
 template <typename T, int VEC>
-__device__ __forceinline__ Vec<T, VEC> load_weight(const T* weight, int64_t i) {
-  Vec<T, VEC> w;
+__device__ __forceinline__ void load_weight(float (&w)[VEC], const T* weight, float offset, int64_t i) {
   if (weight != nullptr) {
-    w.load(weight + i * VEC);
+    Vec<T, VEC> v;
+    v.load(weight + i * VEC);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) w[j] = to_float(v[j]) + offset;
   } else {
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) w[j] = from_float<T>(1.0f);
+    for (int j = 0; j < VEC; ++j) w[j] = 1.0f;
   }
-  return w;
 }
 
-template <typename T, int VEC>
-__global__ void __launch_bounds__(kMaxThreads) rms_norm_kernel(const RmsNormParams p) {
+// silu(z) = z / (1 + exp(-z)) in fp32, the activations' formula (activation/gated.cuh).
+__device__ __forceinline__ float silu_gate(float z) { return z / (1.0f + expf(-z)); }
+
+// kGated: the output is also multiplied by silu(gate) (fp32, one rounding).
+template <typename T, int VEC, bool kGated>
+__global__ void __launch_bounds__(kGated ? kMaxGatedThreads : kMaxThreads) rms_norm_kernel(const RmsNormParams p) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const T* __restrict__ x = static_cast<const T*>(p.x) + row * p.x_row_stride;
@@ -47,12 +55,21 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_kernel(const RmsNormPara
   }
   const float inv_rms = rsqrtf(block_reduce_sum(sum_sq, scratch) / static_cast<float>(p.hidden) + p.eps);
 
+  const T* __restrict__ gate = kGated ? static_cast<const T*>(p.gate) + row * p.gate_row_stride : nullptr;
   for (int64_t i = threadIdx.x; i < num_vecs; i += blockDim.x) {
     Vec<T, VEC> v;
     v.load(x + i * VEC);
-    const Vec<T, VEC> w = load_weight<T, VEC>(weight, i);
+    float w[VEC];
+    load_weight<T, VEC>(w, weight, p.weight_offset, i);
+    if constexpr (kGated) {
+      Vec<T, VEC> z;
+      z.load(gate + i * VEC);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = from_float<T>(to_float(v[j]) * inv_rms * to_float(w[j]));
+      for (int j = 0; j < VEC; ++j) v[j] = from_float<T>(to_float(v[j]) * inv_rms * w[j] * silu_gate(to_float(z[j])));
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[j] = from_float<T>(to_float(v[j]) * inv_rms * w[j]);
+    }
     v.store(out + i * VEC);
   }
 }
@@ -86,18 +103,19 @@ __global__ void __launch_bounds__(kMaxThreads) fused_add_rms_norm_kernel(const F
   for (int64_t i = threadIdx.x; i < num_vecs; i += blockDim.x) {
     Vec<T, VEC> r;
     r.load(residual + i * VEC);
-    const Vec<T, VEC> w = load_weight<T, VEC>(weight, i);
+    float w[VEC];
+    load_weight<T, VEC>(w, weight, p.weight_offset, i);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) r[j] = from_float<T>(to_float(r[j]) * inv_rms * to_float(w[j]));
+    for (int j = 0; j < VEC; ++j) r[j] = from_float<T>(to_float(r[j]) * inv_rms * w[j]);
     r.store(x + i * VEC);
   }
 }
 
-// Threads per row: enough for one vector each, a multiple of 32, at most 1024.
-inline unsigned threads_for_row(int64_t num_vecs) {
+// Threads per row: enough for one vector each, a multiple of 32, at most max_threads.
+inline unsigned threads_for_row(int64_t num_vecs, int max_threads = kMaxThreads) {
   int64_t t = (num_vecs + 31) / 32 * 32;
   if (t < 32) t = 32;
-  if (t > kMaxThreads) t = kMaxThreads;
+  if (t > max_threads) t = max_threads;
   return static_cast<unsigned>(t);
 }
 
