@@ -134,6 +134,29 @@ def test_gated_delta_rule_vs_reference(backend, dtype, Hk, Hv, Dk, Dv, lens, ini
         assert torch.equal(got[2].cpu()[last[0]], new_states[slots[0]])
 
 
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("sim", marks=pytest.mark.sim),
+                                     pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_explicit_scale_int64_slots(backend):
+    """An explicit scale, int64 state_indices and Hv = 4 Hk (value heads 0..3 read key head 0)."""
+    be = get_backend(backend)
+    gen = make_gen(41)
+    q, k, v, g, beta, cu, states, slots, has = _inputs(1, 4, 64, 64, [4, 2], None, torch.bfloat16, gen)
+    slots = slots.long()
+    want, want_states, _ = RL.gated_delta_rule(q, k, v, g, beta, cu, states, slots, has, 0.3, True)
+    dev = be.device
+
+    def run():
+        s = states.clone().to(dev)
+        out = be.ns.gated_delta_rule(q.to(dev), k.to(dev), v.to(dev), g.to(dev), beta.to(dev), cu.to(dev), s,
+                                     slots.to(dev), None, 0.3, True, None, False)
+        return out, s
+
+    out, new_states = be.run(run)
+    assert _rel(out, want) < 1e-2 and _rel(new_states.cpu()[slots], want_states[slots]) < 2e-5
+    default, _, _ = RL.gated_delta_rule(q, k, v, g, beta, cu, states, slots, has, None, True)
+    assert _rel(out, default) > 0.5  # the scale was applied (default 1/8)
+
+
 def _in_float64(fn):
     """transformers' function with its fp32 casts made fp64 (``torch.float32`` looked up in its
     globals), so that the definition itself, not its fp32 rounding, is compared."""
