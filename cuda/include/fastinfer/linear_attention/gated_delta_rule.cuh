@@ -4,12 +4,12 @@
 // column over 4 lanes (lane = 8 * row_lane + column): row_lane r holds the state rows r, r + 4,
 // r + 8, ... (Dk / 4 of them, in registers), so a warp's loads of one state row are 4 runs of 8
 // consecutive floats (full 32-byte sectors) and its shared-memory reads of q and k hit 4 banks.
-// Per token: the CTA stages q and k of its key head in shared memory in fp32 (l2-normalised by
-// warps 0 and 1, q times scale), then each thread decays its rows, the column's S^T k is its 4
-// lanes' fma chains summed by two xor shuffles (a + b and b + a round alike, so every lane holds
-// the same bits), u = beta (v - S^T k), the rows take k u, and o = S^T q the same way. The order
-// of every sum depends on nothing but the token, so a sequence split across calls (prefill in
-// chunks, decode) gives the bits of one call.
+// Per token: the CTA stages q and k of its key head (loaded a token ahead, with v, g and beta) in
+// shared memory in fp32 (l2-normalised by warps 0 and 1, q times scale), then each thread decays
+// its rows, the column's S^T k is its 4 lanes' fma chains summed by two xor shuffles (a + b and
+// b + a round alike, so every lane holds the same bits), u = beta (v - S^T k), the rows take k u,
+// and o = S^T q the same way. The order of every sum depends on nothing but the token, so a
+// sequence split across calls (prefill in chunks, decode) gives the bits of one call.
 #include "fastinfer/common/platform.cuh"
 #include "fastinfer/common/vec.cuh"
 #include "fastinfer/linear_attention/gated_delta_rule.h"
@@ -57,13 +57,31 @@ __global__ void __launch_bounds__(kGdnThreads) gated_delta_rule_kernel(const Gat
   const T* qp = static_cast<const T*>(p.q);
   const T* kp = static_cast<const T*>(p.k);
   const T* vp = static_cast<const T*>(p.v);
+  // The next token's inputs are loaded one token ahead (thread i < DK: q[i] and k[i]; every
+  // thread: its v, g and beta), so their latency overlaps the current token's arithmetic.
+  static_assert(DK <= kGdnThreads, "one q and one k element per thread");
+  const int i_qk = threadIdx.x;
+  float q_next = 0.f, k_next = 0.f, v_next = 0.f, g_next = 0.f, beta_next = 0.f;
+  auto load_token = [&](int64_t t) {
+    if (i_qk < DK) {
+      q_next = to_float(qp[t * p.q_token_stride + hk * DK + i_qk]);
+      k_next = to_float(kp[t * p.k_token_stride + hk * DK + i_qk]);
+    }
+    v_next = to_float(vp[t * p.v_token_stride + static_cast<int64_t>(hv) * Dv + col]);
+    g_next = p.g[t * Hv + hv];
+    beta_next = p.beta_fp32 ? static_cast<const float*>(p.beta)[t * Hv + hv]
+                            : to_float(static_cast<const T*>(p.beta)[t * Hv + hv]);
+  };
+  if (start < end) load_token(start);
   for (int64_t t = start; t < end; ++t) {
     __syncthreads();  // the previous token's reads of s_q / s_k are done
     const float q_mul = p.use_qk_l2norm ? 1.f : p.scale;
-    for (int i = threadIdx.x; i < DK; i += kGdnThreads) {
-      s_q[i] = to_float(qp[t * p.q_token_stride + hk * DK + i]) * q_mul;
-      s_k[i] = to_float(kp[t * p.k_token_stride + hk * DK + i]);
+    if (i_qk < DK) {
+      s_q[i_qk] = q_next * q_mul;
+      s_k[i_qk] = k_next;
     }
+    const float vc = v_next, decay = expf(g_next), beta = beta_next;
+    if (t + 1 < end) load_token(t + 1);
     __syncthreads();
     if (p.use_qk_l2norm) {
       if (warp < 2) {
@@ -81,10 +99,6 @@ __global__ void __launch_bounds__(kGdnThreads) gated_delta_rule_kernel(const Gat
       }
       __syncthreads();
     }
-    const float decay = expf(p.g[t * Hv + hv]);
-    const float beta = p.beta_fp32 ? static_cast<const float*>(p.beta)[t * Hv + hv]
-                                   : to_float(static_cast<const T*>(p.beta)[t * Hv + hv]);
-    const float vc = to_float(vp[t * p.v_token_stride + static_cast<int64_t>(hv) * Dv + col]);
     float kv = 0.f;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
