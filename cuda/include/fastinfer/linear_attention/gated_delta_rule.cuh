@@ -52,7 +52,8 @@ __global__ void __launch_bounds__(kGdnThreads) gated_delta_rule_kernel(const Gat
   float* state = p.states + (slot * Hv + hv) * static_cast<int64_t>(DK) * Dv + col;
   float S[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) S[r] = from_state ? state[static_cast<int64_t>(r * kGdnRowLanes + row_lane) * Dv] : 0.f;
+  for (int r = 0; r < kRows; ++r)
+    S[r] = from_state ? state[static_cast<int64_t>(r * kGdnRowLanes + row_lane) * Dv] : 0.f;
 
   const T* qp = static_cast<const T*>(p.q);
   const T* kp = static_cast<const T*>(p.k);
