@@ -625,6 +625,29 @@ def case_causal_conv1d(batch, tokens_per_seq, dim=GDN_CONV_DIM, width=GDN_CONV_W
                 sample=max(1, batch * tokens_per_seq // 64))
 
 
+# Qwen3.5-9B's Gated DeltaNet heads (Qwen3-Next's per tensor-parallel pair): 16 key heads, 32 value
+# heads, head dims 128
+GDN_K_HEADS, GDN_V_HEADS, GDN_HEAD_DIM = 16, 32, 128
+
+
+def case_gated_delta_rule(batch, tokens_per_seq, hk=GDN_K_HEADS, hv=GDN_V_HEADS, d=GDN_HEAD_DIM):
+    """gated_delta_rule over ``batch`` sequences of ``tokens_per_seq`` tokens, each from its state slot
+    (decode: one token; verification: a few). Ideal bytes: each fp32 state [Hv, Dk, Dv] read and
+    written once (decode's roofline), q, k, v, g, beta read and out written once."""
+    def build():
+        t = batch * tokens_per_seq
+        q, k, v = _bf16(t, hk, d), _bf16(t, hk, d), _bf16(t, hv, d)
+        g, beta = -torch.rand(t, hv), torch.rand(t, hv)
+        cu = torch.arange(0, t + 1, tokens_per_seq, dtype=torch.int32)
+        states = torch.randn(batch, hv, d, d) * 0.1
+        slots = torch.arange(batch, dtype=torch.int32)
+        ideal = 2 * batch * hv * d * d * 4 + t * (2 * hk * d + 2 * hv * d) * 2 + 2 * t * hv * 4
+        return dict(fn=lambda: ns().gated_delta_rule(q, k, v, g, beta, cu, states, slots, None, None, True, None,
+                                                     False), ideal=ideal)
+    return Case("gated_delta_rule", f"B={batch} L={tokens_per_seq} Hk={hk} Hv={hv} D={d}", build,
+                sample=max(1, batch // 8))
+
+
 def case_moe_topk(t, model):
     H, I, E, k = MOE_MODELS[model]
 
@@ -839,6 +862,9 @@ def all_cases(quick=False):
     cases += [case_tree_verify(*c) for c in tv]
     cases += [case_causal_conv1d(b, 1) for b in ((1, 64) if quick else (1, 16, 64, 256))]
     cases += [case_causal_conv1d(1, t) for t in ((4096,) if quick else (4096, 32768))]
+    cases += [case_gated_delta_rule(b, 1) for b in ((1, 64) if quick else (1, 16, 64, 256))]
+    if not quick:  # verification of 4 draft tokens
+        cases.append(case_gated_delta_rule(16, 4))
     for model in MOE_BENCH_MODELS:
         for t in ((1, 4096) if quick else MOE_TOKENS):
             cases += [case_moe_topk(t, model), case_moe_align(t, model), case_fused_moe(t, model)]

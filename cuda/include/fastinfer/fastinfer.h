@@ -12,6 +12,7 @@
 #include "fastinfer/gemm/int8.h"
 #include "fastinfer/gemm/w8a8_sm90.h"
 #include "fastinfer/linear_attention/causal_conv1d.h"
+#include "fastinfer/linear_attention/gated_delta_rule.h"
 #include "fastinfer/moe/fused_moe.h"
 #include "fastinfer/moe/routing.h"
 #include "fastinfer/norm/rms_norm.h"
