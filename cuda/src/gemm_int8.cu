@@ -33,8 +33,10 @@ template <typename Cfg, typename TOut>
 cudaError_t launch_gemm_cfg(const Int8ScaledMmParams& p, cudaStream_t stream) {
   const int64_t gx = ceil_div(p.n, Cfg::kBlockN), gy = ceil_div(p.m, Cfg::kBlockM);
   if (gx > 0x7fffffff || gy > 65535) return cudaErrorInvalidValue;
+  Int8ScaledMmParams q = p;  // the kernel reads a's row stride as given (see launch_mma_sync_cfg, fp8)
+  if (q.lda == 0) q.lda = q.k;
   return launch_kernel(int8_scaled_mm_kernel<Cfg, TOut>, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)),
-                       dim3(Cfg::kThreads), static_cast<size_t>(Cfg::kSmemBytes), stream, p);
+                       dim3(Cfg::kThreads), static_cast<size_t>(Cfg::kSmemBytes), stream, q);
 }
 
 // Tiles by M, as fp8: decode-sized M (<= 16) gets 16 x 32 tiles, mid-sized (<= 64) 64 x 128, else

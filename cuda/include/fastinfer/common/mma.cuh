@@ -149,13 +149,12 @@ struct GemmConfig {
 // k-tile kt of the rows [r0, r0 + kRows) of src ([rows][row_bytes]) into a swizzled tile by
 // 16-byte cp.async chunks; rows past `rows` and chunks past row_bytes are zero-filled (row_bytes,
 // K times the element size, is a multiple of 16: a chunk is all in or all out, and zeros add
-// nothing to the products). Rows of src start row_pitch bytes apart (0: row_bytes; else a multiple
-// of 16, >= row_bytes: a column slice of a wider buffer). No commit.
+// nothing to the products). Rows of src start row_pitch bytes apart (row_bytes, or a multiple of
+// 16 above it: a column slice of a wider buffer). No commit.
 template <int kRows, int kThreads>
 __device__ __forceinline__ void load_k_tile_rows(uint8_t* tile, const uint8_t* __restrict__ src, int64_t r0,
-                                                 int64_t rows, int64_t row_bytes, int kt, int tid,
-                                                 int64_t row_pitch = 0) {
-  if (row_pitch == 0) row_pitch = row_bytes;
+                                                 int64_t rows, int64_t row_bytes, int64_t row_pitch, int kt,
+                                                 int tid) {
   const int64_t k0 = static_cast<int64_t>(kt) * kGemmKTileBytes;
 #pragma unroll
   for (int i = 0; i < chunk_passes<kRows, kGemmKTileChunks, kThreads>(); ++i) {
@@ -185,13 +184,13 @@ __device__ __forceinline__ void load_k_tile_gathered(uint8_t* tile, const uint8_
 }
 
 // k-tile kt of the A rows [m0, m0 + kBlockM) and the B rows [n0, n0 + kBlockN) into a stage. A's
-// rows start a_pitch bytes apart (0: row_bytes), B's row_bytes apart.
+// rows start a_pitch bytes apart (row_bytes, or more: see load_k_tile_rows), B's row_bytes apart.
 template <typename Cfg>
 __device__ __forceinline__ void load_ab_stage(uint8_t* stage, const uint8_t* __restrict__ a,
                                               const uint8_t* __restrict__ b, int64_t m0, int64_t n0, int64_t M,
-                                              int64_t N, int64_t row_bytes, int kt, int tid, int64_t a_pitch = 0) {
-  load_k_tile_rows<Cfg::kBlockM, Cfg::kThreads>(stage, a, m0, M, row_bytes, kt, tid, a_pitch);
-  load_k_tile_rows<Cfg::kBlockN, Cfg::kThreads>(stage + Cfg::kABytes, b, n0, N, row_bytes, kt, tid);
+                                              int64_t N, int64_t row_bytes, int64_t a_pitch, int kt, int tid) {
+  load_k_tile_rows<Cfg::kBlockM, Cfg::kThreads>(stage, a, m0, M, row_bytes, a_pitch, kt, tid);
+  load_k_tile_rows<Cfg::kBlockN, Cfg::kThreads>(stage + Cfg::kABytes, b, n0, N, row_bytes, row_bytes, kt, tid);
 }
 
 // A lane's ldmatrix rows and chunks in a stage: A order in the warp's A rows, B order in its B

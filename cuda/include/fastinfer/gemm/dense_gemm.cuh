@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dense_mm_kernel(const DenseM
 
   // K % 8 == 0: rows of 2 K bytes, a 16-byte chunk all in or all out.
   auto load_tile = [&](int kt, int stage) {
-    mma::load_ab_stage<Cfg>(smem + stage * Cfg::kStageBytes, a_bytes, b_bytes, m0, n0, M, N, 2 * K, kt, tid);
+    mma::load_ab_stage<Cfg>(smem + stage * Cfg::kStageBytes, a_bytes, b_bytes, m0, n0, M, N, 2 * K, 2 * K, kt, tid);
   };
 
 

@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_scaled_mm_kernel(const F
   uint8_t* smem = dynamic_smem<uint8_t>();
 
   auto load_tile = [&](int kt, int stage) {  // K % 16 == 0 (one byte per element)
-    mma::load_ab_stage<Cfg>(smem + stage * Cfg::kStageBytes, a_ptr, b_ptr, m0, n0, M, N, K, kt, tid, p.lda);
+    mma::load_ab_stage<Cfg>(smem + stage * Cfg::kStageBytes, a_ptr, b_ptr, m0, n0, M, N, K, p.lda, kt, tid);
   };
 
   float acc[kMi][kNi][4];
@@ -132,7 +132,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_scaled_mm_kernel(const F
     }
 
     const uint8_t* stage = smem + (kt % kStages) * Cfg::kStageBytes;
-#pragma unroll
+    // The 128 x 128 tile unrolls its k-steps by 2, not 4: fully unrolled, ptxas hoists the fragments
+    // of all four and spilled 16-40 bytes at 255 registers on sm_90a / sm_100a (246, none, at 2).
+    constexpr int kKStepUnroll = kMi * kNi >= 16 ? 2 : kBlockK / 32;
+#pragma unroll kKStepUnroll
     for (int ks = 0; ks < kBlockK / 32; ++ks) {
       uint32_t af[kMi][4];
       uint32_t bf[kNi][2];

@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) int8_scaled_mm_kernel(const 
   uint8_t* smem = dynamic_smem<uint8_t>();
 
   auto load_tile = [&](int kt, int stage) {  // K % 16 == 0 (one byte per element)
-    mma::load_ab_stage<Cfg>(smem + stage * Cfg::kStageBytes, a_ptr, b_ptr, m0, n0, M, N, K, kt, tid, p.lda);
+    mma::load_ab_stage<Cfg>(smem + stage * Cfg::kStageBytes, a_ptr, b_ptr, m0, n0, M, N, K, p.lda, kt, tid);
   };
 
 

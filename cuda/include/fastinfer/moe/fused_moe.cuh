@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_gemm_kernel(const FusedM
 #pragma unroll
     for (int half = 0; half < kHalves; ++half)
       mma::load_k_tile_rows<kBlockN, Cfg::kThreads>(tile + Cfg::kABytes + half * Cfg::kHalfBytes,
-                                                     b_expert + half * I * row_bytes, n0, N, row_bytes, kt, tid);
+                                                     b_expert + half * I * row_bytes, n0, N, row_bytes, row_bytes, kt, tid);
   };
 
   float acc[kHalves][kMi][kNi][4];
