@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fastinfer import LLM, SamplingParams
-from fastinfer.engine import default_model_path
+from fastinfer.engine.config import default_model_path
 from fastinfer.engine.sampler import position_noise
 from fastinfer.ops import DETERMINISTIC_SPLIT_SIZE, backend
 

@@ -24,7 +24,9 @@ from .messages import ModelOutput, PromptLogprobs, SampledToken, StepInput, Veri
 from .model_runner import Chunk, ForwardPlan, ModelRunner, num_kv_blocks_for, nvtx_range
 from .sampler import Sampler, logprob_dict, logprob_dicts
 from .sequence import Sequence
-from .speculative import Draft, Drafter, commit_moves, plan_slots, verify
+from .speculative.build import build_drafter, load_draft, plan_slots
+from .speculative.drafter import Draft, Drafter
+from .speculative.verifier import commit_moves, verify
 from .speculative.trees import Path
 from .structured import GrammarBackend
 
@@ -65,8 +67,8 @@ class Executor:
         self.ops = self.model.ops
         try:
             self.draft_model = None  # a draft with its own KV pool: a draft model or an EAGLE head
-            if spec is not None and spec.entry.load_draft is not None:
-                self.draft_model = spec.entry.load_draft(spec, self.model, self.runner.max_model_len, self.ops)
+            if spec is not None:
+                self.draft_model = load_draft(spec, self.model, self.runner.max_model_len, self.ops)
             kv_dtype = self.runner.kv_cache_dtype  # the draft's pool too
             extra = (self.draft_model.kv_cache_bytes_per_block(self.block_size, kv_dtype)
                      if self.draft_model is not None else 0)
@@ -78,9 +80,9 @@ class Executor:
         self.max_model_len = self.runner.max_model_len
         self.drafter: Optional[Drafter] = None
         if spec is not None:
-            self.drafter = spec.entry.build_drafter(spec, self.model, self.draft_model, self.num_kv_blocks,
-                                                    self.block_size, self.device, config.max_num_batched_tokens,
-                                                    self.ops, self.runner.kv_cache_dtype)
+            self.drafter = build_drafter(spec, self.model, self.draft_model, self.num_kv_blocks, self.block_size,
+                                         self.device, config.max_num_batched_tokens, self.ops,
+                                         self.runner.kv_cache_dtype)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(int(config.seed))
         self.sampler = Sampler(gen, self.ops)
