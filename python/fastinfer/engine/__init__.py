@@ -7,7 +7,8 @@ only owner of tensors; the core sees it as a ``StepExecutor`` and both speak the
 ``messages.py``) -> :class:`~.output_processor.OutputProcessor` (``output_processor.py``:
 detokenisation, stop strings, outputs). The target forward is a :class:`~.model_runner.ForwardPlan`
 run by a ``ModelRunner`` (``model_runner.py``); under tensor parallelism on every rank
-(``workers.py``: rank 0's side; ``worker.py``: ranks > 0).
+(``workers.py``: rank 0's side; ``worker.py``: ranks > 0). The KV pool's size is
+:mod:`.kv_sizing`'s.
 
 This package's face imports nothing, so the token side (``core.py`` and what it imports) loads
 without torch: import the defining modules (``fastinfer.engine.llm``, ``fastinfer.engine.params``,
