@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
 from fastinfer import LLM, SamplingParams  # noqa: E402
-from fastinfer.engine import default_model_path  # noqa: E402
+from fastinfer.engine.config import default_model_path  # noqa: E402
 
 
 def assets(name: str) -> str:

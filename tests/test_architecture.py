@@ -10,14 +10,17 @@ the tensor side (executor, workers, runner, drafters): it talks to the executor 
 :mod:`fastinfer.engine.messages` only.
 
 Parsed from the sources (``ast``), so function-level imports count too; imports under
-``if TYPE_CHECKING:`` (annotations only, never executed) do not.
+``if TYPE_CHECKING:`` (annotations only, never executed) do not, except for cycles: an import
+cycle hidden behind ``TYPE_CHECKING`` is still two modules that need each other. The engine's
+package faces (``engine/__init__.py``, ``engine/speculative/__init__.py``) import nothing, so
+``import fastinfer.engine.core`` leaves torch out.
 """
 
 from __future__ import annotations
 
 import ast
 import os
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import pytest
 
@@ -63,14 +66,16 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _walk_imports(source: str, mod: str, is_pkg: bool, known: Set[str]) -> List[Tuple[int, str, str, bool]]:
+def _walk_imports(source: str, mod: str, is_pkg: bool, known: Set[str],
+                  type_checking: bool = False) -> List[Tuple[int, str, str, bool]]:
     """``(line, module, imported name or "", inside a function)`` for every import that runs:
-    function bodies included, ``if TYPE_CHECKING:`` bodies not (annotations only, never executed).
-    Modules of the package are ``fastinfer.<name>``; ``from . import x`` of a module x is x itself."""
+    function bodies included, ``if TYPE_CHECKING:`` bodies only with ``type_checking`` (annotations,
+    never executed). Modules of the package are ``fastinfer.<name>``; ``from . import x`` of a module
+    x is x itself."""
     out: List[Tuple[int, str, str, bool]] = []
 
     def visit(node: ast.AST, in_func: bool) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if isinstance(node, ast.If) and _is_type_checking(node.test) and not type_checking:
             for child in node.orelse:
                 visit(child, in_func)
             return
@@ -97,13 +102,14 @@ def _walk_imports(source: str, mod: str, is_pkg: bool, known: Set[str]) -> List[
     return out
 
 
-def _imports(mods: Dict[str, str]) -> List[Tuple[str, str, str, bool]]:
+def _imports(mods: Dict[str, str], type_checking: bool = False) -> List[Tuple[str, str, str, bool]]:
     """``(importer, imported module, imported name or "", inside a function)`` for every import of
-    the package's own modules (names relative to fastinfer, "" = the root)."""
+    the package's own modules (names relative to fastinfer, "" = the root); ``type_checking``: the
+    imports under ``if TYPE_CHECKING:`` too."""
     out = []
     for mod, path in mods.items():
         for _, name, imported, in_func in _walk_imports(open(path, encoding="utf-8").read(), mod,
-                                                        path.endswith("__init__.py"), set(mods)):
+                                                        path.endswith("__init__.py"), set(mods), type_checking):
             if name == "fastinfer" or name.startswith("fastinfer."):
                 out.append((mod, name[len("fastinfer."):] if "." in name else "", imported, in_func))
     return out
@@ -114,6 +120,7 @@ def _top(mod: str) -> str:
 
 
 IMPORTS = _imports(_modules())
+ALL_IMPORTS = _imports(_modules(), type_checking=True)  # annotations' imports too
 
 
 def test_parser_sees_known_imports():
@@ -122,13 +129,14 @@ def test_parser_sees_known_imports():
     assert ("engine.core", "engine.messages", "StepExecutor") in edges
     assert ("models.llama", "layers", "ColumnParallelLinear") in edges
     assert ("", "ops", "") in edges  # fastinfer/__init__.py: from . import ops
-    assert any(a == "" and b == "engine" and f for a, b, _, f in IMPORTS)  # the lazy LLM import
-
+    assert ("", "engine.llm", "LLM") in edges  # the lazy fastinfer.LLM import
+    assert ("engine.core", "engine.config", "EngineConfig") not in edges  # an annotation's import ...
+    assert ("engine.core", "engine.config", "EngineConfig") in {(a, b, n) for a, b, n, _ in ALL_IMPORTS}  # ... seen
 
 def test_imports_point_down_the_layers():
     bad = []
     for a, b, name, in_func in IMPORTS:
-        if a == "" and b == "engine" and in_func:
+        if a == "" and _top(b) == "engine" and in_func:
             continue  # fastinfer.LLM: the engine loads on first use
         la, lb = LAYERS[_top(a)], LAYERS[_top(b)]
         if lb > la:
@@ -136,9 +144,10 @@ def test_imports_point_down_the_layers():
     assert not bad, "\n".join(bad)
 
 
-def test_no_import_cycles():
+def _cycle(imports) -> Optional[List[str]]:
+    """The first import cycle of ``imports`` (a list of modules, the first repeated last), or None."""
     graph: Dict[str, Set[str]] = {}
-    for a, b, _, in_func in IMPORTS:
+    for a, b, _, in_func in imports:
         if a == "" and in_func:
             continue
         if a != b:
@@ -146,22 +155,94 @@ def test_no_import_cycles():
     state: Dict[str, int] = {}
     path: List[str] = []
 
-    def visit(m: str) -> None:
+    def visit(m: str) -> Optional[List[str]]:
         state[m] = 1
         path.append(m)
         for n in sorted(graph.get(m, ())):
             if n.startswith(m + "."):
                 continue  # a package importing its own submodules in __init__
             if state.get(n) == 1 and not m.startswith(n + "."):
-                pytest.fail("import cycle: " + " -> ".join(path[path.index(n):] + [n]))
+                return path[path.index(n):] + [n]
             if n not in state:
-                visit(n)
+                found = visit(n)
+                if found:
+                    return found
         path.pop()
         state[m] = 2
+        return None
 
     for m in sorted(graph):
         if m not in state:
-            visit(m)
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycles():
+    """No cycle, counting the imports of annotations (``if TYPE_CHECKING:``) and function bodies."""
+    found = _cycle(ALL_IMPORTS)
+    assert found is None, "import cycle: " + " -> ".join(found)
+
+
+def test_cycle_check_sees_annotation_imports():
+    """A cycle closed only by an ``if TYPE_CHECKING:`` import is found; without it there is none."""
+    edges = [("engine.config", "engine.speculative.registry", "SpecMethod", False)]
+    assert _cycle(edges) is None
+    annotation = ("engine.speculative.registry", "engine.config", "EngineConfig", False)
+    assert _cycle(edges + [annotation]) == ["engine.config", "engine.speculative.registry", "engine.config"]
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..config import EngineConfig\n"
+    known = set(_modules())
+    walk = [n for _, n, _, _ in _walk_imports(source, "engine.speculative.registry", False, known)]
+    assert walk == ["typing"]
+    walk = [n for _, n, _, _ in _walk_imports(source, "engine.speculative.registry", False, known, True)]
+    assert walk == ["typing", "fastinfer.engine.config"]
+
+
+ENGINE_FACES = ("engine", "engine.speculative")
+
+
+def test_engine_package_faces_import_nothing():
+    """The engine's package ``__init__`` files hold a docstring and import nothing of fastinfer,
+    not even under ``TYPE_CHECKING``: importing one engine module loads that module's imports only."""
+    mods = _modules()
+    bad = [f"{a} imports {b}" for a, b, _, _ in ALL_IMPORTS if a in ENGINE_FACES]
+    for face in ENGINE_FACES:
+        tree = ast.parse(open(mods[face], encoding="utf-8").read())
+        body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+        bad += [f"{face}: line {n.lineno} is not a docstring" for n in body]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_token_side_loads_without_torch():
+    """``import fastinfer.engine.core`` runs the engine's package faces and the token side only: no torch.
+    The package root is left out (``import fastinfer`` loads torch and the ops on purpose) by a bare
+    ``fastinfer`` package of the same directory, so what is measured is the engine's own import graph."""
+    import subprocess
+    import sys
+
+    code = ("import sys, types; pkg = types.ModuleType('fastinfer'); pkg.__path__ = [sys.argv[1]]; "
+            "sys.modules['fastinfer'] = pkg; import fastinfer.engine.core, fastinfer.engine.speculative.proposer; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'numpy')) "
+            "or (m.startswith('fastinfer.') and not m.startswith('fastinfer.engine'))))")
+    out = subprocess.run([sys.executable, "-c", code, PKG], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]"], out.stdout
+
+
+def test_importing_the_engine_core_loads_no_model_code():
+    """With the real package root (torch and the ops): the core still loads no layers, models,
+    quantisation, executor or tokenizer library."""
+    import subprocess
+    import sys
+
+    heavy = ("fastinfer.layers", "fastinfer.models", "fastinfer.quant", "fastinfer.engine.executor",
+             "fastinfer.engine.config", "fastinfer.engine.model_runner", "fastinfer.engine.speculative.drafter",
+             "tokenizers", "transformers")
+    code = (f"import sys; import fastinfer.engine.core; print(sorted(m for m in sys.modules if m.startswith({heavy!r})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]"], out.stdout
 
 
 def test_no_private_names_across_packages():

@@ -113,8 +113,9 @@ def test_default_sim_int4_split_k_depends_on_m():
 
 # (N, K): CPU cases with K tails of the 8-lane micro-kernel and N tails of its 3-column blocks;
 # sim cases small (the emulator is slow) but crossing the 16 / 64 / 128-row tile configurations.
-DENSE_CPU = [(64, 256), (46, 200)]
-DENSE_SIM = [(32, 136)]
+# Odd N (1, 3, 263: an odd vocabulary's LM head): the CUDA kernel's one-element stores.
+DENSE_CPU = [(64, 256), (46, 200), (1, 64), (3, 72), (263, 64)]
+DENSE_SIM = [(32, 136), (1, 64), (3, 64), (263, 64)]
 
 
 @pytest.mark.parametrize("backend,dtype,n,k", backend_params({"cpu": DENSE_CPU, "sim": DENSE_SIM}))
@@ -205,8 +206,9 @@ def test_dense_mm_cpu_kernels_agree(monkeypatch, dtype):
 
 
 REL_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
-# (M, N, K, bias): M across the tile configurations, N / K tails (N even, K % 8 == 0).
-PARITY_SIM = [(1, 32, 64, True), (5, 48, 72, False), (17, 130, 128, True), (100, 16, 200, True)]
+# (M, N, K, bias): M across the tile configurations, N / K tails (K % 8 == 0), odd N (1, 3, 263).
+PARITY_SIM = [(1, 32, 64, True), (5, 48, 72, False), (17, 130, 128, True), (100, 16, 200, True),
+              (9, 1, 64, True), (17, 3, 72, True), (70, 263, 64, True), (5, 263, 136, False)]
 PARITY_CPU = PARITY_SIM + [(33, 250, 1000, False), (4, 1024, 512, True)]
 
 
@@ -279,7 +281,6 @@ BAD_DENSE = [
     ("k_mismatch", lambda d: dict(b=d["b"][:, :32].contiguous()), r"b must have shape \[N, K\] with K = 64"),
     ("k_not_8", lambda d: dict(a=d["a"][:, :60].contiguous(), b=d["b"][:, :60].contiguous()),
      r"a must have K a multiple of 8"),
-    ("n_odd", lambda d: dict(b=d["b"][:15].contiguous(), bias=None), r"b must have N even"),
     ("bias_shape", lambda d: dict(bias=d["bias"][:8].contiguous()), r"bias must have shape \[N\]"),
     ("bias_dtype", lambda d: dict(bias=d["bias"].float()), r"bias must have dtype"),
     ("a_noncontig", lambda d: dict(a=torch.cat([d["a"], d["a"]], 1)[:, ::2]), r"a must be contiguous"),

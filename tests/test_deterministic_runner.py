@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fastinfer import LLM, SamplingParams
-from fastinfer.engine import default_model_path
+from fastinfer.engine.config import default_model_path
 from fastinfer.engine.sampler import position_noise
 from fastinfer.ops import DETERMINISTIC_SPLIT_SIZE, backend
 
@@ -139,3 +139,43 @@ def test_backend_binds_the_invariant_options():
     llm = _llm(torch.float32)
     assert llm.model.ops.deterministic and all(m.ops is llm.model.ops for m in llm.model.modules() if hasattr(m, "ops"))
     assert position_noise(1, 2, 8, "cpu").shape == (8,)
+
+
+ODD_VOCAB = 263  # a vocabulary of odd size: the LM head's dense_mm has N odd
+
+
+def _odd_vocab_model(dtype):
+    """A random Llama (2 layers, hidden 128, head_dim 64) with a 263-token vocabulary; weights N(0, 0.5)
+    (25 x random_weights' N(0, 0.02)) so that the logits spread and greedy decoding meets no near ties."""
+    from fastinfer.layers import TensorDictReader
+    from fastinfer.models import ModelConfig, load_model, random_weights
+
+    cfg = ModelConfig.from_dict(dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu", vocab_size=ODD_VOCAB,
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False))
+    tensors = {k: v if "norm" in k else v * 25 for k, v in random_weights(cfg, dtype, "cpu", seed=5).items()}
+    return load_model(TensorDictReader(tensors, "random odd-vocabulary Llama"), config=cfg, dtype=dtype,
+                      device="cpu", max_positions=256)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_odd_vocabulary_runs_deterministic(dtype):
+    """deterministic=True on a model with an odd vocabulary (the LM head is dense_mm with N = 263):
+    greedy decoding gives the default mode's tokens (their logprobs close), and the probe's tokens and
+    logprobs are bitwise the same alone and inside a batch."""
+    model = _odd_vocab_model(dtype)
+    r = random.Random(3)
+    probe = [r.randrange(ODD_VOCAB) for _ in range(21)]
+    others = [[r.randrange(ODD_VOCAB) for _ in range(r.randint(1, 30))] for _ in range(6)]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=1)
+    llm = LLM(model, device="cpu", deterministic=True, num_kv_blocks=64)
+    assert llm.vocab_size == ODD_VOCAB and llm.model.ops.deterministic
+    det = _result(llm.generate([probe], params)[0])
+    batched = llm.generate(others[:3] + [probe] + others[3:], params)
+    assert _result(batched[3]) == det  # batch invariant, bit for bit
+    default = _result(LLM(model, device="cpu", num_kv_blocks=64).generate([probe], params)[0])
+    assert det[0] == default[0]
+    tol = 1e-4 if dtype == torch.float32 else 0.1
+    for d, f in zip(det[1], default[1]):
+        assert d[0][0] == f[0][0] and abs(d[0][1] - f[0][1]) <= tol, (d, f)

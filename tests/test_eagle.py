@@ -24,7 +24,9 @@ import pytest
 import torch
 
 import fastinfer  # noqa: F401  (loads the ops)
-from fastinfer.engine import LLM, SamplingParams, default_model_path
+from fastinfer.engine.config import default_model_path
+from fastinfer.engine.llm import LLM
+from fastinfer.engine.params import SamplingParams
 from fastinfer.engine.speculative.eagle import load_eagle
 from fastinfer.layers import BatchBuilder
 from fastinfer.layers.weights import CheckpointModule

@@ -17,10 +17,12 @@ import pytest
 import torch
 
 import fastinfer  # noqa: F401  (loads the ops)
-from fastinfer.engine import LLM, IncrementalDetokenizer, SamplingParams, Tokenizer
 from fastinfer.engine.block_manager import BlockManager
+from fastinfer.engine.llm import LLM
+from fastinfer.engine.params import SamplingParams
 from fastinfer.engine.sampler import Sampler, apply_repetition_penalty, apply_top_k_top_p_min_p
 from fastinfer.engine.sequence import Request, Sequence
+from fastinfer.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 VOCAB = 300
 TEXTS = [
@@ -519,7 +521,7 @@ def test_interleaved_streams_each_end_with_their_own_output(ckpt, llm):
 def test_executor_hands_hidden_states_to_a_drafter_that_asks(ckpt):
     """The executor computes the target's final hidden states for a drafter that wants them (draft
     heads): one row per logits row, and lm_head of those rows is the step's logits."""
-    from fastinfer.engine.speculative import Drafter
+    from fastinfer.engine.speculative.drafter import Drafter
 
     eng = LLM(ckpt, dtype="float32", num_kv_blocks=32)
     seen = []

@@ -132,14 +132,25 @@ def test_spec_registry_defaults():
 
 def test_registry_builds_the_method_proposer():
     from fastinfer.engine.block_manager import BlockManager
-    from fastinfer.engine.speculative import DraftModelProposer, EagleProposer, StaticTreeProposer
+    from fastinfer.engine.speculative.proposer import (DraftModelProposer, EagleProposer, StaticTreeProposer,
+                                                       make_proposer)
 
     bm = BlockManager(16, 16)
     draft_tree = [(0,), (1,)]
     for method, path, cls in (("draft", DRAFT, DraftModelProposer), ("eagle", EAGLE, EagleProposer),
                               ("medusa", MEDUSA, StaticTreeProposer)):
         spec = _config(spec_method=method, spec_model=path).speculative
-        assert type(spec.entry.make_proposer(spec, bm, 64, draft_tree)) is cls
+        assert type(make_proposer(spec, bm, 64, draft_tree)) is cls
+
+
+def test_every_method_has_its_builders_on_both_sides():
+    """The registry is data; the builders are keyed by its names: the core's proposers, the executor's
+    drafters and head loaders (a method without a loader reads the target's hidden states)."""
+    from fastinfer.engine.speculative.build import DRAFT_LOADERS, DRAFTER_BUILDERS
+    from fastinfer.engine.speculative.proposer import PROPOSER_BUILDERS
+
+    assert tuple(PROPOSER_BUILDERS) == tuple(DRAFTER_BUILDERS) == SPEC_METHODS
+    assert set(DRAFT_LOADERS) == set(SPEC_METHODS) - {"medusa"}
 
 
 # ---- command-line flags ---------------------------------------------------------------------------------

@@ -37,7 +37,9 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 
-from fastinfer.engine import LLM, SamplingParams, Tokenizer  # noqa: E402
+from fastinfer.engine.llm import LLM  # noqa: E402
+from fastinfer.engine.params import SamplingParams  # noqa: E402
+from fastinfer.engine.tokenizer import Tokenizer  # noqa: E402
 from fastinfer.entrypoints.demo import smollm2_path  # noqa: E402
 from fastinfer.entrypoints.eval import perplexity  # noqa: E402
 from fastinfer.layers import TensorDictReader  # noqa: E402

@@ -20,7 +20,8 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 
-from fastinfer.engine import LLM, SamplingParams  # noqa: E402
+from fastinfer.engine.llm import LLM  # noqa: E402
+from fastinfer.engine.params import SamplingParams  # noqa: E402
 from fastinfer.layers import UnquantizedLinearMethod  # noqa: E402
 from fastinfer.models.gguf import GGUF_INT4_TYPES, gguf_int4_blocks  # noqa: E402
 from fastinfer.quant import Int4LinearMethod, describe_quantization  # noqa: E402

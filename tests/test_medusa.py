@@ -24,7 +24,9 @@ import pytest
 import torch
 
 import fastinfer  # noqa: F401  (loads the ops)
-from fastinfer.engine import LLM, SamplingParams, default_model_path
+from fastinfer.engine.config import default_model_path
+from fastinfer.engine.llm import LLM
+from fastinfer.engine.params import SamplingParams
 from fastinfer.engine.speculative.medusa import load_medusa_heads
 from fastinfer.engine.speculative.trees import DEFAULT_MEDUSA_TREE, check_tree, tree_structure
 from model_helpers import make_forward_batch

@@ -48,7 +48,7 @@ pytest.importorskip("compressed_tensors")
 
 import fastinfer  # noqa: E402,F401
 from fastinfer import reference as ref  # noqa: E402
-from fastinfer.engine import LLM  # noqa: E402
+from fastinfer.engine.llm import LLM  # noqa: E402
 from fastinfer.layers import (  # noqa: E402
     ExpertProjections,
     FusedMoE,

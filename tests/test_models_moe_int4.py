@@ -33,7 +33,7 @@ pytest.importorskip("compressed_tensors")
 import fastinfer  # noqa: E402,F401
 from fastinfer import SamplingParams  # noqa: E402
 from fastinfer import reference as ref  # noqa: E402
-from fastinfer.engine import LLM  # noqa: E402
+from fastinfer.engine.llm import LLM  # noqa: E402
 from fastinfer.layers import ExpertProjections, FusedMoE, RouterMethod, UnquantizedFusedMoEMethod  # noqa: E402
 from fastinfer.ops import int4_pack  # noqa: E402
 from fastinfer.quant import Int4FusedMoEMethod, Int4LinearMethod  # noqa: E402

@@ -39,8 +39,9 @@ ct = pytest.importorskip("compressed_tensors")
 
 import fastinfer  # noqa: E402,F401
 from fastinfer import reference as ref  # noqa: E402
-from fastinfer.engine import LLM, SamplingParams  # noqa: E402
 from fastinfer.engine.checkpoints import load_checkpoint  # noqa: E402
+from fastinfer.engine.llm import LLM  # noqa: E402
+from fastinfer.engine.params import SamplingParams  # noqa: E402
 from fastinfer.layers import UnquantizedLinearMethod  # noqa: E402
 from fastinfer.quant import Fp8BlockLinearMethod, Fp8LinearMethod, Int4LinearMethod, Int8LinearMethod  # noqa: E402
 from model_helpers import prefill_logits  # noqa: E402

@@ -27,9 +27,10 @@ import torch
 
 import fastinfer  # noqa: F401  (loads the ops)
 from fastinfer import reference as ref
-from fastinfer.entrypoints.cli import main as cli_main
-from fastinfer.engine import LLM, SamplingParams
 from fastinfer.engine.checkpoints import load_checkpoint
+from fastinfer.engine.llm import LLM
+from fastinfer.engine.params import SamplingParams
+from fastinfer.entrypoints.cli import main as cli_main
 from fastinfer.layers import UnquantizedLinearMethod
 from fastinfer.quant import Fp8LinearMethod, Int4LinearMethod, Int8LinearMethod, unpack_nibbles
 from model_helpers import make_forward_batch, prefill_logits

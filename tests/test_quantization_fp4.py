@@ -17,7 +17,7 @@ import torch
 
 import fastinfer  # noqa: F401  (loads the ops)
 from fastinfer import reference as ref
-from fastinfer.engine import LLM
+from fastinfer.engine.llm import LLM
 from fastinfer.entrypoints.cli import main as cli_main
 from fastinfer.quant import Fp4LinearMethod
 from fastinfer.quant.math import quantize_mxfp4_weight, quantize_nvfp4_weight

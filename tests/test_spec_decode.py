@@ -22,7 +22,9 @@ import pytest
 import torch
 
 import fastinfer  # noqa: F401  (loads the ops)
-from fastinfer.engine import LLM, SamplingParams, default_model_path
+from fastinfer.engine.config import default_model_path
+from fastinfer.engine.llm import LLM
+from fastinfer.engine.params import SamplingParams
 from model_helpers import make_forward_batch
 
 VOCAB = 300

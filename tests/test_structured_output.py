@@ -19,7 +19,9 @@ import re
 import pytest
 import torch
 
-from fastinfer.engine import LLM, SamplingParams, StructuredOutputs, default_model_path
+from fastinfer.engine.config import default_model_path
+from fastinfer.engine.llm import LLM
+from fastinfer.engine.params import SamplingParams, StructuredOutputs
 
 xgr = pytest.importorskip("xgrammar")
 

@@ -221,7 +221,7 @@ TEMPLATE_HISTORY = ASK + [
 
 
 def _tokenizer():
-    from fastinfer.engine import default_model_path
+    from fastinfer.engine.config import default_model_path
     from fastinfer.engine.tokenizer import Tokenizer
 
     tok = Tokenizer(default_model_path())
@@ -231,7 +231,7 @@ def _tokenizer():
 
 def _transformers_render(messages, tools):
     transformers = pytest.importorskip("transformers")
-    from fastinfer.engine import default_model_path
+    from fastinfer.engine.config import default_model_path
 
     hf = transformers.PreTrainedTokenizerFast(tokenizer_file=f"{default_model_path()}/tokenizer.json")
     return hf.apply_chat_template(messages, tools=tools, chat_template=QWEN_STYLE_TEMPLATE, tokenize=False,

@@ -19,10 +19,11 @@ cudaError_t launch_cfg(const DenseMmParams& p, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t launch_dense_mm(const DenseMmParams& p, cudaStream_t stream) {
-  if (p.m < 0 || p.n < 0 || p.k < 0 || p.n % 2 != 0 || p.k % 8 != 0) return cudaErrorInvalidValue;
+  if (p.m < 0 || p.n < 0 || p.k < 0 || p.k % 8 != 0) return cudaErrorInvalidValue;
   if (p.m == 0 || p.n == 0) return cudaSuccess;
   if ((p.k > 0 && (p.a == nullptr || p.b == nullptr)) || p.out == nullptr) return cudaErrorInvalidValue;
-  if (!is_aligned(p.a, 16) || !is_aligned(p.b, 16) || !is_aligned(p.out, 4) || (p.bias && !is_aligned(p.bias, 2)))
+  if (!is_aligned(p.a, 16) || !is_aligned(p.b, 16) || !is_aligned(p.out, p.n % 2 == 0 ? 4 : 2) ||
+      (p.bias && !is_aligned(p.bias, 2)))
     return cudaErrorInvalidValue;
   int dev = 0, major = 0, num_sms = 0;
   cudaError_t err = cudaGetDevice(&dev);

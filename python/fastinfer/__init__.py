@@ -99,15 +99,23 @@ def sim_available() -> bool:
 from . import ops  # noqa: E402,F401
 
 # The runner loads on first use (``fastinfer.LLM``): ``import fastinfer`` stays light for users of
-# the ops alone.
-_ENGINE_NAMES = ("LLM", "SamplingParams", "StructuredOutputs", "RequestOutput", "CompletionOutput")
+# the ops alone. Each name comes from the engine module that defines it.
+_ENGINE_NAMES = ("LLM", "SamplingParams", "StructuredOutputs", "RequestOutput", "CompletionOutput", "EngineConfig")
 
 
 def __getattr__(name: str):
-    if name in _ENGINE_NAMES:
-        from . import engine
+    if name == "LLM":
+        from .engine.llm import LLM
 
-        return getattr(engine, name)
+        return LLM
+    if name == "EngineConfig":
+        from .engine.config import EngineConfig
+
+        return EngineConfig
+    if name in _ENGINE_NAMES:
+        from .engine import params
+
+        return getattr(params, name)
     raise AttributeError(f"module 'fastinfer' has no attribute {name!r}")
 
 

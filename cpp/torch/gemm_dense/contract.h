@@ -1,6 +1,7 @@
 #pragma once
 // Checks of dense_mm (the batch-invariant fp16 / bf16 / fp32 GEMM), shared by the CPU and CUDA / sim
-// impls: a [M, K], b [N, K] (nn.Linear weight layout), one activation dtype, bias [N].
+// impls: a [M, K], b [N, K] (nn.Linear weight layout), one activation dtype, bias [N]; any N, K a
+// multiple of 8 (the CUDA kernel's 16-byte chunks; one contract for every backend).
 #include "w8a8_contract.h"
 
 namespace fastinfer::binding {
@@ -24,7 +25,6 @@ inline void validate_dense_mm(const char* op, const Tensor& a, const Tensor& b,
            " (pass the weight as [out_features, in_features])");
   FI_CHECK(K % 8 == 0, op, "a must have K a multiple of 8 (the kernel moves 16-byte chunks), got shape ",
            shape_str(a), " (pad K with zeros)");
-  FI_CHECK(b.size(0) % 2 == 0, op, "b must have N even (2-element stores), got shape ", shape_str(b));
   check_gemm_bias(op, bias, a.scalar_type(), a, b.size(0));
 }
 

@@ -1,6 +1,5 @@
 """Loading a checkpoint path into a model, its quantisation resolved: what the runner does for the
-target and the speculative registry's loader for a draft model (this module imports no config, so
-the config may import the registry)."""
+target and the draft-model loader (:mod:`.speculative.build`) for a draft model."""
 
 from __future__ import annotations
 

@@ -212,18 +212,22 @@ class EngineConfig:
         "tokens of a bf16 / fp16 cache", choices=tuple(KV_CACHE_DTYPES))
     num_kv_blocks: Optional[int] = _option(
         None, "kv cache", "KV-cache blocks in the pool (the first given of num_kv_blocks / kv_cache_bytes / "
-        "gpu_memory_utilization sizes it; see fastinfer.engine.executor.num_kv_blocks_for)",
+        "gpu_memory_utilization sizes it; see fastinfer.engine.kv_sizing)",
         default_doc="sized from gpu_memory_utilization (CUDA) or max_model_len x min(max_num_seqs, 16) (CPU)")
     kv_cache_bytes: Optional[int] = _option(None, "kv cache", "bytes of the KV pool", cli=False)
     gpu_memory_utilization: float = _option(0.9, "kv cache", "fraction of GPU memory for weights + KV cache, in (0, 1]")
     seed: int = _option(0, "scheduler", "engine seed: the generator of requests without their own seed")
     load_progress: bool = _option(
         False, "model", "print one line saying what loads, on which device, in which dtype and why (the "
-        "commands turn this on), then show a progress bar while the weights load", cli=False)
+        "commands turn this on), then show a progress bar while the weights load, then one line with the KV "
+        "cache's size (fastinfer.engine.kv_sizing)", cli=False)
     enforce_eager: bool = _option(
         False, "scheduler", "CUDA: no CUDA graphs for decode steps (by default one graph per batch bucket 1, "
-        "2, 4, ... up to min(max_num_seqs, 256) is captured at start-up and replayed for decode-only steps; "
-        "with expert_parallel_size > 1 decode steps always run eagerly)")
+        "2, 4, ... up to min(max_num_seqs, max_cuda_graph_batch_size) is captured at start-up and replayed for "
+        "decode-only steps; with expert_parallel_size > 1 decode steps always run eagerly)")
+    max_cuda_graph_batch_size: int = _option(
+        256, "scheduler", "CUDA: the largest decode batch captured as a CUDA graph (a decode step of more "
+        "sequences runs eagerly); each bucket's graph holds its own activation memory")
     static_batching: bool = _option(
         False, "scheduler", "admit new requests only into a batch still forming, not into a running one "
         "(a baseline for comparisons; default: continuous batching)")
@@ -333,6 +337,8 @@ class EngineConfig:
             raise ValueError(f"block_size must be a power of two in 8..256, got {bs}")
         if not _is_int(self.max_num_seqs) or self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if not _is_int(self.max_cuda_graph_batch_size) or self.max_cuda_graph_batch_size < 1:
+            raise ValueError(f"max_cuda_graph_batch_size must be an int >= 1, got {self.max_cuda_graph_batch_size!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_num_batched_tokens is None:

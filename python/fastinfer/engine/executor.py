@@ -14,6 +14,7 @@ gathered on rank 0, where drafting, verification and sampling stay).
 
 from __future__ import annotations
 
+import sys
 from typing import Dict, List, Optional, Sequence as Seq, Tuple
 
 import torch
@@ -21,14 +22,17 @@ import torch
 from ..layers.moe import expert_parallel_layers, routed_slots_per_rank
 from .config import EngineConfig
 from .messages import ModelOutput, PromptLogprobs, SampledToken, StepInput, VerifiedDraft
-from .model_runner import Chunk, ForwardPlan, ModelRunner, num_kv_blocks_for, nvtx_range
+from .kv_sizing import KVSizing, MemoryPool
+from .model_runner import Chunk, ForwardPlan, ModelRunner, nvtx_range
 from .sampler import Sampler, logprob_dict, logprob_dicts
 from .sequence import Sequence
-from .speculative import Draft, Drafter, commit_moves, plan_slots, verify
+from .speculative.build import build_drafter, load_draft, plan_slots
+from .speculative.drafter import Draft, Drafter
+from .speculative.verifier import commit_moves, verify
 from .speculative.trees import Path
 from .structured import GrammarBackend
 
-__all__ = ["Executor", "nvtx_range", "num_kv_blocks_for"]
+__all__ = ["Executor", "nvtx_range"]
 
 
 def _seed_for(seed: int, index: int) -> int:
@@ -42,8 +46,9 @@ class Executor:
     After construction: ``runner`` (the target's :class:`~.model_runner.ModelRunner`, or under
     tensor parallelism the driver of all ranks' runners), ``model`` (rank 0's target), ``draft_model``
     (or None), ``kv_caches``, ``kv_cache_dtype`` (the torch dtype of the target's and the draft's
-    KV pools), ``num_kv_blocks``, ``max_model_len`` (capped by the model's positions and the KV
-    pool), ``device``.
+    KV pools), ``num_kv_blocks``, ``kv_sizing`` (how it was sized, :mod:`.kv_sizing`; its
+    :meth:`~.kv_sizing.KVSizing.report` is printed with ``load_progress``), ``max_model_len`` (capped
+    by the model's positions and the KV pool), ``device``.
     """
 
     def __init__(self, config: EngineConfig):
@@ -65,22 +70,25 @@ class Executor:
         self.ops = self.model.ops
         try:
             self.draft_model = None  # a draft with its own KV pool: a draft model or an EAGLE head
-            if spec is not None and spec.entry.load_draft is not None:
-                self.draft_model = spec.entry.load_draft(spec, self.model, self.runner.max_model_len, self.ops)
+            if spec is not None:
+                self.draft_model = load_draft(spec, self.model, self.runner.max_model_len, self.ops)
             kv_dtype = self.runner.kv_cache_dtype  # the draft's pool too
-            extra = (self.draft_model.kv_cache_bytes_per_block(self.block_size, kv_dtype)
-                     if self.draft_model is not None else 0)
-            self.runner.init_kv(self.runner.agreed_num_kv_blocks(extra))
+            extra = ([MemoryPool("draft KV", self.draft_model.kv_cache_bytes_per_block(self.block_size, kv_dtype))]
+                     if self.draft_model is not None else [])
+            self.kv_sizing: KVSizing = self.runner.agreed_kv_sizing(extra)
+            self.runner.init_kv(self.kv_sizing.num_blocks)
         except BaseException:
             self.shutdown()
             raise
         self.num_kv_blocks = self.runner.num_kv_blocks
         self.max_model_len = self.runner.max_model_len
+        if config.load_progress:
+            print(self.kv_sizing.report(self.max_model_len), file=sys.stderr, flush=True)
         self.drafter: Optional[Drafter] = None
         if spec is not None:
-            self.drafter = spec.entry.build_drafter(spec, self.model, self.draft_model, self.num_kv_blocks,
-                                                    self.block_size, self.device, config.max_num_batched_tokens,
-                                                    self.ops, self.runner.kv_cache_dtype)
+            self.drafter = build_drafter(spec, self.model, self.draft_model, self.num_kv_blocks, self.block_size,
+                                         self.device, config.max_num_batched_tokens, self.ops,
+                                         self.runner.kv_cache_dtype)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(int(config.seed))
         self.sampler = Sampler(gen, self.ops)

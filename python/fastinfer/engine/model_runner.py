@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -36,10 +36,10 @@ from ..quant import resolve_quantization
 from .checkpoints import load_checkpoint
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs
+from .kv_sizing import KVSizing, MemoryPool, activation_bytes, size_kv_pools
 from .speculative.drafter import move_slots
 
-__all__ = ["ForwardPlan", "Chunk", "ModelRunner", "check_split", "load_checkpoint", "load_line",
-           "num_kv_blocks_for", "nvtx_range"]
+__all__ = ["ForwardPlan", "Chunk", "ModelRunner", "check_split", "load_checkpoint", "load_line", "nvtx_range"]
 
 Tensor = torch.Tensor
 
@@ -169,24 +169,35 @@ class ModelRunner:
         return model
 
     # ---- KV pool ------------------------------------------------------------------------------
-    def local_num_kv_blocks(self, extra_bytes_per_block: int = 0) -> int:
-        """The KV blocks this rank has room for (``extra_bytes_per_block``: a draft pool with the
-        same block ids, rank 0 only)."""
-        c = self.config
-        n = num_kv_blocks_for(self.model, c.block_size, self.device, num_kv_blocks=c.num_kv_blocks,
-                              kv_cache_bytes=c.kv_cache_bytes, gpu_memory_utilization=c.gpu_memory_utilization,
-                              max_model_len=self.max_model_len, max_num_seqs=c.max_num_seqs,
-                              max_num_batched_tokens=c.max_num_batched_tokens, kv_cache_dtype=self.kv_cache_dtype)
-        if extra_bytes_per_block and c.num_kv_blocks is None and (
-                c.kv_cache_bytes is not None or self.device.type == "cuda"):
-            # the byte budget holds both pools
-            t_pb = self.model.kv_cache_bytes_per_block(c.block_size, self.kv_cache_dtype)
-            n = max(1, n * t_pb // (t_pb + extra_bytes_per_block))
-        return n
+    def kv_pools(self) -> List[MemoryPool]:
+        """What this rank's KV blocks cost (:mod:`.kv_sizing`): the target's K and V over its layers."""
+        return [MemoryPool("target KV", self.model.kv_cache_bytes_per_block(self.block_size, self.kv_cache_dtype))]
 
-    def agreed_num_kv_blocks(self, extra_bytes_per_block: int = 0) -> int:
-        """The pool size every rank uses (one rank: its own)."""
-        return self.local_num_kv_blocks(extra_bytes_per_block)
+    def local_kv_sizing(self, extra_pools: Sequence[MemoryPool] = ()) -> KVSizing:
+        """The KV blocks this rank has room for (``extra_pools``: rank 0's draft pool, indexed by the
+        same block ids, charged against the same budget)."""
+        c, m = self.config, self.model
+        device_memory, activation = None, 0
+        if self.device.type == "cuda" and c.num_kv_blocks is None and c.kv_cache_bytes is None:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            device_memory = torch.cuda.mem_get_info(self.device)
+            mc = m.config
+            activation = activation_bytes(mc.hidden_size, mc.intermediate_size, mc.q_size, mc.kv_size,
+                                          mc.vocab_size, torch.empty((), dtype=m.dtype).element_size(),
+                                          c.max_num_batched_tokens, c.max_num_seqs)
+        return size_kv_pools(self.kv_pools() + list(extra_pools), block_size=c.block_size,
+                             max_num_seqs=c.max_num_seqs, max_model_len=self.max_model_len,
+                             num_kv_blocks=c.num_kv_blocks, kv_cache_bytes=c.kv_cache_bytes,
+                             gpu_memory_utilization=c.gpu_memory_utilization, device_memory=device_memory,
+                             activation=activation)
+
+    def local_num_kv_blocks(self, extra_pools: Sequence[MemoryPool] = ()) -> int:
+        return self.local_kv_sizing(extra_pools).num_blocks
+
+    def agreed_kv_sizing(self, extra_pools: Sequence[MemoryPool] = ()) -> KVSizing:
+        """The sizing of the pool every rank uses (one rank: its own)."""
+        return self.local_kv_sizing(extra_pools)
 
     def init_kv(self, num_blocks: int) -> None:
         """Allocate the pool of ``num_blocks`` blocks (every rank the same) and capture graphs
@@ -199,7 +210,8 @@ class ModelRunner:
         # a pipeline stage's forward is not the whole model's a graph captures
         if (self.device.type == "cuda" and not c.enforce_eager and self.model_parallel.ep is None
                 and self.stage.num_stages == 1):
-            self.enable_decode_graphs(min(c.max_num_seqs, 256), -(-self.max_model_len // self.block_size), True)
+            self.enable_decode_graphs(min(c.max_num_seqs, c.max_cuda_graph_batch_size),
+                                      -(-self.max_model_len // self.block_size), True)
 
     def enable_decode_graphs(self, max_batch: int, max_blocks: int, use_graphs: bool) -> DecodeGraphs:
         """Capture decode graphs for batch buckets up to ``max_batch`` (``use_graphs=False``: the
@@ -301,44 +313,3 @@ class ModelRunner:
         if self.tp.rank == 0:
             comm.send(out, 0, tag)
         return None
-
-
-# ------------------------------------------------------------------------------------------------
-# KV cache sizing
-# ------------------------------------------------------------------------------------------------
-
-def num_kv_blocks_for(model: LlamaForCausalLM, block_size: int, device: torch.device, *,
-                      num_kv_blocks: Optional[int], kv_cache_bytes: Optional[int], gpu_memory_utilization: float,
-                      max_model_len: int, max_num_seqs: int, max_num_batched_tokens: int,
-                      kv_cache_dtype: torch.dtype) -> int:
-    """How many KV blocks to preallocate (on one rank: its shard's bytes per block, K and V in
-    ``kv_cache_dtype``: an fp8 pool gets twice the blocks of a bf16 / fp16 one from the same bytes).
-
-    ``num_kv_blocks`` wins; else ``kv_cache_bytes``; else on CUDA ``gpu_memory_utilization`` of the
-    device's total memory minus what is already used (weights, other processes) minus an estimate
-    of the activation peak of a ``max_num_batched_tokens`` step; on CPU enough blocks for
-    ``min(max_num_seqs, 16)`` full-length sequences, capped at 1 GiB.
-    """
-    per_block = model.kv_cache_bytes_per_block(block_size, kv_cache_dtype)
-    if num_kv_blocks is not None:
-        return int(num_kv_blocks)
-    if kv_cache_bytes is not None:
-        return max(1, int(kv_cache_bytes) // per_block)
-    if device.type == "cuda":
-        c = model.config
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info(device)
-        el = torch.empty((), dtype=model.dtype).element_size()
-        act = max_num_batched_tokens * (6 * c.hidden_size + 4 * c.intermediate_size
-                                        + 2 * (c.q_size + 2 * c.kv_size)) * el
-        act += max_num_seqs * c.vocab_size * 4 * 4 + (512 << 20)
-        budget = total * gpu_memory_utilization - (total - free) - act
-        if budget < per_block:
-            raise RuntimeError(
-                f"not enough GPU memory for the KV cache: {free / 2**30:.1f} GiB free of "
-                f"{total / 2**30:.1f} GiB at gpu_memory_utilization={gpu_memory_utilization}")
-        return int(budget // per_block)
-    blocks_per_seq = -(-max_model_len // block_size)
-    n = blocks_per_seq * min(max_num_seqs, 16)
-    return max(min(n, (1 << 30) // per_block), blocks_per_seq + 1)

@@ -26,13 +26,14 @@ used.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import multiprocessing.connection
 import os
 import signal
 import time
 import weakref
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -40,6 +41,7 @@ from ..distributed import (CollectiveError, build_groups, master_store, release_
                            torchrun_groups)
 from ..models import load_config
 from .config import EngineConfig
+from .kv_sizing import KVSizing, MemoryPool
 from .model_runner import ForwardPlan, ModelRunner, check_split
 from .worker import STAGE_BUSY, PlanEncoder, spawned_worker_main, tp_timeout_s, worker_config, worker_threads
 
@@ -229,9 +231,11 @@ class TensorParallelRunner(ModelRunner):
         return self.workers.pids if self.workers is not None else []
 
     # ---- start-up -----------------------------------------------------------------------------
-    def agreed_num_kv_blocks(self, extra_bytes_per_block: int = 0) -> int:
-        local = self.local_num_kv_blocks(extra_bytes_per_block)
-        return self._guard(lambda: self.ctrl.comm.all_reduce_min([local], STARTUP_TIMEOUT_S)[0])
+    def agreed_kv_sizing(self, extra_pools: Sequence[MemoryPool] = ()) -> KVSizing:
+        """This rank's sizing with the smallest block count of all ranks (every rank allocates it)."""
+        local = self.local_kv_sizing(extra_pools)
+        n = self._guard(lambda: self.ctrl.comm.all_reduce_min([local.num_blocks], STARTUP_TIMEOUT_S)[0])
+        return dataclasses.replace(local, num_blocks=n)
 
     def init_kv(self, num_blocks: int) -> None:
         self._initialising = True

@@ -28,7 +28,8 @@ MODEL_OPTIONS = ("model", "device", "dtype", "max_model_len") + PARALLEL_OPTIONS
 SPEC_OPTIONS = ("draft_model", "spec_method", "spec_model", "spec_mode", "num_spec_tokens", "spec_tree_topk",
                 "spec_tree_depth", "spec_tree")
 ENGINE_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "gpu_memory_utilization",
-                  "enable_prefix_caching", "enforce_eager", "static_batching", "seed", "deterministic")
+                  "enable_prefix_caching", "enforce_eager", "max_cuda_graph_batch_size", "static_batching", "seed",
+                  "deterministic")
 
 #: the precision options every command that builds an engine offers: weights and KV cache
 PRECISION_OPTIONS = ("quantization", "gguf_weights", "kv_cache_dtype")

@@ -24,13 +24,14 @@ from typing import Any, Dict, Optional
 import torch
 
 from .. import cuda_available
-from ..engine import LLM, SamplingParams
 from ..engine.config import parse_dtype
+from ..engine.llm import LLM
+from ..engine.params import SamplingParams
+from ..engine.worker import serve_torchrun_worker
 from ..layers import TensorDictReader
 from ..models import ModelConfig, default_dtype, find_gguf, load_model, random_weights
-from ..engine.worker import serve_torchrun_worker
-from .bench_spec import SPEC_ENTRIES, run_spec_comparison, spec_metrics
 from .args import BENCH_OPTIONS, add_cli_args, add_quant_args, llm_kwargs
+from .bench_spec import SPEC_ENTRIES, run_spec_comparison, spec_metrics
 
 __all__ = ["PRESETS", "add_bench_parser", "build_random_model"]
 

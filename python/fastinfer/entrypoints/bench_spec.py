@@ -26,8 +26,9 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..engine import LLM, SamplingParams
 from ..engine.config import SPEC_METHODS, default_model_path
+from ..engine.llm import LLM
+from ..engine.params import SamplingParams
 
 __all__ = ["SPEC_ENTRIES", "CODE_PROMPTS", "run_spec_comparison", "spec_metrics"]
 

@@ -23,7 +23,8 @@ import json
 import sys
 from typing import Any, List, Optional
 
-from ..engine import LLM, SamplingParams
+from ..engine.llm import LLM
+from ..engine.params import SamplingParams
 from ..engine.worker import serve_torchrun_worker
 from ..quant import QuantOptions, quantize_checkpoint
 from . import eval as eval_cmd

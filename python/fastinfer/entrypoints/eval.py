@@ -25,7 +25,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ..engine import LLM, EngineConfig
+from ..engine.config import EngineConfig
+from ..engine.llm import LLM
 from ..layers import BatchBuilder
 from ..quant import describe_quantization
 from .args import EVAL_OPTIONS, add_cli_args, add_quant_args, llm_kwargs

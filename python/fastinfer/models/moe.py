@@ -95,26 +95,25 @@ class _PartialRowParallelLinear(RowParallelLinear):
 
 class _SharedExpertGate(CheckpointModule):
     """The shared expert's gate, ``x @ w^T`` for the checkpoint's ``[1, H]`` weight (replicated, never
-    quantised), held as ``[2, H]`` with a zero second row: ``dense_mm``, which the deterministic
-    mode's linears run on, needs an even number of output features."""
+    quantised): one output feature, through the op backend's linear (``dense_mm`` in the
+    deterministic mode)."""
 
     def __init__(self, hidden_size: int, prefix: str, *, dtype, device, ops):
         super().__init__()
         self.prefix = prefix
         self.ops = ops
-        self.weight = param((2, hidden_size), dtype, device)
+        self.weight = param((1, hidden_size), dtype, device)
 
     def load_from(self, reader: WeightReader) -> None:
         with torch.no_grad():
             w = reader.get_float(self.prefix + ".weight", (1, self.weight.shape[1]))
-            self.weight[:1].copy_(w.to(device=self.weight.device, dtype=self.weight.dtype))
-            self.weight[1:].zero_()
+            self.weight.copy_(w.to(device=self.weight.device, dtype=self.weight.dtype))
 
     def checkpoint_tensors(self) -> Iterable[Tuple[str, Tensor]]:
-        yield self.prefix + ".weight", self.weight.detach()[:1]
+        yield self.prefix + ".weight", self.weight.detach()
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.ops.linear(x, self.weight)[:, :1]
+        return self.ops.linear(x, self.weight)
 
 
 class SharedExpert(nn.Module):

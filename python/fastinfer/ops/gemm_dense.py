@@ -28,7 +28,7 @@ def dense_mm(a: Tensor, b: Tensor, bias: Optional[Tensor] = None, *, lib=None) -
 
     Args:
         a: ``[M, K]`` float16 / bfloat16 (float32 too on CPU), contiguous; K a multiple of 8.
-        b: ``[N, K]`` of a's dtype, contiguous row-major (an ``nn.Linear`` weight); N even.
+        b: ``[N, K]`` of a's dtype, contiguous row-major (an ``nn.Linear`` weight); any N.
         bias: optional ``[N]`` of a's dtype, added in fp32 before the rounding.
 
     Returns:

@@ -18,9 +18,9 @@ struct DenseMmParams {
   const void* a = nullptr;     // [M, K] row-major (row stride K), 16-byte aligned
   const void* b = nullptr;     // [N, K] row-major (row stride K), 16-byte aligned
   const void* bias = nullptr;  // [N] the dtype, or nullptr
-  void* out = nullptr;         // [M, N] row-major, 4-byte aligned
+  void* out = nullptr;         // [M, N] row-major, 4-byte aligned when N is even (else 2)
   int64_t m = 0;
-  int64_t n = 0;               // even (2-element stores)
+  int64_t n = 0;               // any (even: 2-element stores; odd: 1-element stores)
   int64_t k = 0;               // a multiple of 8 (16-byte cp.async chunks)
   DType dtype = DType::kBFloat16;  // a, b, bias, out: float16 or bfloat16
 };

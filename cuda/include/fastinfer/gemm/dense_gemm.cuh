@@ -94,8 +94,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dense_mm_kernel(const DenseM
   ptx::cp_async_wait<0>();  // only empty groups can be pending; keeps the emulator's bookkeeping clean
 
   // Epilogue in the mma C layout (see fp8_gemm.cuh for the store pattern): + bias in fp32, one rounding.
+  // A lane holds the pair (n, n + 1): one 4-byte store when N is even (the pair is all in or all out
+  // and 4-byte aligned), else one 2-byte store per element in range (an odd row stride misaligns every
+  // other row's pairs). Only the stores differ: the accumulation, and so a row's bits, do not.
   T* __restrict__ out = static_cast<T*>(p.out);
   const T* __restrict__ bias = static_cast<const T*>(p.bias);
+  const bool pair_stores = N % 2 == 0;
 #pragma unroll
   for (int i = 0; i < kMi; ++i) {
 #pragma unroll
@@ -105,13 +109,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dense_mm_kernel(const DenseM
 #pragma unroll
       for (int j = 0; j < kNi; ++j) {
         const int64_t n = n0 + warp_n * Cfg::kWarpN + j * 8 + 2 * t;
-        if (n >= N) continue;  // N is even: the pair (n, n + 1) is all in or all out
+        if (n >= N) continue;
+        const bool second = n + 1 < N;
         float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
         if (bias != nullptr) {
           v0 += to_float(bias[n]);
-          v1 += to_float(bias[n + 1]);
+          if (second) v1 += to_float(bias[n + 1]);
         }
-        *reinterpret_cast<uint32_t*>(out + m * N + n) = mma::pack2<T>(v0, v1);
+        if (pair_stores) {
+          *reinterpret_cast<uint32_t*>(out + m * N + n) = mma::pack2<T>(v0, v1);
+        } else {
+          out[m * N + n] = from_float<T>(v0);
+          if (second) out[m * N + n + 1] = from_float<T>(v1);
+        }
       }
     }
   }

@@ -4,7 +4,8 @@ the target verifies them in one forward with tree attention.
 Split along the engine's lines: :mod:`.proposer` is the engine core's half (the scheduler's
 lookahead rule, the draft's KV coverage, statistics; token ids only), :mod:`.drafter` the
 executor's (the draft model, its KV pool, its forwards), :mod:`.verifier` turns the target's
-logits into accepted tokens and KV slot moves (data the executor applies).
+logits into accepted tokens and KV slot moves (data the executor applies). This package's face
+imports nothing (the core imports the proposer without torch): import the defining modules.
 
 One speculative step of a decoding sequence with committed tokens ``t_0 .. t_{n-1}`` (the target has
 K/V for ``t_0 .. t_{n-2}``; ``t_{n-1}``, the *root*, is the last sampled token):
@@ -48,9 +49,10 @@ come from the request's generator. A step in which a sequence cannot speculate (
 blocks short, see the scheduler's lookahead) samples it the ordinary way, which consumes its generator
 differently: under such pressure a seeded completion may depend on the load (it stays exact).
 
-Draft heads (``spec_method``; :mod:`.registry` holds each method's defaults, head loader, drafter
-and proposer): :mod:`.medusa` (static trees of :mod:`.trees` from heads on the hidden state that produced
-the root: the executor hands the drafter the target's hidden states of the logits rows) and
+Draft heads (``spec_method``; :mod:`.registry` holds each method's configuration as data,
+:mod:`.build` its head loader and drafter, :mod:`.proposer` its proposer): :mod:`.medusa` (static
+trees of :mod:`.trees` from heads on the hidden state that produced the root: the executor hands the
+drafter the target's hidden states of the logits rows) and
 :mod:`.eagle` (the drafting above, one row earlier, on a decoder layer fed with the target's features
 of every row, kept in a feature pool by KV slot) and :mod:`.eagle3` (the same on ``fc`` of three target
 layers' states, the drafter's ``hidden_layers``, with its own norm and a reduced vocabulary).
@@ -60,14 +62,3 @@ Not speculated (they decode normally, in the same step): requests with ``Samplin
 plain temperature distribution only), requests with fewer than 2 tokens left to generate, and
 sequences whose tree would not fit ``max_model_len``.
 """
-
-from .build import load_draft_model, load_eagle_head, plan_slots  # noqa: F401
-from .drafter import Draft, Drafter, DraftModelDrafter  # noqa: F401
-from .proposer import (DraftModelProposer, EagleProposer, Proposer, StaticTreeProposer,  # noqa: F401
-                       make_proposer, speculation_supported)
-from .registry import SPEC_REGISTRY, SpecMethod, spec_method  # noqa: F401
-from .verifier import commit_moves, verify  # noqa: F401
-
-__all__ = ["Draft", "Drafter", "DraftModelDrafter", "DraftModelProposer", "Proposer", "StaticTreeProposer",
-           "EagleProposer", "make_proposer", "speculation_supported", "commit_moves", "verify",
-           "load_draft_model", "load_eagle_head", "plan_slots", "SPEC_REGISTRY", "SpecMethod", "spec_method"]

@@ -1,15 +1,24 @@
-"""The loaders of the heads with their own KV pool (a draft model, an EAGLE / EAGLE-3 head), which
-the method registry (:mod:`.registry`) names, and the KV slots of a forward plan's rows."""
+"""The executor's builders of each speculative method (``spec_method``, the names of
+:mod:`.registry`): the loader of a draft with its own KV pool (a draft model, an EAGLE / EAGLE-3
+head; :data:`DRAFT_LOADERS`, none for Medusa's heads, which read the target's hidden states) and
+the drafter (:data:`DRAFTER_BUILDERS`); and the KV slots of a forward plan's rows. The engine
+core's half (the proposers) is :mod:`.proposer`'s. Only the executor imports this module.
+"""
 
 from __future__ import annotations
 
-from typing import List
+from typing import Callable, Dict, List, Optional
 
 import torch
 
 from ...layers import slot_of
+from .drafter import Drafter, DraftModelDrafter
+from .eagle import EagleDraftModel, EagleDrafter, load_eagle
+from .eagle3 import Eagle3DraftModel, Eagle3Drafter, load_eagle3
+from .medusa import build_medusa_drafter
 
-__all__ = ["load_draft_model", "load_eagle_head", "plan_slots"]
+__all__ = ["DRAFT_LOADERS", "DRAFTER_BUILDERS", "load_draft", "build_drafter", "load_draft_model",
+           "load_eagle_head", "plan_slots"]
 
 
 def load_draft_model(spec, target, max_model_len: int, ops):
@@ -52,6 +61,62 @@ def load_eagle_head(spec, target, cls, load):
         raise ValueError(f"spec_model for spec_method={spec.method!r} must be a head directory or {cls.__name__}, "
                          f"got {type(head).__name__}")
     return head
+
+
+def _load_eagle(spec, target, max_model_len, ops):
+    return load_eagle_head(spec, target, EagleDraftModel, load_eagle)
+
+
+def _load_eagle3(spec, target, max_model_len, ops):
+    return load_eagle_head(spec, target, Eagle3DraftModel, load_eagle3)
+
+
+#: method -> ``(spec, target, max_model_len, ops) -> draft`` with its own KV pool (indexed by the
+#: target's block ids); a method not listed has none
+DRAFT_LOADERS: Dict[str, Callable] = {"draft": load_draft_model, "eagle": _load_eagle, "eagle3": _load_eagle3}
+
+
+def load_draft(spec, target, max_model_len: int, ops):
+    """The draft of ``spec`` with its own KV pool (:data:`DRAFT_LOADERS`), or None."""
+    load = DRAFT_LOADERS.get(spec.method)
+    return load(spec, target, max_model_len, ops) if load is not None else None
+
+
+def _drafter_args(spec, draft, num_kv_blocks, block_size, device, max_num_batched_tokens, ops,
+                  kv_cache_dtype) -> tuple:
+    kv = draft.allocate_kv_cache(num_kv_blocks, block_size, kv_cache_dtype)  # the target's block count and ids
+    return draft, kv, block_size, device, spec.mode, spec.num_tokens, spec.tree_topk, max_num_batched_tokens, ops
+
+
+def _draft_model_drafter(spec, target, draft, num_kv_blocks, *args):
+    return DraftModelDrafter(*_drafter_args(spec, draft, num_kv_blocks, *args))
+
+
+def _eagle_drafter(spec, target, draft, num_kv_blocks, *args):
+    return EagleDrafter(*_drafter_args(spec, draft, num_kv_blocks, *args), num_kv_blocks)
+
+
+def _eagle3_drafter(spec, target, draft, num_kv_blocks, *args):
+    return Eagle3Drafter(*_drafter_args(spec, draft, num_kv_blocks, *args), num_kv_blocks)
+
+
+def _medusa_drafter(spec, target, draft, num_kv_blocks, block_size, device, max_num_batched_tokens, ops,
+                    kv_cache_dtype):  # the heads read the target's hidden states: no KV pool of their own
+    return build_medusa_drafter(spec, target, device)
+
+
+#: method -> ``(spec, target, draft, num_kv_blocks, block_size, device, max_num_batched_tokens, ops,
+#: kv_cache_dtype) -> Drafter`` (``draft``: what :data:`DRAFT_LOADERS` loaded, or None;
+#: ``kv_cache_dtype``: the torch dtype of the draft's KV pool, the target's)
+DRAFTER_BUILDERS: Dict[str, Callable] = {"draft": _draft_model_drafter, "medusa": _medusa_drafter,
+                                         "eagle": _eagle_drafter, "eagle3": _eagle3_drafter}
+
+
+def build_drafter(spec, target, draft: Optional[torch.nn.Module], num_kv_blocks: int, block_size: int,
+                  device: torch.device, max_num_batched_tokens: int, ops, kv_cache_dtype: torch.dtype) -> Drafter:
+    """The executor's drafter of ``spec.method`` (:data:`DRAFTER_BUILDERS`)."""
+    return DRAFTER_BUILDERS[spec.method](spec, target, draft, num_kv_blocks, block_size, device,
+                                         max_num_batched_tokens, ops, kv_cache_dtype)
 
 
 def plan_slots(plan, block_size: int) -> List[int]:

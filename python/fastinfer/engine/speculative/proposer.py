@@ -14,7 +14,7 @@ draft's recomputation too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence as Seq
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence as Seq
 
 from ..block_manager import BlockManager
 from ..scheduler import SchedulerOutput, SpecPlan
@@ -24,8 +24,8 @@ from .trees import Path
 if TYPE_CHECKING:  # the config module imports torch and the model loader; this reads fields only
     from ..config import SpeculativeConfig
 
-__all__ = ["Proposer", "DraftModelProposer", "StaticTreeProposer", "EagleProposer", "make_proposer",
-           "speculation_supported"]
+__all__ = ["Proposer", "DraftModelProposer", "StaticTreeProposer", "EagleProposer", "PROPOSER_BUILDERS",
+           "make_proposer", "speculation_supported"]
 
 
 def speculation_supported(params) -> bool:
@@ -188,8 +188,18 @@ class EagleProposer(DraftModelProposer):
             self._computed[seq.seq_id] = max(0, self._computed[seq.seq_id] - 1)
 
 
+#: method (``spec_method``, the names of :mod:`.registry`) -> ``(spec, block_manager, max_model_len,
+#: draft_tree) -> Proposer`` (``draft_tree``: the executor's static tree of draft heads, or None)
+PROPOSER_BUILDERS: Dict[str, Callable[..., DraftModelProposer]] = {
+    "draft": lambda spec, bm, max_model_len, draft_tree: DraftModelProposer(spec, bm, max_model_len),
+    "medusa": StaticTreeProposer,
+    "eagle": lambda spec, bm, max_model_len, draft_tree: EagleProposer(spec, bm, max_model_len),
+    "eagle3": lambda spec, bm, max_model_len, draft_tree: EagleProposer(spec, bm, max_model_len),
+}
+
+
 def make_proposer(config: SpeculativeConfig, block_manager: BlockManager, max_model_len: int,
                   draft_tree: Optional[Seq[Path]]) -> DraftModelProposer:
-    """The core-side proposer of ``config.method`` (``draft_tree``: the executor's static tree of
-    draft heads, for ``medusa``)."""
-    return config.entry.make_proposer(config, block_manager, max_model_len, draft_tree)
+    """The core-side proposer of ``config.method`` (:data:`PROPOSER_BUILDERS`; ``draft_tree``: the
+    executor's static tree of draft heads, for ``medusa``)."""
+    return PROPOSER_BUILDERS[config.method](config, block_manager, max_model_len, draft_tree)

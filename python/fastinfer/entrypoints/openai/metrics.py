@@ -23,7 +23,7 @@ from typing import Callable, Dict, Iterator, Optional
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ...engine import RequestOutput
+from ...engine.params import RequestOutput
 
 __all__ = ["ServerMetrics", "CONTENT_TYPE"]
 

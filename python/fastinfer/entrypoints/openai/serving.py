@@ -16,8 +16,8 @@ from typing import Any, AsyncIterator, Awaitable, Dict, List, Optional, Tuple, U
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from ...engine import RequestOutput, SamplingParams, StructuredOutputs
 from ...engine.async_llm import AsyncLLM, EngineDeadError
+from ...engine.params import RequestOutput, SamplingParams, StructuredOutputs
 from .metrics import ServerMetrics
 from .protocol import APIError, error_body
 

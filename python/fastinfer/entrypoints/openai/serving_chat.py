@@ -25,7 +25,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple
 
 from starlette.responses import JSONResponse, Response
 
-from ...engine import CompletionOutput, SamplingParams, StructuredOutputs
+from ...engine.params import CompletionOutput, SamplingParams, StructuredOutputs
 from .protocol import APIError, ChatCompletionRequest, ChatMessage, MessageToolCall
 from .serving import SSE_DONE, EventStream, OpenAIServing, random_id, sse
 from .tool_parsers import (TOOL_CALL_PARSERS, ConstrainedToolCallParser, StreamingToolCallParser,

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
 
 from starlette.responses import JSONResponse, Response
 
-from ...engine import CompletionOutput, RequestOutput, SamplingParams
+from ...engine.params import CompletionOutput, RequestOutput, SamplingParams
 from .protocol import APIError, CompletionRequest
 from .serving import SSE_DONE, EventStream, OpenAIServing, random_id, sse
 
