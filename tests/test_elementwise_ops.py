@@ -9,6 +9,8 @@ Sim shapes are kept small: the emulator runs every CUDA thread as a fiber.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -302,7 +304,7 @@ def _qwen3_5_norms():
 def test_norm_references_are_transformers():
     """The oracles against the models' own definitions: Qwen3.5's zero-centred RMSNorm, Gemma's
     (1 + weight) norm and Qwen3.5's gated norm (Gated DeltaNet's output norm)."""
-    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    GemmaRMSNorm = pytest.importorskip("transformers.models.gemma.modeling_gemma").GemmaRMSNorm
 
     RMSNorm, RMSNormGated = _qwen3_5_norms()
     gen = make_gen(25)
@@ -452,10 +454,19 @@ ACT_CASES = {
 }
 
 
-def _transformers_act(name):
-    from transformers.activations import ACT2FN  # the convention's owner (a pinned test dependency)
+# The yardstick of FlashAttention's rule: the formulas as transformers' activations.py modules
+# write them, evaluated in the input precision (here, so that the ABI check's environment, which has
+# no transformers, runs these tests too).
+NAIVE_ACTS = {
+    "gelu_new": lambda x: 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0)))),
+    "gelu_fast": lambda x: 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x))),
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
+}
 
-    return ACT2FN[name]
+
+def _transformers_act(name):
+    # the convention's owner (a pinned test dependency; absent from the ABI check's environment)
+    return pytest.importorskip("transformers.activations").ACT2FN[name]
 
 
 @pytest.mark.parametrize("act", list(PLAIN_ACTS))
@@ -477,15 +488,17 @@ def test_activation(bname, dtype, shape, use_out, act):
 
     out = be.run(run)
     assert out.dtype == dtype and out.shape == x.shape
-    # yardstick: transformers' module in the input precision
-    assert_fa_close(out, PLAIN_ACTS[act](x.cpu()), _transformers_act(act)(x), name=act)
+    assert_fa_close(out, PLAIN_ACTS[act](x.cpu()), NAIVE_ACTS[act](x), name=act)
 
 
 @pytest.mark.parametrize("act", list(PLAIN_ACTS))
 def test_activation_reference_is_transformers(act):
-    """The fp64 oracles against transformers' activations.py modules, in float64."""
+    """The fp64 oracles and the yardsticks against transformers' activations.py modules, in float64
+    and in bfloat16 (bit for bit: the same formula in the same precision)."""
     x = randn((5, 37), torch.float64, "cpu", make_gen(32), scale=4.0)
     assert torch.allclose(PLAIN_ACTS[act](x), _transformers_act(act)(x), rtol=1e-13, atol=1e-15)
+    xb = x.to(torch.bfloat16)
+    assert torch.equal(NAIVE_ACTS[act](xb), _transformers_act(act)(xb))
 
 
 # --------------------------------------------------------------------------------------------

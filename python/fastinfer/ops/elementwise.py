@@ -163,7 +163,9 @@ def activation(x: Tensor, activation: str, out: Optional[Tensor] = None, *, lib=
     * ``"gelu_fast"``: ``x / 2 * (1 + tanh(x * 0.7978845608 * (1 + 0.044715 x^2)))``;
     * ``"quick_gelu"``: ``x * sigmoid(1.702 x)`` (vLLM's ``gelu_quick``).
 
-    Any other name raises. Args:
+    Any other name raises.
+
+    Args:
         x: any shape (strided rows allowed); float16 / bfloat16 (float32 on CPU).
         out: optional preallocated tensor shaped like ``x`` (same dtype/device, strided rows allowed),
             written in place (``activation_out``) and returned.
