@@ -86,13 +86,14 @@ def make_hf_model(kind: str, seed: int = 0, **overrides):
 
 def lazy_checkpoints(tmp_path_factory, cases, make):
     """``name -> (hf_model, path)``, each built on first use: ``make(kind, seed=..., **overrides)`` for
-    ``cases[name] = (kind, overrides)``, written with ``save_pretrained``."""
+    ``cases[name] = (kind, overrides)``, written with ``save_pretrained``. A case's seed is its place
+    in ``cases``, so a checkpoint does not depend on which tests ran first."""
     cache = {}
 
     def get(name):
         if name not in cache:
             kind, over = cases[name]
-            hf = make(kind, seed=len(cache) + 1, **over)
+            hf = make(kind, seed=list(cases).index(name) + 1, **over)
             path = tmp_path_factory.mktemp(name)
             hf.save_pretrained(path)
             cache[name] = (hf, str(path))

@@ -159,22 +159,37 @@ def test_greedy_generation_through_the_runner(ckpts, name):
     assert list(out[0].outputs[0].token_ids) == hf_greedy(hf, ids, NEW_TOKENS)
 
 
+# Prompt seeds of the emulator test, one per architecture: among seeds 6..39 the prompt whose
+# smallest router gap (k-th minus (k+1)-th router logit, any token, any routed layer, transformers
+# in fp32) is largest. A prompt with a nearly tied token may route it differently once rounded to
+# half precision, in any implementation (seed 6 had a gap of 7e-4 on OLMoE, whose flip alone gave
+# a 4.3e-3 logit error in fp16), and that says nothing of the kernels.
+SIM_PROMPT_SEEDS = {"mixtral": 17, "qwen3_moe": 15, "qwen2_moe": 7, "olmoe": 32}
+SIM_MIN_ROUTER_GAP = 0.02
+
+
+def smallest_router_gap(hf, ids) -> float:
+    k = hf.config.num_experts_per_tok
+    with torch.no_grad():
+        router_logits = hf(torch.tensor([ids]), output_router_logits=True).router_logits
+    gaps = [(s[:, k - 1] - s[:, k]).min().item()
+            for s in (r.float().sort(dim=-1, descending=True).values for r in router_logits if r is not None)]
+    return min(gaps)
+
+
 @pytest.mark.sim
 @pytest.mark.parametrize("name", ARCH_CASES)
 @pytest.mark.parametrize("dtype, tol", [(torch.bfloat16, 2e-2), (torch.float16, 3e-3)])
 def test_sim_kernels_end_to_end(ckpts, name, dtype, tol):
     """The whole model on the CUDA kernel sources (simt emulator, ``torch.ops.fastinfer_sim``:
     moe_topk, fused_moe and the attention, norm and GEMM kernels) in half precision: chunked
-    prefill + decode against the fp32 CPU logits, bit-identical across emulator schedule seeds.
-    The bound is ``tol``, or twice the CPU ops' own error in the same precision where that is
-    larger: a token whose top-k experts are nearly tied may route differently once rounded (both
-    Qwen2-MoE (bf16: 4.0e-2 CPU ops, 3.0e-2 transformers) and OLMoE (fp16: 4.3e-3 / 3.8e-3) have
-    such a token in these checkpoints), which no kernel can help."""
+    prefill + decode against the fp32 CPU logits, bit-identical across emulator schedule seeds, on a
+    prompt whose routing is not nearly tied (SIM_PROMPT_SEEDS)."""
     require_sim()
-    _, path = ckpts(name)
-    ids = _prompt(30, seed=6)
+    hf, path = ckpts(name)
+    ids = _prompt(30, seed=SIM_PROMPT_SEEDS[name])
+    assert smallest_router_gap(hf, ids) >= SIM_MIN_ROUTER_GAP, "the prompt has a nearly tied routing"
     ref = prefill_logits(load_model(path, dtype=torch.float32), ids, block_size=BS)
-    tol = max(tol, 2 * rel_err(prefill_logits(load_model(path, dtype=dtype), ids, block_size=BS).float(), ref))
     model = load_model(path, dtype=dtype, ops=fastinfer.ops.backend("fastinfer_sim"))
     blocks = [1, 0]
     results = []
