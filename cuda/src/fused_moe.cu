@@ -68,7 +68,7 @@ WorkspaceLayout workspace_layout(const FusedMoeParams& p) {
   WorkspaceLayout l{};
   l.act = 0;
   l.y = l.act + round_up(static_cast<size_t>(slots * p.intermediate) * 2);
-  l.sorted = l.y + round_up(static_cast<size_t>(slots * p.hidden) * sizeof(float));
+  l.sorted = l.y + round_up(static_cast<size_t>(slots * p.hidden) * 2);
   l.experts = l.sorted + round_up(static_cast<size_t>(sorted) * sizeof(int32_t));
   l.total = l.experts + round_up(static_cast<size_t>(ceil_div(sorted, kMinBlockM)) * sizeof(int32_t));
   l.x_q = l.total + round_up(sizeof(int32_t));
@@ -149,7 +149,7 @@ cudaError_t launch_tier(const FusedMoeParams& p, const WorkspaceLayout& l, cudaS
 
   moe::FusedMoeWorkspace w;
   w.act = base + l.act;
-  w.y = reinterpret_cast<float*>(base + l.y);
+  w.y = base + l.y;
   w.sorted_token_ids = align.sorted_token_ids;
   w.expert_ids = align.expert_ids;
   w.num_tokens_post_padded = align.num_tokens_post_padded;

@@ -275,11 +275,12 @@ void fused_moe_typed(const FusedMoeArgs& args, const T* x, Experts& experts, con
         if (e < 0) continue;
         const float w = topk_weights[s];
         const float* ys = y.data() + row_of_slot[s] * H;
+        // y (+ its bias) rounded to the activation dtype, as the kernel stores it
         if (w2_bias != nullptr) {
           const T* b = w2_bias + e * H;
-          for (int64_t c = 0; c < H; ++c) acc[c] += w * (ys[c] + static_cast<float>(b[c]));
+          for (int64_t c = 0; c < H; ++c) acc[c] += w * static_cast<float>(static_cast<T>(ys[c] + static_cast<float>(b[c])));
         } else {
-          for (int64_t c = 0; c < H; ++c) acc[c] += w * ys[c];
+          for (int64_t c = 0; c < H; ++c) acc[c] += w * static_cast<float>(static_cast<T>(ys[c]));
         }
       }
       for (int64_t c = 0; c < H; ++c) out[t * H + c] = static_cast<T>(acc[c]);

@@ -42,10 +42,9 @@ runs it on, so the same bits), and is the *home* of a contiguous share of the to
    share in its rows and zeros elsewhere: the caller's all-reduce gathers them).
 
 ``fused_moe`` is batch invariant (a row's output depends on that row alone; ``fused_moe_fp8`` too:
-a row's quantisation is its own), and a float32 slot output is exact, so a token's output is bit
-for bit the one-process op's in float32; in
-bfloat16 / float16 each slot output is rounded to that dtype before the sum (``fused_moe``
-returns the activation dtype), an extra rounding of the order of the dtype's epsilon. gloo (CPU)
+a row's quantisation is its own), and a slot output in the activation dtype is what the op itself
+sums (its contract rounds each slot's y to that dtype), so a token's output is bit for bit the
+one-process op's on the CPU, whose sum has no fused multiply-add. gloo (CPU)
 and NCCL both implement ``all_to_all_single`` with uneven splits. Four collectives per layer, the
 sizes read on the host: not capturable in a CUDA graph (decode steps run eagerly,
 :class:`~fastinfer.engine.model_runner.ModelRunner`).

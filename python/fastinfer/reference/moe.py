@@ -9,9 +9,10 @@ optionally renormalised over the selected) or by the softmax over the selected l
 vLLM's tests/kernels/moe/test_moe_align_block_size.py, which also orders an expert's slots
 ascending), with ``-1`` ids skipped.
 
-``fused_moe``: the expert MLPs of each token's slots in fp64, weighted and summed; the one rounding
-of the contract (the activation ``a`` rounded to x's dtype between the two GEMMs) applied, so the
-reference is what an exact implementation of the contract computes.
+``fused_moe``: the expert MLPs of each token's slots in fp64, weighted and summed; the two roundings
+of the contract (the activation ``a`` rounded to x's dtype between the two GEMMs, and each slot's
+``y`` before the weighted sum) applied, so the reference is what an exact implementation of the
+contract computes.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def expert_activation(gate: Tensor, up: Tensor, activation: str = "silu", swiglu
 def fused_moe(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor, activation: str = "silu",
               swiglu_alpha: Optional[float] = None, swiglu_limit: Optional[float] = None,
               w13_bias: Optional[Tensor] = None, w2_bias: Optional[Tensor] = None) -> Tensor:
-    """``out [T, H]`` float64; the activation rounded to ``x.dtype`` before the second GEMM."""
+    """``out [T, H]`` float64; the activation rounded to ``x.dtype`` before the second GEMM, and each
+    slot's ``y`` before the weighted sum."""
     T, H = x.shape
     I = w13.shape[1] // 2
     xd, ids, weights = x.double(), topk_ids.long(), topk_weights.double()
@@ -96,6 +98,7 @@ def fused_moe(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids
         y = a.to(x.dtype).double() @ w2[e].double().T
         if w2_bias is not None:
             y = y + w2_bias[e].double()
+        y = y.to(x.dtype).double()
         out.index_add_(0, tokens, weights[tokens, slots, None] * y)
     return out
 
@@ -140,6 +143,7 @@ def fused_moe_fp8(x: Tensor, w13: Tensor, w2: Tensor, w13_scale: Tensor, w2_scal
         y = fp8_fake_quantize(a, group) @ W2[e].T
         if w2_bias is not None:
             y = y + w2_bias[e].double()
+        y = y.to(x.dtype).double()
         out.index_add_(0, tokens, weights[tokens, slots, None] * y)
     return out
 

@@ -44,7 +44,7 @@ enum class MoeGemm { kGateUp, kDown };
 // The launcher's carve-up of the workspace (fused_moe.h).
 struct FusedMoeWorkspace {
   void* act = nullptr;                         // [T k, I] the dtype, by slot
-  float* y = nullptr;                          // [T k, H] fp32, by slot
+  void* y = nullptr;                           // [T k, H] the dtype, by slot
   const void* x_q = nullptr;                   // e4m3 weights: x quantised [T, H] and its scales
   const float* x_scale = nullptr;              //   [T] or [T, H / 128]
   const void* act_q = nullptr;                 //   a quantised [T k, I] and its scales
@@ -97,7 +97,9 @@ __device__ __forceinline__ void load_block_rows(const FusedMoeParams& p, const F
 
 // The end of both grouped GEMMs for the output columns n, n + 1 of a slot: v[half] the pair of each
 // half in fp32 (scaled); + the expert's bias (its gate, then up rows), then kGateUp stores the
-// activation of (gate, up) into a in the dtype, kDown y in fp32.
+// activation of (gate, up) into a, kDown y, both in the dtype (y in fp32 was twice the bytes of
+// the down GEMM's stores and the combine's loads: at Qwen3-30B-A3B shapes and 4096 tokens, FP8
+// experts, the two were 40% of the layer's time in bench/model.py).
 template <typename T, bool kGateUp, int kHalves>
 __device__ __forceinline__ void finish_output_pair(const FusedMoeParams& p, const FusedMoeWorkspace& w,
                                                    const T* bias, int32_t slot, int64_t n, float (&v)[kHalves][2]) {
@@ -114,7 +116,8 @@ __device__ __forceinline__ void finish_output_pair(const FusedMoeParams& p, cons
     *reinterpret_cast<uint32_t*>(act) = mma::pack2<T>(expert_activation(p, v[0][0], v[kHalves - 1][0]),
                                                       expert_activation(p, v[0][1], v[kHalves - 1][1]));
   } else {
-    *reinterpret_cast<float2*>(w.y + static_cast<int64_t>(slot) * p.hidden + n) = make_float2(v[0][0], v[0][1]);
+    T* y = static_cast<T*>(w.y) + static_cast<int64_t>(slot) * p.hidden + n;
+    *reinterpret_cast<uint32_t*>(y) = mma::pack2<T>(v[0][0], v[0][1]);
   }
 }
 
@@ -310,9 +313,9 @@ __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(const Fuse
     const int32_t e = p.topk_ids[s];
     if (e < 0 || e >= p.num_experts) continue;  // moe_align skipped the slot: no y
     const float weight = p.topk_weights[s];
-    const float2 y = *reinterpret_cast<const float2*>(w.y + s * H + c);
-    acc0 += weight * y.x;
-    acc1 += weight * y.y;
+    const T* y = static_cast<const T*>(w.y) + s * H + c;
+    acc0 += weight * to_float(y[0]);
+    acc1 += weight * to_float(y[1]);
   }
   *reinterpret_cast<uint32_t*>(static_cast<T*>(p.out) + token * H + c) = mma::pack2<T>(acc0, acc1);
 }

@@ -8,7 +8,8 @@
 //   h = x[t] @ w13[e]^T (+ w13_bias[e])   [2I] in fp32: the gate half (rows 0..I-1), then up
 //   a = act(gate, up)                      [I] in fp32, then rounded to x's dtype (the input of the
 //                                          second GEMM, as vLLM's intermediate cache)
-//   y = a @ w2[e]^T (+ w2_bias[e])         [H] in fp32
+//   y = a @ w2[e]^T (+ w2_bias[e])         [H] in fp32, then rounded to x's dtype (stored by slot
+//                                          for the sum, as vLLM's third intermediate cache)
 //   out[t] = sum over j = 0..k-1, in that order, of topk_weights[t, j] * y, in fp32, rounded once
 //            to x's dtype.
 // Every product accumulates in fp32 in an order fixed by H or I alone, so a token's output does not
