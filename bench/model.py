@@ -684,7 +684,7 @@ def _moe_ideal(t, H, I, ids):
 def case_fused_moe(t, model):
     """fused_moe (alignment, the two grouped GEMMs, the combine) against the roofline of the experts
     the batch uses: their weights read once at small T, 2 x T x k x 3 H I FLOPs at large T. Its
-    workspace traffic (a written and read, [T k, I] bf16; y written and read, [T k, H] fp32) is not
+    workspace traffic (a written and read, [T k, I] bf16; y written and read, [T k, H] bf16) is not
     in the ideal: it is added to the GEMM and combine launches."""
     H, I, E, k = MOE_MODELS[model]
     slots = t * k
@@ -700,8 +700,8 @@ def case_fused_moe(t, model):
     def workspace(kname, rec):
         if "moe_gemm_kernel" in kname:
             gate_up = "MoeGemm)0" in kname
-            return slots * I * 2 if gate_up else slots * I * 2 + slots * H * 4
-        return slots * H * 4 if "moe_combine_kernel" in kname else 0
+            return slots * I * 2 if gate_up else slots * I * 2 + slots * H * 2
+        return slots * H * 2 if "moe_combine_kernel" in kname else 0
 
     return Case("fused_moe", f"{model} T={t} H={H} I={I} E={E} k={k}", build,
                 sample=max(1, math.ceil(2.0 * slots * 3 * H * I / 1.2e9)), reuse=True, extra=workspace,
@@ -728,12 +728,17 @@ def case_fused_moe_fp8(t, model, blockwise):
         return dict(fn=lambda: ns().fused_moe_fp8(x, w13, w2, s13, s2, weights, ids, "silu", None, None, None, None),
                     ideal=ideal, flops=2.0 * slots * 3 * H * I, peak="fp8", note=f"experts used {used} of {E}")
 
+    quantize_launches = []
+
     def workspace(kname, rec):
-        if "moe_gemm_kernel" in kname:  # a written (bf16) and its e4m3 copy read; y written
-            return slots * I * 2 if "MoeGemm)0" in kname else slots * I + slots * H * 4
+        if "moe_gemm_kernel" in kname:  # a written (bf16) and its e4m3 copy read; y written (bf16)
+            return slots * I * 2 if "MoeGemm)0" in kname else slots * I + slots * H * 2
         if "moe_combine_kernel" in kname:
-            return slots * H * 4
-        return slots * I * 3 if "quantize" in kname else 0  # x's copy is small next to a's
+            return slots * H * 2
+        if "quantize" in kname:  # x, then a: their e4m3 copies written and read, a (bf16) read
+            quantize_launches.append(kname)
+            return t * H * 2 if len(quantize_launches) == 1 else slots * I * 3
+        return 0
 
     return Case("fused_moe_fp8", f"{model} T={t} H={H} I={I} E={E} k={k} {'blockwise' if blockwise else 'channel'}",
                 build, sample=max(1, math.ceil(2.0 * slots * 3 * H * I / 2.4e9)), reuse=True, extra=workspace,
@@ -762,8 +767,8 @@ def case_fused_moe_int4(t, model, group_size=128):
 
     def workspace(kname, rec):
         if "moe_int4_gemm_kernel" in kname:
-            return slots * I * 2 if "MoeGemm)0" in kname else slots * I * 2 + slots * H * 4
-        return slots * H * 4 if "moe_combine_kernel" in kname else 0
+            return slots * I * 2 if "MoeGemm)0" in kname else slots * I * 2 + slots * H * 2
+        return slots * H * 2 if "moe_combine_kernel" in kname else 0
 
     return Case("fused_moe_int4", f"{model} T={t} H={H} I={I} E={E} k={k} g{group_size}", build,
                 sample=max(1, math.ceil(2.0 * slots * 3 * H * I / 1.2e9)), reuse=True, extra=workspace,
