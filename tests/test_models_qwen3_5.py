@@ -278,3 +278,26 @@ def test_refusals(checkpoint, capsys):
     b.prefill([1, 2, 3], 0, [0])
     with pytest.raises(ValueError, match="state slots"):
         model(b.build(), model.allocate_kv_cache(4, BS, num_state_slots=1))
+
+
+def test_multimodal_checkpoint_text_model(tmp_path):
+    """A ``Qwen3_5ForConditionalGeneration`` checkpoint (transformers' own, tiny vision tower) runs its
+    text model: the same logits as transformers' multimodal model on text; a multi-token prediction
+    tensor (``mtp.*``, as the hub checkpoints carry) is skipped as transformers skips it."""
+    from safetensors.torch import load_file, save_file
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = Qwen3_5Config(text_config=dict(_CONFIG), vision_config=dict(
+        depth=1, hidden_size=32, num_heads=2, intermediate_size=32, out_hidden_size=64, num_position_embeddings=16))
+    hf = Qwen3_5ForConditionalGeneration(config).eval()
+    path = str(tmp_path / "vl")
+    hf.save_pretrained(path)
+    tensors = load_file(f"{path}/model.safetensors")
+    tensors["mtp.fc.weight"] = torch.randn(64, 128)
+    save_file(tensors, f"{path}/model.safetensors", metadata={"format": "pt"})
+    assert load_config(path).architecture == "Qwen3_5ForCausalLM"
+    ids = random_prompt(20, VOCAB, seed=9)
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor([ids])).logits[0].float()
+    assert rel_err(_logits(load_model(path, dtype=torch.float32), ids), ref) < REL_TOL
