@@ -99,11 +99,12 @@ class ForwardPlan:
     decodes: List[Tuple[int, int, int]] = field(default_factory=list)  # (seq_id, token, position)
     trees: List[Chunk] = field(default_factory=list)  # speculative verification, every row with logits
     tables: Dict[int, List[int]] = field(default_factory=dict)  # seq_id -> block table
-    state_slots: Dict[int, int] = field(default_factory=dict)  # seq_id -> state slot (hybrid models)
     want_hidden: object = False  # rank 0 also wants the final hidden states: of the logits rows, or "all" rows
     hidden_layers: Tuple[int, ...] = ()  # instead of the final ones: these layers' inputs, concatenated (EAGLE-3)
     moves: Tuple[List[int], List[int]] = ((), ())  # target KV slot moves (src, dst), applied first
     finished: List[int] = field(default_factory=list)  # seq ids no later plan mentions
+    # seq_id -> state slot (hybrid models: one process, never sent to tensor-parallel workers)
+    state_slots: Dict[int, int] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
