@@ -211,6 +211,30 @@ def test_state_slots_few_sequences(checkpoint, expected):
     assert _generate(llm, _prompts()[:2]) == expected[:2]
 
 
+def test_greedy_deterministic_from_model_object(checkpoint, expected):
+    """A built model handed to LLM in the deterministic mode (re-loaded from its own checkpoint
+    tensors with the batch-invariant backend): the same tokens, batched or alone."""
+    model = load_model(checkpoint[1], dtype=torch.float32)
+    llm = LLM(model, num_kv_blocks=64, block_size=BS, max_num_seqs=4, deterministic=True)
+    assert llm.model is not model and llm.model.ops.deterministic
+    assert _generate(llm, _prompts()) == expected
+    assert _generate(llm, _prompts()[1:2]) == expected[1:2]
+
+
+def test_random_weights_shapes(checkpoint):
+    from fastinfer.models import random_weights
+
+    config = load_config(checkpoint[1])
+    tensors = random_weights(config, torch.float32, "cpu")
+    assert tensors["model.layers.0.linear_attn.conv1d.weight"].shape == (256, 1, 4)
+    assert torch.all(tensors["model.layers.0.linear_attn.norm.weight"] == 1)  # a plain scale
+    assert torch.all(tensors["model.layers.0.input_layernorm.weight"] == 0)  # zero-centred
+    from fastinfer.layers import TensorDictReader
+
+    model = load_model(TensorDictReader(tensors, "random"), config=config, dtype=torch.float32)
+    assert torch.isfinite(_logits(model, random_prompt(9, VOCAB))).all()
+
+
 def test_state_sizing_reported(checkpoint):
     llm = _llm(checkpoint[1], max_num_seqs=3, kv_cache_bytes=4 << 20)
     sizing = llm.executor.kv_sizing
