@@ -195,3 +195,31 @@ class BlockManager:
         assert len(free) == len(self.free_uncached) + len(self.free_cached)
         for blk in self.blocks:
             assert (blk.ref_count == 0) == (blk.block_id in free), blk.block_id
+
+
+class StateSlots:
+    """The state slots of a hybrid model (its linear-attention layers' per-sequence state, allocated
+    by the executor beside the paged KV): one per running sequence, taken when the scheduler admits
+    it, given back when it finishes or is preempted (a preempted sequence is recomputed from its
+    tokens, so its state is rebuilt from zeros on readmission)."""
+
+    def __init__(self, num_slots: int):
+        if num_slots < 1:
+            raise ValueError(f"a hybrid model needs at least one state slot, got {num_slots}")
+        self.num_slots = num_slots
+        self._free: deque = deque(range(num_slots))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def take(self, seq: Sequence) -> None:
+        if seq.state_slot is None:
+            if not self._free:
+                raise RuntimeError(f"no free state slot for sequence {seq.seq_id} (all {self.num_slots} in use)")
+            seq.state_slot = self._free.popleft()
+
+    def release(self, seq: Sequence) -> None:
+        if seq.state_slot is not None:
+            self._free.append(seq.state_slot)
+            seq.state_slot = None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -75,15 +76,18 @@ def _is_int(x: Any) -> bool:
 
 
 def _option(default: Any, group: str, help: str, *, default_doc: Optional[str] = None, cli: bool = True,
-            choices: Optional[Tuple[str, ...]] = None, parse=None, cli_default_doc: Optional[str] = None):
+            choices: Optional[Tuple[str, ...]] = None, parse=None, cli_default_doc: Optional[str] = None,
+            switch: Optional[bool] = None):
     """An :class:`EngineConfig` field: its default, and in ``metadata`` what documentation and the
     command line need: ``help`` (what it does, its unit), ``group`` (speculative / quantization /
     ...), ``default_doc`` (the default in words when the value alone does not say it), ``cli``
     (whether commands may offer it as a flag), ``choices``, ``parse`` (command-line text -> value)
     and ``cli_default_doc`` (the default of the flag when it is not the option's, e.g. torchrun's
-    world size)."""
+    world size); ``switch``: a bool option whose None default is decided at start-up, on (True) or
+    off (False) usually (its flag switches it the other way)."""
     return field(default=default, metadata=dict(help=help, group=group, default_doc=default_doc, cli=cli,
-                                                 choices=choices, parse=parse, cli_default_doc=cli_default_doc))
+                                                 choices=choices, parse=parse, cli_default_doc=cli_default_doc,
+                                                 switch=switch))
 
 
 def _json_paths(text: str) -> List[List[int]]:
@@ -204,7 +208,10 @@ class EngineConfig:
     max_num_batched_tokens: Optional[int] = _option(
         None, "scheduler", "new tokens per engine step, prefill chunks included (chunked prefill)",
         default_doc="2048 on CPU, 8192 on CUDA")
-    enable_prefix_caching: bool = _option(True, "kv cache", "reuse the KV blocks of identical prompt prefixes")
+    enable_prefix_caching: Optional[bool] = _option(
+        None, "kv cache", "reuse the KV blocks of identical prompt prefixes",
+        default_doc="on, except for hybrid models (Qwen3.5: off, with a notice; asking for it is an error)",
+        switch=True)
     kv_cache_dtype: str = _option(
         "auto", "kv cache", "auto: the KV cache in the model dtype; fp8 (or fp8_e4m3): e4m3 values, K / k_scale and "
         "V / v_scale with each layer's scales from the checkpoint (self_attn.k_scale / v_scale, vLLM and "
@@ -354,6 +361,7 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, "
                              f"got {self.kv_cache_dtype!r}")
         self.speculative = self._speculative()
+        self._hybrid_model_options()
         self.quant_options = QuantOptions.from_any(self.quantization, self.quantization_config)
         tp, ep = self.tensor_parallel_size, self.expert_parallel_size
         if not _is_int(tp) or tp < 1:
@@ -391,6 +399,26 @@ class EngineConfig:
             raise ValueError(f"spec_method={self.speculative.method!r} needs the target's hidden states, which "
                              f"{sizes} does not return yet: use one process (tensor_parallel_size=1, "
                              "expert_parallel_size=1)")
+
+    def _hybrid_model_options(self) -> None:
+        """Resolve ``enable_prefix_caching`` (None: on, except for a hybrid model) and refuse what a
+        hybrid model (linear-attention layers with a per-sequence state) cannot run yet."""
+        model_config = load_config(self.model) if isinstance(self.model, str) else getattr(self.model, "config", None)
+        hybrid = model_config is not None and model_config.is_hybrid
+        if not hybrid:
+            self.enable_prefix_caching = True if self.enable_prefix_caching is None else bool(self.enable_prefix_caching)
+            return
+        arch = model_config.architecture
+        if self.speculative is not None:
+            raise ValueError(f"speculative decoding (spec_method={self.speculative.method!r}) is not supported for "
+                             f"{arch}: its linear-attention state would have to end at the accepted length")
+        if self.enable_prefix_caching:
+            raise ValueError(f"enable_prefix_caching=True is not supported for {arch}: a prefix-cache hit would "
+                             "also need the linear-attention layers' state at that prefix")
+        if self.enable_prefix_caching is None:
+            print(f"fastinfer: prefix caching off: {arch} has linear-attention layers (their state is not cached)",
+                  file=sys.stderr, flush=True)
+        self.enable_prefix_caching = False
 
     def _speculative(self) -> Optional[SpeculativeConfig]:
         """The :class:`SpeculativeConfig` of the ``spec_*`` options (None: no speculation; the

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Deque, Dict, Iterable, List, Optional, Set, Tuple
 
-from .block_manager import BlockManager
+from .block_manager import BlockManager, StateSlots
 from .messages import SeqOutput, SpecWork, StepExecutor, StepInput
 from .params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
@@ -46,9 +46,11 @@ class EngineCore:
         if config.speculative is not None:
             self.proposer = make_proposer(config.speculative, self.block_manager, self.max_model_len,
                                           executor.draft_tree)
+        self.num_state_slots = int(getattr(executor, "num_state_slots", 0))
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len, lookahead=self.proposer.plan if self.proposer else None,
-                                   static_batching=config.static_batching)
+                                   static_batching=config.static_batching,
+                                   state_slots=StateSlots(self.num_state_slots) if self.num_state_slots else None)
         self.requests: Dict[str, Request] = {}
         self.max_batches_in_flight = int(getattr(executor, "max_batches_in_flight", 1))
         self._in_flight: Deque[Tuple[SchedulerOutput, list, object]] = deque()  # (batch, forks, pending)
@@ -85,6 +87,9 @@ class EngineCore:
             return "prompt does not fit in the KV cache"
         if params.n > self.max_num_seqs:
             return f"n={params.n} exceeds max_num_seqs={self.max_num_seqs}"
+        if params.n > 1 and self.num_state_slots:
+            return (f"n={params.n} is not supported for a hybrid model (a fork would need a copy of the "
+                    "linear-attention state)")
         return None
 
     def add_request(self, request_id: str, prompt_ids: List[int], params: SamplingParams) -> Optional[str]:

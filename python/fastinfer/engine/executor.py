@@ -101,6 +101,10 @@ class Executor:
         return int(self.model.config.vocab_size)
 
     @property
+    def num_state_slots(self) -> int:
+        return self.runner.num_state_slots
+
+    @property
     def draft_tree(self) -> Optional[List[Path]]:
         return self.drafter.paths if self.drafter is not None else None
 
@@ -232,6 +236,8 @@ class Executor:
             plan.trees.append(Chunk(d.seq.seq_id, list(d.tokens), start, "all", [start + x for x in d.depths], d.mask))
         for seq in list(sampled) + [d.seq for d in drafts] + [s for s, _ in prefills]:
             plan.tables[seq.seq_id] = list(seq.block_table)
+            if seq.state_slot is not None:
+                plan.state_slots[seq.seq_id] = seq.state_slot
         plan.want_hidden = self.drafter is not None and self.drafter.wants_hidden_states
         if plan.want_hidden:
             plan.hidden_layers = tuple(self.drafter.hidden_layers)

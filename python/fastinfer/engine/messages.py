@@ -107,6 +107,11 @@ class StepExecutor(Protocol):
         """The target's vocabulary size: prompt token ids must be below it."""
 
     @property
+    def num_state_slots(self) -> int:
+        """State slots of a hybrid model's linear-attention layers (one per running sequence); 0:
+        the model keeps no per-sequence state."""
+
+    @property
     def draft_tree(self) -> Optional[Seq[Path]]:
         """The static tree of a draft-heads drafter (Medusa), for the core's proposer; else None."""
 

@@ -103,6 +103,8 @@ class ForwardPlan:
     hidden_layers: Tuple[int, ...] = ()  # instead of the final ones: these layers' inputs, concatenated (EAGLE-3)
     moves: Tuple[List[int], List[int]] = ((), ())  # target KV slot moves (src, dst), applied first
     finished: List[int] = field(default_factory=list)  # seq ids no later plan mentions
+    # seq_id -> state slot (hybrid models: one process, never sent to tensor-parallel workers)
+    state_slots: Dict[int, int] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -142,6 +144,8 @@ class ModelRunner:
         self.num_kv_blocks = 0
         self.max_model_len = min(self.model_max_len, config.max_model_len or self.model_max_len)
         self.decode_graphs: Optional[DecodeGraphs] = None
+        # a hybrid model's linear-attention state: one slot per sequence in flight
+        self.num_state_slots = config.max_num_seqs if self.model.config.is_hybrid else 0
 
     def _load_target(self, c: EngineConfig) -> LlamaForCausalLM:
         dev = c.device
@@ -170,8 +174,12 @@ class ModelRunner:
 
     # ---- KV pool ------------------------------------------------------------------------------
     def kv_pools(self) -> List[MemoryPool]:
-        """What this rank's KV blocks cost (:mod:`.kv_sizing`): the target's K and V over its layers."""
-        return [MemoryPool("target KV", self.model.kv_cache_bytes_per_block(self.block_size, self.kv_cache_dtype))]
+        """What this rank's KV blocks cost (:mod:`.kv_sizing`): the target's K and V over its layers
+        (and a hybrid model's linear-attention state, per sequence)."""
+        pools = [MemoryPool("target KV", self.model.kv_cache_bytes_per_block(self.block_size, self.kv_cache_dtype))]
+        if self.num_state_slots:
+            pools.append(MemoryPool("linear-attention state", bytes_per_seq=self.model.state_bytes_per_seq()))
+        return pools
 
     def local_kv_sizing(self, extra_pools: Sequence[MemoryPool] = ()) -> KVSizing:
         """The KV blocks this rank has room for (``extra_pools``: rank 0's draft pool, indexed by the
@@ -205,11 +213,13 @@ class ModelRunner:
         c = self.config
         self.num_kv_blocks = int(num_blocks)
         self.max_model_len = min(self.max_model_len, self.num_kv_blocks * self.block_size)
-        self.kv_caches = self.model.allocate_kv_cache(self.num_kv_blocks, self.block_size, self.kv_cache_dtype)
+        state = dict(num_state_slots=self.num_state_slots) if self.num_state_slots else {}
+        self.kv_caches = self.model.allocate_kv_cache(self.num_kv_blocks, self.block_size, self.kv_cache_dtype, **state)
         # expert parallelism reads its exchange sizes on the host, which a CUDA graph cannot replay;
         # a pipeline stage's forward is not the whole model's a graph captures
+        # (a hybrid model's decode rows also name state slots, which the graphs do not take: eager)
         if (self.device.type == "cuda" and not c.enforce_eager and self.model_parallel.ep is None
-                and self.stage.num_stages == 1):
+                and self.stage.num_stages == 1 and not self.num_state_slots):
             self.enable_decode_graphs(min(c.max_num_seqs, c.max_cuda_graph_batch_size),
                                       -(-self.max_model_len // self.block_size), True)
 
@@ -248,10 +258,12 @@ class ModelRunner:
         if plan.is_empty:
             return None, None
         b = BatchBuilder(self.block_size, self.device)
+        slots = plan.state_slots
         for c in plan.chunks:
-            b.prefill(c.tokens, c.start, plan.tables[c.seq_id], positions=c.positions, mask=c.mask, logits=c.logits)
+            b.prefill(c.tokens, c.start, plan.tables[c.seq_id], positions=c.positions, mask=c.mask, logits=c.logits,
+                      state_slot=slots.get(c.seq_id))
         for sid, tok, pos in plan.decodes:
-            b.decode(tok, pos, plan.tables[sid])
+            b.decode(tok, pos, plan.tables[sid], state_slot=slots.get(sid))
         for c in plan.trees:
             b.prefill(c.tokens, c.start, plan.tables[c.seq_id], positions=c.positions, mask=c.mask, logits=c.logits)
         g = self.decode_graphs

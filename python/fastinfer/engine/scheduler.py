@@ -4,12 +4,13 @@ Every step gets a budget of ``max_num_batched_tokens`` new tokens:
 
 1. running sequences that decode (one new token each), in FCFS order;
 2. running sequences in the middle of a chunked prefill, FCFS;
-3. waiting sequences, FCFS, admitted while the budget, ``max_num_seqs`` and the free blocks allow
+3. waiting sequences, FCFS, admitted while the budget, ``max_num_seqs``, the free blocks (and a
+   hybrid model's free state slots) allow
    (their prefix-cache hits are taken first, except by a sequence that still needs the logits of
    its prompt positions for prompt logprobs; a prompt longer than the remaining budget is chunked).
 
 When a running sequence needs a block and none is free, the running sequence that arrived last is
-preempted: its blocks are freed, it goes back to the waiting queue, and when readmitted it is
+preempted: its blocks (and a hybrid model's state slot, :class:`~.block_manager.StateSlots`) are freed, it goes back to the waiting queue, and when readmitted it is
 recomputed from its prompt + the tokens generated so far (its full blocks often come back from the
 prefix cache). A sequence may preempt itself if it is the latest arrival.
 
@@ -39,7 +40,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Dict, List, Optional, Tuple
 
-from .block_manager import BlockManager
+from .block_manager import BlockManager, StateSlots
 from .sequence import Sequence, SequenceStatus
 
 
@@ -75,8 +76,9 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, lookahead: Optional[Callable[[Sequence], Optional[SpecPlan]]] = None,
-                 static_batching: bool = False):
+                 static_batching: bool = False, state_slots: Optional[StateSlots] = None):
         self.bm = block_manager
+        self.state_slots = state_slots  # hybrid models: one slot per running sequence
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -108,6 +110,8 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.bm.free(seq)
+        if self.state_slots is not None:
+            self.state_slots.release(seq)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput, scheduled: Dict[int, int]) -> None:
         self.running.remove(seq)
@@ -118,6 +122,8 @@ class Scheduler:
             out.spec = [(s, p) for s, p in out.spec if s is not seq]
             out.admitted = [s for s in out.admitted if s is not seq]
         self.bm.free(seq)
+        if self.state_slots is not None:
+            self.state_slots.release(seq)
         seq.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted.append(seq)
@@ -186,10 +192,13 @@ class Scheduler:
                 hits = self.bm.match_prefix(seq) if not seq.block_table and not seq.needs_prompt_logits else []
                 computed = len(hits) * self.bm.block_size if hits else seq.num_computed_tokens
                 n = min(seq.num_tokens - computed, budget)
-                if not self.bm.can_allocate(seq, computed + n, hits):
+                if not self.bm.can_allocate(seq, computed + n, hits) or (
+                        self.state_slots is not None and self.state_slots.num_free < need_seqs):
                     self._batch_open = not self.static_batching
                     break
                 self.waiting.pop(0)
+                if self.state_slots is not None:
+                    self.state_slots.take(seq)
                 if hits or not seq.block_table:
                     self.bm.allocate_prefix(seq, hits)
                     if seq.num_preemptions == 0:

@@ -45,7 +45,13 @@ EVAL_OPTIONS = ("model", "dtype", "device") + PRECISION_OPTIONS
 def flag_of(name: str) -> str:
     """The flag of option ``name`` (a bool option on by default is switched off: ``--no-...``)."""
     f = _fields()[name]
-    return f"--no-{name.replace('_', '-')}" if f.default is True else f"--{name.replace('_', '-')}"
+    return f"--no-{name.replace('_', '-')}" if _switch(f) is True else f"--{name.replace('_', '-')}"
+
+
+def _switch(f: dataclasses.Field) -> Optional[bool]:
+    """A bool option's usual value (its default, or the ``switch`` of one decided at start-up such
+    as ``enable_prefix_caching``); None for other options."""
+    return f.default if isinstance(f.default, bool) else f.metadata.get("switch")
 
 
 def _fields() -> Dict[str, dataclasses.Field]:
@@ -66,10 +72,10 @@ def add_cli_args(p: argparse.ArgumentParser, names: Sequence[str], help_override
         text = (help_overrides or {}).get(name)
         if text is None:
             default = meta.get("cli_default_doc") or default_text(f)
-            text = meta["help"] + ("" if isinstance(f.default, bool) else f" (default: {default})")
+            text = meta["help"] + ("" if _switch(f) is not None else f" (default: {default})")
         flag = flag_of(name)
-        if isinstance(f.default, bool):
-            action = "store_false" if f.default else "store_true"
+        if _switch(f) is not None:
+            action = "store_false" if _switch(f) else "store_true"
             p.add_argument(flag, dest=name, action=action, default=None, help=text)
             continue
         kind = type(f.default) if f.default is not None and not isinstance(f.default, str) else _cli_type(f)

@@ -44,6 +44,12 @@ class ForwardBatch:
     logits_indices: Tensor  # [N] int64
     # speculative tree verification: bool mask per prefill chunk (see paged_prefill_attention)
     custom_mask: Optional[Tensor] = None
+    # hybrid models (linear-attention layers): per sequence, prefill chunks then decode rows, its state
+    # slot, its rows (int32 cu_seqlens over all T rows) and whether it continues from its slot (a
+    # chunk after the first, every decode row); None when the batch was built without state slots
+    state_slots: Optional[Tensor] = None  # [Bp + Bd] int32
+    state_cu_seqlens: Optional[Tensor] = None  # [Bp + Bd + 1] int32
+    has_initial_state: Optional[Tensor] = None  # [Bp + Bd] bool
 
     @classmethod
     def decode_only(cls, input_ids: Tensor, positions: Tensor, slot_mapping: Tensor, seq_lens: Tensor,
@@ -113,6 +119,9 @@ class BatchBuilder:
         self._d_slots: List[int] = []
         self._d_tables: List[Sequence[int]] = []
         self._want: List[Tuple[bool, int]] = []  # (is_decode, row within its part)
+        self._p_state: List[Optional[int]] = []  # per chunk: its state slot (hybrid models) or None
+        self._p_continues: List[bool] = []  # per chunk: start > 0
+        self._d_state: List[Optional[int]] = []
 
     def _slot(self, table: Sequence[int], p: int) -> int:
         if p // self.block_size >= len(table):
@@ -121,13 +130,16 @@ class BatchBuilder:
 
     def prefill(self, token_ids: Sequence[int], start: int, block_table: Sequence[int], *,
                 positions: Optional[Sequence[int]] = None, slot_positions: Optional[Sequence[int]] = None,
-                mask: Optional[Tensor] = None, logits: LogitsRows = "last") -> List[int]:
+                mask: Optional[Tensor] = None, logits: LogitsRows = "last",
+                state_slot: Optional[int] = None) -> List[int]:
         """A chunk of new tokens of one sequence.
 
         ``token_ids`` sit at cache positions ``start ..`` (or ``slot_positions``; the chunk's keys
         end at the last one) with rotary ``positions`` (default: the cache positions; tree nodes
         use ``start + depth``). ``mask``: ``[q, q]`` bool tree mask (default causal). ``logits``:
-        "last", "all", "none" or the chunk-local rows that get logits.
+        "last", "all", "none" or the chunk-local rows that get logits. ``state_slot``: the
+        sequence's linear-attention state slot (hybrid models; a chunk at ``start`` 0 starts from
+        zeros, a later one continues from the slot).
         """
         toks = list(token_ids)
         q = len(toks)
@@ -146,6 +158,8 @@ class BatchBuilder:
         self._p_tables.append(block_table)
         self._masks.append(mask)
         self._max_q = max(self._max_q, q)
+        self._p_state.append(None if state_slot is None else int(state_slot))
+        self._p_continues.append(int(start) > 0)
         if isinstance(logits, str):
             if logits not in ("last", "all", "none"):
                 raise ValueError(f"logits must be 'last', 'all', 'none' or a list of rows, got {logits!r}")
@@ -158,8 +172,11 @@ class BatchBuilder:
             self._want.append((False, base + int(r)))
         return out
 
-    def decode(self, token_id: int, position: int, block_table: Sequence[int]) -> int:
-        """One new token at ``position`` (the sequence then holds ``position + 1`` tokens)."""
+    def decode(self, token_id: int, position: int, block_table: Sequence[int],
+               state_slot: Optional[int] = None) -> int:
+        """One new token at ``position`` (the sequence then holds ``position + 1`` tokens);
+        ``state_slot`` as in :meth:`prefill` (a decode row always continues from it)."""
+        self._d_state.append(None if state_slot is None else int(state_slot))
         self._d_ids.append(int(token_id))
         self._d_pos.append(int(position))
         self._d_slots.append(self._slot(block_table, position))
@@ -191,6 +208,7 @@ class BatchBuilder:
                 for m, q in zip(self._masks, lens)]).to(dev)
         ints = host_to_device([self._p_ids + self._d_ids, self._p_pos + self._d_pos, self._p_slots + self._d_slots],
                               torch.int64, dev)
+        state = self._state_tensors()
         return ForwardBatch(
             input_ids=ints[0], positions=ints[1], slot_mapping=ints[2],
             num_prefill_tokens=P,
@@ -202,4 +220,19 @@ class BatchBuilder:
             decode_block_table=_table_tensor(self._d_tables, dev) if has_d else None,
             logits_indices=host_to_device([r + P if d else r for d, r in self._want], torch.int64, dev),
             custom_mask=custom_mask,
+            **state,
         )
+
+    def _state_tensors(self) -> dict:
+        """The state-slot fields of the batch: every row given a slot, or none."""
+        slots = self._p_state + self._d_state
+        given = [s is not None for s in slots]
+        if not any(given):
+            return {}
+        if not all(given):
+            raise ValueError("state_slot given for some sequences of the batch but not all")
+        dev = self.device
+        cu = list(self._cu) + [len(self._p_ids) + i + 1 for i in range(len(self._d_ids))]
+        return dict(state_slots=host_to_device(slots, torch.int32, dev),
+                    state_cu_seqlens=host_to_device(cu, torch.int32, dev),
+                    has_initial_state=host_to_device(self._p_continues + [True] * len(self._d_ids), torch.bool, dev))

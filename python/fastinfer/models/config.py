@@ -22,7 +22,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-__all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "SUPPORTED_ROPE_TYPES", "GEMMA_ARCHITECTURES", "MOE_ARCHITECTURES"]
+__all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "SUPPORTED_ROPE_TYPES", "GEMMA_ARCHITECTURES", "MOE_ARCHITECTURES",
+           "HYBRID_ARCHITECTURES"]
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
@@ -94,6 +95,27 @@ _ARCH_DEFAULTS: Dict[str, Dict[str, Any]] = {
         "use_sliding_window": False,
         "sliding_window": 4096,
         "max_window_layers": 28,
+    },
+    "Qwen3_5ForCausalLM": {
+        "model_type": "qwen3_5_text",
+        "vocab_size": 248320,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "max_position_embeddings": 32768,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "attention_bias": False,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "full_attention_interval": 4,
+        "partial_rotary_factor": 0.25,
     },
     "Gemma2ForCausalLM": {
         "model_type": "gemma2",
@@ -210,17 +232,24 @@ _ARCH_DEFAULTS: Dict[str, Dict[str, Any]] = {
 _ARCH_DEFAULTS["MixtralForCausalLM"] = dict(
     _ARCH_DEFAULTS["MistralForCausalLM"], model_type="mixtral", rms_norm_eps=1e-5, rope_theta=1_000_000.0,
     sliding_window=None, num_local_experts=8, num_experts_per_tok=2)
+# the hybrid decoder (fastinfer.models.qwen3_5): Gated DeltaNet layers with a per-sequence state beside
+# gated full-attention layers
+HYBRID_ARCHITECTURES = ("Qwen3_5ForCausalLM",)
 # architectures whose attention RMS-normalises every q and k head (weights [head_dim]) before RoPE
-_QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM")
+_QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Qwen3_5ForCausalLM")
 # the Gemma decoder (fastinfer.models.gemma): sandwich norms, (1 + weight) RMSNorm, GeGLU, scaled embeddings
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # the mixture-of-experts decoder (fastinfer.models.moe): the Llama-family layer with a routed-experts MLP
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM")
+# the hybrid decoder (fastinfer.models.qwen3_5): Gated DeltaNet layers with a per-sequence state beside
+# gated full-attention layers
+HYBRID_ARCHITECTURES = ("Qwen3_5ForCausalLM",)
 # architectures whose attention RMS-normalises q and k over their whole projections (all heads together;
 # weights [Hq * D] and [Hkv * D]) before RoPE
 _QK_PROJECTION_NORM_ARCHITECTURES = ("OlmoeForCausalLM",)
 # a multimodal checkpoint whose text model runs as the architecture named here (its text_config)
-_TEXT_MODEL_OF = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
+_TEXT_MODEL_OF = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
+                  "Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM"}
 SUPPORTED_ARCHITECTURES = tuple(_ARCH_DEFAULTS) + tuple(_TEXT_MODEL_OF)
 
 _DTYPES = {
@@ -319,6 +348,13 @@ class ModelConfig:
     moe_renormalize: bool = False  # the top-k routing weights divided by their sum
     shared_expert_intermediate_size: int = 0  # 0: no shared expert
     dense_mlp_layers: List[int] = field(default_factory=list)  # layers of an MoE model with a dense MLP
+    partial_rotary_factor: float = 1.0  # the leading fraction of each head that RoPE rotates
+    attn_output_gate: bool = False  # attention output * sigmoid(gate), the gate from q_proj (Qwen3.5)
+    linear_num_key_heads: int = 0  # Gated DeltaNet layers (0: none)
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
     torch_dtype: Optional[torch.dtype] = None  # the checkpoint's dtype ("dtype" / "torch_dtype")
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)  # the config.json dict as read
 
@@ -337,7 +373,20 @@ class ModelConfig:
 
     @property
     def rotary_dim(self) -> int:
-        return self.head_dim
+        """The leading dims of each head RoPE rotates: ``int(head_dim * partial_rotary_factor)``."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether some layers are Gated DeltaNet (``layer_types`` ``"linear_attention"``): each
+        sequence then needs a state slot beside its KV blocks."""
+        return "linear_attention" in self.layer_types
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of a Gated DeltaNet layer's short convolution (q, k and v together)."""
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + \
+            self.linear_num_value_heads * self.linear_value_head_dim
 
     @property
     def attention_scale(self) -> float:
@@ -480,7 +529,7 @@ class ModelConfig:
         elif arch == "LlamaForCausalLM":
             qkv_bias = o_bias = bool(get("attention_bias"))
             mlp_bias = bool(get("mlp_bias"))
-        elif arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM") or gemma:
+        elif arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "Qwen3_5ForCausalLM") or gemma:
             qkv_bias = o_bias = bool(get("attention_bias"))
             mlp_bias = False
         else:
@@ -516,6 +565,8 @@ class ModelConfig:
                 layer_types = ["sliding_attention"] * num_layers
         elif arch == "Qwen2MoeForCausalLM":
             layer_types, sliding_window = _qwen2_moe_layer_types(d, num_layers, get, get_int)
+        elif arch in HYBRID_ARCHITECTURES:
+            layer_types = _hybrid_layer_types(d, num_layers, get_int("full_attention_interval"))
         elif gemma:
             layer_types = _gemma_layer_types(d, arch, num_layers, get("sliding_window_pattern"))
             if "sliding_attention" in layer_types:
@@ -532,7 +583,11 @@ class ModelConfig:
             if "sliding_attention" in layer_types and sliding_rope != (rope_theta, rope_scaling):
                 sliding_rope_theta, sliding_rope_scaling = sliding_rope
         else:
-            rope_theta, rope_scaling = _parse_rope(d, max_pos, head_dim, default_theta=float(defaults["rope_theta"]))
+            rope_theta, rope_scaling = _parse_rope(d, max_pos, head_dim, default_theta=float(defaults["rope_theta"]),
+                                                   partial_rotary=arch in HYBRID_ARCHITECTURES)
+        partial_rotary_factor = 1.0
+        if arch in HYBRID_ARCHITECTURES:
+            partial_rotary_factor = _partial_rotary_factor(d, head_dim, defaults["partial_rotary_factor"])
 
         # --- Gemma attention scale and soft-capping ----------------------------------------------------
         query_pre_attn_scalar = attn_softcap = final_softcap = None
@@ -547,6 +602,7 @@ class ModelConfig:
                                  "(Gemma 3 has no attention soft-capping; transformers ignores the field)")
 
         moe = _parse_moe(d, arch, num_layers, get, get_int) if arch in MOE_ARCHITECTURES else {}
+        linear = _parse_linear_attention(get_int) if arch in HYBRID_ARCHITECTURES else {}
         clip_qkv = get_positive("clip_qkv", optional=True) if arch == "OlmoeForCausalLM" else None
 
         # --- tokens / dtype --------------------------------------------------------------------------
@@ -596,7 +652,10 @@ class ModelConfig:
             pad_token_id=get("pad_token_id"),
             torch_dtype=torch_dtype,
             raw=d,
+            partial_rotary_factor=partial_rotary_factor,
+            attn_output_gate=arch in HYBRID_ARCHITECTURES,
             **moe,
+            **linear,
         )
 
     @classmethod
@@ -617,6 +676,7 @@ class ModelConfig:
 
 
 _LAYER_TYPES = ("full_attention", "sliding_attention")
+_HYBRID_LAYER_TYPES = ("full_attention", "linear_attention")
 
 
 # the config keys naming the number of experts, per architecture: the field, then the alias its
@@ -736,11 +796,57 @@ def _parse_gemma3_rope(d: Dict[str, Any], max_pos: int, head_dim: int, defaults:
             _parse_rope(d, max_pos, head_dim, params=sliding, default_theta=float(defaults["rope_local_base_freq"])))
 
 
+def _hybrid_layer_types(d: Dict[str, Any], num_layers: int, interval: int) -> List[str]:
+    """``layer_types`` of a hybrid model as transformers' ``Qwen3_5TextConfig`` fills it: the stated
+    list, else every ``full_attention_interval``-th layer full attention, the others linear."""
+    lt = d.get("layer_types")
+    if lt is None:
+        return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)]
+    if not isinstance(lt, list) or len(lt) != num_layers or any(t not in _HYBRID_LAYER_TYPES for t in lt):
+        raise ValueError(f"unsupported layer_types {lt!r} (want {num_layers} of {', '.join(_HYBRID_LAYER_TYPES)})")
+    return list(lt)
+
+
+def _partial_rotary_factor(d: Dict[str, Any], head_dim: int, default: float) -> float:
+    """The rotated fraction of each head (``rope_parameters`` or top level; the transformers default
+    else); ``head_dim * factor`` must be a positive even number of dims."""
+    params = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
+    v = params.get("partial_rotary_factor", d.get("partial_rotary_factor", default))
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+        raise ValueError(f"partial_rotary_factor must be a number in (0, 1], got {v!r}")
+    dim = int(head_dim * v)
+    if dim < 2 or dim % 2:
+        raise ValueError(f"partial_rotary_factor {v} of head_dim {head_dim} rotates {dim} dims (want an even "
+                         "number >= 2)")
+    return float(v)
+
+
+# the Gated DeltaNet sizes the ops take (head dims 64 or 128, a convolution 2 to 4 wide)
+_LINEAR_HEAD_DIMS = (64, 128)
+
+
+def _parse_linear_attention(get_int) -> Dict[str, Any]:
+    """The Gated DeltaNet layers' sizes (``linear_*`` keys), checked against what the ops run."""
+    out = {k: get_int(k) for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                   "linear_value_head_dim", "linear_conv_kernel_dim")}
+    if out["linear_num_value_heads"] % out["linear_num_key_heads"]:
+        raise ValueError(f"linear_num_value_heads ({out['linear_num_value_heads']}) must be a multiple of "
+                         f"linear_num_key_heads ({out['linear_num_key_heads']})")
+    for key in ("linear_key_head_dim", "linear_value_head_dim"):
+        if out[key] not in _LINEAR_HEAD_DIMS:
+            raise ValueError(f"unsupported {key} {out[key]} (the gated_delta_rule op runs 64 or 128)")
+    if not 2 <= out["linear_conv_kernel_dim"] <= 4:
+        raise ValueError(f"unsupported linear_conv_kernel_dim {out['linear_conv_kernel_dim']} (the causal_conv1d "
+                         "op runs widths 2 to 4)")
+    return out
+
+
 def _parse_rope(d: Dict[str, Any], max_pos: int, head_dim: int, params: Optional[Dict[str, Any]] = None,
-                default_theta: float = _COMMON_DEFAULTS["rope_theta"]):
+                default_theta: float = _COMMON_DEFAULTS["rope_theta"], partial_rotary: bool = False):
     """Return ``(rope_theta, rope_scaling)`` from the transformers 4 form (``rope_theta`` +
     ``rope_scaling``) or the transformers 5 form (``rope_parameters``); ``params``: that dict
-    already picked (one layer type's)."""
+    already picked (one layer type's). ``partial_rotary``: a ``partial_rotary_factor`` is allowed
+    (:func:`_partial_rotary_factor` reads it)."""
     if params is None:
         params = d.get("rope_parameters")
         if params is None:
@@ -757,7 +863,7 @@ def _parse_rope(d: Dict[str, Any], max_pos: int, head_dim: int, params: Optional
     if not theta > 1.0:
         raise ValueError(f"rope_theta must be > 1, got {theta}")
     prf = params.get("partial_rotary_factor", d.get("partial_rotary_factor"))
-    if prf is not None and float(prf) != 1.0:
+    if prf is not None and float(prf) != 1.0 and not partial_rotary:
         raise ValueError(f"unsupported partial_rotary_factor {prf!r} (Llama-family models rotate the whole head)")
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:

@@ -1,4 +1,4 @@
-"""Build a model (Llama family, Gemma or mixture of experts, :func:`model_class`) and load a checkpoint into it
+"""Build a model (Llama family, Gemma, mixture of experts or Qwen3.5, :func:`model_class`) and load a checkpoint into it
 (safetensors or GGUF).
 
 * Sources: a checkpoint directory (``model.safetensors`` or an index + shards, memory-mapped: peak
@@ -27,11 +27,12 @@ from ..distributed import SINGLE, ParallelInfo
 from ..distributed.pipeline import WHOLE_MODEL, PipelineStage
 from ..layers import QuantizationConfig, SafetensorsReader, WeightReader
 from ..ops import Backend
-from .config import GEMMA_ARCHITECTURES, MOE_ARCHITECTURES, ModelConfig
+from .config import GEMMA_ARCHITECTURES, HYBRID_ARCHITECTURES, MOE_ARCHITECTURES, ModelConfig
 from .gemma import GemmaForCausalLM
 from .gguf import GGUFWeightReader, find_gguf, gguf_model_config
 from .llama import LlamaForCausalLM
 from .moe import MoeForCausalLM
+from .qwen3_5 import Qwen3_5ForCausalLM
 
 __all__ = ["load_model", "load_config", "checkpoint_reader", "default_dtype", "random_weights", "model_class"]
 
@@ -40,10 +41,12 @@ Tensor = torch.Tensor
 
 def model_class(config: ModelConfig) -> Type[LlamaForCausalLM]:
     """The model class that runs ``config``: :class:`GemmaForCausalLM` for Gemma 2 / 3,
-    :class:`MoeForCausalLM` for Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE, else
-    :class:`LlamaForCausalLM` (all take the same constructor arguments)."""
+    :class:`MoeForCausalLM` for Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE, :class:`Qwen3_5ForCausalLM`
+    for Qwen3.5, else :class:`LlamaForCausalLM` (all take the same constructor arguments)."""
     if config.architecture in GEMMA_ARCHITECTURES:
         return GemmaForCausalLM
+    if config.architecture in HYBRID_ARCHITECTURES:
+        return Qwen3_5ForCausalLM
     return MoeForCausalLM if config.architecture in MOE_ARCHITECTURES else LlamaForCausalLM
 
 
@@ -116,8 +119,9 @@ def random_weights(config: ModelConfig, dtype: torch.dtype, device, seed: int = 
     out: Dict[str, Tensor] = {}
     for name, t in shell.checkpoint_tensors():
         x = torch.empty(t.shape, dtype=dtype, device=device)
-        if "norm" in name:  # a unit scale: Gemma's norms hold weight - 1
-            x.fill_(0.0 if config.architecture in GEMMA_ARCHITECTURES else 1.0)
+        if "norm" in name:  # a unit scale: zero-centred norms (Gemma, Qwen3.5) hold weight - 1
+            zero_centred = config.architecture in GEMMA_ARCHITECTURES + HYBRID_ARCHITECTURES
+            x.fill_(0.0 if zero_centred and "linear_attn.norm" not in name else 1.0)
         else:
             x.normal_(0.0, 0.02, generator=g)
         out[name] = x

@@ -61,7 +61,8 @@ DETERMINISTIC_SPLIT_SIZE = 256
 _DETERMINISTIC_ARGS = {
     **{f: {"fixed_split_size": DETERMINISTIC_SPLIT_SIZE}
        for f in ("prefill_attention", "paged_prefill_attention", "paged_decode_attention")},
-    **{f: {"deterministic": True} for f in ("fp8_scaled_mm", "int8_scaled_mm", "int4_gemm", "fp4_gemm")},
+    **{f: {"deterministic": True} for f in ("fp8_scaled_mm", "int8_scaled_mm", "int4_gemm", "fp4_gemm",
+                                               "gated_delta_rule")},
 }
 
 

@@ -1,0 +1,304 @@
+"""Qwen3.5 (text): a hybrid decoder of Gated DeltaNet (linear attention) layers and gated
+full-attention layers, as transformers' ``Qwen3_5ForCausalLM`` (``model_type`` ``qwen3_5_text``).
+
+``layer_types[i]`` says which mixer layer ``i`` has; the rest of the layer is Llama's (pre-norms,
+residual stream, SwiGLU MLP), every RMSNorm but the gated one zero-centred (``x * (1 + w)``, the 1
+added in float32 by the norm ops, as Gemma's, :class:`~fastinfer.models.gemma.GemmaRMSNorm`)::
+
+    linear_attention (Gated DeltaNet):
+        qkv | z | b | a = x @ [W_qkv; W_z; W_b; W_a]^T        # one GEMM
+        qkv = silu(causal_conv1d(qkv))                         # depthwise, width linear_conv_kernel_dim
+        q, k, v = split(qkv)                                   # [T, Hk, Dk], [T, Hk, Dk], [T, Hv, Dv]
+        g = -exp(A_log) * softplus(a + dt_bias);  beta = sigmoid(b)
+        o = gated_delta_rule(q, k, v, g, beta, l2-normalised q and k, scale Dk ** -0.5)
+        out = (rms_norm(o) * w_norm * silu(z)) @ W_out^T       # gated_rms_norm per value head
+    full_attention:
+        q | gate = q_proj(x) per head;  k, v                   # q_proj is 2 * Hq * D wide
+        q, k = rms_norm(q), rms_norm(k)                        # per head, zero-centred
+        rotary_embedding(q, k)                                 # the first head_dim * partial_rotary_factor dims
+        out = (attention(q, k, v) * sigmoid(gate)) @ W_o^T
+
+The multimodal rotary sections of the checkpoint (``mrope_section``) give every section the same
+position for text, so text positions rotate as plain RoPE.
+
+State: each linear-attention layer keeps, per sequence, the last ``W - 1`` convolution inputs and a
+float32 ``[Hv, Dk, Dv]`` recurrent state. They live in pools of state slots (one slot per running
+sequence, :meth:`Qwen3_5ForCausalLM.allocate_kv_cache` with ``num_state_slots``); the batch names
+each sequence's slot and whether it continues from it (:class:`~fastinfer.layers.ForwardBatch`'s
+``state_slots`` / ``has_initial_state``). A linear layer's entry of ``kv_caches`` is its
+``(conv_states, recurrent_states)``, a full-attention layer's its paged ``(k_cache, v_cache)``.
+
+Not supported (refused): tensor and pipeline parallelism, quantised linears. A
+``Qwen3_5ForConditionalGeneration`` checkpoint runs its text model (vision and multi-token
+prediction tensors skipped).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ..distributed import SINGLE, ParallelInfo
+from ..distributed.pipeline import WHOLE_MODEL, PipelineStage
+from ..layers import (
+    CheckpointModule,
+    ColumnParallelLinear,
+    ForwardBatch,
+    KVCache,
+    PagedAttention,
+    QuantizationConfig,
+    RowParallelLinear,
+    WeightPart,
+    WeightReader,
+    param,
+)
+from ..layers.attention import FP8_KV_CACHE_DTYPE, report_fp8_kv_cache_scales
+from ..ops import Backend
+from .config import HYBRID_ARCHITECTURES, ModelConfig
+from .gemma import GemmaRMSNorm, _TextModelReader
+from .llama import LlamaForCausalLM, init_layer_geometry, packed_parts
+
+__all__ = ["Qwen3_5ForCausalLM", "GatedDeltaNet"]
+
+Tensor = torch.Tensor
+
+# checkpoint tensors transformers' Qwen3_5ForCausalLM skips as well: the multi-token prediction head
+# and (in a multimodal checkpoint) the vision tower
+_SKIPPED_PREFIXES = ("mtp.", "model.visual.", "visual.")
+
+
+class _LinearAttentionParams(CheckpointModule):
+    """A Gated DeltaNet layer's small tensors: the convolution weight (checkpoint ``conv1d.weight``
+    ``[D, 1, W]``, held ``[D, W]``), ``A_log`` and ``dt_bias`` ``[Hv]``, all in the model dtype as
+    transformers holds them."""
+
+    def __init__(self, conv_dim: int, width: int, num_v_heads: int, prefix: str, *, dtype, device):
+        super().__init__()
+        self.prefix = prefix
+        self.conv_weight = param((conv_dim, width), dtype, device)
+        self.A_log = param((num_v_heads,), dtype, device)
+        self.dt_bias = param((num_v_heads,), dtype, device)
+
+    def load_from(self, reader: WeightReader) -> None:
+        with torch.no_grad():
+            D, W = self.conv_weight.shape
+            w = reader.get_float(f"{self.prefix}.conv1d.weight", (D, 1, W))
+            self.conv_weight.copy_(w.reshape(D, W).to(device=self.conv_weight.device, dtype=self.conv_weight.dtype))
+            for name in ("A_log", "dt_bias"):
+                t = getattr(self, name)
+                t.copy_(reader.get_float(f"{self.prefix}.{name}", tuple(t.shape)).to(device=t.device, dtype=t.dtype))
+
+    def checkpoint_tensors(self) -> Iterable[Tuple[str, Tensor]]:
+        D, W = self.conv_weight.shape
+        yield f"{self.prefix}.conv1d.weight", self.conv_weight.detach().reshape(D, 1, W)
+        yield f"{self.prefix}.A_log", self.A_log.detach()
+        yield f"{self.prefix}.dt_bias", self.dt_bias.detach()
+
+
+class _GatedNormWeight(CheckpointModule):
+    """The gated output norm's weight ``[Dv]`` (``linear_attn.norm.weight``; a plain scale, not
+    zero-centred)."""
+
+    def __init__(self, width: int, prefix: str, *, dtype, device):
+        super().__init__()
+        self.prefix = prefix
+        self.weight = param((width,), dtype, device)
+
+    def load_from(self, reader: WeightReader) -> None:
+        with torch.no_grad():
+            w = reader.get_float(self.prefix + ".weight", tuple(self.weight.shape))
+            self.weight.copy_(w.to(device=self.weight.device, dtype=self.weight.dtype))
+
+    def checkpoint_tensors(self) -> Iterable[Tuple[str, Tensor]]:
+        yield self.prefix + ".weight", self.weight.detach()
+
+
+class GatedDeltaNet(nn.Module):
+    """One Gated DeltaNet mixer (see the module docstring); ``forward(x, batch, (conv_states,
+    recurrent_states))`` updates the batch's slots of both pools in place."""
+
+    def __init__(self, c: ModelConfig, prefix: str, lin: dict):
+        super().__init__()
+        self.ops = lin["ops"]
+        self.num_k_heads, self.num_v_heads = c.linear_num_key_heads, c.linear_num_value_heads
+        self.head_k_dim, self.head_v_dim = c.linear_key_head_dim, c.linear_value_head_dim
+        self.key_dim = self.num_k_heads * self.head_k_dim
+        self.value_dim = self.num_v_heads * self.head_v_dim
+        self.conv_dim = c.linear_conv_dim
+        self.eps = c.rms_norm_eps
+        p = f"{prefix}.linear_attn"
+        self.in_proj = ColumnParallelLinear(
+            c.hidden_size, [WeightPart(f"{p}.in_proj_qkv", self.conv_dim), WeightPart(f"{p}.in_proj_z", self.value_dim),
+                            WeightPart(f"{p}.in_proj_b", self.num_v_heads),
+                            WeightPart(f"{p}.in_proj_a", self.num_v_heads)], False, **lin)
+        self.params = _LinearAttentionParams(self.conv_dim, c.linear_conv_kernel_dim, self.num_v_heads, p,
+                                             dtype=lin["dtype"], device=lin["device"])
+        self.norm = _GatedNormWeight(self.head_v_dim, f"{p}.norm", dtype=lin["dtype"], device=lin["device"])
+        self.out_proj = RowParallelLinear(self.value_dim, [WeightPart(f"{p}.out_proj", c.hidden_size)], False, **lin)
+
+    def forward(self, x: Tensor, batch: ForwardBatch, state: KVCache) -> Tensor:
+        if batch.state_slots is None:
+            raise ValueError("a linear-attention layer needs the batch's state slots (BatchBuilder.prefill / "
+                             "decode with state_slot=)")
+        conv_states, recurrent_states = state
+        T, ops = x.shape[0], self.ops
+        proj = self.in_proj(x)
+        cd, vd, hv = self.conv_dim, self.value_dim, self.num_v_heads
+        mixed = ops.causal_conv1d(proj[:, :cd], self.params.conv_weight, None, batch.state_cu_seqlens, conv_states,
+                                  batch.state_slots, batch.has_initial_state, "silu")
+        q = mixed[:, : self.key_dim].view(T, self.num_k_heads, self.head_k_dim)
+        k = mixed[:, self.key_dim: 2 * self.key_dim].view(T, self.num_k_heads, self.head_k_dim)
+        v = mixed[:, 2 * self.key_dim:].view(T, hv, self.head_v_dim)
+        b = proj[:, cd + vd: cd + vd + hv]
+        a = proj[:, cd + vd + hv:]
+        beta = torch.sigmoid(b)  # in the model dtype, as transformers
+        g = -self.params.A_log.float().exp() * nn.functional.softplus(a.float() + self.params.dt_bias.float())
+        o = ops.gated_delta_rule(q, k, v, g.contiguous(), beta.contiguous(), batch.state_cu_seqlens,
+                                 recurrent_states, batch.state_slots, batch.has_initial_state,
+                                 use_qk_l2norm=True)
+        z = proj[:, cd: cd + vd].reshape(T * hv, self.head_v_dim)
+        o = ops.gated_rms_norm(o.view(T * hv, self.head_v_dim), z, self.norm.weight, self.eps)
+        return self.out_proj(o.view(T, vd))
+
+
+class Qwen3_5DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int, *, dtype, device, ops,
+                 quant_config: Optional[QuantizationConfig], tp: ParallelInfo = SINGLE):
+        super().__init__()
+        c = config
+        kv_shard, prefix = init_layer_geometry(self, c, layer_idx, tp, ops)
+        kw = dict(dtype=dtype, device=device, ops=ops)
+        lin = dict(kw, quant_config=quant_config, tp=tp)
+
+        def norm(width: int, name: str) -> GemmaRMSNorm:  # zero-centred, as Gemma's
+            return GemmaRMSNorm(width, c.rms_norm_eps, f"{prefix}.{name}", **kw)
+
+        self.is_linear = c.layer_types[layer_idx] == "linear_attention"
+        self.input_layernorm = norm(c.hidden_size, "input_layernorm")
+        if self.is_linear:
+            self.linear_attn = GatedDeltaNet(c, prefix, lin)
+        else:
+            # q_proj holds each head's query then its output gate: 2 * Hq * D rows
+            self.qkv_proj = ColumnParallelLinear(c.hidden_size,
+                                                 packed_parts(prefix, "qkv_proj", (2 * c.q_size, c.kv_size, c.kv_size)),
+                                                 c.qkv_bias, **lin)
+            self.q_norm = norm(c.head_dim, "self_attn.q_norm")
+            self.k_norm = norm(c.head_dim, "self_attn.k_norm")
+            self.attn = PagedAttention(self.num_heads, self.num_kv_heads, c.head_dim, float(c.head_dim) ** -0.5, -1,
+                                       layer_idx, ops=ops, prefix=f"{prefix}.self_attn", kv_shard=kv_shard,
+                                       device=device)
+            self.o_proj = RowParallelLinear(c.q_size, packed_parts(prefix, "o_proj", (c.hidden_size,)), c.o_bias, **lin)
+        self.post_attention_layernorm = norm(c.hidden_size, "post_attention_layernorm")
+        F = c.intermediate_size
+        self.gate_up_proj = ColumnParallelLinear(c.hidden_size, packed_parts(prefix, "gate_up_proj", (F, F)), False,
+                                                 **lin)
+        self.down_proj = RowParallelLinear(F, packed_parts(prefix, "down_proj", (c.hidden_size,)), False, **lin)
+
+    def gated_attention(self, x: Tensor, batch: ForwardBatch, kv_cache: KVCache, cos_sin_cache: Tensor) -> Tensor:
+        T, D = x.shape[0], self.head_dim
+        qkv = self.qkv_proj(x)
+        qg = qkv[:, : 2 * self.q_size].view(T, self.num_heads, 2 * D)
+        q = self.q_norm(qg[..., :D].contiguous())
+        gate = qg[..., D:].reshape(T, self.q_size)
+        k = self.k_norm(qkv[:, 2 * self.q_size: 2 * self.q_size + self.kv_size].contiguous().view(T, self.num_kv_heads, D))
+        v = qkv[:, 2 * self.q_size + self.kv_size:].view(T, self.num_kv_heads, D)
+        self.ops.rotary_embedding(batch.positions, q, k, cos_sin_cache, True)
+        out = self.attn(q, k, v, kv_cache, batch).reshape(T, self.q_size)
+        return self.o_proj(out * torch.sigmoid(gate))
+
+    def forward(self, x: Tensor, residual: Optional[Tensor], batch: ForwardBatch, cache: KVCache,
+                cos_sin_cache: Tensor) -> Tuple[Tensor, Tensor]:
+        """As :meth:`~fastinfer.models.llama.LlamaDecoderLayer.forward`; ``cache``: this layer's
+        paged KV or its state pools."""
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm.add_norm(x, residual)
+        if self.is_linear:
+            x = self.linear_attn(x, batch, cache)
+        else:
+            x = self.gated_attention(x, batch, cache, cos_sin_cache)
+        x, residual = self.post_attention_layernorm.add_norm(x, residual)
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x))), residual
+
+
+class Qwen3_5ForCausalLM(LlamaForCausalLM):
+    """Qwen3.5 text causal LM (``Qwen3_5ForCausalLM``; arguments as
+    :class:`~fastinfer.models.LlamaForCausalLM`; ``tp`` and ``stage`` must be the whole model and
+    ``quant_config`` None)."""
+
+    decoder_layer = Qwen3_5DecoderLayer
+    norm_class = GemmaRMSNorm
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32, device=None,
+                 max_positions: Optional[int] = None, ops: Optional[Backend] = None,
+                 quant_config: Optional[QuantizationConfig] = None, tp: ParallelInfo = SINGLE,
+                 stage: PipelineStage = WHOLE_MODEL):
+        if config.architecture not in HYBRID_ARCHITECTURES:
+            raise ValueError(f"Qwen3_5ForCausalLM runs {', '.join(HYBRID_ARCHITECTURES)}, not {config.architecture}")
+        if tp.world_size > 1:
+            raise ValueError(f"tensor_parallel_size={tp.world_size} is not supported for {config.architecture} "
+                             "(its linear-attention layers run on one device)")
+        if stage.num_stages > 1:
+            raise ValueError(f"pipeline_parallel_size={stage.num_stages} is not supported for {config.architecture}")
+        if quant_config is not None:
+            raise ValueError(f"quantization is not supported for {config.architecture} (its linear-attention "
+                             "projections run in float)")
+        super().__init__(config, dtype=dtype, device=device, max_positions=max_positions, ops=ops,
+                         quant_config=quant_config, tp=tp, stage=stage)
+
+    @torch.no_grad()
+    def load_weights(self, reader: WeightReader, progress: bool = False) -> "Qwen3_5ForCausalLM":
+        found = [p for p in self.config.text_weights_prefixes if any(n.startswith(p) for n in reader.names())]
+        if found:
+            reader = _TextModelReader(reader, found[0])
+        for name in list(reader.names()):
+            if name.startswith(_SKIPPED_PREFIXES):
+                reader.skip(name)
+        return super().load_weights(reader, progress)
+
+    # ---- caches -----------------------------------------------------------------------------
+    @property
+    def attention_layers(self) -> List[Qwen3_5DecoderLayer]:
+        return [layer for layer in self.layers if not layer.is_linear]
+
+    def kv_cache_bytes_per_block(self, block_size: int, dtype: Optional[torch.dtype] = None) -> int:
+        """Bytes one KV block takes over the full-attention layers (K and V)."""
+        dt = self.dtype if dtype is None else dtype
+        per = block_size * self.num_local_kv_heads * self.config.head_dim
+        return 2 * len(self.attention_layers) * per * torch.empty((), dtype=dt).element_size()
+
+    def state_bytes_per_seq(self) -> int:
+        """Bytes one state slot takes over the linear-attention layers (convolution window in the
+        model dtype, float32 recurrent state)."""
+        c = self.config
+        conv = (c.linear_conv_kernel_dim - 1) * c.linear_conv_dim * torch.empty((), dtype=self.dtype).element_size()
+        rec = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
+        return (len(self.layers) - len(self.attention_layers)) * (conv + rec)
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: Optional[torch.dtype] = None,
+                          device=None, num_state_slots: int = 0) -> List[KVCache]:
+        """Per layer: a full-attention layer's ``(k_cache, v_cache)`` as Llama's, a linear-attention
+        layer's zero ``(conv_states [S, W - 1, conv_dim], recurrent_states [S, Hv, Dk, Dv] float32)``
+        for ``S = num_state_slots`` sequences (at least 1)."""
+        if num_state_slots < 1:
+            raise ValueError(f"num_state_slots must be >= 1 for {self.config.architecture} (one state slot per "
+                             f"sequence in flight), got {num_state_slots}")
+        c = self.config
+        shape = self.kv_cache_shape(num_blocks, block_size)
+        dt = self.dtype if dtype is None else dtype
+        if dt == FP8_KV_CACHE_DTYPE:
+            report_fp8_kv_cache_scales((layer.attn for layer in self.attention_layers), c.architecture)
+        dev = self.device if device is None else device
+        caches: List[KVCache] = []
+        for layer in self.layers:
+            if layer.is_linear:
+                caches.append((torch.zeros((num_state_slots, c.linear_conv_kernel_dim - 1, c.linear_conv_dim),
+                                           dtype=self.dtype, device=dev),
+                               torch.zeros((num_state_slots, c.linear_num_value_heads, c.linear_key_head_dim,
+                                            c.linear_value_head_dim), dtype=torch.float32, device=dev)))
+            else:
+                caches.append((torch.zeros(shape, dtype=dt, device=dev), torch.zeros(shape, dtype=dt, device=dev)))
+        return caches

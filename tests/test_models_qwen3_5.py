@@ -1,0 +1,406 @@
+"""Qwen3.5 (text) parity: fastinfer's hybrid decoder (Gated DeltaNet + gated attention, CPU ops,
+float32) against transformers' ``Qwen3_5ForCausalLM``, and the engine's state-slot cache.
+
+A tiny random checkpoint (4 layers: 3 linear-attention + 1 full-attention, hidden 64, attention
+head_dim 256 with partial rotary 0.25, GQA 2/1, linear heads 1 key / 2 value of 64, convolution 4
+wide, vocabulary 263) written with ``save_pretrained``; weights re-drawn larger than transformers'
+init, zero-centred norm weights around 0. Checks: logits of every prompt position (relative error
+< 1e-5); 32 greedy tokens identical to transformers' ``generate`` through ``LLM`` with several
+prompts of different lengths batched, with chunked prefill (small ``max_num_batched_tokens``) and
+with preemption (a tiny KV pool); each Qwen3.5 detail moves the logits (the tests can fail); the
+state-slot sizing and its report; bfloat16; the refusals (speculative decoding, explicit prefix
+caching, n > 1) and the default prefix caching turned off with a notice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+import fastinfer  # noqa: E402
+from conftest import SIM_SEEDS, raw_bits, require_sim, sim_seed  # noqa: E402
+from fastinfer import LLM, SamplingParams  # noqa: E402
+from fastinfer.engine.block_manager import StateSlots  # noqa: E402
+from fastinfer.layers import BatchBuilder  # noqa: E402
+from fastinfer.models import ModelConfig, Qwen3_5ForCausalLM, load_config, load_model  # noqa: E402
+from model_helpers import random_prompt, rel_err  # noqa: E402
+
+VOCAB = 263
+BS = 16
+REL_TOL = 1e-5
+NEW_TOKENS = 32
+
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
+
+_CONFIG = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=2,
+               num_key_value_heads=1, head_dim=256, linear_key_head_dim=64, linear_value_head_dim=64,
+               linear_num_key_heads=1, linear_num_value_heads=2, linear_conv_kernel_dim=4,
+               max_position_embeddings=512, layer_types=["linear_attention", "linear_attention", "full_attention",
+                                                         "linear_attention"])
+
+
+def _hf_model(seed: int = 0):
+    from transformers import Qwen3_5ForCausalLM as HF, Qwen3_5TextConfig
+
+    torch.manual_seed(seed)
+    hf = HF(Qwen3_5TextConfig(**_CONFIG)).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "linear_attn.norm" in name:  # a plain scale
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+            elif "norm" in name:  # zero-centred: the model scales by 1 + weight
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+            elif name.endswith(("A_log", "dt_bias")):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.15 * torch.randn(p.shape, generator=g))
+    return hf
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    hf = _hf_model()
+    path = str(tmp_path_factory.mktemp("qwen3_5") / "tiny")
+    hf.save_pretrained(path)
+    return hf, path
+
+
+def _logits(model, ids, slot=1, chunks=(None,)):
+    """Logits of every position of ``ids``: one prefill per chunk boundary list (state slot ``slot``)."""
+    caches = model.allocate_kv_cache(8, BS, num_state_slots=3)
+    table = list(range(8))
+    out, start = [], 0
+    for end in list(chunks[1:] if chunks[0] is None else chunks) + [len(ids)]:
+        b = BatchBuilder(BS)
+        b.prefill(ids[start:end], start, table, logits="all", state_slot=slot)
+        out.append(model(b.build(), caches))
+        start = end
+    return torch.cat(out)
+
+
+def _hf_logits(hf, ids):
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].float()
+
+
+def _hf_generate(hf, ids, n=NEW_TOKENS):
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                          max_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def test_config_parse(checkpoint):
+    _, path = checkpoint
+    c = load_config(path)
+    assert c.architecture == "Qwen3_5ForCausalLM" and c.is_hybrid
+    assert c.rotary_dim == 64 and c.attn_output_gate and c.qk_norm
+    assert c.layer_types == _CONFIG["layer_types"]
+    assert c.linear_conv_dim == 2 * 64 + 2 * 64
+    # transformers' default layer pattern: every 4th layer full attention
+    d = dict(ModelConfig.from_pretrained(path).raw)
+    del d["layer_types"]
+    d["num_hidden_layers"] = 8
+    assert ModelConfig.from_dict(d).layer_types == (["linear_attention"] * 3 + ["full_attention"]) * 2
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(linear_key_head_dim=32), "linear_key_head_dim"),
+    (dict(linear_num_key_heads=2, linear_num_value_heads=3), "linear_num_value_heads"),
+    (dict(linear_conv_kernel_dim=5), "linear_conv_kernel_dim"),
+    (dict(layer_types=["linear_attention", "sliding_attention", "full_attention", "linear_attention"]),
+     "layer_types"),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.5}),
+     "partial_rotary_factor"),
+])
+def test_config_refusals(checkpoint, bad, match):
+    d = dict(ModelConfig.from_pretrained(checkpoint[1]).raw, **bad)
+    with pytest.raises(ValueError, match=match):
+        ModelConfig.from_dict(d)
+
+
+def test_logits_match_transformers(checkpoint):
+    hf, path = checkpoint
+    model = load_model(path, dtype=torch.float32)
+    assert isinstance(model, Qwen3_5ForCausalLM)
+    ids = random_prompt(77, VOCAB, seed=3)  # > 64 tokens: the chunked recurrence on both sides
+    ref = _hf_logits(hf, ids)
+    whole = _logits(model, ids)
+    assert rel_err(whole, ref) < REL_TOL
+    # the same prompt in three chunks (the state continues from its slot), in another slot
+    split = _logits(model, ids, slot=2, chunks=(5, 40))
+    assert rel_err(split, ref) < REL_TOL
+
+
+def test_each_detail_is_visible(checkpoint):
+    """Each Qwen3.5 piece changes the logits far beyond the tolerance: the parity test can fail."""
+    hf, path = checkpoint
+    ids = random_prompt(30, VOCAB, seed=5)
+    ref = _hf_logits(hf, ids)
+    base = load_model(path, dtype=torch.float32)
+    assert rel_err(_logits(base, ids), ref) < REL_TOL
+
+    def moved(model):
+        return rel_err(_logits(model, ids), ref)
+
+    m = load_model(path, dtype=torch.float32)
+    m.layers[2].input_layernorm.weight_offset = 0.0  # the zero-centred norm
+    assert moved(m) > 100 * REL_TOL
+    m = load_model(path, dtype=torch.float32, config=dataclasses.replace(base.config, partial_rotary_factor=1.0))
+    assert moved(m) > 100 * REL_TOL
+    m = load_model(path, dtype=torch.float32)
+    with torch.no_grad():
+        m.layers[0].linear_attn.params.A_log.zero_()  # the decay
+    assert moved(m) > 100 * REL_TOL
+    m = load_model(path, dtype=torch.float32)
+    with torch.no_grad():
+        m.layers[1].linear_attn.params.conv_weight[:, :-1] = 0  # only the current token convolved
+    assert moved(m) > 100 * REL_TOL
+
+
+def _llm(path, **kw):
+    kw = dict(dict(dtype="float32", device="cpu", block_size=BS), **kw)
+    if "kv_cache_bytes" not in kw:
+        kw.setdefault("num_kv_blocks", 64)
+    return LLM(path, **kw)
+
+
+def _prompts():
+    return [random_prompt(n, VOCAB, seed=10 + n) for n in (7, 70, 23, 41)]
+
+
+@pytest.fixture(scope="module")
+def expected(checkpoint):
+    hf, _ = checkpoint
+    return [_hf_generate(hf, p) for p in _prompts()]
+
+
+def _generate(llm, prompts):
+    out = llm.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))
+    return [o.outputs[0].token_ids for o in out]
+
+
+def test_greedy_batched_matches_generate(checkpoint, expected):
+    llm = _llm(checkpoint[1], max_num_seqs=4)
+    assert _generate(llm, _prompts()) == expected
+    assert llm.engine_core.scheduler.num_preemptions == 0
+
+
+def test_greedy_chunked_prefill(checkpoint, expected):
+    llm = _llm(checkpoint[1], max_num_seqs=4, max_num_batched_tokens=16)
+    assert _generate(llm, _prompts()) == expected
+
+
+def test_greedy_with_preemption(checkpoint, expected):
+    # 10 blocks of 16 tokens: the four sequences (up to 102 tokens each) cannot all stay
+    llm = _llm(checkpoint[1], max_num_seqs=4, num_kv_blocks=10, max_model_len=128)
+    assert _generate(llm, _prompts()) == expected
+    assert llm.engine_core.scheduler.num_preemptions > 0
+
+
+def test_state_slots_few_sequences(checkpoint, expected):
+    """One state slot per sequence in flight: max_num_seqs=1 runs the prompts one after another."""
+    llm = _llm(checkpoint[1], max_num_seqs=1)
+    assert llm.executor.num_state_slots == 1
+    assert _generate(llm, _prompts()[:2]) == expected[:2]
+
+
+def test_greedy_deterministic_from_model_object(checkpoint, expected):
+    """A built model handed to LLM in the deterministic mode (re-loaded from its own checkpoint
+    tensors with the batch-invariant backend): the same tokens, batched or alone."""
+    model = load_model(checkpoint[1], dtype=torch.float32)
+    llm = LLM(model, num_kv_blocks=64, block_size=BS, max_num_seqs=4, deterministic=True)
+    assert llm.model is not model and llm.model.ops.deterministic
+    assert _generate(llm, _prompts()) == expected
+    assert _generate(llm, _prompts()[1:2]) == expected[1:2]
+
+
+def test_random_weights_shapes(checkpoint):
+    from fastinfer.models import random_weights
+
+    config = load_config(checkpoint[1])
+    tensors = random_weights(config, torch.float32, "cpu")
+    assert tensors["model.layers.0.linear_attn.conv1d.weight"].shape == (256, 1, 4)
+    assert torch.all(tensors["model.layers.0.linear_attn.norm.weight"] == 1)  # a plain scale
+    assert torch.all(tensors["model.layers.0.input_layernorm.weight"] == 0)  # zero-centred
+    from fastinfer.layers import TensorDictReader
+
+    model = load_model(TensorDictReader(tensors, "random"), config=config, dtype=torch.float32)
+    assert torch.isfinite(_logits(model, random_prompt(9, VOCAB))).all()
+
+
+def test_state_sizing_reported(checkpoint):
+    llm = _llm(checkpoint[1], max_num_seqs=3, kv_cache_bytes=4 << 20)
+    sizing = llm.executor.kv_sizing
+    model = llm.executor.model
+    per_seq = 3 * (3 * 256 * 4 + 2 * 64 * 64 * 4)  # 3 linear layers: conv window fp32 + recurrent state
+    assert model.state_bytes_per_seq() == per_seq
+    assert sizing.bytes_per_seq == per_seq
+    # one full-attention layer holds KV: K and V, 16 tokens, 1 head of 256, fp32
+    assert sizing.bytes_per_block == 2 * 16 * 256 * 4
+    assert sizing.num_blocks == ((4 << 20) - 3 * per_seq) // sizing.bytes_per_block
+    assert "linear-attention state" in sizing.report(128)
+    conv, rec = llm.executor.kv_caches[0]
+    assert conv.shape == (3, 3, 256) and rec.shape == (3, 2, 64, 64) and rec.dtype == torch.float32
+
+
+def test_state_slot_allocator():
+    from fastinfer.engine.params import SamplingParams as SP
+    from fastinfer.engine.sequence import Request, Sequence
+
+    req = Request("r", [1, 2], SP())
+    a, b = Sequence(0, req, 0, [1, 2], req.params), Sequence(1, req, 1, [1, 2], req.params)
+    slots = StateSlots(1)
+    slots.take(a)
+    assert a.state_slot == 0 and slots.num_free == 0
+    with pytest.raises(RuntimeError, match="no free state slot"):
+        slots.take(b)
+    slots.release(a)
+    assert a.state_slot is None and slots.num_free == 1
+    slots.take(b)
+    assert b.state_slot == 0
+    with pytest.raises(ValueError, match="at least one state slot"):
+        StateSlots(0)
+
+
+def test_bfloat16(checkpoint):
+    hf, path = checkpoint
+    ids = random_prompt(40, VOCAB, seed=7)
+    ref = _hf_logits(hf, ids)
+    model = load_model(path, dtype=torch.bfloat16)
+    out = _logits(model, ids)
+    assert torch.isfinite(out).all()
+    # a same-precision naive run: transformers in bfloat16
+    hf16 = _hf_model().to(torch.bfloat16)
+    naive = rel_err(_hf_logits(hf16, ids), ref)
+    assert rel_err(out, ref) < max(4 * naive, 2e-2)
+    llm = _llm(path, dtype="bfloat16", max_num_seqs=2)
+    toks = _generate(llm, _prompts()[:2])
+    assert all(len(t) == NEW_TOKENS for t in toks)
+
+
+def test_refusals(checkpoint, capsys):
+    _, path = checkpoint
+    with pytest.raises(ValueError, match="enable_prefix_caching=True is not supported"):
+        _llm(path, enable_prefix_caching=True)
+    with pytest.raises(ValueError, match="speculative decoding .* not supported"):
+        _llm(path, spec_model=path, spec_method="draft")
+    llm = _llm(path, max_num_seqs=2)
+    assert "prefix caching off" in capsys.readouterr().err
+    assert llm.config.enable_prefix_caching is False
+    out = llm.generate([[1, 2, 3]], SamplingParams(n=2, max_tokens=2))[0]  # a rejected request
+    assert "n=2 is not supported for a hybrid model" in out.error
+    assert out.outputs[0].finish_reason == "error"
+    model = load_model(path, dtype=torch.float32)
+    with pytest.raises(ValueError, match="num_state_slots"):
+        model.allocate_kv_cache(4, BS)
+    b = BatchBuilder(BS)
+    b.prefill([1, 2, 3], 0, [0])
+    with pytest.raises(ValueError, match="state slots"):
+        model(b.build(), model.allocate_kv_cache(4, BS, num_state_slots=1))
+
+
+def test_multimodal_checkpoint_text_model(tmp_path):
+    """A ``Qwen3_5ForConditionalGeneration`` checkpoint (transformers' own, tiny vision tower) runs its
+    text model: the same logits as transformers' multimodal model on text; a multi-token prediction
+    tensor (``mtp.*``, as the hub checkpoints carry) is skipped as transformers skips it."""
+    from safetensors.torch import load_file, save_file
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = Qwen3_5Config(text_config=dict(_CONFIG), vision_config=dict(
+        depth=1, hidden_size=32, num_heads=2, intermediate_size=32, out_hidden_size=64, num_position_embeddings=16))
+    hf = Qwen3_5ForConditionalGeneration(config).eval()
+    path = str(tmp_path / "vl")
+    hf.save_pretrained(path)
+    tensors = load_file(f"{path}/model.safetensors")
+    tensors["mtp.fc.weight"] = torch.randn(64, 128)
+    save_file(tensors, f"{path}/model.safetensors", metadata={"format": "pt"})
+    assert load_config(path).architecture == "Qwen3_5ForCausalLM"
+    ids = random_prompt(20, VOCAB, seed=9)
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor([ids])).logits[0].float()
+    assert rel_err(_logits(load_model(path, dtype=torch.float32), ids), ref) < REL_TOL
+
+
+def _chunked_and_decoded(model, ids, other, device="cpu"):
+    """Logits of ``ids`` run as a 13-token chunk, a 16-token chunk batched with the first chunk of
+    ``other`` (another slot), then one decode row of each: the rows of ``ids`` only."""
+    caches = model.allocate_kv_cache(6, BS, num_state_slots=3, device=device)
+    a_table, b_table = [1, 0], [3, 2]
+
+    def run(b):
+        return model(b.build(), caches)
+
+    b = BatchBuilder(BS, device)
+    b.prefill(ids[:13], 0, a_table, logits="all", state_slot=2)
+    first = run(b)
+    b = BatchBuilder(BS, device)
+    b.prefill(ids[13:29], 13, a_table, logits="all", state_slot=2)
+    b.prefill(other, 0, b_table, logits="last", state_slot=0)
+    second = run(b)[:16]
+    b = BatchBuilder(BS, device)
+    b.decode(ids[29], 29, a_table, state_slot=2)
+    b.decode(5, len(other), b_table, state_slot=0)
+    third = run(b)[:1]
+    return torch.cat([first, second, third]).float().cpu()
+
+
+# measured (2026-12-05, CPU): vs fp32, bf16 9.2e-2 (transformers in bf16: 9.1e-2), fp16 6.9e-3
+# (transformers in fp16: 5.0e-2); the emulated kernels vs the CPU ops in the same dtype: bf16 8.0e-3,
+# fp16 1.0e-3
+HALF_TOLERANCES = [(torch.bfloat16, 2e-2), (torch.float16, 3e-3)]
+
+
+def _half_bounds(hf, path, ids, other, dtype):
+    """``(fp32 logits, CPU logits in dtype, 2 x transformers' own error in dtype)``: the
+    same-precision naive run bounds the error against fp32."""
+    ref = _chunked_and_decoded(load_model(path, dtype=torch.float32), ids, other)
+    cpu = _chunked_and_decoded(load_model(path, dtype=dtype), ids, other)
+    hf_half = _hf_model().to(dtype)
+    return ref, cpu, 2 * rel_err(_hf_logits(hf_half, ids), _hf_logits(hf, ids))
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("dtype, tol", HALF_TOLERANCES)
+def test_sim_kernels_end_to_end(checkpoint, dtype, tol):
+    """The CUDA kernel sources (simt emulator: causal_conv1d, gated_delta_rule, gated_rms_norm, the
+    zero-centred norms, partial rotary, paged attention at head_dim 256) in half precision: two
+    chunks and a decode row beside another sequence, against the CPU ops in the same dtype and
+    against fp32 (within twice transformers' own error in that dtype); bit-identical across
+    emulator schedule seeds."""
+    require_sim()
+    hf, path = checkpoint
+    ids, other = random_prompt(30, VOCAB, seed=6), random_prompt(9, VOCAB, seed=8)
+    ref, cpu, bound = _half_bounds(hf, path, ids, other, dtype)
+    assert rel_err(ref, _logits(load_model(path, dtype=torch.float32), ids)) < REL_TOL
+    model = load_model(path, dtype=dtype, ops=fastinfer.ops.backend("fastinfer_sim"))
+    results = []
+    for seed in SIM_SEEDS:
+        with sim_seed(seed):
+            results.append(_chunked_and_decoded(model, ids, other))
+    assert rel_err(results[0], cpu) < tol
+    assert rel_err(results[0], ref) < bound
+    for other_run in results[1:]:
+        assert torch.equal(raw_bits(results[0]), raw_bits(other_run)), "sim result depends on the schedule seed"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype, tol", HALF_TOLERANCES)
+def test_cuda_model_matches_cpu(checkpoint, dtype, tol):
+    """On a GPU: the CUDA kernels end to end (chunks + decode beside another sequence) against the
+    CPU ops in the same dtype and against fp32 (as the emulator test)."""
+    if not fastinfer.cuda_available():
+        pytest.skip("no CUDA device / fastinfer CUDA build")
+    hf, path = checkpoint
+    ids, other = random_prompt(30, VOCAB, seed=6), random_prompt(9, VOCAB, seed=8)
+    ref, cpu, bound = _half_bounds(hf, path, ids, other, dtype)
+    out = _chunked_and_decoded(load_model(path, dtype=dtype, device="cuda"), ids, other, device="cuda")
+    assert rel_err(out, cpu) < tol
+    assert rel_err(out, ref) < bound
