@@ -55,6 +55,7 @@ from ..layers import (
     param,
 )
 from ..layers.attention import FP8_KV_CACHE_DTYPE, report_fp8_kv_cache_scales
+from ..layers.weights import SingleWeightModule
 from ..ops import Backend
 from .config import HYBRID_ARCHITECTURES, ModelConfig
 from .gemma import GemmaRMSNorm, _TextModelReader
@@ -97,7 +98,7 @@ class _LinearAttentionParams(CheckpointModule):
         yield f"{self.prefix}.dt_bias", self.dt_bias.detach()
 
 
-class _GatedNormWeight(CheckpointModule):
+class _GatedNormWeight(SingleWeightModule):
     """The gated output norm's weight ``[Dv]`` (``linear_attn.norm.weight``; a plain scale, not
     zero-centred)."""
 
@@ -105,14 +106,6 @@ class _GatedNormWeight(CheckpointModule):
         super().__init__()
         self.prefix = prefix
         self.weight = param((width,), dtype, device)
-
-    def load_from(self, reader: WeightReader) -> None:
-        with torch.no_grad():
-            w = reader.get_float(self.prefix + ".weight", tuple(self.weight.shape))
-            self.weight.copy_(w.to(device=self.weight.device, dtype=self.weight.dtype))
-
-    def checkpoint_tensors(self) -> Iterable[Tuple[str, Tensor]]:
-        yield self.prefix + ".weight", self.weight.detach()
 
 
 class GatedDeltaNet(nn.Module):
