@@ -179,10 +179,11 @@ def runner_trace(llm: LLM):
 
 def fake_quantize(x: torch.Tensor, mode: str, runner: torch.Tensor, stats: dict) -> torch.Tensor:
     """``x`` quantised to e4m3 and back by ``reference.fp8_quantize`` (per row, "token", or per row and
-    128-group, "group"), in x's dtype; a code at a rounding tie within float32 noise takes the
-    runner's rounding of the same value (``runner``: its input, same rows), counted in ``stats``."""
+    128-group, "group", or 64-group, "act"), in x's dtype; a code at a rounding tie within float32
+    noise takes the runner's rounding of the same value (``runner``: its input, same rows), counted
+    in ``stats``."""
     x2 = x.reshape(-1, x.shape[-1])
-    assert mode == "token" or x2.shape[1] % BLOCK == 0
+    assert mode != "group" or x2.shape[1] % BLOCK == 0
     q, s = _fp8_codes(x2, mode, None)
     q = _snap_ties(q, s, x2, _fp8_codes(runner.reshape(x2.shape), mode, None)[0], stats)
     stats["codes"] = stats.get("codes", 0) + q.numel()
@@ -191,9 +192,10 @@ def fake_quantize(x: torch.Tensor, mode: str, runner: torch.Tensor, stats: dict)
 
 def _fake_quantise_experts(layer_idx: int, experts, mode: str, trace: dict, stats: dict) -> None:
     """Run transformers' own experts forward with both GEMM inputs fake-quantised: its input rows
-    before it (every expert's gate/up GEMM gathers them), and, while it runs,
+    before it (every expert's gate/up GEMM gathers them; ``mode``), and, while it runs,
     ``torch.nn.functional.linear``'s input when it multiplies by a ``down_proj`` (expert ``e``'s
-    rows: its tokens in transformers' order, ``torch.where`` over ``[slot, token]``)."""
+    rows: its tokens in transformers' order, ``torch.where`` over ``[slot, token]``; per 64-group,
+    as fused_moe_fp8 quantises the activation with either weight format)."""
     original = torch.nn.functional.linear
     down = experts.down_proj
     x_run, a_run = trace["moe"][layer_idx]
@@ -204,7 +206,7 @@ def _fake_quantise_experts(layer_idx: int, experts, mode: str, trace: dict, stat
             return original(x, w, b)
         e = (w.data_ptr() - down.data_ptr()) // (down.stride(0) * down.element_size())
         slot, token = torch.where((state["ids"] == e).t())
-        return original(fake_quantize(x, mode, a_run[token, slot], stats), w, b)
+        return original(fake_quantize(x, "act", a_run[token, slot], stats), w, b)
 
     def pre(mod, args):
         hidden, ids, weights = args
@@ -581,9 +583,8 @@ def test_tensor_parallel_shards_of_fp8_experts(blockwise):
     """Two tensor-parallel shards of one fp8 MoE layer (built in this process, their partial sums
     added as the all-reduce does): each holds its rows of gate and up with their scales (blocks) and
     its columns of down with every row's scale, and together they compute the unsharded experts'
-    MLPs with the activation between the GEMMs quantised per rank slice: per row of each slice
-    (per channel; a coarser whole-row scale on one rank) or per 128-group (blockwise: the groups of
-    one rank, the same codes). Oracle: the dequantised checkpoint weights (fp64), inputs
+    MLPs with the activation between the GEMMs quantised per 64-group (a rank's slice holds whole
+    groups: the codes of one rank). Oracle: the dequantised checkpoint weights (fp64), inputs
     fake-quantised by ``reference.fp8_quantize``."""
     from fastinfer.distributed import ParallelInfo
 
@@ -598,7 +599,7 @@ def test_tensor_parallel_shards_of_fp8_experts(blockwise):
         weights, ids = whole.ops.moe_topk(whole.router(x), K_LAYER, True, "softmax")
         out = shards[0](x) + shards[1](x)
         one = whole(x)
-    mode, group = ("group", BLOCK) if blockwise else ("group", local)
+    mode, group = "group", ref.moe.ACT_GROUP
 
     def fq(v, size):
         q, s = ref.fp8_quantize(v.float().contiguous(), mode, size)
@@ -615,11 +616,7 @@ def test_tensor_parallel_shards_of_fp8_experts(blockwise):
     err, err_one = rel_err(out, want), rel_err(one, want)
     print(f"{'blockwise' if blockwise else 'per channel'}: two shards rel err {err:.2e} against the "
           f"per-slice oracle; one rank {err_one:.2e} against it")
-    assert err < 1e-5
-    if blockwise:
-        assert err_one < 1e-5  # the same codes
-    else:
-        assert err_one > 100 * err  # one rank's whole-row scale rounds otherwise: the oracle can tell
+    assert err < 1e-5 and err_one < 1e-5  # the same codes
 
 
 def test_blockwise_experts_refuse_a_tensor_parallel_cut_inside_a_block():
@@ -645,10 +642,14 @@ GREEDY = dict(max_tokens=8, temperature=0.0, ignore_eos=True)
 
 def test_tp2_equals_one_rank(store, engines, monkeypatch):
     """``tensor_parallel_size=2`` (rank 0 here, one spawned worker; each expert's intermediate
-    dimension split, with its scales): blockwise experts give one rank's logits within 1e-5 and its
-    greedy tokens; per-channel experts differ by the rounding of the activation's rank slices, each
-    with its own scale (test_tensor_parallel_shards_of_fp8_experts: exact against that oracle),
-    less than the whole fp8 model differs from the float one."""
+    dimension split, with its scales): blockwise experts (128 of a's columns per rank: whole
+    groups) give one rank's greedy tokens and its logits within 1e-4 -- not bitwise: the layer
+    before the experts already differs by the all-reduce's fp32 order (1.3e-6 in the MoE input
+    here), and a code at a rounding tie may go the other way (here one such flip moves the logits
+    by 3.9e-5; with a's groups of 32 or 128 none flips, 3e-7); per-channel experts here hold 32 of
+    a's columns per rank, so their groups differ from one rank's 64 and they differ by that
+    rounding (test_tensor_parallel_shards_of_fp8_experts: exact against that oracle), less than the
+    whole fp8 model differs from the float one."""
     from fastinfer import SamplingParams
 
     monkeypatch.setenv("FASTINFER_TP_THREADS", "1")
@@ -661,7 +662,7 @@ def test_tp2_equals_one_rank(store, engines, monkeypatch):
         err = rel_err(b, a)
         print(f"{label}: tensor_parallel_size=2 against one rank: rel err {err:.2e}")
         if blockwise:
-            assert err < 1e-5
+            assert err < 1e-4
             params = SamplingParams(**GREEDY)
             assert [o.outputs[0].token_ids for o in tp.generate([PROMPT], params)] == \
                 [o.outputs[0].token_ids for o in one.generate([PROMPT], params)]

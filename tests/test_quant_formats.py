@@ -110,13 +110,15 @@ def ct_checkpoint(arch: str, groups: dict, ignore, dst: str, calib=PROMPT):
 
 
 def _fp8_codes(x2: torch.Tensor, mode: str, scale):
-    """The fp64 oracle's e4m3 codes of ``x2 [M, K]`` and the scale broadcast to them (groups of 128
-    zero-padded at the end of a row, as the runner does)."""
+    """The fp64 oracle's e4m3 codes of ``x2 [M, K]`` and the scale broadcast to them (groups of 128,
+    or of 64 for ``mode`` "act" (fused_moe_fp8's activations), zero-padded at the end of a row, as
+    the runner does)."""
     m, k = x2.shape
-    if mode == "group":
-        kp = -(-k // 128) * 128
-        q, s = ref.fp8_quantize(torch.nn.functional.pad(x2, (0, kp - k)), "group", 128)
-        return q[:, :k], s.repeat_interleave(128, dim=1)[:, :k]
+    if mode in ("group", "act"):
+        size = 128 if mode == "group" else 64
+        kp = -(-k // size) * size
+        q, s = ref.fp8_quantize(torch.nn.functional.pad(x2, (0, kp - k)), "group", size)
+        return q[:, :k], s.repeat_interleave(size, dim=1)[:, :k]
     q, s = ref.fp8_quantize(x2, "tensor" if mode == "static" else mode, scale=scale)
     return q, (s[:, None] if mode == "token" else s.reshape(1, 1)).expand(m, k)
 

@@ -1,5 +1,6 @@
 // fused_moe launcher: moe_align, then the two grouped GEMMs and the combine (moe/fused_moe.cuh);
-// with e4m3 weights x and a are quantised first (gemm/fp8_quantize.cuh's launcher). Three tile tiers
+// with e4m3 weights x is quantised first (gemm/fp8_quantize.cuh's launcher), and a by the gate/up
+// epilogue where its tile is one group of a (the medium tier), else by that launcher too. Three tile tiers
 // by the average rows per expert, T k / E, x {fp16, bf16} x {float, e4m3 per channel, e4m3
 // blockwise, int4} weights (e4m3 and int4 without the 128-row tier: e4m3 needs more than 255
 // registers there, per channel as blockwise with its partial accumulators, and would spill; int4's
@@ -27,7 +28,9 @@ size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 //  - small (decode; at most ~16 rows per expert): 16-row blocks; gate/up 32 columns (64 weight
 //    rows) and down 32 columns on 2 warps, deep rings (6 and 8 stages, 60 and 48 KiB) so that the
 //    weight stream has bytes in flight;
-//  - medium (up to ~64 rows per expert): 64-row blocks, 8 warps, 4 stages (96 KiB);
+//  - medium (up to ~64 rows per expert): 64-row blocks, 8 warps, 4 stages (96 KiB); the gate/up
+//    warps stacked 4 x 2, so that each warp's 16 rows are padding (skipped) or not, which at
+//    Qwen3-30B-A3B shapes and 4096 tokens (256 rows an expert) saves a fifth of its mmas;
 //  - large: 128-row blocks, 8 warps, 3 stages (96 KiB), where those blocks still fill the SMs.
 // The gate/up tiles cover half the columns of the down tiles: each column costs two weight rows.
 struct TierSmall {
@@ -37,7 +40,7 @@ struct TierSmall {
 };
 struct TierMedium {
   static constexpr int kBlockM = 64;
-  using GateUp = MoeGemmConfig<64, 64, 2, 4, 4, MoeGemm::kGateUp>;
+  using GateUp = MoeGemmConfig<64, 64, 4, 2, 4, MoeGemm::kGateUp>;
   using Down = MoeGemmConfig<64, 128, 2, 4, 4, MoeGemm::kDown>;
 };
 struct TierLarge {
@@ -55,9 +58,9 @@ bool is_fp8(const FusedMoeParams& p) {
   return p.weights == MoeWeightFormat::kFp8PerChannel || p.weights == MoeWeightFormat::kFp8Blockwise;
 }
 
-// Scales per row of a quantised GEMM input of `cols` elements.
-int64_t scales_per_row(const FusedMoeParams& p, int64_t cols) {
-  return p.weights == MoeWeightFormat::kFp8Blockwise ? ceil_div(cols, moe::kScaleBlock) : 1;
+// Scales per row of x quantised; a has ceil(I / kActGroup).
+int64_t x_scales_per_row(const FusedMoeParams& p) {
+  return p.weights == MoeWeightFormat::kFp8Blockwise ? ceil_div(p.hidden, moe::kScaleBlock) : 1;
 }
 
 // The workspace is sized for every tier (the longest sorted_token_ids, the most blocks), so that
@@ -74,9 +77,9 @@ WorkspaceLayout workspace_layout(const FusedMoeParams& p) {
   l.x_q = l.total + round_up(sizeof(int32_t));
   const bool fp8 = is_fp8(p);
   l.x_scale = l.x_q + (fp8 ? round_up(static_cast<size_t>(p.num_tokens * p.hidden)) : 0);
-  l.act_q = l.x_scale + (fp8 ? round_up(static_cast<size_t>(p.num_tokens * scales_per_row(p, p.hidden)) * 4) : 0);
+  l.act_q = l.x_scale + (fp8 ? round_up(static_cast<size_t>(p.num_tokens * x_scales_per_row(p)) * 4) : 0);
   l.act_scale = l.act_q + (fp8 ? round_up(static_cast<size_t>(slots * p.intermediate)) : 0);
-  l.bytes = l.act_scale + (fp8 ? round_up(static_cast<size_t>(slots * scales_per_row(p, p.intermediate)) * 4) : 0);
+  l.bytes = l.act_scale + (fp8 ? round_up(static_cast<size_t>(slots * ceil_div(p.intermediate, moe::kActGroup)) * 4) : 0);
   return l;
 }
 
@@ -112,17 +115,17 @@ cudaError_t launch_gemm(const FusedMoeParams& p, const moe::FusedMoeWorkspace& w
   }
 }
 
-// x or a [rows, cols] (the dtype) -> e4m3 and its scales, per row or per row and 128-group.
+// x or a [rows, cols] (the dtype) -> e4m3 and its scales, per row (group 0) or per row and group.
 cudaError_t quantize_input(const FusedMoeParams& p, const void* src, void* dst, float* scale, int64_t rows,
-                           int64_t cols, cudaStream_t stream) {
+                           int64_t cols, int group, cudaStream_t stream) {
   Fp8QuantizeParams q;
   q.x = src;
   q.out = dst;
   q.scale = scale;
   q.rows = rows;
   q.cols = cols;
-  q.group_size = moe::kScaleBlock;
-  q.mode = p.weights == MoeWeightFormat::kFp8Blockwise ? Fp8QuantMode::kGroup : Fp8QuantMode::kToken;
+  q.group_size = group;
+  q.mode = group > 0 ? Fp8QuantMode::kGroup : Fp8QuantMode::kToken;
   q.dtype = p.dtype;
   return launch_fp8_quantize(q, stream);
 }
@@ -144,7 +147,7 @@ cudaError_t launch_tier(const FusedMoeParams& p, const WorkspaceLayout& l, cudaS
   cudaError_t err = launch_moe_align(align, stream);
   if (err == cudaSuccess && kFp8)
     err = quantize_input(p, p.x, base + l.x_q, reinterpret_cast<float*>(base + l.x_scale), p.num_tokens, p.hidden,
-                         stream);
+                         p.weights == MoeWeightFormat::kFp8Blockwise ? moe::kScaleBlock : 0, stream);
   if (err != cudaSuccess) return err;
 
   moe::FusedMoeWorkspace w;
@@ -157,16 +160,15 @@ cudaError_t launch_tier(const FusedMoeParams& p, const WorkspaceLayout& l, cudaS
     w.x_q = base + l.x_q;
     w.x_scale = reinterpret_cast<const float*>(base + l.x_scale);
     w.act_q = base + l.act_q;
-    w.act_scale = reinterpret_cast<const float*>(base + l.act_scale);
+    w.act_scale = reinterpret_cast<float*>(base + l.act_scale);
   }
   // Every used block holds at least one slot: at most `slots` of them.
   const int64_t row_blocks =
       std::min(ceil_div(moe_align_sorted_size(slots, p.num_experts, Tier::kBlockM), Tier::kBlockM), slots);
   err = launch_gemm<typename Tier::GateUp, T, kWeights>(p, w, row_blocks, stream);
   // a of the slots no block holds (ids outside [0, E)) is never written: quantised, never read
-  if (err == cudaSuccess && kFp8)
-    err = quantize_input(p, w.act, base + l.act_q, reinterpret_cast<float*>(base + l.act_scale), slots,
-                         p.intermediate, stream);
+  if (err == cudaSuccess && kFp8 && !moe::gate_up_quantizes_act<typename Tier::GateUp>(kWeights))
+    err = quantize_input(p, w.act, w.act_q, w.act_scale, slots, p.intermediate, moe::kActGroup, stream);
   if (err == cudaSuccess) err = launch_gemm<typename Tier::Down, T, kWeights>(p, w, row_blocks, stream);
   if (err == cudaSuccess)
     err = launch_kernel(moe::moe_combine_kernel<T>,

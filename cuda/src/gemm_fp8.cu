@@ -17,6 +17,14 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+template <typename T, int kLanes>
+cudaError_t launch_group(const Fp8QuantizeParams& p, cudaStream_t stream) {
+  const int64_t blocks = ceil_div(p.rows * group_lanes<kLanes>(p.cols), quant::kQuantThreads);
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  return launch_kernel(fp8_quantize_group_kernel<T, kLanes>, dim3(static_cast<unsigned>(blocks)),
+                       dim3(quant::kQuantThreads), 0, stream, p);
+}
+
 template <typename T>
 cudaError_t launch_quantize(const Fp8QuantizeParams& p, cudaStream_t stream) {
   const int64_t flat_blocks = quant::flat_blocks(p.rows, p.cols);
@@ -26,18 +34,16 @@ cudaError_t launch_quantize(const Fp8QuantizeParams& p, cudaStream_t stream) {
     return launch_kernel(fp8_quantize_given_kernel<T>, dim3(static_cast<unsigned>(flat_blocks)), block, 0, stream, p);
   switch (p.mode) {
     case Fp8QuantMode::kChannel: return cudaErrorInvalidValue;  // given scales only
-    case Fp8QuantMode::kGroup: {
-      const dim3 grid(static_cast<unsigned>(flat_blocks));
+    case Fp8QuantMode::kGroup:
       switch (p.group_size) {
-        case 8: return launch_kernel(fp8_quantize_group_kernel<T, 1>, grid, block, 0, stream, p);
-        case 16: return launch_kernel(fp8_quantize_group_kernel<T, 2>, grid, block, 0, stream, p);
-        case 32: return launch_kernel(fp8_quantize_group_kernel<T, 4>, grid, block, 0, stream, p);
-        case 64: return launch_kernel(fp8_quantize_group_kernel<T, 8>, grid, block, 0, stream, p);
-        case 128: return launch_kernel(fp8_quantize_group_kernel<T, 16>, grid, block, 0, stream, p);
-        case 256: return launch_kernel(fp8_quantize_group_kernel<T, 32>, grid, block, 0, stream, p);
+        case 8: return launch_group<T, 1>(p, stream);
+        case 16: return launch_group<T, 2>(p, stream);
+        case 32: return launch_group<T, 4>(p, stream);
+        case 64: return launch_group<T, 8>(p, stream);
+        case 128: return launch_group<T, 16>(p, stream);
+        case 256: return launch_group<T, 32>(p, stream);
         default: return cudaErrorInvalidValue;
       }
-    }
     case Fp8QuantMode::kToken:
       if (p.rows > 0x7fffffff) return cudaErrorInvalidValue;
       return launch_kernel(quant::quantize_token_kernel<E4m3Format, T>, dim3(static_cast<unsigned>(p.rows)), block, 0,
@@ -116,7 +122,7 @@ cudaError_t launch_fp8_quantize(const Fp8QuantizeParams& p, cudaStream_t stream)
   if (p.rows < 0 || p.cols < 0 || p.cols % 8 != 0) return cudaErrorInvalidValue;
   if (p.x_row_stride != 0 && (p.x_row_stride < p.cols || p.x_row_stride % 8 != 0)) return cudaErrorInvalidValue;
   if (p.mode == Fp8QuantMode::kGroup &&
-      (p.group_size < 8 || p.group_size > 256 || (p.group_size & (p.group_size - 1)) != 0 || p.cols % p.group_size != 0))
+      (p.group_size < 8 || p.group_size > 256 || (p.group_size & (p.group_size - 1)) != 0))
     return cudaErrorInvalidValue;
   if (p.mode == Fp8QuantMode::kChannel && p.given_scale == nullptr) return cudaErrorInvalidValue;
   if (p.rows == 0 || p.cols == 0) {

@@ -196,6 +196,7 @@ inline FusedMoeArgs validate_fused_moe(const char* op, const Tensor& x, const Te
 
 // The scale block of blockwise FP8 checkpoints (DeepSeek-V3, Qwen3-FP8: weight_scale_inv).
 inline constexpr int64_t kMoeFp8Block = 128;
+inline constexpr int64_t kMoeActGroup = 64;  // a's e4m3 groups (moe/fused_moe.h)
 
 // Checks every argument of fused_moe_fp8: e4m3 weights, their scales (both per channel or both
 // blockwise), then as fused_moe. Returns the arguments and whether the scales are blockwise.

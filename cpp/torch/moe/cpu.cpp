@@ -4,8 +4,8 @@
 // a counting sort of the slots, serial (it is integer bookkeeping over T * top_k ids). fused_moe:
 // the slots grouped by expert, two batch-invariant GEMMs per expert (gemm_dense's), then each
 // token's weighted sum in slot order (moe/fused_moe.h). fused_moe_fp8: the same with the GEMM
-// inputs quantised to e4m3 and dequantised back (x and a per row or per 128-group, the rule of
-// gemm/fp8.h) and each expert's weights dequantised to fp32 with its scales. fused_moe_int4: each
+// inputs quantised to e4m3 and dequantised back (x per row or per 128-group, a per 64-group, the
+// rule of gemm/fp8.h) and each expert's weights dequantised to fp32 with its scales. fused_moe_int4: each
 // expert's weights decoded and dequantised as int4_gemm's CPU path does (rounded to x's dtype).
 
 #include <algorithm>
@@ -134,11 +134,12 @@ struct FloatExperts {
   ExpertMatrix gate_up(int64_t e) const { return {static_cast<const char*>(w13) + e * 2 * I * H * bytes(), dtype}; }
   ExpertMatrix down(int64_t e) const { return {static_cast<const char*>(w2) + e * H * I * bytes(), dtype}; }
   void quantize_rows(float*, int64_t, int64_t) const {}
+  void quantize_act_rows(float*, int64_t, int64_t) const {}
 };
 
 // fused_moe_fp8's experts: e4m3 weights dequantised per expert into fp32 buffers (scale per
-// row, or per 128 x 128 block), the GEMM inputs quantised and dequantised per row (per-channel
-// scales) or per 128-group of a row (blockwise).
+// row, or per 128 x 128 block), the GEMM inputs quantised and dequantised: x per row (per-channel
+// scales) or per 128-group of a row (blockwise), a per 64-group of a row.
 struct Fp8Experts {
   const uint8_t *w13, *w2;
   const float *w13_scale, *w2_scale;
@@ -167,18 +168,26 @@ struct Fp8Experts {
     dequantize(w2 + e * H * I, w2_scale + e * scale_stride, H, I, down_buf);
     return {down_buf.data(), kFloat};
   }
-  // rows [n, K] in place: v -> e4m3(v / s) * s, s from the amax of the row or of its 128-group.
+  // x's rows [n, H] in place: v -> e4m3(v / s) * s, s from the amax of the row or of its 128-group.
   void quantize_rows(float* rows, int64_t n, int64_t K) const {
-    const int64_t group = blockwise ? kMoeFp8Block : K;
+    quantize_groups(rows, n, K, blockwise ? kMoeFp8Block : K);
+  }
+  // a's rows [n, I]: per 64-group with either weight format.
+  void quantize_act_rows(float* rows, int64_t n, int64_t I) const { quantize_groups(rows, n, I, kMoeActGroup); }
+  void quantize_groups(float* rows, int64_t n, int64_t K, int64_t group) const {
     const auto& lut = e4m3_table();
     torch::stable::parallel_for(0, n, grain_rows(K), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r)
-        for (int64_t k0 = 0; k0 < K; k0 += group) {
+        for (int64_t k0 = 0; k0 < K; k0 += group) {  // the last group may be shorter
           float* v = rows + r * K + k0;
+          const int64_t len = std::min(group, K - k0);
           float amax = 0.f;
-          for (int64_t k = 0; k < group; ++k) amax = std::max(amax, std::fabs(v[k]));
+          for (int64_t k = 0; k < len; ++k) {  // a NaN makes the scale NaN, as fp8_quantize's
+            const float m = std::fabs(v[k]);
+            amax = (m > amax || m != m) ? m : amax;
+          }
           const float s = scale_from_amax(amax);
-          for (int64_t k = 0; k < group; ++k) v[k] = lut[to_e4m3(v[k], s).x] * s;
+          for (int64_t k = 0; k < len; ++k) v[k] = lut[to_e4m3(v[k], s).x] * s;
         }
     });
   }
@@ -210,6 +219,7 @@ struct Int4Experts {
     return {down_buf.data(), kFloat};
   }
   void quantize_rows(float*, int64_t, int64_t) const {}
+  void quantize_act_rows(float*, int64_t, int64_t) const {}
 };
 
 template <typename T, typename Experts>
@@ -262,7 +272,7 @@ void fused_moe_typed(const FusedMoeArgs& args, const T* x, Experts& experts, con
           a[r * I + i] = static_cast<float>(static_cast<T>(expert_activation(args, gate, up)));
         }
     });
-    experts.quantize_rows(a.data(), rows, I);
+    experts.quantize_act_rows(a.data(), rows, I);
     const ExpertMatrix w2 = experts.down(e);
     batch_invariant_mm_f32_rows(a.data(), rows, w2.data, w2.dtype, H, I, y.data() + row0 * H);
   }

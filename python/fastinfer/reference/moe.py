@@ -103,14 +103,20 @@ def fused_moe(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids
     return out
 
 
+ACT_GROUP = 64  # fused_moe_fp8 quantises each activation row in groups of 64
+
+
 def fp8_fake_quantize(v: Tensor, group: Optional[int] = None) -> Tensor:
     """``v`` (rows) quantised to e4m3 and back, fp64: per row, or per ``group`` consecutive elements
-    of a row; ``s = max(amax, 1e-12) / 448`` and ``e4m3(clamp(v / s))`` in fp32, as fp8_quantize."""
+    of a row (the last one shorter where ``group`` does not divide the row);
+    ``s = max(amax, 1e-12) / 448`` and ``e4m3(clamp(v / s))`` in fp32, as fp8_quantize."""
     rows, K = v.shape
-    g = v.float().reshape(rows, -1, group or K)
-    s = g.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 448.0
-    q = (g / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-    return (q.double() * s.double()).reshape(rows, K)
+    parts = []
+    for g in v.float().split(group or K, dim=1):
+        s = g.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 448.0
+        q = (g / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        parts.append(q.double() * s.double())
+    return torch.cat(parts, dim=1)
 
 
 def _dequantize_experts(w: Tensor, scale: Tensor) -> Tensor:
@@ -125,8 +131,9 @@ def fused_moe_fp8(x: Tensor, w13: Tensor, w2: Tensor, w13_scale: Tensor, w2_scal
                   topk_ids: Tensor, activation: str = "silu", swiglu_alpha: Optional[float] = None,
                   swiglu_limit: Optional[float] = None, w13_bias: Optional[Tensor] = None,
                   w2_bias: Optional[Tensor] = None) -> Tensor:
-    """``out [T, H]`` float64: x and each activation row quantised (per row, or per 128-group with
-    blockwise scales), the dequantised weights, then :func:`fused_moe`'s computation in fp64."""
+    """``out [T, H]`` float64: x quantised per row (per-channel scales) or per 128-group (blockwise),
+    each activation row per 64-group, the dequantised weights, then :func:`fused_moe`'s computation
+    in fp64."""
     T, H = x.shape
     I = w13.shape[1] // 2
     group = 128 if w13_scale.dim() == 3 else None
@@ -140,7 +147,7 @@ def fused_moe_fp8(x: Tensor, w13: Tensor, w2: Tensor, w13_scale: Tensor, w2_scal
         if w13_bias is not None:
             h = h + w13_bias[e].double()
         a = expert_activation(h[:, :I], h[:, I:], activation, swiglu_alpha, swiglu_limit).to(x.dtype)
-        y = fp8_fake_quantize(a, group) @ W2[e].T
+        y = fp8_fake_quantize(a, ACT_GROUP) @ W2[e].T
         if w2_bias is not None:
             y = y + w2_bias[e].double()
         y = y.to(x.dtype).double()

@@ -5,6 +5,8 @@
 //  - per group (kGroup): a flat kernel over 8-element (16-byte) vectors of x; the g / 8 lanes that
 //    hold one group (a power of two <= 32, aligned within the warp) reduce amax with xor shuffles,
 //    then each lane writes its 8 e4m3 bytes and the group's first lane its scale. One read of x.
+//    A row's last group may be shorter (fused_moe's groups of a; the op itself takes whole groups):
+//    its missing lanes are idle.
 //  - decode-sized inputs (M <= 16 rows) launch fewer CTAs than SMs in every mode; they are a few
 //    hundred KB, latency-bound on any grid. Per tensor, bench/model.py's per-launch distinct
 //    sectors are 1.67x the ideal bytes (x read by both passes).
@@ -26,19 +28,21 @@ __device__ __forceinline__ float scale_from_amax(float amax) {
   return (amax != amax ? amax : fmaxf(amax, kMinAmax)) / kE4m3Max;
 }
 
-// e4m3(clamp(x / scale)) of 8 values -> 8 bytes (as a uint2), lower index in the lowest byte. The
-// clamp keeps a NaN (torch.clamp's rule), which the cast writes as e4m3's NaN.
+// e4m3(clamp(x / scale)), the byte. The clamp keeps a NaN (torch.clamp's rule), which the cast
+// writes as e4m3's NaN.
+__device__ __forceinline__ uint32_t quantize1(float v, float scale) {
+  const float x = v / scale;
+  const float q = x != x ? x : fminf(fmaxf(x, -kE4m3Max), kE4m3Max);
+  const __nv_fp8_e4m3 e = from_float<__nv_fp8_e4m3>(q);
+  return *reinterpret_cast<const uint8_t*>(&e);
+}
+
+// quantize1 of 8 values -> 8 bytes (as a uint2), lower index in the lowest byte.
 template <typename T>
 __device__ __forceinline__ uint2 quantize8(const Vec<T, 8>& v, float scale) {
   uint32_t w[2] = {0u, 0u};
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float x = to_float(v[i]) / scale;
-    const float q = x != x ? x : fminf(fmaxf(x, -kE4m3Max), kE4m3Max);
-    const __nv_fp8_e4m3 e = from_float<__nv_fp8_e4m3>(q);
-    const uint32_t byte = *reinterpret_cast<const uint8_t*>(&e);
-    w[i / 4] |= byte << (8 * (i % 4));
-  }
+  for (int i = 0; i < 8; ++i) w[i / 4] |= quantize1(to_float(v[i]), scale) << (8 * (i % 4));
   return make_uint2(w[0], w[1]);
 }
 
@@ -67,12 +71,23 @@ struct E4m3Format {
 };
 
 // ---- per group ---------------------------------------------------------------------------------
-// grid ceil(M * K / 8 / kQuantThreads), block kQuantThreads. kLanes = group_size / 8.
+// grid ceil(M * group_lanes(K) / kQuantThreads), block kQuantThreads. kLanes = group_size / 8; a
+// row has ceil(K / group_size) groups of kLanes lanes (the lanes past K idle).
+template <int kLanes>
+__host__ __device__ __forceinline__ int64_t group_lanes(int64_t cols) {
+  return (cols / 8 + kLanes - 1) / kLanes * kLanes;
+}
+
 template <typename T, int kLanes>
 __global__ void __launch_bounds__(quant::kQuantThreads) fp8_quantize_group_kernel(const Fp8QuantizeParams p) {
-  const int64_t num_vecs = p.rows * p.cols / 8;
-  const int64_t v = static_cast<int64_t>(blockIdx.x) * quant::kQuantThreads + threadIdx.x;
-  const bool valid = v < num_vecs;  // groups never straddle the end (K % group_size == 0)
+  const int64_t vecs_per_row = p.cols / 8, lanes_per_row = group_lanes<kLanes>(p.cols);
+  const int64_t u = static_cast<int64_t>(blockIdx.x) * quant::kQuantThreads + threadIdx.x;
+  // whole groups: the lanes are the vectors (row 0, c flat), without a division
+  const bool whole = lanes_per_row == vecs_per_row;
+  const int64_t row = whole ? 0 : u / lanes_per_row;
+  const int64_t c = whole ? u : u % lanes_per_row;
+  const int64_t v = row * vecs_per_row + c;  // the vector's index in the (contiguous) output
+  const bool valid = (whole || c < vecs_per_row) && v < p.rows * vecs_per_row;
   Vec<T, 8> x;
   float amax = 0.f;
   if (valid) {
@@ -83,7 +98,7 @@ __global__ void __launch_bounds__(quant::kQuantThreads) fp8_quantize_group_kerne
   if (!valid) return;  // after the (full-warp) shuffles
   const float scale = scale_from_amax(amax);
   reinterpret_cast<uint2*>(p.out)[v] = quantize8(x, scale);
-  if (v % kLanes == 0) p.scale[v / kLanes] = scale;
+  if (c % kLanes == 0) p.scale[(row * lanes_per_row + c) / kLanes] = scale;
 }
 
 // ---- given scales per token, channel or group --------------------------------------------------

@@ -11,11 +11,14 @@
 //   moe_combine_kernel: out[t] = sum over j = 0..k-1 in order of topk_weights[t, j] * y[t k + j],
 //     fp32, rounded once.
 //
-// e4m3 weights (fused_moe_fp8): the launcher quantises x, and a between the GEMMs, with
-// fp8_quantize's kernels; the GEMMs read e4m3 A and B rows (a 128-byte k-tile is 128 elements, four
-// mma.m16n8k32 steps: the same ldmatrix fragments as 16-bit data) and apply the scales per channel
-// in the epilogue, or blockwise per k-tile (one 128-wide scale block: partial accumulators, then
-// acc += part * sa * sb, as gemm/fp8_gemm.cuh).
+// e4m3 weights (fused_moe_fp8): the launcher quantises x with fp8_quantize's kernels; a is
+// quantised per 64-column group by the gate/up epilogue where a CTA's columns are one group (the
+// medium tier: one write of a, in e4m3, instead of a in the dtype, a kernel reading it back and a
+// second write), else by fp8_quantize's group kernel between the GEMMs, bitwise alike. The GEMMs
+// read e4m3 A and B rows (a 128-byte k-tile is 128 elements, four mma.m16n8k32 steps: the same
+// ldmatrix fragments as 16-bit data); per channel, the weight scales and x's row scale apply in the
+// epilogue; A's group scales (x blockwise, a always) per group of k (partial accumulators, then
+// acc += part * sa * sb with sb the 128 x 128 weight block's scale, as gemm/fp8_gemm.cuh).
 //
 // Both GEMMs are the dense GEMM's pipeline (common/mma.cuh: 128-byte k-tile rows, the XOR
 // swizzle, a kStages-deep cp.async ring, ldmatrix fragments, mma.m16n8k16) with gathered A rows;
@@ -28,11 +31,13 @@
 // (chosen by the launcher from T k / E), so y[s] depends only on the token's row and its expert;
 // the combine sums a token's slots in slot order. A token's output is bitwise the same alone or in
 // any batch.
+#include "fastinfer/common/math.cuh"
 #include "fastinfer/common/mma.cuh"
 #include "fastinfer/common/platform.cuh"
 #include "fastinfer/common/ptx.cuh"
 #include "fastinfer/common/smem.cuh"
 #include "fastinfer/common/vec.cuh"
+#include "fastinfer/gemm/fp8_quantize.cuh"
 #include "fastinfer/moe/fused_moe.h"
 
 #include <cstdint>
@@ -47,8 +52,8 @@ struct FusedMoeWorkspace {
   void* y = nullptr;                           // [T k, H] the dtype, by slot
   const void* x_q = nullptr;                   // e4m3 weights: x quantised [T, H] and its scales
   const float* x_scale = nullptr;              //   [T] or [T, H / 128]
-  const void* act_q = nullptr;                 //   a quantised [T k, I] and its scales
-  const float* act_scale = nullptr;            //   [T k] or [T k, I / 128]
+  void* act_q = nullptr;                       //   a quantised [T k, I] and its scales
+  float* act_scale = nullptr;                  //   [T k, I / kActGroup]
   const int32_t* sorted_token_ids = nullptr;   // moe_align's layout
   const int32_t* expert_ids = nullptr;
   const int32_t* num_tokens_post_padded = nullptr;
@@ -68,7 +73,16 @@ struct MoeGemmConfig : mma::GemmConfig<kBlockM_, kBlockN_, kWarpsM_, kWarpsN_, k
   static constexpr int kSmemBytes = kStages_ * kStageBytes;
 };
 
-constexpr int kScaleBlock = 128;  // blockwise e4m3 scales: 128 x 128 weight blocks, 128-groups of x / a
+constexpr int kScaleBlock = 128;  // blockwise e4m3 scales: 128 x 128 weight blocks, 128-groups of x
+constexpr int kActGroup = 64;     // a's e4m3 groups, either weight format (fused_moe.h)
+
+// Whether a gate/up configuration quantises a in its epilogue: with e4m3 weights, where a CTA's
+// columns are exactly one group of a (the launcher quantises a for the others).
+template <typename Cfg>
+constexpr bool gate_up_quantizes_act(MoeWeightFormat weights) {
+  return weights != MoeWeightFormat::kFloat && weights != MoeWeightFormat::kInt4 && Cfg::kGemm == MoeGemm::kGateUp &&
+         Cfg::kBlockN == kActGroup;
+}
 
 // The activation of one (gate, up) pair in fp32 (fused_moe.h).
 __device__ __forceinline__ float expert_activation(const FusedMoeParams& p, float gate, float up) {
@@ -81,18 +95,22 @@ __device__ __forceinline__ float expert_activation(const FusedMoeParams& p, floa
 }
 
 // The slot of each row of a row block (-1: padding) and the row of A it reads (the token for the
-// gate/up GEMM, the slot for the down GEMM), into shared memory; ends with __syncthreads.
+// gate/up GEMM, the slot for the down GEMM), into shared memory; returns the number of used rows,
+// after a barrier. moe_align pads each expert's run at its end, so the used rows are a prefix.
 template <int kBlockM, int kThreads, bool kGateUp>
-__device__ __forceinline__ void load_block_rows(const FusedMoeParams& p, const FusedMoeWorkspace& w,
-                                                int64_t block_row0, int32_t* slot_of, int32_t* a_row_of) {
+__device__ __forceinline__ int load_block_rows(const FusedMoeParams& p, const FusedMoeWorkspace& w,
+                                               int64_t block_row0, int32_t* slot_of, int32_t* a_row_of) {
+  static_assert(kBlockM <= kThreads, "a thread per row");
   const int32_t num_slots = static_cast<int32_t>(p.num_tokens * p.top_k);
-  for (int r = threadIdx.x; r < kBlockM; r += kThreads) {
+  const int r = threadIdx.x;
+  bool used = false;
+  if (r < kBlockM) {
     const int32_t s = w.sorted_token_ids[block_row0 + r];
-    const bool used = s < num_slots;
+    used = s < num_slots;
     slot_of[r] = used ? s : -1;
     a_row_of[r] = used ? (kGateUp ? s / p.top_k : s) : -1;
   }
-  __syncthreads();
+  return __syncthreads_count(used);
 }
 
 // The end of both grouped GEMMs for the output columns n, n + 1 of a slot: v[half] the pair of each
@@ -100,10 +118,8 @@ __device__ __forceinline__ void load_block_rows(const FusedMoeParams& p, const F
 // activation of (gate, up) into a, kDown y, both in the dtype (y in fp32 was twice the bytes of
 // the down GEMM's stores and the combine's loads: at Qwen3-30B-A3B shapes and 4096 tokens, FP8
 // experts, the two were 40% of the layer's time in bench/model.py).
-template <typename T, bool kGateUp, int kHalves>
-__device__ __forceinline__ void finish_output_pair(const FusedMoeParams& p, const FusedMoeWorkspace& w,
-                                                   const T* bias, int32_t slot, int64_t n, float (&v)[kHalves][2]) {
-  const int64_t I = p.intermediate;
+template <typename T, int kHalves>
+__device__ __forceinline__ void add_bias_pair(const T* bias, int64_t I, int64_t n, float (&v)[kHalves][2]) {
   if (bias != nullptr) {
 #pragma unroll
     for (int half = 0; half < kHalves; ++half) {
@@ -111,6 +127,13 @@ __device__ __forceinline__ void finish_output_pair(const FusedMoeParams& p, cons
       v[half][1] += to_float(bias[half * I + n + 1]);
     }
   }
+}
+
+template <typename T, bool kGateUp, int kHalves>
+__device__ __forceinline__ void finish_output_pair(const FusedMoeParams& p, const FusedMoeWorkspace& w,
+                                                   const T* bias, int32_t slot, int64_t n, float (&v)[kHalves][2]) {
+  const int64_t I = p.intermediate;
+  add_bias_pair<T, kHalves>(bias, I, n, v);
   if constexpr (kGateUp) {
     T* act = static_cast<T*>(w.act) + static_cast<int64_t>(slot) * I + n;
     *reinterpret_cast<uint32_t*>(act) = mma::pack2<T>(expert_activation(p, v[0][0], v[kHalves - 1][0]),
@@ -131,6 +154,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_gemm_kernel(const FusedM
   constexpr bool kGateUp = Cfg::kGemm == MoeGemm::kGateUp;
   constexpr bool kFp8 = kWeights != MoeWeightFormat::kFloat;
   constexpr bool kBlockwise = kWeights == MoeWeightFormat::kFp8Blockwise;
+  // A with a scale per row and k group: x by 128-group (blockwise) for the gate/up GEMM, a by
+  // 64-group for every e4m3 down GEMM. A k-tile (128 elements) holds kFolds groups; each group's
+  // mmas accumulate into zeroed partials, then acc += part * sa * sb (sb: the weights' 128 x 128
+  // block scale, blockwise; per channel it is applied in the epilogue).
+  constexpr bool kGroupedA = kBlockwise || (kFp8 && !kGateUp);
+  constexpr int kAGroup = kGateUp ? kScaleBlock : kActGroup;
+  constexpr int kKSteps = mma::kGemmKTileBytes / 32;  // 32 bytes of k per e4m3 mma step
+  constexpr int kFolds = kGroupedA ? mma::kGemmKTileBytes / kAGroup : 1;
+  constexpr int kStepsPerFold = kKSteps / kFolds;
+  constexpr bool kQuantizeAct = gate_up_quantizes_act<Cfg>(kWeights);
   constexpr int kElemBytes = kFp8 ? 1 : 2;
   const int64_t block_row0 = static_cast<int64_t>(blockIdx.x) * kBlockM;
   if (block_row0 >= *w.num_tokens_post_padded) return;  // the whole CTA: past the used blocks
@@ -146,16 +179,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_gemm_kernel(const FusedM
   // The slot of each tile row (-1: padding) and the row of A it reads.
   __shared__ int32_t slot_of[kBlockM];
   __shared__ int32_t a_row_of[kBlockM];
-  load_block_rows<kBlockM, Cfg::kThreads, kGateUp>(p, w, block_row0, slot_of, a_row_of);
+  const int used_rows = load_block_rows<kBlockM, Cfg::kThreads, kGateUp>(p, w, block_row0, slot_of, a_row_of);
+  // A warp whose rows are all padding (an expert's last block is on average half padding) skips
+  // its fragments and mmas; the skip is per warp, since a per-tile predicate on the mmas costs
+  // ptxas the unrolled schedule (half the registers, the loads no longer hoisted).
+  const bool warp_live = warp_m * Cfg::kWarpM < used_rows;
 
   // A: x (or its e4m3 copy) by token for kGateUp, a (or its e4m3 copy) by slot for kDown; the
-  // e4m3 inputs' scales per A row ([rows] or [rows, K / 128]) and the expert's weight scales.
+  // e4m3 inputs' scales per A row ([rows] or [rows, a_groups]) and the expert's weight scales.
   const void* a_src = kGateUp ? (kFp8 ? w.x_q : p.x) : (kFp8 ? w.act_q : w.act);
   const uint8_t* __restrict__ a_bytes = static_cast<const uint8_t*>(a_src);
   const float* __restrict__ a_scale = kGateUp ? w.x_scale : w.act_scale;
   const int64_t w_rows = kGateUp ? 2 * I : H;  // the expert's weight rows
   const uint8_t* b_expert = static_cast<const uint8_t*>(kGateUp ? p.w13 : p.w2) + expert * w_rows * K * kElemBytes;
   const int64_t k_groups = (K + kScaleBlock - 1) / kScaleBlock;
+  const int64_t a_groups = (K + kAGroup - 1) / kAGroup;
   const float* __restrict__ w_scale = kGateUp ? p.w13_scale : p.w2_scale;
   if (kFp8) w_scale += expert * (kBlockwise ? (w_rows / kScaleBlock) * k_groups : w_rows);
   const int64_t row_bytes = K * kElemBytes;
@@ -197,22 +235,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_gemm_kernel(const FusedM
       if (next < num_k_tiles) load_tile(next, next % kStages);
       ptx::cp_async_commit();
     }
-    // Blockwise: this k-tile (one 128-wide scale block) accumulates into zeroed partials, then
-    // acc += part * sa * sb; the scales are read before the mmas so their latency hides.
-    float blk_scale[kBlockwise ? kHalves : 1][kBlockwise ? kMi : 1][2];
-    float part[kBlockwise ? kHalves : 1][kBlockwise ? kMi : 1][kBlockwise ? kNi : 1][4];
-    if constexpr (kBlockwise) {
+    // The scales of this k-tile's groups, read before the mmas so that their latency hides.
+    float blk_scale[kGroupedA ? kFolds : 1][kGroupedA ? kHalves : 1][kGroupedA ? kMi : 1][2];
+    float part[kGroupedA ? kHalves : 1][kGroupedA ? kMi : 1][kGroupedA ? kNi : 1][4];
+    if constexpr (kGroupedA) {
 #pragma unroll
       for (int half = 0; half < kHalves; ++half) {
         // kBlockN divides 128 and I is a multiple of 128: the CTA's rows of a half are in one block
-        const float sb = w_scale[((half * I + n0) / kScaleBlock) * k_groups + kt];
+        const float sb = kBlockwise ? w_scale[((half * I + n0) / kScaleBlock) * k_groups + kt] : 1.f;
 #pragma unroll
-        for (int i = 0; i < kMi; ++i)
+        for (int f = 0; f < kFolds; ++f) {
+          const int64_t group = static_cast<int64_t>(kt) * kFolds + f;
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int32_t row = a_row_of[warp_m * Cfg::kWarpM + i * 16 + g + 8 * h];
-            blk_scale[half][i][h] = row >= 0 ? a_scale[row * k_groups + kt] * sb : 0.f;
-          }
+          for (int i = 0; i < kMi; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int32_t row = a_row_of[warp_m * Cfg::kWarpM + i * 16 + g + 8 * h];
+              blk_scale[f][half][i][h] = row >= 0 && group < a_groups ? a_scale[row * a_groups + group] * sb : 0.f;
+            }
+        }
 #pragma unroll
         for (int i = 0; i < kMi; ++i)
 #pragma unroll
@@ -221,8 +262,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_gemm_kernel(const FusedM
       }
     }
     const uint8_t* stage = smem + (kt % kStages) * Cfg::kStageBytes;
+    if (warp_live)
 #pragma unroll
-    for (int ks = 0; ks < mma::kGemmKTileBytes / 32; ++ks) {  // 32 bytes of k per mma step
+    for (int ks = 0; ks < kKSteps; ++ks) {
       uint32_t af[kMi][4];
 #pragma unroll
       for (int i = 0; i < kMi; ++i)
@@ -239,7 +281,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_gemm_kernel(const FusedM
         for (int i = 0; i < kMi; ++i)
 #pragma unroll
           for (int j = 0; j < kNi; ++j) {
-            if constexpr (kBlockwise)
+            if constexpr (kGroupedA)
               ptx::mma_m16n8k32_e4m3(part[half][i][j], af[i], bf[j], part[half][i][j]);
             else if constexpr (kFp8)
               ptx::mma_m16n8k32_e4m3(acc[half][i][j], af[i], bf[j], acc[half][i][j]);
@@ -247,36 +289,48 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_gemm_kernel(const FusedM
               ptx::mma_m16n8k16<T>(acc[half][i][j], af[i], bf[j]);
           }
       }
-    }
-    if constexpr (kBlockwise) {
+      if constexpr (kGroupedA) {
+        if (ks % kStepsPerFold == kStepsPerFold - 1) {  // the end of a group: fold it in
+          const int f = ks / kStepsPerFold;
 #pragma unroll
-      for (int half = 0; half < kHalves; ++half)
+          for (int half = 0; half < kHalves; ++half)
 #pragma unroll
-        for (int i = 0; i < kMi; ++i)
+            for (int i = 0; i < kMi; ++i)
 #pragma unroll
-          for (int j = 0; j < kNi; ++j)
+              for (int j = 0; j < kNi; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-              acc[half][i][j][e] = fmaf(part[half][i][j][e], blk_scale[half][i][e / 2], acc[half][i][j][e]);
+                for (int e = 0; e < 4; ++e) {
+                  acc[half][i][j][e] = fmaf(part[half][i][j][e], blk_scale[f][half][i][e / 2], acc[half][i][j][e]);
+                  part[half][i][j][e] = 0.f;
+                }
+        }
+      }
     }
   }
   ptx::cp_async_wait<0>();  // only empty groups can be pending; keeps the emulator's bookkeeping clean
 
   // Epilogue in the mma C layout: lane (g, t) holds rows g and g + 8 of each 16-row tile, columns
-  // 2t and 2t + 1 of each n8 tile (N is even: a pair is all in or all out).
+  // 2t and 2t + 1 of each n8 tile (N is even: a pair is all in or all out). Per channel: the weight
+  // scale per column, and for the gate/up GEMM x's scale per row.
   const T* __restrict__ bias = static_cast<const T*>(kGateUp ? p.w13_bias : p.w2_bias);
   if (bias != nullptr) bias += expert * (kGateUp ? 2 * I : H);
+  constexpr bool kRowScale = kWeights == MoeWeightFormat::kFp8PerChannel && kGateUp;
+  // kQuantizeAct: a of the tile's pairs in the dtype (held as float) and each row's amax
+  float act_v[kQuantizeAct ? kMi : 1][2][kQuantizeAct ? kNi : 1][2];
+  float row_amax[kQuantizeAct ? kMi : 1][2];
 #pragma unroll
   for (int i = 0; i < kMi; ++i) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = warp_m * Cfg::kWarpM + i * 16 + g + 8 * h;
       const int32_t slot = slot_of[r];
+      if constexpr (kQuantizeAct) row_amax[i][h] = 0.f;
       if (slot < 0) continue;
-      const float sa = kWeights == MoeWeightFormat::kFp8PerChannel ? a_scale[a_row_of[r]] : 1.f;
+      const float sa = kRowScale ? a_scale[a_row_of[r]] : 1.f;
 #pragma unroll
       for (int j = 0; j < kNi; ++j) {
         const int64_t n = n0 + warp_n * Cfg::kWarpN + j * 8 + 2 * t;
+        if constexpr (kQuantizeAct) act_v[i][h][j][0] = act_v[i][h][j][1] = 0.f;
         if (n >= N) continue;
         float v[kHalves][2];
 #pragma unroll
@@ -288,9 +342,56 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_gemm_kernel(const FusedM
             v[half][1] *= sa * w_scale[half * I + n + 1];
           }
         }
-        finish_output_pair<T, kGateUp, kHalves>(p, w, bias, slot, n, v);
+        if constexpr (kQuantizeAct) {
+          add_bias_pair<T, kHalves>(bias, I, n, v);
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {  // rounded to the dtype first, as a stored and then quantised
+            act_v[i][h][j][c] = to_float(from_float<T>(expert_activation(p, v[0][c], v[1][c])));
+            row_amax[i][h] = max_nan(row_amax[i][h], fabsf(act_v[i][h][j][c]));
+          }
+        } else {
+          finish_output_pair<T, kGateUp, kHalves>(p, w, bias, slot, n, v);
+        }
       }
     }
+  }
+  if constexpr (kQuantizeAct) {
+    // The CTA's columns are one group of a: each row's amax over the 4 lanes of a row, then over
+    // the kWarpsN warps of a row through shared memory; e4m3 codes and the group's scale as
+    // fp8_quantize's per-group kernel computes them from a in the dtype (bitwise the launcher's
+    // path, which the small tier takes).
+    __shared__ float tile_amax[Cfg::kWarpsN][kBlockM];
+#pragma unroll
+    for (int i = 0; i < kMi; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m = warp_reduce_max_nan<4>(row_amax[i][h]);
+        if (t == 0) tile_amax[warp_n][warp_m * Cfg::kWarpM + i * 16 + g + 8 * h] = m;
+      }
+    __syncthreads();
+    uint8_t* __restrict__ act_q = static_cast<uint8_t*>(w.act_q);
+    const int64_t act_groups = (I + kActGroup - 1) / kActGroup;
+#pragma unroll
+    for (int i = 0; i < kMi; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = warp_m * Cfg::kWarpM + i * 16 + g + 8 * h;
+        const int32_t slot = slot_of[r];
+        if (slot < 0) continue;
+        float m = tile_amax[0][r];
+#pragma unroll
+        for (int wn = 1; wn < Cfg::kWarpsN; ++wn) m = max_nan(m, tile_amax[wn][r]);
+        const float scale = fp8::scale_from_amax(m);
+#pragma unroll
+        for (int j = 0; j < kNi; ++j) {
+          const int64_t n = n0 + warp_n * Cfg::kWarpN + j * 8 + 2 * t;
+          if (n >= N) continue;
+          *reinterpret_cast<uint16_t*>(act_q + static_cast<int64_t>(slot) * I + n) =
+              static_cast<uint16_t>(fp8::quantize1(act_v[i][h][j][0], scale) |
+                                    (fp8::quantize1(act_v[i][h][j][1], scale) << 8));
+        }
+        if (warp_n == 0 && t == 0) w.act_scale[static_cast<int64_t>(slot) * act_groups + n0 / kActGroup] = scale;
+      }
   }
 }
 

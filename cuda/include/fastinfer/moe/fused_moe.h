@@ -30,14 +30,15 @@ enum class MoeActivation : int32_t {
 };
 
 // The experts' weights: as the activations, or e4m3 with fp32 scales (fused_moe_fp8). With e4m3
-// weights x and a are quantised to e4m3 before their GEMM (gemm/fp8.h's rule: per row, or per row
-// and 128-group), h = (xq sx) (wq sw)^T accumulated in fp32 (blockwise: per 128-wide k block, scaled,
-// then summed in k order), likewise y from aq; everything else as above. e4m3 needs sm_89+.
+// weights x and a (in the dtype) are quantised to e4m3 before their GEMM (gemm/fp8.h's rule): x per
+// row (per channel) or per row and 128-group (blockwise), a per row and 64-group with either
+// format (a row's last group shorter where I % 64 != 0). h = (xq sx) (wq sw)^T accumulated in fp32, the products of each group of k with an x or
+// a group scale summed alone, scaled, then added in k order; likewise y from aq; everything else
+// as above. e4m3 needs sm_89+.
 enum class MoeWeightFormat : int32_t {
   kFloat = 0,          // w13, w2 in the activation dtype
-  kFp8PerChannel = 1,  // e4m3; w13_scale [E, 2I], w2_scale [E, H]; x and a per row; H, I % 16 == 0
-  kFp8Blockwise = 2,   // e4m3; w13_scale [E, 2I/128, H/128], w2_scale [E, H/128, I/128]; x and a per
-                       // row and 128-group; H, I % 128 == 0
+  kFp8PerChannel = 1,  // e4m3; w13_scale [E, 2I], w2_scale [E, H]; H, I % 16 == 0
+  kFp8Blockwise = 2,   // e4m3; w13_scale [E, 2I/128, H/128], w2_scale [E, H/128, I/128]; H, I % 128 == 0
   kInt4 = 3,           // int4_pack's layout per expert (gemm/int4.h): w13 [E, H/64, 16 I], w2 [E, I/64, 8 H]
                        // int32; group scales (the dtype) and zero points (uint8, or none: z = 8),
                        // dequantised as int4_gemm's; x and a as they are; H, I % 64 == 0 and % group_size

@@ -75,7 +75,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) moe_int4_gemm_kernel(const Fuse
 
   __shared__ int32_t slot_of[kBlockM];
   __shared__ int32_t a_row_of[kBlockM];
-  load_block_rows<kBlockM, Cfg::kThreads, kGateUp>(p, w, block_row0, slot_of, a_row_of);
+  const int used_rows = load_block_rows<kBlockM, Cfg::kThreads, kGateUp>(p, w, block_row0, slot_of, a_row_of);
+  const int live_mt = (used_rows + 15) / 16;  // 16-row mma tiles holding a used row: padding skips
 
   const uint8_t* __restrict__ a_bytes = static_cast<const uint8_t*>(kGateUp ? p.x : w.act);
   const int64_t tiles_total = n_total / kInt4TileN;
@@ -170,6 +171,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) moe_int4_gemm_kernel(const Fuse
         const uint32_t b1[2] = {b[2], b[3]};
 #pragma unroll
         for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+          if (mt >= live_mt) break;
           uint32_t af[4];
           mma::load_a<mma::kGemmKTileChunks>(af, st + Cfg::kAOffset, a_lane.a_row(mt), 2 * j + a_lane.a_chunk());
           ptx::mma_m16n8k16<T>(acc[half][mt][0], af, b0);
