@@ -710,7 +710,8 @@ def case_fused_moe(t, model):
 
 def case_fused_moe_fp8(t, model, blockwise):
     """fused_moe_fp8 (e4m3 experts: the weights read once at 1 byte, e4m3 FLOPs at large T); the
-    quantised copies of x and a and their scales join the workspace traffic."""
+    quantised copies of x and a and their scales join the workspace traffic (a is written in e4m3
+    by the gate/up epilogue on 64-row blocks, in bf16 and quantised by a launch on 16-row ones)."""
     H, I, E, k = MOE_MODELS[model]
     slots = t * k
 
@@ -730,12 +731,16 @@ def case_fused_moe_fp8(t, model, blockwise):
 
     quantize_launches = []
 
+    act_scales = slots * -(-I // 64) * 4  # a's group scales (fp32 per 64 columns)
+
     def workspace(kname, rec):
-        if "moe_gemm_kernel" in kname:  # a written (bf16) and its e4m3 copy read; y written (bf16)
-            return slots * I * 2 if "MoeGemm)0" in kname else slots * I + slots * H * 2
+        if "moe_gemm_kernel" in kname:
+            if "MoeGemm)0" in kname:  # 64-row blocks: a written in e4m3 with its scales; 16-row: in bf16
+                return slots * I * 2 if "MoeGemmConfig<16," in kname else slots * I + act_scales
+            return slots * I + act_scales + slots * H * 2  # a's e4m3 copy read; y written (bf16)
         if "moe_combine_kernel" in kname:
             return slots * H * 2
-        if "quantize" in kname:  # x, then a: their e4m3 copies written and read, a (bf16) read
+        if "quantize" in kname:  # x, then (16-row blocks) a: e4m3 copies written and read, a (bf16) read
             quantize_launches.append(kname)
             return t * H * 2 if len(quantize_launches) == 1 else slots * I * 3
         return 0
