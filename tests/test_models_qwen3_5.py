@@ -211,6 +211,43 @@ def test_state_slots_few_sequences(checkpoint, expected):
     assert _generate(llm, _prompts()[:2]) == expected[:2]
 
 
+def _max_running(llm):
+    """Wrap the scheduler so that it records the most sequences running after a step's scheduling."""
+    sched, seen = llm.engine_core.scheduler, [0]
+    schedule = sched.schedule
+
+    def recording(*args, **kw):
+        out = schedule(*args, **kw)
+        seen[0] = max(seen[0], len(sched.running))
+        return out
+
+    sched.schedule = recording
+    return seen
+
+
+def test_state_slots_capped_by_the_budget_limit_admission(checkpoint):
+    """The slots are a share of the budget: a kv_cache_bytes that holds two slots (107520 B each)
+    runs two sequences at once although max_num_seqs is 4; five requests all finish with the tokens
+    of a run with a slot for every sequence."""
+    prompts = [random_prompt(n, VOCAB, seed=30 + n) for n in (5, 9, 13, 17, 21)]
+    unlimited = _llm(checkpoint[1], max_num_seqs=5)
+    assert unlimited.executor.num_state_slots == 5
+    want = _generate(unlimited, prompts)
+    llm = _llm(checkpoint[1], max_num_seqs=4, kv_cache_bytes=500_000)
+    assert llm.executor.num_state_slots == 2 == llm.executor.kv_sizing.num_seq_slots
+    assert llm.engine_core.scheduler.state_slots.num_slots == 2
+    seen = _max_running(llm)
+    assert _generate(llm, prompts) == want
+    assert seen[0] == 2 and llm.engine_core.scheduler.num_preemptions == 0  # slots, not blocks, held them back
+    assert "at most 2 sequences at once: max_num_seqs=4" in llm.executor.kv_sizing.report(128)
+
+
+def test_not_one_state_slot_fits(checkpoint):
+    with pytest.raises(RuntimeError, match=r"not enough memory for one sequence's state \(max_num_seqs=4\): a slot "
+                       r"takes 105.0 KiB \(linear-attention state\).*budget of 97.7 KiB \(kv_cache_bytes\)"):
+        _llm(checkpoint[1], max_num_seqs=4, kv_cache_bytes=100_000)
+
+
 def test_greedy_deterministic_from_model_object(checkpoint, expected):
     """A built model handed to LLM in the deterministic mode (re-loaded from its own checkpoint
     tensors with the batch-invariant backend): the same tokens, batched or alone."""

@@ -76,7 +76,7 @@ class Executor:
             extra = ([MemoryPool("draft KV", self.draft_model.kv_cache_bytes_per_block(self.block_size, kv_dtype))]
                      if self.draft_model is not None else [])
             self.kv_sizing: KVSizing = self.runner.agreed_kv_sizing(extra)
-            self.runner.init_kv(self.kv_sizing.num_blocks)
+            self.runner.init_kv(self.kv_sizing.num_blocks, self.kv_sizing.num_seq_slots)
         except BaseException:
             self.shutdown()
             raise

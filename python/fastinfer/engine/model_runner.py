@@ -144,8 +144,9 @@ class ModelRunner:
         self.num_kv_blocks = 0
         self.max_model_len = min(self.model_max_len, config.max_model_len or self.model_max_len)
         self.decode_graphs: Optional[DecodeGraphs] = None
-        # a hybrid model's linear-attention state: one slot per sequence in flight
-        self.num_state_slots = config.max_num_seqs if self.model.config.is_hybrid else 0
+        # a hybrid model's linear-attention state: its slots, as many as the sizing gives (init_kv)
+        self.is_hybrid = bool(self.model.config.is_hybrid)
+        self.num_state_slots = 0
 
     def _load_target(self, c: EngineConfig) -> LlamaForCausalLM:
         dev = c.device
@@ -177,7 +178,7 @@ class ModelRunner:
         """What this rank's KV blocks cost (:mod:`.kv_sizing`): the target's K and V over its layers
         (and a hybrid model's linear-attention state, per sequence)."""
         pools = [MemoryPool("target KV", self.model.kv_cache_bytes_per_block(self.block_size, self.kv_cache_dtype))]
-        if self.num_state_slots:
+        if self.is_hybrid:
             pools.append(MemoryPool("linear-attention state", bytes_per_seq=self.model.state_bytes_per_seq()))
         return pools
 
@@ -186,7 +187,8 @@ class ModelRunner:
         same block ids, charged against the same budget)."""
         c, m = self.config, self.model
         device_memory, activation = None, 0
-        if self.device.type == "cuda" and c.num_kv_blocks is None and c.kv_cache_bytes is None:
+        # (a hybrid model's state slots are a share of the device's budget even with num_kv_blocks given)
+        if self.device.type == "cuda" and c.kv_cache_bytes is None and (c.num_kv_blocks is None or self.is_hybrid):
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
             device_memory = torch.cuda.mem_get_info(self.device)
@@ -198,7 +200,12 @@ class ModelRunner:
                              max_num_seqs=c.max_num_seqs, max_model_len=self.max_model_len,
                              num_kv_blocks=c.num_kv_blocks, kv_cache_bytes=c.kv_cache_bytes,
                              gpu_memory_utilization=c.gpu_memory_utilization, device_memory=device_memory,
-                             activation=activation)
+                             activation=activation, slots_per_seq=self.state_slots_per_seq)
+
+    @property
+    def state_slots_per_seq(self) -> int:
+        """A hybrid model's state slots wanted per ``max_num_seqs``: one for each running sequence."""
+        return 1
 
     def local_num_kv_blocks(self, extra_pools: Sequence[MemoryPool] = ()) -> int:
         return self.local_kv_sizing(extra_pools).num_blocks
@@ -207,11 +214,14 @@ class ModelRunner:
         """The sizing of the pool every rank uses (one rank: its own)."""
         return self.local_kv_sizing(extra_pools)
 
-    def init_kv(self, num_blocks: int) -> None:
-        """Allocate the pool of ``num_blocks`` blocks (every rank the same) and capture graphs
-        (CUDA, unless ``enforce_eager`` or expert parallelism)."""
+    def init_kv(self, num_blocks: int, num_state_slots: Optional[int] = None) -> None:
+        """Allocate the pool of ``num_blocks`` blocks (every rank the same) and, for a hybrid model,
+        ``num_state_slots`` state slots (None: ``max_num_seqs``), and capture graphs (CUDA, unless
+        ``enforce_eager`` or expert parallelism)."""
         c = self.config
         self.num_kv_blocks = int(num_blocks)
+        if self.is_hybrid:
+            self.num_state_slots = int(c.max_num_seqs if num_state_slots is None else num_state_slots)
         self.max_model_len = min(self.max_model_len, self.num_kv_blocks * self.block_size)
         state = dict(num_state_slots=self.num_state_slots) if self.num_state_slots else {}
         self.kv_caches = self.model.allocate_kv_cache(self.num_kv_blocks, self.block_size, self.kv_cache_dtype, **state)
