@@ -176,7 +176,8 @@ class Executor:
             with nvtx_range("draft", self.use_nvtx):
                 drafts = self.drafter.propose([(w.seq, w.plan.size, w.draft_computed) for w in step.spec],
                                               [self._gen(w.seq) for w in step.spec])
-        return step, drafts, self._submit_forward(sched.prefills, sched.decodes, drafts, step.finished_seq_ids)
+        return step, drafts, self._submit_forward(sched.prefills, sched.decodes, drafts, step.finished_seq_ids,
+                                                  sched.state_copies)
 
     @torch.inference_mode()
     def collect(self, pending) -> ModelOutput:
@@ -193,14 +194,14 @@ class Executor:
         return out
 
     def _submit_forward(self, prefills: Seq[Tuple[Sequence, int]], decodes: Seq[Sequence], drafts: Seq[Draft],
-                        finished: List[int]):
+                        finished: List[int], state_copies: Seq[Tuple[int, int]] = ()):
         """Start one target forward (:meth:`_collect_forward` returns its logits). Logits rows: the
         prefill chunks that complete their sequence (those sample), the decode rows, then every node
         of every draft, draft by draft. :meth:`_collect_forward` returns the logits, the sequences
         of the sampled rows and the prompt logprobs the chunks produced (a chunk of a request with
         prompt logprobs also gets the logits of its prompt positions; those rows are used there and
         dropped from the returned logits)."""
-        plan = ForwardPlan(finished=finished)
+        plan = ForwardPlan(finished=finished, state_copies=list(state_copies))
         sampled: List[Sequence] = []
         prompt_parts: List[Tuple[Sequence, int, int, int]] = []  # (seq, first position, first row, rows)
         keep: List[int] = []  # the rows that are not prompt-logprob rows

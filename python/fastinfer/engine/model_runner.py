@@ -105,6 +105,8 @@ class ForwardPlan:
     finished: List[int] = field(default_factory=list)  # seq ids no later plan mentions
     # seq_id -> state slot (hybrid models: one process, never sent to tensor-parallel workers)
     state_slots: Dict[int, int] = field(default_factory=dict)
+    # hybrid models' prefix cache: (source, destination) state-slot copies, in order, applied first
+    state_copies: List[Tuple[int, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -204,8 +206,9 @@ class ModelRunner:
 
     @property
     def state_slots_per_seq(self) -> int:
-        """A hybrid model's state slots wanted per ``max_num_seqs``: one for each running sequence."""
-        return 1
+        """A hybrid model's state slots wanted per ``max_num_seqs``: one for each running sequence, and
+        with prefix caching as many again for state snapshots."""
+        return 2 if self.config.enable_prefix_caching else 1
 
     def local_num_kv_blocks(self, extra_pools: Sequence[MemoryPool] = ()) -> int:
         return self.local_kv_sizing(extra_pools).num_blocks
@@ -265,6 +268,8 @@ class ModelRunner:
         once its stage has sent the hidden state on (the next plan can start while the later stages
         run this one); otherwise the forward is done here."""
         self.move_slots(*plan.moves)
+        if plan.state_copies:
+            self.model.copy_state_slots(self.kv_caches, plan.state_copies)
         if plan.is_empty:
             return None, None
         b = BatchBuilder(self.block_size, self.device)

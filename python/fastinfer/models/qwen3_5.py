@@ -23,7 +23,8 @@ position for text, so text positions rotate as plain RoPE.
 
 State: each linear-attention layer keeps, per sequence, the last ``W - 1`` convolution inputs and a
 float32 ``[Hv, Dk, Dv]`` recurrent state. They live in pools of state slots (one slot per running
-sequence, :meth:`Qwen3_5ForCausalLM.allocate_kv_cache` with ``num_state_slots``); the batch names
+sequence, the engine's prefix-cache snapshots in others, :meth:`Qwen3_5ForCausalLM.allocate_kv_cache`
+with ``num_state_slots``, :meth:`~Qwen3_5ForCausalLM.copy_state_slots`); the batch names
 each sequence's slot and whether it continues from it (:class:`~fastinfer.layers.ForwardBatch`'s
 ``state_slots`` / ``has_initial_state``). A linear layer's entry of ``kv_caches`` is its
 ``(conv_states, recurrent_states)``, a full-attention layer's its paged ``(k_cache, v_cache)``.
@@ -270,6 +271,17 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
         conv = (c.linear_conv_kernel_dim - 1) * c.linear_conv_dim * torch.empty((), dtype=self.dtype).element_size()
         rec = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
         return (len(self.layers) - len(self.attention_layers)) * (conv + rec)
+
+    @torch.no_grad()
+    def copy_state_slots(self, kv_caches: Sequence[KVCache], copies: Sequence[Tuple[int, int]]) -> None:
+        """Copy state slots ``(source, destination)`` of every linear-attention layer, one pair after
+        the other (a later pair may read what an earlier one wrote): the engine's prefix cache saves
+        a sequence's state as a snapshot and restores one into a sequence's slot."""
+        for layer, cache in zip(self.layers, kv_caches):
+            if layer.is_linear:
+                for pool in cache:
+                    for src, dst in copies:
+                        pool[dst].copy_(pool[src])
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: Optional[torch.dtype] = None,
                           device=None, num_state_slots: int = 0) -> List[KVCache]:
