@@ -317,6 +317,18 @@ def test_prefix_cache_with_preemption(checkpoint):
     assert set(slots._snapshots) <= set(bm.hash_to_block)  # every snapshot's block is still cached
 
 
+def test_prefix_cache_deterministic_bit_for_bit(checkpoint):
+    """In the deterministic mode (the per-token recurrence everywhere) a hit restores the very state
+    the uncached run reaches: the same logprob floats, not just within a tolerance."""
+    batches = _shared_prefix_batches()
+    want = _run_with_logprobs(_llm(checkpoint[1], enable_prefix_caching=False, max_num_seqs=4, deterministic=True),
+                              batches, max_tokens=8)
+    got = _run_with_logprobs(_llm(checkpoint[1], enable_prefix_caching=True, max_num_seqs=4, deterministic=True),
+                             batches, max_tokens=8)
+    assert got[0] == want[0] and torch.equal(got[1], want[1])
+    assert got[2] == [0, 0, 32, 32, 48, 48, 64]
+
+
 def test_snapshots_give_way_and_go_with_their_blocks():
     from fastinfer.engine.block_manager import BlockManager
     from fastinfer.engine.params import SamplingParams as SP
