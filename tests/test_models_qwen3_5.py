@@ -10,7 +10,8 @@ prompts of different lengths batched, with chunked prefill (small ``max_num_batc
 with preemption (a tiny KV pool); each Qwen3.5 detail moves the logits (the tests can fail); the
 state-slot sizing and its report, admission limited by the slots; prefix caching with state
 snapshots (the tokens and logprobs of the uncached run, with chunked prefill and preemption, the
-hits counted); bfloat16; the refusals (speculative decoding, n > 1).
+hits counted); speculative decoding with a draft model's chains (lossless greedy); bfloat16; the
+refusals (tree / draft-head speculation, a hybrid draft, n > 1).
 """
 
 from __future__ import annotations
@@ -373,6 +374,61 @@ def test_snapshots_give_way_and_go_with_their_blocks():
     assert slots.num_snapshots == 0 and slots.num_free == 1
 
 
+def _bigram_draft(path: str, sequences) -> str:
+    """A dense Llama draft that proposes, after token t, the token that followed t first in
+    ``sequences`` (one-hot embeddings 512 wide, its one layer's outputs zero, the LM head the bigram
+    table): it agrees with the target often but not always."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    draft = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=512, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                                         tie_word_embeddings=False)).eval()
+    follows = {}
+    for seq in sequences:
+        for a, b in zip(seq, seq[1:]):
+            follows.setdefault(a, b)
+    with torch.no_grad():
+        draft.model.layers[0].self_attn.o_proj.weight.zero_()
+        draft.model.layers[0].mlp.down_proj.weight.zero_()
+        draft.model.embed_tokens.weight.zero_()
+        draft.model.embed_tokens.weight[torch.arange(VOCAB), torch.arange(VOCAB)] = 1.0
+        draft.lm_head.weight.zero_()
+        for a, b in follows.items():
+            draft.lm_head.weight[b, a] = 1.0
+    draft.save_pretrained(path)
+    return path
+
+
+def test_speculative_draft_chain_is_lossless(checkpoint, expected, tmp_path):
+    """A draft model's chains on the hybrid model: each verification keeps the target's
+    linear-attention state at the accepted length (re-running the accepted rows from the state saved
+    before), so greedy speculation gives transformers' tokens, with drafts accepted in part (about 66
+    of 160 draft tokens), with prefix caching, chunked prefill, and with preemption."""
+    seqs = [p + e for p, e in zip(_prompts(), expected)]
+    draft = _bigram_draft(str(tmp_path / "draft"), seqs)
+    for kw in (dict(), dict(enable_prefix_caching=False, max_num_batched_tokens=16),
+               dict(num_kv_blocks=12, max_model_len=128)):
+        llm = _llm(checkpoint[1], max_num_seqs=4, draft_model=draft, num_spec_tokens=3, **kw)
+        assert _generate(llm, _prompts()) == expected
+        st = llm.stats()
+        assert 0 < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"], st
+    assert st["num_preemptions"] > 0
+    llm = _llm(checkpoint[1], max_num_seqs=4, draft_model=draft, num_spec_tokens=3)
+    # the state before a verification has a slot of its own: two per running sequence, and as many
+    # again for snapshots with prefix caching: 4 x 2 x 2
+    assert llm.executor.num_state_slots == 16 and llm.engine_core.scheduler.state_slots.slots_per_seq == 2
+
+
+def test_speculative_refusals(checkpoint, tmp_path):
+    _, path = checkpoint
+    with pytest.raises(ValueError, match=r"spec_mode='tree' is not supported .* \(use spec_method='draft', "
+                                         r"spec_mode='chain'\)"):
+        _llm(path, draft_model=str(_bigram_draft(str(tmp_path / "d"), [])), spec_mode="tree")
+    with pytest.raises(ValueError, match="a draft model with linear-attention layers"):
+        _llm(path, spec_model=path, spec_method="draft")
+
+
 def test_greedy_deterministic_from_model_object(checkpoint, expected):
     """A built model handed to LLM in the deterministic mode (re-loaded from its own checkpoint
     tensors with the batch-invariant backend): the same tokens, batched or alone."""
@@ -430,8 +486,19 @@ def test_state_slot_allocator():
     assert a.state_slot is None and slots.num_free == 1
     slots.take(b)
     assert b.state_slot == 0
-    with pytest.raises(ValueError, match="at least one state slot"):
+    with pytest.raises(ValueError, match="at least 1 state slot, got 0"):
         StateSlots(0)
+    with pytest.raises(ValueError, match="at least 2 state slots, got 1"):
+        StateSlots(1, 2)
+    spec = StateSlots(3, 2)  # speculative decoding: a running sequence also takes a scratch slot
+    slots.release(b)
+    spec.take(a)
+    assert (a.state_slot, a.scratch_slot) == (0, 1) and not spec.can_take(1)
+    with pytest.raises(RuntimeError, match="no free state slot"):
+        spec.take(b)
+    assert b.state_slot is None
+    spec.release(a)
+    assert a.scratch_slot is None and spec.num_free == 3 and spec.can_take(1)
 
 
 def test_bfloat16(checkpoint):
@@ -452,8 +519,6 @@ def test_bfloat16(checkpoint):
 
 def test_refusals(checkpoint, capsys):
     _, path = checkpoint
-    with pytest.raises(ValueError, match="speculative decoding .* not supported"):
-        _llm(path, spec_model=path, spec_method="draft")
     llm = _llm(path, max_num_seqs=2)
     assert "prefix caching" not in capsys.readouterr().err
     assert llm.config.enable_prefix_caching is True  # the default: on, with state snapshots

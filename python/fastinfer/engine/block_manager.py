@@ -217,12 +217,19 @@ class StateSlots:
     used first to go: when a running sequence or a newer snapshot needs a slot, and with their
     block when the block manager evicts it (:meth:`drop`). The copies between slots are queued
     (:attr:`pending_copies`, ``(source slot, destination slot)`` in order) and applied before the
-    next forward pass, which is the only thing that writes a running slot."""
+    next forward pass, which is the only thing that writes a running slot.
 
-    def __init__(self, num_slots: int):
-        if num_slots < 1:
-            raise ValueError(f"a hybrid model needs at least one state slot, got {num_slots}")
+    With speculative decoding (``slots_per_seq=2``) a running sequence also takes a scratch slot
+    (``seq.scratch_slot``): its state before a verification, from which the accepted rows are
+    re-run."""
+
+    def __init__(self, num_slots: int, slots_per_seq: int = 1):
+        need = max(slots_per_seq, 1)
+        if num_slots < need:
+            raise ValueError(f"a hybrid model needs at least {need} state slot{'s' if need > 1 else ''}, "
+                             f"got {num_slots}")
         self.num_slots = num_slots
+        self.slots_per_seq = slots_per_seq
         self._free: deque = deque(range(num_slots))
         self._snapshots: "OrderedDict[int, int]" = OrderedDict()  # block hash -> slot, LRU first
         self.pending_copies: List[Tuple[int, int]] = []
@@ -236,6 +243,10 @@ class StateSlots:
     def num_snapshots(self) -> int:
         return len(self._snapshots)
 
+    def can_take(self, num_seqs: int) -> bool:
+        """Whether ``num_seqs`` more sequences can run (each takes ``slots_per_seq`` slots)."""
+        return self.num_free >= num_seqs * self.slots_per_seq
+
     def _take_slot(self) -> Optional[int]:
         if self._free:
             return self._free.popleft()
@@ -246,15 +257,19 @@ class StateSlots:
 
     def take(self, seq: Sequence) -> None:
         if seq.state_slot is None:
-            slot = self._take_slot()
-            if slot is None:
+            if not self.can_take(1):
                 raise RuntimeError(f"no free state slot for sequence {seq.seq_id} (all {self.num_slots} in use)")
-            seq.state_slot = slot
+            seq.state_slot = self._take_slot()
+            if self.slots_per_seq == 2:
+                seq.scratch_slot = self._take_slot()
 
     def release(self, seq: Sequence) -> None:
         if seq.state_slot is not None:
             self._free.append(seq.state_slot)
             seq.state_slot = None
+        if seq.scratch_slot is not None:
+            self._free.append(seq.scratch_slot)
+            seq.scratch_slot = None
 
     # ---- snapshots ---------------------------------------------------------------------------
     def cached_prefix(self, hits: List[int], hashes: List[int]) -> int:

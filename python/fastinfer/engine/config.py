@@ -410,9 +410,19 @@ class EngineConfig:
             self.enable_prefix_caching = True if self.enable_prefix_caching is None else bool(self.enable_prefix_caching)
             return
         arch = model_config.architecture
-        if self.speculative is not None:
-            raise ValueError(f"speculative decoding (spec_method={self.speculative.method!r}) is not supported for "
-                             f"{arch}: its linear-attention state would have to end at the accepted length")
+        spec = self.speculative
+        if spec is not None:
+            # the verification commits the linear-attention state at the accepted length by
+            # re-running the accepted rows of a chain from the state saved before it
+            if spec.method != "draft" or spec.mode != "chain":
+                raise ValueError(f"speculative decoding with spec_method={spec.method!r}, spec_mode={spec.mode!r} is "
+                                 f"not supported for {arch}: its linear-attention state is committed along a chain "
+                                 "(use spec_method='draft', spec_mode='chain')")
+            draft = spec.draft_model
+            draft_config = load_config(draft) if isinstance(draft, str) else getattr(draft, "config", None)
+            if draft_config is not None and draft_config.is_hybrid:
+                raise ValueError(f"a draft model with linear-attention layers ({draft_config.architecture}) is not "
+                                 "supported: the draft keeps no per-sequence state")
         self.enable_prefix_caching = True if self.enable_prefix_caching is None else bool(self.enable_prefix_caching)
 
     def _speculative(self) -> Optional[SpeculativeConfig]:

@@ -239,6 +239,8 @@ class Executor:
             plan.tables[seq.seq_id] = list(seq.block_table)
             if seq.state_slot is not None:
                 plan.state_slots[seq.seq_id] = seq.state_slot
+        # a hybrid model's chain: its state before the verification, to commit the accepted length from
+        plan.state_copies += [(d.seq.state_slot, d.seq.scratch_slot) for d in drafts if d.seq.scratch_slot is not None]
         plan.want_hidden = self.drafter is not None and self.drafter.wants_hidden_states
         if plan.want_hidden:
             plan.hidden_layers = tuple(self.drafter.hidden_layers)
@@ -278,6 +280,9 @@ class Executor:
         accepted K/V of both pools; the verdicts as data."""
         verify(drafts, self._mask_drafts(drafts, logits), [self._gen(d.seq) for d in drafts], self.ops)
         self.drafter.on_verified(drafts)
+        if self.runner.is_hybrid:  # the linear-attention state at the accepted length: root + accepted nodes
+            self.runner.commit_chains({d.seq.seq_id: (len(d.path), d.seq.state_slot, d.seq.scratch_slot)
+                                       for d in drafts})
         ts, td, ds, dd, computed = commit_moves(drafts, self.block_size)
         self.runner.move_slots(ts, td)
         self.drafter.move_slots(ds, dd)

@@ -149,6 +149,7 @@ class ModelRunner:
         # a hybrid model's linear-attention state: its slots, as many as the sizing gives (init_kv)
         self.is_hybrid = bool(self.model.config.is_hybrid)
         self.num_state_slots = 0
+        self._chains = None  # a hybrid model's last verification (see commit_chains)
 
     def _load_target(self, c: EngineConfig) -> LlamaForCausalLM:
         dev = c.device
@@ -206,9 +207,9 @@ class ModelRunner:
 
     @property
     def state_slots_per_seq(self) -> int:
-        """A hybrid model's state slots wanted per ``max_num_seqs``: one for each running sequence, and
-        with prefix caching as many again for state snapshots."""
-        return 2 if self.config.enable_prefix_caching else 1
+        """A hybrid model's state slots per ``max_num_seqs``: its own (and with speculation its state
+        before a verification), and with prefix caching as many again for snapshots."""
+        return (2 if self.config.speculative else 1) * (2 if self.config.enable_prefix_caching else 1)
 
     def local_num_kv_blocks(self, extra_pools: Sequence[MemoryPool] = ()) -> int:
         return self.local_kv_sizing(extra_pools).num_blocks
@@ -218,9 +219,8 @@ class ModelRunner:
         return self.local_kv_sizing(extra_pools)
 
     def init_kv(self, num_blocks: int, num_state_slots: Optional[int] = None) -> None:
-        """Allocate the pool of ``num_blocks`` blocks (every rank the same) and, for a hybrid model,
-        ``num_state_slots`` state slots (None: ``max_num_seqs``), and capture graphs (CUDA, unless
-        ``enforce_eager`` or expert parallelism)."""
+        """Allocate the pool of ``num_blocks`` blocks (every rank the same) and a hybrid model's state
+        slots (None: ``max_num_seqs``); capture graphs (CUDA, unless ``enforce_eager`` or EP)."""
         c = self.config
         self.num_kv_blocks = int(num_blocks)
         if self.is_hybrid:
@@ -279,8 +279,9 @@ class ModelRunner:
                       state_slot=slots.get(c.seq_id))
         for sid, tok, pos in plan.decodes:
             b.decode(tok, pos, plan.tables[sid], state_slot=slots.get(sid))
-        for c in plan.trees:
-            b.prefill(c.tokens, c.start, plan.tables[c.seq_id], positions=c.positions, mask=c.mask, logits=c.logits)
+        for c in plan.trees:  # (a hybrid model's chain continues from its state slot)
+            b.prefill(c.tokens, c.start, plan.tables[c.seq_id], positions=c.positions, mask=c.mask, logits=c.logits,
+                      state_slot=slots.get(c.seq_id))
         g = self.decode_graphs
         logits, hidden = None, None
         if self.stage.num_stages > 1:
@@ -295,6 +296,9 @@ class ModelRunner:
                 logits = g.run(*b.decode_rows())
         else:
             batch = b.build()
+            if self.is_hybrid and plan.trees:  # (the chain rows follow the chunks' rows)
+                self._chains = self.model.keep_chain_inputs(batch, sum(len(c.tokens) for c in plan.chunks),
+                                                            [(c.seq_id, len(c.tokens)) for c in plan.trees])
             name = "decode" if not plan.chunks else ("prefill" if not plan.decodes else "mixed")
             if plan.trees:
                 name = "verify" if not plan.chunks and not plan.decodes else "mixed+verify"
@@ -311,6 +315,10 @@ class ModelRunner:
         if not self.is_driver:
             return None, None
         return logits, hidden
+
+    def commit_chains(self, kept: Dict[int, Tuple[int, int, int]]) -> None:
+        """After a hybrid model's verification (:meth:`~fastinfer.models.Qwen3_5ForCausalLM.commit_chains`)."""
+        self.model.commit_chains(self.kv_caches, self._chains, kept)
 
     def _stage_forward(self, batch):
         """This pipeline stage's part of a forward (see the module docstring). Rank 0 posts the

@@ -210,7 +210,7 @@ class Scheduler:
                 computed = len(hits) * self.bm.block_size if hits else seq.num_computed_tokens
                 n = self._cut(seq, computed, min(seq.num_tokens - computed, budget))
                 if not self.bm.can_allocate(seq, computed + n, hits) or (
-                        self.state_slots is not None and self.state_slots.num_free < need_seqs):
+                        self.state_slots is not None and not self.state_slots.can_take(need_seqs)):
                     self._batch_open = not self.static_batching
                     break
                 self.waiting.pop(0)

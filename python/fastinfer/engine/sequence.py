@@ -53,6 +53,7 @@ class Sequence:
         self.num_preemptions = 0
         self.state_slot: Optional[int] = None  # hybrid models: its linear-attention state slot while running
         self.snapshot_points: List[int] = []  # hybrid models with prefix caching: where to snapshot its state
+        self.scratch_slot: Optional[int] = None  # hybrid models with speculation: its state before a verification
         # n > 1: the first completion prefills the prompt, then the others fork from it
         self.pending_forks: int = 0
 
