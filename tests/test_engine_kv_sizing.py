@@ -47,7 +47,7 @@ def test_per_sequence_pools_come_off_the_budget_first():
     assert s.total_bytes == 100 * 40960
     line = s.report(1000)
     assert "120.0 KiB per slot x 8 slots (state 120.0 KiB)" in line and "(target KV 40.0 KiB)" in line
-    assert "at most" not in line  # every max_num_seqs sequence has its slot
+    assert "wanted" not in line  # every max_num_seqs sequence has its slot
     free, total = 40 * GiB, 80 * GiB
     without = _size([TARGET], device_memory=(free, total), activation=GiB)
     with_state = _size([TARGET, state], device_memory=(free, total), activation=GiB)
@@ -63,7 +63,7 @@ def test_sequence_slots_are_capped_by_their_share_of_the_budget():
     s = _size([TARGET, state], kv_cache_bytes=budget, max_num_seqs=8)
     assert s.num_seq_slots == int(budget * STATE_MEMORY_SHARE // (10 * 40960)) == 4
     assert s.num_blocks == 100 - 4 * 10 and s.total_bytes == budget
-    assert "x 4 slots" in s.report(1000) and "at most 4 sequences at once: max_num_seqs=8 capped" in s.report(1000)
+    assert "x 4 slots" in s.report(1000) and "(8 wanted for max_num_seqs=8: capped by the slots' 47%" in s.report(1000)
     assert _size([TARGET, state], kv_cache_bytes=budget, max_num_seqs=3).num_seq_slots == 3
     assert _size([TARGET, state], kv_cache_bytes=budget, max_num_seqs=1, slots_per_seq=2).num_seq_slots == 2
     big = MemoryPool("state", bytes_per_seq=100 << 20)

@@ -242,7 +242,8 @@ def test_state_slots_capped_by_the_budget_limit_admission(checkpoint):
     seen = _max_running(llm)
     assert _generate(llm, prompts) == want
     assert seen[0] == 2 and llm.engine_core.scheduler.num_preemptions == 0  # slots, not blocks, held them back
-    assert "at most 2 sequences at once: max_num_seqs=4" in llm.executor.kv_sizing.report(128)
+    assert "x 2 slots (linear-attention state 105.0 KiB) (4 wanted for max_num_seqs=4: capped" in \
+        llm.executor.kv_sizing.report(128)
 
 
 def test_not_one_state_slot_fits(checkpoint):

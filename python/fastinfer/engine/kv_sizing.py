@@ -61,6 +61,7 @@ class KVSizing:
     pools: Tuple[MemoryPool, ...]
     source: str
     num_seq_slots: int = 0
+    slots_per_seq: int = 1  # wanted per max_num_seqs
 
     @property
     def bytes_per_block(self) -> int:
@@ -87,9 +88,10 @@ class KVSizing:
                 f"tokens), {_size(self.bytes_per_block)} per block ({parts})")
         if seqs:
             line += f", {_size(self.bytes_per_seq)} per slot x {self.num_seq_slots} slots ({seqs})"
-            if self.num_seq_slots < self.max_num_seqs:
-                line += (f" (at most {self.num_seq_slots} sequences at once: max_num_seqs={self.max_num_seqs} "
-                         f"capped by the slots' {STATE_MEMORY_SHARE:.0%} of the budget)")
+            wanted = self.max_num_seqs * self.slots_per_seq
+            if self.num_seq_slots < wanted:
+                line += (f" ({wanted} wanted for max_num_seqs={self.max_num_seqs}: capped by the slots' "
+                         f"{STATE_MEMORY_SHARE:.0%} of the budget)")
         fit = self.num_tokens / max(1, max_model_len)
         return (line + f"; {_size(self.total_bytes)} in all, sized by {self.source}; room for {fit:.2f} sequences "
                 f"of max_model_len={max_model_len}")
@@ -150,7 +152,7 @@ def size_kv_pools(pools: Sequence[MemoryPool], *, block_size: int, max_num_seqs:
     per_seqs = slots * per_seq
 
     def sizing(n: int, source: str) -> KVSizing:
-        return KVSizing(int(n), block_size, max_num_seqs, pools, source, slots)
+        return KVSizing(int(n), block_size, max_num_seqs, pools, source, slots, slots_per_seq)
 
     if num_kv_blocks is not None:
         return sizing(num_kv_blocks, "num_kv_blocks")
