@@ -11,7 +11,8 @@ import pytest
 
 from fastinfer import LLM
 from fastinfer.engine.config import default_model_path
-from fastinfer.engine.kv_sizing import (CPU_POOL_CAP_BYTES, MemoryPool, activation_bytes, size_kv_pools)
+from fastinfer.engine.kv_sizing import (CPU_POOL_CAP_BYTES, STATE_MEMORY_SHARE, MemoryPool, activation_bytes,
+                                        size_kv_pools)
 
 GiB = 1 << 30
 TARGET = MemoryPool("target KV", bytes_per_block=40960)
@@ -45,11 +46,50 @@ def test_per_sequence_pools_come_off_the_budget_first():
     assert s.num_blocks == 100 - 8 * 3 and s.bytes_per_seq == 3 * 40960
     assert s.total_bytes == 100 * 40960
     line = s.report(1000)
-    assert "120.0 KiB per sequence x 8 (state 120.0 KiB)" in line and "(target KV 40.0 KiB)" in line
+    assert "120.0 KiB per slot x 8 slots (state 120.0 KiB)" in line and "(target KV 40.0 KiB)" in line
+    assert "wanted" not in line  # every max_num_seqs sequence has its slot
     free, total = 40 * GiB, 80 * GiB
     without = _size([TARGET], device_memory=(free, total), activation=GiB)
     with_state = _size([TARGET, state], device_memory=(free, total), activation=GiB)
     assert without.num_blocks - with_state.num_blocks == 8 * 3
+
+
+def test_sequence_slots_are_capped_by_their_share_of_the_budget():
+    """The slots take at most STATE_MEMORY_SHARE of the budget (SGLang's state : KV = 0.9 : 1):
+    fewer than max_num_seqs when a slot is large, the report says so; with num_kv_blocks the budget
+    is the device's (on CPU the pool cap); slots_per_seq asks for more per sequence."""
+    state = MemoryPool("state", bytes_per_seq=10 * 40960)
+    budget = 100 * 40960
+    s = _size([TARGET, state], kv_cache_bytes=budget, max_num_seqs=8)
+    assert s.num_seq_slots == int(budget * STATE_MEMORY_SHARE // (10 * 40960)) == 4
+    assert s.num_blocks == 100 - 4 * 10 and s.total_bytes == budget
+    assert "x 4 slots" in s.report(1000) and "(8 wanted for max_num_seqs=8: capped by the slots' 47%" in s.report(1000)
+    assert _size([TARGET, state], kv_cache_bytes=budget, max_num_seqs=3).num_seq_slots == 3
+    assert _size([TARGET, state], kv_cache_bytes=budget, max_num_seqs=1, slots_per_seq=2).num_seq_slots == 2
+    big = MemoryPool("state", bytes_per_seq=100 << 20)
+    cap_slots = int(CPU_POOL_CAP_BYTES * STATE_MEMORY_SHARE // (100 << 20))
+    s = _size([TARGET, big], max_num_seqs=256)  # CPU default: the slots count against the 1 GiB cap
+    assert s.num_seq_slots == cap_slots == 4 and s.total_bytes <= CPU_POOL_CAP_BYTES
+    assert _size([TARGET, big], max_num_seqs=256, num_kv_blocks=5).num_seq_slots == cap_slots
+    free, total = 40 * GiB, 80 * GiB
+    s = _size([TARGET, big], max_num_seqs=256, device_memory=(free, total), activation=GiB)
+    gpu_budget = total * 0.9 - (total - free) - GiB
+    assert s.num_seq_slots == int(gpu_budget * STATE_MEMORY_SHARE // (100 << 20))
+    assert s.num_blocks == int((gpu_budget - s.num_seq_slots * (100 << 20)) // 40960)
+    assert _size([TARGET], kv_cache_bytes=budget).num_seq_slots == 0  # no per-sequence pool
+
+
+def test_not_even_one_sequence_slot_is_an_error():
+    state = MemoryPool("linear-attention state", bytes_per_seq=3 << 20)
+    with pytest.raises(RuntimeError, match=r"not enough memory for one sequence's state \(max_num_seqs=8\): a slot "
+                       r"takes 3.0 MiB \(linear-attention state\), the slots may take 47% of the budget of "
+                       r"4.0 MiB \(kv_cache_bytes\)"):
+        _size([TARGET, state], kv_cache_bytes=4 << 20)
+    with pytest.raises(RuntimeError, match=r"max_num_seqs=8.*3.0 MiB.*gpu_memory_utilization=0.5"):
+        _size([TARGET, state], device_memory=(1 * GiB, 2 * GiB), activation=0, gpu_memory_utilization=0.5)
+    huge = MemoryPool("state", bytes_per_seq=CPU_POOL_CAP_BYTES)
+    with pytest.raises(RuntimeError, match=r"max_num_seqs=8.*1.0 GiB.*the CPU pool cap"):
+        _size([TARGET, huge], num_kv_blocks=4)
 
 
 def test_gpu_budget_is_utilisation_minus_used_minus_activations():

@@ -8,8 +8,10 @@ init, zero-centred norm weights around 0. Checks: logits of every prompt positio
 < 1e-5); 32 greedy tokens identical to transformers' ``generate`` through ``LLM`` with several
 prompts of different lengths batched, with chunked prefill (small ``max_num_batched_tokens``) and
 with preemption (a tiny KV pool); each Qwen3.5 detail moves the logits (the tests can fail); the
-state-slot sizing and its report; bfloat16; the refusals (speculative decoding, explicit prefix
-caching, n > 1) and the default prefix caching turned off with a notice.
+state-slot sizing and its report, admission limited by the slots; prefix caching with state
+snapshots (the tokens and logprobs of the uncached run, with chunked prefill and preemption, the
+hits counted); speculative decoding with a draft model's chains (lossless greedy); bfloat16; the
+refusals (tree / draft-head speculation, a hybrid draft, n > 1).
 """
 
 from __future__ import annotations
@@ -205,10 +207,227 @@ def test_greedy_with_preemption(checkpoint, expected):
 
 
 def test_state_slots_few_sequences(checkpoint, expected):
-    """One state slot per sequence in flight: max_num_seqs=1 runs the prompts one after another."""
-    llm = _llm(checkpoint[1], max_num_seqs=1)
+    """One state slot per sequence in flight: max_num_seqs=1 runs the prompts one after another
+    (without prefix caching: no slot for snapshots)."""
+    llm = _llm(checkpoint[1], max_num_seqs=1, enable_prefix_caching=False)
     assert llm.executor.num_state_slots == 1
     assert _generate(llm, _prompts()[:2]) == expected[:2]
+
+
+def _max_running(llm):
+    """Wrap the scheduler so that it records the most sequences running after a step's scheduling."""
+    sched, seen = llm.engine_core.scheduler, [0]
+    schedule = sched.schedule
+
+    def recording(*args, **kw):
+        out = schedule(*args, **kw)
+        seen[0] = max(seen[0], len(sched.running))
+        return out
+
+    sched.schedule = recording
+    return seen
+
+
+def test_state_slots_capped_by_the_budget_limit_admission(checkpoint):
+    """The slots are a share of the budget: a kv_cache_bytes that holds two slots (107520 B each)
+    runs two sequences at once although max_num_seqs is 4; five requests all finish with the tokens
+    of a run with a slot for every sequence."""
+    prompts = [random_prompt(n, VOCAB, seed=30 + n) for n in (5, 9, 13, 17, 21)]
+    unlimited = _llm(checkpoint[1], max_num_seqs=5, enable_prefix_caching=False)
+    assert unlimited.executor.num_state_slots == 5
+    want = _generate(unlimited, prompts)
+    llm = _llm(checkpoint[1], max_num_seqs=4, kv_cache_bytes=500_000, enable_prefix_caching=False)
+    assert llm.executor.num_state_slots == 2 == llm.executor.kv_sizing.num_seq_slots
+    assert llm.engine_core.scheduler.state_slots.num_slots == 2
+    seen = _max_running(llm)
+    assert _generate(llm, prompts) == want
+    assert seen[0] == 2 and llm.engine_core.scheduler.num_preemptions == 0  # slots, not blocks, held them back
+    assert "x 2 slots (linear-attention state 105.0 KiB) (4 wanted for max_num_seqs=4: capped" in \
+        llm.executor.kv_sizing.report(128)
+
+
+def test_not_one_state_slot_fits(checkpoint):
+    with pytest.raises(RuntimeError, match=r"not enough memory for one sequence's state \(max_num_seqs=4\): a slot "
+                       r"takes 105.0 KiB \(linear-attention state\).*budget of 97.7 KiB \(kv_cache_bytes\)"):
+        _llm(checkpoint[1], max_num_seqs=4, kv_cache_bytes=100_000)
+
+
+def _run_with_logprobs(llm, batches, max_tokens=NEW_TOKENS):
+    """Generate each batch of prompts in turn: the greedy tokens, the logprob of each sampled token
+    (they follow the logits) and the prompt tokens each request took from the prefix cache."""
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=0)
+    toks, lps, cached = [], [], []
+    for prompts in batches:
+        for o in llm.generate(prompts, sp):
+            c = o.outputs[0]
+            toks.append(c.token_ids)
+            lps.append([d[t] for d, t in zip(c.logprobs, c.token_ids)])
+            cached.append(o.num_cached_tokens)
+    return toks, torch.tensor(lps, dtype=torch.float64), cached
+
+
+def _shared_prefix_batches():
+    """A request alone (40 shared tokens + 40: its last full prompt block ends at 64), then requests
+    of 50, 61, 75 tokens that share the 40 tokens (two full blocks, 32 tokens): the first alone, the
+    other two together, then all three again."""
+    shared = random_prompt(40, VOCAB, seed=3)
+    first = [shared + random_prompt(40, VOCAB, seed=4)]
+    batch = [shared + random_prompt(n, VOCAB, seed=60 + n) for n in (10, 21, 35)]
+    return [first, batch[:1], batch[1:], batch]
+
+
+def _assert_same_as_uncached(path, **kw):
+    batches = _shared_prefix_batches()
+    plain = _llm(path, enable_prefix_caching=False, max_num_seqs=4, **kw)
+    want_toks, want_lps, plain_cached = _run_with_logprobs(plain, batches)
+    assert sum(plain_cached) == 0
+    llm = _llm(path, enable_prefix_caching=True, max_num_seqs=4, **kw)
+    toks, lps, cached = _run_with_logprobs(llm, batches)
+    assert toks == want_toks
+    assert rel_err(lps, want_lps) < REL_TOL  # float32 rounding: the prefill is split where the state was saved
+    return llm, cached
+
+
+def test_prefix_cache_hits_restore_the_state(checkpoint):
+    """Prefix caching on a hybrid model: the state snapshots make hits give the tokens (and logprobs
+    within 1e-5 relative, float32) of the run without the cache. The first request snapshots its state at 64
+    (its last full prompt block); the next one's cached blocks (32 tokens) reach past no snapshot, so
+    it recomputes and snapshots at 32, where it leaves the shared prefix (and at 48, its own last full
+    block); the next two then hit 32, and the repeated three their own last full blocks."""
+    llm, cached = _assert_same_as_uncached(checkpoint[1])
+    assert cached == [0, 0, 32, 32, 48, 48, 64]
+    st = llm.stats()
+    queries = 80 + 50 + 61 + 75 + 50 + 61 + 75
+    assert (st["prefix_cache_hits"], st["prefix_cache_queries"]) == (sum(cached), queries)
+    assert llm.engine_core.scheduler.state_slots.num_snapshots > 0
+
+
+def test_prefix_cache_chunked_prefill(checkpoint):
+    _, cached = _assert_same_as_uncached(checkpoint[1], max_num_batched_tokens=16)
+    assert cached == [0, 0, 32, 32, 48, 48, 64]
+
+
+def test_prefix_cache_with_preemption(checkpoint):
+    """A KV pool of 12 blocks: the batch's sequences preempt each other (recomputed from their
+    tokens, restoring a snapshot where one survives) and cached blocks are evicted with their
+    snapshots."""
+    llm, _ = _assert_same_as_uncached(checkpoint[1], num_kv_blocks=12, max_model_len=128)
+    sched = llm.engine_core.scheduler
+    assert sched.num_preemptions > 0
+    bm, slots = llm.engine_core.block_manager, sched.state_slots
+    bm.check_invariants()
+    assert set(slots._snapshots) <= set(bm.hash_to_block)  # every snapshot's block is still cached
+
+
+def test_prefix_cache_deterministic_bit_for_bit(checkpoint):
+    """In the deterministic mode (the per-token recurrence everywhere) a hit restores the very state
+    the uncached run reaches: the same logprob floats, not just within a tolerance."""
+    batches = _shared_prefix_batches()
+    want = _run_with_logprobs(_llm(checkpoint[1], enable_prefix_caching=False, max_num_seqs=4, deterministic=True),
+                              batches, max_tokens=8)
+    got = _run_with_logprobs(_llm(checkpoint[1], enable_prefix_caching=True, max_num_seqs=4, deterministic=True),
+                             batches, max_tokens=8)
+    assert got[0] == want[0] and torch.equal(got[1], want[1])
+    assert got[2] == [0, 0, 32, 32, 48, 48, 64]
+
+
+def test_snapshots_give_way_and_go_with_their_blocks():
+    from fastinfer.engine.block_manager import BlockManager
+    from fastinfer.engine.params import SamplingParams as SP
+    from fastinfer.engine.sequence import Request, Sequence
+
+    req = Request("r", [1, 2], SP())
+    seqs = [Sequence(i, req, i, [1, 2], req.params) for i in range(3)]
+    slots = StateSlots(2)
+    slots.take(seqs[0])
+    assert slots.save(seqs[0], 111) and slots.num_snapshots == 1 and slots.num_free == 1
+    assert slots.take_copies() == [(0, 1)]
+    assert slots.save(seqs[0], 111) and slots.take_copies() == []  # already there
+    slots.take(seqs[1])  # the snapshot gives its slot to a running sequence
+    assert seqs[1].state_slot == 1 and slots.num_snapshots == 0 and slots.num_free == 0
+    assert not slots.save(seqs[0], 222)  # every slot runs a sequence: no snapshot
+    slots.release(seqs[1])
+    assert slots.save(seqs[0], 222) and slots.cached_prefix([7, 8], [999, 222]) == 2
+    assert slots.cached_prefix([7, 8], [222, 999]) == 1 and slots.cached_prefix([7], [999]) == 0
+    slots.take(seqs[2])
+    assert slots.num_snapshots == 0 and seqs[2].state_slot == 1  # the least recently used went
+    slots.release(seqs[2])
+    slots.save(seqs[0], 333)
+    slots.take_copies()
+    slots.release(seqs[0])
+    slots.take(seqs[1])
+    slots.restore(seqs[1], 333)
+    assert slots.take_copies() == [(1, 0)]
+    # a block the block manager evicts takes its snapshot with it
+    bm = BlockManager(2, 4)
+    bm.on_evict = slots.drop
+    seq = Sequence(9, req, 0, list(range(9)), req.params)
+    bm.allocate(seq, 8)
+    seq.num_computed_tokens = 8
+    bm.register_full_blocks(seq)
+    slots.release(seqs[1])
+    slots.take(seqs[1])
+    slots.save(seqs[1], seq.block_hashes[1])
+    assert slots.num_snapshots == 1
+    bm.free(seq)
+    other = Sequence(10, req, 0, [5] * 8, req.params)
+    bm.allocate(other, 8)  # evicts both cached blocks
+    assert slots.num_snapshots == 0 and slots.num_free == 1
+
+
+def _bigram_draft(path: str, sequences) -> str:
+    """A dense Llama draft that proposes, after token t, the token that followed t first in
+    ``sequences`` (one-hot embeddings 512 wide, its one layer's outputs zero, the LM head the bigram
+    table): it agrees with the target often but not always."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    draft = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=512, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                                         tie_word_embeddings=False)).eval()
+    follows = {}
+    for seq in sequences:
+        for a, b in zip(seq, seq[1:]):
+            follows.setdefault(a, b)
+    with torch.no_grad():
+        draft.model.layers[0].self_attn.o_proj.weight.zero_()
+        draft.model.layers[0].mlp.down_proj.weight.zero_()
+        draft.model.embed_tokens.weight.zero_()
+        draft.model.embed_tokens.weight[torch.arange(VOCAB), torch.arange(VOCAB)] = 1.0
+        draft.lm_head.weight.zero_()
+        for a, b in follows.items():
+            draft.lm_head.weight[b, a] = 1.0
+    draft.save_pretrained(path)
+    return path
+
+
+def test_speculative_draft_chain_is_lossless(checkpoint, expected, tmp_path):
+    """A draft model's chains on the hybrid model: each verification keeps the target's
+    linear-attention state at the accepted length (re-running the accepted rows from the state saved
+    before), so greedy speculation gives transformers' tokens, with drafts accepted in part (about 66
+    of 160 draft tokens), with prefix caching, chunked prefill, and with preemption."""
+    seqs = [p + e for p, e in zip(_prompts(), expected)]
+    draft = _bigram_draft(str(tmp_path / "draft"), seqs)
+    for kw in (dict(), dict(enable_prefix_caching=False, max_num_batched_tokens=16),
+               dict(num_kv_blocks=12, max_model_len=128)):
+        llm = _llm(checkpoint[1], max_num_seqs=4, draft_model=draft, num_spec_tokens=3, **kw)
+        assert _generate(llm, _prompts()) == expected
+        st = llm.stats()
+        assert 0 < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"], st
+    assert st["num_preemptions"] > 0
+    llm = _llm(checkpoint[1], max_num_seqs=4, draft_model=draft, num_spec_tokens=3)
+    # the state before a verification has a slot of its own: two per running sequence, and as many
+    # again for snapshots with prefix caching: 4 x 2 x 2
+    assert llm.executor.num_state_slots == 16 and llm.engine_core.scheduler.state_slots.slots_per_seq == 2
+
+
+def test_speculative_refusals(checkpoint, tmp_path):
+    _, path = checkpoint
+    with pytest.raises(ValueError, match=r"spec_mode='tree' is not supported .* \(use spec_method='draft', "
+                                         r"spec_mode='chain'\)"):
+        _llm(path, draft_model=str(_bigram_draft(str(tmp_path / "d"), [])), spec_mode="tree")
+    with pytest.raises(ValueError, match="a draft model with linear-attention layers"):
+        _llm(path, spec_model=path, spec_method="draft")
 
 
 def test_greedy_deterministic_from_model_object(checkpoint, expected):
@@ -236,7 +455,10 @@ def test_random_weights_shapes(checkpoint):
 
 
 def test_state_sizing_reported(checkpoint):
-    llm = _llm(checkpoint[1], max_num_seqs=3, kv_cache_bytes=4 << 20)
+    """max_num_seqs slots without prefix caching, twice as many with it (the default: room for as many
+    state snapshots)."""
+    assert _llm(checkpoint[1], max_num_seqs=3, kv_cache_bytes=4 << 20).executor.num_state_slots == 6
+    llm = _llm(checkpoint[1], max_num_seqs=3, kv_cache_bytes=4 << 20, enable_prefix_caching=False)
     sizing = llm.executor.kv_sizing
     model = llm.executor.model
     per_seq = 3 * (3 * 256 * 4 + 2 * 64 * 64 * 4)  # 3 linear layers: conv window fp32 + recurrent state
@@ -265,8 +487,19 @@ def test_state_slot_allocator():
     assert a.state_slot is None and slots.num_free == 1
     slots.take(b)
     assert b.state_slot == 0
-    with pytest.raises(ValueError, match="at least one state slot"):
+    with pytest.raises(ValueError, match="at least 1 state slot, got 0"):
         StateSlots(0)
+    with pytest.raises(ValueError, match="at least 2 state slots, got 1"):
+        StateSlots(1, 2)
+    spec = StateSlots(3, 2)  # speculative decoding: a running sequence also takes a scratch slot
+    slots.release(b)
+    spec.take(a)
+    assert (a.state_slot, a.scratch_slot) == (0, 1) and not spec.can_take(1)
+    with pytest.raises(RuntimeError, match="no free state slot"):
+        spec.take(b)
+    assert b.state_slot is None
+    spec.release(a)
+    assert a.scratch_slot is None and spec.num_free == 3 and spec.can_take(1)
 
 
 def test_bfloat16(checkpoint):
@@ -287,13 +520,9 @@ def test_bfloat16(checkpoint):
 
 def test_refusals(checkpoint, capsys):
     _, path = checkpoint
-    with pytest.raises(ValueError, match="enable_prefix_caching=True is not supported"):
-        _llm(path, enable_prefix_caching=True)
-    with pytest.raises(ValueError, match="speculative decoding .* not supported"):
-        _llm(path, spec_model=path, spec_method="draft")
     llm = _llm(path, max_num_seqs=2)
-    assert "prefix caching off" in capsys.readouterr().err
-    assert llm.config.enable_prefix_caching is False
+    assert "prefix caching" not in capsys.readouterr().err
+    assert llm.config.enable_prefix_caching is True  # the default: on, with state snapshots
     out = llm.generate([[1, 2, 3]], SamplingParams(n=2, max_tokens=2))[0]  # a rejected request
     assert "n=2 is not supported for a hybrid model" in out.error
     assert out.outputs[0].finish_reason == "error"

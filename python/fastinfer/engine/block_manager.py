@@ -6,13 +6,14 @@ never serve wrong K/V). When a block becomes full and computed, its hash is regi
 sequence first looks its leading full blocks up and reuses the hits (ref count + 1) instead of
 recomputing them. A block whose ref count drops to 0 keeps its hash and goes to an LRU list of
 cached-free blocks; it is only evicted (hash dropped) when allocation runs out of never-cached
-free blocks, least recently freed first.
+free blocks, least recently freed first (``on_evict`` hears of each dropped hash: a hybrid model's
+state snapshot goes with its block, :class:`StateSlots`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from .sequence import Sequence
 
@@ -46,6 +47,7 @@ class BlockManager:
         # counters (tokens)
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        self.on_evict: Optional[Callable[[int], None]] = None  # called with each hash an eviction drops
 
     # ------------------------------------------------------------------------------------------
     @property
@@ -63,6 +65,8 @@ class BlockManager:
             blk = self.blocks[bid]
             if blk.hash is not None and self.hash_to_block.get(blk.hash) == bid:
                 del self.hash_to_block[blk.hash]
+                if self.on_evict is not None:
+                    self.on_evict(blk.hash)
             blk.hash = None
             blk.token_ids = None
         blk = self.blocks[bid]
@@ -185,6 +189,9 @@ class BlockManager:
         for blk in self.blocks:
             blk.hash = None
             blk.token_ids = None
+        if self.on_evict is not None:
+            for h in self.hash_to_block:
+                self.on_evict(h)
         self.hash_to_block.clear()
         while self.free_cached:
             bid, _ = self.free_cached.popitem(last=False)
@@ -201,25 +208,105 @@ class StateSlots:
     """The state slots of a hybrid model (its linear-attention layers' per-sequence state, allocated
     by the executor beside the paged KV): one per running sequence, taken when the scheduler admits
     it, given back when it finishes or is preempted (a preempted sequence is recomputed from its
-    tokens, so its state is rebuilt from zeros on readmission)."""
+    tokens, so its state is rebuilt on readmission).
 
-    def __init__(self, num_slots: int):
-        if num_slots < 1:
-            raise ValueError(f"a hybrid model needs at least one state slot, got {num_slots}")
+    With prefix caching the slots not running hold state snapshots: the state after the leading
+    full blocks of some sequence, keyed by the hash of the last of those blocks (the block
+    manager's hash chain, which names the whole prefix). A sequence whose cached prefix ends at a
+    snapshot restores it into its own slot and continues from there. Snapshots are least recently
+    used first to go: when a running sequence or a newer snapshot needs a slot, and with their
+    block when the block manager evicts it (:meth:`drop`). The copies between slots are queued
+    (:attr:`pending_copies`, ``(source slot, destination slot)`` in order) and applied before the
+    next forward pass, which is the only thing that writes a running slot.
+
+    With speculative decoding (``slots_per_seq=2``) a running sequence also takes a scratch slot
+    (``seq.scratch_slot``): its state before a verification, from which the accepted rows are
+    re-run."""
+
+    def __init__(self, num_slots: int, slots_per_seq: int = 1):
+        need = max(slots_per_seq, 1)
+        if num_slots < need:
+            raise ValueError(f"a hybrid model needs at least {need} state slot{'s' if need > 1 else ''}, "
+                             f"got {num_slots}")
         self.num_slots = num_slots
+        self.slots_per_seq = slots_per_seq
         self._free: deque = deque(range(num_slots))
+        self._snapshots: "OrderedDict[int, int]" = OrderedDict()  # block hash -> slot, LRU first
+        self.pending_copies: List[Tuple[int, int]] = []
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Slots a running sequence can take (free ones and those of snapshots, which give way)."""
+        return len(self._free) + len(self._snapshots)
+
+    @property
+    def num_snapshots(self) -> int:
+        return len(self._snapshots)
+
+    def can_take(self, num_seqs: int) -> bool:
+        """Whether ``num_seqs`` more sequences can run (each takes ``slots_per_seq`` slots)."""
+        return self.num_free >= num_seqs * self.slots_per_seq
+
+    def _take_slot(self) -> Optional[int]:
+        if self._free:
+            return self._free.popleft()
+        if self._snapshots:
+            _, slot = self._snapshots.popitem(last=False)
+            return slot
+        return None
 
     def take(self, seq: Sequence) -> None:
         if seq.state_slot is None:
-            if not self._free:
+            if not self.can_take(1):
                 raise RuntimeError(f"no free state slot for sequence {seq.seq_id} (all {self.num_slots} in use)")
-            seq.state_slot = self._free.popleft()
+            seq.state_slot = self._take_slot()
+            if self.slots_per_seq == 2:
+                seq.scratch_slot = self._take_slot()
 
     def release(self, seq: Sequence) -> None:
         if seq.state_slot is not None:
             self._free.append(seq.state_slot)
             seq.state_slot = None
+        if seq.scratch_slot is not None:
+            self._free.append(seq.scratch_slot)
+            seq.scratch_slot = None
+
+    # ---- snapshots ---------------------------------------------------------------------------
+    def cached_prefix(self, hits: List[int], hashes: List[int]) -> int:
+        """How many of the leading ``hits`` (prefix-cache block hits, ``hashes`` theirs) end at a
+        snapshot: the deepest one with a snapshot bounds a hybrid model's usable prefix."""
+        for k in range(len(hits), 0, -1):
+            if hashes[k - 1] in self._snapshots:
+                return k
+        return 0
+
+    def restore(self, seq: Sequence, block_hash: int) -> None:
+        """Queue the copy of the snapshot at ``block_hash`` into the slot of ``seq`` (taken)."""
+        slot = self._snapshots[block_hash]
+        self._snapshots.move_to_end(block_hash)
+        self.pending_copies.append((slot, seq.state_slot))
+
+    def save(self, seq: Sequence, block_hash: int) -> bool:
+        """Queue a snapshot of the slot of ``seq`` (its state after the block ``block_hash`` names)
+        into a free slot, or that of the least recently used snapshot; False when every slot runs a
+        sequence."""
+        if block_hash in self._snapshots:
+            self._snapshots.move_to_end(block_hash)
+            return True
+        slot = self._take_slot()
+        if slot is None:
+            return False
+        self._snapshots[block_hash] = slot
+        self.pending_copies.append((seq.state_slot, slot))
+        return True
+
+    def drop(self, block_hash: int) -> None:
+        """The block manager evicted the block ``block_hash`` names: its snapshot goes too."""
+        slot = self._snapshots.pop(block_hash, None)
+        if slot is not None:
+            self._free.append(slot)
+
+    def take_copies(self) -> List[Tuple[int, int]]:
+        """The queued copies, in order (the executor applies them before its next forward)."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies

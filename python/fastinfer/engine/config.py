@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -210,7 +209,8 @@ class EngineConfig:
         default_doc="2048 on CPU, 8192 on CUDA")
     enable_prefix_caching: Optional[bool] = _option(
         None, "kv cache", "reuse the KV blocks of identical prompt prefixes",
-        default_doc="on, except for hybrid models (Qwen3.5: off, with a notice; asking for it is an error)",
+        default_doc="on (hybrid models such as Qwen3.5 also cache their linear-attention state at block-aligned "
+                    "prefix ends)",
         switch=True)
     kv_cache_dtype: str = _option(
         "auto", "kv cache", "auto: the KV cache in the model dtype; fp8 (or fp8_e4m3): e4m3 values, K / k_scale and "
@@ -401,24 +401,29 @@ class EngineConfig:
                              "expert_parallel_size=1)")
 
     def _hybrid_model_options(self) -> None:
-        """Resolve ``enable_prefix_caching`` (None: on, except for a hybrid model) and refuse what a
-        hybrid model (linear-attention layers with a per-sequence state) cannot run yet."""
+        """Resolve ``enable_prefix_caching`` (None: on; a hybrid model's cache keeps state snapshots
+        too) and refuse what a hybrid model (linear-attention layers with a per-sequence state) cannot
+        run yet."""
         model_config = load_config(self.model) if isinstance(self.model, str) else getattr(self.model, "config", None)
         hybrid = model_config is not None and model_config.is_hybrid
         if not hybrid:
             self.enable_prefix_caching = True if self.enable_prefix_caching is None else bool(self.enable_prefix_caching)
             return
         arch = model_config.architecture
-        if self.speculative is not None:
-            raise ValueError(f"speculative decoding (spec_method={self.speculative.method!r}) is not supported for "
-                             f"{arch}: its linear-attention state would have to end at the accepted length")
-        if self.enable_prefix_caching:
-            raise ValueError(f"enable_prefix_caching=True is not supported for {arch}: a prefix-cache hit would "
-                             "also need the linear-attention layers' state at that prefix")
-        if self.enable_prefix_caching is None:
-            print(f"fastinfer: prefix caching off: {arch} has linear-attention layers (their state is not cached)",
-                  file=sys.stderr, flush=True)
-        self.enable_prefix_caching = False
+        spec = self.speculative
+        if spec is not None:
+            # the verification commits the linear-attention state at the accepted length by
+            # re-running the accepted rows of a chain from the state saved before it
+            if spec.method != "draft" or spec.mode != "chain":
+                raise ValueError(f"speculative decoding with spec_method={spec.method!r}, spec_mode={spec.mode!r} is "
+                                 f"not supported for {arch}: its linear-attention state is committed along a chain "
+                                 "(use spec_method='draft', spec_mode='chain')")
+            draft = spec.draft_model
+            draft_config = load_config(draft) if isinstance(draft, str) else getattr(draft, "config", None)
+            if draft_config is not None and draft_config.is_hybrid:
+                raise ValueError(f"a draft model with linear-attention layers ({draft_config.architecture}) is not "
+                                 "supported: the draft keeps no per-sequence state")
+        self.enable_prefix_caching = True if self.enable_prefix_caching is None else bool(self.enable_prefix_caching)
 
     def _speculative(self) -> Optional[SpeculativeConfig]:
         """The :class:`SpeculativeConfig` of the ``spec_*`` options (None: no speculation; the

@@ -50,7 +50,8 @@ class EngineCore:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len, lookahead=self.proposer.plan if self.proposer else None,
                                    static_batching=config.static_batching,
-                                   state_slots=StateSlots(self.num_state_slots) if self.num_state_slots else None)
+                                   state_slots=StateSlots(self.num_state_slots, 2 if self.proposer else 1)
+                                   if self.num_state_slots else None)
         self.requests: Dict[str, Request] = {}
         self.max_batches_in_flight = int(getattr(executor, "max_batches_in_flight", 1))
         self._in_flight: Deque[Tuple[SchedulerOutput, list, object]] = deque()  # (batch, forks, pending)

@@ -76,7 +76,7 @@ class Executor:
             extra = ([MemoryPool("draft KV", self.draft_model.kv_cache_bytes_per_block(self.block_size, kv_dtype))]
                      if self.draft_model is not None else [])
             self.kv_sizing: KVSizing = self.runner.agreed_kv_sizing(extra)
-            self.runner.init_kv(self.kv_sizing.num_blocks)
+            self.runner.init_kv(self.kv_sizing.num_blocks, self.kv_sizing.num_seq_slots)
         except BaseException:
             self.shutdown()
             raise
@@ -176,7 +176,8 @@ class Executor:
             with nvtx_range("draft", self.use_nvtx):
                 drafts = self.drafter.propose([(w.seq, w.plan.size, w.draft_computed) for w in step.spec],
                                               [self._gen(w.seq) for w in step.spec])
-        return step, drafts, self._submit_forward(sched.prefills, sched.decodes, drafts, step.finished_seq_ids)
+        return step, drafts, self._submit_forward(sched.prefills, sched.decodes, drafts, step.finished_seq_ids,
+                                                  sched.state_copies)
 
     @torch.inference_mode()
     def collect(self, pending) -> ModelOutput:
@@ -193,14 +194,14 @@ class Executor:
         return out
 
     def _submit_forward(self, prefills: Seq[Tuple[Sequence, int]], decodes: Seq[Sequence], drafts: Seq[Draft],
-                        finished: List[int]):
+                        finished: List[int], state_copies: Seq[Tuple[int, int]] = ()):
         """Start one target forward (:meth:`_collect_forward` returns its logits). Logits rows: the
         prefill chunks that complete their sequence (those sample), the decode rows, then every node
         of every draft, draft by draft. :meth:`_collect_forward` returns the logits, the sequences
         of the sampled rows and the prompt logprobs the chunks produced (a chunk of a request with
         prompt logprobs also gets the logits of its prompt positions; those rows are used there and
         dropped from the returned logits)."""
-        plan = ForwardPlan(finished=finished)
+        plan = ForwardPlan(finished=finished, state_copies=list(state_copies))
         sampled: List[Sequence] = []
         prompt_parts: List[Tuple[Sequence, int, int, int]] = []  # (seq, first position, first row, rows)
         keep: List[int] = []  # the rows that are not prompt-logprob rows
@@ -238,6 +239,8 @@ class Executor:
             plan.tables[seq.seq_id] = list(seq.block_table)
             if seq.state_slot is not None:
                 plan.state_slots[seq.seq_id] = seq.state_slot
+        # a hybrid model's chain: its state before the verification, to commit the accepted length from
+        plan.state_copies += [(d.seq.state_slot, d.seq.scratch_slot) for d in drafts if d.seq.scratch_slot is not None]
         plan.want_hidden = self.drafter is not None and self.drafter.wants_hidden_states
         if plan.want_hidden:
             plan.hidden_layers = tuple(self.drafter.hidden_layers)
@@ -277,6 +280,9 @@ class Executor:
         accepted K/V of both pools; the verdicts as data."""
         verify(drafts, self._mask_drafts(drafts, logits), [self._gen(d.seq) for d in drafts], self.ops)
         self.drafter.on_verified(drafts)
+        if self.runner.is_hybrid:  # the linear-attention state at the accepted length: root + accepted nodes
+            self.runner.commit_chains({d.seq.seq_id: (len(d.path), d.seq.state_slot, d.seq.scratch_slot)
+                                       for d in drafts})
         ts, td, ds, dd, computed = commit_moves(drafts, self.block_size)
         self.runner.move_slots(ts, td)
         self.drafter.move_slots(ds, dd)

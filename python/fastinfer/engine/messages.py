@@ -108,8 +108,8 @@ class StepExecutor(Protocol):
 
     @property
     def num_state_slots(self) -> int:
-        """State slots of a hybrid model's linear-attention layers (one per running sequence); 0:
-        the model keeps no per-sequence state."""
+        """State slots of a hybrid model's linear-attention layers (one per running sequence, the
+        others hold prefix-cache state snapshots); 0: the model keeps no per-sequence state."""
 
     @property
     def draft_tree(self) -> Optional[Seq[Path]]:

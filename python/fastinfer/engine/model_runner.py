@@ -105,6 +105,8 @@ class ForwardPlan:
     finished: List[int] = field(default_factory=list)  # seq ids no later plan mentions
     # seq_id -> state slot (hybrid models: one process, never sent to tensor-parallel workers)
     state_slots: Dict[int, int] = field(default_factory=dict)
+    # hybrid models' prefix cache: (source, destination) state-slot copies, in order, applied first
+    state_copies: List[Tuple[int, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -144,8 +146,10 @@ class ModelRunner:
         self.num_kv_blocks = 0
         self.max_model_len = min(self.model_max_len, config.max_model_len or self.model_max_len)
         self.decode_graphs: Optional[DecodeGraphs] = None
-        # a hybrid model's linear-attention state: one slot per sequence in flight
-        self.num_state_slots = config.max_num_seqs if self.model.config.is_hybrid else 0
+        # a hybrid model's linear-attention state: its slots, as many as the sizing gives (init_kv)
+        self.is_hybrid = bool(self.model.config.is_hybrid)
+        self.num_state_slots = 0
+        self._chains = None  # a hybrid model's last verification (see commit_chains)
 
     def _load_target(self, c: EngineConfig) -> LlamaForCausalLM:
         dev = c.device
@@ -177,7 +181,7 @@ class ModelRunner:
         """What this rank's KV blocks cost (:mod:`.kv_sizing`): the target's K and V over its layers
         (and a hybrid model's linear-attention state, per sequence)."""
         pools = [MemoryPool("target KV", self.model.kv_cache_bytes_per_block(self.block_size, self.kv_cache_dtype))]
-        if self.num_state_slots:
+        if self.is_hybrid:
             pools.append(MemoryPool("linear-attention state", bytes_per_seq=self.model.state_bytes_per_seq()))
         return pools
 
@@ -186,7 +190,8 @@ class ModelRunner:
         same block ids, charged against the same budget)."""
         c, m = self.config, self.model
         device_memory, activation = None, 0
-        if self.device.type == "cuda" and c.num_kv_blocks is None and c.kv_cache_bytes is None:
+        # (a hybrid model's state slots are a share of the device's budget even with num_kv_blocks given)
+        if self.device.type == "cuda" and c.kv_cache_bytes is None and (c.num_kv_blocks is None or self.is_hybrid):
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
             device_memory = torch.cuda.mem_get_info(self.device)
@@ -198,7 +203,13 @@ class ModelRunner:
                              max_num_seqs=c.max_num_seqs, max_model_len=self.max_model_len,
                              num_kv_blocks=c.num_kv_blocks, kv_cache_bytes=c.kv_cache_bytes,
                              gpu_memory_utilization=c.gpu_memory_utilization, device_memory=device_memory,
-                             activation=activation)
+                             activation=activation, slots_per_seq=self.state_slots_per_seq)
+
+    @property
+    def state_slots_per_seq(self) -> int:
+        """A hybrid model's state slots per ``max_num_seqs``: its own (and with speculation its state
+        before a verification), and with prefix caching as many again for snapshots."""
+        return (2 if self.config.speculative else 1) * (2 if self.config.enable_prefix_caching else 1)
 
     def local_num_kv_blocks(self, extra_pools: Sequence[MemoryPool] = ()) -> int:
         return self.local_kv_sizing(extra_pools).num_blocks
@@ -207,11 +218,13 @@ class ModelRunner:
         """The sizing of the pool every rank uses (one rank: its own)."""
         return self.local_kv_sizing(extra_pools)
 
-    def init_kv(self, num_blocks: int) -> None:
-        """Allocate the pool of ``num_blocks`` blocks (every rank the same) and capture graphs
-        (CUDA, unless ``enforce_eager`` or expert parallelism)."""
+    def init_kv(self, num_blocks: int, num_state_slots: Optional[int] = None) -> None:
+        """Allocate the pool of ``num_blocks`` blocks (every rank the same) and a hybrid model's state
+        slots (None: ``max_num_seqs``); capture graphs (CUDA, unless ``enforce_eager`` or EP)."""
         c = self.config
         self.num_kv_blocks = int(num_blocks)
+        if self.is_hybrid:
+            self.num_state_slots = int(c.max_num_seqs if num_state_slots is None else num_state_slots)
         self.max_model_len = min(self.max_model_len, self.num_kv_blocks * self.block_size)
         state = dict(num_state_slots=self.num_state_slots) if self.num_state_slots else {}
         self.kv_caches = self.model.allocate_kv_cache(self.num_kv_blocks, self.block_size, self.kv_cache_dtype, **state)
@@ -255,6 +268,8 @@ class ModelRunner:
         once its stage has sent the hidden state on (the next plan can start while the later stages
         run this one); otherwise the forward is done here."""
         self.move_slots(*plan.moves)
+        if plan.state_copies:
+            self.model.copy_state_slots(self.kv_caches, plan.state_copies)
         if plan.is_empty:
             return None, None
         b = BatchBuilder(self.block_size, self.device)
@@ -264,8 +279,9 @@ class ModelRunner:
                       state_slot=slots.get(c.seq_id))
         for sid, tok, pos in plan.decodes:
             b.decode(tok, pos, plan.tables[sid], state_slot=slots.get(sid))
-        for c in plan.trees:
-            b.prefill(c.tokens, c.start, plan.tables[c.seq_id], positions=c.positions, mask=c.mask, logits=c.logits)
+        for c in plan.trees:  # (a hybrid model's chain continues from its state slot)
+            b.prefill(c.tokens, c.start, plan.tables[c.seq_id], positions=c.positions, mask=c.mask, logits=c.logits,
+                      state_slot=slots.get(c.seq_id))
         g = self.decode_graphs
         logits, hidden = None, None
         if self.stage.num_stages > 1:
@@ -280,6 +296,9 @@ class ModelRunner:
                 logits = g.run(*b.decode_rows())
         else:
             batch = b.build()
+            if self.is_hybrid and plan.trees:  # (the chain rows follow the chunks' rows)
+                self._chains = self.model.keep_chain_inputs(batch, sum(len(c.tokens) for c in plan.chunks),
+                                                            [(c.seq_id, len(c.tokens)) for c in plan.trees])
             name = "decode" if not plan.chunks else ("prefill" if not plan.decodes else "mixed")
             if plan.trees:
                 name = "verify" if not plan.chunks and not plan.decodes else "mixed+verify"
@@ -296,6 +315,10 @@ class ModelRunner:
         if not self.is_driver:
             return None, None
         return logits, hidden
+
+    def commit_chains(self, kept: Dict[int, Tuple[int, int, int]]) -> None:
+        """After a hybrid model's verification (:meth:`~fastinfer.models.Qwen3_5ForCausalLM.commit_chains`)."""
+        self.model.commit_chains(self.kv_caches, self._chains, kept)
 
     def _stage_forward(self, batch):
         """This pipeline stage's part of a forward (see the module docstring). Rank 0 posts the

@@ -14,6 +14,14 @@ preempted: its blocks (and a hybrid model's state slot, :class:`~.block_manager.
 recomputed from its prompt + the tokens generated so far (its full blocks often come back from the
 prefix cache). A sequence may preempt itself if it is the latest arrival.
 
+A hybrid model with prefix caching (``state_slots`` given and the block manager caching): a
+cached prefix is only usable up to its deepest block that has a state snapshot
+(:class:`~.block_manager.StateSlots`); the admitted sequence takes those blocks and the snapshot is
+copied into its slot. Snapshots are taken at block-aligned prefix ends, where a prefill chunk is
+cut so that the slot holds exactly that state: the end of the last full block of the prompt, and
+the end of the cached blocks when they reach past the deepest snapshot (the point where this
+sequence leaves a prefix another one computed, so the next sequence sharing it finds its state).
+
 Static batching (``static_batching=True``, for comparisons): waiting sequences are admitted only
 into a batch that is still forming: a batch opens when nothing is running and closes as soon as
 admission stops for a reason other than this step's token budget (the queue is empty, or
@@ -63,6 +71,8 @@ class SchedulerOutput:
     spec: List[Tuple[Sequence, SpecPlan]] = field(default_factory=list)
     # waiting -> running this step (their prefix-cache hits are their computed tokens)
     admitted: List[Sequence] = field(default_factory=list)
+    # hybrid models: (source, destination) state-slot copies to apply, in order, before the forward
+    state_copies: List[Tuple[int, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -88,6 +98,10 @@ class Scheduler:
         self.lookahead = lookahead  # see the module docstring
         self.static_batching = static_batching
         self._batch_open = True  # static batching: the current batch still admits
+        # hybrid models with prefix caching: state snapshots at block-aligned prefix ends
+        self.snapshots = state_slots is not None and block_manager.enable_prefix_caching
+        if self.snapshots:
+            block_manager.on_evict = state_slots.drop
 
     # ------------------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -168,7 +182,7 @@ class Scheduler:
                 budget -= plan.span
                 out.spec.append((seq, plan))
                 continue
-            n = min(seq.num_uncomputed_tokens, budget)
+            n = self._cut(seq, seq.num_computed_tokens, min(seq.num_uncomputed_tokens, budget))
             if not self._reserve(seq, seq.num_computed_tokens + n, out, scheduled, busy):
                 continue
             scheduled[seq.seq_id] = n
@@ -190,15 +204,20 @@ class Scheduler:
                     break
                 # a prefix-cache hit has no logits: prompt logprobs recompute the whole prompt
                 hits = self.bm.match_prefix(seq) if not seq.block_table and not seq.needs_prompt_logits else []
+                restore = None
+                if self.snapshots:
+                    hits, restore = self._snapshot_plan(seq, hits)
                 computed = len(hits) * self.bm.block_size if hits else seq.num_computed_tokens
-                n = min(seq.num_tokens - computed, budget)
+                n = self._cut(seq, computed, min(seq.num_tokens - computed, budget))
                 if not self.bm.can_allocate(seq, computed + n, hits) or (
-                        self.state_slots is not None and self.state_slots.num_free < need_seqs):
+                        self.state_slots is not None and not self.state_slots.can_take(need_seqs)):
                     self._batch_open = not self.static_batching
                     break
                 self.waiting.pop(0)
                 if self.state_slots is not None:
                     self.state_slots.take(seq)
+                    if restore is not None:
+                        self.state_slots.restore(seq, restore)
                 if hits or not seq.block_table:
                     self.bm.allocate_prefix(seq, hits)
                     if seq.num_preemptions == 0:
@@ -215,13 +234,40 @@ class Scheduler:
                     out.prefills.append((seq, n))
             if not self.waiting and self.static_batching:
                 self._batch_open = False
+        if self.state_slots is not None and not out.is_empty:
+            out.state_copies = self.state_slots.take_copies()
         return out
+
+    def _snapshot_plan(self, seq: Sequence, hits: List[int]) -> Tuple[List[int], Optional[int]]:
+        """A hybrid model's usable prefix-cache hits (those up to the deepest snapshot), the hash of
+        that snapshot (None: none) and, in ``seq.snapshot_points``, the prefix ends (tokens) to
+        snapshot as it computes (see the module docstring)."""
+        bs = self.bm.block_size
+        hashes = [self.bm.blocks[b].hash for b in hits]
+        k = self.state_slots.cached_prefix(hits, hashes)
+        points = []
+        if len(hits) > k:
+            points.append(len(hits) * bs)  # where it leaves a prefix computed before
+        last_full = (seq.num_prompt_tokens - 1) // bs * bs
+        if last_full > max(k * bs, points[-1] if points else 0):
+            points.append(last_full)
+        seq.snapshot_points = points
+        return hits[:k], (hashes[k - 1] if k else None)
+
+    def _cut(self, seq: Sequence, computed: int, n: int) -> int:
+        """``n`` new tokens from ``computed`` on, cut at the first snapshot point inside them."""
+        for p in seq.snapshot_points:
+            if computed < p < computed + n:
+                return p - computed
+        return n
 
     def postprocess(self, out: SchedulerOutput) -> None:
         """After the forward pass: the scheduled tokens are now in the cache."""
         for seq, n in out.prefills:
             seq.num_computed_tokens += n
             self.bm.register_full_blocks(seq)
+            if self.snapshots and seq.num_computed_tokens in seq.snapshot_points and seq.state_slot is not None:
+                self.state_slots.save(seq, seq.block_hashes[seq.num_computed_tokens // self.bm.block_size - 1])
         for seq in out.decodes:
             seq.num_computed_tokens += 1
             self.bm.register_full_blocks(seq)

@@ -52,6 +52,8 @@ class Sequence:
         self.num_cached_tokens = 0  # prompt tokens that came from the prefix cache (first admission)
         self.num_preemptions = 0
         self.state_slot: Optional[int] = None  # hybrid models: its linear-attention state slot while running
+        self.snapshot_points: List[int] = []  # hybrid models with prefix caching: where to snapshot its state
+        self.scratch_slot: Optional[int] = None  # hybrid models with speculation: its state before a verification
         # n > 1: the first completion prefills the prompt, then the others fork from it
         self.pending_forks: int = 0
 

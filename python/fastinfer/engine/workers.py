@@ -237,10 +237,10 @@ class TensorParallelRunner(ModelRunner):
         n = self._guard(lambda: self.ctrl.comm.all_reduce_min([local.num_blocks], STARTUP_TIMEOUT_S)[0])
         return dataclasses.replace(local, num_blocks=n)
 
-    def init_kv(self, num_blocks: int) -> None:
+    def init_kv(self, num_blocks: int, num_state_slots: Optional[int] = None) -> None:
         self._initialising = True
         try:
-            self._guard(lambda: ModelRunner.init_kv(self, num_blocks))
+            self._guard(lambda: ModelRunner.init_kv(self, num_blocks, num_state_slots))
         finally:
             self._initialising = False
 

@@ -50,6 +50,11 @@ class ForwardBatch:
     state_slots: Optional[Tensor] = None  # [Bp + Bd] int32
     state_cu_seqlens: Optional[Tensor] = None  # [Bp + Bd + 1] int32
     has_initial_state: Optional[Tensor] = None  # [Bp + Bd] bool
+    # speculative verification of a hybrid model: each linear-attention layer puts the input
+    # projection of these rows (the chains' rows) in ``linear_inputs`` under its layer index, for
+    # re-running the accepted ones from the state saved before (see Qwen3_5ForCausalLM)
+    linear_input_rows: Optional[Tensor] = None  # [R] int64
+    linear_inputs: Optional[dict] = None
 
     @classmethod
     def decode_only(cls, input_ids: Tensor, positions: Tensor, slot_mapping: Tensor, seq_lens: Tensor,

@@ -23,7 +23,8 @@ position for text, so text positions rotate as plain RoPE.
 
 State: each linear-attention layer keeps, per sequence, the last ``W - 1`` convolution inputs and a
 float32 ``[Hv, Dk, Dv]`` recurrent state. They live in pools of state slots (one slot per running
-sequence, :meth:`Qwen3_5ForCausalLM.allocate_kv_cache` with ``num_state_slots``); the batch names
+sequence, the engine's prefix-cache snapshots in others, :meth:`Qwen3_5ForCausalLM.allocate_kv_cache`
+with ``num_state_slots``, :meth:`~Qwen3_5ForCausalLM.copy_state_slots`); the batch names
 each sequence's slot and whether it continues from it (:class:`~fastinfer.layers.ForwardBatch`'s
 ``state_slots`` / ``has_initial_state``). A linear layer's entry of ``kv_caches`` is its
 ``(conv_states, recurrent_states)``, a full-attention layer's its paged ``(k_cache, v_cache)``.
@@ -131,16 +132,30 @@ class GatedDeltaNet(nn.Module):
         self.norm = _GatedNormWeight(self.head_v_dim, f"{p}.norm", dtype=lin["dtype"], device=lin["device"])
         self.out_proj = RowParallelLinear(self.value_dim, [WeightPart(f"{p}.out_proj", c.hidden_size)], False, **lin)
 
-    def forward(self, x: Tensor, batch: ForwardBatch, state: KVCache) -> Tensor:
+    def forward(self, x: Tensor, batch: ForwardBatch, state: KVCache, layer_idx: int = -1) -> Tensor:
         if batch.state_slots is None:
             raise ValueError("a linear-attention layer needs the batch's state slots (BatchBuilder.prefill / "
                              "decode with state_slot=)")
-        conv_states, recurrent_states = state
-        T, ops = x.shape[0], self.ops
         proj = self.in_proj(x)
+        if batch.linear_inputs is not None:
+            batch.linear_inputs[layer_idx] = proj.index_select(0, batch.linear_input_rows)
+        o = self.recurrence(proj, batch.state_cu_seqlens, state, batch.state_slots, batch.has_initial_state)
+        T, hv, vd = x.shape[0], self.num_v_heads, self.value_dim
+        cd = self.conv_dim
+        z = proj[:, cd: cd + vd].reshape(T * hv, self.head_v_dim)
+        o = self.ops.gated_rms_norm(o.view(T * hv, self.head_v_dim), z, self.norm.weight, self.eps)
+        return self.out_proj(o.view(T, vd))
+
+    def recurrence(self, proj: Tensor, cu_seqlens: Tensor, state: KVCache, slots: Tensor,
+                   has_initial_state: Optional[Tensor]) -> Tensor:
+        """The convolution and the delta rule over the input projection ``proj`` of each sequence's
+        rows (``cu_seqlens``), continuing from (and updating) its slot: the output ``[T, Hv, Dv]``
+        before the gated norm."""
+        conv_states, recurrent_states = state
+        T, ops = proj.shape[0], self.ops
         cd, vd, hv = self.conv_dim, self.value_dim, self.num_v_heads
-        mixed = ops.causal_conv1d(proj[:, :cd], self.params.conv_weight, None, batch.state_cu_seqlens, conv_states,
-                                  batch.state_slots, batch.has_initial_state, "silu")
+        mixed = ops.causal_conv1d(proj[:, :cd], self.params.conv_weight, None, cu_seqlens, conv_states,
+                                  slots, has_initial_state, "silu")
         q = mixed[:, : self.key_dim].view(T, self.num_k_heads, self.head_k_dim)
         k = mixed[:, self.key_dim: 2 * self.key_dim].view(T, self.num_k_heads, self.head_k_dim)
         v = mixed[:, 2 * self.key_dim:].view(T, hv, self.head_v_dim)
@@ -148,12 +163,8 @@ class GatedDeltaNet(nn.Module):
         a = proj[:, cd + vd + hv:]
         beta = torch.sigmoid(b)  # in the model dtype, as transformers
         g = -self.params.A_log.float().exp() * nn.functional.softplus(a.float() + self.params.dt_bias.float())
-        o = ops.gated_delta_rule(q, k, v, g.contiguous(), beta.contiguous(), batch.state_cu_seqlens,
-                                 recurrent_states, batch.state_slots, batch.has_initial_state,
-                                 use_qk_l2norm=True)
-        z = proj[:, cd: cd + vd].reshape(T * hv, self.head_v_dim)
-        o = ops.gated_rms_norm(o.view(T * hv, self.head_v_dim), z, self.norm.weight, self.eps)
-        return self.out_proj(o.view(T, vd))
+        return ops.gated_delta_rule(q, k, v, g.contiguous(), beta.contiguous(), cu_seqlens, recurrent_states, slots,
+                                    has_initial_state, use_qk_l2norm=True)
 
 
 class Qwen3_5DecoderLayer(nn.Module):
@@ -210,7 +221,7 @@ class Qwen3_5DecoderLayer(nn.Module):
         else:
             x, residual = self.input_layernorm.add_norm(x, residual)
         if self.is_linear:
-            x = self.linear_attn(x, batch, cache)
+            x = self.linear_attn(x, batch, cache, self.layer_idx)
         else:
             x = self.gated_attention(x, batch, cache, cos_sin_cache)
         x, residual = self.post_attention_layernorm.add_norm(x, residual)
@@ -270,6 +281,61 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
         conv = (c.linear_conv_kernel_dim - 1) * c.linear_conv_dim * torch.empty((), dtype=self.dtype).element_size()
         rec = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
         return (len(self.layers) - len(self.attention_layers)) * (conv + rec)
+
+    @torch.no_grad()
+    def copy_state_slots(self, kv_caches: Sequence[KVCache], copies: Sequence[Tuple[int, int]]) -> None:
+        """Copy state slots ``(source, destination)`` of every linear-attention layer, one pair after
+        the other (a later pair may read what an earlier one wrote): the engine's prefix cache saves
+        a sequence's state as a snapshot and restores one into a sequence's slot."""
+        for layer, cache in zip(self.layers, kv_caches):
+            if layer.is_linear:
+                for pool in cache:
+                    for src, dst in copies:
+                        pool[dst].copy_(pool[src])
+
+    def keep_chain_inputs(self, batch: ForwardBatch, first_row: int, chains: Sequence[Tuple[int, int]]) -> dict:
+        """Before a speculative verification (``chains``: ``(seq_id, rows)`` from row ``first_row`` on):
+        make the linear-attention layers keep those rows' input projections; what
+        :meth:`commit_chains` needs."""
+        n = sum(rows for _, rows in chains)
+        batch.linear_input_rows = torch.arange(first_row, first_row + n, dtype=torch.int64, device=self.device)
+        batch.linear_inputs = {}
+        offsets, off = {}, 0
+        for sid, rows in chains:
+            offsets[sid] = (off, rows)
+            off += rows
+        return dict(inputs=batch.linear_inputs, offsets=offsets)
+
+    def commit_chains(self, kv_caches: Sequence[KVCache], kept_inputs: dict, kept: dict) -> None:
+        """After the verification: ``kept``: ``seq_id -> (rows kept, state slot, saved slot)``; a chain
+        that kept fewer rows than it had gets the state at that length (:meth:`advance_linear_states`)."""
+        offsets = kept_inputs["offsets"]
+        chains = [(offsets[sid][0], k, slot, saved) for sid, (k, slot, saved) in kept.items() if k < offsets[sid][1]]
+        self.advance_linear_states(kv_caches, kept_inputs["inputs"], chains)
+
+    @torch.no_grad()
+    def advance_linear_states(self, kv_caches: Sequence[KVCache], inputs: dict,
+                              chains: Sequence[Tuple[int, int, int, int]]) -> None:
+        """Commit speculative chains at their accepted length: per chain ``(first row, rows kept,
+        slot, saved slot)``, the slot gets the saved state (from before the verification) and the
+        linear-attention layers re-run the kept rows of the verification's input projections
+        (``inputs``: layer index -> rows, :attr:`~fastinfer.layers.ForwardBatch.linear_inputs`), so
+        it holds the state after exactly those tokens."""
+        if not chains:
+            return
+        self.copy_state_slots(kv_caches, [(saved, slot) for _, _, slot, saved in chains])
+        dev = self.device
+        rows = torch.tensor([r for first, kept, _, _ in chains for r in range(first, first + kept)], dtype=torch.int64,
+                            device=dev)
+        cu = [0]
+        for _, kept, _, _ in chains:
+            cu.append(cu[-1] + kept)
+        cu_seqlens = torch.tensor(cu, dtype=torch.int32, device=dev)
+        slots = torch.tensor([slot for _, _, slot, _ in chains], dtype=torch.int32, device=dev)
+        for layer, cache in zip(self.layers, kv_caches):
+            if layer.is_linear:
+                layer.linear_attn.recurrence(inputs[layer.layer_idx].index_select(0, rows), cu_seqlens, cache, slots,
+                                             None)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: Optional[torch.dtype] = None,
                           device=None, num_state_slots: int = 0) -> List[KVCache]:
