@@ -41,7 +41,8 @@ H = 64  # the test targets' hidden size (test_spec_decode._save_llama): one head
 
 
 def _save_dflash(path, t, *, block_size, mask_token_id, num_target_layers, target_layer_ids=None, prefix="",
-                 dtype=torch.float32, rope_theta=10000.0, put_in_dflash_config=True, **extra):
+                 dtype=torch.float32, rope_theta=10000.0, put_in_dflash_config=True, hidden=H, heads=1, kv_heads=1,
+                 vocab=VOCAB, **extra):
     """A DFlash drafter directory in z-lab's layout: ``t`` the tensors under the checkpoint's names."""
     from safetensors.torch import save_file
 
@@ -51,9 +52,10 @@ def _save_dflash(path, t, *, block_size, mask_token_id, num_target_layers, targe
     dc = {"mask_token_id": mask_token_id}
     if target_layer_ids is not None:
         dc["target_layer_ids"] = list(target_layer_ids)
-    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": H, "intermediate_size": 2 * H,
-           "num_hidden_layers": layers, "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 64,
-           "rms_norm_eps": 1e-6, "rope_theta": rope_theta, "vocab_size": VOCAB, "max_position_embeddings": 256,
+    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": hidden,
+           "intermediate_size": 2 * hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+           "num_key_value_heads": kv_heads, "head_dim": 64, "rms_norm_eps": 1e-6, "rope_theta": rope_theta,
+           "vocab_size": vocab, "max_position_embeddings": 256,
            "attention_bias": False, "tie_word_embeddings": False, "num_target_layers": num_target_layers,
            "layer_types": ["full_attention"] * layers, "dflash_config": dc, "block_size": block_size}
     if not put_in_dflash_config:  # SGLang also reads these at the top level
@@ -63,22 +65,24 @@ def _save_dflash(path, t, *, block_size, mask_token_id, num_target_layers, targe
         json.dump(cfg, f)
 
 
-def _random_drafter(layers, m, seed):
-    """Random drafter tensors (z-lab names): ``layers`` decoder layers, ``fc`` over ``m`` target layers."""
+def _random_drafter(layers, m, seed, hidden=H, heads=1, kv_heads=1):
+    """Random drafter tensors (z-lab names): ``layers`` decoder layers (head_dim 64), ``fc`` over ``m``
+    target layers."""
     g = torch.Generator().manual_seed(seed)
 
     def r(*shape, s=0.1):
         return torch.randn(*shape, generator=g) * s
 
-    t = {"fc.weight": r(H, m * H), "hidden_norm.weight": 1 + r(H), "norm.weight": 1 + r(H)}
+    Hd, q, kv = hidden, 64 * heads, 64 * kv_heads
+    t = {"fc.weight": r(Hd, m * Hd), "hidden_norm.weight": 1 + r(Hd), "norm.weight": 1 + r(Hd)}
     for i in range(layers):
         p = f"layers.{i}."
-        t.update({p + "input_layernorm.weight": 1 + r(H), p + "post_attention_layernorm.weight": 1 + r(H),
-                  p + "self_attn.q_proj.weight": r(64, H, s=0.3), p + "self_attn.k_proj.weight": r(64, H, s=0.3),
-                  p + "self_attn.v_proj.weight": r(64, H, s=0.3), p + "self_attn.o_proj.weight": r(H, 64, s=0.3),
+        t.update({p + "input_layernorm.weight": 1 + r(Hd), p + "post_attention_layernorm.weight": 1 + r(Hd),
+                  p + "self_attn.q_proj.weight": r(q, Hd, s=0.3), p + "self_attn.k_proj.weight": r(kv, Hd, s=0.3),
+                  p + "self_attn.v_proj.weight": r(kv, Hd, s=0.3), p + "self_attn.o_proj.weight": r(Hd, q, s=0.3),
                   p + "self_attn.q_norm.weight": 1 + r(64), p + "self_attn.k_norm.weight": 1 + r(64),
-                  p + "mlp.gate_proj.weight": r(2 * H, H, s=0.3), p + "mlp.up_proj.weight": r(2 * H, H, s=0.3),
-                  p + "mlp.down_proj.weight": r(H, 2 * H, s=0.3)})
+                  p + "mlp.gate_proj.weight": r(2 * Hd, Hd, s=0.3), p + "mlp.up_proj.weight": r(2 * Hd, Hd, s=0.3),
+                  p + "mlp.down_proj.weight": r(Hd, 2 * Hd, s=0.3)})
     return t
 
 
