@@ -378,3 +378,58 @@ def test_top_level_fields_and_fp16_weights_load(target, tmp_path):
     assert (dm.block_size, dm.mask_token_id, dm.target_layer_ids, dm.aux_layers) == (3, 5, (2,), (3,))
     assert dm.fc.weight.dtype == llm.model.dtype
     torch.testing.assert_close(dm.fc.weight, t["fc.weight"].half().float())
+
+
+# ------------------------------------------------------------------------------------------------
+# the end of the context window, an fp8 KV pool, the proposer's reservation, the CLI
+# ------------------------------------------------------------------------------------------------
+def test_block_reservation_and_the_end_of_the_context_window(target):
+    """A step reserves the whole block's slots; within a block of max_model_len a sequence decodes
+    normally, and the output stays identical up to the last position."""
+    tgt, head, _ = target
+    llm = LLM(tgt, spec_method="dflash", spec_model=head, spec_mode="chain", num_spec_tokens=2, max_model_len=48,
+              num_kv_blocks=16, seed=0)
+    proposer = llm.engine_core.proposer
+    assert proposer.block_size == 6 and proposer._span(2) == 6 and proposer._span(1) == 6
+    prompt = _tokens(3, 20, 3, VOCAB - 1)
+    sp = SamplingParams(max_tokens=28, **GREEDY)  # to position 47, the last one
+    ref = LLM(tgt, max_model_len=48, num_kv_blocks=16, seed=0).generate([prompt], sp)[0].outputs[0].token_ids
+    out = llm.generate([prompt], sp)[0]
+    assert out.outputs[0].token_ids == ref and len(ref) == 28
+    assert out.metrics["spec_num_verify"] > 0
+    _assert_no_leak(llm)
+
+
+def test_fp8_kv_pool_greedy_identical(target):
+    """With an fp8 KV cache the drafter's context K/V are written with the layers' scales; greedy
+    outputs stay those of the target with the same cache."""
+    tgt, head, _ = target
+    prompts = [_tokens(s, 12 + s, 3, VOCAB - 1) for s in range(3)]
+    sp = SamplingParams(max_tokens=20, **GREEDY)
+    ref = LLM(tgt, kv_cache_dtype="fp8", num_kv_blocks=32, seed=0).generate(prompts, sp)
+    llm = LLM(tgt, spec_method="dflash", spec_model=head, kv_cache_dtype="fp8", num_kv_blocks=32, seed=0)
+    outs = llm.generate(prompts, sp)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in ref]
+    assert all(k.element_size() == 1 and v.element_size() == 1 for k, v in llm.executor.drafter.kv_caches)
+    assert llm.stats()["spec_num_accepted_tokens"] > 0
+    _assert_no_leak(llm)
+
+
+def test_cli_generate(tmp_path):
+    """``fastinfer generate --spec-method dflash --spec-model DIR`` on the shipped model (a random
+    drafter of its shape): the same text as without speculation."""
+    import contextlib
+    import io
+
+    from fastinfer.entrypoints.cli import main
+
+    head = str(tmp_path / "dflash")
+    _save_dflash(head, _random_drafter(1, 1, seed=0, hidden=256, heads=4, kv_heads=2), block_size=4, mask_token_id=3,
+                 num_target_layers=5, hidden=256, heads=4, kv_heads=2, vocab=4096)
+    out = []
+    for extra in (["--spec-method", "dflash", "--spec-model", head, "--spec-mode", "tree"], []):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert main(["generate", *extra, "--prompt", "def main(", "--max-tokens", "10", "--json"]) == 0
+        out.append(json.loads(buf.getvalue())[0]["outputs"])
+    assert out[0] == out[1]
