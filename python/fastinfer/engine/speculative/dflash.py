@@ -186,7 +186,8 @@ def load_dflash(path: str, target) -> DFlashDraftModel:
                 m.load_from(reader)
     unused = [n for n in reader.unused() if not n.endswith(IGNORED_SUFFIXES)]
     if unused:
-        raise ValueError(f"unexpected tensors in DFlash checkpoint {reader.description}: {', '.join(sorted(unused)[:5])}")
+        raise ValueError(f"unexpected tensors in DFlash checkpoint {reader.description}: "
+                         f"{', '.join(sorted(unused)[:5])}")
     return DFlashDraftModel(target, cfg, layers, fc, hidden_norm, norm, dfc, layer_ids)
 
 
