@@ -288,7 +288,7 @@ def test_import_fastinfer_stays_light():
 # ---- the engine's seam: the token side ------------------------------------------------------------
 TOKEN_SIDE = {"engine.core", "engine.scheduler", "engine.block_manager", "engine.sequence", "engine.params",
               "engine.output_processor", "engine.messages", "engine.speculative.proposer",
-              "engine.speculative.trees"}
+              "engine.speculative.trees", "engine.speculative.dflash_config"}
 # what the token side may import besides itself: the detokenizer of the output processor (text)
 TOKEN_SIDE_MAY_IMPORT = {"engine.tokenizer"}
 

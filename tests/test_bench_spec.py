@@ -60,3 +60,28 @@ def test_spec_methods_guards(tmp_path, capsys):
 def test_every_entry_names_a_method_and_asset():
     for name, (method, asset, kw) in SPEC_ENTRIES.items():
         assert name.split("-")[0] == method and asset.startswith("tiny-llama-") and kw["spec_mode"] in ("chain", "tree")
+
+
+def test_dflash_entries(tmp_path, capsys):
+    """No DFlash drafter ships: the entries are skipped with the path unless --spec-method-model names
+    one; a random drafter for the shipped target runs (greedy outputs identical, its own draft size)."""
+    from test_spec_dflash import _random_drafter, _save_dflash
+
+    out = tmp_path / "spec.json"
+    assert main(["bench", "--spec-methods", "dflash-chain", "--spec-json", str(out)] + TINY) == 0
+    res = json.loads(out.read_text())
+    assert res["methods"] == [] and "not found" in res["skipped"][0]["reason"]
+    head = str(tmp_path / "dflash")
+    _save_dflash(head, _random_drafter(1, 1, seed=0, hidden=256, heads=4, kv_heads=2), block_size=4, mask_token_id=3,
+                 num_target_layers=5, hidden=256, heads=4, kv_heads=2, vocab=4096)
+    assert main(["bench", "--spec-methods", "dflash-chain,dflash-tree:4", "--spec-method-model", f"dflash={head}",
+                 "--spec-json", str(out)] + TINY) == 0
+    printed = capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert [m["name"] for m in res["methods"]] == ["dflash-chain", "dflash-tree:4"] and not res["skipped"]
+    for m in res["methods"]:
+        assert m["greedy_outputs_identical"] == "2/2", m
+        assert m["spec_verifications"] > 0 and 1.0 <= m["tokens_per_target_forward"] <= 4
+        assert f"| {m['name']} | {m['spec_mode']} |" in printed
+    # a block of 4 drafts 3 positions (the chain); the default tree's first 4 paths reach depth 2
+    assert [len(m["acceptance_rate_per_depth"]) for m in res["methods"]] == [3, 2]

@@ -97,10 +97,10 @@ def test_help_and_signature_list_every_option_with_its_default():
     (dict(dtype="fp12"), "unknown dtype 'fp12'"),
     (dict(model="/nonexistent/model"), "model directory not found"),
     (dict(spec_method="ngram", spec_model=DRAFT),
-     re.escape("spec_method must be one of ('draft', 'medusa', 'eagle', 'eagle3'), got 'ngram'")),
+     re.escape("spec_method must be one of ('draft', 'medusa', 'eagle', 'eagle3', 'dflash'), got 'ngram'")),
     (dict(spec_method="eagle"), "needs spec_model"),
     (dict(draft_model=DRAFT, spec_tree_topk=0), "spec_tree_topk must be an int >= 1"),
-    (dict(draft_model=DRAFT, spec_tree=[[0]]), "spec_tree .* needs spec_method='medusa' in tree mode"),
+    (dict(draft_model=DRAFT, spec_tree=[[0]]), "spec_tree .* needs spec_method='medusa' or spec_method='dflash' in tree mode"),
     (dict(spec_method="eagle", spec_model=EAGLE, tensor_parallel_size=2), "needs the target's hidden states"),
     (dict(spec_method="eagle", spec_model=EAGLE, expert_parallel_size=2),
      "needs the target's hidden states, which expert_parallel_size=2 does not return yet"),
@@ -114,11 +114,11 @@ def test_validation_names_the_option(kw, message):
 # ---- the method registry ------------------------------------------------------------------------------
 
 def test_spec_registry_defaults():
-    assert SPEC_METHODS == tuple(SPEC_REGISTRY) == ("draft", "medusa", "eagle", "eagle3")
+    assert SPEC_METHODS == tuple(SPEC_REGISTRY) == ("draft", "medusa", "eagle", "eagle3", "dflash")
     with pytest.raises(ValueError, match="spec_method must be one of"):
         spec_method("ngram")
     assert [m for m in SPEC_METHODS if spec_method(m).tensor_parallel] == ["draft"]
-    assert [m for m in SPEC_METHODS if spec_method(m).static_tree] == ["medusa"]
+    assert [m for m in SPEC_METHODS if spec_method(m).static_tree] == ["medusa", "dflash"]
     s = _config(draft_model=DRAFT).speculative
     assert (s.method, s.mode, s.num_tokens, s.tree_topk) == ("draft", "chain", 4, 2)
     s = _config(draft_model=DRAFT, spec_mode="tree").speculative

@@ -117,6 +117,11 @@ class SpeculativeConfig:
     ``method`` "eagle": ``draft_model`` is an EAGLE(-1/2) head directory (:mod:`.speculative.eagle`)
     or an ``EagleDraftModel``; ``mode`` and the sizes as for a draft model ("tree" is EAGLE-2's).
     ``method`` "eagle3": the same with an EAGLE-3 head (:mod:`.speculative.eagle3`, ``Eagle3DraftModel``).
+
+    ``method`` "dflash": ``draft_model`` is a DFlash drafter directory (:mod:`.speculative.dflash`) or a
+    ``DFlashDraftModel``; one forward drafts a block, its candidates a static tree as Medusa's (block
+    position d for head d): ``mode`` "chain" (default) ``num_tokens`` positions (default the block's
+    ``block_size - 1``), "tree" ``tree`` or the default tree.
     """
 
     draft_model: Any
@@ -252,18 +257,19 @@ class EngineConfig:
         None, _SPEC, "the draft model / heads directory of spec_method", default_doc="none")
     spec_mode: Optional[str] = _option(
         None, _SPEC, "chain: num_spec_tokens draft tokens in a row; tree: an EAGLE-2-style tree of "
-        "num_spec_tokens nodes, spec_tree_topk children per expanded node, spec_tree_depth levels (Medusa: "
-        "its static tree)", choices=SPEC_MODES,
+        "num_spec_tokens nodes, spec_tree_topk children per expanded node, spec_tree_depth levels (Medusa, "
+        "DFlash: their static tree)", choices=SPEC_MODES,
         default_doc=", ".join(f"{m}: {spec_method(m).default_mode}" for m in SPEC_METHODS))
     num_spec_tokens: Optional[int] = _option(
         None, _SPEC, "draft tokens per step: chain length / tree node budget (without the root)",
-        default_doc="4 chain, 8 tree; Medusa: every head / the whole tree")
+        default_doc="4 chain, 8 tree; Medusa: every head / the whole tree; DFlash: the block (block_size - 1) / "
+        "the whole tree")
     spec_tree_topk: int = _option(2, _SPEC, "tree mode: children per expanded node")
     spec_tree_depth: Optional[int] = _option(
         None, _SPEC, "tree mode: levels, one draft forward each", default_doc="min(N, max(2, N // (2 * topk) + 1))")
     spec_tree: Optional[List[List[int]]] = _option(
-        None, _SPEC, "Medusa: the static tree as paths of top-k ranks, e.g. [[0], [1], [0, 0]] (JSON on the "
-        "command line)", default_doc="fastinfer.engine.speculative.trees.DEFAULT_MEDUSA_TREE", parse=_json_paths)
+        None, _SPEC, "Medusa, DFlash: the static tree as paths of top-k ranks, e.g. [[0], [1], [0, 0]] (JSON on "
+        "the command line)", default_doc="fastinfer.engine.speculative.trees.DEFAULT_MEDUSA_TREE", parse=_json_paths)
     # ---- quantisation ------------------------------------------------------------------------------
     quantization: Optional[str] = _option(
         None, _QUANT, "fp8 (W8A8: e4m3 weights per channel, dynamic per-token e4m3 activations) | int4 "

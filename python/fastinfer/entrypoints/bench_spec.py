@@ -5,7 +5,8 @@
     fastinfer bench --spec-methods eagle-tree:8:2,eagle-tree:16:4:3,eagle-chain:6   # sizes N[:TOPK[:DEPTH]]
 
 Each entry of :data:`SPEC_ENTRIES` is a method with its sizes and its spec model (default: the asset
-shipped next to the target, ``fastinfer/assets``; ``--spec-method-model METHOD=PATH`` replaces it).
+shipped next to the target, ``fastinfer/assets``; ``--spec-method-model METHOD=PATH`` replaces it;
+no DFlash drafter ships, so the ``dflash-*`` entries need ``--spec-method-model dflash=DIR``).
 One engine per entry; the no-spec runs are the same engine with speculation opted out per request,
 alternated with the spec runs (a shared machine's load drifts). Greedy, EOS ignored, code prompts
 (the heads were trained on code). Reported per entry: tokens per target forward (accepted + 1 per
@@ -42,6 +43,8 @@ SPEC_ENTRIES: Dict[str, tuple] = {
     "eagle-tree": ("eagle", "tiny-llama-eagle", dict(spec_mode="tree")),
     "eagle3-chain": ("eagle3", "tiny-llama-eagle3", dict(spec_mode="chain")),
     "eagle3-tree": ("eagle3", "tiny-llama-eagle3", dict(spec_mode="tree")),
+    "dflash-chain": ("dflash", "tiny-llama-dflash", dict(spec_mode="chain")),
+    "dflash-tree": ("dflash", "tiny-llama-dflash", dict(spec_mode="tree")),
 }
 
 #: Python code prompts (none of them from the training corpus' files verbatim)

@@ -40,6 +40,7 @@ from .gemm_fp8 import fp8_dequantize, fp8_quantize, fp8_scaled_mm  # noqa: F401
 from .gemm_int8 import int8_dequantize, int8_mm_exact, int8_quantize, int8_scaled_mm  # noqa: F401
 from . import fp4  # noqa: F401  (the FP4 weight formats: e2m1, NVFP4, MXFP4)
 from .speculative import tree_verify  # noqa: F401,E402
+from . import dflash  # noqa: F401,E402  (a DFlash drafter's block forward)
 from .sampling import apply_token_bitmask  # noqa: F401,E402
 from .moe import moe_align, moe_topk  # noqa: F401,E402
 from . import linear_attention  # noqa: F401,E402  (causal_conv1d)

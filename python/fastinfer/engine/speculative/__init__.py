@@ -52,10 +52,13 @@ differently: under such pressure a seeded completion may depend on the load (it 
 Draft heads (``spec_method``; :mod:`.registry` holds each method's configuration as data,
 :mod:`.build` its head loader and drafter, :mod:`.proposer` its proposer): :mod:`.medusa` (static
 trees of :mod:`.trees` from heads on the hidden state that produced the root: the executor hands the
-drafter the target's hidden states of the logits rows) and
+drafter the target's hidden states of the logits rows),
 :mod:`.eagle` (the drafting above, one row earlier, on a decoder layer fed with the target's features
-of every row, kept in a feature pool by KV slot) and :mod:`.eagle3` (the same on ``fc`` of three target
-layers' states, the drafter's ``hidden_layers``, with its own norm and a reduced vocabulary).
+of every row, kept in a feature pool by KV slot), :mod:`.eagle3` (the same on ``fc`` of three target
+layers' states, the drafter's ``hidden_layers``, with its own norm and a reduced vocabulary) and
+:mod:`.dflash` (a whole block drafted in one forward of a drafter conditioned on several target
+layers' outputs, its context K/V written from a feature pool by KV slot; Medusa's static trees over
+the block's positions).
 
 Not speculated (they decode normally, in the same step): requests with ``SamplingParams.speculative
 = False``, requests using top-k / top-p / min-p / repetition penalty (the verifier reproduces the

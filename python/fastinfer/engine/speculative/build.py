@@ -12,6 +12,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from ...layers import slot_of
+from .dflash import DFlashDraftModel, build_dflash_drafter, load_dflash
 from .drafter import Drafter, DraftModelDrafter
 from .eagle import EagleDraftModel, EagleDrafter, load_eagle
 from .eagle3 import Eagle3DraftModel, Eagle3Drafter, load_eagle3
@@ -52,8 +53,9 @@ def _check_draft_vocab(draft_vocab: int, target_vocab: int) -> None:
 
 
 def load_eagle_head(spec, target, cls, load):
-    """The EAGLE / EAGLE-3 head of ``spec``: ``load(directory, target)``, or an already built
-    ``cls`` (``EagleDraftModel`` / ``Eagle3DraftModel``). It calls the target's op backend."""
+    """The EAGLE / EAGLE-3 head (or DFlash drafter) of ``spec``: ``load(directory, target)``, or an
+    already built ``cls`` (``EagleDraftModel`` / ``Eagle3DraftModel`` / ``DFlashDraftModel``). It
+    calls the target's op backend."""
     head = spec.draft_model
     if isinstance(head, str):
         return load(head, target)
@@ -71,9 +73,14 @@ def _load_eagle3(spec, target, max_model_len, ops):
     return load_eagle_head(spec, target, Eagle3DraftModel, load_eagle3)
 
 
+def _load_dflash(spec, target, max_model_len, ops):
+    return load_eagle_head(spec, target, DFlashDraftModel, load_dflash)
+
+
 #: method -> ``(spec, target, max_model_len, ops) -> draft`` with its own KV pool (indexed by the
 #: target's block ids); a method not listed has none
-DRAFT_LOADERS: Dict[str, Callable] = {"draft": load_draft_model, "eagle": _load_eagle, "eagle3": _load_eagle3}
+DRAFT_LOADERS: Dict[str, Callable] = {"draft": load_draft_model, "eagle": _load_eagle, "eagle3": _load_eagle3,
+                                      "dflash": _load_dflash}
 
 
 def load_draft(spec, target, max_model_len: int, ops):
@@ -100,6 +107,11 @@ def _eagle3_drafter(spec, target, draft, num_kv_blocks, *args):
     return Eagle3Drafter(*_drafter_args(spec, draft, num_kv_blocks, *args), num_kv_blocks)
 
 
+def _dflash_drafter(spec, target, draft, num_kv_blocks, block_size, device, max_num_batched_tokens, ops,
+                    kv_cache_dtype):
+    return build_dflash_drafter(spec, draft, num_kv_blocks, block_size, device, max_num_batched_tokens, kv_cache_dtype)
+
+
 def _medusa_drafter(spec, target, draft, num_kv_blocks, block_size, device, max_num_batched_tokens, ops,
                     kv_cache_dtype):  # the heads read the target's hidden states: no KV pool of their own
     return build_medusa_drafter(spec, target, device)
@@ -109,7 +121,8 @@ def _medusa_drafter(spec, target, draft, num_kv_blocks, block_size, device, max_
 #: kv_cache_dtype) -> Drafter`` (``draft``: what :data:`DRAFT_LOADERS` loaded, or None;
 #: ``kv_cache_dtype``: the torch dtype of the draft's KV pool, the target's)
 DRAFTER_BUILDERS: Dict[str, Callable] = {"draft": _draft_model_drafter, "medusa": _medusa_drafter,
-                                         "eagle": _eagle_drafter, "eagle3": _eagle3_drafter}
+                                         "eagle": _eagle_drafter, "eagle3": _eagle3_drafter,
+                                         "dflash": _dflash_drafter}
 
 
 def build_drafter(spec, target, draft: Optional[torch.nn.Module], num_kv_blocks: int, block_size: int,

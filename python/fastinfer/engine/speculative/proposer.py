@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence as Se
 from ..block_manager import BlockManager
 from ..scheduler import SchedulerOutput, SpecPlan
 from ..sequence import Sequence
+from .dflash_config import dflash_block_size
 from .trees import Path
 
 if TYPE_CHECKING:  # the config module imports torch and the model loader; this reads fields only
     from ..config import SpeculativeConfig
 
-__all__ = ["Proposer", "DraftModelProposer", "StaticTreeProposer", "EagleProposer", "PROPOSER_BUILDERS",
-           "make_proposer", "speculation_supported"]
+__all__ = ["Proposer", "DraftModelProposer", "StaticTreeProposer", "BlockDraftProposer", "EagleProposer",
+           "PROPOSER_BUILDERS", "make_proposer", "speculation_supported"]
 
 
 def speculation_supported(params) -> bool:
@@ -178,6 +179,24 @@ class StaticTreeProposer(DraftModelProposer):
         return 1 + sum(len(q) <= size for q in self.paths)
 
 
+class BlockDraftProposer(StaticTreeProposer):
+    """Plans for a DFlash drafter (:mod:`.dflash`): a static tree as Medusa's, and a drafting step
+    that writes the whole block's K/V (``block_size`` slots from the root) whatever the tree's size,
+    so a speculative step reserves at least ``block_size`` slots."""
+
+    def __init__(self, config: SpeculativeConfig, block_manager: BlockManager, max_model_len: int,
+                 paths: Seq[Path], block_size: int):
+        super().__init__(config, block_manager, max_model_len, paths)
+        self.block_size = int(block_size)
+
+    def _span(self, size: int) -> int:
+        return max(super()._span(size), self.block_size)
+
+
+def _block_draft_proposer(spec, bm, max_model_len, draft_tree) -> BlockDraftProposer:
+    return BlockDraftProposer(spec, bm, max_model_len, draft_tree, dflash_block_size(spec.draft_model))
+
+
 class EagleProposer(DraftModelProposer):
     """An EAGLE head's rows pair each token's feature with the NEXT token, so the last row of a
     prefix-cache hit's blocks is recomputed (the token after the hit may differ)."""
@@ -195,11 +214,12 @@ PROPOSER_BUILDERS: Dict[str, Callable[..., DraftModelProposer]] = {
     "medusa": StaticTreeProposer,
     "eagle": lambda spec, bm, max_model_len, draft_tree: EagleProposer(spec, bm, max_model_len),
     "eagle3": lambda spec, bm, max_model_len, draft_tree: EagleProposer(spec, bm, max_model_len),
+    "dflash": _block_draft_proposer,
 }
 
 
 def make_proposer(config: SpeculativeConfig, block_manager: BlockManager, max_model_len: int,
                   draft_tree: Optional[Seq[Path]]) -> DraftModelProposer:
     """The core-side proposer of ``config.method`` (:data:`PROPOSER_BUILDERS`; ``draft_tree``: the
-    executor's static tree of draft heads, for ``medusa``)."""
+    executor's static tree of draft heads, for ``medusa`` and ``dflash``)."""
     return PROPOSER_BUILDERS[config.method](config, block_manager, max_model_len, draft_tree)

@@ -57,6 +57,8 @@ SPEC_REGISTRY: Dict[str, SpecMethod] = {m.name: m for m in (
                _DRAFT_SIZES, False, False, False),
     SpecMethod("eagle3", "an EAGLE-3 head (a directory, EAGLE repository or vLLM layout, or Eagle3DraftModel)",
                "chain", _DRAFT_SIZES, False, False, False),
+    SpecMethod("dflash", "a DFlash block drafter (a directory, z-lab layout, or DFlashDraftModel)", "chain",
+               {"chain": None, "tree": None}, False, True, False),
 )}
 
 SPEC_METHODS: Tuple[str, ...] = tuple(SPEC_REGISTRY)
