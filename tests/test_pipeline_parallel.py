@@ -49,6 +49,11 @@ CASES = {
     "qwen2": ("qwen2", dict(tie_word_embeddings=True, use_sliding_window=True, sliding_window=40,
                             max_window_layers=1)),  # qkv bias, tied embeddings
     "mistral": ("mistral", dict(sliding_window=24)),  # window < prompt
+    "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=24)),
+    # 8 experts, 3 per token; layers 1 and 3 routed (decoder_sparse_step=2), layer 2 dense (mlp_only_layers)
+    "qwen3_moe": ("qwen3_moe", dict(num_hidden_layers=4, num_experts=8, num_experts_per_tok=3,
+                                    moe_intermediate_size=64, norm_topk_prob=True, decoder_sparse_step=2,
+                                    mlp_only_layers=[2], rope_theta=1e6)),
 }
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
@@ -270,6 +275,33 @@ def test_pp2_equals_pp1_quantised_on_load(ckpts, engines, quant):
                   pipeline_parallel_size=PP)
     assert type(pp2.model.layers[0].down_proj.method).__name__ == f"{quant.capitalize()}LinearMethod"
     _check_equal(pp1, pp2, _prompts(n=2))
+
+
+@pytest.mark.parametrize("name, kw", [("mixtral", {}), ("qwen3_moe", {}), ("qwen3_moe", dict(expert_parallel_size=2))])
+def test_pp2_equals_pp1_mixture_of_experts(ckpts, engines, name, kw):
+    """Mixtral (both layers routed, one per stage) and Qwen3-MoE (which layers are routed follows the layer's index
+    in the whole model: stage 0 holds dense layer 0 and routed layer 1, stage 1 dense layer 2 and
+    routed layer 3) under PP=2, and PP=2 x EP=2 (4 processes, each stage's 8 experts split 4 + 4
+    over its two ranks). Every logit is one process's bit for bit (float32): a stage boundary passes
+    the tensors as they are, and expert parallelism is bit for bit itself."""
+    from fastinfer.layers import FusedMoE
+
+    path = ckpts(name)
+    pp1 = engines(path, num_kv_blocks=32, dtype="float32")
+    pp2 = engines(path, num_kv_blocks=32, dtype="float32", pipeline_parallel_size=PP, **kw)
+    routed = [isinstance(getattr(layer, "moe", None), FusedMoE) for layer in pp2.model.layers]
+    assert routed == ([True] if name == "mixtral" else [False, True])  # Mixtral: 2 layers, 1 + 1
+    moe = pp2.model.layers[-1].moe
+    assert (moe.first_expert, moe.num_local_experts) == ((0, 4) if kw else (0, moe.num_experts))
+    prompts = _prompts()
+    a, b = _plan_logits(pp1, prompts[0]), _plan_logits(pp2, prompts[0])
+    assert torch.equal(a, b)
+    assert _check_equal(pp1, pp2, prompts) == 0.0
+    if kw:  # rank 0 counts the routing of its stage's MoE layers (layer 1: 3 slots per token), per EP rank
+        before = sum(pp2.stats()["expert_parallel_routed_slots"])
+        _plan_logits(pp2, prompts[1])
+        assert len(pp2.stats()["expert_parallel_routed_slots"]) == 2
+        assert sum(pp2.stats()["expert_parallel_routed_slots"]) - before == (len(prompts[1]) + 1) * 3
 
 
 def test_pp2_equals_pp1_with_forced_preemption(engines):
