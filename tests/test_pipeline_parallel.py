@@ -237,6 +237,25 @@ def test_a_stage_reads_only_its_tensors(ckpts):
 # ------------------------------------------------------------------------------------------------
 # engines: PP=2 against PP=1
 # ------------------------------------------------------------------------------------------------
+def _track_in_flight(llm, monkeypatch):
+    """Counts, on ``llm``'s executor, the most batches submitted and not yet collected at once."""
+    ex, seen = llm.executor, {"now": 0, "max": 0}
+    submit, collect = ex.submit, ex.collect
+
+    def counted_submit(step):
+        seen["now"] += 1
+        seen["max"] = max(seen["max"], seen["now"])
+        return submit(step)
+
+    def counted_collect(pending):
+        seen["now"] -= 1
+        return collect(pending)
+
+    monkeypatch.setattr(ex, "submit", counted_submit)
+    monkeypatch.setattr(ex, "collect", counted_collect)
+    return seen
+
+
 def _check_equal(ref_llm, llm, prompts):
     a, b = _plan_logits(ref_llm, prompts[0]), _plan_logits(llm, prompts[0])
     assert a.shape == b.shape == (len(prompts[0]) + 1, ref_llm.model.config.vocab_size)
@@ -250,20 +269,24 @@ def _check_equal(ref_llm, llm, prompts):
 
 @pytest.mark.parametrize("name, partition", [("llama", None), ("llama", "1,2"), ("qwen2", None),
                                              ("mistral", None)])
-def test_pp2_equals_pp1_random_models(ckpts, engines, name, partition):
+def test_pp2_equals_pp1_random_models(ckpts, engines, monkeypatch, name, partition):
     path = ckpts(name)
     pp1 = engines(path, num_kv_blocks=32, dtype="float32")
     pp2 = engines(path, num_kv_blocks=32, dtype="float32", pipeline_parallel_size=PP, pipeline_partition=partition)
+    in_flight = _track_in_flight(pp2, monkeypatch)
     L = pp1.model.config.num_hidden_layers
     first = partition_layers(L, PP, partition)[0]
     assert [m.layer_idx for m in pp2.model.layers] == list(range(*first))  # rank 0 holds stage 0 only
     assert pp2.model.lm_head is None and len(pp2.executor.kv_caches) == first[1] - first[0]
     prompts = _prompts()
     _check_equal(pp1, pp2, prompts)
-    again = [prompts[0] + [7, 8, 9]]  # a prefix-cache hit: the table starts with cached blocks
+    assert in_flight["max"] == PP  # the default: one batch per stage
+    # prefix-cache hits in both batches in flight: each table starts with cached blocks
+    hits = pp2.stats()["prefix_cache_hits"]
+    again = [p + [7, 8, 9 + i] for i, p in enumerate(prompts)] + [prompts[0] + [11, 12]]
     assert ([o.outputs[0].token_ids for o in pp2.generate(again, GREEDY)]
             == [o.outputs[0].token_ids for o in pp1.generate(again, GREEDY)])
-    assert pp2.stats()["prefix_cache_hits"] > 0
+    assert pp2.stats()["prefix_cache_hits"] - hits >= pp2.block_size * len(again)  # (tokens: a block each)
 
 
 @pytest.mark.parametrize("quant", ["fp8", "int4"])
@@ -304,19 +327,22 @@ def test_pp2_equals_pp1_mixture_of_experts(ckpts, engines, name, kw):
         assert sum(pp2.stats()["expert_parallel_routed_slots"]) - before == (len(prompts[1]) + 1) * 3
 
 
-def test_pp2_equals_pp1_with_forced_preemption(engines):
-    """The shipped model (tied embeddings, 5 layers: 3 + 2) with a KV pool small enough to preempt."""
+def test_pp2_equals_pp1_with_forced_preemption(engines, monkeypatch):
+    """The shipped model (tied embeddings, 5 layers: 3 + 2) with a KV pool small enough to preempt,
+    two batches in flight."""
     kw = dict(num_kv_blocks=10, max_num_seqs=6, dtype="float32")
     prompts = ["def fibonacci(n):", "import os\nimport sys", "class Stack:", "for i in range(10):",
                "while True:", "x = ["]
     sp = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     a = engines(**kw)
     b = engines(pipeline_parallel_size=PP, **kw)
+    in_flight = _track_in_flight(b, monkeypatch)
     ref = [o.outputs[0].token_ids for o in a.generate(prompts, sp)]
     got = [o.outputs[0].token_ids for o in b.generate(prompts, sp)]
     assert got == ref
     assert b.stats()["num_preemptions"] > 0
     assert b.stats()["num_preemptions"] == a.stats()["num_preemptions"]
+    assert in_flight["max"] == PP
 
 
 # ------------------------------------------------------------------------------------------------
