@@ -421,6 +421,32 @@ def test_torchrun_two_stages(tmp_path):
     assert got == ref[0].outputs[0].token_ids
 
 
+def test_bench_counts_the_communication_the_model_scales(tmp_path):
+    """bench/pp.py: rank 0's counts of a decode step under TP=2 and PP=2 x TP=2 (6 processes in
+    turn) equal the formula, the rates derived from them are 2 all-reduces per layer + 1, one value
+    per row and hidden unit an all-reduce, two a boundary (hidden state + residual), 4 bytes per
+    logit; the model's network bytes per GPU are those rates at Llama-3-70B's shape (hand-worked:
+    80 layers, hidden 8192, vocabulary 128256, bf16)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+    try:
+        import pp as bench_pp
+    finally:
+        sys.path.pop(0)
+    shape = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=64, vocab_size=320)
+    c = bench_pp.counted(str(tmp_path), 3, shape)
+    assert c["measured"] == c["formula"] and c["matches"], c
+    assert c["measured"]["PP=2 x TP=2"] == dict(all_reduces=5, all_reduce_bytes=5 * 3 * 128 * 4,
+                                                boundary_bytes=2 * 3 * 128 * 4, logits_bytes=3 * 320 * 4)
+    assert c["rates"] == dict(all_reduces_per_layer=2, fixed_all_reduces=1, all_reduce_values_per_row_hidden=1,
+                              boundary_values_per_row_hidden=2, logits_bytes_per_row_vocab=4)
+    tp16, pp1, pp2 = bench_pp.model_step(bench_pp.MODEL_SHAPES["llama3-70b"], 8, 10e-6, 25e-6, c["rates"])
+    assert tp16["collectives"] == 2 * 80 + 1 + 1
+    assert tp16["network_bytes_per_gpu"] == 161 * 2 * 15 / 16 * 8 * 8192 * 2 + 8 * 128256 * 4 / 16
+    assert pp1["network_bytes_per_gpu"] == pp2["network_bytes_per_gpu"] == 8 * (2 * 8192 * 2 + 128256 * 4)
+    assert pp1["collectives"] == 2 * 40 + 1 + 2
+
+
 # ------------------------------------------------------------------------------------------------
 # PP x TP
 # ------------------------------------------------------------------------------------------------
