@@ -118,6 +118,8 @@ def test_partition_errors_name_the_problem(args, message):
     (dict(pipeline_parallel_size=True), "pipeline_parallel_size must be an int >= 1"),
     (dict(pipeline_parallel_size=2, pipeline_partition="5"), "has 1 stages, pipeline_parallel_size is 2"),
     (dict(pipeline_parallel_size=2, pipeline_partition="2,2"), "2,2 holds 4 layers, the model has 5"),
+    (dict(pipeline_partition="3"), "pipeline_partition 3 holds 3 layers, the model has 5"),  # one stage, wrong sum
+    (dict(pipeline_partition="3,2"), "has 2 stages, pipeline_parallel_size is 1"),
     (dict(pipeline_parallel_size=6), "pipeline_parallel_size=6 is larger than the model's 5 layers"),
     (dict(pipeline_parallel_size=2, pipeline_batches_in_flight=3),
      r"pipeline_batches_in_flight must be an int in 1..pipeline_parallel_size=2, got 3"),

@@ -383,8 +383,10 @@ class EngineConfig:
         if inflight is not None and (not _is_int(inflight) or not 1 <= inflight <= pp):
             raise ValueError(f"pipeline_batches_in_flight must be an int in 1..pipeline_parallel_size={pp}, "
                              f"got {inflight!r}")
-        if pp > 1 and isinstance(self.model, str):  # the split is checked before any process starts
-            partition_layers(load_config(self.model).num_hidden_layers, pp, partition)
+        if pp > 1 or partition is not None:  # the split is checked before any process starts
+            model_config = load_config(self.model) if isinstance(self.model, str) else getattr(self.model, "config", None)
+            if model_config is not None:
+                partition_layers(model_config.num_hidden_layers, pp, partition)
         sizes = f"tensor_parallel_size={tp}" if ep == 1 else f"expert_parallel_size={ep}"
         if pp > 1:
             sizes = f"pipeline_parallel_size={pp}"
