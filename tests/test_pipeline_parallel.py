@@ -401,6 +401,64 @@ def test_killed_and_hung_stages_fail_within_10_s_naming_rank_and_stage(ckpts, en
     _wait_gone(pids)
 
 
+def test_a_stage_killed_with_two_batches_in_flight_fails_within_10_s(engines, monkeypatch):
+    """The last stage killed while a generate call keeps two batches in the pipeline (rank 0
+    waiting for logits, its posted sends unfinished): the call raises within 10 s of the kill,
+    naming the rank and its stage."""
+    import threading
+
+    monkeypatch.setenv("FASTINFER_TP_TIMEOUT", "3")
+    llm = engines(num_kv_blocks=32, max_num_seqs=4, dtype="float32", pipeline_parallel_size=PP)
+    pid = llm.executor.runner.worker_pids[0]
+    in_flight = _track_in_flight(llm, monkeypatch)
+    killed = []
+
+    def kill_when_both_in_flight():
+        deadline = time.monotonic() + 60
+        while in_flight["now"] < PP and time.monotonic() < deadline:
+            time.sleep(0.01)
+        killed.append(time.monotonic())
+        os.kill(pid, signal.SIGKILL)
+
+    t = threading.Thread(target=kill_when_both_in_flight, daemon=True)
+    t.start()
+    sp = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+    with pytest.raises(TensorParallelError, match=r"pipeline-parallel worker rank 1 \(stage 1 of 2, pid \d+\) "
+                                                  r"died \(killed by SIGKILL\)"):
+        llm.generate(["def fibonacci(n):", "class Stack:", "import os", "while True:"], sp)
+    t.join(10)
+    assert killed and time.monotonic() - killed[0] < 10
+    llm.shutdown()
+    _wait_gone([pid])
+
+
+def test_workers_exit_when_rank0_is_killed(tmp_path):
+    """Rank 0 of PP=2 x TP=2 killed outright (no shutdown runs): its 3 workers (stage 0's second
+    rank and both ranks of stage 1) notice and exit within seconds."""
+    import fastinfer
+
+    code = ("import time, torch; torch.set_num_threads(1)\n"
+            "from fastinfer import LLM\n"
+            "if __name__ == '__main__':\n"
+            "    llm = LLM(num_kv_blocks=16, pipeline_parallel_size=2, tensor_parallel_size=2)\n"
+            "    print(*llm.executor.runner.worker_pids, flush=True)\n"
+            "    time.sleep(120)\n")
+    script = tmp_path / "rank0.py"
+    script.write_text(code)
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(fastinfer.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pkg_root, os.environ.get("PYTHONPATH", "")]),
+               FASTINFER_TP_THREADS="1")
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = p.stdout.readline()
+        workers = [int(w) for w in line.split()]
+        assert len(workers) == 3 and all(_alive(w) for w in workers), line
+    finally:
+        p.kill()
+        p.wait(10)
+    _wait_gone(workers, within=10.0)
+
+
 def test_torchrun_two_stages(tmp_path):
     """``torchrun --nproc-per-node 2 -m fastinfer generate --pipeline-parallel-size 2``: rank 0 runs
     stage 0 and the scheduler, rank 1 becomes stage 1; the tokens are the in-process engine's."""
@@ -465,6 +523,24 @@ def test_pp2_x_tp2_equals_one_process(ckpts, engines, name):
     assert four.model.layers[0].o_proj.weight.shape[1] == c.num_attention_heads * c.head_dim // 2  # a TP shard
     assert four.model.embed_tokens.weight.shape[0] == 384 // 2  # 300 padded to a multiple of 64 * 2
     _check_equal(one, four, _prompts(n=2))
+
+
+@pytest.mark.cuda
+def test_nccl_pp2_equals_pp1(ckpts, engines):
+    """NCCL, one GPU per stage, two batches in flight (bf16: greedy tokens must mostly agree, logits
+    within bf16 rounding)."""
+    if not (torch.cuda.is_available() and torch.cuda.device_count() >= PP):
+        pytest.skip("needs 2 GPUs")
+    path = ckpts("llama")
+    pp1 = engines(path, device="cuda", num_kv_blocks=64)
+    pp2 = engines(path, device="cuda", num_kv_blocks=64, pipeline_parallel_size=PP)
+    prompts = _prompts()
+    a, b = _plan_logits(pp1, prompts[0]), _plan_logits(pp2, prompts[0])
+    assert _rel(b, a) < 2e-2
+    ref = [o.outputs[0].token_ids for o in pp1.generate(prompts, GREEDY)]
+    got = [o.outputs[0].token_ids for o in pp2.generate(prompts, GREEDY)]
+    agree = sum(x == y for r, g in zip(ref, got) for x, y in zip(r, g)) / sum(len(r) for r in ref)
+    assert agree > 0.9, (ref, got)
 
 
 # ------------------------------------------------------------------------------------------------
