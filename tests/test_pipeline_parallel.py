@@ -507,6 +507,44 @@ def test_bench_counts_the_communication_the_model_scales(tmp_path):
     assert pp1["collectives"] == 2 * 40 + 1 + 2
 
 
+def _in_group(pid: int, pgid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pgid
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def test_serve_with_two_stages(engines):
+    """``fastinfer serve --pipeline-parallel-size 2`` (a loopback port, bounded): 4 concurrent greedy
+    completions (two batches in flight) are the in-process engine's; SIGTERM stops the server and
+    its stage-1 worker with exit status 0."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from serve_helpers import ServerProcess
+
+    prompts = ["def fibonacci(n):", "class Stack:", "import os", "while True:"]
+    srv = ServerProcess("--pipeline-parallel-size", "2", "--num-kv-blocks", "64")
+    try:
+        def complete(prompt):
+            status, _, body = srv.request("POST", "/v1/completions", {
+                "model": "tiny-llama", "prompt": prompt, "max_tokens": 12, "temperature": 0.0,
+                "ignore_eos": True}, timeout=120)
+            assert status == 200, body
+            return json.loads(body)["choices"][0]["text"]
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            got = list(pool.map(complete, prompts))
+        group = [int(d) for d in os.listdir("/proc") if d.isdigit() and _in_group(int(d), srv.proc.pid)]
+        assert len(group) >= 2, group  # the server and its worker
+    finally:
+        code = srv.stop()
+    assert code == 0
+    _wait_gone(group)
+    ref = engines(num_kv_blocks=64, dtype="float32").generate(prompts, SamplingParams(max_tokens=12, temperature=0.0,
+                                                                                      ignore_eos=True))
+    assert got == [o.outputs[0].text for o in ref]
+
+
 # ------------------------------------------------------------------------------------------------
 # PP x TP
 # ------------------------------------------------------------------------------------------------
