@@ -128,7 +128,11 @@ def test_partition_errors_name_the_problem(args, message):
      "set pipeline_batches_in_flight=1"),
     (dict(pipeline_parallel_size=2, pipeline_batches_in_flight=1, spec_method="eagle",
           spec_model=os.path.join(ASSETS, "tiny-llama-eagle")),
-     "spec_method='eagle' needs the target's hidden states, which pipeline_parallel_size=2 does not return"),
+     "spec_method='eagle' needs the target's hidden states, which pipeline_parallel_size=2 does not return yet: "
+     r"use one process \(.*pipeline_parallel_size=1\)"),
+    (dict(pipeline_parallel_size=2, pipeline_batches_in_flight=1, spec_method="medusa",
+          spec_model=os.path.join(ASSETS, "tiny-llama-medusa")),
+     "spec_method='medusa' needs the target's hidden states, which pipeline_parallel_size=2 does not return"),
 ])
 def test_options_are_validated_before_anything_starts(kw, message):
     with pytest.raises(ValueError, match=message):

@@ -400,7 +400,7 @@ class EngineConfig:
         if self.world_size > 1 and self.speculative is not None and not self.speculative.entry.tensor_parallel:
             raise ValueError(f"spec_method={self.speculative.method!r} needs the target's hidden states, which "
                              f"{sizes} does not return yet: use one process (tensor_parallel_size=1, "
-                             "expert_parallel_size=1)")
+                             "expert_parallel_size=1, pipeline_parallel_size=1)")
 
     def _hybrid_model_options(self) -> None:
         """Resolve ``enable_prefix_caching`` (None: on, except for a hybrid model) and refuse what a
