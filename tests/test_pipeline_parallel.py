@@ -463,9 +463,12 @@ def test_workers_exit_when_rank0_is_killed(tmp_path):
     _wait_gone(workers, within=10.0)
 
 
-def test_torchrun_two_stages(tmp_path):
-    """``torchrun --nproc-per-node 2 -m fastinfer generate --pipeline-parallel-size 2``: rank 0 runs
-    stage 0 and the scheduler, rank 1 becomes stage 1; the tokens are the in-process engine's."""
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_torchrun_two_stages(tmp_path, nproc):
+    """``torchrun --nproc-per-node N -m fastinfer generate --pipeline-parallel-size 2``: rank 0 runs
+    stage 0 and the scheduler; with 2 processes rank 1 is stage 1, with 4 (``--tensor-parallel-size``
+    defaults to WORLD_SIZE / 2) ranks 0, 1 are stage 0 and 2, 3 stage 1, each a tensor-parallel
+    group; the tokens are the in-process engine's."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     if not os.path.exists(torchrun):
         pytest.skip("torchrun is not installed next to the interpreter")
@@ -475,7 +478,7 @@ def test_torchrun_two_stages(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([pkg_root, os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1", FASTINFER_TP_THREADS="1")
     prompt = "def fibonacci(n):"
-    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "0", "-m", "fastinfer",
+    cmd = [torchrun, "--standalone", "--nproc-per-node", str(nproc), "--max-restarts", "0", "-m", "fastinfer",
            "generate", "--prompt", prompt, "--max-tokens", "10", "--json", "--ignore-eos", "--dtype", "float32",
            "--pipeline-parallel-size", "2"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=str(tmp_path))
