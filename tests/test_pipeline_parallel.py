@@ -552,6 +552,33 @@ def test_serve_with_two_stages(engines):
     assert got == [o.outputs[0].text for o in ref]
 
 
+def test_rank0_posts_the_logits_receive_after_the_hidden_state_send(engines, monkeypatch):
+    """NCCL runs the sends and receives between two ranks in the order they were posted, on one
+    stream: a receive of batch k's logits from stage 1 posted before the send of batch k's hidden
+    state to stage 1 would wait for logits that need that hidden state (a deadlock at PP=2). Rank
+    0's pipeline traffic, two batches in flight: per batch, send to stage 1, then receive from it."""
+    llm = engines(num_kv_blocks=32, dtype="float32", pipeline_parallel_size=PP)
+    comm, order = llm.executor.runner.stage.comm, []
+    post_send, post_recv = comm.post_send, comm.post_recv
+
+    def send(t, dst, tag=0):
+        order.append(("send", dst, tag))
+        return post_send(t, dst, tag)
+
+    def recv(t, src, tag=0):
+        order.append(("recv", src, tag))
+        return post_recv(t, src, tag)
+
+    monkeypatch.setattr(comm, "post_send", send)
+    monkeypatch.setattr(comm, "post_recv", recv)
+    llm.generate(["def fibonacci(n):", "class Stack:", "import os"], SamplingParams(max_tokens=6, temperature=0.0,
+                                                                                   ignore_eos=True))
+    assert len(order) >= 2 * 6 and len(order) % 2 == 0
+    for i in range(0, len(order), 2):
+        (a, dst, tag), (b, src, tag2) = order[i], order[i + 1]
+        assert (a, dst, b, src, tag2) == ("send", 1, "recv", 1, tag), order[i: i + 2]
+
+
 # ------------------------------------------------------------------------------------------------
 # PP x TP
 # ------------------------------------------------------------------------------------------------
