@@ -8,7 +8,10 @@ one process against the whole model; then engines: PP=2 must equal PP=1 (float32
 prefill and a decode step within 1e-5 relative norm, identical greedy tokens) on random Llama (GQA),
 Qwen2 (tied embeddings: the embedding and the LM head on different stages) and Mistral (sliding
 window) checkpoints written by transformers, an uneven partition, fp8 and int4 quantisation on
-load, a prefix-cache hit and forced preemption.
+load, prefix-cache hits and forced preemption with two batches in flight, Mixtral and Qwen3-MoE (also
+with expert parallelism inside each stage); PP x TP in one host and under torchrun, ``fastinfer
+serve``, faults (killed and hung stages, rank 0 killed), the order of rank 0's point-to-point
+operations, speculative decoding and the deterministic mode, and bench/pp.py's counts.
 
 Every engine is shut down at teardown even when a test fails; collectives have deadlines.
 """
