@@ -217,6 +217,22 @@ def test_tensor_parallel_slices_the_stored_planes(stored_tiny, engines, monkeypa
         one.generate([IDS[:9]], params)[0].outputs[0].token_ids
 
 
+def test_pipeline_parallel_stages_read_their_layers(stored_tiny, engines, monkeypatch):
+    """pipeline_parallel_size=2 on the stored GGUF file: stage 0 (here) holds layers 0-2 as stored
+    and none of the others, and the logits equal one process's bit for bit, greedy tokens too."""
+    monkeypatch.setenv("FASTINFER_TP_THREADS", "1")
+    kw = dict(dtype="float32", num_kv_blocks=16)
+    one = engines(stored_tiny, **kw)
+    pp = engines(stored_tiny, pipeline_parallel_size=2, **kw)
+    assert [layer.layer_idx for layer in pp.model.layers] == [0, 1, 2] and pp.model.lm_head is None
+    assert type(pp.model.layers[2].o_proj.method) is Int4LinearMethod
+    assert torch.equal(pp.model.layers[2].o_proj.high_packed0, one.model.layers[2].o_proj.high_packed0)
+    assert torch.equal(plan_logits(pp, IDS[:20]), plan_logits(one, IDS[:20]))
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    assert pp.generate([IDS[:9]], params)[0].outputs[0].token_ids == \
+        one.generate([IDS[:9]], params)[0].outputs[0].token_ids
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision(stored_tiny, dtype):
     """In float16 and bfloat16 the stored path is about as close to the float32 result as the

@@ -229,6 +229,28 @@ def test_tensor_parallel_two_ranks(ckpts):
             llm.shutdown()
 
 
+def test_pipeline_parallel_two_stages(ckpts):
+    """PP=2 split 1 + 3 (rank 0 here: the embedding and its normaliser, layer 0; one spawned worker:
+    layers 1-3, the final norm, soft-capped logits; Gemma 3's per-layer window and RoPE follow the
+    layer's index in the whole model) equals transformers: logits of a prompt and greedy tokens."""
+    from fastinfer.engine.model_runner import Chunk, ForwardPlan
+
+    for name in ("gemma2_hd64", "gemma3_hd64"):
+        hf, path = ckpts(name)
+        llm = LLM(path, dtype="float32", device="cpu", num_kv_blocks=16, block_size=BS, pipeline_parallel_size=2,
+                  pipeline_partition="1,3")
+        try:
+            assert [layer.layer_idx for layer in llm.model.layers] == [0] and llm.model.lm_head is None
+            ids = _prompt(seed=4)
+            logits, _ = llm.executor.runner.forward(ForwardPlan(chunks=[Chunk(-1, ids, 0, "all")],
+                                                                tables={-1: [0, 1, 2]}, finished=[-1]))
+            assert _rel(logits, _hf_logits(hf, ids)) < REL_TOL, name
+            out = llm.generate([ids], SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))
+            assert list(out[0].outputs[0].token_ids) == _hf_greedy(hf, ids, NEW_TOKENS), name
+        finally:
+            llm.shutdown()
+
+
 def test_cpu_bf16_model(ckpts):
     """The CPU bfloat16 path (``1 + weight`` formed in float32 by the norm ops): chunked prefill +
     decode against the fp32 logits."""

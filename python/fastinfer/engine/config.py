@@ -389,8 +389,10 @@ class EngineConfig:
         if inflight is not None and (not _is_int(inflight) or not 1 <= inflight <= pp):
             raise ValueError(f"pipeline_batches_in_flight must be an int in 1..pipeline_parallel_size={pp}, "
                              f"got {inflight!r}")
-        if pp > 1 and isinstance(self.model, str):  # the split is checked before any process starts
-            partition_layers(load_config(self.model).num_hidden_layers, pp, partition)
+        if pp > 1 or partition is not None:  # the split is checked before any process starts
+            model_config = load_config(self.model) if isinstance(self.model, str) else getattr(self.model, "config", None)
+            if model_config is not None:
+                partition_layers(model_config.num_hidden_layers, pp, partition)
         sizes = f"tensor_parallel_size={tp}" if ep == 1 else f"expert_parallel_size={ep}"
         if pp > 1:
             sizes = f"pipeline_parallel_size={pp}"
@@ -404,7 +406,7 @@ class EngineConfig:
         if self.world_size > 1 and self.speculative is not None and not self.speculative.entry.tensor_parallel:
             raise ValueError(f"spec_method={self.speculative.method!r} needs the target's hidden states, which "
                              f"{sizes} does not return yet: use one process (tensor_parallel_size=1, "
-                             "expert_parallel_size=1)")
+                             "expert_parallel_size=1, pipeline_parallel_size=1)")
 
     def _hybrid_model_options(self) -> None:
         """Resolve ``enable_prefix_caching`` (None: on; a hybrid model's cache keeps state snapshots

@@ -322,16 +322,16 @@ class ModelRunner:
 
     def _stage_forward(self, batch):
         """This pipeline stage's part of a forward (see the module docstring). Rank 0 posts the
-        receive of the logits first and returns the function that waits for them; other ranks None.
-        Each forward's messages carry its number as their tag (every rank runs every plan)."""
+        receive of the logits once it has posted the send of the hidden state, and returns the
+        function that waits for them; other ranks None. Each forward's messages carry its number
+        as their tag (every rank runs every plan).
+
+        The order matters on NCCL: the sends and receives between two ranks run in the order they
+        were posted on one stream, so a receive of the logits posted before the send of the hidden
+        state would hold that send back until the logits arrive, which need the hidden state."""
         st, comm, m = self.stage, self.stage.comm, self.model
         tag = self._num_stage_forwards % (1 << 30)
         self._num_stage_forwards += 1
-        logits = None
-        if self.is_driver:
-            out = torch.empty((batch.logits_indices.numel(), m.config.vocab_size), dtype=torch.float32,
-                              device=self.device)
-            logits = comm.post_recv(out, st.num_stages - 1, tag)
         x = residual = None
         if not st.is_first:
             buf = torch.empty((2, batch.num_tokens, m.config.hidden_size), dtype=m.dtype, device=self.device)
@@ -342,7 +342,11 @@ class ModelRunner:
         if not st.is_last:
             self.stage_busy_s += time.perf_counter() - t0
             comm.post_send(torch.stack([x, residual]), st.index + 1, tag)  # (the next stage may be busy)
-            return logits
+            if not self.is_driver:
+                return None
+            out = torch.empty((batch.logits_indices.numel(), m.config.vocab_size), dtype=torch.float32,
+                              device=self.device)
+            return comm.post_recv(out, st.num_stages - 1, tag)
         out = m.final_logits(batch, x, residual)  # (every rank of the stage: the gather under TP)
         self.stage_busy_s += time.perf_counter() - t0
         if self.tp.rank == 0:
