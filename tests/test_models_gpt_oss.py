@@ -9,13 +9,17 @@ attention sinks). Weights are re-drawn at a larger scale than transformers' init
 its limits bind. Checks: logits at every position of a prompt (relative norm error < 1e-5), 32
 greedy tokens through the runner, chunked prefill, a batch with prefix caching, chunked prefill and
 preemption against each prompt alone, tensor parallelism (2 ranks), the emulated CUDA kernels, the
-config against transformers' defaults, refusals, and ``test_each_gpt_oss_detail_is_visible`` (each
-detail undone moves the logits far beyond the tolerance, so the parity tests can fail).
+MXFP4 checkpoint layout (``*_blocks`` / ``*_scales``, ``quant_method "mxfp4"``) against
+transformers dequantising the same files, the config against transformers' defaults, refusals, and
+``test_each_gpt_oss_detail_is_visible`` (each detail undone moves the logits far beyond the
+tolerance, so the parity tests can fail).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import random
 
 import pytest
@@ -27,6 +31,7 @@ pytest.importorskip("safetensors")
 import fastinfer  # noqa: E402,F401
 from conftest import SIM_SEEDS, raw_bits, require_sim, sim_seed  # noqa: E402
 from fastinfer import LLM, SamplingParams  # noqa: E402
+from fastinfer.engine.checkpoints import load_checkpoint  # noqa: E402
 from fastinfer.models import GptOssForCausalLM, ModelConfig, load_model  # noqa: E402
 from model_helpers import (  # noqa: E402
     hf_greedy,
@@ -253,6 +258,80 @@ def test_each_gpt_oss_detail_is_visible(ckpts, name, detail):
     assert err > 1000 * REL_TOL, f"{name} without {detail}: rel err only {err:.2e}"
 
 
+# ------------------------------------------------------------------------------------------------
+# MXFP4 experts (the published layout)
+# ------------------------------------------------------------------------------------------------
+MXFP4_CONFIG = {"quant_method": "mxfp4",
+                "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                           "model.embed_tokens", "lm_head"]}
+
+
+def _write_mxfp4(src: str, dst: str, quantization_config=MXFP4_CONFIG) -> None:
+    """``src``'s checkpoint with its expert weights in gpt-oss's MXFP4 layout: per expert, the float
+    weight as stored one row per output feature (``gate_up_proj[e].T [2I, H]``, ``down_proj[e].T
+    [H, I]``), quantised by fastinfer's MXFP4 quantiser, packed ``*_blocks [E, N, K / 32, 16]``,
+    ``*_scales [E, N, K / 32]``; everything else as it was."""
+    from safetensors.torch import load_file, save_file
+
+    from fastinfer.quant.math import quantize_mxfp4_weight
+
+    os.makedirs(dst, exist_ok=True)
+    out = {}
+    for name, t in load_file(os.path.join(src, "model.safetensors")).items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            per_expert = [quantize_mxfp4_weight(w.t().contiguous()) for w in t]
+            out[name + "_blocks"] = torch.stack([p.reshape(p.shape[0], -1, 16) for p, _ in per_expert])
+            out[name + "_scales"] = torch.stack([s for _, s in per_expert])
+        else:
+            out[name] = t
+    save_file(out, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = json.load(f)
+    if quantization_config is not None:
+        cfg["quantization_config"] = quantization_config
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(cfg, f)
+
+
+def test_mxfp4_checkpoint_matches_transformers_dequantising_it(ckpts, tmp_path, caplog):
+    """The published tensor names and ``quant_method "mxfp4"``: fastinfer dequantises the experts
+    while loading (with a notice) and its logits equal transformers loading the same files with
+    ``Mxfp4Config(dequantize=True)`` (its converter, ``integrations/mxfp4.py``, on the CPU); the
+    MXFP4 error against the float model is visible (so the experts were quantised)."""
+    hf_float, path = ckpts("base")
+    mx = str(tmp_path / "mxfp4")
+    _write_mxfp4(path, mx)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        mx, quantization_config=transformers.Mxfp4Config(dequantize=True), dtype=torch.float32).eval()
+    with caplog.at_level("WARNING"):
+        model = load_checkpoint(mx, torch.float32, "cpu", None, fastinfer.ops.backend())
+    assert "MXFP4 experts dequantised to float32 while loading" in caplog.text
+    ids = _prompt()
+    ours = prefill_logits(model, ids, block_size=BS)
+    err, fp4_err = rel_err(ours, hf_logits(hf, ids)), rel_err(ours, hf_logits(hf_float, ids))
+    print(f"mxfp4 experts: rel err {err:.2e} against transformers dequantising them, {fp4_err:.3f} against the "
+          "float model")
+    assert err < REL_TOL
+    assert 1e-3 < fp4_err < 0.5
+    llm = LLM(mx, dtype="float32", num_kv_blocks=16, block_size=BS)
+    out = llm.generate([ids], SamplingParams(max_tokens=12, **GREEDY))
+    assert list(out[0].outputs[0].token_ids) == hf_greedy(hf, ids, 12)
+
+
+def test_mxfp4_refusals(ckpts, tmp_path):
+    _, path = ckpts("base")
+    bare = str(tmp_path / "bare")
+    _write_mxfp4(path, bare, quantization_config=None)
+    with pytest.raises(ValueError, match=r"stores model\.layers\.0\.mlp\.experts\.\*_blocks \(MXFP4 experts\) but "
+                                         r"its config.json has no quantization_config"):
+        LLM(bare, dtype="float32", num_kv_blocks=8)
+    from fastinfer.quant import resolve_quantization
+
+    conf = ModelConfig.from_dict({"architectures": ["MixtralForCausalLM"], "quantization_config": MXFP4_CONFIG})
+    with pytest.raises(ValueError, match="'mxfp4' is gpt-oss's expert format; MixtralForCausalLM"):
+        resolve_quantization(conf)
+
+
 @pytest.mark.parametrize("method", ["fp8", "int4", "int8"])
 def test_quantised_experts_are_refused(ckpts, method):
     """The quantised expert kernels run SiLU without biases: gpt-oss's experts are refused by name."""
@@ -309,3 +388,23 @@ def test_rope_table_is_transformers(ckpts):
 def test_config_errors(bad, what):
     with pytest.raises(ValueError, match=what):
         ModelConfig.from_dict(dict({"architectures": ["GptOssForCausalLM"]}, **bad))
+
+
+def test_mxfp4_dequantisation_is_the_oracle():
+    """The loader's MXFP4 decoding equals the fp64 oracle (fastinfer.reference.fp4, itself checked
+    against transformers' converter in test_fp4_formats.py) bit for bit, the extreme scales of
+    float32 included (e8m0 0 and 252); a NaN scale (255) and wrong shapes are refused."""
+    from fastinfer import reference as ref
+    from fastinfer.models.gpt_oss import dequantize_mxfp4
+
+    g = torch.Generator().manual_seed(5)
+    blocks = torch.randint(0, 256, (3, 5, 4, 16), generator=g, dtype=torch.int32).to(torch.uint8)
+    scales = torch.randint(100, 150, (3, 5, 4), generator=g, dtype=torch.int32).to(torch.uint8)
+    scales[0, 0, 0], scales[0, 0, 1], scales[1, 2, 3] = 0, 252, 1
+    ours = dequantize_mxfp4(blocks, scales)
+    assert ours.dtype == torch.float32 and ours.shape == (3, 5, 128)
+    assert torch.equal(ours.double(), ref.fp4.mxfp4_dequantize(blocks, scales))
+    with pytest.raises(ValueError, match="255"):
+        dequantize_mxfp4(blocks, torch.full_like(scales, 255))
+    with pytest.raises(ValueError, match="blocks uint8"):
+        dequantize_mxfp4(blocks[..., :8], scales)
