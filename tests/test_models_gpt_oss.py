@@ -332,7 +332,7 @@ def test_mxfp4_refusals(ckpts, tmp_path):
         resolve_quantization(conf)
 
 
-@pytest.mark.parametrize("method", ["fp8", "int4", "int8"])
+@pytest.mark.parametrize("method", ["fp8", "int4", "int8", "nvfp4", "mxfp4"])
 def test_quantised_experts_are_refused(ckpts, method):
     """The quantised expert kernels run SiLU without biases: gpt-oss's experts are refused by name."""
     _, path = ckpts("base")
