@@ -19,7 +19,7 @@ import fastinfer  # noqa: F401  (loads the ops)
 from fastinfer import reference as ref
 from fastinfer.engine.llm import LLM
 from fastinfer.entrypoints.cli import main as cli_main
-from fastinfer.quant import Fp4LinearMethod
+from fastinfer.quant import Fp4LinearMethod, describe_quantization
 from fastinfer.quant.math import quantize_mxfp4_weight, quantize_nvfp4_weight
 from model_helpers import prefill_logits
 
@@ -102,6 +102,7 @@ def test_quantization_on_load(float_ckpt, tmp_path, fmt):
     llm = LLM(float_ckpt, num_kv_blocks=8, dtype="float32", quantization=fmt)
     linears = [m for m in llm.model.linear_layers() if m is not llm.model.lm_head]
     assert linears and all(type(m.method) is Fp4LinearMethod and m.method.name == fmt for m in linears)
+    assert describe_quantization(llm.model) == fmt
     layer = llm.model.layers[1].down_proj
     w_float = float_llm.model.layers[1].down_proj.weight.detach()
     with torch.no_grad():
