@@ -183,6 +183,30 @@ def test_tensor_parallel_two_ranks(ckpts):
         llm.shutdown()
 
 
+def test_expert_parallel_two_ranks_is_one_process(ckpts, monkeypatch):
+    """expert_parallel_size=2: each rank holds half the experts whole (their biases whole), the
+    attention whole; float32 logits (a prefill, every row, and a decode row) equal one process's bit
+    for bit, and the greedy tokens too."""
+    from model_helpers import plan_logits
+
+    monkeypatch.setenv("FASTINFER_TP_THREADS", "1")  # every rank's kernels as this process's
+    hf, path = ckpts("clamped")
+    kw = dict(dtype="float32", device="cpu", num_kv_blocks=16, block_size=BS)
+    one = LLM(path, **kw)
+    ep = LLM(path, expert_parallel_size=2, **kw)
+    try:
+        moe = ep.model.layers[0].moe  # rank 0's half
+        assert moe.w13.shape[0] == 4 and moe.w2_bias.shape == (4, 128) and ep.executor.runner.worker_pids
+        ids = _prompt(seed=7)
+        a, b = plan_logits(one, ids), plan_logits(ep, ids)
+        assert torch.equal(a, b), f"max |diff| {(a - b).abs().max():.3e}"
+        assert rel_err(a[:-1], hf_logits(hf, ids)) < REL_TOL
+        sp = SamplingParams(max_tokens=12, **GREEDY)
+        assert ep.generate([ids], sp)[0].outputs[0].token_ids == one.generate([ids], sp)[0].outputs[0].token_ids
+    finally:
+        ep.shutdown()
+
+
 @pytest.mark.sim
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_sim_kernels_end_to_end(ckpts, dtype):
