@@ -8,9 +8,11 @@ attention sinks). Weights are re-drawn at a larger scale than transformers' init
 1, so that they take a visible share of each softmax) and one case clamps the SwiGLU at 1.0 so that
 its limits bind. Checks: logits at every position of a prompt (relative norm error < 1e-5), 32
 greedy tokens through the runner, chunked prefill, a batch with prefix caching, chunked prefill and
-preemption against each prompt alone, tensor parallelism (2 ranks), the emulated CUDA kernels, the
-MXFP4 checkpoint layout (``*_blocks`` / ``*_scales``, ``quant_method "mxfp4"``) against
-transformers dequantising the same files, the config against transformers' defaults, refusals, and
+preemption against each prompt alone, tensor parallelism (2 ranks), expert parallelism (2 ranks,
+bit for bit), draft-model speculation (chain and tree) giving the tokens of plain decoding, the
+emulated CUDA kernels, the MXFP4 checkpoint layout (``*_blocks`` / ``*_scales``, ``quant_method
+"mxfp4"``) against transformers dequantising the same files, the config against transformers'
+defaults and its reading of a hub-style config.json, refusals, and
 ``test_each_gpt_oss_detail_is_visible`` (each detail undone moves the logits far beyond the
 tolerance, so the parity tests can fail).
 """
@@ -207,6 +209,42 @@ def test_expert_parallel_two_ranks_is_one_process(ckpts, monkeypatch):
         ep.shutdown()
 
 
+@pytest.fixture(scope="module")
+def draft(ckpts, tmp_path_factory):
+    """A one-layer gpt-oss draft of the "clamped" target (its first layer, embedding, final norm and
+    head, as transformers builds the same config with one layer)."""
+    hf, _ = ckpts("clamped")
+    over = dict(CASES["clamped"], num_hidden_layers=1, layer_types=["full_attention"])
+    model = transformers.GptOssForCausalLM(transformers.GptOssConfig(**dict(BASE, **over))).eval()
+    target = hf.state_dict()
+    model.load_state_dict({k: v for k, v in target.items() if k in model.state_dict()}, strict=True)
+    path = tmp_path_factory.mktemp("gpt-oss-draft")
+    model.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("mode, sizes", [("chain", dict(num_spec_tokens=4)),
+                                         ("tree", dict(num_spec_tokens=6, spec_tree_topk=2))])
+def test_draft_model_speculation_gives_the_tokens_of_plain_decoding(ckpts, draft, mode, sizes):
+    """A one-layer draft proposes chains / trees; the target verifies them in one forward (sinks and
+    windows under the tree mask) in a batch that preempts: the tokens of plain decoding (the
+    deterministic mode), having drafted, accepted and rejected, every block freed."""
+    _, path = ckpts("clamped")
+    rng = random.Random(5)
+    shared = [rng.randrange(VOCAB) for _ in range(35)]
+    prompts = [(shared if i % 3 == 0 else []) + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))]
+               for i in range(12)]
+    params = [SamplingParams(max_tokens=rng.randint(8, 24), **GREEDY) for _ in prompts]
+    ref = LLM(path, dtype="float32", num_kv_blocks=64, block_size=BS, deterministic=True).generate(prompts, params)
+    llm = LLM(path, dtype="float32", draft_model=draft, spec_mode=mode, **sizes, num_kv_blocks=12, block_size=BS,
+              max_num_seqs=8, max_num_batched_tokens=64, deterministic=True)
+    outs = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == [r.outputs[0].token_ids for r in ref]
+    st = llm.stats()
+    assert st["spec_num_verify"] > 0 and 0 < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"], st
+    assert st["num_preemptions"] > 0 and st["num_free_blocks"] == st["num_kv_blocks"], st
+
+
 @pytest.mark.sim
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_sim_kernels_end_to_end(ckpts, dtype):
@@ -340,6 +378,13 @@ def test_mxfp4_checkpoint_matches_transformers_dequantising_it(ckpts, tmp_path, 
     llm = LLM(mx, dtype="float32", num_kv_blocks=16, block_size=BS)
     out = llm.generate([ids], SamplingParams(max_tokens=12, **GREEDY))
     assert list(out[0].outputs[0].token_ids) == hf_greedy(hf, ids, 12)
+    tp2 = LLM(mx, dtype="float32", num_kv_blocks=16, block_size=BS, tensor_parallel_size=2)
+    try:  # each rank dequantises the whole stacked tensor and keeps its rows
+        assert tp2.model.layers[0].moe.w13.shape[1] == 64
+        out = tp2.generate([ids], SamplingParams(max_tokens=12, **GREEDY))
+        assert list(out[0].outputs[0].token_ids) == hf_greedy(hf, ids, 12)
+    finally:
+        tp2.shutdown()
 
 
 def test_mxfp4_refusals(ckpts, tmp_path):
@@ -387,6 +432,31 @@ def test_config_defaults_are_transformers_defaults():
         "beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
         "rope_type": "yarn", "truncate": False}})
     assert (pub.rope_theta, pub.rope_scaling) == (ours.rope_theta, ours.rope_scaling)
+
+
+def test_hub_style_config_reads_as_transformers_reads_it():
+    """A config.json in the form the gpt-oss releases use (transformers-4 ``rope_scaling`` with
+    ``rope_theta``, ``layer_types`` listed, ``num_local_experts``, an ``mxfp4`` quantization_config)
+    means what transformers' GptOssConfig makes of the same dict."""
+    d = {"architectures": ["GptOssForCausalLM"], "attention_bias": True, "head_dim": 64, "hidden_act": "silu",
+         "hidden_size": 2880, "intermediate_size": 2880, "max_position_embeddings": 131072, "model_type": "gpt_oss",
+         "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 6, "num_key_value_heads": 8,
+         "num_local_experts": 32, "layer_types": ["sliding_attention", "full_attention"] * 3, "rms_norm_eps": 1e-05,
+         "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                          "rope_type": "yarn", "truncate": False},
+         "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": False,
+         "vocab_size": 201088, "eos_token_id": 200002, "pad_token_id": 199999, "quantization_config": MXFP4_CONFIG}
+    ours = ModelConfig.from_dict(d)
+    ref = transformers.GptOssConfig.from_dict({k: v for k, v in d.items() if k != "quantization_config"})
+    assert ours.num_experts == ref.num_local_experts == 32
+    for key in ("num_hidden_layers", "layer_types", "sliding_window", "swiglu_limit", "swiglu_alpha", "head_dim",
+                "num_key_value_heads"):
+        assert getattr(ours, key) == getattr(ref, key), key
+    assert ours.rope_theta == ref.rope_parameters["rope_theta"]
+    for key in ("factor", "beta_fast", "beta_slow", "truncate", "original_max_position_embeddings"):
+        assert ours.rope_scaling[key] == ref.rope_parameters[key], key
+    assert ours.eos_token_ids == [ref.eos_token_id] and ours.pad_token_id == ref.pad_token_id
+    assert [ours.window_left(i) for i in range(6)] == [127, -1] * 3
 
 
 def test_rope_table_is_transformers(ckpts):
