@@ -358,8 +358,9 @@ def _write_mxfp4(src: str, dst: str, quantization_config=MXFP4_CONFIG) -> None:
 def test_mxfp4_checkpoint_matches_transformers_dequantising_it(ckpts, tmp_path, caplog):
     """The published tensor names and ``quant_method "mxfp4"``: fastinfer dequantises the experts
     while loading (with a notice) and its logits equal transformers loading the same files with
-    ``Mxfp4Config(dequantize=True)`` (its converter, ``integrations/mxfp4.py``, on the CPU); the
-    MXFP4 error against the float model is visible (so the experts were quantised)."""
+    ``Mxfp4Config(dequantize=True)`` (its converter, ``integrations/mxfp4.py``; on a CPU without
+    its triton kernels transformers falls back to the same dequantisation by itself, the option pins
+    it); the MXFP4 error against the float model is visible (so the experts were quantised)."""
     hf_float, path = ckpts("base")
     mx = str(tmp_path / "mxfp4")
     _write_mxfp4(path, mx)

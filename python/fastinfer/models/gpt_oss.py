@@ -124,9 +124,9 @@ class GptOssExpertsReader(WeightReader):
     seen under the per-expert names :class:`~fastinfer.layers.FusedMoE` reads:
     ``experts.{e}.gate_proj.weight [I, H]`` (the even columns of ``gate_up_proj[e]``, transposed),
     ``up_proj`` (the odd ones), ``down_proj.weight [H, I]`` and the three ``.bias`` alike. Every other
-    tensor, and layers stored per expert, keep their names. A stacked tensor is read (and
-    dequantised) once per layer and kept until the next one is read. ``dequantized``: the layers whose
-    experts were MXFP4."""
+    tensor, and layers stored per expert, keep their names. Only the expert asked for is read from a
+    stacked tensor (and decoded), and kept until another is asked for: loading holds one expert's
+    float weight at a time. ``dequantized``: the layers whose experts were MXFP4."""
 
     def __init__(self, base: WeightReader, layers: Sequence[FusedMoE], mxfp4: bool = False):
         super().__init__(base.description)
@@ -168,7 +168,7 @@ class GptOssExpertsReader(WeightReader):
             for s in _STACKED:
                 for name in (head + s, head + s + "_bias"):
                     self._where.pop(name, None)
-        self._cached: Tuple[Optional[str], Optional[Tensor]] = (None, None)
+        self._cached: Tuple[Optional[Tuple[str, int]], Optional[Tensor]] = (None, None)
 
     def _check_mxfp4(self, name: str, whole: Tuple[int, ...]) -> None:
         """``name``'s ``_blocks`` / ``_scales`` have the shapes of the float tensor ``whole``."""
@@ -196,27 +196,33 @@ class GptOssExpertsReader(WeightReader):
         rows, cols = shape[2], shape[1]  # transposed
         return (rows // 2, cols) if part != "whole" else (rows, cols)
 
-    def _stacked(self, base_name: str) -> Tensor:
-        if self._cached[0] != base_name:
+    def _expert(self, base_name: str, expert: int) -> Tensor:
+        """Expert ``expert``'s slice of stacked tensor ``base_name`` as float ``[in, out]`` (MXFP4:
+        that expert's blocks and scales decoded; only that expert is read)."""
+        if self._cached[0] != (base_name, expert):
             self._cached = (None, None)  # the previous one freed first
-            if base_name in self._shapes:  # MXFP4: [E, out, in] (exact in float32), as [E, in, out]
-                blocks = self.base.get(base_name + "_blocks", dtypes=(torch.uint8,))
-                scales = self.base.get(base_name + "_scales", dtypes=(torch.uint8,))
-                t = dequantize_mxfp4(blocks, scales).transpose(1, 2)
+            if base_name in self._shapes:  # MXFP4: [out, in] (exact in float32)
+                coded = []
+                for suffix in ("_blocks", "_scales"):
+                    t = self.base._read_slice(base_name + suffix, (expert, 1), None)[0]
+                    if t.dtype != torch.uint8:
+                        raise ValueError(f"tensor {base_name + suffix!r} has dtype {t.dtype}, expected torch.uint8")
+                    coded.append(t)
+                t = dequantize_mxfp4(*coded).t()
             else:
-                t = self.base._read(base_name)
+                t = self.base._read_slice(base_name, (expert, 1), None)[0]
                 if not t.is_floating_point():
                     raise ValueError(f"tensor {base_name!r} has dtype {t.dtype}, a float tensor was expected")
-            self._cached = (base_name, t)
+            self._cached = ((base_name, expert), t)
         return self._cached[1]
 
     def _read(self, name: str) -> Tensor:
         base_name, expert, part = self._where[name]
         if expert is None:
-            return self._stacked(base_name) if base_name in self._shapes else self.base._read(base_name)
+            return self.base._read(base_name)
         if base_name.endswith("_bias"):
-            t = self.base._read(base_name)[expert]
+            t = self.base._read_slice(base_name, (expert, 1), None)[0]
             return t[0::2] if part == "gate" else t[1::2] if part == "up" else t
-        t = self._stacked(base_name)[expert]  # [in, out]
+        t = self._expert(base_name, expert)  # [in, out]
         t = t[:, 0::2] if part == "gate" else t[:, 1::2] if part == "up" else t
         return t.t()
