@@ -605,7 +605,8 @@ class ModelConfig:
         elif arch in HYBRID_ARCHITECTURES:
             layer_types = _hybrid_layer_types(d, num_layers, get_int("full_attention_interval"))
         elif arch == "GptOssForCausalLM":
-            layer_types = _gemma_layer_types(d, "Gemma2ForCausalLM", num_layers, None)  # the same alternation
+            # transformers' GptOssConfig alternates as Gemma 2 does (even layers slide) unless listed
+            layer_types = _gemma_layer_types(d, "Gemma2ForCausalLM", num_layers, None)
             if "sliding_attention" in layer_types:
                 sliding_window = get("sliding_window")
                 if sliding_window is None:

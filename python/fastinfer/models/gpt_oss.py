@@ -24,7 +24,7 @@ weights in MXFP4 (``quantization_config {"quant_method": "mxfp4"}``): ``gate_up_
 I / 32, 16]`` and ``down_proj_scales``, each row one output feature (the transpose of the float
 tensor; transformers' ``integrations/mxfp4.py`` converter). :class:`GptOssExpertsReader` shows
 either form under the per-expert names :class:`~fastinfer.layers.FusedMoE` reads; MXFP4 experts are
-dequantised there (exactly: e2m1 times a power of two) into float, since ``fused_moe`` has no FP4
+dequantised there (e2m1 times a power of two: exact in float32 and bfloat16) into float, since ``fused_moe`` has no FP4
 variant: they run as float experts in the model dtype.
 
 Tensor parallelism as the other MoE models (each expert's intermediate rows split, the down bias
@@ -87,7 +87,7 @@ class GptOssDecoderLayer(MoeDecoderLayer):
         self.moe = FusedMoE(c.hidden_size, c.moe_intermediate_size, c.num_experts, c.num_experts_per_tok, False,
                             f"{prefix}.mlp", EXPERT_PROJECTIONS, dtype=lin["dtype"], device=lin["device"],
                             ops=lin["ops"], tp=self.tp, quant_config=lin["quant_config"], router_name="router",
-                            bias=True, scoring=c.moe_scoring, activation=c.moe_activation,
+                            bias=c.moe_bias, scoring=c.moe_scoring, activation=c.moe_activation,
                             swiglu_alpha=c.swiglu_alpha, swiglu_limit=c.swiglu_limit)
 
 

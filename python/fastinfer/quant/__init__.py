@@ -72,8 +72,8 @@ Methods (round to nearest; calibration data only for int8 with SmoothQuant)
 gpt-oss checkpoints (``quantization_config {"quant_method": "mxfp4"}``, transformers' ``Mxfp4Config``)
 store their experts in MXFP4 (``mlp.experts.gate_up_proj_blocks`` / ``_scales``, ``down_proj_blocks``
 / ``_scales``; :mod:`fastinfer.models.gpt_oss`) and everything else in float
-(:class:`Mxfp4ExpertsQuantization`): the experts are dequantised while loading (exactly, into the
-model dtype; a warning says so) since ``fused_moe`` has no FP4 variant, and run as float experts.
+(:class:`Mxfp4ExpertsQuantization`): the experts are dequantised while loading into the model dtype
+(exact in float32 and bfloat16; a warning says so) since ``fused_moe`` has no FP4 variant, and run as float experts.
 gpt-oss's experts (clamped SwiGLU with biases) have no quantised method: ``quantization="fp8" |
 "int4"`` refuses them, as ``"int8" | "nvfp4" | "mxfp4"`` refuse every model's experts.
 
