@@ -9,7 +9,7 @@ attention sinks). Weights are re-drawn at a larger scale than transformers' init
 its limits bind. Checks: logits at every position of a prompt (relative norm error < 1e-5), 32
 greedy tokens through the runner, chunked prefill, a batch with prefix caching, chunked prefill and
 preemption against each prompt alone, tensor parallelism (2 ranks), expert parallelism (2 ranks,
-bit for bit), draft-model speculation (chain and tree) giving the tokens of plain decoding, the
+bit for bit), pipeline parallelism (2 stages), draft-model speculation (chain and tree) giving the tokens of plain decoding, the
 emulated CUDA kernels, the MXFP4 checkpoint layout (``*_blocks`` / ``*_scales``, ``quant_method
 "mxfp4"``) against transformers dequantising the same files, the config against transformers'
 defaults and its reading of a hub-style config.json, refusals, and
@@ -207,6 +207,20 @@ def test_expert_parallel_two_ranks_is_one_process(ckpts, monkeypatch):
         assert ep.generate([ids], sp)[0].outputs[0].token_ids == one.generate([ids], sp)[0].outputs[0].token_ids
     finally:
         ep.shutdown()
+
+
+def test_pipeline_parallel_two_stages(ckpts):
+    """pipeline_parallel_size=2: each stage holds its layers (and reads only their experts' stacked
+    tensors); the greedy tokens are transformers'."""
+    hf, path = ckpts("clamped")
+    llm = LLM(path, dtype="float32", device="cpu", num_kv_blocks=16, block_size=BS, pipeline_parallel_size=2)
+    try:
+        assert len(llm.model.layers) < hf.config.num_hidden_layers
+        ids = _prompt(seed=3)
+        out = llm.generate([ids], SamplingParams(max_tokens=12, **GREEDY))
+        assert list(out[0].outputs[0].token_ids) == hf_greedy(hf, ids, 12)
+    finally:
+        llm.shutdown()
 
 
 @pytest.fixture(scope="module")
