@@ -10,8 +10,9 @@ runners see the same weights and must agree up to summation order).
 Measured on the 2-core CPU machine (see the assertions for the tolerances): fp32 logits relative
 norm error vs transformers 1.1e-6..1.6e-6 (tolerance 1e-4); greedy tokens identical (2 x 40, the
 smallest top-2 logit gap on the way 0.010); held-out perplexity (``tests/data/heldout_en.txt``, an
-original text, 256 predictions) fp32 27.12, bf16 27.25 (1.005x), fp8 27.18 (0.997x bf16), int4
-group 64 34.86 (1.28x), int4 group 128 zero-padded 36.69 (1.35x). Leaving the q/k rows permuted
+original text, 256 predictions; 2026-12-06) fp32 27.12, bf16 27.15 (1.001x), fp8 27.55 (1.014x bf16),
+int8 28.70 (1.057x), NVFP4 30.79 (1.134x), int4 group 64 34.79 (1.28x), int4 group 128 zero-padded
+36.83 (1.36x), MXFP4 43.66 (1.61x). Leaving the q/k rows permuted
 (``unpermute_qk`` -> identity) fails the logits (relative error 1.16), greedy, chat, CLI,
 fp32-perplexity (in the hundreds) and synthetic-file tests.
 
@@ -282,6 +283,9 @@ PPL_CASES = [
     ("int4-g64", dict(dtype="bfloat16", quantization="int4", quantization_config={"group_size": 64}), (1.02, 1.40)),
     ("int4-g128-pad", dict(dtype="bfloat16", quantization="int4",  # 576 = 4.5 groups: zero-padded
                            quantization_config={"group_size": 128, "pad_groups": True}), (1.02, 1.50)),
+    ("int8", dict(dtype="bfloat16", quantization="int8"), (1.01, 1.12)),
+    ("nvfp4", dict(dtype="bfloat16", quantization="nvfp4"), (1.05, 1.25)),
+    ("mxfp4", dict(dtype="bfloat16", quantization="mxfp4"), (1.30, 1.90)),
     # checkpoints written by compressed-tensors (what llm-compressor produces), loaded as stored
     ("ct-FP8_DYNAMIC", dict(dtype="bfloat16", model=_compressed_tensors(_ct_preset("FP8_DYNAMIC"))), (0.98, 1.05)),
     ("ct-FP8_BLOCK", dict(dtype="bfloat16", model=_compressed_tensors(_ct_preset("FP8_BLOCK"))), (0.98, 1.05)),

@@ -19,7 +19,7 @@ import fastinfer  # noqa: F401  (loads the ops)
 from fastinfer import reference as ref
 from fastinfer.engine.llm import LLM
 from fastinfer.entrypoints.cli import main as cli_main
-from fastinfer.quant import Fp4LinearMethod
+from fastinfer.quant import Fp4LinearMethod, describe_quantization
 from fastinfer.quant.math import quantize_mxfp4_weight, quantize_nvfp4_weight
 from model_helpers import prefill_logits
 
@@ -102,6 +102,7 @@ def test_quantization_on_load(float_ckpt, tmp_path, fmt):
     llm = LLM(float_ckpt, num_kv_blocks=8, dtype="float32", quantization=fmt)
     linears = [m for m in llm.model.linear_layers() if m is not llm.model.lm_head]
     assert linears and all(type(m.method) is Fp4LinearMethod and m.method.name == fmt for m in linears)
+    assert describe_quantization(llm.model) == fmt
     layer = llm.model.layers[1].down_proj
     w_float = float_llm.model.layers[1].down_proj.weight.detach()
     with torch.no_grad():
@@ -162,6 +163,48 @@ def test_nvfp4_layer_not_whole_tiles_loads_dequantised():
     assert (layer.weight.double() - oracle).abs().max() <= 2 ** -22 * oracle.abs().max()
     with pytest.raises(ValueError, match=r"p: quantization='mxfp4' needs whole 64 x 16 tiles"):
         _nvfp4_layer(n, k, Fp4LinearMethod(source="float", fmt="mxfp4")).load_from(reader)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fp4_shards_must_be_whole_tiles(tmp_path, fmt):
+    """Under tensor parallelism each rank quantises (or keeps) its own slice of the whole weight's
+    codes and scales: a row-parallel shard must hold whole 64-feature tiles, so no MXFP4 / NVFP4 group
+    straddles two ranks. MLP width 192 over 2 ranks (down_proj's shard: 96 input features) is refused
+    naming the layer; width 256 (shards of 128) loads on each rank, and the two ranks' codes are the
+    two halves of one rank's."""
+    from fastinfer.distributed import ParallelInfo
+    from fastinfer.engine.checkpoints import load_checkpoint
+    from fastinfer.quant import QuantOptions
+
+    transformers = pytest.importorskip("transformers")
+
+    def ckpt(width):
+        path = str(tmp_path / f"mlp{width}")
+        torch.manual_seed(1)
+        cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=width, num_hidden_layers=1,
+                                       num_attention_heads=2, num_key_value_heads=2, head_dim=64, vocab_size=256,
+                                       max_position_embeddings=64, tie_word_embeddings=False)
+        transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+        return path
+
+    def load(path, rank, world):
+        return load_checkpoint(path, torch.float32, "cpu", None, fastinfer.ops.backend(),
+                               quantization=QuantOptions(fmt), tp=ParallelInfo(rank=rank, world_size=world))
+
+    bad = ckpt(192)
+    with pytest.raises(ValueError, match=rf"model\.layers\.0\.mlp\.down_proj: quantization='{fmt}' needs whole "
+                                         r"64 x 16 tiles of fp4_gemm on each rank \(input features 96"):
+        load(bad, 0, 2)
+    assert type(load(bad, 0, 1).layers[0].down_proj.method) is Fp4LinearMethod  # one rank: whole tiles
+    good = ckpt(256)
+    whole = load(good, 0, 1).layers[0].down_proj
+    halves = [load(good, r, 2).layers[0].down_proj for r in (0, 1)]
+    assert [h.in_features for h in halves] == [128, 128]
+    eye = torch.eye(256)
+    with torch.no_grad():
+        w = whole.method.apply(whole, eye, None)
+        w2 = torch.cat([h.method.apply(h, eye[:128, :128], None) for h in halves])
+    assert torch.equal(w, w2)
 
 
 @pytest.mark.sim

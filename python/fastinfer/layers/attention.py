@@ -14,6 +14,11 @@ capture these tensors): 1.0, or what the checkpoint holds under ``<prefix>.k_sca
 ``<prefix>.v_scale`` (``model.layers.{i}.self_attn.k_scale``: vLLM's name, and what
 compressed-tensors writes for a ``kv_cache_scheme``), one value per tensor or one per KV head (then
 sliced to this rank's KV heads under tensor parallelism).
+
+Attention sinks (gpt-oss): a layer built with ``sinks_shard`` loads ``<prefix>.sinks`` (one logit
+per query head, transformers' ``self_attn.sinks``; this rank's heads under tensor parallelism) into
+a float32 buffer and gives it to both attention ops: each head's softmax denominator gains
+``exp(sinks[h])``, a key with no value.
 """
 
 from __future__ import annotations
@@ -47,11 +52,13 @@ class PagedAttention(CheckpointModule):
 
     ``prefix``: the checkpoint module whose ``k_scale`` / ``v_scale`` this layer loads (None: it
     loads none); ``kv_shard``: ``(index, count)`` of this rank's slice of the checkpoint's KV
-    heads (as the K/V projections are sliced)."""
+    heads (as the K/V projections are sliced); ``sinks_shard``: the layer has attention sinks
+    (``<prefix>.sinks``), of which this rank holds slice ``(index, count)`` (its query heads); None:
+    no sinks."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, window_left: int,
                  layer_idx: int, *, ops, softcap: float = 0.0, prefix: Optional[str] = None,
-                 kv_shard: Tuple[int, int] = (0, 1), device=None):
+                 kv_shard: Tuple[int, int] = (0, 1), sinks_shard: Optional[Tuple[int, int]] = None, device=None):
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -66,6 +73,11 @@ class PagedAttention(CheckpointModule):
         for name in KV_SCALE_NAMES:
             self.register_buffer(name, torch.ones(1, dtype=torch.float32, device=device), persistent=False)
         self.scales_from_checkpoint = False
+        self.sinks_shard = sinks_shard
+        if sinks_shard is not None and prefix is None:
+            raise ValueError("attention sinks are read from the checkpoint: the layer needs its prefix")
+        self.register_buffer("sinks", None if sinks_shard is None else
+                             torch.zeros(num_heads, dtype=torch.float32, device=device), persistent=False)
 
     # ---- fp8 cache scales -------------------------------------------------------------------------
     @property
@@ -74,9 +86,16 @@ class PagedAttention(CheckpointModule):
         return self.num_kv_heads * self.kv_shard[1]
 
     def load_from(self, reader: WeightReader) -> None:
-        """The layer's ``k_scale`` / ``v_scale`` when the checkpoint has them (both or neither)."""
+        """The layer's sinks (when built with them) and its ``k_scale`` / ``v_scale`` when the
+        checkpoint has them (both or neither)."""
         if self.prefix is None:
             return
+        if self.sinks_shard is not None:
+            index, count = self.sinks_shard
+            name = f"{self.prefix}.sinks"
+            whole = reader.get_float(name, (self.num_heads * count,))
+            with torch.no_grad():
+                self.sinks.copy_(whole.reshape(count, self.num_heads)[index].to(torch.float32))
         names = [f"{self.prefix}.{n}" for n in KV_SCALE_NAMES]
         present = [reader.has(n) for n in names]
         if not any(present):
@@ -115,7 +134,9 @@ class PagedAttention(CheckpointModule):
         return t
 
     def checkpoint_tensors(self) -> Iterable[Tuple[str, Tensor]]:
-        """The scales the checkpoint gave (none when they are the default 1.0)."""
+        """The sinks (this rank's) and the scales the checkpoint gave (none when they are the default 1.0)."""
+        if self.sinks is not None:
+            yield f"{self.prefix}.sinks", self.sinks.detach()
         if self.scales_from_checkpoint and self.prefix is not None:
             for name in KV_SCALE_NAMES:
                 yield f"{self.prefix}.{name}", getattr(self, name).detach()
@@ -127,6 +148,8 @@ class PagedAttention(CheckpointModule):
         # an fp8 cache holds K / k_scale and V / v_scale: the write and both reads take the same scales
         scales = dict(k_scale=self.k_scale, v_scale=self.v_scale) if k_cache.dtype == FP8_KV_CACHE_DTYPE else {}
         ops.reshape_and_cache(k, v, k_cache, v_cache, batch.slot_mapping, **scales)
+        if self.sinks is not None:
+            scales = dict(scales, sinks=self.sinks)
         T, P = q.shape[0], batch.num_prefill_tokens
         parts = []
         if P > 0:

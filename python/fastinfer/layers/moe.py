@@ -169,14 +169,19 @@ class FusedMoEMethod:
 
 class UnquantizedFusedMoEMethod(FusedMoEMethod):
     """Float experts in the model dtype, ``w13 [E, 2I, H]`` (each expert's gate rows, then its up
-    rows) and ``w2 [E, H, I]``, run by ``fused_moe``."""
+    rows) and ``w2 [E, H, I]`` (and, on a layer with ``bias``, ``w13_bias [E, 2I]`` / ``w2_bias
+    [E, H]`` from each projection's ``.bias``), run by ``fused_moe`` with the layer's activation.
+    Under tensor parallelism the down projection's bias is held by rank 0 only (zeros elsewhere):
+    the ranks' partial sums are added by the all-reduce."""
 
-    tensor_names = ("w13", "w2")
+    tensor_names = ("w13", "w2", "w13_bias", "w2_bias")
 
     def create_weights(self, layer: "FusedMoE") -> None:
         E, H, local = layer.num_local_experts, layer.hidden_size, layer.local_intermediate_size
         layer.w13 = param((E, 2 * local, H), layer.dtype, layer.device)
         layer.w2 = param((E, H, local), layer.dtype, layer.device)
+        layer.w13_bias = param((E, 2 * local), layer.dtype, layer.device) if layer.bias else None
+        layer.w2_bias = param((E, H), layer.dtype, layer.device) if layer.bias else None
 
     def load_weights(self, layer: "FusedMoE", reader: WeightReader) -> None:
         shard = layer.intermediate_shard
@@ -187,9 +192,18 @@ class UnquantizedFusedMoEMethod(FusedMoEMethod):
             d = reader.get_float(down.prefix + ".weight", (down.rows, layer.intermediate_size), cols=shard)
             layer.w13[i].copy_(torch.cat([g, u]).to(layer.w13.dtype))
             layer.w2[i].copy_(d.to(layer.w2.dtype))
+            if layer.bias:
+                gb = reader.get_float(gate.prefix + ".bias", (gate.rows,), rows=shard)
+                ub = reader.get_float(up.prefix + ".bias", (up.rows,), rows=shard)
+                db = reader.get_float(down.prefix + ".bias", (down.rows,))
+                layer.w13_bias[i].copy_(torch.cat([gb, ub]).to(layer.w13_bias.dtype))
+                if shard is not None and layer.tp.rank != 0:  # added once, by rank 0's partial sum
+                    db = torch.zeros_like(db)
+                layer.w2_bias[i].copy_(db.to(layer.w2_bias.dtype))
 
     def apply(self, layer: "FusedMoE", x: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> Tensor:
-        return layer.ops.fused_moe(x, layer.w13, layer.w2, topk_weights, topk_ids, "silu")
+        return layer.ops.fused_moe(x, layer.w13, layer.w2, topk_weights, topk_ids, layer.activation,
+                                   layer.swiglu_alpha, layer.swiglu_limit, layer.w13_bias, layer.w2_bias)
 
     def checkpoint_tensors(self, layer: "FusedMoE") -> Iterable[Tuple[str, Tensor]]:
         local, p = layer.local_intermediate_size, layer.projections
@@ -197,6 +211,10 @@ class UnquantizedFusedMoEMethod(FusedMoEMethod):
             yield layer.expert_name(e, p.gate), layer.w13.detach()[i, :local]
             yield layer.expert_name(e, p.up), layer.w13.detach()[i, local:]
             yield layer.expert_name(e, p.down), layer.w2.detach()[i]
+            if layer.bias:
+                for proj, t in ((p.gate, layer.w13_bias[i, :local]), (p.up, layer.w13_bias[i, local:]),
+                                (p.down, layer.w2_bias[i])):
+                    yield layer.expert_name(e, proj)[: -len(".weight")] + ".bias", t.detach()
 
 
 class FusedMoE(CheckpointModule):
@@ -217,6 +235,11 @@ class FusedMoE(CheckpointModule):
             return this rank's partial sum, for a caller that adds its own partial sums before
             reducing them all at once (Qwen2-MoE's shared expert).
         quant_config: chooses the experts' method (:meth:`QuantizationConfig.moe_method`).
+        router_name: the router's module under ``prefix`` (``gate``; gpt-oss: ``router``).
+        bias: the router and every expert projection carry a bias (gpt-oss).
+        scoring: :func:`~fastinfer.ops.moe_topk`'s scoring (``"softmax"``; gpt-oss: ``"topk_softmax"``).
+        activation, swiglu_alpha, swiglu_limit: :func:`~fastinfer.ops.fused_moe`'s activation
+            (``"silu"``; gpt-oss: ``"swiglu_oai"`` with its alpha and limit).
 
     ``method`` (a :class:`FusedMoEMethod`, from ``quant_config``: float experts without one) holds
     this rank's experts (float: ``w13`` / ``w2``) and runs them; ``first_expert`` is the global id
@@ -228,7 +251,9 @@ class FusedMoE(CheckpointModule):
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, renormalize: bool,
                  prefix: str, projections: ExpertProjections, *, dtype: torch.dtype, device, ops,
                  tp: ParallelInfo = SINGLE, stacked_prefix: Optional[str] = None, reduce_results: bool = True,
-                 quant_config: Optional[QuantizationConfig] = None):
+                 quant_config: Optional[QuantizationConfig] = None, router_name: str = "gate", bias: bool = False,
+                 scoring: str = "softmax", activation: str = "silu", swiglu_alpha: Optional[float] = None,
+                 swiglu_limit: Optional[float] = None):
         super().__init__()
         self.ep = tp.ep if tp.ep is not None and tp.ep.world_size > 1 else None
         self.routed_slots: List[int] = []
@@ -261,11 +286,16 @@ class FusedMoE(CheckpointModule):
         self.reduce_results = reduce_results
         self.ops = ops
         self.dtype, self.device = dtype, torch.device(device)
+        self.bias, self.scoring, self.activation = bool(bias), scoring, activation
+        self.swiglu_alpha, self.swiglu_limit = swiglu_alpha, swiglu_limit
         # routing decides which experts run: never quantised, whatever a quantisation config lists
-        self.router = ReplicatedLinear(hidden_size, [WeightPart(f"{prefix}.gate", num_experts)], False, dtype=dtype,
-                                       device=device, ops=ops, method=RouterMethod())
+        self.router = ReplicatedLinear(hidden_size, [WeightPart(f"{prefix}.{router_name}", num_experts)], self.bias,
+                                       dtype=dtype, device=device, ops=ops, method=RouterMethod())
         method = quant_config.moe_method(self) if quant_config is not None else None
         self.method = UnquantizedFusedMoEMethod() if method is None else method
+        if (self.bias or activation != "silu") and type(self.method) is not UnquantizedFusedMoEMethod:
+            raise ValueError(f"{prefix}: {self.method.name} experts run SiLU experts without biases; these experts "
+                             f"({activation}{', with biases' if self.bias else ''}) run in float only")
         self.method.create_weights(self)
 
     def expert_name(self, expert: int, projection: str) -> str:
@@ -316,7 +346,7 @@ class FusedMoE(CheckpointModule):
     def forward(self, x: Tensor) -> Tensor:
         # every token is routed on every rank, expert parallel or not: the router's GEMM runs on the
         # batch one process runs it on, so the routing has the same bits
-        weights, ids = self.ops.moe_topk(self.router(x), self.top_k, self.renormalize, "softmax")
+        weights, ids = self.ops.moe_topk(self.router(x), self.top_k, self.renormalize, self.scoring)
         if self.ep is not None:
             return self._expert_parallel(x, weights, ids)
         out = self.method.apply(self, x, weights, ids)
@@ -383,7 +413,8 @@ class FusedMoE(CheckpointModule):
                    if self.ep is not None else f"experts={self.num_experts}")
         return (f"{experts}, top_k={self.top_k}, hidden={self.hidden_size}, "
                 f"intermediate={self.local_intermediate_size} of {self.intermediate_size}, "
-                f"renormalize={self.renormalize}, method={self.method.describe(self)}")
+                f"renormalize={self.renormalize}, scoring={self.scoring}, activation={self.activation}, "
+                f"bias={self.bias}, method={self.method.describe(self)}")
 
 
 class StackedExpertsReader(WeightReader):

@@ -1,6 +1,6 @@
 """Model side of the runner: config parsing, RoPE tables, the Llama-family decoder (Llama, Mistral,
 Qwen2, Qwen3), the Gemma one (Gemma 2, Gemma 3) and the mixture-of-experts one (Mixtral, Qwen2-MoE,
-Qwen3-MoE, OLMoE), the hybrid Qwen3.5 one (Gated DeltaNet + gated attention) built from :mod:`fastinfer.layers`, and loading a checkpoint (safetensors or GGUF) into them.
+Qwen3-MoE, OLMoE, gpt-oss), the hybrid Qwen3.5 one (Gated DeltaNet + gated attention) built from :mod:`fastinfer.layers`, and loading a checkpoint (safetensors or GGUF) into them.
 
 The engine talks to a model through :class:`~fastinfer.layers.ForwardBatch` (built with
 :class:`~fastinfer.layers.BatchBuilder`) and ``model(batch, kv_caches) -> float32 logits
@@ -19,6 +19,7 @@ from .config import (  # noqa: F401
 from .llama import PACKED_MODULES, LlamaForCausalLM  # noqa: F401
 from .gemma import GemmaForCausalLM  # noqa: F401
 from .moe import MoeForCausalLM  # noqa: F401
+from .gpt_oss import GptOssForCausalLM  # noqa: F401
 from .qwen3_5 import Qwen3_5ForCausalLM  # noqa: F401
 from .gguf import GGUFWeightReader, find_gguf, gguf_model_config, open_gguf  # noqa: F401
 from .loader import (  # noqa: F401
@@ -42,6 +43,7 @@ __all__ = [
     "LlamaForCausalLM",
     "GemmaForCausalLM",
     "MoeForCausalLM",
+    "GptOssForCausalLM",
     "Qwen3_5ForCausalLM",
     "HYBRID_ARCHITECTURES",
     "model_class",

@@ -2,8 +2,8 @@
 
 Supported architectures: ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``,
 ``Qwen3ForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, the mixture-of-experts
-``MixtralForCausalLM``, ``Qwen2MoeForCausalLM``, ``Qwen3MoeForCausalLM`` and ``OlmoeForCausalLM``
-(and the text model of a
+``MixtralForCausalLM``, ``Qwen2MoeForCausalLM``, ``Qwen3MoeForCausalLM``, ``OlmoeForCausalLM`` and
+``GptOssForCausalLM`` (and the text model of a
 ``Gemma3ForConditionalGeneration`` checkpoint: its ``text_config``). A key missing from
 ``config.json`` takes the default of the corresponding ``transformers`` config class (so a
 checkpoint means the same thing here as in ``transformers``). Anything the runner cannot run
@@ -228,6 +228,30 @@ _ARCH_DEFAULTS: Dict[str, Dict[str, Any]] = {
         "norm_topk_prob": False,
     },
 }
+_ARCH_DEFAULTS["GptOssForCausalLM"] = {
+    "model_type": "gpt_oss",
+    "vocab_size": 201088,
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "attention_bias": True,
+    "sliding_window": 128,
+    "num_local_experts": 128,
+    "num_experts_per_tok": 4,
+    "swiglu_alpha": 1.702,
+    "swiglu_limit": 7.0,
+    "rope_theta": 150000.0,
+    # transformers' GptOssConfig when the config states no rope_parameters
+    "rope_parameters": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                        "original_max_position_embeddings": 4096},
+}
 # Mixtral's config is Mistral's (the same sizes) with experts, no sliding window and its own eps / RoPE base
 _ARCH_DEFAULTS["MixtralForCausalLM"] = dict(
     _ARCH_DEFAULTS["MistralForCausalLM"], model_type="mixtral", rms_norm_eps=1e-5, rope_theta=1_000_000.0,
@@ -240,7 +264,8 @@ _QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForC
 # the Gemma decoder (fastinfer.models.gemma): sandwich norms, (1 + weight) RMSNorm, GeGLU, scaled embeddings
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # the mixture-of-experts decoder (fastinfer.models.moe): the Llama-family layer with a routed-experts MLP
-MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM")
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM",
+                     "GptOssForCausalLM")
 # the hybrid decoder (fastinfer.models.qwen3_5): Gated DeltaNet layers with a per-sequence state beside
 # gated full-attention layers
 HYBRID_ARCHITECTURES = ("Qwen3_5ForCausalLM",)
@@ -308,6 +333,11 @@ class ModelConfig:
     0: none): every routed layer also runs a shared SwiGLU MLP of that width, its output scaled by
     ``sigmoid(shared_expert_gate(x))``; the layers in ``dense_mlp_layers`` have a dense MLP of width
     ``intermediate_size`` instead (:meth:`is_moe_layer`).
+
+    gpt-oss (``GptOssForCausalLM``): ``moe_scoring`` ``"topk_softmax"`` (the softmax of the top-k
+    router logits), ``moe_activation`` ``"swiglu_oai"`` (its clamped SwiGLU with ``swiglu_alpha`` /
+    ``swiglu_limit``), ``moe_bias`` (router and expert biases) and ``attention_sinks`` (one sink logit
+    per query head).
     """
 
     architecture: str
@@ -348,6 +378,12 @@ class ModelConfig:
     moe_renormalize: bool = False  # the top-k routing weights divided by their sum
     shared_expert_intermediate_size: int = 0  # 0: no shared expert
     dense_mlp_layers: List[int] = field(default_factory=list)  # layers of an MoE model with a dense MLP
+    moe_scoring: str = "softmax"  # moe_topk's scoring: "softmax" over all experts, or "topk_softmax" (gpt-oss)
+    moe_activation: str = "silu"  # fused_moe's activation: "silu", or "swiglu_oai" (gpt-oss)
+    swiglu_alpha: Optional[float] = None  # "swiglu_oai"'s sigmoid gain and clamp limit
+    swiglu_limit: Optional[float] = None
+    moe_bias: bool = False  # the router and the experts' projections carry biases (gpt-oss)
+    attention_sinks: bool = False  # a learned sink logit per query head (gpt-oss ``self_attn.sinks``)
     partial_rotary_factor: float = 1.0  # the leading fraction of each head that RoPE rotates
     attn_output_gate: bool = False  # attention output * sigmoid(gate), the gate from q_proj (Qwen3.5)
     linear_num_key_heads: int = 0  # Gated DeltaNet layers (0: none)
@@ -529,7 +565,8 @@ class ModelConfig:
         elif arch == "LlamaForCausalLM":
             qkv_bias = o_bias = bool(get("attention_bias"))
             mlp_bias = bool(get("mlp_bias"))
-        elif arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "Qwen3_5ForCausalLM") or gemma:
+        elif arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "Qwen3_5ForCausalLM",
+                      "GptOssForCausalLM") or gemma:
             qkv_bias = o_bias = bool(get("attention_bias"))
             mlp_bias = False
         else:
@@ -567,6 +604,13 @@ class ModelConfig:
             layer_types, sliding_window = _qwen2_moe_layer_types(d, num_layers, get, get_int)
         elif arch in HYBRID_ARCHITECTURES:
             layer_types = _hybrid_layer_types(d, num_layers, get_int("full_attention_interval"))
+        elif arch == "GptOssForCausalLM":
+            # transformers' GptOssConfig alternates as Gemma 2 does (even layers slide) unless listed
+            layer_types = _gemma_layer_types(d, "Gemma2ForCausalLM", num_layers, None)
+            if "sliding_attention" in layer_types:
+                sliding_window = get("sliding_window")
+                if sliding_window is None:
+                    raise ValueError("sliding_window is null but layer_types has sliding_attention layers")
         elif gemma:
             layer_types = _gemma_layer_types(d, arch, num_layers, get("sliding_window_pattern"))
             if "sliding_attention" in layer_types:
@@ -583,7 +627,11 @@ class ModelConfig:
             if "sliding_attention" in layer_types and sliding_rope != (rope_theta, rope_scaling):
                 sliding_rope_theta, sliding_rope_scaling = sliding_rope
         else:
-            rope_theta, rope_scaling = _parse_rope(d, max_pos, head_dim, default_theta=float(defaults["rope_theta"]),
+            params = None
+            if arch == "GptOssForCausalLM" and d.get("rope_parameters") is None and d.get("rope_scaling") is None:
+                params = dict(defaults["rope_parameters"], rope_theta=d.get("rope_theta", defaults["rope_theta"]))
+            rope_theta, rope_scaling = _parse_rope(d, max_pos, head_dim, params=params,
+                                                   default_theta=float(defaults["rope_theta"]),
                                                    partial_rotary=arch in HYBRID_ARCHITECTURES)
         partial_rotary_factor = 1.0
         if arch in HYBRID_ARCHITECTURES:
@@ -654,6 +702,7 @@ class ModelConfig:
             raw=d,
             partial_rotary_factor=partial_rotary_factor,
             attn_output_gate=arch in HYBRID_ARCHITECTURES,
+            attention_sinks=arch == "GptOssForCausalLM",
             **moe,
             **linear,
         )
@@ -683,6 +732,7 @@ _HYBRID_LAYER_TYPES = ("full_attention", "linear_attention")
 # transformers config class maps onto it (attribute_map)
 _EXPERT_COUNT_NAMES = {
     "MixtralForCausalLM": ("num_local_experts", "num_experts"),
+    "GptOssForCausalLM": ("num_local_experts", "num_experts"),
     "Qwen2MoeForCausalLM": ("num_experts",),
     "Qwen3MoeForCausalLM": ("num_experts", "num_local_experts"),
     "OlmoeForCausalLM": ("num_experts", "num_local_experts"),
@@ -705,8 +755,17 @@ def _parse_moe(d: Dict[str, Any], arch: str, num_layers: int, get, get_int) -> D
         raise ValueError(f"config field {key!r} must be an int >= 1, got {num_experts!r} "
                          f"({arch} without experts is not supported)")
     shared = 0
+    gpt_oss: Dict[str, Any] = {}
     if arch == "MixtralForCausalLM":
         width, renormalize, dense_layers = get_int("intermediate_size"), True, []
+    elif arch == "GptOssForCausalLM":
+        width, renormalize, dense_layers = get_int("intermediate_size"), False, []
+        gpt_oss = dict(moe_scoring="topk_softmax", moe_activation="swiglu_oai", moe_bias=True)
+        for key in ("swiglu_alpha", "swiglu_limit"):
+            v = get(key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"config field {key!r} must be a positive number, got {v!r}")
+            gpt_oss[key] = float(v)
     else:
         renormalize = bool(get("norm_topk_prob"))
         if arch == "OlmoeForCausalLM":
@@ -725,7 +784,7 @@ def _parse_moe(d: Dict[str, Any], arch: str, num_layers: int, get, get_int) -> D
         raise ValueError(f"num_experts_per_tok ({top_k}) is larger than the number of experts ({num_experts})")
     return dict(num_experts=num_experts, num_experts_per_tok=top_k, moe_intermediate_size=width,
                 moe_renormalize=renormalize, dense_mlp_layers=dense_layers,
-                shared_expert_intermediate_size=shared)
+                shared_expert_intermediate_size=shared, **gpt_oss)
 
 
 def _qwen2_moe_layer_types(d: Dict[str, Any], num_layers: int, get, get_int) -> Tuple[List[str], Optional[int]]:

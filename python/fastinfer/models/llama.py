@@ -123,7 +123,8 @@ class LlamaDecoderLayer(nn.Module):
         self.init_qkv(c, prefix, kv_shard, lin)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, c.head_dim,
                                    float(c.head_dim) ** -0.5, c.window_left(layer_idx), layer_idx, ops=ops,
-                                   prefix=f"{prefix}.self_attn", kv_shard=kv_shard, device=device)
+                                   prefix=f"{prefix}.self_attn", kv_shard=kv_shard, device=device,
+                                   sinks_shard=(tp.rank, tp.world_size) if c.attention_sinks else None)
         self.o_proj = RowParallelLinear(c.q_size, packed_parts(prefix, "o_proj", (c.hidden_size,)), c.o_bias, **lin)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps,
                                                 f"{prefix}.post_attention_layernorm", **kw)

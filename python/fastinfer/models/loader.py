@@ -31,6 +31,7 @@ from .config import GEMMA_ARCHITECTURES, HYBRID_ARCHITECTURES, MOE_ARCHITECTURES
 from .gemma import GemmaForCausalLM
 from .gguf import GGUFWeightReader, find_gguf, gguf_model_config
 from .llama import LlamaForCausalLM
+from .gpt_oss import GptOssForCausalLM
 from .moe import MoeForCausalLM
 from .qwen3_5 import Qwen3_5ForCausalLM
 
@@ -41,12 +42,15 @@ Tensor = torch.Tensor
 
 def model_class(config: ModelConfig) -> Type[LlamaForCausalLM]:
     """The model class that runs ``config``: :class:`GemmaForCausalLM` for Gemma 2 / 3,
-    :class:`MoeForCausalLM` for Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE, :class:`Qwen3_5ForCausalLM`
+    :class:`MoeForCausalLM` for Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE, :class:`GptOssForCausalLM` for
+    gpt-oss, :class:`Qwen3_5ForCausalLM`
     for Qwen3.5, else :class:`LlamaForCausalLM` (all take the same constructor arguments)."""
     if config.architecture in GEMMA_ARCHITECTURES:
         return GemmaForCausalLM
     if config.architecture in HYBRID_ARCHITECTURES:
         return Qwen3_5ForCausalLM
+    if config.architecture == "GptOssForCausalLM":
+        return GptOssForCausalLM
     return MoeForCausalLM if config.architecture in MOE_ARCHITECTURES else LlamaForCausalLM
 
 

@@ -12,6 +12,7 @@ Ways to run a quantised model::
     LLM(AWQ_OR_GPTQ_DIR)                                            # AutoAWQ / AutoGPTQ 4-bit checkpoints
     LLM(LLM_COMPRESSOR_DIR)                                         # compressed-tensors (llm-compressor)
     LLM(FP8_DIR)                                                    # fine-grained FP8 (Qwen3 / DeepSeek FP8)
+    LLM(GPT_OSS_DIR)                                                # gpt-oss's MXFP4 experts (dequantised)
 
 Which layers
 ------------
@@ -67,6 +68,14 @@ Methods (round to nearest; calibration data only for int8 with SmoothQuant)
   (:class:`Fp4LinearMethod`); every decoder linear must be whole 64 x 16 tiles on each rank (K a
   multiple of 64, each projection's rows of 16), else loading fails naming the layer. Mixture-of-experts
   experts are refused, and ``fastinfer quantize`` writes no FP4 checkpoint.
+
+gpt-oss checkpoints (``quantization_config {"quant_method": "mxfp4"}``, transformers' ``Mxfp4Config``)
+store their experts in MXFP4 (``mlp.experts.gate_up_proj_blocks`` / ``_scales``, ``down_proj_blocks``
+/ ``_scales``; :mod:`fastinfer.models.gpt_oss`) and everything else in float
+(:class:`Mxfp4ExpertsQuantization`): the experts are dequantised while loading into the model dtype
+(exact in float32 and bfloat16; a warning says so) since ``fused_moe`` has no FP4 variant, and run as float experts.
+gpt-oss's experts (clamped SwiGLU with biases) have no quantised method: ``quantization="fp8" |
+"int4"`` refuses them, as ``"int8" | "nvfp4" | "mxfp4"`` refuse every model's experts.
 
 On-disk format (``quantization_config.quant_method == "fastinfer"``, ``format_version`` 1)
 ------------------------------------------------------------------------------------------
@@ -254,6 +263,7 @@ from .resolve import (  # noqa: F401
     CheckpointQuantization,
     CompressedTensorsQuantization,
     GgufQuantization,
+    Mxfp4ExpertsQuantization,
     OnLoadQuantization,
     resolve_quantization,
 )
@@ -281,6 +291,7 @@ __all__ = [
     "stored_quantization",
     "resolve_quantization",
     "OnLoadQuantization",
+    "Mxfp4ExpertsQuantization",
     "CheckpointQuantization",
     "CompressedTensorsQuantization",
     "GgufQuantization",

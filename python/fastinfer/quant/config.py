@@ -72,7 +72,7 @@ class QuantOptions:
 
 class StoredQuantization(NamedTuple):
     """How a checkpoint is quantised: ``kind`` "fastinfer" / "awq" / "gptq" / "compressed-tensors" /
-    "fp8" (Hugging Face fine-grained FP8), ``method`` "fp8" / "int4" ("mixed" for a compressed-tensors
+    "fp8" (Hugging Face fine-grained FP8) / "mxfp4" (gpt-oss's MXFP4 experts), ``method`` "fp8" / "int4" ("mixed" for a compressed-tensors
     checkpoint with both); ``schemes``: the parsed compressed-tensors config."""
 
     kind: str
@@ -85,6 +85,8 @@ class StoredQuantization(NamedTuple):
             return f"fastinfer {self.method}"
         if self.kind == "fp8":
             return "fine-grained fp8"
+        if self.kind == "mxfp4":
+            return "mxfp4 experts"
         return self.kind
 
 
@@ -141,5 +143,7 @@ def stored_quantization(config) -> Optional[StoredQuantization]:
         if qc.get("modules_to_convert"):
             raise ValueError(f"fp8: modules_to_convert {qc['modules_to_convert']!r} (fp8 embeddings) is not supported")
         return StoredQuantization("fp8", "fp8", qc)
+    if qm == "mxfp4":  # transformers' Mxfp4Config: gpt-oss's experts as *_blocks / *_scales
+        return StoredQuantization("mxfp4", "mxfp4", qc)
     raise ValueError(f"unsupported quantization_config quant_method {qc.get('quant_method')!r} "
-                     "(fastinfer, awq, gptq, compressed-tensors, fp8)")
+                     "(fastinfer, awq, gptq, compressed-tensors, fp8, mxfp4)")

@@ -722,9 +722,11 @@ class Int4FusedMoEMethod(FusedMoEMethod):
 
 
 def describe_quantization(model) -> str:
-    """"none", or the quantised linears' methods (int4 with group sizes, ``-sym`` when symmetric)
-    and the quantised experts' (``experts-fp8``, ``experts-fp8-block128``, ``experts-int4-g128``)."""
-    kinds = {m.method.describe(m) for m in model.linear_layers() if isinstance(m.method, _QuantizedMethod)}
+    """"none", or the quantised linears' methods (int4 with group sizes, ``-sym`` when symmetric;
+    ``nvfp4`` / ``mxfp4``) and the quantised experts' (``experts-fp8``, ``experts-fp8-block128``,
+    ``experts-int4-g128``)."""
+    kinds = {m.method.describe(m) for m in model.linear_layers()
+             if isinstance(m.method, (_QuantizedMethod, Fp4LinearMethod))}
     kinds |= {f"experts-{m.method.describe(m)}" for m in model.modules()
               if isinstance(m, FusedMoE) and not isinstance(m.method, UnquantizedFusedMoEMethod)}
     return ",".join(sorted(kinds)) or "none"

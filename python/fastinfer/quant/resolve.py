@@ -29,7 +29,7 @@ from .methods import (
 )
 
 __all__ = ["OnLoadQuantization", "CheckpointQuantization", "CompressedTensorsQuantization", "GgufQuantization",
-           "resolve_quantization"]
+           "Mxfp4ExpertsQuantization", "resolve_quantization"]
 
 
 def _ignored(layer: Linear, names) -> bool:
@@ -233,6 +233,27 @@ class GgufQuantization(QuantizationConfig):
         return UnquantizedFusedMoEMethod()
 
 
+class Mxfp4ExpertsQuantization(QuantizationConfig):
+    """A gpt-oss checkpoint whose experts are MXFP4 (``quantization_config {"quant_method": "mxfp4"}``,
+    transformers' ``Mxfp4Config``: ``mlp.experts.gate_up_proj_blocks`` / ``_scales`` and
+    ``down_proj_blocks`` / ``_scales``; the attention, router, embedding and head in float). The
+    experts are dequantised while loading (:class:`~fastinfer.models.gpt_oss.GptOssExpertsReader`:
+    ``fused_moe`` has no FP4 variant) and run in float; every linear is float."""
+
+    name = "mxfp4 experts (dequantised)"
+    experts_mxfp4 = True
+
+    def __init__(self, stored: StoredQuantization, model_config):
+        arch = getattr(model_config, "architecture", None)
+        if arch != "GptOssForCausalLM":
+            raise ValueError(f"quantization_config quant_method 'mxfp4' is gpt-oss's expert format; {arch} has no "
+                             "MXFP4 checkpoint layout")
+        self.stored = stored
+
+    def moe_method(self, layer: FusedMoE) -> FusedMoEMethod:
+        return UnquantizedFusedMoEMethod()
+
+
 def resolve_quantization(model_config, opts: Optional[QuantOptions] = None,
                          path: Optional[str] = None, gguf_weights: str = "auto") -> Optional[QuantizationConfig]:
     """The quantisation a model loads with: as stored when its ``config.json`` says it is quantised
@@ -254,5 +275,7 @@ def resolve_quantization(model_config, opts: Optional[QuantOptions] = None,
                 f"cannot be applied to it (pass quantization=None{also} to run it as stored)")
         if stored.kind == "compressed-tensors":
             return CompressedTensorsQuantization(stored)
+        if stored.kind == "mxfp4":
+            return Mxfp4ExpertsQuantization(stored, model_config)
         return CheckpointQuantization(stored)
     return OnLoadQuantization(opts) if opts is not None else None
