@@ -322,13 +322,9 @@ class ModelRunner:
 
     def _stage_forward(self, batch):
         """This pipeline stage's part of a forward (see the module docstring). Rank 0 posts the
-        receive of the logits once it has posted the send of the hidden state, and returns the
-        function that waits for them; other ranks None. Each forward's messages carry its number
-        as their tag (every rank runs every plan).
-
-        The order matters on NCCL: the sends and receives between two ranks run in the order they
-        were posted on one stream, so a receive of the logits posted before the send of the hidden
-        state would hold that send back until the logits arrive, which need the hidden state."""
+        receive of the logits after the send of the hidden state (NCCL runs a pair's messages in
+        posting order on one stream: the other order would deadlock) and returns the function that
+        waits for them; other ranks None. A forward's messages carry its number as their tag."""
         st, comm, m = self.stage, self.stage.comm, self.model
         tag = self._num_stage_forwards % (1 << 30)
         self._num_stage_forwards += 1
