@@ -126,6 +126,32 @@ def hf_greedy(hf, ids, n: int):
     return seq[len(ids):]
 
 
+def check_batching_prefix_caching_and_preemption(hf, path: str, vocab: int, block_size: int, greedy: dict):
+    """Many prompts (a third sharing a prefix) in a pool small enough to preempt, with a token
+    budget that chunks the prefills, give each prompt's tokens alone (the deterministic mode: every
+    op batch invariant), and those are transformers' (``hf``) greedy tokens."""
+    import random
+
+    from fastinfer import LLM, SamplingParams
+
+    rng = random.Random(1)
+    shared = [rng.randrange(vocab) for _ in range(35)]
+    prompts = [(shared if i % 3 == 0 else []) + [rng.randrange(vocab) for _ in range(rng.randint(1, 30))]
+               for i in range(12)]
+    params = [SamplingParams(max_tokens=rng.randint(1, 10), **greedy) for _ in prompts]
+    alone = LLM(path, dtype="float32", num_kv_blocks=64, block_size=block_size, deterministic=True)
+    ref = [alone.generate(p, sp)[0].outputs[0].token_ids for p, sp in zip(prompts, params)]
+    for i in (0, 1):
+        assert list(ref[i]) == hf_greedy(hf, prompts[i], params[i].max_tokens)
+    small = LLM(path, dtype="float32", num_kv_blocks=10, block_size=block_size, max_num_seqs=8,
+                max_num_batched_tokens=48, deterministic=True)
+    outs = small.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == ref
+    st = small.stats()
+    assert st["num_preemptions"] > 0 and st["prefix_cache_hits"] > 0, st
+    assert st["num_free_blocks"] == st["num_kv_blocks"], st
+
+
 def plan_logits(llm, prompt) -> torch.Tensor:
     """Logits of a whole-prompt prefill (every row), then of one decode row, through ``llm``'s runner
     (so that tensor- and expert-parallel engines are compared with one process row by row)."""

@@ -36,6 +36,7 @@ from fastinfer import LLM, SamplingParams  # noqa: E402
 from fastinfer.engine.checkpoints import load_checkpoint  # noqa: E402
 from fastinfer.models import GptOssForCausalLM, ModelConfig, load_model  # noqa: E402
 from model_helpers import (  # noqa: E402
+    check_batching_prefix_caching_and_preemption,
     hf_greedy,
     hf_logits,
     lazy_checkpoints,
@@ -142,26 +143,10 @@ def test_chunked_prefill_matches_transformers(ckpts, name):
 
 
 def test_batching_prefix_caching_and_preemption(ckpts):
-    """Many prompts (a third sharing a prefix) in a pool small enough to preempt, with a token
-    budget that chunks the prefills, give each prompt's tokens alone (the deterministic mode), and
-    those are transformers' greedy tokens."""
+    """A batch with shared prefixes, chunked prefills and preemption: each prompt's tokens alone, and
+    transformers' (model_helpers.check_batching_prefix_caching_and_preemption)."""
     hf, path = ckpts("clamped")
-    rng = random.Random(1)
-    shared = [rng.randrange(VOCAB) for _ in range(35)]
-    prompts = [(shared if i % 3 == 0 else []) + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))]
-               for i in range(12)]
-    params = [SamplingParams(max_tokens=rng.randint(1, 10), **GREEDY) for _ in prompts]
-    alone = LLM(path, dtype="float32", num_kv_blocks=64, block_size=BS, deterministic=True)
-    ref = [alone.generate(p, sp)[0].outputs[0].token_ids for p, sp in zip(prompts, params)]
-    for i in (0, 1):
-        assert list(ref[i]) == hf_greedy(hf, prompts[i], params[i].max_tokens)
-    small = LLM(path, dtype="float32", num_kv_blocks=10, block_size=BS, max_num_seqs=8, max_num_batched_tokens=48,
-                deterministic=True)
-    outs = small.generate(prompts, params)
-    assert [o.outputs[0].token_ids for o in outs] == ref
-    st = small.stats()
-    assert st["num_preemptions"] > 0 and st["prefix_cache_hits"] > 0, st
-    assert st["num_free_blocks"] == st["num_kv_blocks"], st
+    check_batching_prefix_caching_and_preemption(hf, path, VOCAB, BS, GREEDY)
 
 
 def test_tensor_parallel_two_ranks(ckpts):
