@@ -251,10 +251,13 @@ def requested_bytes(kernels):
 
 # ---- cases ---------------------------------------------------------------------------------------
 class Case:
-    def __init__(self, family, label, build, sample=1, reuse=False, extra=None, run_whole=()):
+    def __init__(self, family, label, build, sample=1, reuse=False, extra=None, run_whole=(), tensor_flops=None):
         self.family, self.label, self.build, self.sample, self.reuse = family, label, build, sample, reuse
         self.extra = extra  # (kernel name, launch record) -> bytes outside the ideal (workspaces), "ideal" rule
         self.run_whole = run_whole  # kernels exempt from sampling (fastinfer.simt.profile's run_whole)
+        # (kernel name, spec) -> a launch's tensor FLOPs counted on the host, or None: for launches whose
+        # CTAs differ in mma work, which a sample of CTAs would weigh by chance
+        self.tensor_flops = tensor_flops
 
 
 def _bf16(*shape, gen=None):
@@ -594,6 +597,34 @@ def _moe_routing(t, E, k):
     return torch.ops.fastinfer.moe_topk(logits, k, True, "softmax")
 
 
+def _expert_rows(ids, E):
+    """Slots per expert (ids -1 skipped)."""
+    return torch.bincount(ids[ids >= 0].long().flatten(), minlength=E).tolist()
+
+
+def _moe_gemm_flops(H, I):
+    """The mma FLOPs of a grouped MoE GEMM launch from the routing (spec["expert_rows"]): a warp whose
+    rows (16 or 32, from the tile configuration in the kernel's name) are all padding skips its mmas
+    (moe/fused_moe.cuh), so the CTAs of an expert's last block do less work than the others, and a
+    sample of CTAs would weigh those blocks by chance. Rows count in whole warps, columns in whole
+    tiles, as the kernels issue them."""
+    def count(kname, spec):
+        m = re.search(r"MoeGemmConfig<(\d+), (\d+), (\d+), \d+, \d+, \(fastinfer::moe::MoeGemm\)(\d)>", kname)
+        if m:
+            bm, bn, wm, gemm = map(int, m.groups())
+            warp_rows = bm // wm
+        else:
+            m = re.search(r"MoeInt4Config<(\d+), \(fastinfer::moe::MoeGemm\)(\d)>", kname)
+            if not m:
+                return None
+            (bm, gemm), bn, warp_rows = map(int, m.groups()), 16, 16
+        n, kdim = (I, H) if gemm == 0 else (H, I)
+        cols = -(-n // bn) * bn * (2 if gemm == 0 else 1)
+        rows = sum(c // bm * bm + -(-(c % bm) // warp_rows) * warp_rows for c in spec["expert_rows"])
+        return 2.0 * rows * cols * kdim
+    return count
+
+
 def _moe_block_m(t, H, E, k):
     """fused_moe's tile tier (cuda/src/fused_moe.cu): the block_m its alignment uses."""
     slots = t * k
@@ -695,7 +726,8 @@ def case_fused_moe(t, model):
         x = _bf16(t, H)
         ideal, used = _moe_ideal(t, H, I, ids)
         return dict(fn=lambda: ns().fused_moe(x, w13, w2, weights, ids, "silu", None, None, None, None),
-                    ideal=ideal, flops=2.0 * slots * 3 * H * I, peak="bf16", note=f"experts used {used} of {E}")
+                    ideal=ideal, flops=2.0 * slots * 3 * H * I, peak="bf16", note=f"experts used {used} of {E}",
+                    expert_rows=_expert_rows(ids, E))
 
     def workspace(kname, rec):
         if "moe_gemm_kernel" in kname:
@@ -705,7 +737,7 @@ def case_fused_moe(t, model):
 
     return Case("fused_moe", f"{model} T={t} H={H} I={I} E={E} k={k}", build,
                 sample=max(1, math.ceil(2.0 * slots * 3 * H * I / 1.2e9)), reuse=True, extra=workspace,
-                run_whole=("moe_align_kernel",))
+                run_whole=("moe_align_kernel",), tensor_flops=_moe_gemm_flops(H, I))
 
 
 def case_fused_moe_fp8(t, model, blockwise):
@@ -727,7 +759,8 @@ def case_fused_moe_fp8(t, model, blockwise):
         used = int(torch.unique(ids).numel())
         ideal = t * H * 2 * 2 + used * 3 * H * I + ids.numel() * 8
         return dict(fn=lambda: ns().fused_moe_fp8(x, w13, w2, s13, s2, weights, ids, "silu", None, None, None, None),
-                    ideal=ideal, flops=2.0 * slots * 3 * H * I, peak="fp8", note=f"experts used {used} of {E}")
+                    ideal=ideal, flops=2.0 * slots * 3 * H * I, peak="fp8", note=f"experts used {used} of {E}",
+                    expert_rows=_expert_rows(ids, E))
 
     quantize_launches = []
 
@@ -747,7 +780,7 @@ def case_fused_moe_fp8(t, model, blockwise):
 
     return Case("fused_moe_fp8", f"{model} T={t} H={H} I={I} E={E} k={k} {'blockwise' if blockwise else 'channel'}",
                 build, sample=max(1, math.ceil(2.0 * slots * 3 * H * I / 2.4e9)), reuse=True, extra=workspace,
-                run_whole=("moe_align_kernel",))
+                run_whole=("moe_align_kernel",), tensor_flops=_moe_gemm_flops(H, I))
 
 
 def case_fused_moe_int4(t, model, group_size=128):
@@ -768,7 +801,8 @@ def case_fused_moe_int4(t, model, group_size=128):
         ideal = t * H * 2 * 2 + used * 3 * H * I // 2 + scale_bytes + ids.numel() * 8
         return dict(fn=lambda: ns().fused_moe_int4(x, w13, w2, s13, s2, None, None, weights, ids, group_size, "silu",
                                                    None, None, None, None),
-                    ideal=ideal, flops=2.0 * slots * 3 * H * I, peak="bf16", note=f"experts used {used} of {E}")
+                    ideal=ideal, flops=2.0 * slots * 3 * H * I, peak="bf16", note=f"experts used {used} of {E}",
+                    expert_rows=_expert_rows(ids, E))
 
     def workspace(kname, rec):
         if "moe_int4_gemm_kernel" in kname:
@@ -777,7 +811,7 @@ def case_fused_moe_int4(t, model, group_size=128):
 
     return Case("fused_moe_int4", f"{model} T={t} H={H} I={I} E={E} k={k} g{group_size}", build,
                 sample=max(1, math.ceil(2.0 * slots * 3 * H * I / 1.2e9)), reuse=True, extra=workspace,
-                run_whole=("moe_align_kernel",))
+                run_whole=("moe_align_kernel",), tensor_flops=_moe_gemm_flops(H, I))
 
 
 def case_moe_expert_loop(t, model):
@@ -915,6 +949,9 @@ def run_case(case, ptxas):
                 if case.extra:
                     dram += case.extra(k["name"], r)
             flops = r["tensor_flops"] * scale
+            exact = case.tensor_flops(k["name"], spec) if case.tensor_flops else None
+            if exact is not None:
+                flops = exact
             launches.append(launch_model(r, k["name"], ptxas, peak, dram, flops))
     dram_total = sum(x["model_dram_bytes"] for x in launches)
     flops_total = sum(x["model_tensor_flops"] for x in launches)
@@ -1027,6 +1064,7 @@ def main(argv=None):
                    help="print the model figures that changed between two result files and exit")
     p.add_argument("--quick", action="store_true", help="a few cases per family")
     p.add_argument("--only", default=None, help="comma-separated families (prefix match)")
+    p.add_argument("--exact", action="store_true", help="--only names whole families (no prefix match)")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--label", default=None, help="free text stored in the JSON (e.g. before / after)")
     p.add_argument("--match", default=None, help="only the cases whose label matches this regular expression")
@@ -1046,7 +1084,7 @@ def main(argv=None):
     cases = all_cases(args.quick)
     if args.only:
         keys = args.only.split(",")
-        cases = [c for c in cases if any(c.family.startswith(k) for k in keys)]
+        cases = [c for c in cases if any(c.family == k if args.exact else c.family.startswith(k) for k in keys)]
     if args.match:
         cases = [c for c in cases if re.search(args.match, c.label)]
     print(LABEL)
