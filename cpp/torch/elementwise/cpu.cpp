@@ -8,6 +8,8 @@
 
 #include "cpu_simd.h"
 #include "elementwise/contract.h"
+#include "gemm_fp8/e4m3_cpu.h"
+#include "gemm_int8/int8_cpu.h"
 
 namespace fastinfer::binding {
 namespace {
@@ -288,6 +290,75 @@ void fused_add_rms_norm_cpu(Tensor& x, Tensor& residual, const std::optional<Ten
   });
 }
 
+// rms_norm_quant (residual nullptr) and fused_add_rms_norm_quant: per block of rows, the residual
+// add as add_rms_norm_range does it, the norm by the rms_norm entry into a block buffer of x's
+// dtype (the rounded values rms_norm returns), then fp8_quantize's / int8_quantize's arithmetic
+// (gemm_fp8/e4m3_cpu.h, gemm_int8/int8_cpu.h) on each row.
+std::tuple<Tensor, Tensor> rms_norm_quant_into(const char* op, const Tensor& x, Tensor* residual,
+                                               const std::optional<Tensor>& weight, double eps, ScalarType out_dtype,
+                                               const std::optional<Tensor>& scale, double weight_offset) {
+  validate_rms_norm_quant(op, x, residual, weight, eps, out_dtype, scale, weight_offset, true);
+  check_rms_norm_inputs(op, x, weight, residual, "residual");
+  if (scale.has_value()) check_on_cpu(*scale, op, "scale");
+  const int64_t h = x.size(-1), rows = x.numel() / h;
+  auto out = empty_on(x, shape_of(x), out_dtype);
+  const bool given = scale.has_value();
+  const float given_scale = given ? scalar_value(*scale) : 0.0f;
+  auto out_scale = given ? full_on(x, {1}, given_scale, kFloat) : empty_on(x, {rows}, kFloat);
+  if (rows == 0) return {out, out_scale};
+  const auto w = norm_weight(weight, h, weight_offset);
+  float* sp = out_scale.mutable_data_ptr<float>();
+  const bool e4m3 = out_dtype == kFloat8_e4m3fn;
+  Float8_e4m3fn* q_e4m3 = e4m3 ? out.mutable_data_ptr<Float8_e4m3fn>() : nullptr;
+  int8_t* q_int8 = e4m3 ? nullptr : out.mutable_data_ptr<int8_t>();
+  FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), op, [&] {
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    scalar_t* rp = residual != nullptr ? residual->mutable_data_ptr<scalar_t>() : nullptr;
+    const int64_t xs = row_stride(x), rs = residual != nullptr ? row_stride(*residual) : 0;
+    torch::stable::parallel_for(0, rows, grain_rows(h), [&](int64_t b, int64_t e) {
+      std::vector<scalar_t> normed((e - b) * h);
+      std::vector<float> row(h);
+      if (rp != nullptr) {
+        for (int64_t r = b; r < e; ++r)
+          for (int64_t i = 0; i < h; ++i)
+            rp[r * rs + i] = static_cast<scalar_t>(static_cast<float>(xp[r * xs + i]) + static_cast<float>(rp[r * rs + i]));
+      }
+      const scalar_t* src = rp != nullptr ? rp + b * rs : xp + b * xs;
+      RowEntries<scalar_t>::rms_norm(normed.data(), h, src, rp != nullptr ? rs : xs, static_cast<const scalar_t*>(nullptr),
+                                     0, w.data(), 0, e - b, h, static_cast<float>(eps));
+      for (int64_t r = b; r < e; ++r) {
+        const scalar_t* nr = normed.data() + (r - b) * h;
+        for (int64_t i = 0; i < h; ++i) row[i] = static_cast<float>(nr[i]);
+        if (e4m3) {
+          const float s = given ? given_scale : scale_from_amax(cpu::abs_max(row.data(), h));
+          Float8_e4m3fn* q = q_e4m3 + r * h;
+          for (int64_t i = 0; i < h; ++i) q[i] = to_e4m3(row[i], s);
+          if (!given) sp[r] = s;
+        } else {
+          const float s = given ? given_scale : int8_scale_from_amax(cpu::abs_max(row.data(), h));
+          int8_t* q = q_int8 + r * h;
+          for (int64_t i = 0; i < h; ++i) q[i] = int8_symmetric_code(row[i] / s);
+          if (!given) sp[r] = s;
+        }
+      }
+    });
+  });
+  return {out, out_scale};
+}
+
+std::tuple<Tensor, Tensor> rms_norm_quant_cpu(const Tensor& x, const std::optional<Tensor>& weight, double eps,
+                                              ScalarType out_dtype, const std::optional<Tensor>& scale,
+                                              double weight_offset) {
+  return rms_norm_quant_into("rms_norm_quant", x, nullptr, weight, eps, out_dtype, scale, weight_offset);
+}
+
+std::tuple<Tensor, Tensor> fused_add_rms_norm_quant_cpu(const Tensor& x, Tensor& residual,
+                                                        const std::optional<Tensor>& weight, double eps,
+                                                        ScalarType out_dtype, const std::optional<Tensor>& scale,
+                                                        double weight_offset) {
+  return rms_norm_quant_into("fused_add_rms_norm_quant", x, &residual, weight, eps, out_dtype, scale, weight_offset);
+}
+
 enum class Gate { kSilu, kGeluErf, kGeluTanh };
 
 void gated_and_mul_into(Tensor& out, const Tensor& x, Gate gate) {
@@ -445,6 +516,8 @@ FASTINFER_LIBRARY_IMPL(CPU, m) {
   m.impl("rms_norm_out", TORCH_BOX(&rms_norm_out_cpu));
   m.impl("fused_add_rms_norm", TORCH_BOX(&fused_add_rms_norm_cpu));
   m.impl("gated_rms_norm", TORCH_BOX(&gated_rms_norm_cpu));
+  m.impl("rms_norm_quant", TORCH_BOX(&rms_norm_quant_cpu));
+  m.impl("fused_add_rms_norm_quant", TORCH_BOX(&fused_add_rms_norm_quant_cpu));
   m.impl("silu_and_mul", TORCH_BOX(&silu_and_mul_cpu));
   m.impl("silu_and_mul_out", TORCH_BOX(&silu_and_mul_out_cpu));
   m.impl("gelu_and_mul", TORCH_BOX(&gelu_and_mul_cpu));
