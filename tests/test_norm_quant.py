@@ -329,3 +329,16 @@ def test_empty_rows():
         assert q.shape == (0, 64) and s.shape == (0,)
         q, s = be.ns.rms_norm_quant(x, _w(), 1e-6, I8, torch.tensor([0.25]))
         assert q.shape == (0, 64) and s.tolist() == [0.25]
+
+
+@pytest.mark.cuda
+def test_bad_device_cuda():
+    """CUDA x with a CPU residual, weight or scale: RuntimeError naming the CPU argument."""
+    be = get_backend("cuda")
+    x = _r(5, 64).cuda()
+    with pytest.raises(RuntimeError, match=r"\bresidual\b"):
+        be.ns.fused_add_rms_norm_quant(x, _r(5, 64), _w().cuda(), 1e-6, E4M3)
+    with pytest.raises(RuntimeError, match=r"\bweight\b"):
+        be.ns.rms_norm_quant(x, _w(), 1e-6, I8)
+    with pytest.raises(RuntimeError, match=r"\bscale\b"):
+        be.ns.rms_norm_quant(x, _w().cuda(), 1e-6, E4M3, torch.tensor([0.5]))
