@@ -420,6 +420,10 @@ class EngineConfig:
         arch = model_config.architecture
         spec = self.speculative
         if spec is not None:
+            if self.world_size > 1:  # the commit runs on rank 0's state only
+                raise ValueError(f"speculative decoding is not supported for {arch} with tensor_parallel_size="
+                                 f"{self.tensor_parallel_size}, expert_parallel_size={self.expert_parallel_size} "
+                                 "(its linear-attention state is committed in one process): use one process")
             # the verification commits the linear-attention state at the accepted length by
             # re-running the accepted rows of a chain from the state saved before it
             if spec.method != "draft" or spec.mode != "chain":

@@ -32,6 +32,7 @@ from ..layers import BatchBuilder, TensorDictReader
 from ..layers.moe import expert_shard
 from ..models import LlamaForCausalLM, ModelConfig, load_config, load_model
 from ..models.llama import attention_shards
+from ..models.qwen3_5 import LinearAttentionShards
 from ..quant import resolve_quantization
 from .checkpoints import load_checkpoint
 from .config import EngineConfig
@@ -71,6 +72,8 @@ def check_split(model_config: ModelConfig, config: EngineConfig) -> None:
     """A ValueError for a model that does not split as ``config`` asks (heads over the tensor-parallel
     ranks, experts over the expert-parallel ones); rank 0 checks before it starts any process."""
     attention_shards(model_config, ParallelInfo(0, config.tensor_parallel_size))
+    if model_config.is_hybrid:  # the linear-attention heads split too
+        LinearAttentionShards(model_config, ParallelInfo(0, config.tensor_parallel_size))
     ep = config.expert_parallel_size
     if ep > 1:
         if model_config.num_experts == 0:
@@ -103,7 +106,7 @@ class ForwardPlan:
     hidden_layers: Tuple[int, ...] = ()  # instead of the final ones: these layers' inputs, concatenated (EAGLE-3)
     moves: Tuple[List[int], List[int]] = ((), ())  # target KV slot moves (src, dst), applied first
     finished: List[int] = field(default_factory=list)  # seq ids no later plan mentions
-    # seq_id -> state slot (hybrid models: one process, never sent to tensor-parallel workers)
+    # seq_id -> state slot (hybrid models; every rank holds its heads' share of each slot)
     state_slots: Dict[int, int] = field(default_factory=dict)
     # hybrid models' prefix cache: (source, destination) state-slot copies, in order, applied first
     state_copies: List[Tuple[int, int]] = field(default_factory=list)

@@ -39,7 +39,15 @@ each sequence's slot and whether it continues from it (:class:`~fastinfer.layers
 ``state_slots`` / ``has_initial_state``). A linear layer's entry of ``kv_caches`` is its
 ``(conv_states, recurrent_states)``, a full-attention layer's its paged ``(k_cache, v_cache)``.
 
-Not supported (refused): tensor and pipeline parallelism, quantisation. A
+Tensor parallelism: the full-attention layers and the MLPs as Llama's (the experts as
+:mod:`~fastinfer.models.moe`'s); a Gated DeltaNet layer splits by head
+(:class:`LinearAttentionShards`): each rank holds a contiguous share of the key heads and the value
+heads that read them, its rows of q, k, v, z, b and a (column-parallel, no communication), their
+convolution channels, ``A_log`` and ``dt_bias``, and the recurrent and convolution states of its
+heads only; ``out_proj`` is row-parallel (one all-reduce). ``linear_num_key_heads`` must split over
+the ranks.
+
+Not supported (refused): pipeline parallelism, quantisation. A
 ``Qwen3_5ForConditionalGeneration`` / ``Qwen3_5MoeForConditionalGeneration`` checkpoint runs its text
 model (vision and multi-token prediction tensors skipped).
 """
@@ -74,7 +82,7 @@ from .gemma import GemmaRMSNorm, _TextModelReader
 from .llama import LlamaForCausalLM, init_layer_geometry, packed_parts
 from .moe import init_routed_mlp, routed_mlp
 
-__all__ = ["Qwen3_5ForCausalLM", "GatedDeltaNet"]
+__all__ = ["Qwen3_5ForCausalLM", "GatedDeltaNet", "LinearAttentionShards"]
 
 Tensor = torch.Tensor
 
@@ -83,7 +91,7 @@ Tensor = torch.Tensor
 _SKIPPED_PREFIXES = ("mtp.", "model.visual.", "visual.")
 
 
-class _LinearAttentionShards:
+class LinearAttentionShards:
     """This rank's share of a Gated DeltaNet layer: its key heads ``[k0, k0 + Hk)`` and value heads
     ``[v0, v0 + Hv)`` (the value heads that read those key heads), of widths ``Dk`` / ``Dv``."""
 
@@ -112,7 +120,7 @@ class _LinearAttentionParams(CheckpointModule):
     ``[D, 1, W]``, held ``[D, W]``: this rank's q, k and v channels), ``A_log`` and ``dt_bias``
     (this rank's value heads), all in the model dtype as transformers holds them."""
 
-    def __init__(self, shards: _LinearAttentionShards, c: ModelConfig, prefix: str, *, dtype, device):
+    def __init__(self, shards: LinearAttentionShards, c: ModelConfig, prefix: str, *, dtype, device):
         super().__init__()
         self.prefix = prefix
         self.shards = shards
@@ -156,13 +164,13 @@ _IN_PROJ_PARTS = ("in_proj_q", "in_proj_k", "in_proj_v", "in_proj_z", "in_proj_b
 class GatedDeltaNet(nn.Module):
     """One Gated DeltaNet mixer (see the module docstring); ``forward(x, batch, (conv_states,
     recurrent_states))`` updates the batch's slots of both pools in place. Under tensor parallelism
-    this rank's heads (:class:`_LinearAttentionShards`): the input projection column-parallel by
+    this rank's heads (:class:`LinearAttentionShards`): the input projection column-parallel by
     head, the output projection row-parallel (one all-reduce), the states of its heads only."""
 
     def __init__(self, c: ModelConfig, prefix: str, lin: dict):
         super().__init__()
         self.ops = lin["ops"]
-        sh = self.shards = _LinearAttentionShards(c, lin["tp"])
+        sh = self.shards = LinearAttentionShards(c, lin["tp"])
         self.num_k_heads, self.num_v_heads = sh.num_k_heads, sh.num_v_heads
         self.head_k_dim, self.head_v_dim = sh.head_k_dim, sh.head_v_dim
         self.key_dim, self.value_dim, self.conv_dim = sh.key_dim, sh.value_dim, sh.conv_dim
@@ -356,7 +364,7 @@ class Qwen3_5DecoderLayer(nn.Module):
 class Qwen3_5ForCausalLM(LlamaForCausalLM):
     """Qwen3.5 text causal LM and its MoE variants (``Qwen3_5ForCausalLM``, ``Qwen3_5MoeForCausalLM``,
     ``Qwen3NextForCausalLM``; arguments as
-    :class:`~fastinfer.models.LlamaForCausalLM`; ``tp`` and ``stage`` must be the whole model and
+    :class:`~fastinfer.models.LlamaForCausalLM`; ``stage`` must be the whole model and
     ``quant_config`` None)."""
 
     decoder_layer = Qwen3_5DecoderLayer
@@ -368,9 +376,6 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
                  stage: PipelineStage = WHOLE_MODEL):
         if config.architecture not in HYBRID_ARCHITECTURES:
             raise ValueError(f"Qwen3_5ForCausalLM runs {', '.join(HYBRID_ARCHITECTURES)}, not {config.architecture}")
-        if tp.world_size > 1:
-            raise ValueError(f"tensor_parallel_size={tp.world_size} is not supported for {config.architecture} "
-                             "(its linear-attention layers run on one device)")
         if stage.num_stages > 1:
             raise ValueError(f"pipeline_parallel_size={stage.num_stages} is not supported for {config.architecture}")
         if quant_config is not None:
@@ -413,9 +418,9 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
         return (len(self.layers) - len(self.attention_layers)) * (conv + rec)
 
     @property
-    def linear_shards(self) -> _LinearAttentionShards:
+    def linear_shards(self) -> LinearAttentionShards:
         """This rank's share of every linear-attention layer (all of it without tensor parallelism)."""
-        return _LinearAttentionShards(self.config, self.tp)
+        return LinearAttentionShards(self.config, self.tp)
 
     @torch.no_grad()
     def copy_state_slots(self, kv_caches: Sequence[KVCache], copies: Sequence[Tuple[int, int]]) -> None:
