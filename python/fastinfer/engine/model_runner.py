@@ -32,7 +32,6 @@ from ..layers import BatchBuilder, TensorDictReader
 from ..layers.moe import expert_shard
 from ..models import LlamaForCausalLM, ModelConfig, load_config, load_model
 from ..models.llama import attention_shards
-from ..models.qwen3_5 import LinearAttentionShards
 from ..quant import resolve_quantization
 from .checkpoints import load_checkpoint
 from .config import EngineConfig
@@ -72,8 +71,6 @@ def check_split(model_config: ModelConfig, config: EngineConfig) -> None:
     """A ValueError for a model that does not split as ``config`` asks (heads over the tensor-parallel
     ranks, experts over the expert-parallel ones); rank 0 checks before it starts any process."""
     attention_shards(model_config, ParallelInfo(0, config.tensor_parallel_size))
-    if model_config.is_hybrid:  # the linear-attention heads split too
-        LinearAttentionShards(model_config, ParallelInfo(0, config.tensor_parallel_size))
     ep = config.expert_parallel_size
     if ep > 1:
         if model_config.num_experts == 0:
