@@ -47,7 +47,10 @@ convolution channels, ``A_log`` and ``dt_bias``, and the recurrent and convoluti
 heads only; ``out_proj`` is row-parallel (one all-reduce). ``linear_num_key_heads`` must split over
 the ranks.
 
-Not supported (refused): pipeline parallelism, quantisation. A
+Quantisation: the MoE variants' routed experts in fp8 on load (``quantization="fp8"``,
+:class:`fastinfer.quant.resolve.ExpertsOnlyQuantization`); a quantised linear is refused.
+
+Not supported (refused): pipeline parallelism, quantised linears and checkpoints. A
 ``Qwen3_5ForConditionalGeneration`` / ``Qwen3_5MoeForConditionalGeneration`` checkpoint runs its text
 model (vision and multi-token prediction tensors skipped).
 """
@@ -66,10 +69,12 @@ from ..layers import (
     ColumnParallelLinear,
     ForwardBatch,
     KVCache,
+    Linear,
     PagedAttention,
     QuantizationConfig,
     RowParallelLinear,
     StackedExpertsReader,
+    UnquantizedLinearMethod,
     WeightPart,
     WeightReader,
     param,
@@ -365,7 +370,7 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
     """Qwen3.5 text causal LM and its MoE variants (``Qwen3_5ForCausalLM``, ``Qwen3_5MoeForCausalLM``,
     ``Qwen3NextForCausalLM``; arguments as
     :class:`~fastinfer.models.LlamaForCausalLM`; ``stage`` must be the whole model and
-    ``quant_config`` None)."""
+    ``quant_config`` may quantise the experts only)."""
 
     decoder_layer = Qwen3_5DecoderLayer
     norm_class = GemmaRMSNorm
@@ -378,11 +383,13 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
             raise ValueError(f"Qwen3_5ForCausalLM runs {', '.join(HYBRID_ARCHITECTURES)}, not {config.architecture}")
         if stage.num_stages > 1:
             raise ValueError(f"pipeline_parallel_size={stage.num_stages} is not supported for {config.architecture}")
-        if quant_config is not None:
-            raise ValueError(f"quantization is not supported for {config.architecture} (its linear-attention "
-                             "projections run in float)")
         super().__init__(config, dtype=dtype, device=device, max_positions=max_positions, ops=ops,
                          quant_config=quant_config, tp=tp, stage=stage)
+        quantised = [m.prefix for m in self.modules()
+                     if isinstance(m, Linear) and not isinstance(m.method, UnquantizedLinearMethod)]
+        if quantised:  # a quantisation config may quantise the experts only (fastinfer.quant)
+            raise ValueError(f"quantised linears are not supported for {config.architecture} (its linear-attention "
+                             f"projections run in float): {quantised[0]} would be {quant_config.name}")
 
     @torch.no_grad()
     def load_weights(self, reader: WeightReader, progress: bool = False) -> "Qwen3_5ForCausalLM":
