@@ -6,8 +6,9 @@ Qwen3.5-MoE, Qwen3-Next; linear heads 2 key / 4 value, so each rank holds one ke
 value heads; GQA 2/1, the KV head replicated): float32 logits of a prefill (every row) and a decode
 step within 1e-5 relative norm, identical greedy tokens with chunked prefill, prefix caching (state
 snapshots copied on every rank) and preemption (a small KV pool). Each rank holds only its heads'
-rows, channels and states. Expert parallelism (alone: bit-identical to one process; with TP). Refusals: linear heads that do not split over the ranks (before any
-process starts), speculative decoding.
+rows, channels and states. Expert parallelism (alone: bit-identical to one process; with TP).
+Refusals: linear heads that do not split over the ranks (before any process starts), speculative
+decoding.
 """
 
 from __future__ import annotations

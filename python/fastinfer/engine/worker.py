@@ -2,16 +2,17 @@
 
 A worker builds its shard (:class:`~.model_runner.ModelRunner` with its rank), agrees on the KV
 pool size (and a hybrid model's number of state slots) with the other ranks (the minimum of what
-each has room for), then loops: receive one
-message from rank 0's control channel, run it (:meth:`ModelRunner.forward`: the slot moves of the
-last verification, then the forward, whose all-reduces and logits gather meet rank 0's), until the
-stop message (None). It samples nothing and keeps no scheduler state.
+each has room for), then loops: receive one message from rank 0's control channel, run it
+(:meth:`ModelRunner.forward`: the slot moves of the last verification, then the forward, whose
+all-reduces and logits gather meet rank 0's), until the stop message (None). It samples nothing and
+keeps no scheduler state.
 
 Messages (:class:`PlanEncoder` on rank 0, :class:`PlanDecoder` here) carry a
 :class:`~.model_runner.ForwardPlan` with its block tables as deltas: the worker mirrors each live
-sequence's table, and a message says only how many leading entries are still valid and the new
-tail (a hybrid model's state slot of each sequence and the slot copies travel whole), so a decode step that crosses no block boundary sends ``(seq id, token, position)`` per
-sequence and nothing else. Tree masks travel as bytes.
+sequence's table, and a message says only how many leading entries are still valid and the new tail
+(a hybrid model's state slot of each sequence and the slot copies travel whole), so a decode step
+that crosses no block boundary sends ``(seq id, token, position)`` per sequence and nothing else.
+Tree masks travel as bytes.
 
 Two ways in: :func:`spawned_worker_main` (rank 0 started it with the ``spawn`` start method; it
 reports "started" / "loaded" / an error through a pipe, and exits when rank 0 goes away) and

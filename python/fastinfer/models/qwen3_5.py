@@ -183,9 +183,8 @@ class GatedDeltaNet(nn.Module):
         p = f"{prefix}.linear_attn"
         K, V, Hv = c.linear_num_key_heads * sh.head_k_dim, c.linear_num_value_heads * sh.head_v_dim, \
             c.linear_num_value_heads
-        self.in_proj = ColumnParallelLinear(
-            c.hidden_size, [WeightPart(f"{p}.{name}", rows) for name, rows in zip(_IN_PROJ_PARTS, (K, K, V, V, Hv, Hv))],
-            False, **lin)
+        parts = [WeightPart(f"{p}.{name}", rows) for name, rows in zip(_IN_PROJ_PARTS, (K, K, V, V, Hv, Hv))]
+        self.in_proj = ColumnParallelLinear(c.hidden_size, parts, False, **lin)
         self.params = _LinearAttentionParams(sh, c, p, dtype=lin["dtype"], device=lin["device"])
         self.norm = _GatedNormWeight(self.head_v_dim, f"{p}.norm", dtype=lin["dtype"], device=lin["device"])
         self.out_proj = RowParallelLinear(V, [WeightPart(f"{p}.out_proj", c.hidden_size)], False, **lin)
