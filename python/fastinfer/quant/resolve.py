@@ -266,7 +266,7 @@ def resolve_quantization(model_config, opts: Optional[QuantOptions] = None,
     if gguf_file is not None and gguf_weights in ("auto", "stored"):
         return GgufQuantization(gguf_file, model_config, strict=gguf_weights == "stored")
     stored = stored_quantization(model_config)
-    if model_config.is_hybrid and (stored is not None or opts is not None):
+    if getattr(model_config, "is_hybrid", False) and (stored is not None or opts is not None):
         return _hybrid_experts_quantization(model_config, opts, stored)
     if stored is not None:
         if opts is not None and opts.method != stored.method:
