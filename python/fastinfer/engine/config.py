@@ -27,10 +27,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from ..distributed import ParallelInfo
 from ..distributed.pipeline import parse_partition, partition_layers
 from ..layers.attention import FP8_KV_CACHE_DTYPE
 from ..layers.batch import DEFAULT_BLOCK_SIZE
 from ..models import default_dtype, find_gguf, load_config
+from ..models.qwen3_5 import LinearAttentionShards
 from ..quant import QuantOptions
 from .speculative.registry import SPEC_METHODS, SPEC_MODES, SpecMethod, spec_method
 
@@ -367,7 +369,6 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, "
                              f"got {self.kv_cache_dtype!r}")
         self.speculative = self._speculative()
-        self._hybrid_model_options()
         self.quant_options = QuantOptions.from_any(self.quantization, self.quantization_config)
         tp, ep = self.tensor_parallel_size, self.expert_parallel_size
         if not _is_int(tp) or tp < 1:
@@ -393,6 +394,7 @@ class EngineConfig:
             model_config = load_config(self.model) if isinstance(self.model, str) else getattr(self.model, "config", None)
             if model_config is not None:
                 partition_layers(model_config.num_hidden_layers, pp, partition)
+        self._hybrid_model_options()
         sizes = f"tensor_parallel_size={tp}" if ep == 1 else f"expert_parallel_size={ep}"
         if pp > 1:
             sizes = f"pipeline_parallel_size={pp}"
@@ -418,8 +420,13 @@ class EngineConfig:
             self.enable_prefix_caching = True if self.enable_prefix_caching is None else bool(self.enable_prefix_caching)
             return
         arch = model_config.architecture
+        LinearAttentionShards(model_config, ParallelInfo(0, self.tensor_parallel_size))  # the heads split by TP
         spec = self.speculative
         if spec is not None:
+            if self.world_size > 1:  # the commit runs on rank 0's state only
+                raise ValueError(f"speculative decoding is not supported for {arch} with tensor_parallel_size="
+                                 f"{self.tensor_parallel_size}, expert_parallel_size={self.expert_parallel_size} "
+                                 "(its linear-attention state is committed in one process): use one process")
             # the verification commits the linear-attention state at the accepted length by
             # re-running the accepted rows of a chain from the state saved before it
             if spec.method != "draft" or spec.mode != "chain":

@@ -103,7 +103,7 @@ class ForwardPlan:
     hidden_layers: Tuple[int, ...] = ()  # instead of the final ones: these layers' inputs, concatenated (EAGLE-3)
     moves: Tuple[List[int], List[int]] = ((), ())  # target KV slot moves (src, dst), applied first
     finished: List[int] = field(default_factory=list)  # seq ids no later plan mentions
-    # seq_id -> state slot (hybrid models: one process, never sent to tensor-parallel workers)
+    # seq_id -> state slot (hybrid models; every rank holds its heads' share of each slot)
     state_slots: Dict[int, int] = field(default_factory=dict)
     # hybrid models' prefix cache: (source, destination) state-slot copies, in order, applied first
     state_copies: List[Tuple[int, int]] = field(default_factory=list)

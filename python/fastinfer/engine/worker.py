@@ -1,16 +1,18 @@
 """A tensor-parallel worker (ranks 1 .. N-1) and the step messages rank 0 sends it.
 
 A worker builds its shard (:class:`~.model_runner.ModelRunner` with its rank), agrees on the KV
-pool size with the other ranks (the minimum of what each has room for), then loops: receive one
-message from rank 0's control channel, run it (:meth:`ModelRunner.forward`: the slot moves of the
-last verification, then the forward, whose all-reduces and logits gather meet rank 0's), until the
-stop message (None). It samples nothing and keeps no scheduler state.
+pool size (and a hybrid model's number of state slots) with the other ranks (the minimum of what
+each has room for), then loops: receive one message from rank 0's control channel, run it
+(:meth:`ModelRunner.forward`: the slot moves of the last verification, then the forward, whose
+all-reduces and logits gather meet rank 0's), until the stop message (None). It samples nothing and
+keeps no scheduler state.
 
 Messages (:class:`PlanEncoder` on rank 0, :class:`PlanDecoder` here) carry a
 :class:`~.model_runner.ForwardPlan` with its block tables as deltas: the worker mirrors each live
-sequence's table, and a message says only how many leading entries are still valid and the new
-tail, so a decode step that crosses no block boundary sends ``(seq id, token, position)`` per
-sequence and nothing else. Tree masks travel as bytes.
+sequence's table, and a message says only how many leading entries are still valid and the new tail
+(a hybrid model's state slot of each sequence and the slot copies travel whole), so a decode step
+that crosses no block boundary sends ``(seq id, token, position)`` per sequence and nothing else.
+Tree masks travel as bytes.
 
 Two ways in: :func:`spawned_worker_main` (rank 0 started it with the ``spawn`` start method; it
 reports "started" / "loaded" / an error through a pipe, and exits when rank 0 goes away) and
@@ -104,7 +106,8 @@ class PlanEncoder:
         for sid in plan.finished:
             self.sent.pop(sid, None)
         return (_pack_chunks(plan.chunks), plan.decodes, _pack_chunks(plan.trees), tables, plan.want_hidden,
-                tuple(plan.hidden_layers), (list(moves[0]), list(moves[1])), list(plan.finished))
+                tuple(plan.hidden_layers), (list(moves[0]), list(moves[1])), list(plan.finished),
+                dict(plan.state_slots), list(plan.state_copies))
 
 
 class PlanDecoder:
@@ -114,11 +117,11 @@ class PlanDecoder:
         self.tables: Dict[int, List[int]] = {}
 
     def decode(self, msg: tuple) -> ForwardPlan:
-        chunks, decodes, trees, tables, want_hidden, hidden_layers, moves, finished = msg
+        chunks, decodes, trees, tables, want_hidden, hidden_layers, moves, finished, state_slots, state_copies = msg
         for sid, keep, tail in tables:
             self.tables[sid] = self.tables.get(sid, [])[:keep] + list(tail)
         plan = ForwardPlan(_unpack_chunks(chunks), list(decodes), _unpack_chunks(trees), {}, want_hidden,
-                           hidden_layers, moves, finished)
+                           hidden_layers, moves, finished, state_slots, state_copies)
         for sid in [c.seq_id for c in plan.chunks + plan.trees] + [d[0] for d in plan.decodes]:
             plan.tables[sid] = self.tables[sid]
         for sid in finished:
@@ -136,7 +139,8 @@ STAGE_BUSY = "stage_busy"
 
 def serve(runner: ModelRunner, ctrl) -> None:
     """Agree on the KV pool, then run rank 0's messages until the stop message."""
-    runner.init_kv(ctrl.comm.all_reduce_min([runner.local_num_kv_blocks()])[0])
+    local = runner.local_kv_sizing()
+    runner.init_kv(*ctrl.comm.all_reduce_min([local.num_blocks, local.num_seq_slots]))
     decoder = PlanDecoder()
     while True:
         msg = ctrl.recv()

@@ -232,10 +232,12 @@ class TensorParallelRunner(ModelRunner):
 
     # ---- start-up -----------------------------------------------------------------------------
     def agreed_kv_sizing(self, extra_pools: Sequence[MemoryPool] = ()) -> KVSizing:
-        """This rank's sizing with the smallest block count of all ranks (every rank allocates it)."""
+        """This rank's sizing with the smallest block count and state-slot count (a hybrid model's)
+        of all ranks (every rank allocates them)."""
         local = self.local_kv_sizing(extra_pools)
-        n = self._guard(lambda: self.ctrl.comm.all_reduce_min([local.num_blocks], STARTUP_TIMEOUT_S)[0])
-        return dataclasses.replace(local, num_blocks=n)
+        n, slots = self._guard(lambda: self.ctrl.comm.all_reduce_min([local.num_blocks, local.num_seq_slots],
+                                                                     STARTUP_TIMEOUT_S))
+        return dataclasses.replace(local, num_blocks=n, num_seq_slots=slots)
 
     def init_kv(self, num_blocks: int, num_state_slots: Optional[int] = None) -> None:
         self._initialising = True

@@ -2,9 +2,11 @@
 
 Supported architectures: ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``,
 ``Qwen3ForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, the mixture-of-experts
-``MixtralForCausalLM``, ``Qwen2MoeForCausalLM``, ``Qwen3MoeForCausalLM``, ``OlmoeForCausalLM`` and
-``GptOssForCausalLM`` (and the text model of a
-``Gemma3ForConditionalGeneration`` checkpoint: its ``text_config``). A key missing from
+``MixtralForCausalLM``, ``Qwen2MoeForCausalLM``, ``Qwen3MoeForCausalLM``, ``OlmoeForCausalLM``,
+``GptOssForCausalLM``, the hybrid (Gated DeltaNet) ``Qwen3_5ForCausalLM``, ``Qwen3_5MoeForCausalLM``
+and ``Qwen3NextForCausalLM`` (and the text model of a ``Gemma3ForConditionalGeneration``,
+``Qwen3_5ForConditionalGeneration`` or ``Qwen3_5MoeForConditionalGeneration`` checkpoint: its
+``text_config``). A key missing from
 ``config.json`` takes the default of the corresponding ``transformers`` config class (so a
 checkpoint means the same thing here as in ``transformers``). Anything the runner cannot run
 faithfully (another architecture, an activation other than SiLU (Llama family) or tanh-GELU
@@ -23,7 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 __all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "SUPPORTED_ROPE_TYPES", "GEMMA_ARCHITECTURES", "MOE_ARCHITECTURES",
-           "HYBRID_ARCHITECTURES"]
+           "HYBRID_ARCHITECTURES", "HYBRID_MOE_ARCHITECTURES"]
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
@@ -116,6 +118,58 @@ _ARCH_DEFAULTS: Dict[str, Dict[str, Any]] = {
         "linear_num_value_heads": 32,
         "full_attention_interval": 4,
         "partial_rotary_factor": 0.25,
+    },
+    "Qwen3_5MoeForCausalLM": {
+        "model_type": "qwen3_5_moe_text",
+        "vocab_size": 248320,
+        "hidden_size": 2048,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "max_position_embeddings": 32768,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "attention_bias": False,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "full_attention_interval": 4,
+        "partial_rotary_factor": 0.25,
+        "num_experts": 256,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+    },
+    "Qwen3NextForCausalLM": {
+        "model_type": "qwen3_next",
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "max_position_embeddings": 32768,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "attention_bias": False,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "full_attention_interval": 4,
+        "partial_rotary_factor": 0.25,
+        "num_experts": 512,
+        "num_experts_per_tok": 10,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": None,
     },
     "Gemma2ForCausalLM": {
         "model_type": "gemma2",
@@ -256,25 +310,24 @@ _ARCH_DEFAULTS["GptOssForCausalLM"] = {
 _ARCH_DEFAULTS["MixtralForCausalLM"] = dict(
     _ARCH_DEFAULTS["MistralForCausalLM"], model_type="mixtral", rms_norm_eps=1e-5, rope_theta=1_000_000.0,
     sliding_window=None, num_local_experts=8, num_experts_per_tok=2)
-# the hybrid decoder (fastinfer.models.qwen3_5): Gated DeltaNet layers with a per-sequence state beside
-# gated full-attention layers
-HYBRID_ARCHITECTURES = ("Qwen3_5ForCausalLM",)
 # architectures whose attention RMS-normalises every q and k head (weights [head_dim]) before RoPE
-_QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM", "Qwen3_5ForCausalLM")
 # the Gemma decoder (fastinfer.models.gemma): sandwich norms, (1 + weight) RMSNorm, GeGLU, scaled embeddings
 GEMMA_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 # the mixture-of-experts decoder (fastinfer.models.moe): the Llama-family layer with a routed-experts MLP
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM",
                      "GptOssForCausalLM")
 # the hybrid decoder (fastinfer.models.qwen3_5): Gated DeltaNet layers with a per-sequence state beside
-# gated full-attention layers
-HYBRID_ARCHITECTURES = ("Qwen3_5ForCausalLM",)
+# gated full-attention layers; the MoE variants route the MLP (HYBRID_MOE_ARCHITECTURES)
+HYBRID_MOE_ARCHITECTURES = ("Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM")
+HYBRID_ARCHITECTURES = ("Qwen3_5ForCausalLM",) + HYBRID_MOE_ARCHITECTURES
+_QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM") + HYBRID_ARCHITECTURES
 # architectures whose attention RMS-normalises q and k over their whole projections (all heads together;
 # weights [Hq * D] and [Hkv * D]) before RoPE
 _QK_PROJECTION_NORM_ARCHITECTURES = ("OlmoeForCausalLM",)
 # a multimodal checkpoint whose text model runs as the architecture named here (its text_config)
 _TEXT_MODEL_OF = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
-                  "Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM"}
+                  "Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM",
+                  "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeForCausalLM"}
 SUPPORTED_ARCHITECTURES = tuple(_ARCH_DEFAULTS) + tuple(_TEXT_MODEL_OF)
 
 _DTYPES = {
@@ -565,8 +618,8 @@ class ModelConfig:
         elif arch == "LlamaForCausalLM":
             qkv_bias = o_bias = bool(get("attention_bias"))
             mlp_bias = bool(get("mlp_bias"))
-        elif arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "Qwen3_5ForCausalLM",
-                      "GptOssForCausalLM") or gemma:
+        elif arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM") \
+                or arch in HYBRID_ARCHITECTURES or gemma:
             qkv_bias = o_bias = bool(get("attention_bias"))
             mlp_bias = False
         else:
@@ -649,9 +702,17 @@ class ModelConfig:
                 raise ValueError(f"attn_logit_softcapping={attn_softcap} is not supported for {arch} "
                                  "(Gemma 3 has no attention soft-capping; transformers ignores the field)")
 
-        moe = _parse_moe(d, arch, num_layers, get, get_int) if arch in MOE_ARCHITECTURES else {}
+        routed = arch in MOE_ARCHITECTURES + HYBRID_MOE_ARCHITECTURES
+        moe = _parse_moe(d, arch, num_layers, get, get_int) if routed else {}
         linear = _parse_linear_attention(get_int) if arch in HYBRID_ARCHITECTURES else {}
         clip_qkv = get_positive("clip_qkv", optional=True) if arch == "OlmoeForCausalLM" else None
+
+        if arch == "Qwen3_5MoeForCausalLM":
+            # no dense MLP (every layer routed, transformers' config has no intermediate_size): the
+            # shared expert is the widest dense GEMM, what the activation estimate sizes
+            intermediate_size = moe["shared_expert_intermediate_size"]
+        else:
+            intermediate_size = get_int("intermediate_size")
 
         # --- tokens / dtype --------------------------------------------------------------------------
         eos = _token_ids(get("eos_token_id"), "eos_token_id")
@@ -671,7 +732,7 @@ class ModelConfig:
             model_type=d.get("model_type", defaults["model_type"]),
             vocab_size=get_int("vocab_size"),
             hidden_size=hidden,
-            intermediate_size=get_int("intermediate_size"),
+            intermediate_size=intermediate_size,
             num_hidden_layers=num_layers,
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
@@ -736,18 +797,23 @@ _EXPERT_COUNT_NAMES = {
     "Qwen2MoeForCausalLM": ("num_experts",),
     "Qwen3MoeForCausalLM": ("num_experts", "num_local_experts"),
     "OlmoeForCausalLM": ("num_experts", "num_local_experts"),
+    "Qwen3_5MoeForCausalLM": ("num_experts",),
+    "Qwen3NextForCausalLM": ("num_experts",),
 }
 
 
 def _parse_moe(d: Dict[str, Any], arch: str, num_layers: int, get, get_int) -> Dict[str, Any]:
-    """The mixture-of-experts fields of a Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE config, as
+    """The mixture-of-experts fields of a Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE / Qwen3.5-MoE /
+    Qwen3-Next config, as
     transformers reads them. The number of experts: :data:`_EXPERT_COUNT_NAMES`. Mixtral: every layer
     routed, experts of width ``intermediate_size``, weights always renormalised. The others: weights
     renormalised when ``norm_topk_prob``; OLMoE: every layer routed, experts of width
     ``intermediate_size``; Qwen2-MoE / Qwen3-MoE: experts of width ``moe_intermediate_size``, layer
     ``i`` routed unless it is in ``mlp_only_layers`` or ``(i + 1) % decoder_sparse_step != 0`` (then
-    a dense MLP of width ``intermediate_size``); Qwen2-MoE's routed layers add a shared expert of
-    width ``shared_expert_intermediate_size``."""
+    a dense MLP of width ``intermediate_size``), Qwen3-Next alike; Qwen3.5-MoE: every layer routed
+    (experts ``moe_intermediate_size`` wide), the weights always renormalised. Qwen2-MoE's,
+    Qwen3.5-MoE's and Qwen3-Next's routed layers add a shared expert of width
+    ``shared_expert_intermediate_size``."""
     names = _EXPERT_COUNT_NAMES[arch]
     key = next((k for k in names if k in d), names[0])
     num_experts = get(key)
@@ -766,6 +832,10 @@ def _parse_moe(d: Dict[str, Any], arch: str, num_layers: int, get, get_int) -> D
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"config field {key!r} must be a positive number, got {v!r}")
             gpt_oss[key] = float(v)
+    elif arch == "Qwen3_5MoeForCausalLM":
+        # transformers' Qwen3_5MoeTopKRouter always renormalises, and every layer is routed
+        width, renormalize, dense_layers = get_int("moe_intermediate_size"), True, []
+        shared = get_int("shared_expert_intermediate_size")
     else:
         renormalize = bool(get("norm_topk_prob"))
         if arch == "OlmoeForCausalLM":
@@ -777,7 +847,7 @@ def _parse_moe(d: Dict[str, Any], arch: str, num_layers: int, get, get_int) -> D
             if not isinstance(only, list) or any(not isinstance(i, int) or isinstance(i, bool) for i in only):
                 raise ValueError(f"config field 'mlp_only_layers' must be a list of layer indices, got {only!r}")
             dense_layers = [i for i in range(num_layers) if i in only or (i + 1) % step]
-        if arch == "Qwen2MoeForCausalLM":
+        if arch in ("Qwen2MoeForCausalLM", "Qwen3NextForCausalLM"):
             shared = get_int("shared_expert_intermediate_size")
     top_k = get_int("num_experts_per_tok")
     if top_k > num_experts:

@@ -71,7 +71,7 @@ from ..ops import Backend
 from .config import MOE_ARCHITECTURES, ModelConfig
 from .llama import LlamaDecoderLayer, LlamaForCausalLM, packed_parts
 
-__all__ = ["MoeForCausalLM", "SharedExpert"]
+__all__ = ["MoeForCausalLM", "SharedExpert", "init_routed_mlp", "routed_mlp"]
 
 Tensor = torch.Tensor
 
@@ -83,6 +83,8 @@ MOE_CHECKPOINT_NAMES: Dict[str, Tuple[str, ExpertProjections]] = {
     "Qwen2MoeForCausalLM": _QWEN_EXPERTS,
     "Qwen3MoeForCausalLM": _QWEN_EXPERTS,
     "OlmoeForCausalLM": _QWEN_EXPERTS,
+    "Qwen3_5MoeForCausalLM": _QWEN_EXPERTS,
+    "Qwen3NextForCausalLM": _QWEN_EXPERTS,
 }
 
 
@@ -179,33 +181,44 @@ class MoeDecoderLayer(LlamaDecoderLayer):
         return q, k, v.view(T, self.num_kv_heads, self.head_dim)
 
     def init_mlp(self, c: ModelConfig, prefix: str, lin: dict) -> None:
-        self.moe: Optional[FusedMoE] = None
-        self.shared_expert: Optional[SharedExpert] = None
-        if not c.is_moe_layer(self.layer_idx):
+        if not init_routed_mlp(self, c, prefix, lin):
             super().init_mlp(c, prefix, lin)
-            return
-        self.tp = lin["tp"]
-        shared = c.shared_expert_intermediate_size > 0
-        module, projections = MOE_CHECKPOINT_NAMES[c.architecture]
-        self.moe = FusedMoE(c.hidden_size, c.moe_intermediate_size, c.num_experts, c.num_experts_per_tok,
-                            c.moe_renormalize, f"{prefix}.{module}", projections, dtype=lin["dtype"],
-                            device=lin["device"], ops=lin["ops"], tp=self.tp, stacked_prefix=f"{prefix}.mlp",
-                            reduce_results=not shared, quant_config=lin["quant_config"])
-        if shared:
-            self.shared_expert = SharedExpert(c.hidden_size, c.shared_expert_intermediate_size, f"{prefix}.mlp", lin)
 
     def mlp_input(self) -> Optional[Linear]:
         return super().mlp_input() if self.moe is None else None  # the router reads the input too
 
     def mlp(self, x: Tensor) -> Tensor:
-        if self.moe is None:
-            return super().mlp(x)
-        out = self.moe(x)
-        if self.shared_expert is not None:  # both partial sums under TP: one all-reduce for the two
-            out += self.shared_expert(x)
-            if self.tp.world_size > 1:
-                self.tp.comm.all_reduce(out)
-        return out
+        return super().mlp(x) if self.moe is None else routed_mlp(self, x)
+
+
+def init_routed_mlp(layer: nn.Module, c: ModelConfig, prefix: str, lin: dict) -> bool:
+    """Give decoder layer ``layer`` (its ``layer_idx`` set) its routed MLP if ``c`` routes that layer:
+    ``layer.moe`` (:class:`~fastinfer.layers.FusedMoE`) and ``layer.shared_expert`` (or None);
+    both None on a dense layer. Returns whether the layer is routed; :func:`routed_mlp` runs it."""
+    layer.moe = None
+    layer.shared_expert = None
+    if not c.is_moe_layer(layer.layer_idx):
+        return False
+    layer.tp = lin["tp"]
+    shared = c.shared_expert_intermediate_size > 0
+    module, projections = MOE_CHECKPOINT_NAMES[c.architecture]
+    layer.moe = FusedMoE(c.hidden_size, c.moe_intermediate_size, c.num_experts, c.num_experts_per_tok,
+                         c.moe_renormalize, f"{prefix}.{module}", projections, dtype=lin["dtype"],
+                         device=lin["device"], ops=lin["ops"], tp=layer.tp, stacked_prefix=f"{prefix}.mlp",
+                         reduce_results=not shared, quant_config=lin["quant_config"])
+    if shared:
+        layer.shared_expert = SharedExpert(c.hidden_size, c.shared_expert_intermediate_size, f"{prefix}.mlp", lin)
+    return True
+
+
+def routed_mlp(layer: nn.Module, x: Tensor) -> Tensor:
+    """The routed experts plus the shared expert (if any) of a layer :func:`init_routed_mlp` built."""
+    out = layer.moe(x)
+    if layer.shared_expert is not None:  # both partial sums under TP: one all-reduce for the two
+        out += layer.shared_expert(x)
+        if layer.tp.world_size > 1:
+            layer.tp.comm.all_reduce(out)
+    return out
 
 
 class MoeForCausalLM(LlamaForCausalLM):

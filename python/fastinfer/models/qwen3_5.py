@@ -1,5 +1,7 @@
 """Qwen3.5 (text): a hybrid decoder of Gated DeltaNet (linear attention) layers and gated
-full-attention layers, as transformers' ``Qwen3_5ForCausalLM`` (``model_type`` ``qwen3_5_text``).
+full-attention layers, as transformers' ``Qwen3_5ForCausalLM`` (``model_type`` ``qwen3_5_text``), and
+its mixture-of-experts variants ``Qwen3_5MoeForCausalLM`` (Qwen3.5-MoE, ``qwen3_5_moe_text``) and
+``Qwen3NextForCausalLM`` (Qwen3-Next, ``qwen3_next``).
 
 ``layer_types[i]`` says which mixer layer ``i`` has; the rest of the layer is Llama's (pre-norms,
 residual stream, SwiGLU MLP), every RMSNorm but the gated one zero-centred (``x * (1 + w)``, the 1
@@ -18,6 +20,14 @@ added in float32 by the norm ops, as Gemma's, :class:`~fastinfer.models.gemma.Ge
         rotary_embedding(q, k)                                 # the first head_dim * partial_rotary_factor dims
         out = (attention(q, k, v) * sigmoid(gate)) @ W_o^T
 
+The MoE variants replace the MLP by routed experts plus a shared expert with its sigmoid gate, as
+Qwen2-MoE's (:func:`~fastinfer.models.moe.init_routed_mlp`): Qwen3.5-MoE on every layer with the
+top-k weights always renormalised, Qwen3-Next on the layers ``mlp_only_layers`` and
+``decoder_sparse_step`` leave routed (a dense MLP on the others), renormalised when
+``norm_topk_prob``. Qwen3-Next's checkpoints hold the Gated DeltaNet input projection as
+``in_proj_qkvz`` and ``in_proj_ba``, interleaved per key head; :class:`_LinearAttentionReader` reads
+both layouts as the same rows.
+
 The multimodal rotary sections of the checkpoint (``mrope_section``) give every section the same
 position for text, so text positions rotate as plain RoPE.
 
@@ -29,14 +39,25 @@ each sequence's slot and whether it continues from it (:class:`~fastinfer.layers
 ``state_slots`` / ``has_initial_state``). A linear layer's entry of ``kv_caches`` is its
 ``(conv_states, recurrent_states)``, a full-attention layer's its paged ``(k_cache, v_cache)``.
 
-Not supported (refused): tensor and pipeline parallelism, quantised linears. A
-``Qwen3_5ForConditionalGeneration`` checkpoint runs its text model (vision and multi-token
-prediction tensors skipped).
+Tensor parallelism: the full-attention layers and the MLPs as Llama's (the experts as
+:mod:`~fastinfer.models.moe`'s); a Gated DeltaNet layer splits by head
+(:class:`LinearAttentionShards`): each rank holds a contiguous share of the key heads and the value
+heads that read them, its rows of q, k, v, z, b and a (column-parallel, no communication), their
+convolution channels, ``A_log`` and ``dt_bias``, and the recurrent and convolution states of its
+heads only; ``out_proj`` is row-parallel (one all-reduce). ``linear_num_key_heads`` must split over
+the ranks.
+
+Quantisation: the MoE variants' routed experts in fp8 on load (``quantization="fp8"``,
+:class:`fastinfer.quant.resolve.ExpertsOnlyQuantization`); a quantised linear is refused.
+
+Not supported (refused): pipeline parallelism, quantised linears and checkpoints. A
+``Qwen3_5ForConditionalGeneration`` / ``Qwen3_5MoeForConditionalGeneration`` checkpoint runs its text
+model (vision and multi-token prediction tensors skipped).
 """
 
 from __future__ import annotations
 
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -48,9 +69,12 @@ from ..layers import (
     ColumnParallelLinear,
     ForwardBatch,
     KVCache,
+    Linear,
     PagedAttention,
     QuantizationConfig,
     RowParallelLinear,
+    StackedExpertsReader,
+    UnquantizedLinearMethod,
     WeightPart,
     WeightReader,
     param,
@@ -61,8 +85,9 @@ from ..ops import Backend
 from .config import HYBRID_ARCHITECTURES, ModelConfig
 from .gemma import GemmaRMSNorm, _TextModelReader
 from .llama import LlamaForCausalLM, init_layer_geometry, packed_parts
+from .moe import init_routed_mlp, routed_mlp
 
-__all__ = ["Qwen3_5ForCausalLM", "GatedDeltaNet"]
+__all__ = ["Qwen3_5ForCausalLM", "GatedDeltaNet", "LinearAttentionShards"]
 
 Tensor = torch.Tensor
 
@@ -71,26 +96,54 @@ Tensor = torch.Tensor
 _SKIPPED_PREFIXES = ("mtp.", "model.visual.", "visual.")
 
 
+class LinearAttentionShards:
+    """This rank's share of a Gated DeltaNet layer: its key heads ``[k0, k0 + Hk)`` and value heads
+    ``[v0, v0 + Hv)`` (the value heads that read those key heads), of widths ``Dk`` / ``Dv``."""
+
+    def __init__(self, c: ModelConfig, tp: ParallelInfo):
+        n = tp.world_size
+        for key in ("linear_num_key_heads", "linear_num_value_heads"):
+            if getattr(c, key) % n:
+                raise ValueError(f"{key}={getattr(c, key)} does not split over tensor_parallel_size={n} "
+                                 "(the linear-attention heads are split over the ranks)")
+        self.num_k_heads, self.num_v_heads = c.linear_num_key_heads // n, c.linear_num_value_heads // n
+        self.k0, self.v0 = tp.rank * self.num_k_heads, tp.rank * self.num_v_heads
+        self.head_k_dim, self.head_v_dim = c.linear_key_head_dim, c.linear_value_head_dim
+        self.key_dim, self.value_dim = self.num_k_heads * self.head_k_dim, self.num_v_heads * self.head_v_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.full_key_dim = c.linear_num_key_heads * self.head_k_dim
+
+    def conv_channels(self) -> List[Tuple[int, int]]:
+        """``(start, length)`` of this rank's q, k and v channels among the layer's ``conv_dim``."""
+        K = self.full_key_dim
+        return [(self.k0 * self.head_k_dim, self.key_dim), (K + self.k0 * self.head_k_dim, self.key_dim),
+                (2 * K + self.v0 * self.head_v_dim, self.value_dim)]
+
+
 class _LinearAttentionParams(CheckpointModule):
     """A Gated DeltaNet layer's small tensors: the convolution weight (checkpoint ``conv1d.weight``
-    ``[D, 1, W]``, held ``[D, W]``), ``A_log`` and ``dt_bias`` ``[Hv]``, all in the model dtype as
-    transformers holds them."""
+    ``[D, 1, W]``, held ``[D, W]``: this rank's q, k and v channels), ``A_log`` and ``dt_bias``
+    (this rank's value heads), all in the model dtype as transformers holds them."""
 
-    def __init__(self, conv_dim: int, width: int, num_v_heads: int, prefix: str, *, dtype, device):
+    def __init__(self, shards: LinearAttentionShards, c: ModelConfig, prefix: str, *, dtype, device):
         super().__init__()
         self.prefix = prefix
-        self.conv_weight = param((conv_dim, width), dtype, device)
-        self.A_log = param((num_v_heads,), dtype, device)
-        self.dt_bias = param((num_v_heads,), dtype, device)
+        self.shards = shards
+        self.full_conv_dim, self.full_v_heads = c.linear_conv_dim, c.linear_num_value_heads
+        self.conv_weight = param((shards.conv_dim, c.linear_conv_kernel_dim), dtype, device)
+        self.A_log = param((shards.num_v_heads,), dtype, device)
+        self.dt_bias = param((shards.num_v_heads,), dtype, device)
 
     def load_from(self, reader: WeightReader) -> None:
         with torch.no_grad():
-            D, W = self.conv_weight.shape
-            w = reader.get_float(f"{self.prefix}.conv1d.weight", (D, 1, W))
-            self.conv_weight.copy_(w.reshape(D, W).to(device=self.conv_weight.device, dtype=self.conv_weight.dtype))
+            W = self.conv_weight.shape[1]
+            w = reader.get_float(f"{self.prefix}.conv1d.weight", (self.full_conv_dim, 1, W)).reshape(-1, W)
+            w = torch.cat([w.narrow(0, *span) for span in self.shards.conv_channels()])
+            self.conv_weight.copy_(w.to(device=self.conv_weight.device, dtype=self.conv_weight.dtype))
             for name in ("A_log", "dt_bias"):
                 t = getattr(self, name)
-                t.copy_(reader.get_float(f"{self.prefix}.{name}", tuple(t.shape)).to(device=t.device, dtype=t.dtype))
+                v = reader.get_float(f"{self.prefix}.{name}", (self.full_v_heads,))
+                t.copy_(v.narrow(0, self.shards.v0, t.shape[0]).to(device=t.device, dtype=t.dtype))
 
     def checkpoint_tensors(self) -> Iterable[Tuple[str, Tensor]]:
         D, W = self.conv_weight.shape
@@ -109,28 +162,32 @@ class _GatedNormWeight(SingleWeightModule):
         self.weight = param((width,), dtype, device)
 
 
+# the input projection's parts, in our row order: q, k, v (the convolution's channels), z, b, a
+_IN_PROJ_PARTS = ("in_proj_q", "in_proj_k", "in_proj_v", "in_proj_z", "in_proj_b", "in_proj_a")
+
+
 class GatedDeltaNet(nn.Module):
     """One Gated DeltaNet mixer (see the module docstring); ``forward(x, batch, (conv_states,
-    recurrent_states))`` updates the batch's slots of both pools in place."""
+    recurrent_states))`` updates the batch's slots of both pools in place. Under tensor parallelism
+    this rank's heads (:class:`LinearAttentionShards`): the input projection column-parallel by
+    head, the output projection row-parallel (one all-reduce), the states of its heads only."""
 
     def __init__(self, c: ModelConfig, prefix: str, lin: dict):
         super().__init__()
         self.ops = lin["ops"]
-        self.num_k_heads, self.num_v_heads = c.linear_num_key_heads, c.linear_num_value_heads
-        self.head_k_dim, self.head_v_dim = c.linear_key_head_dim, c.linear_value_head_dim
-        self.key_dim = self.num_k_heads * self.head_k_dim
-        self.value_dim = self.num_v_heads * self.head_v_dim
-        self.conv_dim = c.linear_conv_dim
+        sh = self.shards = LinearAttentionShards(c, lin["tp"])
+        self.num_k_heads, self.num_v_heads = sh.num_k_heads, sh.num_v_heads
+        self.head_k_dim, self.head_v_dim = sh.head_k_dim, sh.head_v_dim
+        self.key_dim, self.value_dim, self.conv_dim = sh.key_dim, sh.value_dim, sh.conv_dim
         self.eps = c.rms_norm_eps
         p = f"{prefix}.linear_attn"
-        self.in_proj = ColumnParallelLinear(
-            c.hidden_size, [WeightPart(f"{p}.in_proj_qkv", self.conv_dim), WeightPart(f"{p}.in_proj_z", self.value_dim),
-                            WeightPart(f"{p}.in_proj_b", self.num_v_heads),
-                            WeightPart(f"{p}.in_proj_a", self.num_v_heads)], False, **lin)
-        self.params = _LinearAttentionParams(self.conv_dim, c.linear_conv_kernel_dim, self.num_v_heads, p,
-                                             dtype=lin["dtype"], device=lin["device"])
+        K, V, Hv = c.linear_num_key_heads * sh.head_k_dim, c.linear_num_value_heads * sh.head_v_dim, \
+            c.linear_num_value_heads
+        parts = [WeightPart(f"{p}.{name}", rows) for name, rows in zip(_IN_PROJ_PARTS, (K, K, V, V, Hv, Hv))]
+        self.in_proj = ColumnParallelLinear(c.hidden_size, parts, False, **lin)
+        self.params = _LinearAttentionParams(sh, c, p, dtype=lin["dtype"], device=lin["device"])
         self.norm = _GatedNormWeight(self.head_v_dim, f"{p}.norm", dtype=lin["dtype"], device=lin["device"])
-        self.out_proj = RowParallelLinear(self.value_dim, [WeightPart(f"{p}.out_proj", c.hidden_size)], False, **lin)
+        self.out_proj = RowParallelLinear(V, [WeightPart(f"{p}.out_proj", c.hidden_size)], False, **lin)
 
     def forward(self, x: Tensor, batch: ForwardBatch, state: KVCache, layer_idx: int = -1) -> Tensor:
         if batch.state_slots is None:
@@ -167,6 +224,79 @@ class GatedDeltaNet(nn.Module):
                                     has_initial_state, use_qk_l2norm=True)
 
 
+class _LinearAttentionReader(WeightReader):
+    """A checkpoint's Gated DeltaNet input projections under the names :class:`GatedDeltaNet` reads,
+    one tensor per kind of row (``{p}.in_proj_q``, ``in_proj_k``, ``in_proj_v``, ``in_proj_z``,
+    ``in_proj_b``, ``in_proj_a``, each in head order), so that a rank reads its heads' rows of each:
+
+    - Qwen3.5 (``in_proj_qkv`` ``[2 Hk Dk + Hv Dv, H]``, q then k then v; ``in_proj_z``, ``in_proj_b``,
+      ``in_proj_a`` as they are): q, k and v are row ranges of ``in_proj_qkv``;
+    - Qwen3-Next (``in_proj_qkvz`` and ``in_proj_ba``): per key head ``g`` the rows
+      ``[q_g (Dk), k_g (Dk), v_g (r Dv), z_g (r Dv)]`` and ``[b_g (r), a_g (r)]``, ``r = Hv / Hk``
+      (transformers' ``fix_query_key_value_ordering``), gathered into the six.
+
+    Tensors already under the six names (a model's own :meth:`checkpoint_tensors`) and every other
+    tensor keep their names."""
+
+    def __init__(self, base: WeightReader, c: ModelConfig, prefixes: Sequence[str]):
+        super().__init__(base.description)
+        self.base = base
+        Hk, Hv, Dk, Dv = c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, \
+            c.linear_value_head_dim
+        K, r = Hk * Dk, Hv // Hk
+        # our name -> (base name, row index runs [(start, length), ...])
+        self._where: Dict[str, Tuple[str, List[Tuple[int, int]]]] = {}
+        for p in prefixes:
+            qkv, qkvz, ba = (f"{p}.{n}.weight" for n in ("in_proj_qkv", "in_proj_qkvz", "in_proj_ba"))
+            if base.has(qkv):
+                runs = {"in_proj_q": (qkv, [(0, K)]), "in_proj_k": (qkv, [(K, K)]),
+                        "in_proj_v": (qkv, [(2 * K, Hv * Dv)])}
+            elif base.has(qkvz) and base.has(ba):
+                g_qkvz, g_ba = 2 * Dk + 2 * r * Dv, 2 * r
+                runs = {}
+                for name, off, n in (("in_proj_q", 0, Dk), ("in_proj_k", Dk, Dk), ("in_proj_v", 2 * Dk, r * Dv),
+                                     ("in_proj_z", 2 * Dk + r * Dv, r * Dv)):
+                    runs[name] = (qkvz, [(g * g_qkvz + off, n) for g in range(Hk)])
+                for name, off in (("in_proj_b", 0), ("in_proj_a", r)):
+                    runs[name] = (ba, [(g * g_ba + off, r) for g in range(Hk)])
+            else:
+                continue
+            for name, where in runs.items():
+                self._where[f"{p}.{name}.weight"] = where
+        self._renamed = {base_name for base_name, _ in self._where.values()}
+        self._cached: Tuple[Optional[str], Optional[Tensor]] = (None, None)
+
+    def names(self) -> Iterable[str]:
+        return [n for n in self.base.names() if n not in self._renamed] + list(self._where)
+
+    def has(self, name: str) -> bool:
+        return name in self._where or (name not in self._renamed and self.base.has(name))
+
+    def shape(self, name: str) -> Tuple[int, ...]:
+        if name not in self._where:
+            return self.base.shape(name)
+        base_name, runs = self._where[name]
+        return (sum(n for _, n in runs),) + tuple(self.base.shape(base_name)[1:])
+
+    def _read(self, name: str) -> Tensor:
+        if name not in self._where:
+            return self.base._read(name)
+        base_name, runs = self._where[name]
+        if len(runs) == 1:
+            return self.base._read_slice(base_name, runs[0], None)
+        if self._cached[0] != base_name:
+            self._cached = (base_name, self.base._read(base_name))
+        return torch.cat([self._cached[1].narrow(0, *run) for run in runs])
+
+    def _read_slice(self, name, rows, cols) -> Tensor:
+        if name not in self._where:
+            return self.base._read_slice(name, rows, cols)
+        base_name, runs = self._where[name]
+        if len(runs) == 1 and rows is not None:
+            return self.base._read_slice(base_name, (runs[0][0] + rows[0], rows[1]), cols)
+        return super()._read_slice(name, rows, cols)
+
+
 class Qwen3_5DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int, *, dtype, device, ops,
                  quant_config: Optional[QuantizationConfig], tp: ParallelInfo = SINGLE):
@@ -187,7 +317,8 @@ class Qwen3_5DecoderLayer(nn.Module):
             # q_proj holds each head's query then its output gate: 2 * Hq * D rows
             self.qkv_proj = ColumnParallelLinear(c.hidden_size,
                                                  packed_parts(prefix, "qkv_proj", (2 * c.q_size, c.kv_size, c.kv_size)),
-                                                 c.qkv_bias, **lin)
+                                                 c.qkv_bias, part_shards=[(tp.rank, tp.world_size), kv_shard, kv_shard],
+                                                 **lin)
             self.q_norm = norm(c.head_dim, "self_attn.q_norm")
             self.k_norm = norm(c.head_dim, "self_attn.k_norm")
             self.attn = PagedAttention(self.num_heads, self.num_kv_heads, c.head_dim, float(c.head_dim) ** -0.5, -1,
@@ -195,10 +326,16 @@ class Qwen3_5DecoderLayer(nn.Module):
                                        device=device)
             self.o_proj = RowParallelLinear(c.q_size, packed_parts(prefix, "o_proj", (c.hidden_size,)), c.o_bias, **lin)
         self.post_attention_layernorm = norm(c.hidden_size, "post_attention_layernorm")
-        F = c.intermediate_size
-        self.gate_up_proj = ColumnParallelLinear(c.hidden_size, packed_parts(prefix, "gate_up_proj", (F, F)), False,
-                                                 **lin)
-        self.down_proj = RowParallelLinear(F, packed_parts(prefix, "down_proj", (c.hidden_size,)), False, **lin)
+        if not init_routed_mlp(self, c, prefix, lin):  # the MoE variants' routed experts, else dense
+            F = c.intermediate_size
+            self.gate_up_proj = ColumnParallelLinear(c.hidden_size, packed_parts(prefix, "gate_up_proj", (F, F)),
+                                                     False, **lin)
+            self.down_proj = RowParallelLinear(F, packed_parts(prefix, "down_proj", (c.hidden_size,)), False, **lin)
+
+    def mlp(self, x: Tensor) -> Tensor:
+        if self.moe is not None:
+            return routed_mlp(self, x)
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
     def gated_attention(self, x: Tensor, batch: ForwardBatch, kv_cache: KVCache, cos_sin_cache: Tensor) -> Tensor:
         T, D = x.shape[0], self.head_dim
@@ -225,13 +362,14 @@ class Qwen3_5DecoderLayer(nn.Module):
         else:
             x = self.gated_attention(x, batch, cache, cos_sin_cache)
         x, residual = self.post_attention_layernorm.add_norm(x, residual)
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x))), residual
+        return self.mlp(x), residual
 
 
 class Qwen3_5ForCausalLM(LlamaForCausalLM):
-    """Qwen3.5 text causal LM (``Qwen3_5ForCausalLM``; arguments as
-    :class:`~fastinfer.models.LlamaForCausalLM`; ``tp`` and ``stage`` must be the whole model and
-    ``quant_config`` None)."""
+    """Qwen3.5 text causal LM and its MoE variants (``Qwen3_5ForCausalLM``, ``Qwen3_5MoeForCausalLM``,
+    ``Qwen3NextForCausalLM``; arguments as
+    :class:`~fastinfer.models.LlamaForCausalLM`; ``stage`` must be the whole model and
+    ``quant_config`` may quantise the experts only)."""
 
     decoder_layer = Qwen3_5DecoderLayer
     norm_class = GemmaRMSNorm
@@ -242,22 +380,25 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
                  stage: PipelineStage = WHOLE_MODEL):
         if config.architecture not in HYBRID_ARCHITECTURES:
             raise ValueError(f"Qwen3_5ForCausalLM runs {', '.join(HYBRID_ARCHITECTURES)}, not {config.architecture}")
-        if tp.world_size > 1:
-            raise ValueError(f"tensor_parallel_size={tp.world_size} is not supported for {config.architecture} "
-                             "(its linear-attention layers run on one device)")
         if stage.num_stages > 1:
             raise ValueError(f"pipeline_parallel_size={stage.num_stages} is not supported for {config.architecture}")
-        if quant_config is not None:
-            raise ValueError(f"quantization is not supported for {config.architecture} (its linear-attention "
-                             "projections run in float)")
         super().__init__(config, dtype=dtype, device=device, max_positions=max_positions, ops=ops,
                          quant_config=quant_config, tp=tp, stage=stage)
+        quantised = [m.prefix for m in self.modules()
+                     if isinstance(m, Linear) and not isinstance(m.method, UnquantizedLinearMethod)]
+        if quantised:  # a quantisation config may quantise the experts only (fastinfer.quant)
+            raise ValueError(f"quantised linears are not supported for {config.architecture} (its linear-attention "
+                             f"projections run in float): {quantised[0]} would be {quant_config.name}")
 
     @torch.no_grad()
     def load_weights(self, reader: WeightReader, progress: bool = False) -> "Qwen3_5ForCausalLM":
         found = [p for p in self.config.text_weights_prefixes if any(n.startswith(p) for n in reader.names())]
         if found:
             reader = _TextModelReader(reader, found[0])
+        linear = [f"model.layers.{layer.layer_idx}.linear_attn" for layer in self.layers if layer.is_linear]
+        reader = _LinearAttentionReader(reader, self.config, linear)
+        # stacked experts (transformers 5's modules' tensors) are read under the per-expert names
+        reader = StackedExpertsReader(reader, [layer.moe for layer in self.layers if layer.moe is not None])
         for name in list(reader.names()):
             if name.startswith(_SKIPPED_PREFIXES):
                 reader.skip(name)
@@ -277,10 +418,15 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
     def state_bytes_per_seq(self) -> int:
         """Bytes one state slot takes over the linear-attention layers (convolution window in the
         model dtype, float32 recurrent state)."""
-        c = self.config
-        conv = (c.linear_conv_kernel_dim - 1) * c.linear_conv_dim * torch.empty((), dtype=self.dtype).element_size()
-        rec = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
+        c, sh = self.config, self.linear_shards
+        conv = (c.linear_conv_kernel_dim - 1) * sh.conv_dim * torch.empty((), dtype=self.dtype).element_size()
+        rec = sh.num_v_heads * sh.head_k_dim * sh.head_v_dim * 4
         return (len(self.layers) - len(self.attention_layers)) * (conv + rec)
+
+    @property
+    def linear_shards(self) -> LinearAttentionShards:
+        """This rank's share of every linear-attention layer (all of it without tensor parallelism)."""
+        return LinearAttentionShards(self.config, self.tp)
 
     @torch.no_grad()
     def copy_state_slots(self, kv_caches: Sequence[KVCache], copies: Sequence[Tuple[int, int]]) -> None:
@@ -352,12 +498,13 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
             report_fp8_kv_cache_scales((layer.attn for layer in self.attention_layers), c.architecture)
         dev = self.device if device is None else device
         caches: List[KVCache] = []
+        sh = self.linear_shards
         for layer in self.layers:
             if layer.is_linear:
-                caches.append((torch.zeros((num_state_slots, c.linear_conv_kernel_dim - 1, c.linear_conv_dim),
+                caches.append((torch.zeros((num_state_slots, c.linear_conv_kernel_dim - 1, sh.conv_dim),
                                            dtype=self.dtype, device=dev),
-                               torch.zeros((num_state_slots, c.linear_num_value_heads, c.linear_key_head_dim,
-                                            c.linear_value_head_dim), dtype=torch.float32, device=dev)))
+                               torch.zeros((num_state_slots, sh.num_v_heads, sh.head_k_dim, sh.head_v_dim),
+                                           dtype=torch.float32, device=dev)))
             else:
                 caches.append((torch.zeros(shape, dtype=dt, device=dev), torch.zeros(shape, dtype=dt, device=dev)))
         return caches

@@ -30,6 +30,10 @@ inside (per token). The routers (``mlp.gate`` / ``block_sparse_moe.gate``) and Q
 ``shared_expert_gate`` stay in float (they decide, resp. scale, which experts' outputs count); the
 shared expert and the dense MLP layers are ordinary linears. int8 and int4 leave no expert
 method: ``quantization="int8" | "int4"`` on a MoE model is refused naming the layer.
+The hybrid (Gated DeltaNet) MoE models (Qwen3.5-MoE, Qwen3-Next) quantise their routed experts
+only, with ``quantization="fp8"`` on load (:class:`~fastinfer.quant.resolve.ExpertsOnlyQuantization`:
+every linear stays float); other methods, quantised checkpoints of hybrid models and ``fastinfer
+quantize`` on them are refused.
 
 Methods (round to nearest; calibration data only for int8 with SmoothQuant)
 ---------------------------------------------------------------------------

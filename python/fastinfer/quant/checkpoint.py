@@ -113,6 +113,9 @@ def quantize_checkpoint(in_dir: str, out_dir: str, opts: QuantOptions, progress:
     if model_config.text_weights_prefixes:
         raise ValueError(f"{in_dir!r} is a multimodal checkpoint ({cfg.get('architectures')}): quantize needs a "
                          "text-only one (its tensors under model.layers.*)")
+    if model_config.is_hybrid:
+        raise ValueError(f"quantize does not write {model_config.architecture} checkpoints (a hybrid model's "
+                         "linears run in float): quantise the experts of a MoE variant on load, quantization='fp8'")
     if smoothquant is not None and model_config.architecture in GEMMA_ARCHITECTURES:
         # its folds assume Llama's layer: gate/up read post_attention_layernorm, a norm scales by weight
         raise ValueError(f"smoothquant is not supported for {model_config.architecture} (Gemma's gate/up input "

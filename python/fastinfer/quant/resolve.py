@@ -266,6 +266,8 @@ def resolve_quantization(model_config, opts: Optional[QuantOptions] = None,
     if gguf_file is not None and gguf_weights in ("auto", "stored"):
         return GgufQuantization(gguf_file, model_config, strict=gguf_weights == "stored")
     stored = stored_quantization(model_config)
+    if getattr(model_config, "is_hybrid", False) and (stored is not None or opts is not None):
+        return _hybrid_experts_quantization(model_config, opts, stored)
     if stored is not None:
         if opts is not None and opts.method != stored.method:
             where = f"checkpoint {path!r}" if path else "the checkpoint"
@@ -279,3 +281,32 @@ def resolve_quantization(model_config, opts: Optional[QuantOptions] = None,
             return Mxfp4ExpertsQuantization(stored, model_config)
         return CheckpointQuantization(stored)
     return OnLoadQuantization(opts) if opts is not None else None
+
+
+class ExpertsOnlyQuantization(QuantizationConfig):
+    """``quantization="fp8"`` on load for a hybrid (Gated DeltaNet) MoE model: the routed experts
+    quantised as a MoE model's (:class:`Fp8FusedMoEMethod`, per channel), every linear left in float
+    (the linear-attention and attention projections, the shared expert)."""
+
+    def __init__(self, opts: QuantOptions):
+        self.experts = OnLoadQuantization(opts)
+        self.name = f"{opts.method} (experts)"
+
+    def linear_method(self, layer: Linear) -> LinearMethod:
+        return UnquantizedLinearMethod()
+
+    def moe_method(self, layer: FusedMoE) -> FusedMoEMethod:
+        return self.experts.moe_method(layer)
+
+
+def _hybrid_experts_quantization(model_config, opts: Optional[QuantOptions], stored) -> QuantizationConfig:
+    """A hybrid model quantises its experts only, fp8 on load; everything else is refused by name."""
+    arch = model_config.architecture
+    if stored is not None:
+        raise ValueError(f"quantised {arch} checkpoints ({stored.describe()}) are not supported: quantise a float "
+                         "checkpoint on load (quantization='fp8', the experts of a MoE variant)")
+    if opts.method != "fp8" or model_config.num_experts == 0:
+        raise ValueError(f"quantization={opts.method!r} is not supported for {arch}: its linear-attention and "
+                         "attention projections run in float; only the routed experts of a MoE variant "
+                         "(Qwen3.5-MoE, Qwen3-Next) are quantised, with quantization='fp8'")
+    return ExpertsOnlyQuantization(opts)
