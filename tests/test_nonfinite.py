@@ -10,6 +10,12 @@ Rows without a non-finite value are untouched: bitwise the reference's. The kern
 the NaN (fmaxf) and write -448 / -127 codes under a finite scale.
 
 merge_attention_states: a NaN lse on either side is a NaN lse and row.
+
+Attention (prefill, paged prefill, decode; a cache in q's dtype or fp8): a NaN query or a NaN key
+the row sees makes the row's out and lse NaN, a NaN value the row sees those elements of its out;
+a key the causal rule, the window or the mask hides never reaches the row. The other ops: NaN
+exactly where the fp64 reference has it, the outputs a NaN cannot reach bitwise those of the same
+call without it (docs/design.md "Non-finite values and empty shapes" lists the rule per op).
 """
 
 from __future__ import annotations
@@ -181,6 +187,179 @@ def test_empty_dimensions_agree(name, call):
     assert len(cpu) == len(sim)
     for a, b in zip(cpu, sim):
         assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(raw_bits(a), raw_bits(b.cpu())), name
+
+
+# ---- attention: NaN in, NaN out for exactly the rows that see it ---------------------------------
+# A NaN query or a NaN key a row sees: that row's out and lse are NaN. A NaN value a row sees: those
+# elements of its out (its lse depends on the scores only). A key the causal rule, the window or
+# the mask hides never reaches the row, NaN or not. Checked against the fp64 reference, which
+# follows the same rule, and spelled out per row so that the reference cannot be wrong alone.
+_D, _HQ, _HKV = 64, 4, 2  # heads 0, 1 use KV head 0; heads 2, 3 KV head 1
+
+
+def _check_attention(out, lse, ref_out, ref_lse, what, tol):
+    out, lse = out.cpu().double(), lse.cpu().double()
+    assert torch.equal(out.isnan(), ref_out.isnan()), \
+        f"{what}: out NaN at {out.isnan().nonzero().tolist()[:8]}, want {ref_out.isnan().nonzero().tolist()[:8]}"
+    assert torch.equal(lse.isnan(), ref_lse.isnan()), \
+        f"{what}: lse NaN at {lse.isnan().nonzero().tolist()}, want {ref_lse.isnan().nonzero().tolist()}"
+    fin = ~ref_out.isnan()
+    assert (out[fin] - ref_out[fin]).abs().max() < tol, what
+    lfin = torch.isfinite(ref_lse)
+    assert torch.equal(lse[~lfin & ~ref_lse.isnan()], ref_lse[~lfin & ~ref_lse.isnan()])
+    assert (lse[lfin] - ref_lse[lfin]).abs().max() < 1e-2, what
+
+
+def _tol(dtype):
+    return 1e-4 if dtype == torch.float32 else 3e-2
+
+
+def _poison_slot(cache, table, b, j, head, dim):
+    """The element (head, dim) of sequence b's key j in a paged cache: NaN (code 0x7f for e4m3)."""
+    bs, hkv, d = cache.shape[1], cache.shape[2], cache.shape[3]
+    slot = int(table[b, j // bs]) * bs + j % bs
+    if cache.dtype == torch.float8_e4m3fn:
+        cache.view(torch.uint8).view(-1, hkv, d)[slot, head, dim] = 0x7F
+    else:
+        cache.view(-1, hkv, d)[slot, head, dim] = NAN
+
+
+PREFILL_NAN = {"cpu": [(0, False), (64, True)], "sim": [(0, False), (64, True)], "cuda": [(0, False), (64, True)]}
+
+
+@pytest.mark.parametrize("backend,dtype,fixed_split,with_sinks", backend_params(PREFILL_NAN))
+def test_prefill_attention_nan(backend, dtype, fixed_split, with_sinks):
+    """Two causal sequences (q_len 5 over 9 keys, 3 over 3): a NaN query (token 1, head 0), a NaN
+    key (sequence 0's key 6 on KV head 1: seen by its queries 2..4 only, hidden from 0 and 1 in
+    the same key tile) and a NaN value (sequence 1's key 0 on KV head 0, dim 5: seen by all of
+    its queries). The CPU takes ATen's flash kernel for sequence 0 without the NaN."""
+    be = get_backend(backend)
+    from test_attention import cu
+    g = make_gen(21)
+    cq, ck = cu([5, 3]), cu([9, 3])
+    q = torch.randn(8, _HQ, _D, generator=g).to(dtype)
+    k = torch.randn(12, _HKV, _D, generator=g).to(dtype)
+    v = torch.randn(12, _HKV, _D, generator=g).to(dtype)
+    q[1, 0, 10] = NAN
+    k[6, 1, 3] = NAN
+    v[9, 0, 5] = NAN
+    sinks = torch.randn(_HQ, generator=g) if with_sinks else None
+    dev = be.device
+    out, lse = be.run(lambda: tuple(t.cpu() for t in be.ns.prefill_attention(
+        q.to(dev), k.to(dev), v.to(dev), cq.to(dev), ck.to(dev), 5, 9, 0.125, True, -1, 0.0, True, fixed_split,
+        None if sinks is None else sinks.to(dev))))
+    ref_out, ref_lse = ref_attention.prefill_attention(q, k, v, cq, ck, 0.125, True, -1, 0.0, fixed_split, sinks)
+    # the contract row by row
+    assert out[1, 0].float().isnan().all() and lse[1, 0].isnan() and not lse[1, 1].isnan()
+    assert out[2:5, 2:].float().isnan().all() and lse[2:5, 2:].isnan().all()
+    assert not out[0:2, 2:].float().isnan().any() and lse[0:2, 2:].isfinite().all()  # key 6 hidden
+    assert out[5:8, 0:2, 5].float().isnan().all() and lse[5:8].isfinite().all()
+    assert not out[5:8, :, :5].float().isnan().any() and not out[5:8, 2:].float().isnan().any()
+    _check_attention(out, lse, ref_out, ref_lse, "prefill", _tol(dtype))
+
+
+PAGED_NAN = {b: [("model", 0), ("model", 64), ("fp8", 0)] for b in ("cpu", "sim", "cuda")}
+
+
+def _nan_paged_cache(kind, dtype, seq_lens, g):
+    from test_attention import make_paged
+    from test_attention_fp8_cache import fp8_cache
+    if kind == "fp8":
+        return fp8_cache(seq_lens, _HKV, _D, 8, g, per_head=True)
+    kc, vc, table = make_paged(seq_lens, _HKV, _D, 8, dtype, g)
+    return kc, vc, table, None, None
+
+
+@pytest.mark.parametrize("backend,dtype,cache,fixed_split", backend_params(PAGED_NAN))
+def test_paged_prefill_attention_nan(backend, dtype, cache, fixed_split):
+    """Paged prefill, causal: sequence 0 (18 queries over 20 keys: the CPU's flash path without
+    the NaN) gets a NaN query (token 4, head 3) and a NaN key 18 on KV head 1 (seen by its last
+    two queries only); sequence 1 (3 queries over 11 keys) a NaN value (key 2, KV head 0, dim 7:
+    seen by all three). An fp8 cache holds the e4m3 NaN code 0x7f, read as NaN (not +-480)."""
+    be = get_backend(backend)
+    from test_attention import cu
+    g = make_gen(22)
+    q_lens, seq_lens = [18, 3], [20, 11]
+    kc, vc, table, ks, vs = _nan_paged_cache(cache, dtype, seq_lens, g)
+    cq, lens = cu(q_lens), torch.tensor(seq_lens, dtype=torch.int32)
+    q = torch.randn(21, _HQ, _D, generator=g).to(dtype)
+    q[4, 3, 0] = NAN
+    _poison_slot(kc, table, 0, 18, 1, 9)
+    _poison_slot(vc, table, 1, 2, 0, 7)
+    dev = be.device
+    opt = lambda t: None if t is None else t.to(dev)  # noqa: E731
+    out, lse = be.run(lambda: tuple(t.cpu() for t in be.ns.paged_prefill_attention(
+        q.to(dev), kc.to(dev), vc.to(dev), table.to(dev), cq.to(dev), lens.to(dev), 18, 0.125, True, -1, 0.0,
+        None, True, None, fixed_split, None, opt(ks), opt(vs))))
+    ref_out, ref_lse = ref_attention.paged_prefill_attention(q, kc, vc, table, cq, lens, 0.125, True, -1, 0.0, None,
+                                                             ks, vs, fixed_split_size=fixed_split)
+    assert out[4, 3].float().isnan().all() and lse[4, 3].isnan()
+    assert out[16:18, 2:].float().isnan().all() and lse[16:18, 2:].isnan().all()
+    assert not out[:16, 2].float().isnan().any() and lse[:16, 2].isfinite().all()  # key 18 hidden
+    assert out[18:21, 0:2, 7].float().isnan().all() and lse[18:21].isfinite().all()
+    _check_attention(out, lse, ref_out, ref_lse, "paged prefill", _tol(dtype))
+
+
+# (cache, window_left, num_splits, fixed_split_size)
+DECODE_NAN = {b: [("model", -1, 1, 0), ("model", 8, 3, 0), ("fp8", -1, 3, 0), ("model", -1, 0, 64)]
+              for b in ("cpu", "sim", "cuda")}
+
+
+@pytest.mark.parametrize("backend,dtype,cache,window,splits,fixed_split", backend_params(DECODE_NAN))
+def test_paged_decode_attention_nan(backend, dtype, cache, window, splits, fixed_split):
+    """Decode over 7, 40 and 1 keys: a NaN query (sequence 0, head 1), a NaN key and a NaN value in
+    sequence 1 (key 5 on KV head 0, key 6 on KV head 1, dim 3: outside a window of 8, so hidden
+    there) and a NaN value (sequence 2's only key, KV head 1, dim 7). num_splits 3 puts the NaN in
+    one split of several (the merge kernel)."""
+    be = get_backend(backend)
+    g = make_gen(23)
+    seq_lens = [7, 40, 1]
+    kc, vc, table, ks, vs = _nan_paged_cache(cache, dtype, seq_lens, g)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    q = torch.randn(3, _HQ, _D, generator=g).to(dtype)
+    q[0, 1, 2] = NAN
+    _poison_slot(kc, table, 1, 5, 0, 11)
+    _poison_slot(vc, table, 1, 6, 1, 3)
+    _poison_slot(vc, table, 2, 0, 1, 7)
+    dev = be.device
+    opt = lambda t: None if t is None else t.to(dev)  # noqa: E731
+    out, lse = be.run(lambda: tuple(t.cpu() for t in be.ns.paged_decode_attention(
+        q.to(dev), kc.to(dev), vc.to(dev), table.to(dev), lens.to(dev), 0.125, window, 0.0, splits, True,
+        opt(ks), opt(vs), fixed_split, None)))
+    ref_out, ref_lse = ref_attention.paged_decode_attention(q, kc, vc, table, lens, 0.125, window, 0.0, ks, vs,
+                                                            fixed_split)
+    assert out[0, 1].float().isnan().all() and lse[0, 1].isnan() and not out[0, 0].float().isnan().any()
+    assert out[1, 0:2].float().isnan().all() == (window < 0) and lse[1, 0:2].isnan().all() == (window < 0)
+    assert out[1, 2:, 3].float().isnan().all() == (window < 0) and lse[1, 2:].isfinite().all()
+    assert not out[1, 2:, :3].float().isnan().any() and (window < 0 or not out[1].float().isnan().any())
+    assert out[2, 2:, 7].float().isnan().all() and lse[2].isfinite().all() and not out[2, :2].float().isnan().any()
+    _check_attention(out, lse, ref_out, ref_lse, "decode", _tol(dtype))
+
+
+@pytest.mark.parametrize("backend,dtype,fixed_split", backend_params({"cpu": [0, 64]}))
+def test_attention_hidden_nan_value_cpu(backend, dtype, fixed_split):
+    """A NaN value row that a tree mask hides from some rows reaches only the rows that see it
+    (CPU and reference; the prefill kernel multiplies a hidden key's zero weight by its value row
+    in the tensor-core P.V product, docs/design.md)."""
+    be = get_backend(backend)
+    from test_attention import cu, make_paged
+    g = make_gen(24)
+    kc, vc, table = make_paged([12], _HKV, _D, 8, dtype, g)
+    parents = [-1, 0, 0, 1]  # node 3 sees 0, 1, 3; node 2 sees 0, 2
+    mask = ref_attention.tree_mask(parents).reshape(-1)
+    q = torch.randn(4, _HQ, _D, generator=g).to(dtype)
+    _poison_slot(vc, table, 0, 8 + 1, 0, 4)  # node 1's value: seen by nodes 1 and 3
+    _poison_slot(kc, table, 0, 8 + 2, 1, 4)  # node 2's key: seen by node 2 only
+    cq, lens = cu([4]), torch.tensor([12], dtype=torch.int32)
+    out, lse = be.ns.paged_prefill_attention(q, kc, vc, table, cq, lens, 4, 0.125, False, -1, 0.0, mask, True, None,
+                                             fixed_split, None, None, None)
+    ref_out, ref_lse = ref_attention.paged_prefill_attention(q, kc, vc, table, cq, lens, 0.125, False, -1, 0.0, mask,
+                                                             fixed_split_size=fixed_split)
+    nan_rows = out.isnan().any(2)
+    assert nan_rows.tolist() == [[False] * 4, [True, True, False, False], [False, False, True, True],
+                                 [True, True, False, False]]
+    assert out[[1, 3], 0:2, 4].isnan().all() and lse[2, 2:].isnan().all() and lse[[0, 1, 3]].isfinite().all()
+    _check_attention(out, lse, ref_out, ref_lse, "tree", _tol(dtype))
 
 
 # ---- the other ops: NaN where the fp64 reference has NaN, everything it cannot reach unchanged ----
