@@ -567,9 +567,8 @@ def test_fused_moe_nan_token(backend, dtype, _):
                                                                        "sim": (torch.float32,),
                                                                        "cuda": (torch.float32,)}))
 def test_moe_topk_nan_logit(backend, dtype, scoring):
-    """A NaN router logit ranks below every number (-inf included): the ids are the reference's,
-    softmax scoring gives the row NaN weights, topk_softmax finite ones unless the NaN is selected
-    (row 2: its only non-NaN logits are two, top_k 3)."""
+    """A NaN router logit ranks above every number (torch.topk's order): the ids are the
+    reference's, the NaN is selected first and its row's weights are NaN under both scorings."""
     be = get_backend(backend)
     logits = torch.randn(4, 8, generator=make_gen(13))
     logits[1, 3] = NAN
@@ -580,7 +579,7 @@ def test_moe_topk_nan_logit(backend, dtype, scoring):
     assert torch.equal(wts.isnan(), want_w.isnan())
     fin = ~want_w.isnan()
     assert ((wts.double() - want_w)[fin]).abs().max() < 1e-6
-    assert wts[1].isnan().all() == (scoring == "softmax") and wts[2].isnan().all()
+    assert ids[1, 0] == 3 and ids[2, :2].tolist() == [0, 2] and wts[1:3].isnan().all()
     assert not wts[[0, 3]].isnan().any()
 
 
