@@ -66,15 +66,17 @@ bool flash_applies(int64_t ql, int64_t kl, bool plain) { return ql > 0 && kl >= 
 // finite values. The flash path is taken only then: ATen's kernel adds its mask to the scores (a
 // hidden NaN or infinite key stays NaN) and multiplies hidden keys' zero weights by their value
 // rows, so a non-finite key or value would reach rows that cannot see it; the per-row items keep
-// the contract (docs/design.md "Non-finite values"). x * 0 is NaN exactly for a non-finite x.
+// the contract (docs/design.md "Non-finite values"). x * 0 is NaN exactly for a non-finite x;
+// 16 independent sums (width = heads * D, a multiple of 16) keep the scan vectorisable.
 template <typename T>
 bool finite_rows(const T* data, int64_t rows, int64_t row_stride, int64_t width) {
-  float acc = 0.0f;
+  float lanes[16] = {};
   for (int64_t r = 0; r < rows; ++r) {
     const T* row = data + r * row_stride;
-    for (int64_t i = 0; i < width; ++i) acc += static_cast<float>(row[i]) * 0.0f;
+    for (int64_t i = 0; i < width; i += 16)
+      for (int j = 0; j < 16; ++j) lanes[j] += static_cast<float>(row[i + j]) * 0.0f;
   }
-  return acc == 0.0f;
+  return cpu::tree_sum<16>(lanes) == 0.0f;
 }
 bool all_finite(const Tensor& t) {
   const int64_t rows = t.size(0), width = t.size(1) * t.size(2), stride = t.stride(0);
