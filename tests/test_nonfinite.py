@@ -258,6 +258,34 @@ def test_prefill_attention_nan(backend, dtype, fixed_split, with_sinks):
     _check_attention(out, lse, ref_out, ref_lse, "prefill", _tol(dtype))
 
 
+INF_SCORE = {"cpu": [None], "sim": [None], "cuda": [None]}
+
+
+@pytest.mark.parametrize("backend,dtype,_", backend_params(INF_SCORE))
+def test_prefill_attention_infinite_score(backend, dtype, _):
+    """An infinite query element (token 1, head 0) and key element (key 0, seen by every row) make
+    scores of +-inf: a row with a +inf score gets NaN out (exp(inf - inf)) and NaN lse, where
+    torch.logsumexp and the reference give +inf; a row whose infinite scores are all -inf just
+    does not weigh those keys. out agrees with the reference everywhere."""
+    be = get_backend(backend)
+    from test_attention import cu
+    g = make_gen(25)
+    q = torch.randn(3, 2, _D, generator=g).to(dtype)
+    k, v = torch.randn(5, 1, _D, generator=g).to(dtype), torch.randn(5, 1, _D, generator=g).to(dtype)
+    q[1, 0, 3] = INF
+    k[0, 0, 9] = -INF
+    cq, ck = cu([3]), cu([5])
+    dev = be.device
+    out, lse = be.run(lambda: tuple(t.cpu() for t in be.ns.prefill_attention(
+        q.to(dev), k.to(dev), v.to(dev), cq.to(dev), ck.to(dev), 3, 5, 0.125, True, -1, 0.0, True, 0, None)))
+    ref_out, ref_lse = ref_attention.prefill_attention(q, k, v, cq, ck, 0.125, True)
+    assert torch.equal(out.isnan(), ref_out.isnan()) and out.isnan().any() and not out.isnan().all()
+    assert torch.equal(lse.isnan(), ref_lse.isnan() | (ref_lse == INF))
+    fin = torch.isfinite(ref_lse)
+    assert fin.any() and (lse[fin].double() - ref_lse[fin]).abs().max() < 1e-2
+    assert (out.double() - ref_out)[~ref_out.isnan()].abs().max() < _tol(dtype)
+
+
 PAGED_NAN = {b: [("model", 0), ("model", 64), ("fp8", 0)] for b in ("cpu", "sim", "cuda")}
 
 
