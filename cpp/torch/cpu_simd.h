@@ -93,10 +93,12 @@ FASTINFER_CPU_INLINE float tree_sum(float* lanes) {
   return lanes[0];
 }
 
+// tree_max: a NaN lane is the maximum (as torch.max), whichever lane it sits in.
 template <int N>
 FASTINFER_CPU_INLINE float tree_max(float* lanes) {
   if constexpr (N > 1) {
-    for (int j = 0; j < N / 2; ++j) lanes[j] = lanes[j] > lanes[j + N / 2] ? lanes[j] : lanes[j + N / 2];
+    for (int j = 0; j < N / 2; ++j)
+      lanes[j] = lanes[j] > lanes[j + N / 2] || lanes[j] != lanes[j] ? lanes[j] : lanes[j + N / 2];
     return tree_max<N / 2>(lanes);
   }
   return lanes[0];

@@ -50,6 +50,7 @@ struct SinkMerge {
 };
 SinkMerge merge_sink(float lse, float sink) {
   if (lse == -std::numeric_limits<float>::infinity()) return {0.0f, sink};
+  if (std::isnan(lse)) return {lse, lse};  // a row that saw a NaN stays NaN
   const float mx = std::max(lse, sink);
   const float ea = std::exp(lse - mx), eb = std::exp(sink - mx), sum = ea + eb;
   return {ea / sum, mx + std::log(sum)};
@@ -60,6 +61,31 @@ SinkMerge merge_sink(float lse, float sink) {
 // Only where every query sees a key (kl >= ql) and the attention is plain (no softcap, custom
 // mask, sink or fp8 cache): the per-row items (attend_items) do the rest.
 bool flash_applies(int64_t ql, int64_t kl, bool plain) { return ql > 0 && kl >= ql && plain; }
+
+// True when t ([n, H, D], heads packed, any row stride; float32 / float16 / bfloat16) holds only
+// finite values. The flash path is taken only then: ATen's kernel adds its mask to the scores (a
+// hidden NaN or infinite key stays NaN) and multiplies hidden keys' zero weights by their value
+// rows, so a non-finite key or value would reach rows that cannot see it; the per-row items keep
+// the contract (docs/design.md "Non-finite values"). x * 0 is NaN exactly for a non-finite x;
+// 16 independent sums (width = heads * D, a multiple of 16) keep the scan vectorisable.
+template <typename T>
+bool finite_rows(const T* data, int64_t rows, int64_t row_stride, int64_t width) {
+  float lanes[16] = {};
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = data + r * row_stride;
+    for (int64_t i = 0; i < width; i += 16)
+      for (int j = 0; j < 16; ++j) lanes[j] += static_cast<float>(row[i + j]) * 0.0f;
+  }
+  return cpu::tree_sum<16>(lanes) == 0.0f;
+}
+bool all_finite(const Tensor& t) {
+  const int64_t rows = t.size(0), width = t.size(1) * t.size(2), stride = t.stride(0);
+  switch (t.scalar_type()) {
+    case kHalf: return finite_rows(t.const_data_ptr<Half>(), rows, stride, width);
+    case kBFloat16: return finite_rows(t.const_data_ptr<BFloat16>(), rows, stride, width);
+    default: return finite_rows(t.const_data_ptr<float>(), rows, stride, width);
+  }
+}
 
 template <typename T>
 void fill_window_mask(T* m, int64_t ql, int64_t kl, bool causal, int64_t window_left) {
@@ -127,8 +153,9 @@ std::tuple<Tensor, Tensor> prefill_attention_cpu(const Tensor& q, const Tensor& 
       const int64_t qs = cq[b], ql = cq[b + 1] - qs;
       const int64_t ks = ck[b], kl = ck[b + 1] - ks;
       if (!flash_applies(ql, kl, softcap <= 0 && !sinks.has_value())) continue;
-      attend_flash(slice(q, 0, qs, ql), slice(k, 0, ks, kl),
-                   slice(v, 0, ks, kl), scale, causal, window_left, out, lse, qs);
+      const Tensor qb = slice(q, 0, qs, ql), kb = slice(k, 0, ks, kl), vb = slice(v, 0, ks, kl);
+      if (!all_finite(qb) || !all_finite(kb) || !all_finite(vb)) continue;
+      attend_flash(qb, kb, vb, scale, causal, window_left, out, lse, qs);
       done[b] = true;
     }
   }
@@ -244,16 +271,22 @@ FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* ite
             }
           }
         }
+        // Keys the custom mask hides: their scores are -inf before the max and the sum, and their
+        // value rows are not read (0 * NaN would reach a row that cannot see a NaN value).
+        bool hidden[kKeys] = {};
+        if (it.mask != nullptr)
+          for (int64_t jj = 0; jj < n; ++jj) {
+            const int64_t m = j0 + jj - it.mask_key0;
+            hidden[jj] = m >= 0 && (!it.mask[m] || (it.mask_pos != nullptr && it.mask_pos[m] < it.pos_lo));
+          }
         for (int64_t g = 0; g < ng; ++g) {
           float* sg = s + g * kKeys;
           for (int64_t jj = 0; jj < n; ++jj) sg[jj] = dot(qf + g * d, k_base + rows[jj], d);
           if (a.softcap > 0)
             for (int64_t jj = 0; jj < n; ++jj) sg[jj] = a.softcap * std::tanh(sg[jj] / a.softcap);
           if (it.mask != nullptr)
-            for (int64_t jj = 0; jj < n; ++jj) {
-              const int64_t m = j0 + jj - it.mask_key0;
-              if (m >= 0 && (!it.mask[m] || (it.mask_pos != nullptr && it.mask_pos[m] < it.pos_lo))) sg[jj] = kNegInf;
-            }
+            for (int64_t jj = 0; jj < n; ++jj)
+              if (hidden[jj]) sg[jj] = kNegInf;
           for (int64_t jj = n; jj < kKeys; ++jj) sg[jj] = kNegInf;
           float lanes[kKeys];
           for (int64_t jj = 0; jj < kKeys; ++jj) lanes[jj] = sg[jj];
@@ -272,6 +305,7 @@ FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* ite
           l[g] += cpu::tree_sum<kKeys>(lanes);
         }
         for (int64_t jj = 0; jj < n; ++jj) {
+          if (hidden[jj]) continue;
           const CT* v = v_base + rows[jj];
           for (int64_t g = 0; g < ng; ++g) {
             const float pv = s[g * kKeys + jj] * v_scale;
@@ -282,8 +316,10 @@ FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* ite
       }
       QT* out = static_cast<QT*>(a.out) + (it.row * a.num_q_heads + head0) * d;
       for (int64_t g = 0; g < ng; ++g) {
-        float inv = l[g] > 0 ? 1.0f / l[g] : 0.0f;  // no visible key: zeros, lse = -inf
-        float lse = l[g] > 0 ? m[g] + std::log(l[g]) : kNegInf;
+        // No visible key (l == 0): zeros, lse = -inf. A NaN score or value seen: l or acc is NaN
+        // (tree_max keeps a NaN score, exp(NaN) reaches l), and so are out and lse.
+        float inv = l[g] == 0 ? 0.0f : 1.0f / l[g];
+        float lse = l[g] == 0 ? kNegInf : m[g] + std::log(l[g]);
         if (a.sinks != nullptr) {
           const SinkMerge w = merge_sink(lse, a.sinks[head0 + g]);
           inv *= w.weight;
@@ -349,18 +385,22 @@ FASTINFER_CPU_INLINE void attend_items_fixed(const DecodeArgs& a, const QueryIte
             rows[jj] = table != nullptr ? (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * row_stride
                                         : (it.k_start + j) * row_stride;
           }
+          // Keys of the tile the row does not see (before its start, or hidden by the mask): -inf
+          // scores, value rows not read (as attend_items).
+          bool hidden[kKeys];
+          for (int64_t jj = 0; jj < n; ++jj) {
+            const int64_t mk = j0 + jj - it.mask_key0;
+            hidden[jj] = j0 + jj < it.start ||
+                         (it.mask != nullptr && mk >= 0 &&
+                          (!it.mask[mk] || (it.mask_pos != nullptr && it.mask_pos[mk] < it.pos_lo)));
+          }
           for (int64_t g = 0; g < ng; ++g) {
             float* sg = s + g * kKeys;
             for (int64_t jj = 0; jj < n; ++jj) sg[jj] = dot(qf + g * d, k_base + rows[jj], d);
             if (a.softcap > 0)
               for (int64_t jj = 0; jj < n; ++jj) sg[jj] = a.softcap * std::tanh(sg[jj] / a.softcap);
-            for (int64_t jj = 0; jj < n; ++jj) {
-              const int64_t mk = j0 + jj - it.mask_key0;
-              if (j0 + jj < it.start ||
-                  (it.mask != nullptr && mk >= 0 &&
-                   (!it.mask[mk] || (it.mask_pos != nullptr && it.mask_pos[mk] < it.pos_lo))))
-                sg[jj] = kNegInf;
-            }
+            for (int64_t jj = 0; jj < n; ++jj)
+              if (hidden[jj]) sg[jj] = kNegInf;
             for (int64_t jj = n; jj < kKeys; ++jj) sg[jj] = kNegInf;
             for (int64_t jj = 0; jj < kKeys; ++jj) lanes[jj] = sg[jj];
             const float tile_max = cpu::tree_max<kKeys>(lanes);
@@ -376,6 +416,7 @@ FASTINFER_CPU_INLINE void attend_items_fixed(const DecodeArgs& a, const QueryIte
             l[g] += cpu::tree_sum<kKeys>(lanes);
           }
           for (int64_t jj = 0; jj < n; ++jj) {
+            if (hidden[jj]) continue;
             const CT* v = v_base + rows[jj];
             for (int64_t g = 0; g < ng; ++g) {
               if (!seen[g]) continue;
@@ -386,7 +427,7 @@ FASTINFER_CPU_INLINE void attend_items_fixed(const DecodeArgs& a, const QueryIte
           }
         }
         for (int64_t g = 0; g < ng; ++g) {
-          if (!(l[g] > 0)) continue;  // an empty chunk merges as the identity
+          if (l[g] == 0) continue;  // an empty chunk merges as the identity (a NaN one as NaN)
           float* st_g = st + g * d;
           const float* acc_g = acc + g * d;
           const float inv = 1.0f / l[g], lse_c = m[g] + std::log(l[g]);
@@ -537,9 +578,11 @@ std::tuple<Tensor, Tensor> paged_attention_cpu(const char* op, const Tensor& q, 
     const bool plain = softcap <= 0 && rows == nullptr && !sinks.has_value() && !k_scale.has_value();
     if (ql > kShortChunk && fixed_split <= 0 && flash_applies(ql, kl, plain)) {
       const int32_t* row = table + static_cast<int64_t>(b) * table_w;
-      attend_flash(slice(q, 0, qs, ql), gather_paged(k_cache, row, kl), gather_paged(v_cache, row, kl),
-                   scale, causal, window_left, out, lse, qs);
-      continue;
+      const Tensor qb = slice(q, 0, qs, ql), kb = gather_paged(k_cache, row, kl), vb = gather_paged(v_cache, row, kl);
+      if (all_finite(qb) && all_finite(kb) && all_finite(vb)) {
+        attend_flash(qb, kb, vb, scale, causal, window_left, out, lse, qs);
+        continue;
+      }
     }
     const bool tree_window = rows != nullptr && window_left >= 0;
     if (tree_window)  // node i: prefix + depth, depth = (trailing keys its row sees) - 1

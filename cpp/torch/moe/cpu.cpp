@@ -23,10 +23,10 @@
 namespace fastinfer::binding {
 namespace {
 
-// Descending logit, ties to the lower expert, NaN after every number.
+// Descending logit, ties to the lower expert, NaN before every number (as torch.topk).
 bool ranks_before(const float* x, int32_t a, int32_t b) {
   const bool nan_a = std::isnan(x[a]), nan_b = std::isnan(x[b]);
-  if (nan_a != nan_b) return nan_b;
+  if (nan_a != nan_b) return nan_a;
   if (!nan_a && x[a] != x[b]) return x[a] > x[b];
   return a < b;
 }
@@ -43,7 +43,7 @@ void moe_topk_rows(const T* logits, int64_t num_tokens, int64_t E, int64_t k, bo
       std::partial_sort(order.begin(), order.begin() + k, order.end(),
                         [&](int32_t a, int32_t b) { return ranks_before(x.data(), a, b); });
       float* w = weights + t * k;
-      const float shift = x[order[0]];  // the row max unless the row is all NaN
+      const float shift = x[order[0]];  // the row max, or NaN (then every weight is NaN)
       float row_sum = 1.f;              // softmax: the denominator over all E (NaN ones included)
       if (scoring == MoeScoring::kSoftmax) {
         row_sum = 0.f;

@@ -29,17 +29,18 @@ def moe_topk(
     """The ``top_k`` experts of each token and their weights, from the router logits.
 
     Selection: the ``top_k`` largest logits of the row, in descending order, ties to the lower
-    expert id; a NaN logit ranks below every number (``-inf`` included), so the ids are always
-    valid experts. Selecting on the logits gives the same experts as selecting on the softmax
-    probabilities (softmax is monotone) without depending on how the exponentials round.
+    expert id; a NaN logit ranks above every number (``+inf`` included), as in ``torch.topk``, so a
+    NaN reaches the weights of its row under both scorings. Selecting on the logits gives the
+    same experts as selecting on the softmax probabilities (softmax is monotone) without
+    depending on how the exponentials round.
 
     * ``scoring='softmax'`` (Mixtral, Qwen2/3-MoE, OLMoE): ``p = softmax(router_logits)`` over all
       experts in float32, the weights are ``p`` of the selected experts; ``renormalize=True``
       divides them by their sum (Qwen3's ``norm_topk_prob``; Mixtral always). A NaN anywhere in a
       row makes that row's weights NaN.
     * ``scoring='topk_softmax'`` (gpt-oss): the weights are the softmax of the selected logits.
-      They already sum to 1: ``renormalize=True`` is refused. A NaN among the selected logits
-      (a row with fewer than ``top_k`` numbers) makes the row's weights NaN.
+      They already sum to 1: ``renormalize=True`` is refused. A NaN logit (always among the
+      selected) makes the row's weights NaN.
 
     Args:
         router_logits: ``[num_tokens, num_experts]`` float32, float16 or bfloat16, contiguous.

@@ -9,6 +9,9 @@ trailing q_len keys; prefix keys stay visible. A window applies on top of the ma
 position, a tree node's being the committed length plus its depth: see :func:`tree_positions`.
 GQA: query head h uses KV head h // (Hq // Hkv).
 lse = log(sum(exp(s))) over visible keys; a query that sees nothing gets out = 0, lse = -inf.
+Non-finite values: a NaN query or a NaN visible key makes the row's out and lse NaN; a NaN visible
+value makes those elements of out NaN (lse depends on the scores only); a hidden key or value
+never reaches a row.
 Attention sinks (float32 [Hq]): query head h adds exp(sinks[h]) to the softmax denominator with no
 value row, lse includes it, and a query that sees nothing gets out = 0, lse = sinks[h]
 (:func:`apply_sinks`).
@@ -94,10 +97,20 @@ def attention_one_sequence(
     s = torch.einsum("qhd,khd->hqk", q64, k64) * scale
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
-    s = s.masked_fill(~visible.unsqueeze(0), float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)  # [Hq, q_len]; -inf where nothing is visible
-    p = torch.where(torch.isfinite(lse).unsqueeze(-1), torch.exp(s - lse.unsqueeze(-1)), torch.zeros_like(s))
-    out = torch.einsum("hqk,khd->qhd", p, v64)
+    s = s.masked_fill(~visible.unsqueeze(0), float("-inf"))  # a hidden NaN key never enters
+    lse = torch.logsumexp(s, dim=-1)  # [Hq, q_len]; -inf where nothing is visible, NaN after a NaN score
+    none = (lse == float("-inf")).unsqueeze(-1)
+    p = torch.where(none, torch.zeros_like(s), torch.exp(s - lse.unsqueeze(-1)))
+    # Hidden keys' weights are 0; 0 * NaN would still reach the rows that cannot see a non-finite
+    # value, so those values are taken out of the product and added back over the visible keys only.
+    bad_v = ~torch.isfinite(v64)
+    out = torch.einsum("hqk,khd->qhd", p, v64.masked_fill(bad_v, 0.0))
+    bad_keys = bad_v.any(dim=2).any(dim=1).nonzero().flatten()
+    if bad_keys.numel() > 0:
+        v_bad = torch.where(bad_v, v64, torch.zeros_like(v64))[bad_keys]  # the elements left out above
+        pv = p[:, :, bad_keys].unsqueeze(-1) * v_bad.permute(1, 0, 2).unsqueeze(1)  # [Hq, q, n, D]
+        seen = visible[:, bad_keys].reshape(1, q.shape[0], -1, 1)
+        out = out + torch.where(seen, pv, torch.zeros_like(pv)).sum(2).transpose(0, 1)
     return out, lse.transpose(0, 1).contiguous()
 
 
@@ -134,7 +147,7 @@ def apply_sinks(out: Tensor, lse: Tensor, sinks: Optional[Tensor]) -> Tuple[Tens
         return out, lse
     sink = sinks.to(torch.float64).reshape(1, -1).expand_as(lse)
     merged = torch.logaddexp(lse, sink)
-    weight = torch.where(torch.isfinite(lse), torch.exp(lse - merged), torch.zeros_like(lse))
+    weight = torch.where(lse == float("-inf"), torch.zeros_like(lse), torch.exp(lse - merged))  # NaN stays
     return out * weight.unsqueeze(-1), merged
 
 

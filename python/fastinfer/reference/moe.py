@@ -1,7 +1,7 @@
 """fp64 oracles of the MoE routing ops (docs/design.md "Mixture of experts").
 
 ``moe_topk``: the ``top_k`` largest logits of each row (descending, ties to the lower expert id,
-NaN after every number), weighted by the softmax over all experts (``scoring='softmax'``,
+NaN before every number, as torch.topk), weighted by the softmax over all experts (``scoring='softmax'``,
 optionally renormalised over the selected) or by the softmax over the selected logits
 (``scoring='topk_softmax'``). NaN propagates through the arithmetic as in ``torch.softmax``.
 
@@ -28,11 +28,12 @@ __all__ = ["moe_topk", "moe_align", "expert_order", "expert_activation", "fused_
 
 
 def expert_order(router_logits: Tensor) -> Tensor:
-    """The experts of each row from first to last: descending logit, ties to the lower id, NaN last."""
+    """The experts of each row from first to last: descending logit, ties to the lower id, NaN first
+    (as ``torch.topk``, whose order among equal values is left unspecified)."""
     x = router_logits.double()
     by_value = torch.sort(torch.where(x.isnan(), float("-inf"), x), dim=-1, descending=True, stable=True).indices
-    nan_last = torch.sort(x.isnan().gather(-1, by_value).to(torch.uint8), dim=-1, stable=True).indices
-    return by_value.gather(-1, nan_last)
+    nan_first = torch.sort(x.isnan().gather(-1, by_value).to(torch.uint8), dim=-1, descending=True, stable=True).indices
+    return by_value.gather(-1, nan_first)
 
 
 def moe_topk(router_logits: Tensor, top_k: int, renormalize: bool = False,

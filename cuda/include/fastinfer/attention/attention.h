@@ -16,7 +16,10 @@
 //    the keys the mask lets it see (prefix keys, mask-allowed trailing keys) whose position is
 //    >= p_i - W.
 //  - lse (optional, float32 [tokens, num_q_heads]): natural log of the sum of exp(s) over the
-//    visible keys. A query that sees no key gets out = 0 and lse = -inf (never NaN).
+//    visible keys. A query that sees no key gets out = 0 and lse = -inf (never NaN); one that
+//    sees a NaN score (a NaN query or visible key) gets NaN out and lse, and a visible NaN value
+//    is NaN in those elements of out (docs/design.md; the prefill kernel's P.V also carries a
+//    hidden NaN value row to the rows of its 64-key tile).
 //  - Attention sinks (optional, float32 [num_q_heads], gpt-oss): query head h adds one logit
 //    sinks[h], in the domain of s (after scale and softcap), to every softmax denominator with no
 //    value row: out = sum_j exp(s_j) v_j / (exp(sinks[h]) + sum_j exp(s_j)). The lse includes it,

@@ -378,8 +378,9 @@ __global__ void __launch_bounds__(kNumThreads, (Config<D, G>::kMinCtas)) paged_d
       acc[2] += ow.z * scale_w;
       acc[3] += ow.w * scale_w;
     }
-    float inv = sum > 0.f ? v_scale / sum : 0.f;
-    float lse = sum > 0.f ? (m_all + log2f(sum)) * kLn2 : -INFINITY;
+    // sum == 0: no key; a NaN sum (a NaN score or value reached it) stays NaN in out and lse.
+    float inv = sum == 0.f ? 0.f : v_scale / sum;
+    float lse = sum == 0.f ? -INFINITY : (m_all + log2f(sum)) * kLn2;
     const int head = head0 + h;
     if (num_splits == 1) {
       if (p.sinks != nullptr) {  // (with splits, the merge kernel counts it)
@@ -432,20 +433,21 @@ __global__ void __launch_bounds__(kMergeRowsPerCta * 32) decode_merge_splits_ker
   float m_all = -INFINITY;
   for (int s = lane; s < num_splits; s += 32) m_all = fmaxf(m_all, lse_row[s]);
   m_all = fmaxf(warp_reduce_max(m_all), sink);
+  // fmaxf skips a NaN partial lse; exp(NaN - ref) = NaN carries it into the sum (an empty split,
+  // lse -inf, adds exp(-inf) = 0 even when every split is empty: ref 0).
+  const float ref = m_all == -INFINITY ? 0.f : m_all;
   float sum = 0.f;
-  if (m_all != -INFINITY) {
-    for (int s = lane; s < num_splits; s += 32) sum += expf(lse_row[s] - m_all);
-  }
+  for (int s = lane; s < num_splits; s += 32) sum += expf(lse_row[s] - ref);
   sum = warp_reduce_sum(sum);
-  if (sink != -INFINITY) sum += expf(sink - m_all);
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  if (sink != -INFINITY) sum += expf(sink - ref);
+  const float inv = sum == 0.f ? 0.f : 1.f / sum;
 
   T* out = static_cast<T*>(p.out) + b * p.out_token_stride + head * D;
   for (int d = lane * 4; d < D; d += 128) {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    if (sum > 0.f) {
+    if (sum != 0.f) {
       for (int s = 0; s < num_splits; ++s) {
-        const float w = expf(lse_row[s] - m_all) * inv;
+        const float w = expf(lse_row[s] - ref) * inv;
         const float4 v = *reinterpret_cast<const float4*>(partial_o + (s * num_rows + row) * D + d);
         acc[0] = fmaf(w, v.x, acc[0]);
         acc[1] = fmaf(w, v.y, acc[1]);
@@ -458,7 +460,7 @@ __global__ void __launch_bounds__(kMergeRowsPerCta * 32) decode_merge_splits_ker
     for (int i = 0; i < 4; ++i) ov[i] = from_float<T>(acc[i]);
     ov.store(out + d);
   }
-  if (lane == 0 && p.lse != nullptr) p.lse[row] = sum > 0.f ? m_all + logf(sum) : -INFINITY;
+  if (lane == 0 && p.lse != nullptr) p.lse[row] = sum == 0.f ? -INFINITY : ref + logf(sum);
 }
 
 }  // namespace fastinfer::attention::decode

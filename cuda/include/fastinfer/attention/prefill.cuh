@@ -48,7 +48,9 @@
 // any of its keys (the causal diagonal of a 128-row tile, rows past the sequence) and runs the
 // element masks only when the tile crosses a boundary for its rows (sequence end, causal
 // diagonal, window edge, custom-mask region). Rows that see no key produce out = 0 and lse = -inf
-// (safe max of 0 while the running max is -inf). Tree attention with a window reads the nodes'
+// (safe max of 0 while the running max is -inf); a NaN score reaches the row sum through
+// exp2(NaN - max), and the finalisers test the sum for 0, so the row's out and lse are NaN
+// (prefill_steps.cuh: chunk_lse, row_inverse). Tree attention with a window reads the nodes'
 // depths from the launch state's tree_depth (tree_rows_kernel, launched just before).
 //
 // Requirements checked by the launcher: q/k/v/out 16-byte aligned, token strides multiples of 8

@@ -273,10 +273,13 @@ __device__ __forceinline__ void pv_tile(float (&o)[Traits::kHeadDim / 8][4], con
 
 // ---- epilogue ----------------------------------------------------------------------------------
 // The lse of a row (or of a deterministic-mode chunk) from its log2-domain max and quad-reduced
-// sum (-inf when it saw no key).
+// sum: -inf when it saw no key (l == 0), NaN when it saw a NaN score. The running max may skip a
+// NaN (fmaxf), but exp2(NaN - max) = NaN reaches the sum, and the sum is tested for 0, not > 0.
 __device__ __forceinline__ float chunk_lse(float row_max, float l) {
-  return l > 0.f ? (row_max + log2f(l)) * kLn2 : -INFINITY;
+  return l == 0.f ? -INFINITY : (row_max + log2f(l)) * kLn2;
 }
+// 1 / the row's sum times `numerator`: 0 for a row that saw no key, NaN (kept) for a NaN sum.
+__device__ __forceinline__ float row_inverse(float numerator, float l) { return l == 0.f ? 0.f : numerator / l; }
 
 // Normalise, stage the warp's 16 rows in its own Q rows of smem, store them with 16-byte coalesced
 // writes (rows past the sequence are dropped), lse per valid row. Only this warp ever read those
@@ -295,7 +298,7 @@ __device__ __forceinline__ void epilogue(unsigned char* s_q, const PrefillAttent
   for (int h = 0; h < 2; ++h) {
     const float l = warp_reduce_sum<4>(row_sum[h]);
     // No visible key: out = 0. The folded state is in the output's units already.
-    float inv = l > 0.f ? (folded_lse != nullptr ? 1.f : out_numerator<Traits>(tile)) / l : 0.f;
+    float inv = row_inverse(folded_lse != nullptr ? 1.f : out_numerator<Traits>(tile), l);
     const int r = warp * 16 + g + 8 * h;
     const int head = tile.kv_head * tile.group + (tile.row0 + r - rows.token[h] * tile.group);
     float lse = folded_lse != nullptr ? folded_lse[h] : chunk_lse(row_max[h], l);

@@ -46,7 +46,7 @@ __device__ __forceinline__ void epilogue_split(const PrefillAttentionParams& p, 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float l = warp_reduce_sum<4>(row_sum[h]);
-    const float inv = l > 0.f ? out_numerator<Traits>(tile) / l : 0.f;
+    const float inv = row_inverse(out_numerator<Traits>(tile), l);
     const int64_t r = fragment_row_index(p, tile, rows, warp, lane, h);
     if (r >= 0) {
       // The thread's two adjacent elements of each d-tile in one 8-byte store (the quad's four
@@ -74,7 +74,7 @@ __device__ __forceinline__ void fold_chunk(const PrefillAttentionParams& p, cons
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float l = warp_reduce_sum<4>(row_sum[h]);
-    const float inv = l > 0.f ? out_numerator<Traits>(tile) / l : 0.f;
+    const float inv = row_inverse(out_numerator<Traits>(tile), l);
     const float lse_c = chunk_lse(row_max[h], l);
     const int64_t r = fragment_row_index(p, tile, rows, warp, lane, h);
     const bool store = r >= 0 && lse_c != -INFINITY;  // else the state stays as it is

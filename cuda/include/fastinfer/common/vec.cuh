@@ -60,13 +60,17 @@ template <> __device__ __forceinline__ __nv_fp8_e4m3 from_float<__nv_fp8_e4m3>(f
 // e4m3 -> fp16 by moving the 7 exponent / mantissa bits under fp16's: exact for normals and
 // denormals, the result being 2^-8 times the e4m3 value (callers fold kE4m3HalfRescale into their
 // scales; every e4m3 value times 2^-8 is an fp16 value, and a bf16 one). The e4m3 NaN pattern
-// (0x7f / 0xff) becomes +-480 * 2^-8 instead of NaN. Bytes 2 pair and 2 pair + 1 of `word` ->
-// the two halves of a half2 (lower byte in the low half).
+// (0x7f / 0xff) would land on +-480 * 2^-8, a finite value: a compare and a select per half make
+// it an fp16 NaN (exponent bits all set over the nonzero mantissa). Bytes 2 pair and 2 pair + 1 of
+// `word` -> the two halves of a half2 (lower byte in the low half).
 constexpr float kE4m3HalfRescale = 256.f;
 __device__ __forceinline__ uint32_t e4m3x2_to_half2_scaled(uint32_t word, int pair) {
   // bytes (b_2p, b_2p+1) -> 16-bit lanes (b_2p << 8, b_2p+1 << 8)
   const uint32_t t = __byte_perm(word, 0u, pair == 0 ? 0x1404u : 0x3424u);
-  return ((t >> 1) & 0x3f803f80u) | (t & 0x80008000u);
+  const uint32_t h = ((t >> 1) & 0x3f803f80u) | (t & 0x80008000u);
+  const uint32_t nan_lo = (h & 0x7fffu) == 0x3f80u ? 0x7c00u : 0u;
+  const uint32_t nan_hi = (h & 0x7fff0000u) == 0x3f800000u ? 0x7c000000u : 0u;
+  return h | nan_lo | nan_hi;
 }
 
 // True when p is aligned to `bytes` (a power of two).

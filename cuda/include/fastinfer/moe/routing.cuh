@@ -3,12 +3,12 @@
 //
 // moe_topk: one warp per token row, kTopkWarpsPerBlock rows per CTA. Each (logit, expert) pair
 // maps to a unique 64-bit rank key (order-preserving bits of the logit above the complemented
-// expert id), so "descending logit, ties to the lower id, NaN last" is a plain integer max. Round j
+// expert id), so "descending logit, ties to the lower id, NaN first" is a plain integer max. Round j
 // takes the largest key below round j-1's: no per-expert "taken" state, and the k rounds reread
 // the row (k passes over E values of one row, which stays in L1; E = 256, k = 8: 64 loads a
 // lane). Lane j keeps the j-th selection, so the weights are one warp reduction over the k lanes.
-// The shift of the exponentials is the first selection's logit: the row max (unless the row is
-// all NaN, which is NaN either way), so no separate max pass is needed.
+// The shift of the exponentials is the first selection's logit: the row max, or a NaN (the row's
+// weights are NaN either way), so no separate max pass is needed.
 //
 // moe_align: one kernel, one CTA per expert, so that the slots of an expert are written in
 // ascending order without atomics on global memory (deterministic output). Each CTA
@@ -34,10 +34,11 @@ namespace fastinfer::moe {
 
 constexpr int kTopkWarpsPerBlock = 4;
 
-// Larger key = earlier in the output. NaN maps to the bottom of the logit order (below -inf, whose
-// bits map to 0x007fffff); 0 is below every key, the "nothing yet" of a round.
+// Larger key = earlier in the output. NaN maps to the top of the logit order (0xff800001, just
+// above +inf's 0xff800000), as torch.topk ranks it; no key is ~0 (the first round's bound) and 0 is
+// below every key, the "nothing yet" of a round.
 __device__ __forceinline__ unsigned long long rank_key(float x, int expert) {
-  uint32_t ordered = 0u;
+  uint32_t ordered = 0xff800001u;
   if (!(x != x)) {
     if (x == 0.f) x = 0.f;  // -0.0 ranks as +0.0 (equal logits tie to the lower id)
     const uint32_t bits = __float_as_uint(x);

@@ -4,14 +4,14 @@
 // moe_topk: the experts of each token and their weights from the router logits [T, E].
 //  - Selection: the k largest logits of the row (softmax is monotone, so these are also the k
 //    largest probabilities; selecting on the inputs makes the ids independent of how exp rounds).
-//    Order: descending logit, ties to the lower expert id; a NaN logit ranks below every number
-//    (-inf included), so the ids are always valid experts. -0.0 and +0.0 are equal.
+//    Order: descending logit, ties to the lower expert id; a NaN logit ranks above every number
+//    (+inf included), as in torch.topk, so a NaN reaches its row's weights under both scorings. -0.0 and +0.0 are equal.
 //  - kSoftmax: p = softmax(logits over all E) in fp32, w_j = p[id_j]; renormalize divides the k
 //    weights by their sum (Mixtral; Qwen3-MoE's norm_topk_prob). A NaN anywhere in the row makes
 //    the row's weights NaN.
 //  - kTopkSoftmax: w = softmax of the k selected logits (gpt-oss); the weights already sum to 1,
 //    renormalize is not accepted (the binding refuses it; the kernel ignores the flag). A NaN
-//    among the k selected logits (fewer than k numbers in the row) makes the row's weights NaN.
+//    logit is the first selected, so it makes the row's weights NaN.
 //  Outputs topk_weights [T, k] fp32 and topk_ids [T, k] int32, column j the j-th in the order above.
 //
 // moe_align: the layout of vLLM's moe_align_block_size (fused_moe). The flattened slots
