@@ -11,7 +11,9 @@ with preemption (a tiny KV pool); each Qwen3.5 detail moves the logits (the test
 state-slot sizing and its report, admission limited by the slots; prefix caching with state
 snapshots (the tokens and logprobs of the uncached run, with chunked prefill and preemption, the
 hits counted); speculative decoding with a draft model's chains (lossless greedy); bfloat16; the
-refusals (tree / draft-head speculation, a hybrid draft, n > 1).
+refusals (tree / draft-head speculation, a hybrid draft, n > 1); the deterministic mode (a probe's
+tokens and logprobs bit for bit across chunking, a prefix-cache hit, a busy batch with preemption and
+draft-model speculation).
 """
 
 from __future__ import annotations
@@ -449,10 +451,12 @@ def _probe_result(out):
     return c.token_ids, [sorted(d.items()) for d in c.logprobs]
 
 
-def _deterministic_probe(path, dtype, scenario, tmp_path, alone=None):
-    """The probe's greedy tokens and top-2 logprob floats in the deterministic mode under one
-    scenario (``alone``: one prefill, no cache; else ``alone`` is that run's result)."""
-    sp = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=2)
+def _deterministic_probe(path, dtype, seed, scenario, tmp_path, alone=None):
+    """The probe's tokens (greedy, or sampled with ``seed``) and top-2 logprob floats in the
+    deterministic mode under one scenario (``alone``: one prefill, no cache; else ``alone`` is that
+    run's result)."""
+    sp = SamplingParams(max_tokens=10, temperature=0.0 if seed is None else 0.9, seed=seed, ignore_eos=True,
+                        logprobs=2)
     kw = dict(dtype=dtype, deterministic=True, max_num_seqs=4)
     if scenario == "alone":
         return _probe_result(_llm(path, enable_prefix_caching=False, **kw).generate([PROBE], sp)[0])
@@ -487,23 +491,24 @@ def _deterministic_probe(path, dtype, scenario, tmp_path, alone=None):
 def deterministic_alone(checkpoint):
     cache = {}
 
-    def get(dtype):
-        if dtype not in cache:
-            cache[dtype] = _deterministic_probe(checkpoint[1], dtype, "alone", None)
-        return cache[dtype]
+    def get(dtype, seed):
+        if (dtype, seed) not in cache:
+            cache[dtype, seed] = _deterministic_probe(checkpoint[1], dtype, seed, "alone", None)
+        return cache[dtype, seed]
 
     return get
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("seed", [None, 1234], ids=["greedy", "seeded"])
 @pytest.mark.parametrize("scenario", DET_SCENARIOS)
-def test_deterministic_probe_bit_for_bit(checkpoint, deterministic_alone, scenario, dtype, tmp_path):
-    """The deterministic mode on the hybrid model: the probe's tokens and logprob floats are the
-    one-prefill run's, bit for bit, with its prompt in chunks of 16 and of 7 tokens, from a prefix-cache
+def test_deterministic_probe_bit_for_bit(checkpoint, deterministic_alone, scenario, seed, dtype, tmp_path):
+    """The deterministic mode on the hybrid model, greedy and seeded: the probe's tokens and logprob
+    floats are the one-prefill run's, bit for bit, with its prompt in chunks of 16 and of 7 tokens, from a prefix-cache
     hit (a state snapshot restored), among other requests with chunked prefill and preemption, and
     under draft-model chain speculation (the accepted rows re-run from the saved state)."""
-    ref = deterministic_alone(dtype)
-    got = _deterministic_probe(checkpoint[1], dtype, scenario, tmp_path, alone=ref)
+    ref = deterministic_alone(dtype, seed)
+    got = _deterministic_probe(checkpoint[1], dtype, seed, scenario, tmp_path, alone=ref)
     assert got[0] == ref[0], f"{scenario}: tokens differ"
     assert got[1] == ref[1], f"{scenario}: logprobs differ"
 
@@ -521,6 +526,17 @@ def test_deterministic_gates_take_the_vector_path():
         assert torch.equal(fastinfer.ops.backend("fastinfer").rowwise(fn, x), fn(x))  # the default mode: plain
         # the check can fail: plain torch does not give the first m rows these bits
         assert any(not torch.equal(fn(x[:m]), fn(x)[:m]) for m in (1, 2, 5, 6, 7, 100)), fn
+    threads = torch.get_num_threads()
+    try:  # several threads: each call stays below ATen's parallel limit
+        torch.set_num_threads(3)
+        big = torch.randn(2001, 5, generator=torch.Generator().manual_seed(1))
+        full = ops.rowwise(torch.sigmoid, big)
+        assert torch.equal(ops.rowwise(torch.sigmoid, big[:1]), full[:1])
+        assert torch.equal(ops.rowwise(torch.sigmoid, big[700:1900]), full[700:1900])
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(ValueError, match=r"x must be \[rows, n\], got shape \(2, 3, 4\)"):
+        ops.rowwise(torch.sigmoid, torch.randn(2, 3, 4))
 
 
 def test_random_weights_shapes(checkpoint):

@@ -118,9 +118,11 @@ class Backend:
         share of a large tensor) to a scalar loop whose exp rounds differently, so an element's
         bits would follow its position in the flattened batch; padded, every element takes the
         vector loop whatever the number of rows."""
-        n = x.shape[-1]
-        if not self.deterministic or x.device.type != "cpu" or x.dim() != 2:
+        if not self.deterministic or x.device.type != "cpu":
             return fn(x)
+        if x.dim() != 2:
+            raise ValueError(f"Backend.rowwise: x must be [rows, n], got shape {tuple(x.shape)}")
+        n = x.shape[-1]
         width = -(-n // ROWWISE_WIDTH) * ROWWISE_WIDTH
         padded = torch.nn.functional.pad(x, (0, width - n)) if width != n else x.contiguous()
         rows = max(1, ROWWISE_ELEMENTS // max(width, 1))
