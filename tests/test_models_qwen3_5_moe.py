@@ -11,8 +11,8 @@ Gated DeltaNet input projections interleaved per key head (``in_proj_qkvz``, ``i
 Checks: logits of every prompt position (relative error < 1e-5), whole and in chunks; each MoE
 detail moves the logits (the test can fail); 32 greedy tokens identical to transformers'
 ``generate`` through ``LLM`` batched, with chunked prefill, with preemption and with prefix caching
-(the tokens and logprobs of the uncached run; in the deterministic mode bit for bit); the multimodal Qwen3.5-MoE checkpoint's text model;
-fp8 experts on load against the float model whose experts run the fp64 oracle of ``fused_moe_fp8``
+(the tokens and logprobs of the uncached run; in the deterministic mode bit for bit); the multimodal
+Qwen3.5-MoE checkpoint's text model; fp8 experts on load against the float model whose experts run the fp64 oracle of ``fused_moe_fp8``
 on the same codes and scales; the quantisation refusals; the CUDA kernel sources in the emulator
 (and on a GPU, ``-m cuda``) in bf16 / fp16.
 """
