@@ -81,8 +81,9 @@ class Backend:
 
     ``deterministic=True`` (the runner's deterministic mode) also binds the batch-invariant options:
     the attention ops get ``fixed_split_size=DETERMINISTIC_SPLIT_SIZE``, the quantised GEMMs
-    ``deterministic=True``, and :meth:`linear` multiplies with ``dense_mm`` instead of
-    ``torch.nn.functional.linear``; so a row's result depends on that row's inputs alone.
+    ``deterministic=True``, :meth:`linear` multiplies with ``dense_mm`` instead of
+    ``torch.nn.functional.linear`` and :meth:`rowwise` lays a torch elementwise gate out in whole
+    vectors on CPU; so a row's result depends on that row's inputs alone.
     """
 
     def __init__(self, namespace: str, deterministic: bool = False):
