@@ -11,7 +11,9 @@ with preemption (a tiny KV pool); each Qwen3.5 detail moves the logits (the test
 state-slot sizing and its report, admission limited by the slots; prefix caching with state
 snapshots (the tokens and logprobs of the uncached run, with chunked prefill and preemption, the
 hits counted); speculative decoding with a draft model's chains (lossless greedy); bfloat16; the
-refusals (tree / draft-head speculation, a hybrid draft, n > 1).
+refusals (tree / draft-head speculation, a hybrid draft, n > 1); the deterministic mode (a probe's
+tokens and logprobs bit for bit across chunking, a prefix-cache hit, a busy batch with preemption and
+draft-model speculation).
 """
 
 from __future__ import annotations
@@ -438,6 +440,103 @@ def test_greedy_deterministic_from_model_object(checkpoint, expected):
     assert llm.model is not model and llm.model.ops.deterministic
     assert _generate(llm, _prompts()) == expected
     assert _generate(llm, _prompts()[1:2]) == expected[1:2]
+
+
+PROBE = random_prompt(45, VOCAB, seed=45)
+DET_SCENARIOS = ["chunk-16", "chunk-7", "prefix-cache-hit", "batch+preemption", "draft-chain"]
+
+
+def _probe_result(out):
+    c = out.outputs[0]
+    return c.token_ids, [sorted(d.items()) for d in c.logprobs]
+
+
+def _deterministic_probe(path, dtype, seed, scenario, tmp_path, alone=None):
+    """The probe's tokens (greedy, or sampled with ``seed``) and top-2 logprob floats in the
+    deterministic mode under one scenario (``alone``: one prefill, no cache; else ``alone`` is that
+    run's result)."""
+    sp = SamplingParams(max_tokens=10, temperature=0.0 if seed is None else 0.9, seed=seed, ignore_eos=True,
+                        logprobs=2)
+    kw = dict(dtype=dtype, deterministic=True, max_num_seqs=4)
+    if scenario == "alone":
+        return _probe_result(_llm(path, enable_prefix_caching=False, **kw).generate([PROBE], sp)[0])
+    if scenario.startswith("chunk-"):
+        llm = _llm(path, enable_prefix_caching=False, max_num_batched_tokens=int(scenario[6:]), **kw)
+        out = llm.generate([PROBE], sp)[0]
+    elif scenario == "prefix-cache-hit":
+        llm = _llm(path, **kw)
+        llm.generate([PROBE[:40] + [7, 8, 9]], SamplingParams(max_tokens=2))
+        out = llm.generate([PROBE], sp)[0]
+        assert out.num_cached_tokens == 32  # the snapshot at the shared prefix's last full block
+    elif scenario == "batch+preemption":
+        # 10 blocks of 16 tokens for the probe among six prompts of 5..70 tokens, chunked by 24
+        llm = _llm(path, num_kv_blocks=10, max_model_len=128, max_num_batched_tokens=24, **kw)
+        others = [random_prompt(n, VOCAB, seed=90 + n) for n in (70, 5, 33, 60, 18, 41)]
+        prompts = others[:2] + [PROBE] + others[2:]
+        params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in (12, 3, 20, 7, 15, 9)]
+        out = llm.generate(prompts, params[:2] + [sp] + params[2:])[2]
+        assert llm.stats()["num_preemptions"] > 0
+    elif scenario == "draft-chain":
+        draft = _bigram_draft(str(tmp_path / "draft"), [PROBE + alone[0]])
+        llm = _llm(path, draft_model=draft, num_spec_tokens=3, **kw)
+        out = llm.generate([PROBE], sp)[0]
+        st = llm.stats()
+        assert 0 < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"], st
+    else:
+        raise AssertionError(scenario)
+    return _probe_result(out)
+
+
+@pytest.fixture(scope="module")
+def deterministic_alone(checkpoint):
+    cache = {}
+
+    def get(dtype, seed):
+        if (dtype, seed) not in cache:
+            cache[dtype, seed] = _deterministic_probe(checkpoint[1], dtype, seed, "alone", None)
+        return cache[dtype, seed]
+
+    return get
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("seed", [None, 1234], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("scenario", DET_SCENARIOS)
+def test_deterministic_probe_bit_for_bit(checkpoint, deterministic_alone, scenario, seed, dtype, tmp_path):
+    """The deterministic mode on the hybrid model, greedy and seeded: the probe's tokens and logprob
+    floats are the one-prefill run's, bit for bit, with its prompt in chunks of 16 and of 7 tokens, from a prefix-cache
+    hit (a state snapshot restored), among other requests with chunked prefill and preemption, and
+    under draft-model chain speculation (the accepted rows re-run from the saved state)."""
+    ref = deterministic_alone(dtype, seed)
+    got = _deterministic_probe(checkpoint[1], dtype, seed, scenario, tmp_path, alone=ref)
+    assert got[0] == ref[0], f"{scenario}: tokens differ"
+    assert got[1] == ref[1], f"{scenario}: logprobs differ"
+
+
+def test_deterministic_gates_take_the_vector_path():
+    """The gates' sigmoid / softplus on CPU: plain torch gives an element different bits at
+    different row counts (ATen's scalar tail), Backend.rowwise the same bits at every count."""
+    ops = fastinfer.ops.backend("fastinfer", deterministic=True)
+    x = torch.randn(301, 3, generator=torch.Generator().manual_seed(0)) * 4
+    for fn in (torch.sigmoid, torch.nn.functional.softplus):
+        full = ops.rowwise(fn, x)
+        assert full.shape == x.shape
+        assert all(torch.equal(ops.rowwise(fn, x[:m]), full[:m]) for m in (1, 2, 5, 6, 7, 100, 300))
+        assert torch.equal(ops.rowwise(fn, x[3:9]), full[3:9])
+        assert torch.equal(fastinfer.ops.backend("fastinfer").rowwise(fn, x), fn(x))  # the default mode: plain
+        # the check can fail: plain torch does not give the first m rows these bits
+        assert any(not torch.equal(fn(x[:m]), fn(x)[:m]) for m in (1, 2, 5, 6, 7, 100)), fn
+    threads = torch.get_num_threads()
+    try:  # several threads: each call stays below ATen's parallel limit
+        torch.set_num_threads(3)
+        big = torch.randn(2001, 5, generator=torch.Generator().manual_seed(1))
+        full = ops.rowwise(torch.sigmoid, big)
+        assert torch.equal(ops.rowwise(torch.sigmoid, big[:1]), full[:1])
+        assert torch.equal(ops.rowwise(torch.sigmoid, big[700:1900]), full[700:1900])
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(ValueError, match=r"x must be \[rows, n\], got shape \(2, 3, 4\)"):
+        ops.rowwise(torch.sigmoid, torch.randn(2, 3, 4))
 
 
 def test_random_weights_shapes(checkpoint):

@@ -11,8 +11,8 @@ Gated DeltaNet input projections interleaved per key head (``in_proj_qkvz``, ``i
 Checks: logits of every prompt position (relative error < 1e-5), whole and in chunks; each MoE
 detail moves the logits (the test can fail); 32 greedy tokens identical to transformers'
 ``generate`` through ``LLM`` batched, with chunked prefill, with preemption and with prefix caching
-(the tokens and logprobs of the uncached run); the multimodal Qwen3.5-MoE checkpoint's text model;
-fp8 experts on load against the float model whose experts run the fp64 oracle of ``fused_moe_fp8``
+(the tokens and logprobs of the uncached run; in the deterministic mode bit for bit); the multimodal
+Qwen3.5-MoE checkpoint's text model; fp8 experts on load against the float model whose experts run the fp64 oracle of ``fused_moe_fp8``
 on the same codes and scales; the quantisation refusals; the CUDA kernel sources in the emulator
 (and on a GPU, ``-m cuda``) in bf16 / fp16.
 """
@@ -253,6 +253,20 @@ def test_prefix_cache_matches_uncached(checkpoint):
     assert rel_err(lps, want_lps) < REL_TOL
     assert sum(cached) > 0 and llm.engine_core.scheduler.num_preemptions > 0
 
+
+def test_deterministic_bit_for_bit(checkpoint):
+    """The deterministic mode: each request's tokens and logprob floats equal, bit for bit, those of a
+    run with one prefill per prompt and no cache, with prefill in chunks of 7, prefix-cache hits and
+    preemption (a 12-block KV pool; the shared-expert gate's sigmoid laid out by Backend.rowwise)."""
+    shared = random_prompt(40, VOCAB, seed=3)
+    batch = [shared + random_prompt(n, VOCAB, seed=60 + n) for n in (10, 21, 35)]
+    batches = [[shared + random_prompt(40, VOCAB, seed=4)], batch[:1], batch[1:], batch]
+    kw = dict(max_num_seqs=4, deterministic=True)
+    want_toks, want_lps, _ = _run_with_logprobs(_llm(checkpoint[2], enable_prefix_caching=False, **kw), batches)
+    llm = _llm(checkpoint[2], max_num_batched_tokens=7, num_kv_blocks=12, max_model_len=128, **kw)
+    toks, lps, cached = _run_with_logprobs(llm, batches)
+    assert toks == want_toks and torch.equal(lps, want_lps)
+    assert sum(cached) > 0 and llm.engine_core.scheduler.num_preemptions > 0
 
 def test_multimodal_checkpoint_text_model(tmp_path):
     """A ``Qwen3_5MoeForConditionalGeneration`` checkpoint (tiny vision tower) runs its text model:

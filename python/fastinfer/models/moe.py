@@ -142,7 +142,7 @@ class SharedExpert(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         y = self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
-        return y * torch.sigmoid(self.gate(x))
+        return y * self.ops.rowwise(torch.sigmoid, self.gate(x))
 
 
 class MoeDecoderLayer(LlamaDecoderLayer):

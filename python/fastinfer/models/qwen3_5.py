@@ -218,8 +218,9 @@ class GatedDeltaNet(nn.Module):
         v = mixed[:, 2 * self.key_dim:].view(T, hv, self.head_v_dim)
         b = proj[:, cd + vd: cd + vd + hv]
         a = proj[:, cd + vd + hv:]
-        beta = torch.sigmoid(b)  # in the model dtype, as transformers
-        g = -self.params.A_log.float().exp() * nn.functional.softplus(a.float() + self.params.dt_bias.float())
+        beta = ops.rowwise(torch.sigmoid, b)  # in the model dtype, as transformers
+        g = -self.params.A_log.float().exp() * ops.rowwise(nn.functional.softplus,
+                                                           a.float() + self.params.dt_bias.float())
         return ops.gated_delta_rule(q, k, v, g.contiguous(), beta.contiguous(), cu_seqlens, recurrent_states, slots,
                                     has_initial_state, use_qk_l2norm=True)
 
@@ -347,7 +348,7 @@ class Qwen3_5DecoderLayer(nn.Module):
         v = qkv[:, 2 * self.q_size + self.kv_size:].view(T, self.num_kv_heads, D)
         self.ops.rotary_embedding(batch.positions, q, k, cos_sin_cache, True)
         out = self.attn(q, k, v, kv_cache, batch).reshape(T, self.q_size)
-        return self.o_proj(out * torch.sigmoid(gate))
+        return self.o_proj(out * self.ops.rowwise(torch.sigmoid, gate))
 
     def forward(self, x: Tensor, residual: Optional[Tensor], batch: ForwardBatch, cache: KVCache,
                 cos_sin_cache: Tensor) -> Tuple[Tensor, Tensor]:

@@ -57,6 +57,12 @@ NAMESPACES = ("fastinfer", "fastinfer_sim")
 #: reduction order per query row, whatever the batch (a multiple of the kernels' 64-key tile)
 DETERMINISTIC_SPLIT_SIZE = 256
 
+#: Backend.rowwise: a row's elements padded to a multiple of this (two vectors of the widest
+#: ISA's narrowest type: AVX-512 bf16, 2 x 32), and elements per call, below ATen's
+#: one-thread limit (GRAIN_SIZE = 32768)
+ROWWISE_WIDTH = 64
+ROWWISE_ELEMENTS = 16384
+
 # what a deterministic Backend binds into each op (see Backend)
 _DETERMINISTIC_ARGS = {
     **{f: {"fixed_split_size": DETERMINISTIC_SPLIT_SIZE}
@@ -75,8 +81,9 @@ class Backend:
 
     ``deterministic=True`` (the runner's deterministic mode) also binds the batch-invariant options:
     the attention ops get ``fixed_split_size=DETERMINISTIC_SPLIT_SIZE``, the quantised GEMMs
-    ``deterministic=True``, and :meth:`linear` multiplies with ``dense_mm`` instead of
-    ``torch.nn.functional.linear``; so a row's result depends on that row's inputs alone.
+    ``deterministic=True``, :meth:`linear` multiplies with ``dense_mm`` instead of
+    ``torch.nn.functional.linear`` and :meth:`rowwise` lays a torch elementwise gate out in whole
+    vectors on CPU; so a row's result depends on that row's inputs alone.
     """
 
     def __init__(self, namespace: str, deterministic: bool = False):
@@ -103,6 +110,24 @@ class Backend:
             return torch.nn.functional.linear(x, weight, bias)
         y = dense_mm(x.reshape(-1, x.shape[-1]), weight, bias, lib=self.lib)
         return y.reshape(*x.shape[:-1], weight.shape[0])
+
+    def rowwise(self, fn, x: torch.Tensor) -> torch.Tensor:
+        """``fn(x)`` for an elementwise torch function ``fn`` (sigmoid, softplus) of ``x [rows, n]``.
+        In the deterministic mode on CPU each row is laid out padded to a multiple of
+        ``ROWWISE_WIDTH`` elements, in calls of at most ``ROWWISE_ELEMENTS``: ATen's CPU kernels
+        run whole vectors and leave the last ``numel % (2 x lanes)`` elements (and each thread's
+        share of a large tensor) to a scalar loop whose exp rounds differently, so an element's
+        bits would follow its position in the flattened batch; padded, every element takes the
+        vector loop whatever the number of rows."""
+        if not self.deterministic or x.device.type != "cpu":
+            return fn(x)
+        if x.dim() != 2:
+            raise ValueError(f"Backend.rowwise: x must be [rows, n], got shape {tuple(x.shape)}")
+        n = x.shape[-1]
+        width = -(-n // ROWWISE_WIDTH) * ROWWISE_WIDTH
+        padded = torch.nn.functional.pad(x, (0, width - n)) if width != n else x.contiguous()
+        rows = max(1, ROWWISE_ELEMENTS // max(width, 1))
+        return torch.cat([fn(part) for part in padded.split(rows)])[:, :n] if x.shape[0] else fn(x)
 
     def __repr__(self) -> str:
         return f"Backend({self.namespace!r}{', deterministic=True' if self.deterministic else ''})"
