@@ -244,16 +244,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) moe_gemm_kernel(const FusedM
         // kBlockN divides 128 and I is a multiple of 128: the CTA's rows of a half are in one block
         const float sb = kBlockwise ? w_scale[((half * I + n0) / kScaleBlock) * k_groups + kt] : 1.f;
 #pragma unroll
-        for (int f = 0; f < kFolds; ++f) {
-          const int64_t group = static_cast<int64_t>(kt) * kFolds + f;
+        for (int i = 0; i < kMi; ++i)
 #pragma unroll
-          for (int i = 0; i < kMi; ++i)
+          for (int h = 0; h < 2; ++h) {
+            const int32_t row = a_row_of[warp_m * Cfg::kWarpM + i * 16 + g + 8 * h];
+            const int64_t group0 = static_cast<int64_t>(kt) * kFolds;
+            const float* row_scales = a_scale + static_cast<int64_t>(row) * a_groups + group0;
+            if (kFolds == 2 && row >= 0 && a_groups % 2 == 0) {  // the k-tile's two groups: one 8-byte load
+              const float2 s2 = *reinterpret_cast<const float2*>(row_scales);
+              blk_scale[0][half][i][h] = s2.x * sb;
+              blk_scale[kFolds - 1][half][i][h] = s2.y * sb;
+            } else {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int32_t row = a_row_of[warp_m * Cfg::kWarpM + i * 16 + g + 8 * h];
-              blk_scale[f][half][i][h] = row >= 0 && group < a_groups ? a_scale[row * a_groups + group] * sb : 0.f;
+              for (int f = 0; f < kFolds; ++f)
+                blk_scale[f][half][i][h] = row >= 0 && group0 + f < a_groups ? row_scales[f] * sb : 0.f;
             }
-        }
+          }
 #pragma unroll
         for (int i = 0; i < kMi; ++i)
 #pragma unroll
