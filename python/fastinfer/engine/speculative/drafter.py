@@ -170,28 +170,36 @@ class DraftModelDrafter(Drafter):
         logits = root_logits.float()
         active = list(range(len(seqs)))
         for _ in range(max(sizes)):
-            # draw d_{i+1} for every sequence still drafting, from its row of `logits`
-            row_tok: List[int] = []
+            # draw d_{i+1} for every sequence still drafting, from its row of `logits`: greedy rows by
+            # one argmax, sampled rows by one softmax / cumsum / searchsorted (a draw of each row's
+            # generator), seeded rows of the deterministic mode with their position's noise
+            row_tok: List[int] = [-1] * len(active)
+            greedy_rows, sampled_rows = [], []
             for r, b in enumerate(active):
                 s = seqs[b]
                 if s.params.greedy:
-                    row_tok.append(-1)
-                    continue
-                if self.deterministic and s.params.seed is not None:
+                    greedy_rows.append(r)
+                elif self.deterministic and s.params.seed is not None:
                     position = s.num_tokens - 1 + len(toks[b])
                     noise = position_noise(gens[b].initial_seed(), position, V, logits.device)
-                    row_tok.append(int(race_scores(logits[r] / float(s.params.temperature), noise).argmax()))
+                    row_tok[r] = int(race_scores(logits[r] / float(s.params.temperature), noise).argmax())
                     probs[b].append(torch.zeros(V, dtype=torch.float32, device=logits.device))  # unused then
-                    continue
-                q = torch.softmax(logits[r] / float(s.params.temperature), dim=-1)
-                probs[b].append(q)
-                c = torch.cumsum(q, 0)
-                u = torch.rand((), generator=gens[b], device=gens[b].device).to(c.device)
-                row_tok.append(int(torch.searchsorted(c, (u * c[-1]).reshape(1), right=True).clamp_(max=V - 1)))
-            greedy_rows = [r for r, t in enumerate(row_tok) if t < 0]
+                else:
+                    sampled_rows.append(r)
             if greedy_rows:
                 for r, t in zip(greedy_rows, logits[greedy_rows].argmax(dim=-1).tolist()):
                     row_tok[r] = t
+            if sampled_rows:
+                temp = torch.tensor([float(seqs[active[r]].params.temperature) for r in sampled_rows],
+                                    dtype=torch.float32, device=logits.device)
+                q = torch.softmax(logits[sampled_rows] / temp[:, None], dim=-1)
+                c = torch.cumsum(q, -1)
+                u = torch.stack([torch.rand((), generator=gens[active[r]], device=gens[active[r]].device).to(c.device)
+                                 for r in sampled_rows])
+                drawn = torch.searchsorted(c, (u * c[:, -1])[:, None], right=True).clamp_(max=V - 1)
+                for k, (r, t) in enumerate(zip(sampled_rows, drawn[:, 0].tolist())):
+                    row_tok[r] = t
+                    probs[active[r]].append(q[k])
             for r, b in enumerate(active):
                 toks[b].append(row_tok[r])
             active = [b for b in active if len(toks[b]) - 1 < sizes[b]]

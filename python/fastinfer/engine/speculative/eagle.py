@@ -34,13 +34,14 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ...layers import BatchBuilder, TensorDictReader, slot_of
+from ...layers import BatchBuilder, TensorDictReader, host_to_device, slot_of
 from ...layers.attention import FP8_KV_CACHE_DTYPE, report_fp8_kv_cache_scales
 from ...layers.weights import CheckpointModule
 from ...models.config import ModelConfig
 from ...models.llama import LlamaDecoderLayer
 from ..sequence import Sequence
 from .drafter import Draft, DraftModelDrafter, _Chunk, read_head_weights
+from .verifier import commit_moves
 
 Tensor = torch.Tensor
 
@@ -121,7 +122,12 @@ def load_eagle(path: str, target) -> EagleDraftModel:
 
 
 class EagleDrafter(DraftModelDrafter):
-    """:class:`.drafter.DraftModelDrafter`'s chain / tree drafting, with EAGLE's rows (module docstring)."""
+    """:class:`.drafter.DraftModelDrafter`'s chain / tree drafting, with EAGLE's rows (module docstring).
+
+    A row's input feature is found by tensor ops, batched over the forward's rows: the catch-up's
+    rows read the target's feature pool at their own KV slots; a drafted row reads the output of
+    its parent row (the ancestor one level up in its chunk's tree mask, else the root's row), kept
+    for one :meth:`propose` in ``_outputs`` and found by KV slot through ``_output_row``."""
 
     wants_hidden_states = "all"
     position_shift = -1  # a token's draft row is one before its position
@@ -131,58 +137,77 @@ class EagleDrafter(DraftModelDrafter):
         super().__init__(model, kv_caches, block_size, device, mode, num_tokens, tree_topk, max_num_batched_tokens,
                          ops)
         self.features = torch.zeros(num_blocks * block_size, model.hidden_size, dtype=model.dtype, device=device)
-        self._out: Dict[Tuple[int, int], Tensor] = {}  # (seq_id, row) -> output feature, this propose()
+        # this propose()'s output features, and the row in them of the latest output at each KV slot
+        self._outputs = torch.zeros(0, model.hidden_size, dtype=model.dtype, device=device)
+        self._output_row = torch.full((num_blocks * block_size,), -1, dtype=torch.int64, device=device)
+        self._written: List[Tensor] = []  # the slots given an output row this propose()
 
     # ---- the target's features --------------------------------------------------------------------
     def observe_slot_hidden_states(self, slots: List[int], hidden: Tensor) -> None:
-        self.features[torch.tensor(slots, device=self.features.device)] = hidden.to(self.features.dtype)
+        self.features[host_to_device(slots, torch.int64, self.features.device)] = hidden.to(self.features.dtype)
 
     def on_verified(self, drafts: List[Draft]) -> None:
-        src, dst = [], []
-        for d in drafts:  # the accepted nodes' features go where their K/V goes
-            start = d.seq.num_computed_tokens
-            for j, a in enumerate(d.path[1:], 1):
-                if a != j:
-                    src.append(slot_of(d.seq.block_table, start + a, self.block_size))
-                    dst.append(slot_of(d.seq.block_table, start + j, self.block_size))
+        src, dst = commit_moves(drafts, self.block_size)[:2]  # the accepted nodes' features go where their K/V goes
         if src:
             dev = self.features.device
-            self.features[torch.tensor(dst, device=dev)] = self.features[torch.tensor(src, device=dev)].clone()
+            s, d = host_to_device(src, torch.int64, dev), host_to_device(dst, torch.int64, dev)
+            self.features[d] = self.features[s].clone()
 
     # ---- forwards ---------------------------------------------------------------------------------
     def _forward(self, chunks: List[_Chunk], decodes: List[Tuple[Sequence, int, int]],
-                 feats: Optional[List[Tensor]] = None) -> Tensor:
-        """A draft forward; each row's feature is ``feats`` (catch-up) or its parent row's output."""
+                 from_pool: bool = False) -> Tensor:
+        """A draft forward; each row's feature is the target's at its own slot (``from_pool``: the
+        catch-up, whose rows sit at their positions) or its parent row's output."""
         b = BatchBuilder(self.block_size, self.device)
-        rows_f: List[Tensor] = []
-        keys: List[Tuple[int, int]] = []
-        for ci, (seq, toks, rpos, spos, mask, rows) in enumerate(chunks):
+        parent: List[int] = []  # per input row: the batch row of its parent, or -1 (the fallback slot)
+        fallback: List[int] = []  # per input row: the slot of the output it reads when it has no parent row
+        for seq, toks, rpos, spos, mask, rows in chunks:
+            base = len(parent)
             b.prefill(toks, spos[0], seq.block_table, positions=rpos, slot_positions=spos, mask=mask, logits=rows)
-            if feats is not None:
-                rows_f.append(feats[ci])
-            else:
-                for a in range(len(toks)):  # parent: the ancestor one level up, else the root's row
-                    par = [j for j in range(len(toks)) if j != a and bool(mask[a, j]) and rpos[j] == rpos[a] - 1]
-                    rows_f.append(self._out[(seq.seq_id, spos[par[0]] if par else seq.num_tokens - 2)][None])
-            keys += [(seq.seq_id, spos[r]) for r in rows]
+            if from_pool:
+                continue
+            q = len(toks)
+            rp = torch.tensor(rpos)
+            allowed = mask if mask is not None else torch.ones(q, q, dtype=torch.bool).tril_()
+            up = allowed & (rp[None, :] == rp[:, None] - 1)  # the ancestor one level up
+            has = up.any(1)
+            parent += torch.where(has, up.to(torch.uint8).argmax(1) + base, -1).tolist()
+            fallback += [slot_of(seq.block_table, seq.num_tokens - 2, self.block_size)] * q  # the root's row
         for seq, tok, p in decodes:
             b.decode(tok, p, seq.block_table)
-            rows_f.append(self._out[(seq.seq_id, p - 1)][None])
-            keys.append((seq.seq_id, p))
+            parent.append(-1)
+            fallback.append(slot_of(seq.block_table, p - 1, self.block_size))
+        batch = b.build()
+        if from_pool:
+            feats = self.features[batch.slot_mapping]
+        else:
+            par = host_to_device(parent, torch.int64, self.device)
+            src = torch.where(par >= 0, batch.slot_mapping[par.clamp(min=0)],
+                              host_to_device(fallback, torch.int64, self.device))
+            rows = self._output_row[src]
+            if bool((rows < 0).any()):
+                raise RuntimeError("EAGLE drafting: a draft row's parent has no output in this step")
+            feats = self._outputs[rows]
         self.num_draft_forwards += 1
-        logits, g = self.model(b.build(), self.kv_caches, torch.cat(rows_f))
-        for k, row in zip(keys, g):
-            self._out[k] = row
+        logits, g = self.model(batch, self.kv_caches, feats)
+        out_slots = batch.slot_mapping.index_select(0, batch.logits_indices)
+        self._written.append(out_slots)
+        self._output_row[out_slots] = torch.arange(self._outputs.shape[0], self._outputs.shape[0] + g.shape[0],
+                                                   device=self.device)
+        self._outputs = torch.cat([self._outputs, g])
         return logits
 
     def _catch_up(self, seqs: List[Sequence], computed: List[int]) -> Tensor:
         """Rows ``computed .. n - 2`` of every sequence from the target's features; logits at n - 2."""
-        self._out.clear()
+        self._outputs = self._outputs[:0]
+        if self._written:
+            self._output_row[torch.cat(self._written)] = -1
+            self._written = []
         computed = list(computed)
         root: Dict[int, Tensor] = {}
         pending = list(range(len(seqs)))
         while pending:
-            chunks, feats, budget, with_logits = [], [], self.max_chunk, []
+            chunks, budget, with_logits = [], self.max_chunk, []
             for i in pending:
                 s, c = seqs[i], computed[i]
                 if s.num_tokens - 1 - c <= 0:
@@ -194,13 +219,11 @@ class EagleDrafter(DraftModelDrafter):
                 last = c + take == s.num_tokens - 1
                 pos = list(range(c, c + take))
                 chunks.append((s, s.token_ids[c + 1:c + 1 + take], pos, pos, None, [take - 1] if last else []))
-                slots = torch.tensor([slot_of(s.block_table, p, self.block_size) for p in pos], device=self.device)
-                feats.append(self.features[slots])
                 computed[i] += take
                 budget -= take
                 if last:
                     with_logits.append(i)
-            logits = self._forward(chunks, [], feats)
+            logits = self._forward(chunks, [], from_pool=True)
             for r, i in enumerate(with_logits):
                 root[i] = logits[r]
             pending = [i for i in pending if i not in root]
