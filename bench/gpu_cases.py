@@ -118,7 +118,8 @@ def sanitize_cases():
     cs += [M.case_moe_topk(37, "tiny"), M.case_moe_align(37, "tiny"),
            M.case_fused_moe(3, "tiny"), M.case_fused_moe(300, "tiny"),  # 16- and 64-row blocks
            M.case_fused_moe_fp8(37, "tiny", False), M.case_fused_moe_fp8(37, "tiny", True),
-           M.case_fused_moe_int4(37, "tiny"), M.case_moe_expert_loop(5, "tiny")]
+           M.case_fused_moe_int4(37, "tiny"), M.case_fused_moe_fp4(37, "tiny", "nvfp4"),
+           M.case_fused_moe_fp4(300, "tiny", "mxfp4"), M.case_moe_expert_loop(5, "tiny")]
     cs += [M.case_causal_conv1d(3, 1, dim=200), M.case_causal_conv1d(1, 37, dim=200)]  # decode, prefill
     cs += [M.case_gated_delta_rule(3, 1, hk=2, hv=4, d=64),  # decode, Hv = 2 Hk
            M.case_gated_delta_rule(2, 37, hk=1, hv=2, d=128)]  # prefill on the recurrent kernel

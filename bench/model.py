@@ -822,13 +822,47 @@ def case_fused_moe_int4(t, model, group_size=128):
                     expert_rows=_expert_rows(ids, E))
 
     def workspace(kname, rec):
-        if "moe_int4_gemm_kernel" in kname:
+        if "moe_w4_gemm_kernel" in kname:
             return slots * I * 2 if "MoeGemm)0" in kname else slots * I * 2 + slots * H * 2
         return slots * H * 2 if "moe_combine_kernel" in kname else 0
 
     return Case("fused_moe_int4", f"{model} T={t} H={H} I={I} E={E} k={k} g{group_size}", build,
                 sample=max(1, math.ceil(2.0 * slots * 3 * H * I / 1.2e9)), reuse=True, extra=workspace,
                 run_whole=("moe_align_kernel",), tensor_flops=_moe_gemm_flops(H, I))
+
+
+def case_fused_moe_fp4(t, model, fmt):
+    """fused_moe_fp4 (W4A16 experts in fp4_repack's layout: NVFP4 with e4m3 scales per 16 and global
+    divisors, or MXFP4 with e8m0 scales per 32): the weights read once at half a byte plus a scale
+    byte per group, bf16 FLOPs at large T."""
+    H, I, E, k = MOE_MODELS[model]
+    slots = t * k
+    group = 16 if fmt == "nvfp4" else 32
+
+    def build():
+        w13 = torch.randint(-2 ** 31, 2 ** 31 - 1, (E, H // 64, 16 * I), dtype=torch.int32)
+        w2 = torch.randint(-2 ** 31, 2 ** 31 - 1, (E, I // 64, 8 * H), dtype=torch.int32)
+        lo, hi = (0x28, 0x50) if fmt == "nvfp4" else (122, 132)  # e4m3 0.125 .. 8; e8m0 2^-5 .. 2^4
+        s13 = torch.randint(lo, hi, (E, H // group, 2 * I), dtype=torch.int32).to(torch.uint8)
+        s2 = torch.randint(lo, hi, (E, I // group, H), dtype=torch.int32).to(torch.uint8)
+        g13, g2 = (torch.rand(E, 2) + 100.0, torch.rand(E) + 100.0) if fmt == "nvfp4" else (None, None)
+        weights, ids = _moe_routing(t, E, k)
+        x = _bf16(t, H)
+        used = int(torch.unique(ids).numel())
+        scale_bytes = used * (H // group * 2 * I + I // group * H)
+        ideal = t * H * 2 * 2 + used * 3 * H * I // 2 + scale_bytes + ids.numel() * 8
+        return dict(fn=lambda: ns().fused_moe_fp4(x, w13, w2, s13, s2, g13, g2, weights, ids, fmt, "silu",
+                                                  None, None, None, None),
+                    ideal=ideal, flops=2.0 * slots * 3 * H * I, peak="bf16", note=f"experts used {used} of {E}")
+
+    def workspace(kname, rec):
+        if "moe_w4_gemm_kernel" in kname:
+            return slots * I * 2 if "MoeGemm)0" in kname else slots * I * 2 + slots * H * 2
+        return slots * H * 2 if "moe_combine_kernel" in kname else 0
+
+    return Case("fused_moe_fp4", f"{model} T={t} H={H} I={I} E={E} k={k} {fmt}", build,
+                sample=max(1, math.ceil(2.0 * slots * 3 * H * I / 1.2e9)), reuse=True, extra=workspace,
+                run_whole=("moe_align_kernel",))
 
 
 def case_moe_expert_loop(t, model):
@@ -932,6 +966,7 @@ def all_cases(quick=False):
             cases += [case_moe_topk(t, model), case_moe_align(t, model), case_fused_moe(t, model)]
             cases += [case_fused_moe_fp8(t, model, blockwise) for blockwise in (False, True)]
             cases.append(case_fused_moe_int4(t, model))
+            cases += [case_fused_moe_fp4(t, model, fmt) for fmt in ("nvfp4", "mxfp4")]
             if not quick:
                 cases.append(case_moe_expert_loop(t, model))
     return cases

@@ -18,8 +18,8 @@ The cases run the CUDA kernel sources through the emulator (``torch.ops.fastinfe
   tensor), with rows of zeros, infinities, NaNs and saturating values, rows short enough to stay
   in registers and longer ones;
 * moe: moe_topk (both scorings), moe_align, and fused_moe / fused_moe_fp8 (per channel,
-  blockwise) / fused_moe_int4 (symmetric, zero points) over their tile tiers, silu and gpt-oss's
-  swiglu with biases, -1 slots.
+  blockwise) / fused_moe_int4 (symmetric, zero points) / fused_moe_fp4 (NVFP4 with global scales,
+  MXFP4) over their tile tiers, silu and gpt-oss's swiglu with biases, -1 slots.
 
 Inputs come from fixed seeds, so two builds see the same bytes; the test overrides
 (docs/design.md) force the plans that the shapes would not choose on their own.
@@ -358,6 +358,19 @@ def moe_cases(ns, dtypes) -> List[Case]:
                     return (w / s[..., None]).to(torch.float8_e4m3fn), s
                 (q13, s13), (q2, s2) = quant(w13), quant(w2)
                 return ns.fused_moe_fp8(x, q13, q2, s13, s2, weights, ids, activation, *swiglu, b13, b2)
+            if fmt in ("nvfp4", "mxfp4"):  # random e2m1 codes, e4m3 0.125 .. 8 or e8m0 2^-5 .. 2^4 scales
+                group, (lo, hi) = (16, (0x28, 0x50)) if fmt == "nvfp4" else (32, (122, 132))
+                packs = []
+                for w in (w13, w2):
+                    q = torch.randint(0, 16, w.shape, generator=gen, dtype=torch.uint8)
+                    packed = torch.stack([torch.ops.fastinfer.int4_pack(q[e]) for e in range(E)])
+                    bits = torch.randint(lo, hi, (E, w.shape[2] // group, w.shape[1]), generator=gen,
+                                         dtype=torch.int32).to(torch.uint8)
+                    packs.append((packed, bits))
+                (p13, s13), (p2, s2) = packs
+                g13, g2 = ((torch.rand((E, 2), generator=gen) + 1, torch.rand((E,), generator=gen) + 1)
+                           if fmt == "nvfp4" else (None, None))
+                return ns.fused_moe_fp4(x, p13, p2, s13, s2, g13, g2, weights, ids, fmt, activation, *swiglu, b13, b2)
             zeros = fmt == "int4-zeros"
             packs = []
             for w in (w13, w2):
@@ -379,7 +392,7 @@ def moe_cases(ns, dtypes) -> List[Case]:
         # T * k / E rows per expert: <= 16 (16-row blocks), <= 64 and 300 on 2 col tiles (64-row);
         # float's 128-row tier needs the blocks to fill 132 SMs: 1100 tokens, H 1024
         shapes = [(T, E, k, 256, 128, fmt) for T, E, k in ((3, 8, 2), (37, 2, 2), (300, 2, 2))
-                  for fmt in ("float", "fp8-channel", "fp8-block", "int4", "int4-zeros")]
+                  for fmt in ("float", "fp8-channel", "fp8-block", "int4", "int4-zeros", "nvfp4", "mxfp4")]
         for T, E, k, H, I, fmt in shapes + [(1100, 2, 2, 1024, 16, "float")]:
             for activation in ("silu", "swiglu_oai"):
                 out.append((f"moe_{fmt}-{tag}-T{T}-E{E}-k{k}-H{H}-I{I}-{activation}", {},

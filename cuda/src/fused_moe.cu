@@ -2,14 +2,14 @@
 // with e4m3 weights x is quantised first (gemm/fp8_quantize.cuh's launcher), and a by the gate/up
 // epilogue where its tile is one group of a (the medium tier), else by that launcher too. Three tile tiers
 // by the average rows per expert, T k / E, x {fp16, bf16} x {float, e4m3 per channel, e4m3
-// blockwise, int4} weights (e4m3 and int4 without the 128-row tier: e4m3 needs more than 255
-// registers there, per channel as blockwise with its partial accumulators, and would spill; int4's
-// kernel is gemm/int4_gemm.cuh's, whose tiles stop at 64 rows).
+// blockwise, int4, nvfp4, mxfp4} weights (e4m3 and the 4-bit formats without the 128-row tier: e4m3
+// needs more than 255 registers there, per channel as blockwise with its partial accumulators, and
+// would spill; the 4-bit kernel is gemm/int4_gemm.cuh's, whose tiles stop at 64 rows).
 #include "fastinfer/common/dispatch.cuh"
 #include "fastinfer/common/launch.cuh"
 #include "fastinfer/gemm/fp8.h"
 #include "fastinfer/moe/fused_moe.cuh"
-#include "fastinfer/moe/fused_moe_int4.cuh"
+#include "fastinfer/moe/fused_moe_w4.cuh"
 #include "fastinfer/moe/routing.h"
 
 #include <algorithm>
@@ -83,15 +83,23 @@ WorkspaceLayout workspace_layout(const FusedMoeParams& p) {
   return l;
 }
 
-// The int4 grouped GEMM of a tier's block_m (moe/fused_moe_int4.cuh).
-template <int kBlockM, MoeGemm kGemm, typename T>
-cudaError_t launch_int4_gemm(const FusedMoeParams& p, const moe::FusedMoeWorkspace& w, int64_t row_blocks,
-                             cudaStream_t stream) {
-  using Cfg = moe::MoeInt4Config<kBlockM, kGemm>;
+constexpr bool is_w4(MoeWeightFormat f) {
+  return f == MoeWeightFormat::kInt4 || f == MoeWeightFormat::kNvfp4 || f == MoeWeightFormat::kMxfp4;
+}
+
+// The 4-bit grouped GEMM of a tier's block_m (moe/fused_moe_w4.cuh) with the format's decoder.
+template <int kBlockM, MoeGemm kGemm, typename T, MoeWeightFormat kWeights>
+cudaError_t launch_w4_gemm(const FusedMoeParams& p, const moe::FusedMoeWorkspace& w, int64_t row_blocks,
+                           cudaStream_t stream) {
+  using Shape = moe::MoeW4Shape<kBlockM, kGemm>;
+  using Weights = std::conditional_t<
+      kWeights == MoeWeightFormat::kInt4, moe::Int4Weights<T, Shape>,
+      moe::Fp4Weights<T, Shape, kWeights == MoeWeightFormat::kNvfp4 ? Fp4Format::kNvfp4 : Fp4Format::kMxfp4>>;
+  using Cfg = moe::MoeW4Config<Shape, Weights>;
   const int64_t n = kGemm == MoeGemm::kGateUp ? p.intermediate : p.hidden;
   const int64_t col_tiles = ceil_div(n, Cfg::kCols);
   if (row_blocks > 0x7fffffff || col_tiles > 65535) return cudaErrorInvalidValue;
-  return launch_kernel(moe::moe_int4_gemm_kernel<Cfg, T>,
+  return launch_kernel(moe::moe_w4_gemm_kernel<Shape, Weights, T>,
                        dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(col_tiles)), dim3(Cfg::kThreads),
                        static_cast<size_t>(Cfg::kSmemBytes), stream, p, w);
 }
@@ -99,8 +107,8 @@ cudaError_t launch_int4_gemm(const FusedMoeParams& p, const moe::FusedMoeWorkspa
 template <typename Cfg, typename T, MoeWeightFormat kWeights>
 cudaError_t launch_gemm(const FusedMoeParams& p, const moe::FusedMoeWorkspace& w, int64_t row_blocks,
                         cudaStream_t stream) {
-  if constexpr (kWeights == MoeWeightFormat::kInt4) {
-    return launch_int4_gemm<Cfg::kBlockM, Cfg::kGemm, T>(p, w, row_blocks, stream);
+  if constexpr (is_w4(kWeights)) {
+    return launch_w4_gemm<Cfg::kBlockM, Cfg::kGemm, T, kWeights>(p, w, row_blocks, stream);
   } else {
     const int64_t n = Cfg::kGemm == MoeGemm::kGateUp ? p.intermediate : p.hidden;
     const int64_t col_tiles = ceil_div(n, Cfg::kBlockN);
@@ -193,7 +201,7 @@ cudaError_t launch_fused_moe(const FusedMoeParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const int64_t k_multiple = p.weights == MoeWeightFormat::kFp8Blockwise   ? moe::kScaleBlock
                              : p.weights == MoeWeightFormat::kFp8PerChannel ? 16
-                             : p.weights == MoeWeightFormat::kInt4          ? kInt4TileK
+                             : is_w4(p.weights)                            ? kInt4TileK
                                                                            : 8;
   if (p.hidden % k_multiple != 0 || p.intermediate % k_multiple != 0) return cudaErrorInvalidValue;
   if (is_fp8(p) && (p.w13_scale == nullptr || p.w2_scale == nullptr)) return cudaErrorInvalidValue;
@@ -201,6 +209,11 @@ cudaError_t launch_fused_moe(const FusedMoeParams& p, cudaStream_t stream) {
       (p.w13_group_scales == nullptr || p.w2_group_scales == nullptr || (p.w13_zeros == nullptr) != (p.w2_zeros == nullptr) ||
        p.group_size <= 0 || p.group_size % 32 != 0 || p.hidden % p.group_size != 0 ||
        p.intermediate % p.group_size != 0))
+    return cudaErrorInvalidValue;
+  if ((p.weights == MoeWeightFormat::kNvfp4 || p.weights == MoeWeightFormat::kMxfp4) &&
+      (p.w13_group_scales == nullptr || p.w2_group_scales == nullptr ||
+       (p.w13_global_scale == nullptr) != (p.w2_global_scale == nullptr) ||
+       (p.weights == MoeWeightFormat::kMxfp4 && p.w13_global_scale != nullptr)))
     return cudaErrorInvalidValue;
   if (!is_aligned(p.x, 16) || !is_aligned(p.w13, 16) || !is_aligned(p.w2, 16) || !is_aligned(p.out, 4) ||
       !is_aligned(p.workspace, 16) || (p.w13_bias && !is_aligned(p.w13_bias, 2)) ||
@@ -237,6 +250,10 @@ cudaError_t launch_fused_moe(const FusedMoeParams& p, cudaStream_t stream) {
       return by_tier(std::integral_constant<MoeWeightFormat, MoeWeightFormat::kFp8Blockwise>{});
     case MoeWeightFormat::kInt4:
       return by_tier(std::integral_constant<MoeWeightFormat, MoeWeightFormat::kInt4>{});
+    case MoeWeightFormat::kNvfp4:
+      return by_tier(std::integral_constant<MoeWeightFormat, MoeWeightFormat::kNvfp4>{});
+    case MoeWeightFormat::kMxfp4:
+      return by_tier(std::integral_constant<MoeWeightFormat, MoeWeightFormat::kMxfp4>{});
   }
   return cudaErrorInvalidValue;
 }

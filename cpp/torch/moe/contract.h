@@ -33,6 +33,11 @@ inline void define_moe_ops(StableLibrary& m) {
   m.def("fused_moe_int4(Tensor x, Tensor w13, Tensor w2, Tensor w13_scales, Tensor w2_scales, Tensor? w13_zeros, "
         "Tensor? w2_zeros, Tensor topk_weights, Tensor topk_ids, int group_size, str activation, "
         "float? swiglu_alpha, float? swiglu_limit, Tensor? w13_bias, Tensor? w2_bias) -> Tensor");
+  // FP4 (W4A16) experts: w13 / w2 in fp4_repack's layout per expert, NVFP4 (e4m3 scales, optional
+  // global divisors) or MXFP4 (e8m0 scales).
+  m.def("fused_moe_fp4(Tensor x, Tensor w13, Tensor w2, Tensor w13_scales, Tensor w2_scales, "
+        "Tensor? w13_global_scale, Tensor? w2_global_scale, Tensor topk_weights, Tensor topk_ids, str format, "
+        "str activation, float? swiglu_alpha, float? swiglu_limit, Tensor? w13_bias, Tensor? w2_bias) -> Tensor");
 }
 
 inline MoeScoring parse_moe_scoring(const char* op, std::string_view scoring) {
@@ -254,9 +259,9 @@ inline const uint8_t* zero_points_of(const std::optional<Tensor>& zeros) {
 
 // One expert stack of int4 weights: packed int32 [E, K / 64, 8 N], scales [E, K / G, N] (x's dtype),
 // zeros uint8 [E, K / G, N] or None.
-inline void check_int4_experts(const char* op, const Tensor& x, const Tensor& packed, const char* name,
-                               const Tensor& scales, const char* scales_name, const std::optional<Tensor>& zeros,
-                               const char* zeros_name, int64_t E, int64_t N, int64_t K, int64_t group_size) {
+// One expert stack of 4-bit codes in int4_pack's layout: int32 [E, K / 64, 8 N].
+inline void check_w4_packed(const char* op, const Tensor& x, const Tensor& packed, const char* name, int64_t E,
+                            int64_t N, int64_t K) {
   check_dim(packed, 3, op, name, "[num_experts, K / 64, 8 * N] int32 (int4_pack's layout per expert)");
   check_dtype_in(packed, {kInt}, op, name);
   check_same_device(packed, x, op, name, "x");
@@ -264,6 +269,12 @@ inline void check_int4_experts(const char* op, const Tensor& x, const Tensor& pa
   FI_CHECK(packed.size(0) == E && packed.size(1) * kInt4MinK == K && packed.size(2) == 8 * N, op, name,
            " must have shape [num_experts, K / 64, 8 * N] = [", E, ", ", K / kInt4MinK, ", ", 8 * N, "], got ",
            shape_str(packed));
+}
+
+inline void check_int4_experts(const char* op, const Tensor& x, const Tensor& packed, const char* name,
+                               const Tensor& scales, const char* scales_name, const std::optional<Tensor>& zeros,
+                               const char* zeros_name, int64_t E, int64_t N, int64_t K, int64_t group_size) {
+  check_w4_packed(op, x, packed, name, E, N, K);
   check_dim(scales, 3, op, scales_name, "[num_experts, K / group_size, N]");
   check_same_dtype(scales, x, op, scales_name, "x");
   check_same_device(scales, x, op, scales_name, "x");
@@ -282,13 +293,9 @@ inline void check_int4_experts(const char* op, const Tensor& x, const Tensor& pa
   check_index_range(*zeros, 0, 16, op, zeros_name, "4-bit zero points");
 }
 
-// Checks every argument of fused_moe_int4 (w13 packs N = 2I rows of K = H, w2 N = H rows of K = I).
-inline FusedMoeArgs validate_fused_moe_int4(
-    const char* op, const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& w13_scales,
-    const Tensor& w2_scales, const std::optional<Tensor>& w13_zeros, const std::optional<Tensor>& w2_zeros,
-    const Tensor& topk_weights, const Tensor& topk_ids, int64_t group_size, std::string_view activation,
-    std::optional<double> swiglu_alpha, std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
-    const std::optional<Tensor>& w2_bias, bool allow_fp32) {
+// Checks x and the leading shapes of 4-bit expert stacks (w13 [E, H / 64, 16 I], w2 3-D); returns (E, I).
+inline std::pair<int64_t, int64_t> validate_w4_shapes(const char* op, const Tensor& x, const Tensor& w13,
+                                                      const Tensor& w2, bool allow_fp32) {
   check_dim(x, 2, op, "x", "[num_tokens, hidden]");
   check_activation_dtype(x, allow_fp32, op, "x");
   check_contiguous(x, op, "x");
@@ -298,8 +305,20 @@ inline FusedMoeArgs validate_fused_moe_int4(
   FI_CHECK(E >= 1 && E < (int64_t{1} << 31), op, "w13 must have 1 <= num_experts < 2^31, got shape ",
            shape_str(w13));
   FI_CHECK(H % kInt4MinK == 0 && I % kInt4MinK == 0 && I > 0 && w13.size(2) == 16 * I, op,
-           "x and w13 must have hidden and intermediate (w13.size(2) / 16) positive multiples of 64 (the int4 "
+           "x and w13 must have hidden and intermediate (w13.size(2) / 16) positive multiples of 64 (the 4-bit "
            "layout's unit is 16 columns x 64 k), got hidden ", H, ", w13 ", shape_str(w13));
+  return {E, I};
+}
+
+// Checks every argument of fused_moe_int4 (w13 packs N = 2I rows of K = H, w2 N = H rows of K = I).
+inline FusedMoeArgs validate_fused_moe_int4(
+    const char* op, const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& w13_scales,
+    const Tensor& w2_scales, const std::optional<Tensor>& w13_zeros, const std::optional<Tensor>& w2_zeros,
+    const Tensor& topk_weights, const Tensor& topk_ids, int64_t group_size, std::string_view activation,
+    std::optional<double> swiglu_alpha, std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
+    const std::optional<Tensor>& w2_bias, bool allow_fp32) {
+  const auto [E, I] = validate_w4_shapes(op, x, w13, w2, allow_fp32);
+  const int64_t H = x.size(1);
   FI_CHECK(group_size > 0 && group_size % 32 == 0 && H % group_size == 0 && I % group_size == 0, op,
            "group_size must be a positive multiple of 32 dividing hidden = ", H, " and intermediate = ", I, ", got ",
            group_size);
@@ -309,6 +328,65 @@ inline FusedMoeArgs validate_fused_moe_int4(
   check_int4_experts(op, x, w2, "w2", w2_scales, "w2_scales", w2_zeros, "w2_zeros", E, H, I, group_size);
   return validate_moe_routing_and_activation(op, x, E, I, topk_weights, topk_ids, activation, swiglu_alpha,
                                              swiglu_limit, w13_bias, w2_bias, allow_fp32);
+}
+
+// ---- fused_moe_fp4 ----
+
+// MoeWeightFormat of a format name ("nvfp4" | "mxfp4").
+inline MoeWeightFormat parse_moe_fp4_format(const char* op, std::string_view format) {
+  if (format == "nvfp4") return MoeWeightFormat::kNvfp4;
+  if (format == "mxfp4") return MoeWeightFormat::kMxfp4;
+  fail(op, "format must be 'nvfp4' or 'mxfp4', got '", std::string(format), "'");
+}
+
+// One expert stack of fp4 weights: packed int32 [E, K / 64, 8 N], scale bits uint8 [E, K / G, N]
+// (e8m0 255, the MX spec's NaN, refused where index values are checked), global divisors float32
+// `global_shape` or None.
+inline void check_fp4_experts(const char* op, const Tensor& x, const Tensor& packed, const char* name,
+                              const Tensor& scales, const char* scales_name, const std::optional<Tensor>& global,
+                              const char* global_name, int64_t E, int64_t N, int64_t K, int64_t group,
+                              bool mxfp4, int64_t halves) {
+  check_w4_packed(op, x, packed, name, E, N, K);
+  check_dim(scales, 3, op, scales_name, "[num_experts, K / G, N] uint8 (scale bits, fp4_repack per expert)");
+  check_dtype_in(scales, {kByte}, op, scales_name);
+  check_same_device(scales, x, op, scales_name, "x");
+  check_contiguous(scales, op, scales_name);
+  FI_CHECK(scales.size(0) == E && scales.size(1) == K / group && scales.size(2) == N, op, scales_name,
+           " must have shape [num_experts, K / ", group, ", N] = [", E, ", ", K / group, ", ", N, "], got ",
+           shape_str(scales));
+  if (mxfp4) check_index_range(scales, 0, 255, op, scales_name, "e8m0 exponents; 255 is the MX spec's NaN");
+  if (!global.has_value()) return;
+  FI_CHECK(!mxfp4, op, global_name, " is only defined for format='nvfp4' (MXFP4 has no global scale)");
+  check_dtype_in(*global, {kFloat}, op, global_name);
+  check_same_device(*global, x, op, global_name, "x");
+  check_contiguous(*global, op, global_name);
+  const bool shape_ok = halves == 2 ? (global->dim() == 2 && global->size(0) == E && global->size(1) == 2)
+                                    : (global->dim() == 1 && global->size(0) == E);
+  FI_CHECK(shape_ok, op, global_name, " must have shape ", halves == 2 ? "[num_experts, 2] (gate, up) = [" : "[num_experts] = [",
+           E, halves == 2 ? ", 2]" : "]", ", got ", shape_str(*global));
+}
+
+// Checks every argument of fused_moe_fp4 (w13 packs N = 2I rows of K = H, w2 N = H rows of K = I);
+// returns the arguments and the weight format.
+inline std::pair<FusedMoeArgs, MoeWeightFormat> validate_fused_moe_fp4(
+    const char* op, const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& w13_scales,
+    const Tensor& w2_scales, const std::optional<Tensor>& w13_global, const std::optional<Tensor>& w2_global,
+    const Tensor& topk_weights, const Tensor& topk_ids, std::string_view format, std::string_view activation,
+    std::optional<double> swiglu_alpha, std::optional<double> swiglu_limit, const std::optional<Tensor>& w13_bias,
+    const std::optional<Tensor>& w2_bias, bool allow_fp32) {
+  const MoeWeightFormat weights = parse_moe_fp4_format(op, format);
+  const bool mxfp4 = weights == MoeWeightFormat::kMxfp4;
+  const int64_t group = mxfp4 ? 32 : 16;
+  const auto [E, I] = validate_w4_shapes(op, x, w13, w2, allow_fp32);
+  const int64_t H = x.size(1);
+  FI_CHECK(w13_global.has_value() == w2_global.has_value(), op,
+           "w13_global_scale and w2_global_scale must both be given or both be None");
+  check_fp4_experts(op, x, w13, "w13", w13_scales, "w13_scales", w13_global, "w13_global_scale", E, 2 * I, H, group,
+                    mxfp4, 2);
+  check_fp4_experts(op, x, w2, "w2", w2_scales, "w2_scales", w2_global, "w2_global_scale", E, H, I, group, mxfp4, 1);
+  return {validate_moe_routing_and_activation(op, x, E, I, topk_weights, topk_ids, activation, swiglu_alpha,
+                                              swiglu_limit, w13_bias, w2_bias, allow_fp32),
+          weights};
 }
 
 }  // namespace fastinfer::binding

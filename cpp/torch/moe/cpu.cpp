@@ -7,6 +7,8 @@
 // inputs quantised to e4m3 and dequantised back (x per row or per 128-group, a per 64-group, the
 // rule of gemm/fp8.h) and each expert's weights dequantised to fp32 with its scales. fused_moe_int4: each
 // expert's weights decoded and dequantised as int4_gemm's CPU path does (rounded to x's dtype).
+// fused_moe_fp4: each expert's weights decoded as fp4_gemm's CPU path does, h and y divided by the
+// expert's global scales in fp32 before the biases.
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +18,7 @@
 
 #include "cpu_simd.h"
 #include "gemm_dense/batch_invariant_mm.h"
+#include "gemm_fp4/decode_cpu.h"
 #include "gemm_fp8/e4m3_cpu.h"
 #include "gemm_int4/dequantize_cpu.h"
 #include "moe/contract.h"
@@ -135,6 +138,8 @@ struct FloatExperts {
   ExpertMatrix down(int64_t e) const { return {static_cast<const char*>(w2) + e * H * I * bytes(), dtype}; }
   void quantize_rows(float*, int64_t, int64_t) const {}
   void quantize_act_rows(float*, int64_t, int64_t) const {}
+  void finish_gate_up(float*, int64_t, int64_t) const {}
+  void finish_down(float*, int64_t, int64_t) const {}
 };
 
 // fused_moe_fp8's experts: e4m3 weights dequantised per expert into fp32 buffers (scale per
@@ -174,6 +179,8 @@ struct Fp8Experts {
   }
   // a's rows [n, I]: per 64-group with either weight format.
   void quantize_act_rows(float* rows, int64_t n, int64_t I) const { quantize_groups(rows, n, I, kMoeActGroup); }
+  void finish_gate_up(float*, int64_t, int64_t) const {}
+  void finish_down(float*, int64_t, int64_t) const {}
   void quantize_groups(float* rows, int64_t n, int64_t K, int64_t group) const {
     const auto& lut = e4m3_table();
     torch::stable::parallel_for(0, n, grain_rows(K), [&](int64_t begin, int64_t end) {
@@ -220,6 +227,51 @@ struct Int4Experts {
   }
   void quantize_rows(float*, int64_t, int64_t) const {}
   void quantize_act_rows(float*, int64_t, int64_t) const {}
+  void finish_gate_up(float*, int64_t, int64_t) const {}
+  void finish_down(float*, int64_t, int64_t) const {}
+};
+
+// fused_moe_fp4's experts: each expert's packed codes decoded into fp32 buffers (fp4_gemm's CPU
+// decode: values rounded to T), the accumulators divided by the expert's global scales.
+template <typename T>
+struct Fp4Experts {
+  const int32_t *w13, *w2;
+  const uint8_t *w13_scales, *w2_scales;
+  const float *w13_global, *w2_global;  // [E, 2] and [E], or nullptr
+  bool nvfp4;
+  int64_t H, I;
+  std::vector<float> gate_up_buf, down_buf;
+
+  int64_t group() const { return nvfp4 ? 16 : 32; }
+  ExpertMatrix gate_up(int64_t e) {
+    gate_up_buf.resize(static_cast<size_t>(2 * I * H));
+    decode_fp4_rows<T>(reinterpret_cast<const uint32_t*>(w13) + e * (H / 64) * 16 * I,
+                       w13_scales + e * (H / group()) * 2 * I, nvfp4, 2 * I, H, 0, 2 * I, gate_up_buf.data());
+    return {gate_up_buf.data(), kFloat};
+  }
+  ExpertMatrix down(int64_t e) {
+    down_buf.resize(static_cast<size_t>(H * I));
+    decode_fp4_rows<T>(reinterpret_cast<const uint32_t*>(w2) + e * (I / 64) * 8 * H, w2_scales + e * (I / group()) * H,
+                       nvfp4, H, I, 0, H, down_buf.data());
+    return {down_buf.data(), kFloat};
+  }
+  void quantize_rows(float*, int64_t, int64_t) const {}
+  void quantize_act_rows(float*, int64_t, int64_t) const {}
+  // h [rows, 2I]: the gate half divided by w13_global[e][0], the up half by [e][1]
+  void finish_gate_up(float* h, int64_t rows, int64_t e) const {
+    if (w13_global == nullptr) return;
+    const float gate = w13_global[2 * e], up = w13_global[2 * e + 1];
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < I; ++i) {
+        h[r * 2 * I + i] /= gate;
+        h[r * 2 * I + I + i] /= up;
+      }
+  }
+  void finish_down(float* y, int64_t rows, int64_t e) const {
+    if (w2_global == nullptr) return;
+    const float d = w2_global[e];
+    for (int64_t c = 0; c < rows * H; ++c) y[c] /= d;
+  }
 };
 
 template <typename T, typename Experts>
@@ -260,6 +312,7 @@ void fused_moe_typed(const FusedMoeArgs& args, const T* x, Experts& experts, con
     // H and I are multiples of 8 (validated): the rows need no padding for the GEMM.
     const ExpertMatrix w13 = experts.gate_up(e);
     batch_invariant_mm_f32_rows(xs.data(), rows, w13.data, w13.dtype, 2 * I, H, h.data());
+    experts.finish_gate_up(h.data(), rows, e);
     torch::stable::parallel_for(0, rows, grain_rows(2 * I), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r)
         for (int64_t i = 0; i < I; ++i) {
@@ -275,6 +328,7 @@ void fused_moe_typed(const FusedMoeArgs& args, const T* x, Experts& experts, con
     experts.quantize_act_rows(a.data(), rows, I);
     const ExpertMatrix w2 = experts.down(e);
     batch_invariant_mm_f32_rows(a.data(), rows, w2.data, w2.dtype, H, I, y.data() + row0 * H);
+    experts.finish_down(y.data() + row0 * H, rows, e);
   }
   torch::stable::parallel_for(0, args.num_tokens, grain_rows(H * k), [&](int64_t begin, int64_t end) {
     std::vector<float> acc(static_cast<size_t>(H));
@@ -383,6 +437,35 @@ Tensor fused_moe_int4_cpu(const Tensor& x, const Tensor& w13, const Tensor& w2, 
   return fused_moe_cpu_with(args, x, make, topk_weights, topk_ids, w13_bias, w2_bias, op);
 }
 
+Tensor fused_moe_fp4_cpu(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& w13_scales,
+                         const Tensor& w2_scales, const std::optional<Tensor>& w13_global_scale,
+                         const std::optional<Tensor>& w2_global_scale, const Tensor& topk_weights,
+                         const Tensor& topk_ids, std::string_view format, std::string_view activation,
+                         std::optional<double> swiglu_alpha, std::optional<double> swiglu_limit,
+                         const std::optional<Tensor>& w13_bias, const std::optional<Tensor>& w2_bias) {
+  const char* op = "fused_moe_fp4";
+  const auto [args, weights] =
+      validate_fused_moe_fp4(op, x, w13, w2, w13_scales, w2_scales, w13_global_scale, w2_global_scale, topk_weights,
+                             topk_ids, format, activation, swiglu_alpha, swiglu_limit, w13_bias, w2_bias,
+                             /*allow_fp32=*/true);
+  check_on_cpu(x, op, "x");
+  const auto make = [&](auto tag) {
+    using T = decltype(tag);
+    return Fp4Experts<T>{w13.const_data_ptr<int32_t>(),
+                         w2.const_data_ptr<int32_t>(),
+                         w13_scales.const_data_ptr<uint8_t>(),
+                         w2_scales.const_data_ptr<uint8_t>(),
+                         w13_global_scale.has_value() ? w13_global_scale->const_data_ptr<float>() : nullptr,
+                         w2_global_scale.has_value() ? w2_global_scale->const_data_ptr<float>() : nullptr,
+                         weights == MoeWeightFormat::kNvfp4,
+                         args.hidden,
+                         args.intermediate,
+                         {},
+                         {}};
+  };
+  return fused_moe_cpu_with(args, x, make, topk_weights, topk_ids, w13_bias, w2_bias, op);
+}
+
 }  // namespace
 }  // namespace fastinfer::binding
 
@@ -392,4 +475,5 @@ FASTINFER_LIBRARY_IMPL(CPU, m) {
   m.impl("fused_moe", TORCH_BOX(&fastinfer::binding::fused_moe_cpu));
   m.impl("fused_moe_fp8", TORCH_BOX(&fastinfer::binding::fused_moe_fp8_cpu));
   m.impl("fused_moe_int4", TORCH_BOX(&fastinfer::binding::fused_moe_int4_cpu));
+  m.impl("fused_moe_fp4", TORCH_BOX(&fastinfer::binding::fused_moe_fp4_cpu));
 }

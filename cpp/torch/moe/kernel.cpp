@@ -88,9 +88,9 @@ Tensor launch_checked(const char* op, const FusedMoeArgs& args, FusedMoeParams& 
   p.workspace = workspace.data_ptr();
   KernelScope scope(op, x);
   const cudaError_t err = launch_fused_moe(p, scope.stream());
+  const bool fp8 = p.weights == MoeWeightFormat::kFp8PerChannel || p.weights == MoeWeightFormat::kFp8Blockwise;
   FI_CHECK(err != cudaErrorNotSupported, op,
-           p.weights == MoeWeightFormat::kFloat
-               ? "requires sm_80+ (bf16 tensor-core mma: Ampere or later)"
+           !fp8 ? "requires sm_80+ (bf16 tensor-core mma: Ampere or later)"
                : "requires sm_89+ (e4m3 tensor-core mma: Ada, Hopper or later) and a build for it");
   check_launch(err, op);
   return out;
@@ -149,6 +149,29 @@ Tensor fused_moe_int4(const Tensor& x, const Tensor& w13, const Tensor& w2, cons
   return launch_checked(op, args, p, x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias);
 }
 
+Tensor fused_moe_fp4(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& w13_scales,
+                     const Tensor& w2_scales, const std::optional<Tensor>& w13_global_scale,
+                     const std::optional<Tensor>& w2_global_scale, const Tensor& topk_weights,
+                     const Tensor& topk_ids, std::string_view format, std::string_view activation,
+                     std::optional<double> swiglu_alpha, std::optional<double> swiglu_limit,
+                     const std::optional<Tensor>& w13_bias, const std::optional<Tensor>& w2_bias) {
+  const char* op = "fused_moe_fp4";
+  const auto [args, weights] =
+      validate_fused_moe_fp4(op, x, w13, w2, w13_scales, w2_scales, w13_global_scale, w2_global_scale, topk_weights,
+                             topk_ids, format, activation, swiglu_alpha, swiglu_limit, w13_bias, w2_bias,
+                             /*allow_fp32=*/false);
+  FusedMoeParams p;
+  p.w13_group_scales = w13_scales.const_data_ptr();
+  p.w2_group_scales = w2_scales.const_data_ptr();
+  p.w13_global_scale = w13_global_scale.has_value() ? w13_global_scale->const_data_ptr<float>() : nullptr;
+  p.w2_global_scale = w2_global_scale.has_value() ? w2_global_scale->const_data_ptr<float>() : nullptr;
+  p.weights = weights;
+  // the scale bits move in 16-byte cp.async chunks
+  check_aligned16(w13_scales, op, "w13_scales");
+  check_aligned16(w2_scales, op, "w2_scales");
+  return launch_checked(op, args, p, x, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias);
+}
+
 }  // namespace
 }  // namespace fastinfer::binding
 
@@ -158,4 +181,5 @@ FASTINFER_LIBRARY_IMPL(FASTINFER_KERNEL_KEY, m) {
   m.impl("fused_moe", TORCH_BOX(&fastinfer::binding::fused_moe));
   m.impl("fused_moe_fp8", TORCH_BOX(&fastinfer::binding::fused_moe_fp8));
   m.impl("fused_moe_int4", TORCH_BOX(&fastinfer::binding::fused_moe_int4));
+  m.impl("fused_moe_fp4", TORCH_BOX(&fastinfer::binding::fused_moe_fp4));
 }

@@ -11,7 +11,7 @@ from ._fake import check, check_dim, fake, same_device
 
 Tensor = torch.Tensor
 
-__all__ = ["moe_topk", "moe_align", "fused_moe", "fused_moe_fp8", "fused_moe_int4", "gpt_oss_expert_weights", "MOE_SCORINGS", "MOE_ACTIVATIONS",
+__all__ = ["moe_topk", "moe_align", "fused_moe", "fused_moe_fp8", "fused_moe_int4", "fused_moe_fp4", "gpt_oss_expert_weights", "MOE_SCORINGS", "MOE_ACTIVATIONS",
            "SWIGLU_OAI_ALPHA", "SWIGLU_OAI_LIMIT"]
 
 #: the ``scoring`` values of :func:`moe_topk`
@@ -202,6 +202,35 @@ def fused_moe_int4(
                                                        w2_bias)
 
 
+def fused_moe_fp4(
+    x: Tensor, w13: Tensor, w2: Tensor, w13_scales: Tensor, w2_scales: Tensor,
+    w13_global_scale: Optional[Tensor], w2_global_scale: Optional[Tensor], topk_weights: Tensor,
+    topk_ids: Tensor, format: str = "nvfp4", activation: str = "silu", swiglu_alpha: Optional[float] = None,
+    swiglu_limit: Optional[float] = None, w13_bias: Optional[Tensor] = None, w2_bias: Optional[Tensor] = None, *,
+    lib=None,
+) -> Tensor:
+    """:func:`fused_moe` with FP4 (W4A16) experts: each expert's weights in :func:`fp4_gemm`'s
+    packed layout (:func:`fp4_repack` of the expert's weight, stacked).
+
+    Expert ``e``'s gate/up weight ``W13[e] [2I, H]`` is ``w13[e]`` (int32 ``[H / 64, 8 * 2I]`` of
+    e2m1 codes) with scale bits ``w13_scales[e] [H / G, 2I]`` (uint8): ``format='nvfp4'`` e4m3 scales,
+    G = 16; ``'mxfp4'`` e8m0 ``2^(e - 127)``, G = 32 (255, the MX NaN, is refused). Each weight is
+    ``e2m1 * s`` with the scale converted to x's dtype and the product rounded to it, as
+    :func:`fp4_gemm`; ``w2`` ``[E, I / 64, 8 * H]`` with ``w2_scales [E, I / G, H]`` likewise. NVFP4's
+    global scales are divisors (compressed-tensors' ``weight_global_scale``): ``w13_global_scale
+    float32 [E, 2]`` (gate, up) and ``w2_global_scale [E]``, both or neither; ``h`` and ``y`` are
+    accumulated in fp32 and divided by them in fp32 before the biases. Then :func:`fused_moe`'s
+    computation: x is not quantised. H and I are multiples of 64.
+
+    On CUDA (sm_80+) the grouped GEMMs decode the packed words in registers, as fp4_gemm does (the
+    kernel of :func:`fused_moe_int4` with the fp4 decoder; 16- and 64-row blocks).
+    """
+    swiglu_alpha, swiglu_limit = _swiglu_args(activation, swiglu_alpha, swiglu_limit)
+    return (lib or torch.ops.fastinfer).fused_moe_fp4(x, w13, w2, w13_scales, w2_scales, w13_global_scale,
+                                                      w2_global_scale, topk_weights, topk_ids, format, activation,
+                                                      swiglu_alpha, swiglu_limit, w13_bias, w2_bias)
+
+
 def gpt_oss_expert_weights(gate_up_proj: Tensor, gate_up_proj_bias: Tensor, down_proj: Tensor,
                            down_proj_bias: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """gpt-oss's expert weights (transformers' ``GptOssExperts``) in :func:`fused_moe`'s layout.
@@ -277,4 +306,20 @@ def _fused_moe_int4_fake(ns, x, w13, w2, w13_scales, w2_scales, w13_zeros, w2_ze
     check(ns, op, activation in MOE_ACTIVATIONS, f"activation must be 'silu' or 'swiglu_oai', got '{activation}'")
     same_device(ns, op, "x", x, w13=w13, w2=w2, w13_scales=w13_scales, w2_scales=w2_scales, w13_zeros=w13_zeros,
                 w2_zeros=w2_zeros, topk_weights=topk_weights, topk_ids=topk_ids, w13_bias=w13_bias, w2_bias=w2_bias)
+    return x.new_empty((x.shape[0], x.shape[1]))
+
+
+@fake("fused_moe_fp4")
+def _fused_moe_fp4_fake(ns, x, w13, w2, w13_scales, w2_scales, w13_global_scale, w2_global_scale, topk_weights,
+                        topk_ids, format, activation, swiglu_alpha, swiglu_limit, w13_bias, w2_bias):
+    op = "fused_moe_fp4"
+    check_dim(ns, op, "x", x, 2, "[num_tokens, hidden]")
+    check_dim(ns, op, "w13", w13, 3, "[num_experts, hidden / 64, 8 * 2 * intermediate]")
+    check_dim(ns, op, "w2", w2, 3, "[num_experts, intermediate / 64, 8 * hidden]")
+    check(ns, op, w13.dtype == torch.int32, f"w13 must be int32 (fp4_repack's layout), got {w13.dtype}")
+    check(ns, op, format in ("nvfp4", "mxfp4"), f"format must be 'nvfp4' or 'mxfp4', got '{format}'")
+    check(ns, op, activation in MOE_ACTIVATIONS, f"activation must be 'silu' or 'swiglu_oai', got '{activation}'")
+    same_device(ns, op, "x", x, w13=w13, w2=w2, w13_scales=w13_scales, w2_scales=w2_scales,
+                w13_global_scale=w13_global_scale, w2_global_scale=w2_global_scale, topk_weights=topk_weights,
+                topk_ids=topk_ids, w13_bias=w13_bias, w2_bias=w2_bias)
     return x.new_empty((x.shape[0], x.shape[1]))

@@ -24,7 +24,8 @@ import torch
 Tensor = torch.Tensor
 
 __all__ = ["moe_topk", "moe_align", "expert_order", "expert_activation", "fused_moe", "fused_moe_fp8",
-           "fp8_fake_quantize", "int4_expert_weights", "fused_moe_int4"]
+           "fp8_fake_quantize", "int4_expert_weights", "fused_moe_int4",
+           "fp4_expert_weights", "fused_moe_fp4"]
 
 
 def expert_order(router_logits: Tensor) -> Tensor:
@@ -174,4 +175,31 @@ def fused_moe_int4(x: Tensor, w13: Tensor, w2: Tensor, w13_scales: Tensor, w2_sc
     """``out [T, H]`` float64: :func:`fused_moe` on the dequantised experts (rounded to x's dtype)."""
     W13 = int4_expert_weights(w13, w13_scales, w13_zeros, group_size, x.dtype)
     W2 = int4_expert_weights(w2, w2_scales, w2_zeros, group_size, x.dtype)
+    return fused_moe(x, W13, W2, topk_weights, topk_ids, activation, swiglu_alpha, swiglu_limit, w13_bias, w2_bias)
+
+
+def fp4_expert_weights(packed: Tensor, scales: Tensor, fmt: str, dtype: torch.dtype) -> Tensor:
+    """[E, N, K] float64: each expert's fp4_repack words unpacked (:func:`fastinfer.reference.gemm.int4_unpack`:
+    the same layout, e2m1 codes as nibbles) and decoded as fp4_gemm's weight
+    (:func:`fastinfer.reference.fp4.fp4_gemm_weight`: rounded to ``dtype``)."""
+    from .fp4 import fp4_gemm_weight
+    from .gemm import int4_unpack
+
+    return torch.stack([fp4_gemm_weight(int4_unpack(packed[e]).to(torch.uint8), scales[e], fmt, dtype)
+                        for e in range(packed.shape[0])])
+
+
+def fused_moe_fp4(x: Tensor, w13: Tensor, w2: Tensor, w13_scales: Tensor, w2_scales: Tensor,
+                  w13_global_scale: Optional[Tensor], w2_global_scale: Optional[Tensor], topk_weights: Tensor,
+                  topk_ids: Tensor, format: str = "nvfp4", activation: str = "silu",
+                  swiglu_alpha: Optional[float] = None, swiglu_limit: Optional[float] = None,
+                  w13_bias: Optional[Tensor] = None, w2_bias: Optional[Tensor] = None) -> Tensor:
+    """``out [T, H]`` float64: :func:`fused_moe` on the decoded experts (rounded to x's dtype), each
+    divided by its global scale (gate and up rows by theirs) in fp64."""
+    W13 = fp4_expert_weights(w13, w13_scales, format, x.dtype)
+    W2 = fp4_expert_weights(w2, w2_scales, format, x.dtype)
+    if w13_global_scale is not None:
+        I = W13.shape[1] // 2
+        W13 = W13 / w13_global_scale.double().repeat_interleave(I, dim=1)[:, :, None]
+        W2 = W2 / w2_global_scale.double()[:, None, None]
     return fused_moe(x, W13, W2, topk_weights, topk_ids, activation, swiglu_alpha, swiglu_limit, w13_bias, w2_bias)

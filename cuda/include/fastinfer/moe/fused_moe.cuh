@@ -80,7 +80,8 @@ constexpr int kActGroup = 64;     // a's e4m3 groups, either weight format (fuse
 // columns are exactly one group of a (the launcher quantises a for the others).
 template <typename Cfg>
 constexpr bool gate_up_quantizes_act(MoeWeightFormat weights) {
-  return weights != MoeWeightFormat::kFloat && weights != MoeWeightFormat::kInt4 && Cfg::kGemm == MoeGemm::kGateUp &&
+  return (weights == MoeWeightFormat::kFp8PerChannel || weights == MoeWeightFormat::kFp8Blockwise) &&
+         Cfg::kGemm == MoeGemm::kGateUp &&
          Cfg::kBlockN == kActGroup;
 }
 

@@ -42,7 +42,14 @@ enum class MoeWeightFormat : int32_t {
   kInt4 = 3,           // int4_pack's layout per expert (gemm/int4.h): w13 [E, H/64, 16 I], w2 [E, I/64, 8 H]
                        // int32; group scales (the dtype) and zero points (uint8, or none: z = 8),
                        // dequantised as int4_gemm's; x and a as they are; H, I % 64 == 0 and % group_size
+  kNvfp4 = 4,          // fp4_gemm's layout per expert (gemm/fp4.h): w13 [E, H/64, 16 I], w2 [E, I/64, 8 H]
+                       // int32 of e2m1 codes; e4m3 scale bits [E, H/16, 2I] and [E, I/16, H]; optional
+                       // fp32 global divisors [E, 2] (gate, up) and [E]; H, I % 64 == 0
+  kMxfp4 = 5,          // the same with e8m0 scale bits [E, H/32, 2I] and [E, I/32, H], no global divisors
 };
+// FP4 experts: each weight as fp4_gemm's (e2m1 * s rounded to the dtype, s the scale converted to
+// the dtype), h and y accumulated in fp32 and divided by the half's global divisor in fp32 before
+// the bias; x and a as they are.
 
 struct FusedMoeParams {
   const void* x = nullptr;             // [T, H] row-major, 16-byte aligned
@@ -50,11 +57,16 @@ struct FusedMoeParams {
   const void* w2 = nullptr;            // [E, H, I], 16-byte aligned
   const float* w13_scale = nullptr;    // e4m3 weights: their scales (MoeWeightFormat)
   const float* w2_scale = nullptr;
-  const void* w13_group_scales = nullptr;  // int4 weights: [E, H / G, 2I] and [E, I / G, H], the dtype
+  const void* w13_group_scales = nullptr;  // int4 weights: [E, H / G, 2I] and [E, I / G, H], the dtype;
+                                           // fp4 weights: the scale bits (kNvfp4, kMxfp4)
   const void* w2_group_scales = nullptr;
   const uint8_t* w13_zeros = nullptr;      // int4 weights: the same shapes, 0..15, or both nullptr
   const uint8_t* w2_zeros = nullptr;
   int32_t group_size = 128;                // int4 weights: a multiple of 32 dividing H and I
+  // NVFP4 weights: the global divisors w13_global_scale [E, 2] (gate, up) and w2_global_scale [E],
+  // or both nullptr (1)
+  const float* w13_global_scale = nullptr;
+  const float* w2_global_scale = nullptr;
   const void* w13_bias = nullptr;      // [E, 2I] or nullptr
   const void* w2_bias = nullptr;       // [E, H] or nullptr
   const float* topk_weights = nullptr;  // [T, k]
