@@ -631,7 +631,7 @@ def _moe_gemm_flops(H, I):
             bm, bn, wm, gemm = map(int, m.groups())
             warp_rows = bm // wm
         else:
-            m = re.search(r"MoeInt4Config<(\d+), \(fastinfer::moe::MoeGemm\)(\d)>", kname)
+            m = re.search(r"MoeW4Shape<(\d+), \(fastinfer::moe::MoeGemm\)(\d)>", kname)
             if not m:
                 return None
             (bm, gemm), bn, warp_rows = map(int, m.groups()), 16, 16
@@ -853,7 +853,8 @@ def case_fused_moe_fp4(t, model, fmt):
         ideal = t * H * 2 * 2 + used * 3 * H * I // 2 + scale_bytes + ids.numel() * 8
         return dict(fn=lambda: ns().fused_moe_fp4(x, w13, w2, s13, s2, g13, g2, weights, ids, fmt, "silu",
                                                   None, None, None, None),
-                    ideal=ideal, flops=2.0 * slots * 3 * H * I, peak="bf16", note=f"experts used {used} of {E}")
+                    ideal=ideal, flops=2.0 * slots * 3 * H * I, peak="bf16", note=f"experts used {used} of {E}",
+                    expert_rows=_expert_rows(ids, E))
 
     def workspace(kname, rec):
         if "moe_w4_gemm_kernel" in kname:
@@ -862,7 +863,7 @@ def case_fused_moe_fp4(t, model, fmt):
 
     return Case("fused_moe_fp4", f"{model} T={t} H={H} I={I} E={E} k={k} {fmt}", build,
                 sample=max(1, math.ceil(2.0 * slots * 3 * H * I / 1.2e9)), reuse=True, extra=workspace,
-                run_whole=("moe_align_kernel",))
+                run_whole=("moe_align_kernel",), tensor_flops=_moe_gemm_flops(H, I))
 
 
 def case_moe_expert_loop(t, model):
