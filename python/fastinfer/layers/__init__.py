@@ -18,7 +18,6 @@ from .linear import (  # noqa: F401
     LinearMethod,
     ParallelInfo,
     QuantizationConfig,
-    QuantizedInput,
     ReplicatedLinear,
     RowParallelLinear,
     UnquantizedLinearMethod,
@@ -46,7 +45,7 @@ from .weights import (  # noqa: F401
 __all__ = [
     "BatchBuilder", "ForwardBatch", "host_to_device", "slot_of",
     "CheckpointModule", "WeightReader", "SafetensorsReader", "TensorDictReader", "checkpoint_files", "check_tensor",
-    "Linear", "LinearMethod", "QuantizedInput", "UnquantizedLinearMethod", "QuantizationConfig", "WeightPart", "ParallelInfo",
+    "Linear", "LinearMethod", "UnquantizedLinearMethod", "QuantizationConfig", "WeightPart", "ParallelInfo",
     "ReplicatedLinear", "ColumnParallelLinear", "RowParallelLinear", "param",
     "RMSNorm", "VocabEmbedding", "LMHead", "PagedAttention", "KVCache",
     "FusedMoE", "FusedMoEMethod", "UnquantizedFusedMoEMethod", "RouterMethod", "ExpertProjections",
