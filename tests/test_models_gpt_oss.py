@@ -34,7 +34,9 @@ import fastinfer  # noqa: E402,F401
 from conftest import SIM_SEEDS, raw_bits, require_sim, sim_seed  # noqa: E402
 from fastinfer import LLM, SamplingParams  # noqa: E402
 from fastinfer.engine.checkpoints import load_checkpoint  # noqa: E402
+from fastinfer.layers import UnquantizedFusedMoEMethod  # noqa: E402
 from fastinfer.models import GptOssForCausalLM, ModelConfig, load_model  # noqa: E402
+from fastinfer.quant import Fp4FusedMoEMethod  # noqa: E402
 from model_helpers import (  # noqa: E402
     check_batching_prefix_caching_and_preemption,
     hf_greedy,
@@ -354,37 +356,182 @@ def _write_mxfp4(src: str, dst: str, quantization_config=MXFP4_CONFIG) -> None:
         json.dump(cfg, f)
 
 
-def test_mxfp4_checkpoint_matches_transformers_dequantising_it(ckpts, tmp_path, caplog):
-    """The published tensor names and ``quant_method "mxfp4"``: fastinfer dequantises the experts
-    while loading (with a notice) and its logits equal transformers loading the same files with
-    ``Mxfp4Config(dequantize=True)`` (its converter, ``integrations/mxfp4.py``; on a CPU without
-    its triton kernels transformers falls back to the same dequantisation by itself, the option pins
-    it); the MXFP4 error against the float model is visible (so the experts were quantised)."""
-    hf_float, path = ckpts("base")
-    mx = str(tmp_path / "mxfp4")
-    _write_mxfp4(path, mx)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        mx, quantization_config=transformers.Mxfp4Config(dequantize=True), dtype=torch.float32).eval()
+# the MXFP4 cases: the float cases above, and one whose experts (width 128) split over two ranks
+# in whole 64-feature tiles of fused_moe_fp4
+MXFP4_CASES = {"base": ("gpt_oss", CASES["base"]), "clamped": ("gpt_oss", CASES["clamped"]),
+               "wide": ("gpt_oss", dict(CASES["clamped"], intermediate_size=128))}
+
+
+@pytest.fixture(scope="module")
+def mx_ckpts(tmp_path_factory):
+    """``name -> (float hf model, mxfp4 path, transformers on the MXFP4 files)``: MXFP4_CASES[name]
+    written with its experts in the published layout, and transformers loading those files with
+    ``Mxfp4Config(dequantize=True)`` (its converter, ``integrations/mxfp4.py``; on a CPU without its
+    triton kernels transformers falls back to the same dequantisation by itself, the option pins it)."""
+    floats = lazy_checkpoints(tmp_path_factory, MXFP4_CASES, make_gpt_oss)
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            hf_float, path = floats(name)
+            mx = str(tmp_path_factory.mktemp(name + "-mxfp4"))
+            _write_mxfp4(path, mx)
+            hf = transformers.AutoModelForCausalLM.from_pretrained(
+                mx, quantization_config=transformers.Mxfp4Config(dequantize=True), dtype=torch.float32).eval()
+            cache[name] = (hf_float, mx, hf)
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", list(MXFP4_CASES))
+def test_mxfp4_experts_run_as_stored(mx_ckpts, name, caplog):
+    """The published tensor names and ``quant_method "mxfp4"``: the experts run as stored on
+    fused_moe_fp4 (e2m1 codes and e8m0 scales of the checkpoint, gpt-oss's clamped SwiGLU and
+    biases in the op), no dequantised copy; the logits equal transformers dequantising the same
+    files (relative 1e-5: the same weights, exact in float32) and so do 12 greedy tokens; the MXFP4
+    error against the float model is visible (so the experts were quantised)."""
+    hf_float, mx, hf = mx_ckpts(name)
     with caplog.at_level("WARNING"):
         model = load_checkpoint(mx, torch.float32, "cpu", None, fastinfer.ops.backend())
-    assert "MXFP4 experts dequantised to float32 while loading" in caplog.text
+    assert "dequantised" not in caplog.text
+    for layer in model.layers:
+        m = layer.moe
+        E, H, I = m.num_experts, m.hidden_size, m.intermediate_size
+        assert type(m.method) is Fp4FusedMoEMethod and m.method.format == "mxfp4"
+        assert m.w13.shape == (E, H // 64, 8 * 2 * I) and m.w13_scales.shape == (E, H // 32, 2 * I)
+        assert m.w2.shape == (E, I // 64, 8 * H) and m.w2_scales.shape == (E, I // 32, H)
+        assert m.w13_global_scale is None and m.w2_bias.shape == (E, H) and not hasattr(m, "w13_float")
     ids = _prompt()
     ours = prefill_logits(model, ids, block_size=BS)
     err, fp4_err = rel_err(ours, hf_logits(hf, ids)), rel_err(ours, hf_logits(hf_float, ids))
-    print(f"mxfp4 experts: rel err {err:.2e} against transformers dequantising them, {fp4_err:.3f} against the "
-          "float model")
+    print(f"{name} mxfp4 experts on fused_moe_fp4: rel err {err:.2e} against transformers dequantising them, "
+          f"{fp4_err:.3f} against the float model")
     assert err < REL_TOL
     assert 1e-3 < fp4_err < 0.5
     llm = LLM(mx, dtype="float32", num_kv_blocks=16, block_size=BS)
     out = llm.generate([ids], SamplingParams(max_tokens=12, **GREEDY))
     assert list(out[0].outputs[0].token_ids) == hf_greedy(hf, ids, 12)
+
+
+def test_mxfp4_experts_dequantised_when_asked_or_when_shards_do_not_fit(mx_ckpts, caplog):
+    """``fp4_weights="float"`` dequantises the experts while loading (a warning says why), the same
+    logits; tensor_parallel_size=2 of width-64 experts (32 per rank: not whole 64-feature tiles of
+    fused_moe_fp4) dequantises them too, each rank its rows, and gives transformers' greedy tokens."""
+    _, mx, hf = mx_ckpts("base")
+    with caplog.at_level("WARNING"):
+        model = load_checkpoint(mx, torch.float32, "cpu", None, fastinfer.ops.backend(), fp4_weights="float")
+    assert "MXFP4 experts dequantised to float32 while loading (fp4_weights='float')" in caplog.text
+    assert type(model.layers[0].moe.method) is UnquantizedFusedMoEMethod
+    ids = _prompt()
+    err = rel_err(prefill_logits(model, ids, block_size=BS), hf_logits(hf, ids))
+    print(f"mxfp4 experts dequantised: rel err {err:.2e} against transformers dequantising them")
+    assert err < REL_TOL
     tp2 = LLM(mx, dtype="float32", num_kv_blocks=16, block_size=BS, tensor_parallel_size=2)
     try:  # each rank dequantises the whole stacked tensor and keeps its rows
-        assert tp2.model.layers[0].moe.w13.shape[1] == 64
+        moe = tp2.model.layers[0].moe
+        assert type(moe.method) is UnquantizedFusedMoEMethod and moe.w13.shape[1] == 64
         out = tp2.generate([ids], SamplingParams(max_tokens=12, **GREEDY))
         assert list(out[0].outputs[0].token_ids) == hf_greedy(hf, ids, 12)
     finally:
         tp2.shutdown()
+    from fastinfer.distributed import ParallelInfo
+    from fastinfer.models import load_config
+    from fastinfer.quant import resolve_quantization
+
+    qc = resolve_quantization(load_config(mx))
+    GptOssForCausalLM(load_config(mx), device="meta", quant_config=qc, tp=ParallelInfo(0, 2))
+    assert qc.dequantized_why == {"fused_moe_fp4 needs the hidden size (128) and each rank's expert intermediate "
+                                  "size (32) to be multiples of 64"}
+
+
+def test_mxfp4_tp2_and_ep2_equal_one_rank(mx_ckpts, engines, monkeypatch):
+    """Width-128 MXFP4 experts: ``tensor_parallel_size=2`` holds each expert's gate / up rows and down
+    input features (whole 64-feature tiles and 32-groups) with their e8m0 scales on fused_moe_fp4,
+    the down bias on rank 0, and gives one rank's logits within 1e-5 (the activations are not
+    quantised: only the all-reduce's order differs) and its greedy tokens;
+    ``expert_parallel_size=2``, half the experts whole on each rank, gives them bit for bit."""
+    from model_helpers import plan_logits
+
+    monkeypatch.setenv("FASTINFER_TP_THREADS", "1")
+    _, mx, hf = mx_ckpts("wide")
+    kw = dict(dtype="float32", device="cpu", num_kv_blocks=16, block_size=BS)
+    ids = _prompt(seed=4)
+    one = engines(mx, **kw)
+    sp = SamplingParams(max_tokens=12, **GREEDY)
+    tokens = one.generate([ids], sp)[0].outputs[0].token_ids
+    assert list(tokens) == hf_greedy(hf, ids, 12)
+    a = plan_logits(one, ids)
+
+    tp = engines(mx, tensor_parallel_size=2, **kw)
+    moe = tp.model.layers[0].moe  # rank 0's shard
+    assert type(moe.method) is Fp4FusedMoEMethod and moe.w13.shape[2] == 8 * 128 and moe.w2.shape[1] == 1
+    err = rel_err(plan_logits(tp, ids), a)
+    print(f"wide mxfp4: tensor_parallel_size=2 against one rank: rel err {err:.2e}")
+    assert err < REL_TOL
+    assert tp.generate([ids], sp)[0].outputs[0].token_ids == tokens
+
+    ep = engines(mx, expert_parallel_size=2, **kw)
+    moe = ep.model.layers[0].moe
+    assert type(moe.method) is Fp4FusedMoEMethod and moe.w13.shape[0] == 4
+    b = plan_logits(ep, ids)
+    assert torch.equal(a, b), f"max |diff| {(a - b).abs().max():.3e}"
+    assert ep.generate([ids], sp)[0].outputs[0].token_ids == tokens
+
+
+@pytest.mark.parametrize("detail", ["expert biases", "gate / up halves", "scales"])
+def test_each_mxfp4_detail_is_visible(mx_ckpts, detail):
+    """The stored experts' biases zeroed, their gate and up halves swapped, or their e8m0 scales one
+    step off each put the logits 1000 x the tolerance away from transformers'."""
+    _, mx, hf = mx_ckpts("base")
+    model = load_checkpoint(mx, torch.float32, "cpu", None, fastinfer.ops.backend())
+    with torch.no_grad():
+        for layer in model.layers:
+            m = layer.moe
+            I = m.local_intermediate_size
+            if detail == "expert biases":
+                m.w13_bias.zero_()
+                m.w2_bias.zero_()
+            elif detail == "gate / up halves":
+                m.w13.copy_(torch.cat([m.w13[:, :, 8 * I:], m.w13[:, :, :8 * I]], dim=2))
+                m.w13_scales.copy_(torch.cat([m.w13_scales[:, :, I:], m.w13_scales[:, :, :I]], dim=2))
+            else:
+                m.w2_scales.add_(1)
+    ids = _prompt()
+    err = rel_err(prefill_logits(model, ids, block_size=BS), hf_logits(hf, ids))
+    print(f"mxfp4 without {detail}: rel err {err:.2e}")
+    assert err > 1000 * REL_TOL, f"without {detail}: rel err only {err:.2e}"
+
+
+@pytest.mark.sim
+def test_sim_mxfp4_experts(mx_ckpts):
+    """The MXFP4 model on the CUDA kernel sources (simt emulator: fused_moe_fp4's mxfp4 decoder with
+    swiglu_oai and biases, moe_topk, attention with sinks) in bfloat16, chunked prefill + decode
+    against the fp32 CPU logits, at most 2x as wrong as the CPU ops in bfloat16, bit-identical across
+    emulator schedule seeds (test_sim_kernels_end_to_end's rule)."""
+    require_sim()
+    _, mx, _ = mx_ckpts("clamped")
+    dtype = torch.bfloat16
+    ids = _prompt(30, seed=6)
+    ops = fastinfer.ops.backend()
+    ref = prefill_logits(load_checkpoint(mx, torch.float32, "cpu", None, ops), ids, block_size=BS)
+    naive = prefill_logits(load_checkpoint(mx, dtype, "cpu", None, ops), ids, block_size=BS)
+    model = load_checkpoint(mx, dtype, "cpu", None, fastinfer.ops.backend("fastinfer_sim"))
+    assert type(model.layers[0].moe.method) is Fp4FusedMoEMethod
+    blocks = [1, 0]
+    results = []
+    for seed in SIM_SEEDS:
+        with sim_seed(seed):
+            caches = model.allocate_kv_cache(2, BS)
+            a = model(make_forward_batch(prefill=[(ids[:13], 0, blocks)], block_size=BS, all_logits=True), caches)
+            b = model(make_forward_batch(prefill=[(ids[13:29], 13, blocks)], block_size=BS, all_logits=True), caches)
+            c = model(make_forward_batch(decode=[(ids[29], 29, blocks)], block_size=BS), caches)
+            results.append(torch.cat([a, b, c]))
+    err, err_naive = rel_err(results[0].float(), ref), rel_err(naive.float(), ref)
+    print(f"sim mxfp4 {dtype}: rel err {err:.2e} (cpu ops in {dtype}: {err_naive:.2e})")
+    assert 0 < err_naive < 0.05 and err <= 2 * err_naive, (err, err_naive)
+    for other in results[1:]:
+        assert torch.equal(raw_bits(results[0]), raw_bits(other)), "sim result depends on the schedule seed"
 
 
 def test_mxfp4_refusals(ckpts, tmp_path):

@@ -284,6 +284,11 @@ class EngineConfig:
         "the int4 kernels, the other types dequantised to the model dtype with a notice naming them) | stored "
         "(as auto, but a decoder linear or expert of a type with no kernel is an error listing the types that "
         "run as stored) | float (every tensor dequantised to the model dtype)", choices=("auto", "stored", "float"))
+    fp4_weights: str = _option(
+        "stored", _QUANT, "a checkpoint's FP4 weights (compressed-tensors NVFP4A16 linears and experts, gpt-oss's "
+        "MXFP4 experts): stored (run as stored on fp4_gemm / fused_moe_fp4; a layer whose shard is not whole tiles "
+        "of the kernel is dequantised to the model dtype) | float (every FP4 weight dequantised to the model dtype)",
+        choices=("stored", "float"))
     quantization_config: Optional[Dict[str, Any]] = _option(
         None, _QUANT, "int4 options for quantisation on load: group_size (128), symmetric (False), pad_groups "
         "(True: zero-pad a layer whose input size the group size does not divide); on the command line "
@@ -365,6 +370,8 @@ class EngineConfig:
             self.max_model_len = max(int(self.max_model_len), 1)
         if self.gguf_weights not in ("auto", "stored", "float"):
             raise ValueError(f"gguf_weights must be 'auto', 'stored' or 'float', got {self.gguf_weights!r}")
+        if self.fp4_weights not in ("stored", "float"):
+            raise ValueError(f"fp4_weights must be 'stored' or 'float', got {self.fp4_weights!r}")
         if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, "
                              f"got {self.kv_cache_dtype!r}")

@@ -162,7 +162,7 @@ class ModelRunner:
                 print(load_line(c), file=sys.stderr, flush=True)
             model = load_checkpoint(c.model, c.model_dtype, dev, c.max_model_len, c.ops_backend(),
                                     c.quant_options, c.load_progress and self.is_driver, self.model_parallel,
-                                    c.gguf_weights, self.stage)
+                                    c.gguf_weights, self.stage, c.fp4_weights)
         else:
             model = c.model
             ops = c.ops_backend(model.op_namespace)

@@ -32,7 +32,7 @@ ENGINE_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_k
                   "deterministic")
 
 #: the precision options every command that builds an engine offers: weights and KV cache
-PRECISION_OPTIONS = ("quantization", "gguf_weights", "kv_cache_dtype")
+PRECISION_OPTIONS = ("quantization", "gguf_weights", "fp4_weights", "kv_cache_dtype")
 
 #: the engine options each command offers as flags
 GENERATE_OPTIONS = MODEL_OPTIONS + ("seed",) + SPEC_OPTIONS + PRECISION_OPTIONS

@@ -145,6 +145,9 @@ class FusedMoEMethod:
 
     name = "float"
     tensor_names: Tuple[str, ...] = ()  # what create_weights sets on the layer
+    # what the method's op runs: fused_moe's activations, and the experts' biases
+    activations: Tuple[str, ...] = ("silu",)
+    biases = False
 
     def create_weights(self, layer: "FusedMoE") -> None:
         raise NotImplementedError
@@ -175,6 +178,8 @@ class UnquantizedFusedMoEMethod(FusedMoEMethod):
     the ranks' partial sums are added by the all-reduce."""
 
     tensor_names = ("w13", "w2", "w13_bias", "w2_bias")
+    activations = ("silu", "swiglu_oai")
+    biases = True
 
     def create_weights(self, layer: "FusedMoE") -> None:
         E, H, local = layer.num_local_experts, layer.hidden_size, layer.local_intermediate_size
@@ -187,9 +192,9 @@ class UnquantizedFusedMoEMethod(FusedMoEMethod):
         shard = layer.intermediate_shard
         for i, e in enumerate(layer.local_experts()):
             gate, up, down = layer.expert_projections(e)
-            g = reader.get_float(gate.prefix + ".weight", (gate.rows, layer.hidden_size), rows=shard)
-            u = reader.get_float(up.prefix + ".weight", (up.rows, layer.hidden_size), rows=shard)
-            d = reader.get_float(down.prefix + ".weight", (down.rows, layer.intermediate_size), cols=shard)
+            g = self.read_weight(reader, gate, layer.hidden_size, rows=shard)
+            u = self.read_weight(reader, up, layer.hidden_size, rows=shard)
+            d = self.read_weight(reader, down, layer.intermediate_size, cols=shard)
             layer.w13[i].copy_(torch.cat([g, u]).to(layer.w13.dtype))
             layer.w2[i].copy_(d.to(layer.w2.dtype))
             if layer.bias:
@@ -200,6 +205,11 @@ class UnquantizedFusedMoEMethod(FusedMoEMethod):
                 if shard is not None and layer.tp.rank != 0:  # added once, by rank 0's partial sum
                     db = torch.zeros_like(db)
                 layer.w2_bias[i].copy_(db.to(layer.w2_bias.dtype))
+
+    def read_weight(self, reader: WeightReader, part: WeightPart, in_features: int, rows=None, cols=None) -> Tensor:
+        """Float weight ``[part.rows, in_features]`` of one expert projection, cut to ``rows`` /
+        ``cols`` (a subclass reads a quantised checkpoint's tensors and dequantises them)."""
+        return reader.get_float(part.prefix + ".weight", (part.rows, in_features), rows=rows, cols=cols)
 
     def apply(self, layer: "FusedMoE", x: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> Tensor:
         return layer.ops.fused_moe(x, layer.w13, layer.w2, topk_weights, topk_ids, layer.activation,
@@ -293,9 +303,10 @@ class FusedMoE(CheckpointModule):
                                        dtype=dtype, device=device, ops=ops, method=RouterMethod())
         method = quant_config.moe_method(self) if quant_config is not None else None
         self.method = UnquantizedFusedMoEMethod() if method is None else method
-        if (self.bias or activation != "silu") and type(self.method) is not UnquantizedFusedMoEMethod:
+        if (self.bias and not self.method.biases) or activation not in self.method.activations:
             raise ValueError(f"{prefix}: {self.method.name} experts run SiLU experts without biases; these experts "
-                             f"({activation}{', with biases' if self.bias else ''}) run in float only")
+                             f"({activation}{', with biases' if self.bias else ''}) run in float or as FP4 "
+                             "experts only")
         self.method.create_weights(self)
 
     def expert_name(self, expert: int, projection: str) -> str:

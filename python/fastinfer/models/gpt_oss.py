@@ -113,9 +113,10 @@ class GptOssForCausalLM(MoeForCausalLM):
         mxfp4 = getattr(self.quant_config, "experts_mxfp4", False)
         gpt_oss = GptOssExpertsReader(reader, moe_layers, mxfp4=mxfp4)
         if gpt_oss.dequantized:
-            logger.warning("%s: %d layers' MXFP4 experts dequantised to %s while loading (fused_moe has no FP4 "
-                           "variant): they run as float experts", self.config.architecture, gpt_oss.dequantized,
-                           str(self.dtype).replace("torch.", ""))
+            why = "; ".join(sorted(getattr(self.quant_config, "dequantized_why", ()))) or "as asked"
+            logger.warning("%s: %d layers' MXFP4 experts dequantised to %s while loading (%s): they run as float "
+                           "experts", self.config.architecture, gpt_oss.dequantized, str(self.dtype).replace("torch.", ""),
+                           why)
         return super(MoeForCausalLM, self).load_weights(gpt_oss, progress)
 
 
@@ -147,24 +148,31 @@ class GptOssExpertsReader(WeightReader):
             if not any(quantized) and not base.has(head + "gate_up_proj"):
                 continue  # stored per expert (or missing: FusedMoE names what it lacks)
             whole = {"gate_up_proj": (E, H, 2 * I), "down_proj": (E, I, H)}
+            stored = any(quantized) and getattr(m.method, "format", None) == "mxfp4"  # run by fused_moe_fp4
             for s in _STACKED:
                 if base.has(head + s + "_blocks"):
                     self._check_mxfp4(head + s, whole[s])
                     for suffix in ("_blocks", "_scales"):
                         del self._where[head + s + suffix]
-                    self._where[head + s] = (head + s, None, "whole")
-                    self._shapes[head + s] = whole[s]
+                    if not stored:
+                        self._where[head + s] = (head + s, None, "whole")
+                        self._shapes[head + s] = whole[s]
                 elif any(quantized):
                     raise ValueError(f"checkpoint {base.description}: {head}{s} is not MXFP4 but the layer's other "
                                      "expert weight is")
-            self.dequantized += any(quantized)
+            self.dequantized += any(quantized) and not stored
             p = m.projections
             for e in range(E):
                 for proj, src, part in ((p.gate, "gate_up_proj", "gate"), (p.up, "gate_up_proj", "up"),
                                         (p.down, "down_proj", "whole")):
                     name = m.expert_name(e, proj)
-                    self._where[name] = (head + src, e, part)
-                    self._where[name[: -len(".weight")] + ".bias"] = (head + src + "_bias", e, part)
+                    module = name[: -len(".weight")]
+                    if stored:
+                        self._where[module + ".weight_packed"] = (head + src + "_blocks", e, part)
+                        self._where[module + ".weight_scale"] = (head + src + "_scales", e, part)
+                    else:
+                        self._where[name] = (head + src, e, part)
+                    self._where[module + ".bias"] = (head + src + "_bias", e, part)
             for s in _STACKED:
                 for name in (head + s, head + s + "_bias"):
                     self._where.pop(name, None)
@@ -193,6 +201,9 @@ class GptOssExpertsReader(WeightReader):
             return shape
         if len(shape) == 2:  # a bias [E, 2I] / [E, H]
             return (shape[1] // 2,) if part != "whole" else (shape[1],)
+        if base_name.endswith(("_blocks", "_scales")):  # stored MXFP4, one row per output feature
+            rows = shape[1] // 2 if part != "whole" else shape[1]
+            return (rows, shape[2] * 16) if base_name.endswith("_blocks") else (rows, shape[2])
         rows, cols = shape[2], shape[1]  # transposed
         return (rows // 2, cols) if part != "whole" else (rows, cols)
 
@@ -220,6 +231,10 @@ class GptOssExpertsReader(WeightReader):
         base_name, expert, part = self._where[name]
         if expert is None:
             return self.base._read(base_name)
+        if base_name.endswith(("_blocks", "_scales")):  # stored MXFP4: this expert's rows, as uint8 [N, K / 2 | K / 32]
+            t = self.base._read_slice(base_name, (expert, 1), None)[0]
+            t = t[0::2] if part == "gate" else t[1::2] if part == "up" else t
+            return t.reshape(t.shape[0], -1)
         if base_name.endswith("_bias"):
             t = self.base._read_slice(base_name, (expert, 1), None)[0]
             return t[0::2] if part == "gate" else t[1::2] if part == "up" else t

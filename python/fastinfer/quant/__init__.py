@@ -267,6 +267,7 @@ from .resolve import (  # noqa: F401
     CheckpointQuantization,
     CompressedTensorsQuantization,
     GgufQuantization,
+    FP4_WEIGHTS,
     Mxfp4ExpertsQuantization,
     OnLoadQuantization,
     resolve_quantization,
@@ -283,6 +284,8 @@ from .methods import (  # noqa: F401
     Int8LinearMethod,
     Nvfp4DequantizedLinearMethod,
     Fp4LinearMethod,
+    Fp4FusedMoEMethod,
+    Nvfp4DequantizedFusedMoEMethod,
     describe_quantization,
 )
 from .smoothquant import apply_smoothing, calibrate, smoothing_plan  # noqa: F401
@@ -310,6 +313,9 @@ __all__ = [
     "Int8LinearMethod",
     "Nvfp4DequantizedLinearMethod",
     "Fp4LinearMethod",
+    "Fp4FusedMoEMethod",
+    "Nvfp4DequantizedFusedMoEMethod",
+    "FP4_WEIGHTS",
     "describe_quantization",
     "calibrate",
     "smoothing_plan",

@@ -11,7 +11,7 @@ would.
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -34,7 +34,8 @@ Tensor = torch.Tensor
 
 __all__ = ["Fp8LinearMethod", "Fp8BlockLinearMethod", "Int4LinearMethod", "Int4Part", "Int8LinearMethod",
            "Nvfp4DequantizedLinearMethod", "Fp4LinearMethod",
-           "Fp8FusedMoEMethod", "Int4FusedMoEMethod"]
+           "Fp8FusedMoEMethod", "Int4FusedMoEMethod", "Fp4FusedMoEMethod", "Nvfp4DequantizedFusedMoEMethod",
+           "fp4_experts_fit"]
 
 
 class _QuantizedMethod(LinearMethod):
@@ -719,6 +720,130 @@ class Int4FusedMoEMethod(FusedMoEMethod):
         if self.group_size is None:
             return "int4 (not loaded)"
         return f"int4-g{self.group_size}{'-sym' if getattr(layer, 'w13_zeros', None) is None else ''}"
+
+
+def fp4_experts_fit(layer: FusedMoE) -> bool:
+    """Whether ``fused_moe_fp4`` runs ``layer``'s experts on this rank: the hidden size and each
+    rank's expert intermediate size multiples of 64 (whole 64 x 16 tiles of the fp4_gemm layout)."""
+    return layer.hidden_size % 64 == 0 and layer.local_intermediate_size % 64 == 0
+
+
+class Fp4FusedMoEMethod(FusedMoEMethod):
+    """FP4 (W4A16) experts as a checkpoint stores them, run by ``fused_moe_fp4`` (the activations
+    stay in the model dtype), with the layer's activation and biases (gpt-oss's clamped SwiGLU).
+
+    Each expert projection is read as ``P.weight_packed`` uint8 ``[N, K / 2]`` (two e2m1 codes a
+    byte, the even element in the low nibble) and ``P.weight_scale`` ``[N, K / G]``:
+
+    * ``"nvfp4"``: compressed-tensors ``nvfp4-pack-quantized`` (NVFP4A16), e4m3 scales per 16 input
+      features and a global divisor ``P.weight_global_scale`` float32 ``[1]`` per projection;
+    * ``"mxfp4"``: gpt-oss's MXFP4 experts, e8m0 scale bits per 32 input features, no global scale
+      (:class:`~fastinfer.models.gpt_oss.GptOssExpertsReader` shows its stacked ``*_blocks`` /
+      ``*_scales`` under these per-expert names).
+
+    This rank keeps its slice of each expert (gate and up rows, down input features: whole 64 x 16
+    tiles and whole scale groups, since each rank's I is a multiple of 64) and converts it with
+    ``fp4_repack``. Buffers: ``w13`` int32 ``[E, H / 64, 8 * 2I]`` (gate rows, then up rows),
+    ``w2`` ``[E, I / 64, 8 * H]``, scale bits ``w13_scales`` uint8 ``[E, H / G, 2I]`` /
+    ``w2_scales [E, I / G, H]``, NVFP4 global divisors ``w13_global_scale [E, 2]`` (gate, up) and
+    ``w2_global_scale [E]`` (None for MXFP4), and on a layer with ``bias`` ``w13_bias [E, 2I]`` /
+    ``w2_bias [E, H]`` in the model dtype (the down bias held by rank 0 under tensor parallelism,
+    zeros elsewhere, as float experts hold it). Tensor parallelism does not change the numbers: the
+    activations are not quantised, and each rank's codes and scales are the unsharded expert's.
+
+    A layer whose H or per-rank I is not a multiple of 64 (:func:`fp4_experts_fit`) is not given
+    this method: its experts load dequantised (:class:`Nvfp4DequantizedFusedMoEMethod`, or gpt-oss's
+    reader decoding MXFP4 into float experts).
+    """
+
+    tensor_names = ("w13", "w2", "w13_scales", "w2_scales", "w13_global_scale", "w2_global_scale", "w13_bias",
+                    "w2_bias")
+    activations = ("silu", "swiglu_oai")
+    biases = True
+
+    def __init__(self, fmt: str, stored_config=None, scheme: Optional[CtScheme] = None):
+        if fmt not in ("nvfp4", "mxfp4"):
+            raise ValueError(f"FP4 experts are 'nvfp4' or 'mxfp4', got {fmt!r}")
+        self.format = self.name = fmt
+        self.group = 16 if fmt == "nvfp4" else 32
+        self.config, self.scheme = stored_config or {}, scheme
+
+    def create_weights(self, layer: FusedMoE) -> None:
+        if not fp4_experts_fit(layer):
+            H, I = layer.hidden_size, layer.local_intermediate_size
+            raise ValueError(f"{layer.prefix}: FP4 experts need the hidden size ({H}) and each rank's expert "
+                             f"intermediate size ({I}) to be multiples of 64 (fused_moe_fp4)")
+
+    def _read(self, reader: WeightReader, part, k: int, rows, cols) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        """One projection's codes ``[n, k / 2]``, scale bits ``[n, k / G]`` and global scale (or
+        None): this rank's rows / input features of it."""
+        n, g = part.rows, self.group
+        packed = reader.get(part.prefix + ".weight_packed", (n, k // 2), (torch.uint8,), rows=rows)
+        scale_dtypes = (torch.float8_e4m3fn,) if self.format == "nvfp4" else (torch.uint8,)
+        scale = reader.get(part.prefix + ".weight_scale", (n, k // g), scale_dtypes, rows=rows)
+        gs = (reader.get(part.prefix + ".weight_global_scale", (1,), (torch.float32,))
+              if self.format == "nvfp4" else None)
+        if cols is not None:
+            packed = packed.narrow(1, cols[0] // 2, cols[1] // 2)
+            scale = scale.narrow(1, cols[0] // g, cols[1] // g)
+        return packed.contiguous(), scale.contiguous(), gs
+
+    def load_weights(self, layer: FusedMoE, reader: WeightReader) -> None:
+        shard = layer.intermediate_shard
+        H, I = layer.hidden_size, layer.intermediate_size
+        first = layer.expert_projections(layer.first_expert)[0].prefix
+        if not reader.has(first + ".weight_packed") and reader.has(first + ".weight"):  # experts kept in float
+            layer.replace_method(UnquantizedFusedMoEMethod())
+            layer.method.load_weights(layer, reader)
+            return
+        stack: Dict[str, List[Tensor]] = {name: [] for name in self.tensor_names}
+        for e in layer.local_experts():
+            gate, up, down = layer.expert_projections(e)
+            (gq, gsc, ggs), (uq, usc, ugs) = (self._read(reader, p, H, shard, None) for p in (gate, up))
+            dq, dsc, dgs = self._read(reader, down, I, None, shard)
+            w13 = fp4_repack(torch.cat([gq, uq]), torch.cat([gsc, usc]))
+            w2 = fp4_repack(dq, dsc)
+            stack["w13"].append(w13.packed)
+            stack["w13_scales"].append(w13.scales)
+            stack["w2"].append(w2.packed)
+            stack["w2_scales"].append(w2.scales)
+            if self.format == "nvfp4":
+                stack["w13_global_scale"].append(torch.cat([ggs.reshape(1), ugs.reshape(1)]))
+                stack["w2_global_scale"].append(dgs.reshape(()))
+            if layer.bias:
+                gb = reader.get_float(gate.prefix + ".bias", (gate.rows,), rows=shard)
+                ub = reader.get_float(up.prefix + ".bias", (up.rows,), rows=shard)
+                db = reader.get_float(down.prefix + ".bias", (down.rows,))
+                if shard is not None and layer.tp.rank != 0:  # added once, by rank 0's partial sum
+                    db = torch.zeros_like(db)
+                stack["w13_bias"].append(torch.cat([gb, ub]).to(layer.dtype))
+                stack["w2_bias"].append(db.to(layer.dtype))
+        for name, ts in stack.items():
+            t = torch.stack(ts).to(layer.device).contiguous() if ts else None
+            layer.register_buffer(name, t, persistent=False)
+
+    def apply(self, layer: FusedMoE, x: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> Tensor:
+        return layer.ops.fused_moe_fp4(x, layer.w13, layer.w2, layer.w13_scales, layer.w2_scales,
+                                       layer.w13_global_scale, layer.w2_global_scale, topk_weights, topk_ids,
+                                       self.format, layer.activation, layer.swiglu_alpha, layer.swiglu_limit,
+                                       layer.w13_bias, layer.w2_bias)
+
+
+class Nvfp4DequantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
+    """compressed-tensors NVFP4 experts dequantised at load (:func:`~fastinfer.quant.math.dequantize_nvfp4`,
+    float32 as compressed-tensors computes it, then the model dtype) into float experts: where
+    ``fused_moe_fp4`` cannot run them (:func:`fp4_experts_fit`) or the user asked for float
+    (``fp4_weights="float"``)."""
+
+    name = "nvfp4-dequantised"
+
+    def read_weight(self, reader: WeightReader, part, in_features: int, rows=None, cols=None) -> Tensor:
+        n, k = part.rows, in_features
+        packed = reader.get(part.prefix + ".weight_packed", (n, k // 2), (torch.uint8,), rows=rows)
+        scale = reader.get(part.prefix + ".weight_scale", (n, k // 16), (torch.float8_e4m3fn,), rows=rows)
+        gs = reader.get(part.prefix + ".weight_global_scale", (1,), (torch.float32,))
+        w = dequantize_nvfp4(packed, scale, gs)
+        return w if cols is None else w.narrow(1, *cols)
 
 
 def describe_quantization(model) -> str:

@@ -19,6 +19,7 @@ from ..layers import (
 )
 from .config import NOT_QUANTIZED, QuantOptions, StoredQuantization, stored_quantization
 from .methods import (
+    Fp4FusedMoEMethod,
     Fp4LinearMethod,
     Fp8BlockLinearMethod,
     Fp8FusedMoEMethod,
@@ -26,9 +27,16 @@ from .methods import (
     Int4FusedMoEMethod,
     Int4LinearMethod,
     Int8LinearMethod,
+    Nvfp4DequantizedFusedMoEMethod,
+    Nvfp4DequantizedLinearMethod,
+    fp4_experts_fit,
 )
 
-__all__ = ["OnLoadQuantization", "CheckpointQuantization", "CompressedTensorsQuantization", "GgufQuantization",
+#: the values of ``fp4_weights``: a checkpoint's FP4 weights run as stored (where the FP4 kernels'
+#: tiles fit, else dequantised) or dequantised to the model dtype
+FP4_WEIGHTS = ("stored", "float")
+
+__all__ = ["FP4_WEIGHTS", "OnLoadQuantization", "CheckpointQuantization", "CompressedTensorsQuantization", "GgufQuantization",
            "Mxfp4ExpertsQuantization", "resolve_quantization"]
 
 
@@ -115,10 +123,11 @@ class CompressedTensorsQuantization(QuantizationConfig):
     _METHODS = {"int4": Int4LinearMethod, "fp8": Fp8LinearMethod, "fp8-block": Fp8BlockLinearMethod,
                 "int8": Int8LinearMethod, "nvfp4": Fp4LinearMethod}
 
-    def __init__(self, stored: StoredQuantization):
+    def __init__(self, stored: StoredQuantization, fp4_weights: str = "stored"):
         self.stored = stored
         self.name = stored.describe()
         self.schemes = stored.schemes
+        self.fp4_weights = _check_fp4_weights(fp4_weights)
 
     def linear_method(self, layer: Linear) -> LinearMethod:
         found = [(p.prefix, self.schemes.scheme_for(p.prefix)) for p in layer.parts]
@@ -132,6 +141,8 @@ class CompressedTensorsQuantization(QuantizationConfig):
         scheme = found[0][1]
         if scheme is None:
             return UnquantizedLinearMethod()
+        if scheme.kind == "nvfp4" and self.fp4_weights == "float":
+            return Nvfp4DequantizedLinearMethod(scheme=scheme)
         return self._METHODS[scheme.kind](source="compressed-tensors", stored_config=self.stored.config,
                                           scheme=scheme)
 
@@ -161,10 +172,15 @@ class CompressedTensorsQuantization(QuantizationConfig):
                                      scheme=scheme)
         if scheme.kind == "int4":
             return Int4FusedMoEMethod(source="compressed-tensors", stored_config=self.stored.config, scheme=scheme)
+        if scheme.kind == "nvfp4":
+            if self.fp4_weights == "stored" and fp4_experts_fit(layer):
+                return Fp4FusedMoEMethod("nvfp4", stored_config=self.stored.config, scheme=scheme)
+            return Nvfp4DequantizedFusedMoEMethod()
         raise ValueError(f"{prefix}: compressed-tensors scheme {scheme.description} of config group "
                          f"{scheme.group!r} is not supported for experts (fused_moe_fp8 runs fp8 experts with "
                          "activations quantised dynamically per token, or per 1 x 128 group with 128 x 128 blocks: "
-                         "FP8_DYNAMIC, FP8_BLOCK; fused_moe_int4 runs int4 W4A16 experts)")
+                         "FP8_DYNAMIC, FP8_BLOCK; fused_moe_int4 runs int4 W4A16 experts; fused_moe_fp4 NVFP4A16 "
+                         "experts)")
 
 
 _GGUF_FLOATS = ("F32", "F16", "BF16")  # GGUF tensor types that are float already
@@ -237,29 +253,52 @@ class Mxfp4ExpertsQuantization(QuantizationConfig):
     """A gpt-oss checkpoint whose experts are MXFP4 (``quantization_config {"quant_method": "mxfp4"}``,
     transformers' ``Mxfp4Config``: ``mlp.experts.gate_up_proj_blocks`` / ``_scales`` and
     ``down_proj_blocks`` / ``_scales``; the attention, router, embedding and head in float). The
-    experts are dequantised while loading (:class:`~fastinfer.models.gpt_oss.GptOssExpertsReader`:
-    ``fused_moe`` has no FP4 variant) and run in float; every linear is float."""
+    experts run as stored on ``fused_moe_fp4`` (:class:`Fp4FusedMoEMethod`, with gpt-oss's clamped
+    SwiGLU and biases) where its tiles fit (:func:`fp4_experts_fit`: H and each rank's I multiples of
+    64); otherwise, or with ``fp4_weights="float"``, they are dequantised while loading
+    (:class:`~fastinfer.models.gpt_oss.GptOssExpertsReader`) and run as float experts, the reasons
+    in :attr:`dequantized_why`. Every linear is float."""
 
-    name = "mxfp4 experts (dequantised)"
+    name = "mxfp4 experts"
     experts_mxfp4 = True
 
-    def __init__(self, stored: StoredQuantization, model_config):
+    def __init__(self, stored: StoredQuantization, model_config, fp4_weights: str = "stored"):
         arch = getattr(model_config, "architecture", None)
         if arch != "GptOssForCausalLM":
             raise ValueError(f"quantization_config quant_method 'mxfp4' is gpt-oss's expert format; {arch} has no "
                              "MXFP4 checkpoint layout")
         self.stored = stored
+        self.fp4_weights = _check_fp4_weights(fp4_weights)
+        self.dequantized_why: set = set()
 
     def moe_method(self, layer: FusedMoE) -> FusedMoEMethod:
+        if self.fp4_weights == "float":
+            self.dequantized_why.add("fp4_weights='float'")
+        elif not fp4_experts_fit(layer):
+            self.dequantized_why.add(
+                f"fused_moe_fp4 needs the hidden size ({layer.hidden_size}) and each rank's expert intermediate size "
+                f"({layer.local_intermediate_size}) to be multiples of 64")
+        else:
+            return Fp4FusedMoEMethod("mxfp4", stored_config=self.stored.config)
         return UnquantizedFusedMoEMethod()
 
 
+def _check_fp4_weights(fp4_weights: str) -> str:
+    if fp4_weights not in FP4_WEIGHTS:
+        raise ValueError(f"fp4_weights must be 'stored' or 'float', got {fp4_weights!r}")
+    return fp4_weights
+
+
 def resolve_quantization(model_config, opts: Optional[QuantOptions] = None,
-                         path: Optional[str] = None, gguf_weights: str = "auto") -> Optional[QuantizationConfig]:
+                         path: Optional[str] = None, gguf_weights: str = "auto",
+                         fp4_weights: str = "stored") -> Optional[QuantizationConfig]:
     """The quantisation a model loads with: as stored when its ``config.json`` says it is quantised
-    (``opts`` may then only name the stored method), else ``opts`` (quantise on load), else, for a
-    GGUF file with ``gguf_weights`` ``"auto"`` or ``"stored"``, its quantised types as stored where
-    a kernel runs them (:class:`GgufQuantization`, strict with ``"stored"``), else None (float)."""
+    (``opts`` may then only name the stored method; a checkpoint's FP4 weights, compressed-tensors
+    NVFP4 and gpt-oss's MXFP4 experts, dequantised with ``fp4_weights="float"``), else ``opts``
+    (quantise on load), else, for a GGUF file with ``gguf_weights`` ``"auto"`` or ``"stored"``, its
+    quantised types as stored where a kernel runs them (:class:`GgufQuantization`, strict with
+    ``"stored"``), else None (float)."""
+    _check_fp4_weights(fp4_weights)
     from ..models.gguf import find_gguf
 
     gguf_file = find_gguf(path) if path is not None and opts is None else None
@@ -276,9 +315,9 @@ def resolve_quantization(model_config, opts: Optional[QuantOptions] = None,
                 f"{where} is already quantised ({stored.describe()}); quantization={opts.method!r} "
                 f"cannot be applied to it (pass quantization=None{also} to run it as stored)")
         if stored.kind == "compressed-tensors":
-            return CompressedTensorsQuantization(stored)
+            return CompressedTensorsQuantization(stored, fp4_weights)
         if stored.kind == "mxfp4":
-            return Mxfp4ExpertsQuantization(stored, model_config)
+            return Mxfp4ExpertsQuantization(stored, model_config, fp4_weights)
         return CheckpointQuantization(stored)
     return OnLoadQuantization(opts) if opts is not None else None
 
