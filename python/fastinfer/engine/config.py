@@ -33,7 +33,7 @@ from ..layers.attention import FP8_KV_CACHE_DTYPE
 from ..layers.batch import DEFAULT_BLOCK_SIZE
 from ..models import default_dtype, find_gguf, load_config
 from ..models.qwen3_5 import LinearAttentionShards
-from ..quant import QuantOptions
+from ..quant import FP4_WEIGHTS, QuantOptions
 from .speculative.registry import SPEC_METHODS, SPEC_MODES, SpecMethod, spec_method
 
 __all__ = ["EngineConfig", "SpeculativeConfig", "SPEC_MODES", "SPEC_METHODS", "DTYPES", "KV_CACHE_DTYPES",
@@ -288,7 +288,7 @@ class EngineConfig:
         "stored", _QUANT, "a checkpoint's FP4 weights (compressed-tensors NVFP4A16 linears and experts, gpt-oss's "
         "MXFP4 experts): stored (run as stored on fp4_gemm / fused_moe_fp4; a layer whose shard is not whole tiles "
         "of the kernel is dequantised to the model dtype) | float (every FP4 weight dequantised to the model dtype)",
-        choices=("stored", "float"))
+        choices=FP4_WEIGHTS)
     quantization_config: Optional[Dict[str, Any]] = _option(
         None, _QUANT, "int4 options for quantisation on load: group_size (128), symmetric (False), pad_groups "
         "(True: zero-pad a layer whose input size the group size does not divide); on the command line "
@@ -370,7 +370,7 @@ class EngineConfig:
             self.max_model_len = max(int(self.max_model_len), 1)
         if self.gguf_weights not in ("auto", "stored", "float"):
             raise ValueError(f"gguf_weights must be 'auto', 'stored' or 'float', got {self.gguf_weights!r}")
-        if self.fp4_weights not in ("stored", "float"):
+        if self.fp4_weights not in FP4_WEIGHTS:
             raise ValueError(f"fp4_weights must be 'stored' or 'float', got {self.fp4_weights!r}")
         if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, "

@@ -1,5 +1,5 @@
 """The mixture-of-experts MLP: a router, top-k routing (``moe_topk``) and the experts' MLPs
-(``fused_moe``, or ``fused_moe_fp8`` / ``fused_moe_int4`` for quantised experts), loading the
+(``fused_moe``, or ``fused_moe_fp8`` / ``fused_moe_int4`` / ``fused_moe_fp4`` for quantised experts), loading the
 experts from a checkpoint's per-expert tensors.
 
 Checkpoint layouts. Hub checkpoints (and transformers 5's ``save_pretrained``, which converts back to
@@ -14,10 +14,13 @@ per-expert names, so a layer reads one layout.
 Quantisation. How the experts are held and run is the layer's :class:`FusedMoEMethod`, chosen by the
 model's :class:`~fastinfer.layers.QuantizationConfig` (``moe_method``) as a linear's method is:
 :class:`UnquantizedFusedMoEMethod` (float ``w13`` / ``w2``, ``fused_moe``) here, fp8 experts
-(e4m3 with per-channel or 128 x 128 block scales, ``fused_moe_fp8``) and int4 experts (group-wise,
-``fused_moe_int4``) in :mod:`fastinfer.quant` (``Fp8FusedMoEMethod``, ``Int4FusedMoEMethod``, their
-formats documented there). The router is float whatever the config
-says (:class:`RouterMethod`: an fp8 router a checkpoint stored anyway is dequantised).
+(e4m3 with per-channel or 128 x 128 block scales, ``fused_moe_fp8``), int4 experts (group-wise,
+``fused_moe_int4``) and FP4 experts (NVFP4 / MXFP4 as checkpoints store them, ``fused_moe_fp4``) in
+:mod:`fastinfer.quant` (``Fp8FusedMoEMethod``, ``Int4FusedMoEMethod``, ``Fp4FusedMoEMethod``, their
+formats documented there). A method says which activations and whether biases its op runs
+(``FusedMoEMethod.activations`` / ``biases``); a layer asking for more is refused when built. The
+router is float whatever the config says (:class:`RouterMethod`: an fp8 router a checkpoint stored
+anyway is dequantised).
 
 Tensor parallelism: every rank holds all experts, each expert's intermediate dimension split over
 the ranks (its gate and up rows sliced alike, its down columns; fp8 scales with them), so a rank's

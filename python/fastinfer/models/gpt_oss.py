@@ -23,9 +23,12 @@ weights in MXFP4 (``quantization_config {"quant_method": "mxfp4"}``): ``gate_up_
 [E, 2I, H / 32, 16]`` and ``gate_up_proj_scales uint8 [E, 2I, H / 32]``, ``down_proj_blocks [E, H,
 I / 32, 16]`` and ``down_proj_scales``, each row one output feature (the transpose of the float
 tensor; transformers' ``integrations/mxfp4.py`` converter). :class:`GptOssExpertsReader` shows
-either form under the per-expert names :class:`~fastinfer.layers.FusedMoE` reads; MXFP4 experts are
-dequantised there (e2m1 times a power of two: exact in float32 and bfloat16) into float, since ``fused_moe`` has no FP4
-variant: they run as float experts in the model dtype.
+either form under the per-expert names :class:`~fastinfer.layers.FusedMoE` reads. MXFP4 experts run
+as stored on ``fused_moe_fp4`` (:class:`~fastinfer.quant.Fp4FusedMoEMethod`: the reader shows each
+expert's codes and scales as ``weight_packed`` / ``weight_scale``), the clamped SwiGLU and the
+biases inside the op; where that kernel's tiles do not fit (H or a rank's I not a multiple of 64)
+or with ``fp4_weights="float"`` they are dequantised by the reader (e2m1 times a power of two:
+exact in float32 and bfloat16) and run as float experts in the model dtype.
 
 Tensor parallelism as the other MoE models (each expert's intermediate rows split, the down bias
 added by rank 0; attention heads split, each rank holding its heads' sinks).
@@ -93,8 +96,8 @@ class GptOssDecoderLayer(MoeDecoderLayer):
 
 class GptOssForCausalLM(MoeForCausalLM):
     """gpt-oss causal LM (``GptOssForCausalLM``; arguments as :class:`~fastinfer.models.LlamaForCausalLM`).
-    A quantisation config applies to the attention projections; the experts run in float (an MXFP4
-    checkpoint's experts are dequantised while loading)."""
+    A quantisation config applies to the attention projections; the experts run in float, or as an
+    MXFP4 checkpoint stores them (:class:`~fastinfer.quant.Mxfp4ExpertsQuantization`)."""
 
     decoder_layer = GptOssDecoderLayer
 
@@ -115,8 +118,8 @@ class GptOssForCausalLM(MoeForCausalLM):
         if gpt_oss.dequantized:
             why = "; ".join(sorted(getattr(self.quant_config, "dequantized_why", ()))) or "as asked"
             logger.warning("%s: %d layers' MXFP4 experts dequantised to %s while loading (%s): they run as float "
-                           "experts", self.config.architecture, gpt_oss.dequantized, str(self.dtype).replace("torch.", ""),
-                           why)
+                           "experts", self.config.architecture, gpt_oss.dequantized,
+                           str(self.dtype).replace("torch.", ""), why)
         return super(MoeForCausalLM, self).load_weights(gpt_oss, progress)
 
 
@@ -124,10 +127,15 @@ class GptOssExpertsReader(WeightReader):
     """A gpt-oss checkpoint's stacked experts (module docstring: float, or MXFP4 when ``mxfp4``)
     seen under the per-expert names :class:`~fastinfer.layers.FusedMoE` reads:
     ``experts.{e}.gate_proj.weight [I, H]`` (the even columns of ``gate_up_proj[e]``, transposed),
-    ``up_proj`` (the odd ones), ``down_proj.weight [H, I]`` and the three ``.bias`` alike. Every other
-    tensor, and layers stored per expert, keep their names. Only the expert asked for is read from a
-    stacked tensor (and decoded), and kept until another is asked for: loading holds one expert's
-    float weight at a time. ``dequantized``: the layers whose experts were MXFP4."""
+    ``up_proj`` (the odd ones), ``down_proj.weight [H, I]`` and the three ``.bias`` alike. A layer
+    whose method runs MXFP4 as stored (``method.format == "mxfp4"``) sees its experts' codes and
+    scales instead, one row per output feature: ``experts.{e}.gate_proj.weight_packed uint8 [I, H /
+    2]`` (the even rows of ``gate_up_proj_blocks[e]``, each row's blocks joined) and
+    ``weight_scale uint8 [I, H / 32]`` (e8m0), ``up_proj`` the odd rows, ``down_proj`` all of
+    ``down_proj_blocks[e]`` / ``_scales[e]``. Every other tensor, and layers stored per expert, keep
+    their names. Only the expert asked for is read from a stacked tensor (and decoded), and kept
+    until another is asked for: loading holds one expert's float weight at a time.
+    ``dequantized``: the layers whose MXFP4 experts were decoded into float."""
 
     def __init__(self, base: WeightReader, layers: Sequence[FusedMoE], mxfp4: bool = False):
         super().__init__(base.description)

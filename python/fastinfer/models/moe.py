@@ -40,8 +40,10 @@ the experts' shares (each rank's tokens, zeros elsewhere) are reduced by the sam
 Quantisation (``quant_config``, :mod:`fastinfer.quant`): the linears (attention, the dense MLP
 layers, the shared expert) as a dense model's; the experts through the config's expert method: fp8
 (``quantization="fp8"`` on load, per channel; compressed-tensors FP8_DYNAMIC / FP8_BLOCK and
-fine-grained FP8 checkpoints; fastinfer fp8), run by ``fused_moe_fp8``; other methods are refused
-for the experts. The routers and Qwen2-MoE's shared expert gate stay float.
+fine-grained FP8 checkpoints; fastinfer fp8), run by ``fused_moe_fp8``; int4 (on load, compressed-tensors
+W4A16, AutoAWQ, AutoGPTQ, fastinfer int4), run by ``fused_moe_int4``; compressed-tensors NVFP4A16
+checkpoints as stored, run by ``fused_moe_fp4``; other methods are refused for the experts. The
+routers and Qwen2-MoE's shared expert gate stay float.
 """
 
 from __future__ import annotations

@@ -71,15 +71,19 @@ Methods (round to nearest; calibration data only for int8 with SmoothQuant)
   the nearest e2m1 value (halfway: the smaller magnitude). The runner multiplies with ``fp4_gemm``
   (:class:`Fp4LinearMethod`); every decoder linear must be whole 64 x 16 tiles on each rank (K a
   multiple of 64, each projection's rows of 16), else loading fails naming the layer. Mixture-of-experts
-  experts are refused, and ``fastinfer quantize`` writes no FP4 checkpoint.
+  experts are refused (FP4 experts run as checkpoints store them, below), and ``fastinfer quantize``
+  writes no FP4 checkpoint.
 
 gpt-oss checkpoints (``quantization_config {"quant_method": "mxfp4"}``, transformers' ``Mxfp4Config``)
 store their experts in MXFP4 (``mlp.experts.gate_up_proj_blocks`` / ``_scales``, ``down_proj_blocks``
 / ``_scales``; :mod:`fastinfer.models.gpt_oss`) and everything else in float
-(:class:`Mxfp4ExpertsQuantization`): the experts are dequantised while loading into the model dtype
-(exact in float32 and bfloat16; a warning says so) since ``fused_moe`` has no FP4 variant, and run as float experts.
-gpt-oss's experts (clamped SwiGLU with biases) have no quantised method: ``quantization="fp8" |
-"int4"`` refuses them, as ``"int8" | "nvfp4" | "mxfp4"`` refuse every model's experts.
+(:class:`Mxfp4ExpertsQuantization`): the experts run as stored on ``fused_moe_fp4``
+(:class:`Fp4FusedMoEMethod`, gpt-oss's clamped SwiGLU and biases in the op). Where H or each rank's
+expert width is not a multiple of 64 (gpt-oss-20b's 2880 over 2 ranks), or with
+``fp4_weights="float"``, they are dequantised while loading into the model dtype (exact in float32
+and bfloat16; a warning says why) and run as float experts. Quantising on load has no method for
+gpt-oss's experts (clamped SwiGLU with biases): ``quantization="fp8" | "int4"`` refuses them, as
+``"int8" | "nvfp4" | "mxfp4"`` refuse every model's experts.
 
 On-disk format (``quantization_config.quant_method == "fastinfer"``, ``format_version`` 1)
 ------------------------------------------------------------------------------------------
@@ -193,10 +197,11 @@ checkpoint did). The projections fused into one layer must share a scheme. Suppo
   byte, ``weight_scale`` e4m3 ``[N, K / 16]``, ``weight_global_scale`` float32 ``[1]``): dense
   layers run on ``fp4_gemm`` (:class:`Fp4LinearMethod`: ``fp4_repack`` at load, one GEMM per
   projection since each has its own global scale); a layer whose shard is not whole 64 x 16 tiles
-  (K a multiple of 64, each projection's rows of 16) is dequantised at load (in float32, as
-  compressed-tensors computes it) to a float linear (:class:`Nvfp4DequantizedLinearMethod`).
+  (K a multiple of 64, each projection's rows of 16), and every layer with ``fp4_weights="float"``,
+  is dequantised at load (in float32, as compressed-tensors computes it) to a float linear
+  (:class:`Nvfp4DequantizedLinearMethod`). Experts: below.
 
-Any other scheme (int8 weight-only W8A16 or with asymmetric weights, W4A8, NVFP4 W4A4 / MXFP4, NVFP4 experts, FP8 weight-only, output activations, other
+Any other scheme (int8 weight-only W8A16 or with asymmetric weights, W4A8, NVFP4 W4A4 / MXFP4, FP8 weight-only, output activations, other
 block shapes, 2:4 sparsity) raises one ``ValueError`` line naming the scheme and the first module
 that has it, e.g. ``model.layers.0.self_attn.q_proj: compressed-tensors scheme W8A16 int8 (weights
 int8 channel, input activations none, ...) of config group 'group_0' is not supported (supported:
@@ -236,6 +241,16 @@ then up along N), ``w2 [E, I / 64, 8 * H]``, group scales and zero points beside
 size per layer (larger groups, such as a channel-wise projection's single group, repeated over the
 smallest); act-order (a permuting ``g_idx``) and padded groups are refused naming the projection.
 
+FP4 experts (:class:`Fp4FusedMoEMethod`, ``fused_moe_fp4``, the activations not quantised):
+compressed-tensors NVFP4A16 (each projection's ``weight_packed``, e4m3 ``weight_scale`` per 16 and
+its own ``weight_global_scale``: ``w13_global_scale [E, 2]`` for gate and up, ``w2_global_scale
+[E]``) and gpt-oss's MXFP4 (e8m0 per 32, no global scale), each expert ``fp4_repack``'d: ``w13 [E,
+H / 64, 8 * 2I]`` (gate then up along N), ``w2 [E, I / 64, 8 * H]``, scale bits beside them. H and
+each rank's I must be multiples of 64 (:func:`~fastinfer.quant.methods.fp4_experts_fit`); where
+they are not, and with ``fp4_weights="float"``, the experts load dequantised into float experts
+(:class:`Nvfp4DequantizedFusedMoEMethod`; gpt-oss: its reader). Tensor parallelism cuts whole
+tiles and scale groups: one rank's numbers up to the all-reduce's order.
+
 Every expert projection of a layer must share one scheme (compressed-tensors: one config group, or
 all ignored: float experts); experts stored in float (``modules_to_not_convert``) load as float
 experts. Refused, naming the layer or the first expert projection: compressed-tensors fp8 with
@@ -256,7 +271,7 @@ Code map
 ``config.py`` (QuantOptions, the stored ``quantization_config``), ``compressed_tensors.py`` (the
 compressed-tensors config: schemes, targets, ignore), ``resolve.py`` (which linear method each layer
 gets), ``stored.py`` (reading each format a part is stored in, and a rank's slice of it), ``methods.py`` (the
-fp8 / fp8-block / int4 / int8 linear methods and the fp8 and int4 experts' methods),
+fp8 / fp8-block / int4 / int8 / fp4 linear methods and the fp8, int4 and fp4 experts' methods),
 ``math.py`` (the quantisers' arithmetic), ``smoothquant.py`` (calibration and smoothing for int8),
 ``checkpoint.py`` (``fastinfer quantize``).
 """

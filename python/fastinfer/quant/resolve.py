@@ -36,7 +36,8 @@ from .methods import (
 #: tiles fit, else dequantised) or dequantised to the model dtype
 FP4_WEIGHTS = ("stored", "float")
 
-__all__ = ["FP4_WEIGHTS", "OnLoadQuantization", "CheckpointQuantization", "CompressedTensorsQuantization", "GgufQuantization",
+__all__ = ["FP4_WEIGHTS", "OnLoadQuantization", "CheckpointQuantization", "CompressedTensorsQuantization",
+           "GgufQuantization",
            "Mxfp4ExpertsQuantization", "resolve_quantization"]
 
 
