@@ -12,7 +12,7 @@ Ways to run a quantised model::
     LLM(AWQ_OR_GPTQ_DIR)                                            # AutoAWQ / AutoGPTQ 4-bit checkpoints
     LLM(LLM_COMPRESSOR_DIR)                                         # compressed-tensors (llm-compressor)
     LLM(FP8_DIR)                                                    # fine-grained FP8 (Qwen3 / DeepSeek FP8)
-    LLM(GPT_OSS_DIR)                                                # gpt-oss's MXFP4 experts (dequantised)
+    LLM(GPT_OSS_DIR)                                                # gpt-oss's MXFP4 experts (on fused_moe_fp4)
 
 Which layers
 ------------
