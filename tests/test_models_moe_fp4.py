@@ -19,7 +19,6 @@ the global scales or the gate / up halves swapped move the logits far away.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 
@@ -231,6 +230,26 @@ def test_each_nvfp4_detail_is_visible(store, detail):
     err = rel_err(prefill_logits(llm.model, PROMPT), reference_logits(fp32_path, torch.float64))
     print(f"qwen3_moe NVFP4A16 without {detail}: rel err {err:.2e}")
     assert err > 1000 * 1e-5, (detail, err)
+
+
+@pytest.mark.parametrize("suffix,tensor,expect", [
+    ("weight_scale", lambda t: t.view(torch.uint8), r"has dtype torch\.uint8, expected torch\.float8_e4m3fn"),
+    ("weight_packed", lambda t: t[:, :-1].contiguous(), r"has shape \[256, 63\], expected \[256, 64\]"),
+    ("weight_global_scale", lambda t: t.repeat(2), r"has shape \[2\], expected \[1\]"),
+])
+def test_bad_expert_tensors_name_the_tensor(store, tmp_path, suffix, tensor, expect):
+    """A stored NVFP4 expert tensor of the wrong dtype or shape is one error naming it."""
+    from safetensors.torch import load_file, save_file
+
+    ct_path, _ = ct_checkpoint(store, "qwen3_moe")
+    bad = tmp_path / "bad"
+    shutil.copytree(ct_path, bad)
+    t = load_file(os.path.join(bad, "model.safetensors"))
+    name = f"model.layers.1.mlp.experts.5.up_proj.{suffix}"
+    t[name] = tensor(t[name])
+    save_file(t, os.path.join(bad, "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"^tensor '{name}' {expect}"):
+        LLM(str(bad), num_kv_blocks=8)
 
 
 # ------------------------------------------------------------------------------------------------
