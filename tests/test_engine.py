@@ -262,6 +262,10 @@ def test_cli(ckpt, capsys):
                  "--output-len", "3", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["output_tokens_per_s"] > 0 and res["ttft_ms_mean"] > 0 and res["tpot_ms_mean"] > 0
+    assert res["deterministic"] is False
+    assert main(["bench", "--preset", "tiny", "--random-weights", "--batch", "2", "--input-len", "8",
+                 "--output-len", "3", "--deterministic", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["deterministic"] is True
 
 
 # ------------------------------------------------------------------------------------------------

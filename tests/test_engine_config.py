@@ -42,7 +42,8 @@ OLD_FLAGS = {
     "bench": ["--model", "--max-model-len", "--max-num-batched-tokens", "--num-kv-blocks",
               "--gpu-memory-utilization", "--enforce-eager", "--device", "--dtype", "--draft-model",
               "--spec-method", "--spec-model", "--spec-mode", "--num-spec-tokens", "--spec-tree-topk",
-              "--spec-tree-depth", "--spec-tree", "--tensor-parallel-size", "--quantization", "--seed"],
+              "--spec-tree-depth", "--spec-tree", "--tensor-parallel-size", "--quantization", "--seed",
+              "--deterministic"],
     "eval": ["--model", "--dtype", "--device", "--quantization", "--group-size", "--symmetric", "--no-pad-groups"],
 }
 COMMAND_OPTIONS = {"generate": cli_args.GENERATE_OPTIONS, "serve": cli_args.SERVE_OPTIONS,

@@ -38,7 +38,7 @@ PRECISION_OPTIONS = ("quantization", "gguf_weights", "fp4_weights", "kv_cache_dt
 GENERATE_OPTIONS = MODEL_OPTIONS + ("seed",) + SPEC_OPTIONS + PRECISION_OPTIONS
 SERVE_OPTIONS = MODEL_OPTIONS + ENGINE_OPTIONS + SPEC_OPTIONS + PRECISION_OPTIONS
 BENCH_OPTIONS = ("model", "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "gpu_memory_utilization",
-                 "enforce_eager", "device", "dtype") + SPEC_OPTIONS + PARALLEL_OPTIONS + PRECISION_OPTIONS
+                 "enforce_eager", "device", "dtype", "deterministic") + SPEC_OPTIONS + PARALLEL_OPTIONS + PRECISION_OPTIONS
 EVAL_OPTIONS = ("model", "dtype", "device") + PRECISION_OPTIONS
 
 

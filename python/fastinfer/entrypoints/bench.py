@@ -107,7 +107,8 @@ def cmd_bench(args) -> int:
         if args.preset or args.draft_model or args.spec_model or args.spec_method:
             raise SystemExit("--spec-methods runs its own methods on --model (default: the shipped model); "
                              "drop --preset / --draft-model / --spec-model / --spec-method")
-        opts = llm_kwargs(args, ("dtype", "device", "max_num_batched_tokens", "num_kv_blocks", "kv_cache_dtype"))
+        opts = llm_kwargs(args, ("dtype", "device", "max_num_batched_tokens", "num_kv_blocks", "kv_cache_dtype",
+                                 "deterministic"))
         return run_spec_comparison(args, dict(opts, max_num_seqs=max(args.batch, 1),
                                               max_model_len=args.max_model_len or 1024,
                                               enable_prefix_caching=False, seed=args.seed))
@@ -160,7 +161,7 @@ def cmd_bench(args) -> int:
         "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
         "dtype": str(dtype).replace("torch.", ""),
         "quantization": args.quantization, "kv_cache_dtype": str(llm.kv_cache_dtype).replace("torch.", ""),
-        "batch": args.batch, "input_len": args.input_len, "output_len": args.output_len,
+        "deterministic": llm.config.deterministic, "batch": args.batch, "input_len": args.input_len, "output_len": args.output_len,
         "load_s": round(load_s, 3), "elapsed_s": round(elapsed, 4),
         "ttft_ms_mean": round(1e3 * sum(ttft) / len(ttft), 3),
         "ttft_ms_max": round(1e3 * max(ttft), 3),
