@@ -29,7 +29,7 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # the flags each command had before they were generated (they must keep working, spelled so)
 OLD_FLAGS = {
-    "generate": ["--model", "--device", "--dtype", "--max-model-len", "--tensor-parallel-size", "--seed",
+    "generate": ["--model", "--device", "--dtype", "--max-model-len", "--tensor-parallel-size", "--seed", "--deterministic",
                  "--draft-model", "--spec-method", "--spec-model", "--spec-mode", "--num-spec-tokens",
                  "--spec-tree-topk", "--spec-tree-depth", "--spec-tree", "--quantization", "--group-size",
                  "--symmetric", "--no-pad-groups"],

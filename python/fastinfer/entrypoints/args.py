@@ -35,7 +35,7 @@ ENGINE_OPTIONS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_k
 PRECISION_OPTIONS = ("quantization", "gguf_weights", "fp4_weights", "kv_cache_dtype")
 
 #: the engine options each command offers as flags
-GENERATE_OPTIONS = MODEL_OPTIONS + ("seed",) + SPEC_OPTIONS + PRECISION_OPTIONS
+GENERATE_OPTIONS = MODEL_OPTIONS + ("seed", "deterministic") + SPEC_OPTIONS + PRECISION_OPTIONS
 SERVE_OPTIONS = MODEL_OPTIONS + ENGINE_OPTIONS + SPEC_OPTIONS + PRECISION_OPTIONS
 BENCH_OPTIONS = ("model", "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "gpu_memory_utilization",
                  "enforce_eager", "device", "dtype", "deterministic") + SPEC_OPTIONS + PARALLEL_OPTIONS + PRECISION_OPTIONS
