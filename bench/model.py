@@ -279,7 +279,7 @@ def case_fused_add(t):
 
 
 def case_rms_norm_quant(t):
-    """rms_norm fused with the per-token e4m3 quantisation (one read of x; codes and scales out)."""
+    """rms_norm fused with the per-token e4m3 quantisation (x from DRAM once; codes and scales out)."""
     def build():
         x, w = _bf16(t, HIDDEN), _bf16(HIDDEN)
         return dict(fn=lambda: ns().rms_norm_quant(x, w, 1e-5, torch.float8_e4m3fn, None),

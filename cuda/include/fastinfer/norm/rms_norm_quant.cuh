@@ -1,10 +1,11 @@
 #pragma once
 // RMSNorm fused with the e4m3 / int8 activation quantisation of the W8A8 GEMMs: one CTA per row,
 // the threads, vectors and sum order of rms_norm_kernel / fused_add_rms_norm_kernel (so the rounded
-// norm is bit for bit theirs), then the codes of gemm/fp8_quantize.cuh / gemm/int8_quantize.cuh
-// from the norm held in registers. x is read once for rows of up to kNormQuantRegVecs vectors per
-// thread (hidden <= 32768 with 16-byte vectors); longer rows recompute the norm from a second read
-// (L2). Per-token scales need a second block reduction (amax); a given per-tensor scale does not.
+// norm is bit for bit theirs), then the codes of gemm/fp8_quantize.cuh / gemm/int8_quantize.cuh.
+// The normalised row is not held across passes: each pass re-reads its vectors of x (or of the
+// updated residual), which the row's first pass left in L1/L2, and recomputes the norm. Holding
+// it in registers spills on sm_100a / sm_120a, where 1024-thread blocks cap a thread at 64
+// registers. Per-token scales need a second block reduction (amax); a given per-tensor scale does not.
 #include "fastinfer/common/platform.cuh"
 #include "fastinfer/common/reduce.cuh"
 #include "fastinfer/common/vec.cuh"
@@ -13,8 +14,6 @@
 #include "fastinfer/norm/rms_norm.cuh"
 
 namespace fastinfer::norm {
-
-constexpr int kNormQuantRegVecs = 4;
 
 // The code formats: a row's scale from its amax, and one value's code byte.
 struct E4m3Codes {
@@ -83,48 +82,27 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_quant_kernel(const RmsNo
   uint8_t* __restrict__ out = static_cast<uint8_t*>(p.out) + row * p.hidden;
   const int64_t num_vecs = p.hidden / VEC;
   const int64_t stride = blockDim.x;
-  const bool in_regs = num_vecs <= stride * kNormQuantRegVecs;
+  // The row the norm reads: the updated residual (written by this same thread in pass 1) or x.
+  const T* normed = kAdd ? residual : x;
 
   // Pass 1: the sum of squares (each thread over vectors t, t + blockDim, ... as rms_norm_kernel).
-  Vec<T, VEC> regs[kNormQuantRegVecs];
   float sum_sq = 0.f;
-  if (in_regs) {
+  for (int64_t i = threadIdx.x; i < num_vecs; i += stride) {
+    const Vec<T, VEC> v = load_sum<T, VEC, kAdd>(x, residual, i);
 #pragma unroll
-    for (int k = 0; k < kNormQuantRegVecs; ++k) {
-      const int64_t i = threadIdx.x + k * stride;
-      if (i < num_vecs) {
-        regs[k] = load_sum<T, VEC, kAdd>(x, residual, i);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float f = to_float(regs[k][j]);
-          sum_sq += f * f;
-        }
-      }
-    }
-  } else {
-    for (int64_t i = threadIdx.x; i < num_vecs; i += stride) {
-      const Vec<T, VEC> v = load_sum<T, VEC, kAdd>(x, residual, i);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float f = to_float(v[j]);
-        sum_sq += f * f;
-      }
+    for (int j = 0; j < VEC; ++j) {
+      const float f = to_float(v[j]);
+      sum_sq += f * f;
     }
   }
   const float inv_rms = rsqrtf(block_reduce_sum(sum_sq, scratch) / static_cast<float>(p.hidden) + p.eps);
 
-  // Pass 2: the norm rounded to T (in registers) and its amax.
+  // Pass 2 (per-token scales only): the amax of the norm rounded to T.
   float amax = 0.f;
-  if (in_regs) {
-#pragma unroll
-    for (int k = 0; k < kNormQuantRegVecs; ++k) {
-      const int64_t i = threadIdx.x + k * stride;
-      if (i < num_vecs) normalise<T, VEC>(regs[k], weight, p.weight_offset, inv_rms, i, amax);
-    }
-  } else if (p.given_scale == nullptr) {
+  if (p.given_scale == nullptr) {
     for (int64_t i = threadIdx.x; i < num_vecs; i += stride) {
       Vec<T, VEC> v;
-      v.load((kAdd ? residual : x) + i * VEC);
+      v.load(normed + i * VEC);
       normalise<T, VEC>(v, weight, p.weight_offset, inv_rms, i, amax);
     }
   }
@@ -132,21 +110,13 @@ __global__ void __launch_bounds__(kMaxThreads) rms_norm_quant_kernel(const RmsNo
       p.given_scale != nullptr ? *p.given_scale : Codes::scale_from_amax(block_reduce_max(amax, scratch));
   if (threadIdx.x == 0 && (p.given_scale == nullptr || row == 0)) p.scale[p.given_scale == nullptr ? row : 0] = scale;
 
-  // Pass 3: the codes.
-  if (in_regs) {
-#pragma unroll
-    for (int k = 0; k < kNormQuantRegVecs; ++k) {
-      const int64_t i = threadIdx.x + k * stride;
-      if (i < num_vecs) store_codes<Codes, T, VEC>(out, regs[k], scale, i);
-    }
-  } else {
-    for (int64_t i = threadIdx.x; i < num_vecs; i += stride) {
-      Vec<T, VEC> v;
-      v.load((kAdd ? residual : x) + i * VEC);
-      float unused = 0.f;
-      normalise<T, VEC>(v, weight, p.weight_offset, inv_rms, i, unused);
-      store_codes<Codes, T, VEC>(out, v, scale, i);
-    }
+  // Pass 3: the codes of the norm, recomputed as pass 2 computed it.
+  for (int64_t i = threadIdx.x; i < num_vecs; i += stride) {
+    Vec<T, VEC> v;
+    v.load(normed + i * VEC);
+    float unused = 0.f;
+    normalise<T, VEC>(v, weight, p.weight_offset, inv_rms, i, unused);
+    store_codes<Codes, T, VEC>(out, v, scale, i);
   }
 }
 
