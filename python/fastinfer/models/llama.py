@@ -111,6 +111,23 @@ def packed_parts(prefix: str, slot: str, sizes: Sequence[int]) -> List[WeightPar
     return [WeightPart(f"{prefix}.{name}", n) for name, n in zip(PACKED_MODULES[slot], sizes)]
 
 
+def norm_for(norm: nn.Module, x: Tensor, linear: Optional[nn.Module]):
+    """``norm(x)`` as ``linear``'s input: an :class:`RMSNorm` may fuse the quantisation its linear
+    takes (:meth:`RMSNorm.norm_for`); any other module (the EAGLE-1 head's ``nn.Identity`` input
+    norm) runs as it is."""
+    if isinstance(norm, RMSNorm):
+        return norm.norm_for(x, linear)
+    return norm(x)
+
+
+def add_norm_for(norm: nn.Module, x: Tensor, residual: Tensor, linear: Optional[nn.Module]):
+    """``norm.add_norm(x, residual)`` as ``linear``'s input, fused with its quantisation where
+    ``norm`` is an :class:`RMSNorm` (:meth:`RMSNorm.add_norm_for`)."""
+    if isinstance(norm, RMSNorm):
+        return norm.add_norm_for(x, residual, linear)
+    return norm.add_norm(x, residual)
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int, *, dtype, device, ops,
                  quant_config: Optional[QuantizationConfig], tp: ParallelInfo = SINGLE):
@@ -177,9 +194,9 @@ class LlamaDecoderLayer(nn.Module):
         """``x``: the previous layer's MLP output (or the embeddings for layer 0, with
         ``residual=None``). Returns ``(mlp_out, residual)``; both ``[T, hidden]``."""
         if residual is None:
-            residual, x = x, self.input_layernorm.norm_for(x, self.qkv_proj)
+            residual, x = x, norm_for(self.input_layernorm, x, self.qkv_proj)
         else:
-            x, residual = self.input_layernorm.add_norm_for(x, residual, self.qkv_proj)
+            x, residual = add_norm_for(self.input_layernorm, x, residual, self.qkv_proj)
         return self.attention_mlp(x, residual, batch, kv_cache, cos_sin_cache)
 
     def attention_mlp(self, x: Tensor, residual: Tensor, batch: ForwardBatch, kv_cache: KVCache,
@@ -189,7 +206,7 @@ class LlamaDecoderLayer(nn.Module):
         q, k, v = self.qkv(x)
         self.ops.rotary_embedding(batch.positions, q, k, cos_sin_cache, True)
         x = self.o_proj(self.attn(q, k, v, kv_cache, batch))
-        x, residual = self.post_attention_layernorm.add_norm_for(x, residual, self.mlp_input())
+        x, residual = add_norm_for(self.post_attention_layernorm, x, residual, self.mlp_input())
         return self.mlp(x), residual
 
 
