@@ -94,7 +94,7 @@ CPU_BUILT = ("tree_verify",)
 
 def sanitize_cases():
     """One small case per kernel family and main code path (fast under compute-sanitizer)."""
-    cs = [M.case_rms_norm(4), M.case_fused_add(4), M.case_silu(4), M.case_gelu_tanh(4), M.case_rope(4),
+    cs = [M.case_rms_norm(4), M.case_fused_add(4), M.case_rms_norm_quant(4), M.case_fused_add_quant(4), M.case_silu(4), M.case_gelu_tanh(4), M.case_rope(4),
           M.case_reshape_and_cache(20),
           M.case_move_kv_slots(moves=16, nb=16), M.case_merge(32),
           M.case_decode(2, 300, 32, 8),  # split-KV: the attention and the merge-splits kernels

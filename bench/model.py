@@ -278,6 +278,23 @@ def case_fused_add(t):
     return Case("fused_add_rms_norm", f"T={t} H={HIDDEN}", build, sample=max(1, t // 256))
 
 
+def case_rms_norm_quant(t):
+    """rms_norm fused with the per-token e4m3 quantisation (x from DRAM once; codes and scales out)."""
+    def build():
+        x, w = _bf16(t, HIDDEN), _bf16(HIDDEN)
+        return dict(fn=lambda: ns().rms_norm_quant(x, w, 1e-5, torch.float8_e4m3fn, None),
+                    ideal=t * HIDDEN * 3 + HIDDEN * 2 + t * 4)
+    return Case("rms_norm_quant", f"T={t} H={HIDDEN} e4m3/token", build, sample=max(1, t // 256))
+
+
+def case_fused_add_quant(t):
+    def build():
+        x, r, w = _bf16(t, HIDDEN), _bf16(t, HIDDEN), _bf16(HIDDEN)
+        return dict(fn=lambda: ns().fused_add_rms_norm_quant(x, r, w, 1e-5, torch.float8_e4m3fn, None),
+                    ideal=t * HIDDEN * 7 + HIDDEN * 2 + t * 4)
+    return Case("fused_add_rms_norm_quant", f"T={t} H={HIDDEN} e4m3/token", build, sample=max(1, t // 256))
+
+
 def case_silu(t):
     def build():
         x = _bf16(t, 2 * FFN)
@@ -891,7 +908,8 @@ def all_cases(quick=False):
     tokens = [1, 512] if quick else [1, 16, 512, 4096]
     cases = []
     for t in tokens:
-        cases += [case_rms_norm(t), case_fused_add(t), case_silu(t), case_rope(t), case_reshape_and_cache(t)]
+        cases += [case_rms_norm(t), case_fused_add(t), case_rms_norm_quant(t), case_fused_add_quant(t), case_silu(t),
+                  case_rope(t), case_reshape_and_cache(t)]
     if not quick:
         cases.append(case_gelu_tanh(512))
     cases += [case_move_kv_slots(), case_merge(512)]

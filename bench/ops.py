@@ -8,7 +8,9 @@ For each op and shape (Llama-3-8B-like: hidden 4096, F 14336, Hq 32, Hkv 8, D 12
 * ``torch``      -- the obvious eager PyTorch implementation in the input dtype;
 * ``compile``    -- ``torch.compile`` of that eager implementation (``--no-compile`` skips it; it is
   skipped by default on CPU with ``--quick`` because Inductor's C++ compile takes long there);
-* ``vllm`` / ``flashinfer`` -- their kernels for the same op, when the package imports.
+* ``vllm`` / ``flashinfer`` -- their kernels for the same op, when the package imports;
+* ``unfused`` (the norms fused with the e4m3 per-token quantisation, ``rms_norm_quant`` and
+  ``fused_add_rms_norm_quant``) -- the fastinfer pair they replace: the norm, then ``fp8_quantize``.
 
 Timing: on CUDA, batches of calls are bracketed by CUDA events; on CPU by ``time.perf_counter``.
 Each call uses the next of several *rotating* input sets, sized together to exceed the L2 cache on
@@ -24,6 +26,7 @@ Usage::
     python bench/ops.py                          # all ops, all shapes, current device
     python bench/ops.py --ops rms_norm,silu_and_mul --json out.json
     python bench/ops.py --quick                  # few shapes, short timing (< 60 s on CPU)
+    python bench/ops.py --ops rms_norm_quant,fused_add_rms_norm_quant --threads 1   # fused vs unfused
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ import torch.nn.functional as F
 
 from timing import device_label, git_commit, time_fn
 
-ALL_OPS = ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding", "reshape_and_cache"]
+ALL_OPS = ["rms_norm", "fused_add_rms_norm", "rms_norm_quant", "fused_add_rms_norm_quant", "silu_and_mul",
+           "rotary_embedding", "reshape_and_cache"]
 
 # Llama-3-8B
 HIDDEN, FFN, HQ, HKV, HEAD_DIM, BLOCK = 4096, 14336, 32, 8, 128, 16
@@ -62,6 +66,20 @@ def eager_rms_norm(x, w, eps: float = EPS):
 def eager_fused_add_rms_norm(x, res, w, eps: float = EPS):
     res.add_(x)
     x.copy_(res * torch.rsqrt(res.pow(2).mean(-1, keepdim=True) + eps) * w)
+
+
+def _eager_fp8_per_token(n):
+    s = n.float().abs().amax(-1, keepdim=True).clamp_min(1e-12) / 448.0
+    return (n.float() / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), s
+
+
+def eager_rms_norm_quant(x, w, eps: float = EPS):
+    return _eager_fp8_per_token(eager_rms_norm(x, w, eps))
+
+
+def eager_fused_add_rms_norm_quant(x, res, w, eps: float = EPS):
+    res.add_(x)
+    return _eager_fp8_per_token(eager_rms_norm(res, w, eps))
 
 
 def eager_silu_and_mul(x):
@@ -150,6 +168,37 @@ def make_case(op: str, t: int, dtype, device) -> Case:
             "vllm": lambda m, s: m.fused_add_rms_norm(s["x"], s["res"], s["w"], EPS),
             "flashinfer": lambda m, s: m.norm.fused_add_rmsnorm(s["x"], s["res"], s["w"], EPS),
         }
+    elif op == "rms_norm_quant":
+        h = HIDDEN
+
+        def mk():
+            return dict(x=rn(t, h), w=rn(h) * 0.1 + 1, out=torch.empty(t, h, device=device, dtype=dtype))
+
+        c = Case(op, f"T={t} H={h} e4m3/token", t, mk, (t * h * (es + 1) + h * es + 4 * t))
+        c.impls = {
+            "fastinfer": lambda s: _fi().rms_norm_quant(s["x"], s["w"], EPS, torch.float8_e4m3fn, None),
+            "unfused": lambda s: _fi().fp8_quantize(_fi().rms_norm(s["x"], s["w"], EPS), "token", 128, None),
+            "torch": lambda s: eager_rms_norm_quant(s["x"], s["w"]),
+        }
+        c.peer_fns = {"compile": (eager_rms_norm_quant, lambda s: (s["x"], s["w"]))}
+    elif op == "fused_add_rms_norm_quant":
+        h = HIDDEN
+
+        def mk():
+            return dict(x=rn(t, h), res=rn(t, h), w=rn(h) * 0.1 + 1)
+
+        def unfused(s):  # the norm writes x in place, as the runner's unfused path does
+            _fi().fused_add_rms_norm(s["x"], s["res"], s["w"], EPS)
+            return _fi().fp8_quantize(s["x"], "token", 128, None)
+
+        c = Case(op, f"T={t} H={h} e4m3/token", t, mk, (t * h * (3 * es + 1) + h * es + 4 * t))
+        c.impls = {
+            "fastinfer": lambda s: _fi().fused_add_rms_norm_quant(s["x"], s["res"], s["w"], EPS,
+                                                                 torch.float8_e4m3fn, None),
+            "unfused": unfused,
+            "torch": lambda s: eager_fused_add_rms_norm_quant(s["x"], s["res"], s["w"]),
+        }
+        c.peer_fns = {"compile": (eager_fused_add_rms_norm_quant, lambda s: (s["x"], s["res"], s["w"]))}
     elif op == "silu_and_mul":
         f = FFN
 
@@ -322,6 +371,7 @@ def main(argv=None):
                    help="skip the torch.compile peer")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--threads", type=int, default=None, help="torch's intra-op threads (CPU; default: torch's)")
     p.add_argument("--reps", type=int, default=None, help="timed batches (median is reported)")
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--budget", type=float, default=None, help="seconds of timed work per impl and shape")
@@ -332,6 +382,9 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     import fastinfer  # noqa: F401  (registers torch.ops.fastinfer)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     args.dtype = getattr(torch, args.dtype)
@@ -387,6 +440,7 @@ def write_json(args, device, on_cpu, peers, rows, skipped):
             cuda_version=torch.version.cuda,
             git_commit=git_commit(),
             dtype=str(args.dtype).replace("torch.", ""),
+            threads=torch.get_num_threads(),
             quick=args.quick,
             compile=args.compile,
             peers=sorted(peers),

@@ -3,11 +3,12 @@ Hugging Face models of the Llama family (written with ``save_pretrained``, loade
 
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence, Tuple
 
 import torch
 
-from fastinfer.layers import BatchBuilder
+from fastinfer.layers import BatchBuilder, RMSNorm
 
 
 def make_forward_batch(prefill: Sequence[Tuple[Sequence[int], int, Sequence[int]]] = (),
@@ -163,3 +164,18 @@ def plan_logits(llm, prompt) -> torch.Tensor:
     nxt = int(pre[-1].argmax())
     dec, _ = run(ForwardPlan(decodes=[(-1, nxt, len(prompt))], tables={-1: table}, finished=[-1]))
     return torch.cat([pre, dec])
+
+
+@contextlib.contextmanager
+def unfused_norm_quant(model):
+    """The norms of ``model`` hand float tensors to every linear (``RMSNorm.fuse_quant = False``):
+    for hooks that read a quantised linear's float input. Bit for bit the same logits
+    (tests/test_quant_formats.py::test_norm_quant_fusion_is_bit_exact)."""
+    saved = [(m, m.fuse_quant) for m in model.modules() if isinstance(m, RMSNorm)]
+    for m, _ in saved:
+        m.fuse_quant = False
+    try:
+        yield
+    finally:
+        for m, fuse in saved:
+            m.fuse_quant = fuse

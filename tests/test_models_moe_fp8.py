@@ -58,7 +58,7 @@ from fastinfer.layers import (  # noqa: E402
 )
 from fastinfer.quant import Fp8BlockLinearMethod, Fp8FusedMoEMethod, Fp8LinearMethod  # noqa: E402
 from model_helpers import plan_logits as _plan_logits  # noqa: E402
-from model_helpers import make_hf_model, prefill_logits, random_prompt, rel_err  # noqa: E402
+from model_helpers import make_hf_model, prefill_logits, random_prompt, rel_err, unfused_norm_quant  # noqa: E402
 from test_quant_formats import _fp8_codes, _snap_ties  # noqa: E402
 
 from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme, preset_name_to_scheme  # noqa: E402
@@ -171,7 +171,8 @@ def runner_trace(llm: LLM):
                                else None)
         hooks.append(layer.moe.register_forward_hook(moe_hook))
     try:
-        return prefill_logits(llm.model, PROMPT), trace
+        with unfused_norm_quant(llm.model):
+            return prefill_logits(llm.model, PROMPT), trace
     finally:
         for h in hooks:
             h.remove()

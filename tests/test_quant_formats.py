@@ -44,7 +44,7 @@ from fastinfer.engine.llm import LLM  # noqa: E402
 from fastinfer.engine.params import SamplingParams  # noqa: E402
 from fastinfer.layers import UnquantizedLinearMethod  # noqa: E402
 from fastinfer.quant import Fp8BlockLinearMethod, Fp8LinearMethod, Int4LinearMethod, Int8LinearMethod  # noqa: E402
-from model_helpers import prefill_logits  # noqa: E402
+from model_helpers import prefill_logits, unfused_norm_quant  # noqa: E402
 
 from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32  # noqa: E402
 from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme, preset_name_to_scheme  # noqa: E402
@@ -183,7 +183,8 @@ def runner_logits_and_inputs(llm: LLM):
                     inputs[f"model.layers.{i}.{p}"] = args[0].detach().reshape(-1, args[0].shape[-1]).clone()
             hooks.append(getattr(layer, slot).register_forward_pre_hook(hook))
     try:
-        return runner_logits(llm), inputs
+        with unfused_norm_quant(llm.model):
+            return runner_logits(llm), inputs
     finally:
         for h in hooks:
             h.remove()
@@ -834,3 +835,62 @@ def test_compressed_tensors_nvfp4(tmp_path, arch):
           f"{rel_norm(ours, original_logits(arch)):.2e} against the float original")
     assert 0 < err < 1e-2
 
+
+
+# ------------------------------------------------------------------------------------------------
+# the norms fused with the activation quantisation
+# ------------------------------------------------------------------------------------------------
+
+NORM_QUANT_VARIANTS = {  # name -> config groups; each a W8A8 scheme whose input the norm may quantise
+    "FP8_DYNAMIC": CT_VARIANTS["FP8_DYNAMIC"][0],
+    "FP8": CT_VARIANTS["FP8"][0],  # static per-tensor activation scales
+    "W8A8": CT_INT8["W8A8"][0],
+    "W8A8-static": lambda: {"group_0": QuantizationScheme(
+        targets=["Linear"], weights=QuantizationArgs(num_bits=8, type="int", strategy="channel", symmetric=True),
+        input_activations=QuantizationArgs(num_bits=8, type="int", strategy="tensor", dynamic=False,
+                                           symmetric=True))},
+}
+
+
+@pytest.fixture(scope="module")
+def norm_quant_ckpt(tmp_path_factory):
+    made = {}
+
+    def get(variant: str) -> str:
+        if variant not in made:
+            dst = str(tmp_path_factory.mktemp(f"normquant-{variant}") / "m")
+            made[variant] = ct_checkpoint("llama", NORM_QUANT_VARIANTS[variant](), ["lm_head"], dst)[0]
+        return made[variant]
+
+    return get
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("variant", list(NORM_QUANT_VARIANTS))
+def test_norm_quant_fusion_is_bit_exact(norm_quant_ckpt, monkeypatch, variant, dtype):
+    """Where a norm feeds an fp8 / int8 linear with per-token or static activation scales (every
+    layer's input_layernorm -> qkv_proj and post_attention_layernorm -> gate_up_proj), the runner
+    calls rms_norm_quant / fused_add_rms_norm_quant; the logits are bit for bit those of the
+    unfused norm and quantiser."""
+    llm = LLM(norm_quant_ckpt(variant), dtype=dtype, num_kv_blocks=8)
+    static = variant in ("FP8", "W8A8-static")
+    code = torch.int8 if variant.startswith("W8A8") else torch.float8_e4m3fn
+    for layer in llm.model.layers:
+        for slot in ("qkv_proj", "gate_up_proj"):
+            lin = getattr(layer, slot)
+            got = lin.method.input_quantization(lin)
+            assert got is not None and got[0] == code and (got[1] is not None) == static, (slot, got)
+    ops = llm.model.layers[0].input_layernorm.ops
+    calls = []
+    for name in ("rms_norm_quant", "fused_add_rms_norm_quant"):
+        fn = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, _fn=fn, _name=name, **k: (calls.append(_name), _fn(*a, **k))[1])
+    fused = runner_logits(llm)
+    n = len(llm.model.layers)
+    assert calls.count("rms_norm_quant") == 1 and calls.count("fused_add_rms_norm_quant") == 2 * n - 1, calls
+    calls.clear()
+    with unfused_norm_quant(llm.model):
+        unfused = runner_logits(llm)
+    assert not calls
+    assert fused.dtype == torch.float32 and torch.isfinite(fused).all()
+    assert torch.equal(fused.view(torch.int32), unfused.view(torch.int32))

@@ -33,7 +33,7 @@ from fastinfer.engine.params import SamplingParams
 from fastinfer.entrypoints.cli import main as cli_main
 from fastinfer.layers import UnquantizedLinearMethod
 from fastinfer.quant import Fp8LinearMethod, Int4LinearMethod, Int8LinearMethod, unpack_nibbles
-from model_helpers import make_forward_batch, prefill_logits
+from model_helpers import make_forward_batch, prefill_logits, unfused_norm_quant
 
 ASSETS = os.path.join(os.path.dirname(fastinfer.__file__), "assets", "tiny-llama")
 LINEARS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -180,7 +180,8 @@ def _linear_inputs(llm) -> dict:
             hooks.append(getattr(layer, slot).register_forward_pre_hook(
                 lambda mod, args, k=(i, slot): seen.__setitem__(k, args[0].detach().reshape(-1, args[0].shape[-1]))))
     try:
-        logits_of(llm)
+        with unfused_norm_quant(llm.model):
+            logits_of(llm)
     finally:
         for h in hooks:
             h.remove()

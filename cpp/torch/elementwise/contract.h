@@ -19,6 +19,12 @@ inline void define_elementwise_ops(StableLibrary& m) {
   m.def("rms_norm_out(Tensor(a!) out, Tensor x, Tensor? weight, float eps, float weight_offset=0.) -> ()");
   m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor? weight, float eps, "
         "float weight_offset=0.) -> ()");
+  // RMSNorm then e4m3 / int8 quantisation of the rounded result: a given per-tensor scale [1], or
+  // dynamic per-token scales [num_rows]; returns (codes, scale).
+  m.def("rms_norm_quant(Tensor x, Tensor? weight, float eps, ScalarType out_dtype, Tensor? scale=None, "
+        "float weight_offset=0.) -> (Tensor out, Tensor scale)");
+  m.def("fused_add_rms_norm_quant(Tensor x, Tensor(a!) residual, Tensor? weight, float eps, ScalarType out_dtype, "
+        "Tensor? scale=None, float weight_offset=0.) -> (Tensor out, Tensor scale)");
   m.def("gated_rms_norm(Tensor x, Tensor gate, Tensor? weight, float eps, float weight_offset=0.) -> Tensor");
   m.def("silu_and_mul(Tensor x) -> Tensor");
   m.def("silu_and_mul_out(Tensor(a!) out, Tensor x) -> ()");
@@ -52,6 +58,25 @@ inline void validate_rms_norm(const char* op, const Tensor& x, const std::option
   FI_CHECK(std::isfinite(weight_offset), op, "weight_offset must be a finite number, got ", weight_offset);
   FI_CHECK(weight_offset == 0 || weight.has_value(), op,
            "weight_offset must be 0 without a weight (the weightless norm), got ", weight_offset);
+}
+
+// rms_norm_quant / fused_add_rms_norm_quant (residual given): the norm's rules, a last dim >= 1 (a
+// row's scale needs an element), out_dtype float8_e4m3fn or int8, and a given (static) scale float32
+// with 1 element on x's device. residual has the shape, dtype and device of x.
+inline void validate_rms_norm_quant(const char* op, const Tensor& x, const Tensor* residual,
+                                    const std::optional<Tensor>& weight, double eps, ScalarType out_dtype,
+                                    const std::optional<Tensor>& scale, double weight_offset, bool allow_fp32) {
+  validate_rms_norm(op, x, weight, eps, weight_offset, allow_fp32);
+  if (residual != nullptr) validate_like(op, *residual, "residual", x, "x");
+  FI_CHECK(x.size(-1) >= 1, op, "x must have a last dim (hidden) >= 1, got shape ", shape_str(x));
+  FI_CHECK(out_dtype == kFloat8_e4m3fn || out_dtype == kChar, op,
+           "out_dtype must be torch.float8_e4m3fn or torch.int8, got ", out_dtype);
+  if (scale.has_value()) {
+    FI_CHECK(scale->scalar_type() == kFloat, op, "scale must be float32, got ", scale->scalar_type());
+    check_same_device(*scale, x, op, "scale", "x");
+    FI_CHECK(scale->numel() == 1, op, "scale must have exactly 1 element (a static per-tensor scale), got shape ",
+             shape_str(*scale));
+  }
 }
 
 // gated_rms_norm: the gate z has the shape, dtype and device of x.

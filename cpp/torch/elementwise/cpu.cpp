@@ -8,6 +8,8 @@
 
 #include "cpu_simd.h"
 #include "elementwise/contract.h"
+#include "gemm_fp8/e4m3_cpu.h"
+#include "gemm_int8/int8_cpu.h"
 
 namespace fastinfer::binding {
 namespace {
@@ -76,6 +78,40 @@ FASTINFER_CPU_INLINE void add_rms_norm_range(T* x, int64_t xs, T* residual, int6
     for (int64_t i = 0; i < h; ++i) rr[i] = static_cast<T>(static_cast<float>(xr[i]) + static_cast<float>(rr[i]));
   }
   rms_norm_range(x, xs, residual, rs, static_cast<const T*>(nullptr), 0, w, begin, end, h, eps);
+}
+
+// residual <- round(x + residual) on rows [begin, end) (add_rms_norm_range's first loop; x is
+// only read): fused_add_rms_norm_quant's add.
+template <typename T>
+FASTINFER_CPU_INLINE void add_residual_range(const T* x, int64_t xs, T* residual, int64_t rs, int64_t begin,
+                                             int64_t end, int64_t h) {
+  for (int64_t r = begin; r < end; ++r) {
+    const T* xr = x + r * xs;
+    T* rr = residual + r * rs;
+    for (int64_t i = 0; i < h; ++i) rr[i] = static_cast<T>(static_cast<float>(xr[i]) + static_cast<float>(rr[i]));
+  }
+}
+
+// fp8_quantize's / int8_quantize's arithmetic on n dense rows of h values of T (gemm_fp8/e4m3_cpu.h,
+// gemm_int8/int8_cpu.h): per row the scale from the amax (or the given one; then scales is null)
+// and the codes. row: h floats of scratch.
+template <typename T>
+FASTINFER_CPU_INLINE void quantize_rows(const T* src, int64_t n, int64_t h, bool e4m3, void* codes, float* scales,
+                                        float given_scale, float* row) {
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < h; ++i) row[i] = static_cast<float>(src[r * h + i]);
+    if (e4m3) {
+      const float s = scales == nullptr ? given_scale : scale_from_amax(cpu::abs_max(row, h));
+      Float8_e4m3fn* q = static_cast<Float8_e4m3fn*>(codes) + r * h;
+      for (int64_t i = 0; i < h; ++i) q[i] = to_e4m3(row[i], s);
+      if (scales != nullptr) scales[r] = s;
+    } else {
+      const float s = scales == nullptr ? given_scale : int8_scale_from_amax(cpu::abs_max(row, h));
+      int8_t* q = static_cast<int8_t*>(codes) + r * h;
+      for (int64_t i = 0; i < h; ++i) q[i] = int8_symmetric_code(row[i] / s);
+      if (scales != nullptr) scales[r] = s;
+    }
+  }
 }
 
 // The gated activations (gate then up halves of each row): silu (SwiGLU) and gelu's tanh
@@ -167,6 +203,14 @@ FASTINFER_CPU_INLINE void rotary_range(T* x, int64_t stride, int64_t heads, int6
                                                   int64_t b, int64_t e, int64_t h, float eps) {              \
     add_rms_norm_range(x, xs, r, rs, w, b, e, h, eps);                                                       \
   }                                                                                                          \
+  FASTINFER_CPU_CLONES void add_residual_##SUFFIX(const T* x, int64_t xs, T* r, int64_t rs, int64_t b, int64_t e, \
+                                                  int64_t h) {                                               \
+    add_residual_range(x, xs, r, rs, b, e, h);                                                               \
+  }                                                                                                          \
+  FASTINFER_CPU_CLONES void quantize_rows_##SUFFIX(const T* src, int64_t n, int64_t h, bool e4m3, void* q,   \
+                                                   float* scales, float given, float* row) {                 \
+    quantize_rows(src, n, h, e4m3, q, scales, given, row);                                                   \
+  }                                                                                                          \
   FASTINFER_CPU_CLONES void silu_and_mul_##SUFFIX(T* out, int64_t os, const T* x, int64_t s, int64_t b, int64_t e,       \
                                                   int64_t f) {                                               \
     gated_and_mul_range<SiluGate>(out, os, x, s, b, e, f);                                                       \
@@ -203,6 +247,8 @@ template <typename T> struct RowEntries;
   template <> struct RowEntries<T> {                                     \
     static constexpr auto rms_norm = rms_norm_##SUFFIX;                  \
     static constexpr auto add_rms_norm = add_rms_norm_##SUFFIX;          \
+    static constexpr auto add_residual = add_residual_##SUFFIX;          \
+    static constexpr auto quantize_rows = quantize_rows_##SUFFIX;        \
     static constexpr auto silu_and_mul = silu_and_mul_##SUFFIX;          \
     static constexpr auto gelu_and_mul = gelu_and_mul_##SUFFIX;          \
     static constexpr auto gelu_tanh_and_mul = gelu_tanh_and_mul_##SUFFIX; \
@@ -286,6 +332,63 @@ void fused_add_rms_norm_cpu(Tensor& x, Tensor& residual, const std::optional<Ten
       RowEntries<scalar_t>::add_rms_norm(xp, xs, rp, rs, w.data(), b, e, h, static_cast<float>(eps));
     });
   });
+}
+
+// rms_norm_quant (residual nullptr) and fused_add_rms_norm_quant: per block of rows, the residual
+// add as add_rms_norm_range does it, the norm by the rms_norm entry into a block buffer of x's
+// dtype (the rounded values rms_norm returns), then fp8_quantize's / int8_quantize's arithmetic
+// on each row (quantize_rows). The add and the quantisation are exact elementwise operations and
+// maxima, so their ISA clones all give the same bits.
+std::tuple<Tensor, Tensor> rms_norm_quant_into(const char* op, const Tensor& x, Tensor* residual,
+                                               const std::optional<Tensor>& weight, double eps, ScalarType out_dtype,
+                                               const std::optional<Tensor>& scale, double weight_offset) {
+  validate_rms_norm_quant(op, x, residual, weight, eps, out_dtype, scale, weight_offset, true);
+  check_rms_norm_inputs(op, x, weight, residual, "residual");
+  if (scale.has_value()) check_on_cpu(*scale, op, "scale");
+  const int64_t h = x.size(-1), rows = x.numel() / h;
+  auto out = empty_on(x, shape_of(x), out_dtype);
+  const bool given = scale.has_value();
+  const float given_scale = given ? scalar_value(*scale) : 0.0f;
+  auto out_scale = given ? full_on(x, {1}, given_scale, kFloat) : empty_on(x, {rows}, kFloat);
+  if (rows == 0) return {out, out_scale};
+  const auto w = norm_weight(weight, h, weight_offset);
+  float* sp = given ? nullptr : out_scale.mutable_data_ptr<float>();
+  const bool e4m3 = out_dtype == kFloat8_e4m3fn;
+  auto* codes = static_cast<uint8_t*>(out.data_ptr());  // 1 byte per code
+  FASTINFER_DISPATCH_ACT_TYPES(x.scalar_type(), op, [&] {
+    using E = RowEntries<scalar_t>;
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    scalar_t* rp = residual != nullptr ? residual->mutable_data_ptr<scalar_t>() : nullptr;
+    const int64_t xs = row_stride(x), rs = residual != nullptr ? row_stride(*residual) : 0;
+    const int64_t block = grain_rows(h);  // rows per pass: the normalised block stays in cache
+    torch::stable::parallel_for(0, rows, block, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> normed(std::min(block, end - begin) * h);
+      std::vector<float> row(h);
+      for (int64_t b = begin; b < end; b += block) {
+        const int64_t e = std::min(b + block, end);
+        if (rp != nullptr) E::add_residual(xp, xs, rp, rs, b, e, h);
+        const scalar_t* src = rp != nullptr ? rp + b * rs : xp + b * xs;
+        E::rms_norm(normed.data(), h, src, rp != nullptr ? rs : xs, static_cast<const scalar_t*>(nullptr), 0,
+                    w.data(), 0, e - b, h, static_cast<float>(eps));
+        E::quantize_rows(normed.data(), e - b, h, e4m3, codes + b * h, sp != nullptr ? sp + b : nullptr, given_scale,
+                         row.data());
+      }
+    });
+  });
+  return {out, out_scale};
+}
+
+std::tuple<Tensor, Tensor> rms_norm_quant_cpu(const Tensor& x, const std::optional<Tensor>& weight, double eps,
+                                              ScalarType out_dtype, const std::optional<Tensor>& scale,
+                                              double weight_offset) {
+  return rms_norm_quant_into("rms_norm_quant", x, nullptr, weight, eps, out_dtype, scale, weight_offset);
+}
+
+std::tuple<Tensor, Tensor> fused_add_rms_norm_quant_cpu(const Tensor& x, Tensor& residual,
+                                                        const std::optional<Tensor>& weight, double eps,
+                                                        ScalarType out_dtype, const std::optional<Tensor>& scale,
+                                                        double weight_offset) {
+  return rms_norm_quant_into("fused_add_rms_norm_quant", x, &residual, weight, eps, out_dtype, scale, weight_offset);
 }
 
 enum class Gate { kSilu, kGeluErf, kGeluTanh };
@@ -445,6 +548,8 @@ FASTINFER_LIBRARY_IMPL(CPU, m) {
   m.impl("rms_norm_out", TORCH_BOX(&rms_norm_out_cpu));
   m.impl("fused_add_rms_norm", TORCH_BOX(&fused_add_rms_norm_cpu));
   m.impl("gated_rms_norm", TORCH_BOX(&gated_rms_norm_cpu));
+  m.impl("rms_norm_quant", TORCH_BOX(&rms_norm_quant_cpu));
+  m.impl("fused_add_rms_norm_quant", TORCH_BOX(&fused_add_rms_norm_quant_cpu));
   m.impl("silu_and_mul", TORCH_BOX(&silu_and_mul_cpu));
   m.impl("silu_and_mul_out", TORCH_BOX(&silu_and_mul_out_cpu));
   m.impl("gelu_and_mul", TORCH_BOX(&gelu_and_mul_cpu));

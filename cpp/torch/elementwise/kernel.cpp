@@ -77,6 +77,51 @@ void fused_add_rms_norm(Tensor& x, Tensor& residual, const std::optional<Tensor>
   check_launch(launch_fused_add_rms_norm(p, scope.stream()), op);
 }
 
+// residual: fused_add_rms_norm_quant's (residual <- x + residual, then its norm), or nullptr.
+std::tuple<Tensor, Tensor> rms_norm_quant_impl(const char* op, const Tensor& x, Tensor* residual,
+                                               const std::optional<Tensor>& weight, double eps, ScalarType out_dtype,
+                                               const std::optional<Tensor>& scale, double weight_offset) {
+  validate_rms_norm_quant(op, x, residual, weight, eps, out_dtype, scale, weight_offset, false);
+  check_device(x, op, "x");
+  check_rms_norm_layout(op, x, weight, residual, "residual");
+  const int64_t hidden = x.size(-1), num_rows = x.numel() / hidden;
+  auto out = empty_on(x, shape_of(x), out_dtype);
+  auto out_scale = scale.has_value() ? empty_on(x, {1}, kFloat) : empty_on(x, {num_rows}, kFloat);
+  if (num_rows == 0)  // nothing to launch: the given scale's copy is read on the host
+    return {out, scale.has_value() ? full_on(x, {1}, scalar_value(*scale), kFloat) : out_scale};
+  KernelScope scope(op, x);
+  RmsNormQuantParams p;
+  p.out = out.data_ptr();
+  p.scale = out_scale.mutable_data_ptr<float>();
+  p.given_scale = scale.has_value() ? scale->const_data_ptr<float>() : nullptr;
+  p.x = x.data_ptr();
+  p.residual = residual != nullptr ? residual->data_ptr() : nullptr;
+  p.weight = weight.has_value() ? weight->data_ptr() : nullptr;
+  p.num_rows = num_rows;
+  p.hidden = hidden;
+  p.x_row_stride = row_stride(x);
+  p.residual_row_stride = residual != nullptr ? row_stride(*residual) : 0;
+  p.eps = static_cast<float>(eps);
+  p.weight_offset = static_cast<float>(weight_offset);
+  p.dtype = to_dtype(x.scalar_type());
+  p.format = out_dtype == kFloat8_e4m3fn ? NormQuantFormat::kE4m3 : NormQuantFormat::kInt8;
+  check_launch(launch_rms_norm_quant(p, scope.stream()), op);
+  return {out, out_scale};
+}
+
+std::tuple<Tensor, Tensor> rms_norm_quant(const Tensor& x, const std::optional<Tensor>& weight, double eps,
+                                          ScalarType out_dtype, const std::optional<Tensor>& scale,
+                                          double weight_offset) {
+  return rms_norm_quant_impl("rms_norm_quant", x, nullptr, weight, eps, out_dtype, scale, weight_offset);
+}
+
+std::tuple<Tensor, Tensor> fused_add_rms_norm_quant(const Tensor& x, Tensor& residual,
+                                                    const std::optional<Tensor>& weight, double eps,
+                                                    ScalarType out_dtype, const std::optional<Tensor>& scale,
+                                                    double weight_offset) {
+  return rms_norm_quant_impl("fused_add_rms_norm_quant", x, &residual, weight, eps, out_dtype, scale, weight_offset);
+}
+
 // ---------------------------------------------------------------------------------------------
 using GatedLauncher = cudaError_t (*)(const GatedActivationParams&, cudaStream_t);
 
@@ -223,6 +268,8 @@ FASTINFER_LIBRARY_IMPL(FASTINFER_KERNEL_KEY, m) {
   m.impl("rms_norm_out", TORCH_BOX(&rms_norm_out));
   m.impl("fused_add_rms_norm", TORCH_BOX(&fused_add_rms_norm));
   m.impl("gated_rms_norm", TORCH_BOX(&gated_rms_norm));
+  m.impl("rms_norm_quant", TORCH_BOX(&rms_norm_quant));
+  m.impl("fused_add_rms_norm_quant", TORCH_BOX(&fused_add_rms_norm_quant));
   m.impl("silu_and_mul", TORCH_BOX(&silu_and_mul));
   m.impl("silu_and_mul_out", TORCH_BOX(&silu_and_mul_out));
   m.impl("gelu_and_mul", TORCH_BOX(&gelu_and_mul));

@@ -15,6 +15,7 @@
 
 #include "cpu_simd.h"
 #include "gemm_int8/contract.h"
+#include "gemm_int8/int8_cpu.h"
 
 namespace fastinfer::binding {
 namespace {
@@ -24,9 +25,6 @@ constexpr int64_t kExactChunk = 1024;  // 1024 * 128 * 128 = 2^24
 constexpr int64_t kDotRows = 4;        // M up to this: direct dot products
 
 float clamp(float v, float lo, float hi) { return std::min(std::max(v, lo), hi); }
-// The symmetric code of v = x / scale; NaN (a NaN value, or a row's NaN scale) has code 0: int8 has
-// no NaN, the scale carries it (the kernels' rule).
-int8_t symmetric_code(float v) { return v != v ? 0 : static_cast<int8_t>(std::nearbyint(clamp(v, -127.0f, 127.0f))); }
 // The code of v = x / scale with zero point z (asymmetric): NaN -> 0, else clamp(rne(v) + z).
 int8_t asymmetric_code(float v, float z) {
   return v != v ? 0 : static_cast<int8_t>(clamp(std::nearbyint(clamp(v, -256.0f, 256.0f)) + z, -128.0f, 127.0f));
@@ -49,14 +47,14 @@ std::tuple<Tensor, Tensor, Tensor> int8_quantize_cpu(const Tensor& x, std::strin
   if (mode == Int8Mode::kTensor) {
     if (scale.has_value()) check_on_cpu(*scale, op, "scale");
     const float amax = M * K > 0 ? cpu::abs_max(xf, M * K) : 0.0f;
-    const float s = scale.has_value() ? scalar_value(*scale) : std::max(amax, min_range) / 127.0f;
+    const float s = scale.has_value() ? scalar_value(*scale) : int8_scale_from_amax(amax);
     if (!symmetric) {  // static asymmetric: the given scale and zero point
       check_on_cpu(*given_azp, op, "azp");
       const int32_t z = host_indices(*given_azp)[0];
       for (int64_t i = 0; i < M * K; ++i) q[i] = asymmetric_code(xf[i] / s, static_cast<float>(z));
       return {q_t, full_on(x, {1}, s, kFloat), full_on(x, {1}, z, kInt)};
     }
-    for (int64_t i = 0; i < M * K; ++i) q[i] = symmetric_code(xf[i] / s);
+    for (int64_t i = 0; i < M * K; ++i) q[i] = int8_symmetric_code(xf[i] / s);
     return {q_t, full_on(x, {1}, s, kFloat), empty_on(x, {0}, kInt)};
   }
   auto s_t = empty_on(x, {M}, kFloat);
@@ -68,9 +66,9 @@ std::tuple<Tensor, Tensor, Tensor> int8_quantize_cpu(const Tensor& x, std::strin
       const float* xr = xf + r * K;
       int8_t* qr = q + r * K;
       if (symmetric) {
-        const float s = std::max(K > 0 ? cpu::abs_max(xr, K) : 0.0f, min_range) / 127.0f;
+        const float s = int8_scale_from_amax(K > 0 ? cpu::abs_max(xr, K) : 0.0f);
         sp[r] = s;
-        for (int64_t k = 0; k < K; ++k) qr[k] = symmetric_code(xr[k] / s);
+        for (int64_t k = 0; k < K; ++k) qr[k] = int8_symmetric_code(xr[k] / s);
       } else {
         const float hi = K > 0 ? std::max(cpu::max_over(xr, K, [](float v) { return v; }), 0.0f) : 0.0f;
         const float lo = K > 0 ? std::max(cpu::max_over(xr, K, [](float v) { return -v; }), 0.0f) : 0.0f;

@@ -18,6 +18,7 @@ from .linear import (  # noqa: F401
     LinearMethod,
     ParallelInfo,
     QuantizationConfig,
+    QuantizedInput,
     ReplicatedLinear,
     RowParallelLinear,
     UnquantizedLinearMethod,
@@ -45,7 +46,7 @@ from .weights import (  # noqa: F401
 __all__ = [
     "BatchBuilder", "ForwardBatch", "host_to_device", "slot_of",
     "CheckpointModule", "WeightReader", "SafetensorsReader", "TensorDictReader", "checkpoint_files", "check_tensor",
-    "Linear", "LinearMethod", "UnquantizedLinearMethod", "QuantizationConfig", "WeightPart", "ParallelInfo",
+    "Linear", "LinearMethod", "QuantizedInput", "UnquantizedLinearMethod", "QuantizationConfig", "WeightPart", "ParallelInfo",
     "ReplicatedLinear", "ColumnParallelLinear", "RowParallelLinear", "param",
     "RMSNorm", "VocabEmbedding", "LMHead", "PagedAttention", "KVCache",
     "FusedMoE", "FusedMoEMethod", "UnquantizedFusedMoEMethod", "RouterMethod", "ExpertProjections",

@@ -27,7 +27,7 @@ from .weights import CheckpointModule, WeightReader
 
 Tensor = torch.Tensor
 
-__all__ = ["WeightPart", "ParallelInfo", "LinearMethod", "UnquantizedLinearMethod", "QuantizationConfig",
+__all__ = ["WeightPart", "ParallelInfo", "QuantizedInput", "LinearMethod", "UnquantizedLinearMethod", "QuantizationConfig",
            "Linear", "ReplicatedLinear", "ColumnParallelLinear", "RowParallelLinear", "param"]
 
 
@@ -43,6 +43,16 @@ class WeightPart(NamedTuple):
     rows: int
 
 
+class QuantizedInput(NamedTuple):
+    """A linear's input already quantised as its method would quantise it (by the norm before it,
+    fused: ``rms_norm_quant``): ``codes [..., K]`` (e4m3 or int8), their float32 ``scale`` (``[M]``
+    per token or the static ``[1]``) and ``dtype``, the activation dtype the output takes."""
+
+    codes: Tensor
+    scale: Tensor
+    dtype: torch.dtype
+
+
 class LinearMethod:
     """How a :class:`Linear` holds its weight and multiplies by it.
 
@@ -51,6 +61,12 @@ class LinearMethod:
     """
 
     name = "float"
+
+    def input_quantization(self, layer: "Linear") -> Optional[Tuple[torch.dtype, Optional[Tensor]]]:
+        """``(code dtype, static scale or None for per-token scales)`` when ``apply`` takes a
+        :class:`QuantizedInput` quantised so (the norm before the layer may then quantise); None:
+        it takes float activations only."""
+        return None
 
     def create_weights(self, layer: "Linear") -> None:
         pass

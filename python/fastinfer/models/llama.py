@@ -111,6 +111,23 @@ def packed_parts(prefix: str, slot: str, sizes: Sequence[int]) -> List[WeightPar
     return [WeightPart(f"{prefix}.{name}", n) for name, n in zip(PACKED_MODULES[slot], sizes)]
 
 
+def norm_for(norm: nn.Module, x: Tensor, linear: Optional[nn.Module]):
+    """``norm(x)`` as ``linear``'s input: an :class:`RMSNorm` may fuse the quantisation its linear
+    takes (:meth:`RMSNorm.norm_for`); any other module (the EAGLE-1 head's ``nn.Identity`` input
+    norm) runs as it is."""
+    if isinstance(norm, RMSNorm):
+        return norm.norm_for(x, linear)
+    return norm(x)
+
+
+def add_norm_for(norm: nn.Module, x: Tensor, residual: Tensor, linear: Optional[nn.Module]):
+    """``norm.add_norm(x, residual)`` as ``linear``'s input, fused with its quantisation where
+    ``norm`` is an :class:`RMSNorm` (:meth:`RMSNorm.add_norm_for`)."""
+    if isinstance(norm, RMSNorm):
+        return norm.add_norm_for(x, residual, linear)
+    return norm.add_norm(x, residual)
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int, *, dtype, device, ops,
                  quant_config: Optional[QuantizationConfig], tp: ParallelInfo = SINGLE):
@@ -145,10 +162,11 @@ class LlamaDecoderLayer(nn.Module):
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, f"{prefix}.self_attn.k_norm", **kw)
 
     def qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """This rank's ``q [T, Hq, D]``, ``k``, ``v [T, Hkv, D]`` of the normed input, before RoPE
-        (token-strided views where no norm copies them)."""
-        T = x.shape[0]
-        qkv = self.qkv_proj(x)
+        """This rank's ``q [T, Hq, D]``, ``k``, ``v [T, Hkv, D]`` of the normed input (a tensor or the
+        :class:`~fastinfer.layers.QuantizedInput` of ``qkv_proj``), before RoPE (token-strided views
+        where no norm copies them)."""
+        qkv = self.qkv_proj(x)  # x: a tensor, or a QuantizedInput from the norm
+        T = qkv.shape[0]
         q = qkv[:, : self.q_size].view(T, self.num_heads, self.head_dim)
         k = qkv[:, self.q_size: self.q_size + self.kv_size].view(T, self.num_kv_heads, self.head_dim)
         v = qkv[:, self.q_size + self.kv_size:].view(T, self.num_kv_heads, self.head_dim)
@@ -167,14 +185,18 @@ class LlamaDecoderLayer(nn.Module):
     def mlp(self, x: Tensor) -> Tensor:
         return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
+    def mlp_input(self) -> Optional[Linear]:
+        """The linear that alone reads :meth:`mlp`'s input (its norm may quantise for it), or None."""
+        return self.gate_up_proj
+
     def forward(self, x: Tensor, residual: Optional[Tensor], batch: ForwardBatch, kv_cache: KVCache,
                 cos_sin_cache: Tensor) -> Tuple[Tensor, Tensor]:
         """``x``: the previous layer's MLP output (or the embeddings for layer 0, with
         ``residual=None``). Returns ``(mlp_out, residual)``; both ``[T, hidden]``."""
         if residual is None:
-            residual, x = x, self.input_layernorm(x)
+            residual, x = x, norm_for(self.input_layernorm, x, self.qkv_proj)
         else:
-            x, residual = self.input_layernorm.add_norm(x, residual)
+            x, residual = add_norm_for(self.input_layernorm, x, residual, self.qkv_proj)
         return self.attention_mlp(x, residual, batch, kv_cache, cos_sin_cache)
 
     def attention_mlp(self, x: Tensor, residual: Tensor, batch: ForwardBatch, kv_cache: KVCache,
@@ -184,7 +206,7 @@ class LlamaDecoderLayer(nn.Module):
         q, k, v = self.qkv(x)
         self.ops.rotary_embedding(batch.positions, q, k, cos_sin_cache, True)
         x = self.o_proj(self.attn(q, k, v, kv_cache, batch))
-        x, residual = self.post_attention_layernorm.add_norm(x, residual)
+        x, residual = add_norm_for(self.post_attention_layernorm, x, residual, self.mlp_input())
         return self.mlp(x), residual
 
 

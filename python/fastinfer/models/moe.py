@@ -60,6 +60,7 @@ from ..layers import (
     ColumnParallelLinear,
     ExpertProjections,
     FusedMoE,
+    Linear,
     QuantizationConfig,
     RMSNorm,
     RowParallelLinear,
@@ -168,9 +169,9 @@ class MoeDecoderLayer(LlamaDecoderLayer):
     def qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         if not self.qk_projection_norm:
             return super().qkv(x)
-        T = x.shape[0]
         q_width, k_width = self.q_norm.weight.shape[0], self.k_norm.weight.shape[0]
         qkv = self.qkv_proj(x)  # [T, whole q + whole k + this rank's v]
+        T = qkv.shape[0]
         q = self.q_norm(qkv[:, :q_width].contiguous())
         k = self.k_norm(qkv[:, q_width: q_width + k_width].contiguous())
         v = qkv[:, q_width + k_width:]
@@ -184,6 +185,9 @@ class MoeDecoderLayer(LlamaDecoderLayer):
     def init_mlp(self, c: ModelConfig, prefix: str, lin: dict) -> None:
         if not init_routed_mlp(self, c, prefix, lin):
             super().init_mlp(c, prefix, lin)
+
+    def mlp_input(self) -> Optional[Linear]:
+        return super().mlp_input() if self.moe is None else None  # the router reads the input too
 
     def mlp(self, x: Tensor) -> Tensor:
         return super().mlp(x) if self.moe is None else routed_mlp(self, x)

@@ -30,6 +30,8 @@ ACTIVATIONS = ("gelu_new", "gelu_fast", "quick_gelu")
 __all__ = [
     "rms_norm",
     "fused_add_rms_norm",
+    "rms_norm_quant",
+    "fused_add_rms_norm_quant",
     "gated_rms_norm",
     "silu_and_mul",
     "gelu_and_mul",
@@ -94,6 +96,75 @@ def fused_add_rms_norm(
     """
     (lib or torch.ops.fastinfer).fused_add_rms_norm(x, residual, weight, float(eps), float(weight_offset))
     return x, residual
+
+
+def rms_norm_quant(
+    x: Tensor,
+    weight: Optional[Tensor],
+    eps: float = 1e-6,
+    out_dtype: torch.dtype = torch.float8_e4m3fn,
+    scale: Optional[Tensor] = None,
+    *,
+    weight_offset: float = 0.0,
+    lib=None,
+) -> Tuple[Tensor, Tensor]:
+    """RMSNorm fused with the activation quantisation of the W8A8 GEMMs (one read of ``x``).
+
+    Bit for bit the unfused pair: :func:`rms_norm` (rounded to ``x``'s dtype, as it returns it)
+    followed by ``fp8_quantize`` (``out_dtype=torch.float8_e4m3fn``) or symmetric ``int8_quantize``
+    (``out_dtype=torch.int8``) on the ``[rows, H]`` view, on every backend:
+
+    * ``scale=None``: dynamic per-token scales, ``max(amax, 1e-12) / 448`` (e4m3) or ``/ 127``
+      (int8) of each normalised row (``mode='token'``);
+    * ``scale`` given (float32, 1 element, a static calibration scale): ``mode='tensor'`` with it;
+      the returned scale is a copy.
+
+    The quantisers' non-finite rule holds: a NaN in a row makes its dynamic scale NaN and its
+    codes NaN (e4m3) or 0 (int8).
+
+    Args:
+        x: ``[..., H]``, H >= 1; float16 / bfloat16 (float32 on CPU); strided rows as
+            :func:`rms_norm`.
+        weight: ``[H]`` or None, as :func:`rms_norm`.
+        eps: ``>= 0``.
+        out_dtype: ``torch.float8_e4m3fn`` or ``torch.int8``.
+        scale: None (per token) or a static per-tensor float32 scale with 1 element, on ``x``'s device.
+        weight_offset: as :func:`rms_norm`.
+
+    Returns:
+        ``(codes [..., H] of out_dtype, scale float32 [rows] or [1])`` with ``rows = x.numel() / H``;
+        ``rms_norm(x) ~= codes.float() * scale`` (per row). ``x`` is not modified.
+    """
+    return (lib or torch.ops.fastinfer).rms_norm_quant(x, weight, float(eps), out_dtype, scale, float(weight_offset))
+
+
+def fused_add_rms_norm_quant(
+    x: Tensor,
+    residual: Tensor,
+    weight: Optional[Tensor],
+    eps: float = 1e-6,
+    out_dtype: torch.dtype = torch.float8_e4m3fn,
+    scale: Optional[Tensor] = None,
+    *,
+    weight_offset: float = 0.0,
+    lib=None,
+) -> Tuple[Tensor, Tensor]:
+    """Residual add + RMSNorm + quantisation: ``residual <- round(fp32(x) + fp32(residual))`` **in
+    place**, then :func:`rms_norm_quant` of the updated residual.
+
+    Bit for bit :func:`fused_add_rms_norm` on the same tensors followed by the quantiser (see
+    :func:`rms_norm_quant`); ``x`` is only read (the unfused op overwrites it with the norm).
+
+    Args:
+        x: ``[..., H]`` (strided rows allowed), the layer output.
+        residual: same shape/dtype/device as ``x`` (strided rows allowed); overwritten with the sum.
+        weight, eps, out_dtype, scale, weight_offset: as :func:`rms_norm_quant`.
+
+    Returns:
+        ``(codes [..., H], scale float32 [rows] or [1])``.
+    """
+    return (lib or torch.ops.fastinfer).fused_add_rms_norm_quant(
+        x, residual, weight, float(eps), out_dtype, scale, float(weight_offset))
 
 
 def gated_rms_norm(
@@ -297,6 +368,27 @@ def _rms_norm_out_fake(ns, out, x, weight, eps, weight_offset=0.0):
 @fake("fused_add_rms_norm")
 def _fused_add_rms_norm_fake(ns, x, residual, weight, eps, weight_offset=0.0):
     same_device(ns, "fused_add_rms_norm", "x", x, residual=residual, weight=weight)
+
+
+def _rms_norm_quant_fake_outputs(ns, op, x, weight, out_dtype, scale, **others):
+    same_device(ns, op, "x", x, weight=weight, scale=scale, **others)
+    check(ns, op, x.dim() >= 1, "x must have shape [..., hidden], got a 0-D tensor")
+    check(ns, op, out_dtype in (torch.float8_e4m3fn, torch.int8),
+          f"out_dtype must be torch.float8_e4m3fn or torch.int8, got {out_dtype}")
+    rows = x.numel() // x.shape[-1] if x.shape[-1] != 0 else 0
+    codes = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
+    return codes, x.new_empty((1,) if scale is not None else (rows,), dtype=torch.float32)
+
+
+@fake("rms_norm_quant")
+def _rms_norm_quant_fake(ns, x, weight, eps, out_dtype, scale=None, weight_offset=0.0):
+    return _rms_norm_quant_fake_outputs(ns, "rms_norm_quant", x, weight, out_dtype, scale)
+
+
+@fake("fused_add_rms_norm_quant")
+def _fused_add_rms_norm_quant_fake(ns, x, residual, weight, eps, out_dtype, scale=None, weight_offset=0.0):
+    return _rms_norm_quant_fake_outputs(ns, "fused_add_rms_norm_quant", x, weight, out_dtype, scale,
+                                        residual=residual)
 
 
 @fake("gated_rms_norm")

@@ -74,6 +74,14 @@ Methods (round to nearest; calibration data only for int8 with SmoothQuant)
   experts are refused (FP4 experts run as checkpoints store them, below), and ``fastinfer quantize``
   writes no FP4 checkpoint.
 
+Where an RMSNorm feeds an fp8 or int8 linear alone (a Llama decoder layer's ``input_layernorm`` ->
+``qkv_proj`` and ``post_attention_layernorm`` -> ``gate_up_proj``, unless a router reads the MLP's
+input), and that linear quantises its activations per token or with a static per-tensor scale (not
+per tensor dynamically, not with SmoothQuant's explicit activation scale, not a row-parallel shard),
+the norm and the quantisation run as one op (``rms_norm_quant`` / ``fused_add_rms_norm_quant``) and
+the linear takes the codes (:class:`fastinfer.layers.QuantizedInput`): bit for bit the unfused pair,
+one read of the activations fewer. ``RMSNorm.fuse_quant = False`` keeps them apart.
+
 gpt-oss checkpoints (``quantization_config {"quant_method": "mxfp4"}``, transformers' ``Mxfp4Config``)
 store their experts in MXFP4 (``mlp.experts.gate_up_proj_blocks`` / ``_scales``, ``down_proj_blocks``
 / ``_scales``; :mod:`fastinfer.models.gpt_oss`) and everything else in float

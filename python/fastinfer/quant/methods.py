@@ -20,6 +20,7 @@ from ..layers import (
     FusedMoEMethod,
     Linear,
     LinearMethod,
+    QuantizedInput,
     UnquantizedFusedMoEMethod,
     UnquantizedLinearMethod,
     WeightReader,
@@ -109,18 +110,29 @@ class Fp8LinearMethod(_QuantizedMethod):
         if parts is not None:
             _register_per_channel(layer, parts, static_input_scale=self.activation == "static")
 
-    def apply(self, layer: Linear, x: Tensor, bias: Optional[Tensor]) -> Tensor:
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, layer.in_features).contiguous()
+    def input_quantization(self, layer: Linear) -> Optional[Tuple[torch.dtype, Optional[Tensor]]]:
         if self.activation == "static":
-            xq, xs = layer.ops.fp8_quantize(x2, "tensor", scale=layer.input_scale)
-        elif layer.col_shard() is not None:
-            xq, xs = _quantize_over_ranks(layer, x2, self.activation)
+            return torch.float8_e4m3fn, layer.input_scale
+        if self.activation == "token" and layer.col_shard() is None:
+            return torch.float8_e4m3fn, None
+        return None
+
+    def apply(self, layer: Linear, x, bias: Optional[Tensor]) -> Tensor:
+        if isinstance(x, QuantizedInput):  # quantised by the norm before (input_quantization)
+            lead, dtype = x.codes.shape[:-1], x.dtype
+            xq, xs = x.codes.reshape(-1, layer.in_features), x.scale
         else:
-            xq, xs = layer.ops.fp8_quantize(x2, self.activation)
-        if bias is not None and bias.dtype != x.dtype:
-            bias = bias.to(x.dtype)
-        out = layer.ops.fp8_scaled_mm(xq, layer.weight, xs, layer.weight_scale, x.dtype, bias)
+            lead, dtype = x.shape[:-1], x.dtype
+            x2 = x.reshape(-1, layer.in_features).contiguous()
+            if self.activation == "static":
+                xq, xs = layer.ops.fp8_quantize(x2, "tensor", scale=layer.input_scale)
+            elif layer.col_shard() is not None:
+                xq, xs = _quantize_over_ranks(layer, x2, self.activation)
+            else:
+                xq, xs = layer.ops.fp8_quantize(x2, self.activation)
+        if bias is not None and bias.dtype != dtype:
+            bias = bias.to(dtype)
+        out = layer.ops.fp8_scaled_mm(xq, layer.weight, xs, layer.weight_scale, dtype, bias)
         return out.reshape(*lead, layer.out_features)
 
     def describe(self, layer: Linear) -> str:
@@ -236,7 +248,22 @@ class Int8LinearMethod(_QuantizedMethod):
         else:
             layer.smooth_inv = None
 
-    def apply(self, layer: Linear, x: Tensor, bias: Optional[Tensor]) -> Tensor:
+    def input_quantization(self, layer: Linear) -> Optional[Tuple[torch.dtype, Optional[Tensor]]]:
+        if layer.smooth_inv is not None:
+            return None
+        if self.activation == "static":
+            return torch.int8, layer.input_scale
+        if self.activation == "token" and layer.col_shard() is None:
+            return torch.int8, None
+        return None
+
+    def apply(self, layer: Linear, x, bias: Optional[Tensor]) -> Tensor:
+        if isinstance(x, QuantizedInput):  # quantised by the norm before (input_quantization)
+            if bias is not None and bias.dtype != x.dtype:
+                bias = bias.to(x.dtype)
+            out = layer.ops.int8_scaled_mm(x.codes.reshape(-1, layer.in_features), layer.weight, x.scale,
+                                           layer.weight_scale, x.dtype, bias)
+            return out.reshape(*x.codes.shape[:-1], layer.out_features)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, layer.in_features)
         if layer.smooth_inv is not None:

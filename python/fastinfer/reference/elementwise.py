@@ -16,10 +16,15 @@ from typing import Optional, Tuple
 
 import torch
 
+from .gemm_fp8 import fp8_quantize
+from .gemm_int8 import int8_quantize
+
 __all__ = [
     "rms_norm",
     "fused_add_rms_norm",
     "gated_rms_norm",
+    "rms_norm_quant",
+    "fused_add_rms_norm_quant",
     "silu_and_mul",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
@@ -102,6 +107,45 @@ def fused_add_rms_norm(
         raise ValueError(f"residual must have shape {list(x.shape)}, got {list(residual.shape)}")
     res = (x.to(torch.float32) + residual.to(torch.float32)).to(x.dtype)
     return rms_norm(res, weight, eps, weight_offset), res.to(torch.float64)
+
+
+def rms_norm_quant(
+    x: Tensor, weight: Optional[Tensor], eps: float, out_dtype: torch.dtype, scale: Optional[Tensor] = None,
+    weight_offset: float = 0.0,
+) -> Tuple[Tensor, Tensor]:
+    """RMSNorm, rounded to ``x.dtype`` (what the unfused op returns), then quantised: e4m3 as
+    :func:`fastinfer.reference.fp8_quantize`, int8 as :func:`fastinfer.reference.int8_quantize`
+    (symmetric), per token (``scale=None``) or per tensor with the given scale.
+
+    Returns:
+        ``(codes [..., H] of out_dtype, scale float32 [rows] or [1])``.
+    """
+    normed = rms_norm(x, weight, eps, weight_offset).to(x.dtype).reshape(-1, x.shape[-1])
+    mode = "token" if scale is None else "tensor"
+    if out_dtype == torch.float8_e4m3fn:
+        q, s = fp8_quantize(normed, mode, scale=scale)
+    elif out_dtype == torch.int8:
+        q, s = int8_quantize(normed, mode, scale=scale)[:2]
+    else:
+        raise ValueError(f"out_dtype must be torch.float8_e4m3fn or torch.int8, got {out_dtype}")
+    return q.reshape(x.shape), s
+
+
+def fused_add_rms_norm_quant(
+    x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float, out_dtype: torch.dtype,
+    scale: Optional[Tensor] = None, weight_offset: float = 0.0,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """``residual_out = round_dtype(fp32(x) + fp32(residual))`` (as :func:`fused_add_rms_norm`), then
+    :func:`rms_norm_quant` of it.
+
+    Returns:
+        ``(codes, scale, residual_out float64)``.
+    """
+    if x.shape != residual.shape:
+        raise ValueError(f"residual must have shape {list(x.shape)}, got {list(residual.shape)}")
+    res = (x.to(torch.float32) + residual.to(torch.float32)).to(x.dtype)
+    q, s = rms_norm_quant(res, weight, eps, out_dtype, scale, weight_offset)
+    return q, s, res.to(torch.float64)
 
 
 def _gate_up(x: Tensor) -> Tuple[Tensor, Tensor]:

@@ -17,27 +17,28 @@ namespace fastinfer::int8 {
 
 constexpr float kMinRange = 1e-12f;  // guards an all-zero row (scale 1e-12 / 127, codes 0)
 
-// Codes of 8 values -> 8 bytes (uint2), lower index in the lowest byte:
+// The code of one value, and code1 of 8 values -> 8 bytes (uint2), lower index in the lowest byte:
 // rne(clamp(x / scale + 0, lo, hi)) + azp clamped (symmetric: azp = 0, [-127, 127]). x / scale NaN
 // (a NaN value, or a row's NaN scale) has code 0: int8 has no NaN, the scale carries it.
+template <bool kSymmetric>
+__device__ __forceinline__ int32_t code1(float v, float scale, int32_t azp) {
+  const float x = v / scale;
+  if (x != x) return 0;
+  if constexpr (kSymmetric) {
+    return __float2int_rn(fminf(fmaxf(x, -127.f), 127.f));
+  } else {
+    // |x| <= 255 (the range holds every value), so the rounded value fits an int before the clamp.
+    const int32_t q = __float2int_rn(fminf(fmaxf(x, -256.f), 256.f)) + azp;
+    return q < -128 ? -128 : (q > 127 ? 127 : q);
+  }
+}
+
 template <typename T, bool kSymmetric>
 __device__ __forceinline__ uint2 quantize8(const Vec<T, 8>& v, float scale, int32_t azp) {
   uint32_t w[2] = {0u, 0u};
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float x = to_float(v[i]) / scale;
-    int32_t q;
-    if (x != x) {
-      q = 0;
-    } else if constexpr (kSymmetric) {
-      q = __float2int_rn(fminf(fmaxf(x, -127.f), 127.f));
-    } else {
-      // |x| <= 255 (the range holds every value), so the rounded value fits an int before the clamp.
-      q = __float2int_rn(fminf(fmaxf(x, -256.f), 256.f)) + azp;
-      q = q < -128 ? -128 : (q > 127 ? 127 : q);
-    }
-    w[i / 4] |= (static_cast<uint32_t>(q) & 0xffu) << (8 * (i % 4));
-  }
+  for (int i = 0; i < 8; ++i)
+    w[i / 4] |= (static_cast<uint32_t>(code1<kSymmetric>(to_float(v[i]), scale, azp)) & 0xffu) << (8 * (i % 4));
   return make_uint2(w[0], w[1]);
 }
 
