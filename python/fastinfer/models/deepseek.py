@@ -213,7 +213,7 @@ def _per_head_matmul(ops: Backend, x: Tensor, w: Tensor) -> Tensor:
     """``y[t, h] = w[h] @ x[t, h]`` for ``x [T, H, K]``, ``w [H, N, K]``: ``[T, H, N]``. The
     deterministic mode multiplies head by head through the backend's batch-invariant linear."""
     if ops.deterministic:
-        return torch.stack([ops.linear(x[:, h], w[h]) for h in range(w.shape[0])], dim=1)
+        return torch.stack([ops.linear(x[:, h].contiguous(), w[h]) for h in range(w.shape[0])], dim=1)
     return torch.bmm(x.transpose(0, 1), w.transpose(1, 2)).transpose(0, 1)
 
 
