@@ -1,0 +1,296 @@
+"""DeepSeek-V3 (Kimi K2's architecture) and DeepSeek-V2 / V2-Lite parity: fastinfer's multi-head
+latent attention decoder (CPU ops, float32) against transformers' ``deepseek_v3`` / ``deepseek_v2``.
+
+Tiny random checkpoints written with ``save_pretrained`` (hidden 128, 4 heads, the latent of 512 + 64
+the MLA ops run, 3 layers, vocab 300, 8 experts of width 64 with 2 shared experts, the first layer
+dense), weights re-drawn at a larger scale than transformers' init and the V3 correction bias drawn
+too, so the routing is far from uniform:
+
+- ``v3``: q LoRA, interleaved rotary, 4 groups of which 2 are kept, 3 experts per token,
+  renormalised, routed scaling 2.5; nope 128 + rope 64 (the expanded prefill pads 192 to 256);
+- ``v3_yarn``: YaRN (factor 4, mscale 0.9 / mscale_all_dim 1.0: both the cos/sin attention factor
+  and the softmax-scale correction), rotary by halves (``rope_interleave=False``), not renormalised;
+- ``v2_lite``: no q LoRA, ``greedy`` softmax routing, YaRN with V2-Lite's mscale 0.707, nope 64
+  and v 96 (the expanded prefill pads v to 128);
+- ``v2_grouped``: q LoRA, ``group_limited_greedy`` (a group's best expert), routed scaling 1.5.
+
+Checks: logits at every position of a fresh prompt (the expanded form) and of a chunk continuing a
+cached one plus a decode row (the absorbed form) within 1e-5 relative norm error of transformers;
+32 greedy tokens through the engine equal to transformers'; the router against transformers' router
+module; batching with prefix caching, chunked prefill and preemption against each prompt alone and
+transformers; draft-model speculation (chain and tree) giving the tokens of plain decoding; a
+block-FP8 checkpoint (e4m3 weights with 128 x 128 ``weight_scale_inv`` written by transformers'
+fine-grained FP8 quantiser op) against transformers' dequantisation of it; the config fields against
+transformers'; refusals. ``test_each_deepseek_detail_is_visible`` shows each routing and attention
+detail moves the logits far beyond the tolerance, so the parity tests can fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from fastinfer import LLM, SamplingParams  # noqa: E402
+from fastinfer.distributed import ParallelInfo  # noqa: E402
+from fastinfer.models import DeepseekForCausalLM, ModelConfig, load_model  # noqa: E402
+from fastinfer.models.deepseek import grouped_topk  # noqa: E402
+from model_helpers import (  # noqa: E402
+    check_batching_prefix_caching_and_preemption,
+    hf_greedy,
+    hf_logits,
+    lazy_checkpoints,
+    make_forward_batch,
+    prefill_logits,
+    random_prompt,
+    reinit_,
+    rel_err,
+)
+
+VOCAB = 300
+BS = 16
+REL_TOL = 1e-5
+GREEDY = dict(temperature=0.0)
+
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
+
+BASE = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
+            max_position_embeddings=512, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+            v_head_dim=128, moe_intermediate_size=64, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=2,
+            first_k_dense_replace=1)
+YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=128, beta_fast=32.0,
+            beta_slow=1.0)
+CASES = {
+    "v3": ("v3", dict(q_lora_rank=96, n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True)),
+    "v3_yarn": ("v3", dict(q_lora_rank=96, n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=False,
+                           rope_interleave=False, rope_parameters=dict(YARN, mscale=0.9, mscale_all_dim=1.0))),
+    "v2_lite": ("v2", dict(q_lora_rank=None, qk_nope_head_dim=64, v_head_dim=96, topk_method="greedy",
+                           rope_parameters=dict(YARN, mscale=0.707, mscale_all_dim=0.707))),
+    "v2_grouped": ("v2", dict(q_lora_rank=64, topk_method="group_limited_greedy", n_group=4, topk_group=2,
+                              routed_scaling_factor=1.5)),
+}
+
+
+def hf_deepseek(kind: str, seed: int = 0, **overrides):
+    """A random transformers DeepSeek-V3 (``kind`` "v3") or V2 model of ``BASE`` + ``overrides``."""
+    cfg_cls, model_cls = ((transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM) if kind == "v3" else
+                          (transformers.DeepseekV2Config, transformers.DeepseekV2ForCausalLM))
+    torch.manual_seed(seed)
+    model = model_cls(cfg_cls(**dict(BASE, **overrides))).eval()
+    reinit_(model, seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():  # transformers initialises the correction bias to zeros: draw it too
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.3 * torch.randn(b.shape, generator=g))
+    return model
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    return lazy_checkpoints(tmp_path_factory, CASES, hf_deepseek)
+
+
+def _prompt(n: int = 40, seed: int = 0):
+    return random_prompt(n, VOCAB, seed)
+
+
+# ------------------------------------------------------------------------------------------------
+# logits and greedy tokens
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(CASES))
+def test_logits_match_transformers(ckpts, name):
+    """Every position of a fresh 40-token prompt (the expanded form); the same prompt as a 25-token
+    chunk then a 15-token chunk continuing it (the absorbed form over the cached latents) and one
+    decode row; all within 1e-5 of transformers."""
+    hf, path = ckpts(name)
+    model = load_model(path, dtype=torch.float32)
+    assert isinstance(model, DeepseekForCausalLM)
+    ids = _prompt()
+    ref = hf_logits(hf, ids)
+    assert rel_err(prefill_logits(model, ids), ref) < REL_TOL
+    caches = model.allocate_kv_cache(4, BS)
+    table = [3, 0, 2, 1]
+    first = model(make_forward_batch([(ids[:25], 0, table)], device=model.device, all_logits=True), caches)
+    assert rel_err(first, ref[:25]) < REL_TOL
+    second = model(make_forward_batch([(ids[25:], 25, table)], device=model.device, all_logits=True), caches)
+    assert rel_err(second, ref[25:]) < REL_TOL
+    nxt = int(ref[-1].argmax())
+    dec = model(make_forward_batch(decode=[(nxt, len(ids), table)], device=model.device), caches)
+    assert rel_err(dec, hf_logits(hf, ids + [nxt])[-1:]) < REL_TOL
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_greedy_32_tokens_match_transformers(ckpts, name):
+    hf, path = ckpts(name)
+    ids = _prompt(20, seed=3)
+    llm = LLM(path, dtype="float32", num_kv_blocks=16, block_size=BS)
+    out = llm.generate([ids], SamplingParams(max_tokens=32, **GREEDY))[0].outputs[0].token_ids
+    assert list(out) == hf_greedy(hf, ids, 32)
+
+
+@pytest.mark.parametrize("name", ["v3", "v2_grouped"])
+def test_router_matches_transformers_router(ckpts, name):
+    """The routing of a routed layer against transformers' router module on 64 random tokens: the
+    same experts, the same weights (routed scaling included)."""
+    hf, path = ckpts(name)
+    model = load_model(path, dtype=torch.float32)
+    x = torch.randn(64, BASE["hidden_size"], generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        _, theirs_w, theirs_ids = hf.model.layers[1].mlp.gate(x)
+        ours_w, ours_ids = model.layers[1].mlp.gate(x)
+    assert ours_ids.dtype == torch.int32 and ours_w.dtype == torch.float32
+    order_t, order_o = theirs_ids.argsort(-1), ours_ids.long().argsort(-1)
+    assert torch.equal(theirs_ids.gather(1, order_t), ours_ids.long().gather(1, order_o))
+    torch.testing.assert_close(ours_w.gather(1, order_o), theirs_w.gather(1, order_t).float(), rtol=1e-6, atol=1e-7)
+
+
+def test_grouped_topk_keeps_the_best_groups():
+    """A hand-worked V3 row: 8 experts in 4 groups, 2 groups kept, 2 experts per token. Scores (after
+    sigmoid) + bias: the group sums of the best two are (0.9+0.8, 0.99+0.1, 0.7+0.6, 0.5+0.4) = (1.7,
+    1.09, 1.3, 0.9): groups 0 and 2 are kept, so expert 2 (0.99, in group 1) is not chosen; the
+    experts are 0 and 1, weighed by their scores without the bias (the bias only chooses)."""
+    choice = torch.tensor([[0.9, 0.8, 0.99, 0.1, 0.7, 0.6, 0.5, 0.4]], dtype=torch.float64)
+    bias = torch.tensor([0.2, 0.2, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float32)
+    scores = choice - bias.double()
+    logits = torch.log(scores / (1 - scores)).float()  # sigmoid(logits) = scores
+    w, ids = grouped_topk(logits, 2, scoring="sigmoid", grouping="top2_sum", num_groups=4, topk_groups=2,
+                          renormalize=True, scaling_factor=2.5, correction_bias=bias)
+    assert sorted(ids[0].tolist()) == [0, 1]
+    s = scores[0, ids[0].long()]
+    torch.testing.assert_close(w[0].double(), 2.5 * s / s.sum(), rtol=1e-6, atol=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# the engine
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["v3", "v2_lite"])
+def test_batching_prefix_caching_chunked_prefill_and_preemption(ckpts, name):
+    hf, path = ckpts(name)
+    check_batching_prefix_caching_and_preemption(hf, path, VOCAB, BS, GREEDY)
+
+
+@pytest.fixture(scope="module")
+def draft(ckpts, tmp_path_factory):
+    """A one-layer draft of ``v3`` (its first layer, embedding, final norm and head)."""
+    hf, _ = ckpts("v3")
+    d = hf_deepseek("v3", **dict(CASES["v3"][1], num_hidden_layers=1))
+    target = hf.state_dict()
+    d.load_state_dict({k: v for k, v in target.items() if k in d.state_dict()}, strict=True)
+    path = tmp_path_factory.mktemp("v3-draft")
+    d.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("mode,sizes", [("chain", dict(num_spec_tokens=4)),
+                                        ("tree", dict(num_spec_tokens=6, spec_tree_topk=2))])
+def test_draft_model_speculation_gives_the_tokens_of_plain_decoding(ckpts, draft, mode, sizes):
+    """A DeepSeek draft proposes chains / trees; the target verifies them (the absorbed form with the
+    tree mask over the cached latents) in a pool small enough to preempt; the tokens are those of
+    plain decoding, drafts were accepted and rejected, every block is freed."""
+    _, path = ckpts("v3")
+    rng = random.Random(5)
+    shared = [rng.randrange(VOCAB) for _ in range(35)]
+    prompts = [(shared if i % 3 == 0 else []) + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))]
+               for i in range(10)]
+    params = [SamplingParams(max_tokens=rng.randint(8, 24), **GREEDY) for _ in prompts]
+    ref = LLM(path, dtype="float32", num_kv_blocks=64, block_size=BS, deterministic=True).generate(prompts, params)
+    llm = LLM(path, dtype="float32", draft_model=draft, spec_mode=mode, **sizes, num_kv_blocks=12, block_size=BS,
+              max_num_seqs=8, max_num_batched_tokens=64, deterministic=True)
+    outs = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == [r.outputs[0].token_ids for r in ref]
+    st = llm.stats()
+    assert st["spec_num_verify"] > 0 and 0 < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"], st
+    assert st["num_preemptions"] > 0 and st["num_free_blocks"] == st["num_kv_blocks"], st
+
+
+def test_latent_cache_sizing(ckpts):
+    """One 576-value latent per token and layer: the pool's bytes per block, the caches' shape."""
+    _, path = ckpts("v3")
+    llm = LLM(path, dtype="float32", num_kv_blocks=5, block_size=BS)
+    runner = llm.executor.runner
+    assert runner.model.kv_cache_bytes_per_block(BS) == 3 * BS * 576 * 4
+    assert len(runner.kv_caches) == 3
+    assert all(c[0].shape == (5, BS, 576) and c[1] is None for c in runner.kv_caches)
+
+
+# ------------------------------------------------------------------------------------------------
+# config, details, refusals
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(CASES))
+def test_config_fields_match_transformers(ckpts, name):
+    hf, path = ckpts(name)
+    c, h = ModelConfig.from_pretrained(path), hf.config
+    assert (c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim) == (
+        h.q_lora_rank, h.kv_lora_rank, h.qk_nope_head_dim, h.qk_rope_head_dim, h.v_head_dim)
+    assert c.head_dim == h.head_dim == c.rotary_dim
+    assert c.num_experts == h.n_routed_experts and c.num_experts_per_tok == h.num_experts_per_tok
+    assert c.dense_mlp_layers == list(range(h.first_k_dense_replace))
+    assert c.shared_expert_intermediate_size == h.n_shared_experts * h.moe_intermediate_size
+    assert c.moe_routed_scaling_factor == h.routed_scaling_factor
+    assert c.attention_scale == pytest.approx(hf.model.layers[0].self_attn.scaling, rel=1e-12)
+
+
+def test_each_deepseek_detail_is_visible(ckpts):
+    """Each detail, changed alone, moves the logits of a prompt far beyond the parity tolerance: the
+    routed scaling factor, the correction bias, the groups, the renormalisation, the rotary layout,
+    YaRN (its tables and softmax-scale correction)."""
+    ids = _prompt()
+    for name, changes in (("v3", dict(moe_routed_scaling_factor=1.0)), ("v3", "no correction bias"),
+                          ("v3", dict(moe_grouping=None)), ("v3", dict(moe_renormalize=False)),
+                          ("v3", dict(rope_interleave=False)), ("v2_lite", dict(rope_scaling=None)),
+                          ("v2_grouped", dict(moe_grouping=None))):
+        hf, path = ckpts(name)
+        config = ModelConfig.from_pretrained(path)
+        model = load_model(path, dtype=torch.float32,
+                           config=dataclasses.replace(config, **changes) if isinstance(changes, dict) else config)
+        if changes == "no correction bias":
+            for layer in model.layers[1:]:
+                layer.mlp.gate.e_score_correction_bias.zero_()
+        assert rel_err(prefill_logits(model, ids), hf_logits(hf, ids)) > 100 * REL_TOL, (name, changes)
+
+
+def _config(kind: str, **changes) -> dict:
+    cfg_cls = transformers.DeepseekV3Config if kind == "v3" else transformers.DeepseekV2Config
+    d = cfg_cls(**dict(BASE, **CASES["v3" if kind == "v3" else "v2_grouped"][1])).to_dict()
+    d["architectures"] = ["DeepseekV3ForCausalLM" if kind == "v3" else "DeepseekV2ForCausalLM"]
+    d.update(changes)
+    return d
+
+
+@pytest.mark.parametrize("kind,changes,match", [
+    ("v2", dict(topk_method="noaux_tc"), "unsupported topk_method 'noaux_tc'"),
+    ("v3", dict(n_group=3), r"n_group \(3\) must divide the number of experts \(8\)"),
+    ("v3", dict(topk_group=5), r"topk_group \(5\) is larger than n_group \(4\)"),
+    ("v3", dict(n_group=8, topk_group=1), "best two experts"),
+    ("v3", dict(num_experts_per_tok=6, topk_group=1), r"num_experts_per_tok \(6\) is larger than the experts"),
+    ("v3", dict(kv_lora_rank=256), "unsupported kv_lora_rank 256"),
+    ("v3", dict(qk_rope_head_dim=32), "qk_rope_head_dim 32"),
+    ("v3", dict(attention_bias=True), "attention_bias=True is not supported"),
+    ("v2", dict(mlp_bias=True), "mlp_bias=True is not supported"),
+    ("v3", dict(routed_scaling_factor=0), "routed_scaling_factor"),
+])
+def test_bad_configs_are_refused(kind, changes, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig.from_dict(_config(kind, **changes))
+
+
+def test_unsupported_runs_are_refused(ckpts):
+    from fastinfer.models import LlamaForCausalLM
+
+    _, path = ckpts("v3")
+    config = ModelConfig.from_pretrained(path)
+    with pytest.raises(ValueError, match="tensor and expert parallelism are not supported for DeepseekV3ForCausalLM"):
+        DeepseekForCausalLM(config, device="meta", tp=ParallelInfo(0, 2))
+    model = load_model(path, dtype=torch.float32)
+    with pytest.raises(ValueError, match="an fp8 KV cache is not supported for DeepseekV3ForCausalLM"):
+        model.allocate_kv_cache(2, BS, torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="build it with DeepseekForCausalLM"):
+        LlamaForCausalLM(config, device="meta")
