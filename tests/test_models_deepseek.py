@@ -294,3 +294,54 @@ def test_unsupported_runs_are_refused(ckpts):
         model.allocate_kv_cache(2, BS, torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="build it with DeepseekForCausalLM"):
         LlamaForCausalLM(config, device="meta")
+
+
+# ------------------------------------------------------------------------------------------------
+# block-FP8 checkpoint
+# ------------------------------------------------------------------------------------------------
+def test_block_fp8_checkpoint(ckpts, tmp_path):
+    """``v3`` with every decoder projection in e4m3 with 128 x 128 ``weight_scale_inv`` blocks (as
+    DeepSeek ships V3; written by transformers' fine-grained FP8 quantiser op; the router, norms,
+    embedding and head float). transformers' dequantisation of the directory is the oracle:
+    fastinfer on that float checkpoint within 1e-5 of it, and on the fp8 one (``kv_b_proj``
+    dequantised for the absorbed form, the other projections run in fp8 with dynamic fp8
+    activations) within what those activations cost, while the codes without their scales are far
+    off."""
+    from safetensors.torch import load_file, save_file
+    from transformers import FineGrainedFP8Config
+    from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
+
+    _, path = ckpts("v3")
+    qcfg = FineGrainedFP8Config(weight_block_size=(128, 128))
+    op = FineGrainedFP8HfQuantizer(qcfg).get_quantize_ops()
+    out = {}
+    for key, w in load_file(os.path.join(path, "model.safetensors")).items():
+        convert = ".layers." in key and key.endswith(("proj.weight", "proj_with_mqa.weight"))
+        out.update(op.convert({key: w}) if convert else {key: w})
+    assert out["model.layers.1.self_attn.kv_b_proj.weight"].dtype == torch.float8_e4m3fn
+    assert list(out["model.layers.1.self_attn.kv_b_proj.weight_scale_inv"].shape) == [8, 4]
+    cfg = json.load(open(os.path.join(path, "config.json")))
+
+    def write(name, tensors, config):
+        d = tmp_path / name
+        d.mkdir()
+        save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+        json.dump(config, open(d / "config.json", "w"))
+        return str(d)
+
+    fp8_dir = write("fp8", out, dict(cfg, quantization_config=qcfg.to_dict()))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(fp8_dir, dtype=torch.float32).eval()
+    deq_dir = write("deq", {k: v.detach().clone().contiguous() for k, v in theirs.state_dict().items()}, cfg)
+    ids = _prompt()
+    ref = hf_logits(theirs, ids)
+    assert rel_err(prefill_logits(load_model(deq_dir, dtype=torch.float32), ids), ref) < REL_TOL
+    fp8 = load_model(fp8_dir, dtype=torch.float32)
+    assert fp8.layers[1].self_attn.kv_b_proj.weight.dtype == torch.float32
+    err = rel_err(prefill_logits(fp8, ids), ref)
+    caches = fp8.allocate_kv_cache(4, BS)
+    fp8(make_forward_batch([(ids[:25], 0, [0, 1, 2, 3])], device=fp8.device), caches)
+    absorbed = fp8(make_forward_batch([(ids[25:], 25, [0, 1, 2, 3])], device=fp8.device, all_logits=True), caches)
+    assert err < 0.1 and rel_err(absorbed, ref[25:]) < 0.1, err
+    codes = {k: v.float() if v.dtype == torch.float8_e4m3fn else v for k, v in out.items()
+             if not k.endswith("weight_scale_inv")}
+    assert rel_err(prefill_logits(load_model(write("codes", codes, cfg), dtype=torch.float32), ids), ref) > 10 * err

@@ -4,7 +4,8 @@ Supported architectures: ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2Fo
 ``Qwen3ForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, the mixture-of-experts
 ``MixtralForCausalLM``, ``Qwen2MoeForCausalLM``, ``Qwen3MoeForCausalLM``, ``OlmoeForCausalLM``,
 ``GptOssForCausalLM``, the hybrid (Gated DeltaNet) ``Qwen3_5ForCausalLM``, ``Qwen3_5MoeForCausalLM``
-and ``Qwen3NextForCausalLM`` (and the text model of a ``Gemma3ForConditionalGeneration``,
+and ``Qwen3NextForCausalLM``, the multi-head latent attention ``DeepseekV3ForCausalLM`` (DeepSeek-V3,
+Kimi K2) and ``DeepseekV2ForCausalLM`` (DeepSeek-V2, V2-Lite) (and the text model of a ``Gemma3ForConditionalGeneration``,
 ``Qwen3_5ForConditionalGeneration`` or ``Qwen3_5MoeForConditionalGeneration`` checkpoint: its
 ``text_config``). A key missing from
 ``config.json`` takes the default of the corresponding ``transformers`` config class (so a
@@ -450,6 +451,14 @@ class ModelConfig:
     0: none): every routed layer also runs a shared SwiGLU MLP of that width, its output scaled by
     ``sigmoid(shared_expert_gate(x))``; the layers in ``dense_mlp_layers`` have a dense MLP of width
     ``intermediate_size`` instead (:meth:`is_moe_layer`).
+
+    DeepSeek (``DeepseekV3ForCausalLM`` / ``DeepseekV2ForCausalLM``, :attr:`is_mla`): the latent
+    attention sizes ``q_lora_rank`` (None: no q LoRA), ``kv_lora_rank``, ``qk_nope_head_dim``,
+    ``qk_rope_head_dim`` (= ``head_dim``, what the rotary table spans, as transformers sets it),
+    ``v_head_dim``, ``rope_interleave``; routing ``moe_scoring`` ``"sigmoid"`` (V3) or ``"softmax"``
+    (V2), ``moe_grouping`` / ``moe_num_groups`` / ``moe_topk_groups``, ``moe_correction_bias`` and
+    ``moe_routed_scaling_factor`` (see :func:`_parse_deepseek_moe`); the shared experts in
+    ``shared_expert_intermediate_size`` (ungated), the first dense layers in ``dense_mlp_layers``.
 
     gpt-oss (``GptOssForCausalLM``): ``moe_scoring`` ``"topk_softmax"`` (the softmax of the top-k
     router logits), ``moe_activation`` ``"swiglu_oai"`` (its clamped SwiGLU with ``swiglu_alpha`` /
