@@ -299,8 +299,8 @@ def test_unsupported_runs_are_refused(ckpts):
 # ------------------------------------------------------------------------------------------------
 # block-FP8 checkpoint
 # ------------------------------------------------------------------------------------------------
-def test_block_fp8_checkpoint(ckpts, tmp_path):
-    """``v3`` with every decoder projection in e4m3 with 128 x 128 ``weight_scale_inv`` blocks (as
+def test_block_fp8_checkpoint(tmp_path):
+    """``v3`` (experts 128 wide) with every decoder projection in e4m3 with 128 x 128 ``weight_scale_inv`` blocks (as
     DeepSeek ships V3; written by transformers' fine-grained FP8 quantiser op; the router, norms,
     embedding and head float). transformers' dequantisation of the directory is the oracle:
     fastinfer on that float checkpoint within 1e-5 of it, and on the fp8 one (``kv_b_proj``
@@ -311,7 +311,9 @@ def test_block_fp8_checkpoint(ckpts, tmp_path):
     from transformers import FineGrainedFP8Config
     from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
 
-    _, path = ckpts("v3")
+    # fused_moe_fp8's blocks need experts 128 wide
+    path = str(tmp_path / "float")
+    hf_deepseek("v3", seed=9, **dict(CASES["v3"][1], moe_intermediate_size=128)).save_pretrained(path)
     qcfg = FineGrainedFP8Config(weight_block_size=(128, 128))
     op = FineGrainedFP8HfQuantizer(qcfg).get_quantize_ops()
     out = {}
@@ -320,6 +322,8 @@ def test_block_fp8_checkpoint(ckpts, tmp_path):
         out.update(op.convert({key: w}) if convert else {key: w})
     assert out["model.layers.1.self_attn.kv_b_proj.weight"].dtype == torch.float8_e4m3fn
     assert list(out["model.layers.1.self_attn.kv_b_proj.weight_scale_inv"].shape) == [8, 4]
+    assert out["model.layers.1.mlp.experts.0.down_proj.weight"].dtype == torch.float8_e4m3fn
+    assert out["model.layers.1.mlp.gate.weight"].dtype == torch.float32
     cfg = json.load(open(os.path.join(path, "config.json")))
 
     def write(name, tensors, config):
@@ -335,7 +339,10 @@ def test_block_fp8_checkpoint(ckpts, tmp_path):
     ids = _prompt()
     ref = hf_logits(theirs, ids)
     assert rel_err(prefill_logits(load_model(deq_dir, dtype=torch.float32), ids), ref) < REL_TOL
-    fp8 = load_model(fp8_dir, dtype=torch.float32)
+    from fastinfer.models import load_config
+    from fastinfer.quant import resolve_quantization
+
+    fp8 = load_model(fp8_dir, dtype=torch.float32, quant_config=resolve_quantization(load_config(fp8_dir)))
     assert fp8.layers[1].self_attn.kv_b_proj.weight.dtype == torch.float32
     err = rel_err(prefill_logits(fp8, ids), ref)
     caches = fp8.allocate_kv_cache(4, BS)
