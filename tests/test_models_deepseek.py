@@ -352,3 +352,19 @@ def test_block_fp8_checkpoint(tmp_path):
     codes = {k: v.float() if v.dtype == torch.float8_e4m3fn else v for k, v in out.items()
              if not k.endswith("weight_scale_inv")}
     assert rel_err(prefill_logits(load_model(write("codes", codes, cfg), dtype=torch.float32), ids), ref) > 10 * err
+
+
+def test_deterministic_mode_rows_do_not_depend_on_chunking(ckpts):
+    """The deterministic mode runs the absorbed form for every row: a prompt's logits are the same
+    bits whether it is prefilled whole (a fresh chunk) or as a chunk continuing a cached one."""
+    from fastinfer.ops import backend
+
+    hf, path = ckpts("v3")
+    model = load_model(path, dtype=torch.float32, ops=backend("fastinfer", deterministic=True))
+    ids = _prompt()
+    whole = prefill_logits(model, ids)
+    assert rel_err(whole, hf_logits(hf, ids)) < REL_TOL
+    caches = model.allocate_kv_cache(4, BS)
+    model(make_forward_batch([(ids[:25], 0, [0, 1, 2, 3])], device=model.device), caches)
+    rest = model(make_forward_batch([(ids[25:], 25, [0, 1, 2, 3])], device=model.device, all_logits=True), caches)
+    assert torch.equal(rest, whole[25:])
