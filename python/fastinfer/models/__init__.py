@@ -1,7 +1,8 @@
 """Model side of the runner: config parsing, RoPE tables, the Llama-family decoder (Llama, Mistral,
 Qwen2, Qwen3), the Gemma one (Gemma 2, Gemma 3) and the mixture-of-experts one (Mixtral, Qwen2-MoE,
 Qwen3-MoE, OLMoE, gpt-oss), the hybrid Qwen3.5 one (Gated DeltaNet + gated attention), the
-multi-head latent attention one (DeepSeek-V2 / V3, Kimi K2) built from :mod:`fastinfer.layers`, and loading a checkpoint (safetensors or GGUF) into them.
+multi-head latent attention one (DeepSeek-V2 / V3, Kimi K2) built from :mod:`fastinfer.layers`, and
+loading a checkpoint (safetensors or GGUF) into them.
 
 The engine talks to a model through :class:`~fastinfer.layers.ForwardBatch` (built with
 :class:`~fastinfer.layers.BatchBuilder`) and ``model(batch, kv_caches) -> float32 logits

@@ -4,10 +4,10 @@ Supported architectures: ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2Fo
 ``Qwen3ForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, the mixture-of-experts
 ``MixtralForCausalLM``, ``Qwen2MoeForCausalLM``, ``Qwen3MoeForCausalLM``, ``OlmoeForCausalLM``,
 ``GptOssForCausalLM``, the hybrid (Gated DeltaNet) ``Qwen3_5ForCausalLM``, ``Qwen3_5MoeForCausalLM``
-and ``Qwen3NextForCausalLM``, the multi-head latent attention ``DeepseekV3ForCausalLM`` (DeepSeek-V3,
-Kimi K2) and ``DeepseekV2ForCausalLM`` (DeepSeek-V2, V2-Lite) (and the text model of a ``Gemma3ForConditionalGeneration``,
-``Qwen3_5ForConditionalGeneration`` or ``Qwen3_5MoeForConditionalGeneration`` checkpoint: its
-``text_config``). A key missing from
+and ``Qwen3NextForCausalLM``, the multi-head latent attention ``DeepseekV3ForCausalLM``
+(DeepSeek-V3, Kimi K2) and ``DeepseekV2ForCausalLM`` (DeepSeek-V2, V2-Lite) (and the text model of a
+``Gemma3ForConditionalGeneration``, ``Qwen3_5ForConditionalGeneration`` or
+``Qwen3_5MoeForConditionalGeneration`` checkpoint: its ``text_config``). A key missing from
 ``config.json`` takes the default of the corresponding ``transformers`` config class (so a
 checkpoint means the same thing here as in ``transformers``). Anything the runner cannot run
 faithfully (another architecture, an activation other than SiLU (Llama family) or tanh-GELU
@@ -999,7 +999,8 @@ def _parse_deepseek_moe(arch: str, num_experts: int, num_layers: int, get, get_i
     factor = get("routed_scaling_factor")
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
         raise ValueError(f"config field 'routed_scaling_factor' must be a positive number, got {factor!r}")
-    out = dict(num_experts=num_experts, num_experts_per_tok=top_k, moe_intermediate_size=get_int("moe_intermediate_size"),
+    out = dict(num_experts=num_experts, num_experts_per_tok=top_k,
+               moe_intermediate_size=get_int("moe_intermediate_size"),
                dense_mlp_layers=list(range(min(first_dense, num_layers))), shared_expert_intermediate_size=shared,
                moe_routed_scaling_factor=float(factor))
     if arch == "DeepseekV3ForCausalLM":

@@ -198,8 +198,8 @@ class _RoutedMLP(nn.Module):
                                 c.moe_renormalize, prefix, ExpertProjections("gate_proj", "up_proj", "down_proj"),
                                 dtype=lin["dtype"], device=lin["device"], ops=lin["ops"], tp=lin["tp"],
                                 quant_config=lin["quant_config"], router_name=None)
-        self.shared_experts = (_SwiGLU(c.hidden_size, c.shared_expert_intermediate_size, f"{prefix}.shared_experts", lin)
-                               if c.shared_expert_intermediate_size else None)
+        shared = c.shared_expert_intermediate_size
+        self.shared_experts = _SwiGLU(c.hidden_size, shared, f"{prefix}.shared_experts", lin) if shared else None
 
     def forward(self, x: Tensor) -> Tensor:
         weights, ids = self.gate(x)
@@ -234,7 +234,8 @@ class MultiHeadLatentAttention(nn.Module):
         p = f"{prefix}.self_attn"
         kw = dict(dtype=lin["dtype"], device=lin["device"], ops=ops)
         if c.q_lora_rank is None:
-            self.q_proj = ColumnParallelLinear(c.hidden_size, [WeightPart(f"{p}.q_proj", H * self.qk_dim)], False, **lin)
+            self.q_proj = ColumnParallelLinear(c.hidden_size, [WeightPart(f"{p}.q_proj", H * self.qk_dim)], False,
+                                               **lin)
             self.q_a_proj = self.q_a_layernorm = self.q_b_proj = None
         else:
             self.q_proj = None
