@@ -368,3 +368,17 @@ def test_deterministic_mode_rows_do_not_depend_on_chunking(ckpts):
     model(make_forward_batch([(ids[:25], 0, [0, 1, 2, 3])], device=model.device), caches)
     rest = model(make_forward_batch([(ids[25:], 25, [0, 1, 2, 3])], device=model.device, all_logits=True), caches)
     assert torch.equal(rest, whole[25:])
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_eagle_heads_are_refused(ckpts, tmp_path, method):
+    """An EAGLE head's layer rotates with its target's RoPE table, a DeepSeek target's spans the 64
+    rotary dims only: refused before any head is read."""
+    from fastinfer.engine.speculative.eagle import load_eagle
+    from fastinfer.engine.speculative.eagle3 import load_eagle3
+
+    _, path = ckpts("v3")
+    model = load_model(path, dtype=torch.float32)
+    load = load_eagle if method == "eagle" else load_eagle3
+    with pytest.raises(ValueError, match="heads are not supported for DeepseekV3ForCausalLM"):
+        load(str(tmp_path), model)
