@@ -189,6 +189,41 @@ def test_mla_deterministic_batch_invariant(backend, kind):
     assert_bits_equal(batch[1][1:3], alone[1], f"{backend} {kind} lse: alone vs in a batch")
 
 
+KERNELS = [pytest.param("sim", marks=pytest.mark.sim), pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.mark.parametrize("backend", KERNELS)
+@pytest.mark.parametrize("case", [DECODE_CASES[i] for i in (2, 3, 6, 8)], ids=["causal", "tree", "det-fp8", "fp8"])
+def test_mla_decode_32_row_ctas(backend, case, monkeypatch):
+    """The 32-row CTA shape (the devices with 99 KiB of shared memory per block), whatever this
+    device is: the same cases against the reference."""
+    monkeypatch.setenv("FASTINFER_TEST_MLA_ROWS", "32")
+    test_mla_decode_attention(backend, torch.bfloat16, case)
+
+
+@pytest.mark.parametrize("backend", KERNELS)
+def test_mla_deterministic_launch_groups(backend, monkeypatch):
+    """The deterministic mode's chunks folded over several launches (a small partials budget) give
+    the bits of one launch: the fold continues from its fp32 running state."""
+    be = get_backend(backend)
+    g = make_gen(12)
+    seq_lens, q_lens, h = [300, 77], [2, 1], 16
+    cache, table, kv_scale = latent_cache(seq_lens, 16, torch.bfloat16, g, "fp8-token")
+    q = randn((sum(q_lens), h, ROW), torch.bfloat16, gen=g)
+    dev, lens = be.device, torch.tensor(seq_lens, dtype=torch.int32)
+
+    def run():
+        return be.run(lambda: tuple(t.cpu() for t in be.ns.mla_decode_attention(
+            q.to(dev), cache.to(dev), table.to(dev), lens.to(dev), cu(q_lens).to(dev), 0.07, True, None, 0, True,
+            kv_scale.to(dev), 64)))
+
+    one = run()
+    monkeypatch.setenv("FASTINFER_TEST_FIXED_SPLIT_PARTIAL_BYTES", str(2 * 3 * h * 513 * 4))  # 2 chunks a launch
+    grouped = run()
+    assert_bits_equal(grouped[0], one[0], "out: 2 chunks a launch vs one launch")
+    assert_bits_equal(grouped[1], one[1], "lse: 2 chunks a launch vs one launch")
+
+
 @pytest.mark.parametrize("backend", [pytest.param(b, marks=MARKS.get(b, [])) for b in BACKEND_NAMES])
 def test_mla_nonfinite(backend):
     """A NaN in a key row (its rotary part or its latent, which is also the value) makes exactly the

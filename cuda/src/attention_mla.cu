@@ -34,14 +34,15 @@ struct SplitPlan {
   bool split = false;
 };
 
-SplitPlan split_plan(const MlaDecodeParams& p) {
+SplitPlan split_plan(const MlaDecodeParams& p, const MlaDecodeOverrides& o) {
   SplitPlan plan;
   if (p.fixed_split_size > 0) {
     plan.split = true;
     plan.parts = (key_bound(p) + p.fixed_split_size - 1) / p.fixed_split_size;
     if (plan.parts < 1) plan.parts = 1;
     const int64_t per_part = partial_bytes_per_part(p);
-    const int64_t fit = kMaxPartialBytes / (per_part > 0 ? per_part : 1);
+    const int64_t budget = o.fixed_split_partial_bytes > 0 ? o.fixed_split_partial_bytes : kMaxPartialBytes;
+    const int64_t fit = budget / (per_part > 0 ? per_part : 1);
     plan.per_launch = fit < 1 ? 1 : (fit < plan.parts ? fit : plan.parts);
     if (plan.per_launch > 65535) plan.per_launch = 65535;
   } else if (p.num_splits > 1) {
@@ -59,12 +60,12 @@ bool shape_ok(const MlaDecodeParams& p) {
 }
 
 template <typename Traits>
-cudaError_t launch_typed(const MlaDecodeParams& p, cudaStream_t stream) {
+cudaError_t launch_typed(const MlaDecodeParams& p, const MlaDecodeOverrides& o, cudaStream_t stream) {
   using T = typename Traits::T;
   const int64_t items = work_items(p, Traits::kRows);
   if (items <= 0) return cudaSuccess;
   if (items > 0x7fffffff) return cudaErrorInvalidValue;
-  const SplitPlan plan = split_plan(p);
+  const SplitPlan plan = split_plan(p, o);
   if (!plan.split)
     return launch_kernel(attention::mla::mla_decode_kernel<Traits, false>, dim3(static_cast<unsigned>(items)),
                          dim3(Traits::kThreads), Traits::kSmemBytes, stream, p,
@@ -103,14 +104,15 @@ cudaError_t launch_typed(const MlaDecodeParams& p, cudaStream_t stream) {
 }
 
 template <typename T, typename CacheT>
-cudaError_t dispatch_rows(const MlaDecodeParams& p, int rows, cudaStream_t stream) {
-  if (rows == 64) return launch_typed<attention::mla::MlaTraits<T, CacheT, 64>>(p, stream);
-  return launch_typed<attention::mla::MlaTraits<T, CacheT, 32>>(p, stream);
+cudaError_t dispatch_rows(const MlaDecodeParams& p, int rows, const MlaDecodeOverrides& o, cudaStream_t stream) {
+  if (rows == 64) return launch_typed<attention::mla::MlaTraits<T, CacheT, 64>>(p, o, stream);
+  return launch_typed<attention::mla::MlaTraits<T, CacheT, 32>>(p, o, stream);
 }
 
 }  // namespace
 
-int32_t mla_decode_rows_per_cta(const DeviceDescription& device) {
+int32_t mla_decode_rows_per_cta(const DeviceDescription& device, const MlaDecodeOverrides& o) {
+  if (o.rows_per_cta == 64 || o.rows_per_cta == 32) return o.rows_per_cta;
   const int cc = device.cc_major * 10 + device.cc_minor;
   return cc == 80 || cc == 90 || cc == 100 || cc == 103 ? 64 : 32;
 }
@@ -118,9 +120,10 @@ int32_t mla_decode_rows_per_cta(const DeviceDescription& device) {
 // Without a split, a CTA per work item; when those leave SMs idle (small batch), each CTA's key
 // tiles are cut into parts so that about one wave of CTAs runs (one CTA per SM: the 64-row kernel
 // takes 144 KiB of shared memory), each part at least kMinKeysPerSplit keys of the key bound.
-int32_t mla_decode_num_splits(const MlaDecodeParams& p, const DeviceDescription& device) {
+int32_t mla_decode_num_splits(const MlaDecodeParams& p, const DeviceDescription& device,
+                              const MlaDecodeOverrides& o) {
   if (!shape_ok(p) || p.num_q_tokens <= 0 || p.batch_size <= 0) return 1;
-  const int64_t items = work_items(p, mla_decode_rows_per_cta(device));
+  const int64_t items = work_items(p, mla_decode_rows_per_cta(device, o));
   const int64_t sms = device.num_sms > 0 ? device.num_sms : 1;
   if (items <= 0 || items >= sms) return 1;
   int64_t cap = key_bound(p) / kMinKeysPerSplit;
@@ -130,9 +133,9 @@ int32_t mla_decode_num_splits(const MlaDecodeParams& p, const DeviceDescription&
   return s < 1 ? 1 : static_cast<int32_t>(s);
 }
 
-size_t mla_decode_workspace_size(const MlaDecodeParams& p, const DeviceDescription&) {
+size_t mla_decode_workspace_size(const MlaDecodeParams& p, const MlaDecodeOverrides& o) {
   if (!shape_ok(p)) return 0;
-  const SplitPlan plan = split_plan(p);
+  const SplitPlan plan = split_plan(p, o);
   if (!plan.split) return 0;
   const int64_t rows = p.num_q_tokens * p.num_heads;
   const int64_t floats = plan.per_launch * rows * (kMlaLatentDim + 1) +
@@ -140,7 +143,8 @@ size_t mla_decode_workspace_size(const MlaDecodeParams& p, const DeviceDescripti
   return static_cast<size_t>((floats * static_cast<int64_t>(sizeof(float)) + 15) / 16 * 16);
 }
 
-cudaError_t launch_mla_decode(const MlaDecodeParams& p, const DeviceDescription& device, cudaStream_t stream) {
+cudaError_t launch_mla_decode(const MlaDecodeParams& p, const DeviceDescription& device, const MlaDecodeOverrides& o,
+                              cudaStream_t stream) {
   if (!shape_ok(p) || p.num_splits < 1) return cudaErrorInvalidValue;
   if (p.num_q_tokens == 0 || p.batch_size == 0) return cudaSuccess;
   if (p.q == nullptr || p.kv_cache == nullptr || p.out == nullptr || p.block_table == nullptr ||
@@ -150,13 +154,13 @@ cudaError_t launch_mla_decode(const MlaDecodeParams& p, const DeviceDescription&
   if (p.q_token_stride % 8 != 0 || p.out_token_stride % 2 != 0 || !is_aligned(p.q, 16) || !is_aligned(p.out, 4) ||
       !is_aligned(p.kv_cache, 16))
     return cudaErrorInvalidValue;
-  if (split_plan(p).split && (p.workspace == nullptr || !is_aligned(p.workspace, 16))) return cudaErrorInvalidValue;
-  const int rows = mla_decode_rows_per_cta(device);
+  if (split_plan(p, o).split && (p.workspace == nullptr || !is_aligned(p.workspace, 16))) return cudaErrorInvalidValue;
+  const int rows = mla_decode_rows_per_cta(device, o);
   return FASTINFER_DISPATCH_HALF(p.dtype, T, [&] {
-    if (p.cache_dtype == p.dtype) return dispatch_rows<T, T>(p, rows, stream);
+    if (p.cache_dtype == p.dtype) return dispatch_rows<T, T>(p, rows, o, stream);
     if (p.cache_dtype == DType::kFloat8E4M3) {
       if (p.kv_scale == nullptr) return cudaErrorInvalidValue;
-      return dispatch_rows<T, __nv_fp8_e4m3>(p, rows, stream);
+      return dispatch_rows<T, __nv_fp8_e4m3>(p, rows, o, stream);
     }
     return cudaErrorInvalidValue;
   });

@@ -397,13 +397,14 @@ std::tuple<Tensor, Tensor> mla_decode_attention(const Tensor& q, const Tensor& k
   p.cache_dtype = to_dtype(kv_cache.scalar_type());
   p.fixed_split_size = static_cast<int32_t>(fixed_split_size);
   const DeviceDescription device = device_description(q);
-  p.num_splits = num_splits > 0 ? static_cast<int32_t>(num_splits) : mla_decode_num_splits(p, device);
+  const MlaDecodeOverrides overrides = mla_decode_overrides();
+  p.num_splits = num_splits > 0 ? static_cast<int32_t>(num_splits) : mla_decode_num_splits(p, device, overrides);
   Tensor workspace;
-  if (const size_t bytes = mla_decode_workspace_size(p, device); bytes > 0) {
+  if (const size_t bytes = mla_decode_workspace_size(p, overrides); bytes > 0) {
     workspace = empty_on(q, {static_cast<int64_t>(bytes)}, kByte);
     p.workspace = workspace.data_ptr();
   }
-  check_launch(launch_mla_decode(p, device, scope.stream()), op);
+  check_launch(launch_mla_decode(p, device, overrides, scope.stream()), op);
   return {out, lse};
 }
 

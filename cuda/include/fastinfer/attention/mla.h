@@ -85,12 +85,21 @@ struct MlaDecodeParams {
   void* workspace = nullptr;  // mla_decode_workspace_size(params) bytes, 16-byte aligned
 };
 
+// Test overrides of the launcher's own choices (the bindings fill them from FASTINFER_TEST_*; every
+// choice gives a correct result, and in the deterministic mode the same bits).
+struct MlaDecodeOverrides {
+  int32_t rows_per_cta = 0;               // 64 or 32; 0: by device
+  int64_t fixed_split_partial_bytes = 0;  // deterministic mode: partials per launch; 0: 256 MiB
+};
+
 // Rows per CTA on a device: 64 (about 150 KiB of shared memory: sm_80, sm_90, sm_100), 32 where
 // a block has 99 KiB (sm_86, sm_89, sm_120) or the compute capability is unknown.
-int32_t mla_decode_rows_per_cta(const DeviceDescription& device);
+int32_t mla_decode_rows_per_cta(const DeviceDescription& device, const MlaDecodeOverrides& overrides = {});
 // The automatic split count for num_splits = 0: CTAs enough for about one wave (one CTA per SM).
-int32_t mla_decode_num_splits(const MlaDecodeParams& params, const DeviceDescription& device);
-size_t mla_decode_workspace_size(const MlaDecodeParams& params, const DeviceDescription& device);
-cudaError_t launch_mla_decode(const MlaDecodeParams& params, const DeviceDescription& device, cudaStream_t stream);
+int32_t mla_decode_num_splits(const MlaDecodeParams& params, const DeviceDescription& device,
+                              const MlaDecodeOverrides& overrides = {});
+size_t mla_decode_workspace_size(const MlaDecodeParams& params, const MlaDecodeOverrides& overrides = {});
+cudaError_t launch_mla_decode(const MlaDecodeParams& params, const DeviceDescription& device,
+                              const MlaDecodeOverrides& overrides, cudaStream_t stream);
 
 }  // namespace fastinfer
