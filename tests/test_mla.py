@@ -17,7 +17,7 @@ import fastinfer.reference.attention as RA
 import fastinfer.reference.mla as R
 from test_attention import check_out_lse, cu
 
-BACKEND_NAMES = ["cpu"]
+BACKEND_NAMES = ["cpu", "sim", "cuda"]
 MARKS = {"sim": [pytest.mark.sim], "cuda": [pytest.mark.cuda]}
 DTYPES = {"cpu": (torch.float32, torch.bfloat16), "sim": (torch.bfloat16, torch.float16),
           "cuda": (torch.bfloat16, torch.float16)}
@@ -163,7 +163,7 @@ def test_mla_decode_attention(backend, dtype, case):
         check_out_lse(out, lse, ref_out, ref_lse, naive_out, naive_lse, f"mla decode splits={splits}")
 
 
-@pytest.mark.parametrize("backend", BACKEND_NAMES)
+@pytest.mark.parametrize("backend", [pytest.param(b, marks=MARKS.get(b, [])) for b in BACKEND_NAMES])
 @pytest.mark.parametrize("kind", ["same", "fp8-token"])
 def test_mla_deterministic_batch_invariant(backend, kind):
     """fixed_split_size > 0: a sequence's out and lse have the same bits alone and in a batch of
@@ -189,10 +189,47 @@ def test_mla_deterministic_batch_invariant(backend, kind):
     assert_bits_equal(batch[1][1:3], alone[1], f"{backend} {kind} lse: alone vs in a batch")
 
 
-@pytest.mark.parametrize("backend", BACKEND_NAMES)
+KERNELS = [pytest.param("sim", marks=pytest.mark.sim), pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.mark.parametrize("backend", KERNELS)
+@pytest.mark.parametrize("case", [DECODE_CASES[i] for i in (2, 3, 6, 8)], ids=["causal", "tree", "det-fp8", "fp8"])
+def test_mla_decode_32_row_ctas(backend, case, monkeypatch):
+    """The 32-row CTA shape (the devices with 99 KiB of shared memory per block), whatever this
+    device is: the same cases against the reference."""
+    monkeypatch.setenv("FASTINFER_TEST_MLA_ROWS", "32")
+    test_mla_decode_attention(backend, torch.bfloat16, case)
+
+
+@pytest.mark.parametrize("backend", KERNELS)
+def test_mla_deterministic_launch_groups(backend, monkeypatch):
+    """The deterministic mode's chunks folded over several launches (a small partials budget) give
+    the bits of one launch: the fold continues from its fp32 running state."""
+    be = get_backend(backend)
+    g = make_gen(12)
+    seq_lens, q_lens, h = [300, 77], [2, 1], 16
+    cache, table, kv_scale = latent_cache(seq_lens, 16, torch.bfloat16, g, "fp8-token")
+    q = randn((sum(q_lens), h, ROW), torch.bfloat16, gen=g)
+    dev, lens = be.device, torch.tensor(seq_lens, dtype=torch.int32)
+
+    def run():
+        return be.run(lambda: tuple(t.cpu() for t in be.ns.mla_decode_attention(
+            q.to(dev), cache.to(dev), table.to(dev), lens.to(dev), cu(q_lens).to(dev), 0.07, True, None, 0, True,
+            kv_scale.to(dev), 64)))
+
+    one = run()
+    monkeypatch.setenv("FASTINFER_TEST_FIXED_SPLIT_PARTIAL_BYTES", str(2 * 3 * h * 513 * 4))  # 2 chunks a launch
+    grouped = run()
+    assert_bits_equal(grouped[0], one[0], "out: 2 chunks a launch vs one launch")
+    assert_bits_equal(grouped[1], one[1], "lse: 2 chunks a launch vs one launch")
+
+
+@pytest.mark.parametrize("backend", [pytest.param(b, marks=MARKS.get(b, [])) for b in BACKEND_NAMES])
 def test_mla_nonfinite(backend):
     """A NaN in a key row (its rotary part or its latent, which is also the value) makes exactly the
-    rows that see the key NaN, out and lse; keys the causal rule hides never reach a row."""
+    rows that see the key NaN, out and lse; keys the causal rule hides never reach a row's lse, nor
+    its out on the CPU (the kernel's tensor-core P V carries a hidden NaN latent element into that
+    column of the other rows of its key tile, as the prefill kernel's: docs/design.md)."""
     be = get_backend(backend)
     dtype = torch.bfloat16
     g = make_gen(5)
@@ -206,7 +243,12 @@ def test_mla_nonfinite(backend):
             q.to(dev), bad.to(dev), table.to(dev), torch.tensor([20], dtype=torch.int32).to(dev), cu([3]).to(dev),
             0.05, True, None, 0, True, None, 0)))
         seen = key - 17  # rows key - 17 .. 2 see the key
-        assert torch.isfinite(out[:seen]).all() and torch.isfinite(lse[:seen]).all(), (key, dim)
+        assert torch.isfinite(lse[:seen]).all(), (key, dim)
+        if backend == "cpu" or dim >= LATENT:
+            assert torch.isfinite(out[:seen]).all(), (key, dim)
+        else:
+            others = torch.cat([out[:seen, :, :dim], out[:seen, :, dim + 1:]], dim=-1)
+            assert torch.isfinite(others).all(), (key, dim)
         assert torch.isnan(out[seen:]).all() and torch.isnan(lse[seen:]).all(), (key, dim)
 
 
@@ -302,7 +344,10 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("ns", ["fastinfer"])
+NAMESPACES = ["fastinfer", pytest.param("fastinfer_sim", marks=pytest.mark.sim)]
+
+
+@pytest.mark.parametrize("ns", NAMESPACES)
 @pytest.mark.parametrize("op,case,make_args,arg_re", BAD, ids=[f"{b[0]}-{b[1]}" for b in BAD])
 def test_mla_bad_input(ns, op, case, make_args, arg_re):
     be = get_backend("sim" if ns == "fastinfer_sim" else "cpu")
@@ -311,7 +356,7 @@ def test_mla_bad_input(ns, op, case, make_args, arg_re):
     assert f"{ns}.{op}:" in str(exc.value)
 
 
-@pytest.mark.parametrize("ns", ["fastinfer"])
+@pytest.mark.parametrize("ns", NAMESPACES)
 def test_mla_opcheck(ns):
     be = get_backend("sim" if ns == "fastinfer_sim" else "cpu")
     g = make_gen(3)
