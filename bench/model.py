@@ -372,6 +372,33 @@ def case_decode(b, ctx, hq, hkv, sample=1):
                 sample=sample)
 
 
+# DeepSeek-V3 / R1 decode: 128 query heads over a 576-wide latent cache in FlashMLA's 64-token blocks.
+MLA_HEADS, MLA_BLOCK, MLA_ROW, MLA_LATENT = 128, 64, 576, 512
+
+
+def case_mla_decode(b, ctx, fp8=False, sample=1):
+    """mla_decode_attention, one new token per sequence against ctx cached tokens. Ideal bytes: the
+    latent read once (576 values a token, and an fp8 cache's per-token scales), q read and out
+    written once, the block table; useful FLOPs 2 x B x H x ctx x (576 + 512) at the bf16
+    tensor-core peak (an fp8 tile is converted to bf16 in shared memory before the mma)."""
+    def build():
+        nbs = math.ceil(ctx / MLA_BLOCK)
+        cache = torch.zeros(b * nbs, MLA_BLOCK, MLA_ROW, dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16)
+        scale = torch.full((b * nbs, MLA_BLOCK), 0.01) if fp8 else None
+        table = torch.randperm(b * nbs).to(torch.int32).view(b, nbs)
+        lens = torch.full((b,), ctx, dtype=torch.int32)
+        cu = torch.arange(b + 1, dtype=torch.int32)
+        q = _bf16(b, MLA_HEADS, MLA_ROW)
+        ideal = (b * ctx * MLA_ROW * (1 if fp8 else 2) + (b * ctx * 4 if fp8 else 0) +
+                 b * MLA_HEADS * (MLA_ROW + MLA_LATENT) * 2 + b * nbs * 4)
+        flops = 2.0 * b * MLA_HEADS * ctx * (MLA_ROW + MLA_LATENT)
+        return dict(fn=lambda: ns().mla_decode_attention(q, cache, table, lens, cu, 192 ** -0.5, True, None, 0, False,
+                                                         scale, FIXED_SPLIT),
+                    ideal=ideal, flops=flops, peak="bf16")
+    return Case("mla_decode_attention", f"B={b} ctx={ctx} H={MLA_HEADS} {'fp8' if fp8 else 'bf16'} cache BS={MLA_BLOCK}",
+                build, sample=sample, reuse=True)
+
+
 def case_prefill(t, hq, hkv, d, causal, paged=False):
     def build():
         q, k, v = _bf16(t, hq, d), _bf16(t, hkv, d), _bf16(t, hkv, d)
@@ -918,6 +945,9 @@ def all_cases(quick=False):
         (64, 512, 32, 8, 4), (64, 4096, 32, 8, 16), (256, 512, 32, 8, 16), (1, 4096, 32, 32, 2),
         (16, 4096, 32, 32, 8), (64, 512, 32, 32, 8)]
     cases += [case_decode(*c[:4], sample=c[4]) for c in dec]
+    mla = [(1, 4096, 1), (64, 4096, 16)] if quick else [
+        (1, 4096, 1), (16, 4096, 4), (64, 4096, 16), (128, 4096, 32), (1, 32768, 2), (16, 32768, 16)]
+    cases += [case_mla_decode(b, ctx, fp8, sample) for b, ctx, sample in mla for fp8 in (False, True)]
     pre = [(1024, 32, 32, 128, True), (8192, 32, 32, 128, True)] if quick else [
         (t, hq, hkv, d, c) for t in (1024, 8192) for hq, hkv, d in ((32, 32, 128), (32, 8, 128), (32, 32, 64))
         for c in (True, False)] + [(t, 16, 8, 256, True) for t in (1024, 8192)]  # Gemma 2 9B heads

@@ -9,6 +9,8 @@
 //       the two-launch or the one-launch fold, whatever the SM count;
 //   FASTINFER_TEST_DEFAULT_KEY_SPLITS=S  prefill attention in the default mode: each CTA's keys in
 //       S parts, a CTA each, and the merge (1: unsplit), whatever the occupancy;
+//   FASTINFER_TEST_MLA_ROWS=32|64  mla_decode_attention: the CTA shape, whatever the device (the
+//       FIXED_SPLIT_PARTIAL_BYTES bound applies to its deterministic mode too);
 //   FASTINFER_TEST_FP8_GEMM=mma, FASTINFER_TEST_INT8_GEMM=mma  the mma.sync kernel on Hopper too;
 //   FASTINFER_TEST_INT4_DENSE_MIN_M=M  int4_gemm dequantises + dense matmul from M rows on;
 //   FASTINFER_TEST_CPU_DENSE_PORTABLE=1  the CPU dense_mm takes its portable micro-kernel on AVX2.
@@ -19,6 +21,7 @@
 #include <cstring>
 
 #include "fastinfer/attention/attention.h"
+#include "fastinfer/attention/mla.h"
 #include "fastinfer/gemm/w8a8_sm90.h"
 
 namespace fastinfer::binding {
@@ -41,6 +44,19 @@ inline PrefillOverrides prefill_overrides() {
   if (const char* v = test_override("FASTINFER_TEST_DEFAULT_KEY_SPLITS")) {
     const long long splits = std::atoll(v);
     if (splits > 0) o.default_key_splits = static_cast<int32_t>(splits < 65535 ? splits : 65535);
+  }
+  return o;
+}
+
+inline MlaDecodeOverrides mla_decode_overrides() {
+  MlaDecodeOverrides o;
+  if (const char* v = test_override("FASTINFER_TEST_MLA_ROWS")) {
+    const long long rows = std::atoll(v);
+    if (rows == 32 || rows == 64) o.rows_per_cta = static_cast<int32_t>(rows);
+  }
+  if (const char* v = test_override("FASTINFER_TEST_FIXED_SPLIT_PARTIAL_BYTES")) {
+    const long long bytes = std::atoll(v);
+    if (bytes > 0) o.fixed_split_partial_bytes = bytes;
   }
   return o;
 }

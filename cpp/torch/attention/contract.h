@@ -25,6 +25,13 @@ inline void define_attention_ops(StableLibrary& m) {
         "Tensor? k_scale=None, Tensor? v_scale=None, int fixed_split_size=0, Tensor? sinks=None) -> (Tensor out, Tensor lse)");
   m.def("merge_attention_states(Tensor v_a, Tensor lse_a, Tensor v_b, Tensor lse_b, Tensor? mask=None) -> (Tensor v, "
         "Tensor lse)");
+  // Multi-head latent attention (DeepSeek-V3's MLA): one [kv_c | k_pe] row of 576 values per token.
+  // kv_scale is written by the cache write when it is per token ([NB, BS]), read when per tensor.
+  m.def("mla_cache_write(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, Tensor slot_mapping, "
+        "Tensor(b!)? kv_scale=None) -> ()");
+  m.def("mla_decode_attention(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens, Tensor cu_seqlens_q, "
+        "float scale, bool causal=True, Tensor? custom_mask=None, int num_splits=0, bool return_lse=False, "
+        "Tensor? kv_scale=None, int fixed_split_size=0) -> (Tensor out, Tensor lse)");
 }
 
 inline bool is_pow2(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
@@ -180,6 +187,118 @@ inline void validate_paged_decode_attention(const char* op, const Tensor& q, con
            "num_splits must be 0 when fixed_split_size > 0 (the keys are then split every fixed_split_size keys), got ",
            num_splits);
   validate_sinks(op, sinks, q);
+}
+
+// ---- multi-head latent attention (attention.h "MLA") ----------------------------------------
+// A cache row is the compressed latent kv_c (kLatentDim) followed by the roped key part k_pe
+// (kRopeDim): the key is the whole row, the value its latent part.
+constexpr int64_t kMlaLatentDim = 512;
+constexpr int64_t kMlaRopeDim = 64;
+constexpr int64_t kMlaRowDim = kMlaLatentDim + kMlaRopeDim;
+
+inline void validate_mla_cache(const char* op, const Tensor& kv_cache, const Tensor& ref, const char* ref_name) {
+  check_dim(kv_cache, 3, op, "kv_cache", "[num_blocks, block_size, 576] (kv_c then k_pe per token)");
+  FI_CHECK(kv_cache.size(2) == kMlaRowDim, op, "kv_cache must have ", kMlaRowDim, " values per token (",
+           kMlaLatentDim, " latent + ", kMlaRopeDim, " rotary), got shape ", shape_str(kv_cache));
+  const auto bs = kv_cache.size(1);
+  FI_CHECK(bs >= 8 && bs <= 256 && is_pow2(bs), op,
+           "kv_cache must have a power-of-two block_size in [8, 256] (dim 1), got shape ", shape_str(kv_cache));
+  const bool fp8 = kv_cache.scalar_type() == kFloat8_e4m3fn;
+  FI_CHECK(fp8 || kv_cache.scalar_type() == ref.scalar_type(), op, "kv_cache must have the dtype of ", ref_name, " (",
+           ref.scalar_type(), ") or float8_e4m3fn, got ", kv_cache.scalar_type());
+  check_same_device(kv_cache, ref, op, "kv_cache", ref_name);
+}
+
+// kv_scale of an fp8 latent cache: float32, 1 element (per tensor) or [num_blocks, block_size] (per
+// token); None with a cache in the activations' dtype.
+inline void validate_mla_kv_scale(const char* op, const Tensor& kv_cache, const Tensor& ref, const char* ref_name,
+                                  const std::optional<Tensor>& kv_scale) {
+  if (kv_cache.scalar_type() != kFloat8_e4m3fn) {
+    FI_CHECK(!kv_scale.has_value(), op, "kv_scale must be None unless kv_cache is float8_e4m3fn (kv_cache dtype is ",
+             kv_cache.scalar_type(), ")");
+    return;
+  }
+  FI_CHECK(kv_scale.has_value(), op,
+           "kv_scale is required with a float8_e4m3fn kv_cache (float32, 1 element per tensor or [num_blocks, "
+           "block_size] per token)");
+  const Tensor& s = *kv_scale;
+  const bool per_tensor = s.dim() <= 1 && s.numel() == 1;
+  const bool per_token = s.dim() == 2 && s.size(0) == kv_cache.size(0) && s.size(1) == kv_cache.size(1);
+  FI_CHECK(s.scalar_type() == kFloat && (per_tensor || per_token), op,
+           "kv_scale must be float32 with 1 element (per tensor) or shape [num_blocks, block_size] = [",
+           kv_cache.size(0), ", ", kv_cache.size(1), "] (per token), got ", s.scalar_type(), " ", shape_str(s));
+  check_same_device(s, ref, op, "kv_scale", ref_name);
+  check_contiguous(s, op, "kv_scale");
+}
+
+inline bool mla_scale_per_token(const std::optional<Tensor>& kv_scale) {
+  return kv_scale.has_value() && kv_scale->dim() == 2;
+}
+
+inline void validate_mla_cache_write(const char* op, const Tensor& kv_c, const Tensor& k_pe, const Tensor& kv_cache,
+                                     const Tensor& slot_mapping, const std::optional<Tensor>& kv_scale,
+                                     bool allow_fp32) {
+  check_dim(kv_c, 2, op, "kv_c", "[num_tokens, 512]");
+  check_activation_dtype(kv_c, allow_fp32, op, "kv_c");
+  FI_CHECK(kv_c.size(1) == kMlaLatentDim, op, "kv_c must have ", kMlaLatentDim, " latent values per token, got shape ",
+           shape_str(kv_c));
+  check_dim(k_pe, 2, op, "k_pe", "[num_tokens, 64]");
+  FI_CHECK(k_pe.size(1) == kMlaRopeDim, op, "k_pe must have ", kMlaRopeDim, " rotary values per token, got shape ",
+           shape_str(k_pe));
+  FI_CHECK(k_pe.size(0) == kv_c.size(0), op, "k_pe must have num_tokens = ", kv_c.size(0),
+           " rows (those of kv_c), got shape ", shape_str(k_pe));
+  check_same_dtype(k_pe, kv_c, op, "k_pe", "kv_c");
+  check_same_device(k_pe, kv_c, op, "k_pe", "kv_c");
+  validate_mla_cache(op, kv_cache, kv_c, "kv_c");
+  check_dim(slot_mapping, 1, op, "slot_mapping", "[num_tokens]");
+  check_dtype_in(slot_mapping, {kInt, kLong}, op, "slot_mapping");
+  FI_CHECK(slot_mapping.size(0) == kv_c.size(0), op, "slot_mapping must have num_tokens = ", kv_c.size(0),
+           " entries (kv_c.size(0)), got ", shape_str(slot_mapping));
+  check_same_device(slot_mapping, kv_c, op, "slot_mapping", "kv_c");
+  validate_mla_kv_scale(op, kv_cache, kv_c, "kv_c", kv_scale);
+}
+
+// Layout rules (real strides): kv_c and k_pe rows with any row stride (slices of the fused
+// projection output), the cache and the slots contiguous.
+inline void check_mla_cache_write_layout(const char* op, const Tensor& kv_c, const Tensor& k_pe,
+                                         const Tensor& kv_cache, const Tensor& slot_mapping) {
+  check_rows(kv_c, op, "kv_c");
+  check_rows(k_pe, op, "k_pe");
+  check_contiguous(kv_cache, op, "kv_cache");
+  check_contiguous(slot_mapping, op, "slot_mapping");
+}
+
+inline void validate_mla_decode_attention(const char* op, const Tensor& q, const Tensor& kv_cache,
+                                          const Tensor& block_table, const Tensor& seq_lens,
+                                          const Tensor& cu_seqlens_q, const std::optional<Tensor>& custom_mask,
+                                          int64_t num_splits, const std::optional<Tensor>& kv_scale,
+                                          int64_t fixed_split_size, bool allow_fp32) {
+  check_dim(q, 3, op, "q", "[num_tokens, num_heads, 576] (absorbed q_nope then roped q_pe)");
+  check_activation_dtype(q, allow_fp32, op, "q");
+  FI_CHECK(q.size(2) == kMlaRowDim, op, "q must have ", kMlaRowDim, " values per head (", kMlaLatentDim,
+           " absorbed latent + ", kMlaRopeDim, " rotary), got shape ", shape_str(q));
+  FI_CHECK(q.size(1) >= 1, op, "q must have at least one head, got shape ", shape_str(q));
+  validate_mla_cache(op, kv_cache, q, "q");
+  validate_mla_kv_scale(op, kv_cache, q, "q", kv_scale);
+  check_dim(block_table, 2, op, "block_table", "[batch, max_blocks_per_seq]");
+  FI_CHECK(block_table.scalar_type() == kInt, op, "block_table must be int32, got ", block_table.scalar_type());
+  check_same_device(block_table, q, op, "block_table", "q");
+  validate_index_vector(op, seq_lens, "seq_lens", "[batch]", q);
+  validate_index_vector(op, cu_seqlens_q, "cu_seqlens_q", "[batch + 1]", q);
+  FI_CHECK(cu_seqlens_q.size(0) == seq_lens.size(0) + 1, op, "cu_seqlens_q must have batch + 1 = ",
+           seq_lens.size(0) + 1, " entries (seq_lens has ", seq_lens.size(0), "), got ", shape_str(cu_seqlens_q));
+  FI_CHECK(block_table.size(0) == seq_lens.size(0), op, "block_table must have batch = ", seq_lens.size(0),
+           " rows, got shape ", shape_str(block_table));
+  if (custom_mask.has_value()) {
+    check_dim(*custom_mask, 1, op, "custom_mask", "[sum of q_len^2] (per sequence a flattened [q_len, q_len] bool block)");
+    FI_CHECK(custom_mask->scalar_type() == kBool, op, "custom_mask must be bool, got ", custom_mask->scalar_type());
+    check_same_device(*custom_mask, q, op, "custom_mask", "q");
+  }
+  FI_CHECK(num_splits >= 0 && num_splits <= 256, op, "num_splits must be in [0, 256] (0 = automatic), got ", num_splits);
+  validate_fixed_split_size(op, fixed_split_size);
+  FI_CHECK(fixed_split_size == 0 || num_splits == 0, op,
+           "num_splits must be 0 when fixed_split_size > 0 (the keys are then split every fixed_split_size keys), got ",
+           num_splits);
 }
 
 // mask: which tokens take state b (FlashInfer's merge_state_in_place mask); the others keep state a.

@@ -12,6 +12,7 @@
 
 #include "cpu_simd.h"
 #include "attention/contract.h"
+#include "gemm_fp8/e4m3_cpu.h"
 
 namespace fastinfer::binding {
 namespace {
@@ -29,8 +30,9 @@ Tensor gather_paged(const Tensor& cache, const int32_t* table_row, int64_t lengt
   return out;
 }
 
-std::tuple<Tensor, Tensor> make_outputs(const Tensor& q, bool return_lse) {
-  auto out = zeros_on(q, shape_of(q));
+// value_dim > 0: out is [T, Hq, value_dim] (a latent cache's values are narrower than its keys).
+std::tuple<Tensor, Tensor> make_outputs(const Tensor& q, bool return_lse, int64_t value_dim = 0) {
+  auto out = zeros_on(q, value_dim > 0 ? Shape{q.size(0), q.size(1), value_dim} : shape_of(q));
   auto lse = return_lse ? full_on(q, {q.size(0), q.size(1)}, -std::numeric_limits<double>::infinity(), kFloat)
                         : empty_on(q, {0}, kFloat);
   return {out, lse};
@@ -195,7 +197,15 @@ struct DecodeArgs {
   const float* sinks = nullptr;  // [num_q_heads] or nullptr
   bool contiguous = false;  // K/V rows are [Tk, Hkv, D] contiguous (prefill_attention), key j of
                             // item it at row it.k_start + j; else paged through block_table
+  // Multi-head latent attention (mla_decode_attention): v_cache is k_cache and a key row's first
+  // value_dim elements are its value (0: value_dim = head_dim); token_scale (or nullptr) is an
+  // fp8 cache's per-token scale, slot s's at token_scale[s], applied to its score and its value.
+  int64_t value_dim = 0;
+  const float* token_scale = nullptr;
 };
+
+// The widest key row the per-row items take: 256 for the paged K/V ops, 576 for a latent cache.
+constexpr int64_t kMaxRowDim = 576;
 
 // An fp8 cache's scales (CPU float32, 1 element or one per KV head; validate_kv_cache_scales) into a.
 void set_cache_scales(DecodeArgs& a, const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale) {
@@ -236,8 +246,10 @@ FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* ite
   constexpr int64_t kMaxGroup = 16;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t d = a.head_dim, hkv = a.num_kv_heads, group = a.num_q_heads / hkv, bs = a.block_size;
+  const int64_t dv = a.value_dim > 0 ? a.value_dim : d;
   const int64_t row_stride = hkv * d;
-  alignas(64) float acc[kMaxGroup * 256], qf[kMaxGroup * 256], s[kMaxGroup * kKeys], m[kMaxGroup], l[kMaxGroup];
+  alignas(64) float acc[kMaxGroup * kMaxRowDim], qf[kMaxGroup * kMaxRowDim], s[kMaxGroup * kKeys], m[kMaxGroup],
+      l[kMaxGroup];
   for (int64_t w = begin; w < end; ++w) {
     const QueryItem& it = items[w / hkv];
     const int64_t h = w % hkv;
@@ -253,11 +265,10 @@ FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* ite
         m[g] = kNegInf;
         l[g] = 0;
       }
-      for (int64_t i = 0; i < ng * d; ++i) {
-        qf[i] = static_cast<float>(q[i]) * (a.scale * k_scale);
-        acc[i] = 0;
-      }
+      for (int64_t i = 0; i < ng * d; ++i) qf[i] = static_cast<float>(q[i]) * (a.scale * k_scale);
+      for (int64_t i = 0; i < ng * dv; ++i) acc[i] = 0;
       int64_t rows[kKeys];
+      float token_scale[kKeys];
       for (int64_t j0 = it.start; j0 < it.end; j0 += kKeys) {
         const int64_t n = std::min<int64_t>(kKeys, it.end - j0);
         if (table == nullptr) {
@@ -271,6 +282,8 @@ FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* ite
             }
           }
         }
+        if (a.token_scale != nullptr)
+          for (int64_t jj = 0; jj < n; ++jj) token_scale[jj] = a.token_scale[rows[jj] / row_stride];
         // Keys the custom mask hides: their scores are -inf before the max and the sum, and their
         // value rows are not read (0 * NaN would reach a row that cannot see a NaN value).
         bool hidden[kKeys] = {};
@@ -282,6 +295,8 @@ FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* ite
         for (int64_t g = 0; g < ng; ++g) {
           float* sg = s + g * kKeys;
           for (int64_t jj = 0; jj < n; ++jj) sg[jj] = dot(qf + g * d, k_base + rows[jj], d);
+          if (a.token_scale != nullptr)
+            for (int64_t jj = 0; jj < n; ++jj) sg[jj] *= token_scale[jj];
           if (a.softcap > 0)
             for (int64_t jj = 0; jj < n; ++jj) sg[jj] = a.softcap * std::tanh(sg[jj] / a.softcap);
           if (it.mask != nullptr)
@@ -298,7 +313,7 @@ FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* ite
           if (chunk_max > m[g]) {  // rescale what was accumulated under the old maximum
             const float c = cpu::fast_exp(m[g] - chunk_max);
             l[g] *= c;
-            for (int64_t i = 0; i < d; ++i) acc[g * d + i] *= c;
+            for (int64_t i = 0; i < dv; ++i) acc[g * dv + i] *= c;
             m[g] = chunk_max;
           }
           for (int64_t jj = 0; jj < kKeys; ++jj) lanes[jj] = sg[jj] = cpu::fast_exp(sg[jj] - m[g]);  // masked -> 0
@@ -307,14 +322,15 @@ FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* ite
         for (int64_t jj = 0; jj < n; ++jj) {
           if (hidden[jj]) continue;
           const CT* v = v_base + rows[jj];
+          const float vs = a.token_scale != nullptr ? v_scale * token_scale[jj] : v_scale;
           for (int64_t g = 0; g < ng; ++g) {
-            const float pv = s[g * kKeys + jj] * v_scale;
-            float* acc_g = acc + g * d;
-            for (int64_t i = 0; i < d; ++i) acc_g[i] += pv * static_cast<float>(v[i]);
+            const float pv = s[g * kKeys + jj] * vs;
+            float* acc_g = acc + g * dv;
+            for (int64_t i = 0; i < dv; ++i) acc_g[i] += pv * static_cast<float>(v[i]);
           }
         }
       }
-      QT* out = static_cast<QT*>(a.out) + (it.row * a.num_q_heads + head0) * d;
+      QT* out = static_cast<QT*>(a.out) + (it.row * a.num_q_heads + head0) * dv;
       for (int64_t g = 0; g < ng; ++g) {
         // No visible key (l == 0): zeros, lse = -inf. A NaN score or value seen: l or acc is NaN
         // (tree_max keeps a NaN score, exp(NaN) reaches l), and so are out and lse.
@@ -325,7 +341,7 @@ FASTINFER_CPU_INLINE void attend_items(const DecodeArgs& a, const QueryItem* ite
           inv *= w.weight;
           lse = w.lse;
         }
-        for (int64_t i = 0; i < d; ++i) out[g * d + i] = static_cast<QT>(acc[g * d + i] * inv);
+        for (int64_t i = 0; i < dv; ++i) out[g * dv + i] = static_cast<QT>(acc[g * dv + i] * inv);
         if (a.lse != nullptr) a.lse[it.row * a.num_q_heads + head0 + g] = lse;
       }
     }
@@ -348,11 +364,14 @@ FASTINFER_CPU_INLINE void attend_items_fixed(const DecodeArgs& a, const QueryIte
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t d = a.head_dim, hkv = a.num_kv_heads, group = a.num_q_heads / hkv, bs = a.block_size;
   const int64_t row_stride = hkv * d, split = a.fixed_split;
+  const int64_t dv = a.value_dim > 0 ? a.value_dim : d;
   // Per head g of the group: its query, chunk accumulators (acc, m, l), merged state (st, st_lse)
   // and tile scores. Every head runs the same sequence of operations on its own arrays as it would
   // alone, so grouping changes no bits.
-  alignas(64) float acc[kMaxGroup * 256], qf[kMaxGroup * 256], st[kMaxGroup * 256], s[kMaxGroup * kKeys];
+  alignas(64) float acc[kMaxGroup * kMaxRowDim], qf[kMaxGroup * kMaxRowDim], st[kMaxGroup * kMaxRowDim],
+      s[kMaxGroup * kKeys];
   alignas(64) float lanes[kKeys];
+  float token_scale[kKeys];
   float m[kMaxGroup], l[kMaxGroup], st_lse[kMaxGroup];
   bool seen[kMaxGroup];
   int64_t rows[kKeys];
@@ -368,7 +387,7 @@ FASTINFER_CPU_INLINE void attend_items_fixed(const DecodeArgs& a, const QueryIte
       const int64_t head0 = h * group + g0;
       const QT* q = static_cast<const QT*>(a.q) + it.row * a.q_row_stride + head0 * d;
       for (int64_t i = 0; i < ng * d; ++i) qf[i] = static_cast<float>(q[i]) * (a.scale * k_scale);
-      for (int64_t i = 0; i < ng * d; ++i) st[i] = 0;
+      for (int64_t i = 0; i < ng * dv; ++i) st[i] = 0;
       for (int64_t g = 0; g < ng; ++g) st_lse[g] = kNegInf;  // merged state of the chunks so far
       for (int64_t c0 = it.start > 0 ? it.start / split * split : 0; c0 < it.end; c0 += split) {
         const int64_t c1 = std::min(c0 + split, it.end);
@@ -376,7 +395,7 @@ FASTINFER_CPU_INLINE void attend_items_fixed(const DecodeArgs& a, const QueryIte
           m[g] = kNegInf;
           l[g] = 0;
         }
-        for (int64_t i = 0; i < ng * d; ++i) acc[i] = 0;
+        for (int64_t i = 0; i < ng * dv; ++i) acc[i] = 0;
         for (int64_t j0 = std::max(c0, it.start / kKeys * kKeys); j0 < c1; j0 += kKeys) {
           const int64_t n = std::min<int64_t>(kKeys, c1 - j0);
           for (int64_t jj = 0; jj < n; ++jj) {
@@ -385,6 +404,8 @@ FASTINFER_CPU_INLINE void attend_items_fixed(const DecodeArgs& a, const QueryIte
             rows[jj] = table != nullptr ? (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * row_stride
                                         : (it.k_start + j) * row_stride;
           }
+          if (a.token_scale != nullptr)
+            for (int64_t jj = 0; jj < n; ++jj) token_scale[jj] = a.token_scale[rows[jj] / row_stride];
           // Keys of the tile the row does not see (before its start, or hidden by the mask): -inf
           // scores, value rows not read (as attend_items).
           bool hidden[kKeys];
@@ -397,6 +418,8 @@ FASTINFER_CPU_INLINE void attend_items_fixed(const DecodeArgs& a, const QueryIte
           for (int64_t g = 0; g < ng; ++g) {
             float* sg = s + g * kKeys;
             for (int64_t jj = 0; jj < n; ++jj) sg[jj] = dot(qf + g * d, k_base + rows[jj], d);
+            if (a.token_scale != nullptr)
+              for (int64_t jj = 0; jj < n; ++jj) sg[jj] *= token_scale[jj];
             if (a.softcap > 0)
               for (int64_t jj = 0; jj < n; ++jj) sg[jj] = a.softcap * std::tanh(sg[jj] / a.softcap);
             for (int64_t jj = 0; jj < n; ++jj)
@@ -409,7 +432,7 @@ FASTINFER_CPU_INLINE void attend_items_fixed(const DecodeArgs& a, const QueryIte
             if (tile_max > m[g]) {
               const float r = cpu::fast_exp(m[g] - tile_max);
               l[g] *= r;
-              for (int64_t i = 0; i < d; ++i) acc[g * d + i] *= r;
+              for (int64_t i = 0; i < dv; ++i) acc[g * dv + i] *= r;
               m[g] = tile_max;
             }
             for (int64_t jj = 0; jj < kKeys; ++jj) lanes[jj] = sg[jj] = cpu::fast_exp(sg[jj] - m[g]);
@@ -418,39 +441,40 @@ FASTINFER_CPU_INLINE void attend_items_fixed(const DecodeArgs& a, const QueryIte
           for (int64_t jj = 0; jj < n; ++jj) {
             if (hidden[jj]) continue;
             const CT* v = v_base + rows[jj];
+            const float vs = a.token_scale != nullptr ? v_scale * token_scale[jj] : v_scale;
             for (int64_t g = 0; g < ng; ++g) {
               if (!seen[g]) continue;
-              const float pv = s[g * kKeys + jj] * v_scale;
-              float* acc_g = acc + g * d;
-              for (int64_t i = 0; i < d; ++i) acc_g[i] += pv * static_cast<float>(v[i]);
+              const float pv = s[g * kKeys + jj] * vs;
+              float* acc_g = acc + g * dv;
+              for (int64_t i = 0; i < dv; ++i) acc_g[i] += pv * static_cast<float>(v[i]);
             }
           }
         }
         for (int64_t g = 0; g < ng; ++g) {
           if (l[g] == 0) continue;  // an empty chunk merges as the identity (a NaN one as NaN)
-          float* st_g = st + g * d;
-          const float* acc_g = acc + g * d;
+          float* st_g = st + g * dv;
+          const float* acc_g = acc + g * dv;
           const float inv = 1.0f / l[g], lse_c = m[g] + std::log(l[g]);
           if (st_lse[g] == kNegInf) {
-            for (int64_t i = 0; i < d; ++i) st_g[i] = acc_g[i] * inv;
+            for (int64_t i = 0; i < dv; ++i) st_g[i] = acc_g[i] * inv;
             st_lse[g] = lse_c;
             continue;
           }
           const float mx = std::max(st_lse[g], lse_c);
           const float ea = std::exp(st_lse[g] - mx), eb = std::exp(lse_c - mx), sum = ea + eb;
           const float wa = ea / sum, wb = eb / sum;
-          for (int64_t i = 0; i < d; ++i) st_g[i] = wa * st_g[i] + wb * (acc_g[i] * inv);
+          for (int64_t i = 0; i < dv; ++i) st_g[i] = wa * st_g[i] + wb * (acc_g[i] * inv);
           st_lse[g] = mx + std::log(sum);
         }
       }
       if (a.sinks != nullptr)  // the sink after the last chunk
         for (int64_t g = 0; g < ng; ++g) {
           const SinkMerge w = merge_sink(st_lse[g], a.sinks[head0 + g]);
-          for (int64_t i = 0; i < d; ++i) st[g * d + i] *= w.weight;
+          for (int64_t i = 0; i < dv; ++i) st[g * dv + i] *= w.weight;
           st_lse[g] = w.lse;
         }
-      QT* out = static_cast<QT*>(a.out) + (it.row * a.num_q_heads + head0) * d;
-      for (int64_t i = 0; i < ng * d; ++i) out[i] = static_cast<QT>(st[i]);
+      QT* out = static_cast<QT*>(a.out) + (it.row * a.num_q_heads + head0) * dv;
+      for (int64_t i = 0; i < ng * dv; ++i) out[i] = static_cast<QT>(st[i]);
       if (a.lse != nullptr)
         for (int64_t g = 0; g < ng; ++g) a.lse[it.row * a.num_q_heads + head0 + g] = st_lse[g];
     }
@@ -531,8 +555,9 @@ std::tuple<Tensor, Tensor> paged_attention_cpu(const char* op, const Tensor& q, 
                                                        const std::optional<Tensor>& custom_mask, bool return_lse,
                                                        int64_t fixed_split, const std::optional<Tensor>& sinks,
                                                        const std::optional<Tensor>& k_scale,
-                                                       const std::optional<Tensor>& v_scale) {
-  auto [out, lse] = make_outputs(q, return_lse);
+                                                       const std::optional<Tensor>& v_scale,
+                                                       int64_t value_dim = 0, const float* token_scale = nullptr) {
+  auto [out, lse] = make_outputs(q, return_lse, value_dim);
   const auto cq = host_indices(cu_seqlens_q), lens = host_indices(seq_lens_k);
   // Short chunks (speculative verification, small prefill chunks), custom masks and softcap: one
   // decode-style pass per query straight from the paged cache, no gather. Longer ones: the flash
@@ -575,7 +600,7 @@ std::tuple<Tensor, Tensor> paged_attention_cpu(const char* op, const Tensor& q, 
       }
       continue;
     }
-    const bool plain = softcap <= 0 && rows == nullptr && !sinks.has_value() && !k_scale.has_value();
+    const bool plain = softcap <= 0 && rows == nullptr && !sinks.has_value() && !k_scale.has_value() && value_dim == 0;
     if (ql > kShortChunk && fixed_split <= 0 && flash_applies(ql, kl, plain)) {
       const int32_t* row = table + static_cast<int64_t>(b) * table_w;
       const Tensor qb = slice(q, 0, qs, ql), kb = gather_paged(k_cache, row, kl), vb = gather_paged(v_cache, row, kl);
@@ -614,6 +639,8 @@ std::tuple<Tensor, Tensor> paged_attention_cpu(const char* op, const Tensor& q, 
     a.fixed_split = fixed_split;
     a.sinks = sinks ? sinks->const_data_ptr<float>() : nullptr;
     set_cache_scales(a, k_scale, v_scale);
+    a.value_dim = value_dim;
+    a.token_scale = token_scale;
     run_items(op, q, k_cache, a, items);
   }
   return {out, lse};
@@ -750,6 +777,107 @@ std::tuple<Tensor, Tensor> merge_attention_states_cpu(const Tensor& v_a, const T
   return {v, lse};
 }
 
+// Multi-head latent attention: the cache as one KV head whose rows are [kv_c | k_pe] (the key) and
+// whose first 512 values are the value, through the paged items of paged_prefill_attention.
+std::tuple<Tensor, Tensor> mla_decode_attention_cpu(const Tensor& q, const Tensor& kv_cache,
+                                                    const Tensor& block_table_in, const Tensor& seq_lens_in,
+                                                    const Tensor& cu_seqlens_q_in, double scale, bool causal,
+                                                    const std::optional<Tensor>& custom_mask, int64_t num_splits,
+                                                    bool return_lse, const std::optional<Tensor>& kv_scale,
+                                                    int64_t fixed_split_size) {
+  const Tensor block_table = index_layout(block_table_in);
+  const Tensor seq_lens = index_layout(seq_lens_in);
+  const Tensor cu_seqlens_q = index_layout(cu_seqlens_q_in);
+  const char* op = "mla_decode_attention";
+  validate_mla_decode_attention(op, q, kv_cache, block_table, seq_lens, cu_seqlens_q, custom_mask, num_splits,
+                                kv_scale, fixed_split_size, true);
+  validate_attention_options(op, scale, -1, 0.0);
+  for (const auto& [t, name] : {std::pair{&q, "q"}, {&kv_cache, "kv_cache"}, {&block_table, "block_table"}})
+    check_on_cpu(*t, op, name);
+  check_packed_heads(q, op, "q");
+  check_contiguous(kv_cache, op, "kv_cache");
+  check_cu_seqlens(op, cu_seqlens_q, "cu_seqlens_q", q.size(0), 0, nullptr);
+  check_paged_indices(op, block_table, seq_lens, "seq_lens", kv_cache.size(0), kv_cache.size(1), &cu_seqlens_q);
+  if (custom_mask.has_value()) check_custom_mask_size(op, *custom_mask, cu_seqlens_q);
+  const bool per_token = mla_scale_per_token(kv_scale);
+  const auto cache = torch::stable::unsqueeze(kv_cache, 2);  // [NB, BS, 1, 576]
+  std::optional<Tensor> tensor_scale;
+  if (kv_scale.has_value() && !per_token) tensor_scale = kv_scale;
+  return paged_attention_cpu(op, q, cache, cache, block_table, cu_seqlens_q, seq_lens, causal, -1, 0.0, scale,
+                             custom_mask, return_lse, fixed_split_size, std::nullopt, tensor_scale, tensor_scale,
+                             kMlaLatentDim, per_token ? kv_scale->const_data_ptr<float>() : nullptr);
+}
+
+// [kv_c | k_pe] rows into the latent cache; an fp8 cache takes e4m3(clamp(x / scale, -448, 448)),
+// the per-token scale max(amax of the 576 values, 1e-12) / 448 written first (fp8_quantize's rule).
+template <typename T>
+void mla_store_rows(const T* kv_c, int64_t kv_stride, const T* k_pe, int64_t pe_stride, void* cache,
+                    ScalarType cache_dtype, const int64_t* slots, int64_t num_tokens, const float* tensor_scale,
+                    float* token_scale) {
+  torch::stable::parallel_for(0, num_tokens, 32, [&](int64_t b, int64_t e) {
+    float row[kMlaRowDim];
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t slot = slots[t];
+      if (slot < 0) continue;
+      for (int64_t i = 0; i < kMlaLatentDim; ++i) row[i] = static_cast<float>(kv_c[t * kv_stride + i]);
+      for (int64_t i = 0; i < kMlaRopeDim; ++i) row[kMlaLatentDim + i] = static_cast<float>(k_pe[t * pe_stride + i]);
+      if (cache_dtype != kFloat8_e4m3fn) {
+        T* dst = static_cast<T*>(cache) + slot * kMlaRowDim;
+        for (int64_t i = 0; i < kMlaLatentDim; ++i) dst[i] = kv_c[t * kv_stride + i];
+        for (int64_t i = 0; i < kMlaRopeDim; ++i) dst[kMlaLatentDim + i] = k_pe[t * pe_stride + i];
+        continue;
+      }
+      float sc = tensor_scale != nullptr ? *tensor_scale : 0.0f;
+      if (token_scale != nullptr) {
+        float amax = 0.0f;
+        bool nan = false;  // a NaN makes the amax, the scale and every code of the row NaN
+        for (int64_t i = 0; i < kMlaRowDim; ++i) {
+          nan |= std::isnan(row[i]);
+          amax = std::max(amax, std::fabs(row[i]));
+        }
+        if (nan) amax = std::numeric_limits<float>::quiet_NaN();
+        sc = token_scale[slot] = scale_from_amax(amax);
+      }
+      auto* dst = static_cast<Float8_e4m3fn*>(cache) + slot * kMlaRowDim;
+      for (int64_t i = 0; i < kMlaRowDim; ++i) dst[i] = to_e4m3(row[i], sc);
+    }
+  });
+}
+
+void mla_cache_write_cpu(const Tensor& kv_c, const Tensor& k_pe, Tensor& kv_cache, const Tensor& slot_mapping,
+                         const std::optional<Tensor>& kv_scale) {
+  const char* op = "mla_cache_write";
+  validate_mla_cache_write(op, kv_c, k_pe, kv_cache, slot_mapping, kv_scale, true);
+  for (const auto& [t, name] : {std::pair{&kv_c, "kv_c"}, {&k_pe, "k_pe"}, {&kv_cache, "kv_cache"},
+                                {&slot_mapping, "slot_mapping"}})
+    check_on_cpu(*t, op, name);
+  check_mla_cache_write_layout(op, kv_c, k_pe, kv_cache, slot_mapping);
+  const int64_t num_slots = kv_cache.size(0) * kv_cache.size(1);
+  check_index_range(slot_mapping, -1, num_slots, op, "slot_mapping", "-1 or a slot < num_blocks * block_size");
+  const int64_t T = kv_c.size(0);
+  if (T == 0) return;
+  const auto slots_t = contiguous_as(slot_mapping, kLong);
+  const int64_t* slots = slots_t.const_data_ptr<int64_t>();
+  const bool per_token = mla_scale_per_token(kv_scale);
+  const float* tensor_scale = kv_scale.has_value() && !per_token ? kv_scale->const_data_ptr<float>() : nullptr;
+  float* token_scale = per_token ? kv_scale->mutable_data_ptr<float>() : nullptr;
+  const int64_t kv_stride = row_stride_of(kv_c), pe_stride = row_stride_of(k_pe);
+  void* cache = kv_cache.mutable_data_ptr();
+  switch (kv_c.scalar_type()) {
+    case kHalf:
+      mla_store_rows(kv_c.const_data_ptr<Half>(), kv_stride, k_pe.const_data_ptr<Half>(), pe_stride, cache,
+                     kv_cache.scalar_type(), slots, T, tensor_scale, token_scale);
+      break;
+    case kBFloat16:
+      mla_store_rows(kv_c.const_data_ptr<BFloat16>(), kv_stride, k_pe.const_data_ptr<BFloat16>(), pe_stride, cache,
+                     kv_cache.scalar_type(), slots, T, tensor_scale, token_scale);
+      break;
+    default:
+      mla_store_rows(kv_c.const_data_ptr<float>(), kv_stride, k_pe.const_data_ptr<float>(), pe_stride, cache,
+                     kv_cache.scalar_type(), slots, T, tensor_scale, token_scale);
+  }
+}
+
 void move_kv_slots_cpu(Tensor& k_cache, Tensor& v_cache, const Tensor& src_slots, const Tensor& dst_slots) {
   const char* op = "move_kv_slots";
   validate_move_kv_slots(op, k_cache, v_cache, src_slots, dst_slots);
@@ -782,4 +910,6 @@ FASTINFER_LIBRARY_IMPL(CPU, m) {
   m.impl("paged_decode_attention", TORCH_BOX(&paged_decode_attention_cpu));
   m.impl("merge_attention_states", TORCH_BOX(&merge_attention_states_cpu));
   m.impl("move_kv_slots", TORCH_BOX(&move_kv_slots_cpu));
+  m.impl("mla_cache_write", TORCH_BOX(&mla_cache_write_cpu));
+  m.impl("mla_decode_attention", TORCH_BOX(&mla_decode_attention_cpu));
 }

@@ -308,6 +308,106 @@ void move_kv_slots(Tensor& k_cache, Tensor& v_cache, const Tensor& src_slots, co
   check_launch(launch_move_kv_slots(p, scope.stream()), op);
 }
 
+void mla_cache_write(const Tensor& kv_c, const Tensor& k_pe, Tensor& kv_cache, const Tensor& slot_mapping,
+                     const std::optional<Tensor>& kv_scale) {
+  const char* op = "mla_cache_write";
+  validate_mla_cache_write(op, kv_c, k_pe, kv_cache, slot_mapping, kv_scale, false);
+  check_device(kv_c, op, "kv_c");
+  check_mla_cache_write_layout(op, kv_c, k_pe, kv_cache, slot_mapping);
+  check_index_range(slot_mapping, -1, kv_cache.size(0) * kv_cache.size(1), op, "slot_mapping",
+                    "-1 or a slot < num_blocks * block_size");
+  if (kv_c.size(0) == 0) return;
+  KernelScope scope(op, kv_c);
+  MlaCacheWriteParams p;
+  p.kv_c = kv_c.data_ptr();
+  p.k_pe = k_pe.data_ptr();
+  p.kv_cache = kv_cache.data_ptr();
+  p.slot_mapping = slot_mapping.data_ptr();
+  p.slot_type = to_index_type(slot_mapping.scalar_type());
+  p.kv_scale = kv_scale.has_value() ? kv_scale->mutable_data_ptr<float>() : nullptr;
+  p.scale_per_token = mla_scale_per_token(kv_scale);
+  p.num_tokens = kv_c.size(0);
+  p.kv_c_stride = row_stride_of(kv_c);
+  p.k_pe_stride = row_stride_of(k_pe);
+  p.dtype = to_dtype(kv_c.scalar_type());
+  p.cache_dtype = to_dtype(kv_cache.scalar_type());
+  check_launch(launch_mla_cache_write(p, scope.stream()), op);
+}
+
+std::tuple<Tensor, Tensor> mla_decode_attention(const Tensor& q, const Tensor& kv_cache, const Tensor& block_table_in,
+                                                const Tensor& seq_lens_in, const Tensor& cu_seqlens_q_in, double scale,
+                                                bool causal, const std::optional<Tensor>& custom_mask,
+                                                int64_t num_splits, bool return_lse,
+                                                const std::optional<Tensor>& kv_scale, int64_t fixed_split_size) {
+  const Tensor block_table = index_layout(block_table_in);
+  const Tensor seq_lens = index_layout(seq_lens_in);
+  const Tensor cu_seqlens_q = index_layout(cu_seqlens_q_in);
+  const char* op = "mla_decode_attention";
+  validate_mla_decode_attention(op, q, kv_cache, block_table, seq_lens, cu_seqlens_q, custom_mask, num_splits, kv_scale,
+                                fixed_split_size, false);
+  validate_attention_options(op, scale, -1, 0.0);
+  check_device(q, op, "q");
+  check_packed_heads(q, op, "q");
+  check_vector_aligned(q, op, "q");
+  check_contiguous(kv_cache, op, "kv_cache");
+  check_aligned16(kv_cache, op, "kv_cache");
+  if (custom_mask.has_value()) check_contiguous(*custom_mask, op, "custom_mask");
+  if (check_indices_enabled(q)) {
+    check_cu_seqlens(op, cu_seqlens_q, "cu_seqlens_q", q.size(0), 0, nullptr);
+    check_paged_indices(op, block_table, seq_lens, "seq_lens", kv_cache.size(0), kv_cache.size(1), &cu_seqlens_q);
+    if (custom_mask.has_value()) check_custom_mask_size(op, *custom_mask, cu_seqlens_q);
+  }
+  auto out = empty_on(q, {q.size(0), q.size(1), kMlaLatentDim});
+  auto lse = return_lse ? empty_on(q, {q.size(0), q.size(1)}, kFloat) : empty_on(q, {0}, kFloat);
+  if (q.numel() == 0) return {out, lse};
+  KernelScope scope(op, q);
+  Tensor mask_offsets;
+  if (custom_mask.has_value()) {  // prefix sums of q_len^2, on the device (no sync)
+    const auto q_lens = to_dtype_of(aten_call("aten::diff", "", cu_seqlens_q, int64_t{1}, int64_t{0},
+                                              std::optional<Tensor>(), std::optional<Tensor>())[0], kLong);
+    const auto entries = aten_call("aten::mul", "Tensor", q_lens, q_lens)[0];
+    mask_offsets = zeros_on(q_lens, {q_lens.size(0) + 1}, kLong);
+    auto tail = slice(mask_offsets, 0, 1, q_lens.size(0));
+    torch::stable::copy_(tail, aten_call("aten::cumsum", "", entries, int64_t{0}, std::optional<ScalarType>(kLong))[0]);
+  }
+  MlaDecodeParams p;
+  p.q = q.data_ptr();
+  p.kv_cache = kv_cache.data_ptr();
+  p.out = out.data_ptr();
+  p.lse = return_lse ? lse.mutable_data_ptr<float>() : nullptr;
+  p.block_table = block_table.mutable_data_ptr<int32_t>();
+  p.block_table_stride = block_table.stride(0);
+  p.block_size = static_cast<int32_t>(kv_cache.size(1));
+  p.seq_lens = seq_lens.mutable_data_ptr<int32_t>();
+  p.cu_seqlens_q = cu_seqlens_q.mutable_data_ptr<int32_t>();
+  if (custom_mask.has_value()) {
+    p.custom_mask = custom_mask->const_data_ptr<bool>();
+    p.mask_offsets = mask_offsets.mutable_data_ptr<int64_t>();
+  }
+  p.kv_scale = kv_scale.has_value() ? kv_scale->const_data_ptr<float>() : nullptr;
+  p.scale_per_token = mla_scale_per_token(kv_scale);
+  p.batch_size = static_cast<int32_t>(seq_lens.size(0));
+  p.num_heads = static_cast<int32_t>(q.size(1));
+  p.num_q_tokens = q.size(0);
+  p.q_token_stride = q.stride(0);
+  p.out_token_stride = out.stride(0);
+  p.scale = static_cast<float>(scale);
+  p.causal = causal;
+  p.dtype = to_dtype(q.scalar_type());
+  p.cache_dtype = to_dtype(kv_cache.scalar_type());
+  p.fixed_split_size = static_cast<int32_t>(fixed_split_size);
+  const DeviceDescription device = device_description(q);
+  const MlaDecodeOverrides overrides = mla_decode_overrides();
+  p.num_splits = num_splits > 0 ? static_cast<int32_t>(num_splits) : mla_decode_num_splits(p, device, overrides);
+  Tensor workspace;
+  if (const size_t bytes = mla_decode_workspace_size(p, overrides); bytes > 0) {
+    workspace = empty_on(q, {static_cast<int64_t>(bytes)}, kByte);
+    p.workspace = workspace.data_ptr();
+  }
+  check_launch(launch_mla_decode(p, device, overrides, scope.stream()), op);
+  return {out, lse};
+}
+
 }  // namespace
 }  // namespace fastinfer::binding
 
@@ -318,4 +418,6 @@ FASTINFER_LIBRARY_IMPL(FASTINFER_KERNEL_KEY, m) {
   m.impl("paged_decode_attention", TORCH_BOX(&paged_decode_attention));
   m.impl("merge_attention_states", TORCH_BOX(&merge_attention_states));
   m.impl("move_kv_slots", TORCH_BOX(&move_kv_slots));
+  m.impl("mla_cache_write", TORCH_BOX(&mla_cache_write));
+  m.impl("mla_decode_attention", TORCH_BOX(&mla_decode_attention));
 }

@@ -3,6 +3,7 @@
 // returning cudaError_t. Link fastinfer::kernels (GPU) or fastinfer::kernels_simt (CPU emulator).
 #include "fastinfer/activation/gated.h"
 #include "fastinfer/attention/attention.h"
+#include "fastinfer/attention/mla.h"
 #include "fastinfer/cache/reshape_and_cache.h"
 #include "fastinfer/common/types.h"
 #include "fastinfer/gemm/dense.h"

@@ -44,6 +44,9 @@ class ForwardBatch:
     logits_indices: Tensor  # [N] int64
     # speculative tree verification: bool mask per prefill chunk (see paged_prefill_attention)
     custom_mask: Optional[Tensor] = None
+    # every prefill chunk starts at cache position 0 with the causal mask: its keys are its own rows
+    # (a model may then attend over the new rows without reading the cache)
+    prefill_fresh: bool = False
     # hybrid models (linear-attention layers): per sequence, prefill chunks then decode rows, its state
     # slot, its rows (int32 cu_seqlens over all T rows) and whether it continues from its slot (a
     # chunk after the first, every decode row); None when the batch was built without state slots
@@ -225,6 +228,8 @@ class BatchBuilder:
             decode_block_table=_table_tensor(self._d_tables, dev) if has_d else None,
             logits_indices=host_to_device([r + P if d else r for d, r in self._want], torch.int64, dev),
             custom_mask=custom_mask,
+            prefill_fresh=has_p and custom_mask is None and all(
+                n == b - a for n, a, b in zip(self._lens_k, self._cu, self._cu[1:])),
             **state,
         )
 

@@ -248,7 +248,9 @@ class FusedMoE(CheckpointModule):
             return this rank's partial sum, for a caller that adds its own partial sums before
             reducing them all at once (Qwen2-MoE's shared expert).
         quant_config: chooses the experts' method (:meth:`QuantizationConfig.moe_method`).
-        router_name: the router's module under ``prefix`` (``gate``; gpt-oss: ``router``).
+        router_name: the router's module under ``prefix`` (``gate``; gpt-oss: ``router``); None: the
+            layer has no router, its caller routes and calls :meth:`run_experts` (DeepSeek's
+            grouped sigmoid routing).
         bias: the router and every expert projection carry a bias (gpt-oss).
         scoring: :func:`~fastinfer.ops.moe_topk`'s scoring (``"softmax"``; gpt-oss: ``"topk_softmax"``).
         activation, swiglu_alpha, swiglu_limit: :func:`~fastinfer.ops.fused_moe`'s activation
@@ -302,8 +304,9 @@ class FusedMoE(CheckpointModule):
         self.bias, self.scoring, self.activation = bool(bias), scoring, activation
         self.swiglu_alpha, self.swiglu_limit = swiglu_alpha, swiglu_limit
         # routing decides which experts run: never quantised, whatever a quantisation config lists
-        self.router = ReplicatedLinear(hidden_size, [WeightPart(f"{prefix}.{router_name}", num_experts)], self.bias,
-                                       dtype=dtype, device=device, ops=ops, method=RouterMethod())
+        self.router = None if router_name is None else ReplicatedLinear(
+            hidden_size, [WeightPart(f"{prefix}.{router_name}", num_experts)], self.bias, dtype=dtype, device=device,
+            ops=ops, method=RouterMethod())
         method = quant_config.moe_method(self) if quant_config is not None else None
         self.method = UnquantizedFusedMoEMethod() if method is None else method
         if (self.bias and not self.method.biases) or activation not in self.method.activations:
@@ -361,6 +364,11 @@ class FusedMoE(CheckpointModule):
         # every token is routed on every rank, expert parallel or not: the router's GEMM runs on the
         # batch one process runs it on, so the routing has the same bits
         weights, ids = self.ops.moe_topk(self.router(x), self.top_k, self.renormalize, self.scoring)
+        return self.run_experts(x, weights, ids)
+
+    def run_experts(self, x: Tensor, weights: Tensor, ids: Tensor) -> Tensor:
+        """The experts' weighted sum for a routing already made: ``weights [T, top_k]`` float32 and
+        ``ids [T, top_k]`` int32, as :func:`~fastinfer.ops.moe_topk` returns them."""
         if self.ep is not None:
             return self._expert_parallel(x, weights, ids)
         out = self.method.apply(self, x, weights, ids)
@@ -456,7 +464,7 @@ class StackedExpertsReader(WeightReader):
             for name in (gate_up, down):
                 del self._where[name]
             router = f"{m.stacked_prefix}.gate.weight"
-            if router != m.router.prefix + ".weight" and base.has(router):
+            if m.router is not None and router != m.router.prefix + ".weight" and base.has(router):
                 self._where[m.router.prefix + ".weight"] = self._where.pop(router)
         self._cached: Tuple[Optional[str], Optional[Tensor]] = (None, None)
 

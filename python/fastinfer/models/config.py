@@ -4,9 +4,10 @@ Supported architectures: ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2Fo
 ``Qwen3ForCausalLM``, ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, the mixture-of-experts
 ``MixtralForCausalLM``, ``Qwen2MoeForCausalLM``, ``Qwen3MoeForCausalLM``, ``OlmoeForCausalLM``,
 ``GptOssForCausalLM``, the hybrid (Gated DeltaNet) ``Qwen3_5ForCausalLM``, ``Qwen3_5MoeForCausalLM``
-and ``Qwen3NextForCausalLM`` (and the text model of a ``Gemma3ForConditionalGeneration``,
-``Qwen3_5ForConditionalGeneration`` or ``Qwen3_5MoeForConditionalGeneration`` checkpoint: its
-``text_config``). A key missing from
+and ``Qwen3NextForCausalLM``, the multi-head latent attention ``DeepseekV3ForCausalLM``
+(DeepSeek-V3, Kimi K2) and ``DeepseekV2ForCausalLM`` (DeepSeek-V2, V2-Lite) (and the text model of a
+``Gemma3ForConditionalGeneration``, ``Qwen3_5ForConditionalGeneration`` or
+``Qwen3_5MoeForConditionalGeneration`` checkpoint: its ``text_config``). A key missing from
 ``config.json`` takes the default of the corresponding ``transformers`` config class (so a
 checkpoint means the same thing here as in ``transformers``). Anything the runner cannot run
 faithfully (another architecture, an activation other than SiLU (Llama family) or tanh-GELU
@@ -18,6 +19,7 @@ it, never a silent approximation.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -25,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 __all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "SUPPORTED_ROPE_TYPES", "GEMMA_ARCHITECTURES", "MOE_ARCHITECTURES",
-           "HYBRID_ARCHITECTURES", "HYBRID_MOE_ARCHITECTURES"]
+           "HYBRID_ARCHITECTURES", "HYBRID_MOE_ARCHITECTURES", "MLA_ARCHITECTURES"]
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
@@ -306,6 +308,64 @@ _ARCH_DEFAULTS["GptOssForCausalLM"] = {
     "rope_parameters": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                         "original_max_position_embeddings": 4096},
 }
+# transformers' DeepseekV3Config (DeepSeek-V3, Kimi K2) and DeepseekV2Config (DeepSeek-V2, V2-Lite)
+_ARCH_DEFAULTS["DeepseekV3ForCausalLM"] = {
+    "model_type": "deepseek_v3",
+    "vocab_size": 129280,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "n_shared_experts": 1,
+    "n_routed_experts": 256,
+    "routed_scaling_factor": 2.5,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "qk_nope_head_dim": 128,
+    "n_group": 8,
+    "topk_group": 4,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "norm_topk_prob": True,
+    "max_position_embeddings": 4096,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "rope_interleave": True,
+    "attention_bias": False,
+}
+_ARCH_DEFAULTS["DeepseekV2ForCausalLM"] = {
+    "model_type": "deepseek_v2",
+    "vocab_size": 102400,
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "moe_intermediate_size": 1407,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": None,
+    "n_shared_experts": 2,
+    "n_routed_experts": 64,
+    "routed_scaling_factor": 1.0,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "qk_nope_head_dim": 128,
+    "n_group": None,
+    "topk_group": None,
+    "topk_method": "greedy",
+    "num_experts_per_tok": None,
+    "first_k_dense_replace": 0,
+    "norm_topk_prob": False,
+    "max_position_embeddings": 2048,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "attention_bias": False,
+    "mlp_bias": False,
+}
 # Mixtral's config is Mistral's (the same sizes) with experts, no sliding window and its own eps / RoPE base
 _ARCH_DEFAULTS["MixtralForCausalLM"] = dict(
     _ARCH_DEFAULTS["MistralForCausalLM"], model_type="mixtral", rms_norm_eps=1e-5, rope_theta=1_000_000.0,
@@ -320,6 +380,11 @@ MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCa
 # gated full-attention layers; the MoE variants route the MLP (HYBRID_MOE_ARCHITECTURES)
 HYBRID_MOE_ARCHITECTURES = ("Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM")
 HYBRID_ARCHITECTURES = ("Qwen3_5ForCausalLM",) + HYBRID_MOE_ARCHITECTURES
+# the multi-head latent attention decoder (fastinfer.models.deepseek): low-rank q / kv projections, one
+# latent per token in the cache, routed experts with shared experts after the first dense layers
+MLA_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
+#: (kv_lora_rank, qk_rope_head_dim) of the latent cache the MLA attention ops run
+MLA_LATENT_DIMS = (512, 64)
 _QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM") + HYBRID_ARCHITECTURES
 # architectures whose attention RMS-normalises q and k over their whole projections (all heads together;
 # weights [Hq * D] and [Hkv * D]) before RoPE
@@ -387,6 +452,14 @@ class ModelConfig:
     ``sigmoid(shared_expert_gate(x))``; the layers in ``dense_mlp_layers`` have a dense MLP of width
     ``intermediate_size`` instead (:meth:`is_moe_layer`).
 
+    DeepSeek (``DeepseekV3ForCausalLM`` / ``DeepseekV2ForCausalLM``, :attr:`is_mla`): the latent
+    attention sizes ``q_lora_rank`` (None: no q LoRA), ``kv_lora_rank``, ``qk_nope_head_dim``,
+    ``qk_rope_head_dim`` (= ``head_dim``, what the rotary table spans, as transformers sets it),
+    ``v_head_dim``, ``rope_interleave``; routing ``moe_scoring`` ``"sigmoid"`` (V3) or ``"softmax"``
+    (V2), ``moe_grouping`` / ``moe_num_groups`` / ``moe_topk_groups``, ``moe_correction_bias`` and
+    ``moe_routed_scaling_factor`` (see :func:`_parse_deepseek_moe`); the shared experts in
+    ``shared_expert_intermediate_size`` (ungated), the first dense layers in ``dense_mlp_layers``.
+
     gpt-oss (``GptOssForCausalLM``): ``moe_scoring`` ``"topk_softmax"`` (the softmax of the top-k
     router logits), ``moe_activation`` ``"swiglu_oai"`` (its clamped SwiGLU with ``swiglu_alpha`` /
     ``swiglu_limit``), ``moe_bias`` (router and expert biases) and ``attention_sinks`` (one sink logit
@@ -444,6 +517,21 @@ class ModelConfig:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
+    # multi-head latent attention (DeepSeek-V2 / V3; kv_lora_rank 0: none)
+    q_lora_rank: Optional[int] = None  # None: q_proj directly (V2-Lite), else q_a_proj -> norm -> q_b_proj
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False  # the rotary dims rotate as interleaved pairs (DeepSeek), not halves
+    # grouped routing (DeepSeek): the experts in moe_num_groups groups, a token's experts chosen in the
+    # moe_topk_groups best groups ("top2_sum": a group's score is the sum of its best two, V3;
+    # "max": its best one, V2's group_limited_greedy; None: no group limit)
+    moe_grouping: Optional[str] = None
+    moe_num_groups: int = 1
+    moe_topk_groups: int = 1
+    moe_correction_bias: bool = False  # e_score_correction_bias added to the scores for the choice only (V3)
+    moe_routed_scaling_factor: float = 1.0  # the routed experts' weights times this
     torch_dtype: Optional[torch.dtype] = None  # the checkpoint's dtype ("dtype" / "torch_dtype")
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)  # the config.json dict as read
 
@@ -478,8 +566,24 @@ class ModelConfig:
             self.linear_num_value_heads * self.linear_value_head_dim
 
     @property
+    def is_mla(self) -> bool:
+        """Whether the attention is multi-head latent attention (DeepSeek-V2 / V3)."""
+        return self.kv_lora_rank > 0
+
+    @property
     def attention_scale(self) -> float:
-        """The factor of ``q . k``: ``query_pre_attn_scalar ** -0.5`` (Gemma), else ``head_dim ** -0.5``."""
+        """The factor of ``q . k``: ``query_pre_attn_scalar ** -0.5`` (Gemma), else ``head_dim ** -0.5``;
+        multi-head latent attention: ``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5``, times
+        ``mscale ** 2`` with YaRN's ``mscale = 0.1 * mscale_all_dim * ln(factor) + 1`` when the
+        rope parameters give a ``mscale_all_dim`` (transformers' ``yarn_apply_mscale``)."""
+        if self.is_mla:
+            scale = float(self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5
+            s = self.rope_scaling or {}
+            if s.get("mscale_all_dim"):
+                factor = float(s["factor"])
+                mscale = 1.0 if factor <= 1 else 0.1 * float(s["mscale_all_dim"]) * math.log(factor) + 1.0
+                scale = scale * mscale * mscale
+            return scale
         scalar = self.head_dim if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar
         return float(scalar) ** -0.5
 
@@ -591,11 +695,15 @@ class ModelConfig:
         heads = get_int("num_attention_heads")
         kv_heads = get("num_key_value_heads")
         kv_heads = heads if kv_heads is None else kv_heads
+        if arch in MLA_ARCHITECTURES:  # every head reads the one latent: the field plays no part
+            kv_heads = heads
         if not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads != 0:
             raise ValueError(
                 f"num_key_value_heads ({kv_heads!r}) must divide num_attention_heads ({heads})"
             )
-        head_dim = get("head_dim")
+        mla = arch in MLA_ARCHITECTURES
+        # transformers' DeepSeek configs set head_dim to qk_rope_head_dim (what the rotary table spans)
+        head_dim = get_int("qk_rope_head_dim") if mla else get("head_dim")
         if head_dim is None:
             if hidden % heads != 0:
                 raise ValueError(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads})")
@@ -618,6 +726,11 @@ class ModelConfig:
         elif arch == "LlamaForCausalLM":
             qkv_bias = o_bias = bool(get("attention_bias"))
             mlp_bias = bool(get("mlp_bias"))
+        elif mla:
+            for key in ("attention_bias", "mlp_bias"):
+                if get(key):
+                    raise ValueError(f"{key}=True is not supported for {arch} (its projections run without biases)")
+            qkv_bias = o_bias = mlp_bias = False
         elif arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM", "GptOssForCausalLM") \
                 or arch in HYBRID_ARCHITECTURES or gemma:
             qkv_bias = o_bias = bool(get("attention_bias"))
@@ -702,8 +815,9 @@ class ModelConfig:
                 raise ValueError(f"attn_logit_softcapping={attn_softcap} is not supported for {arch} "
                                  "(Gemma 3 has no attention soft-capping; transformers ignores the field)")
 
-        routed = arch in MOE_ARCHITECTURES + HYBRID_MOE_ARCHITECTURES
+        routed = arch in MOE_ARCHITECTURES + HYBRID_MOE_ARCHITECTURES + MLA_ARCHITECTURES
         moe = _parse_moe(d, arch, num_layers, get, get_int) if routed else {}
+        latent = _parse_latent_attention(arch, get, get_int) if mla else {}
         linear = _parse_linear_attention(get_int) if arch in HYBRID_ARCHITECTURES else {}
         clip_qkv = get_positive("clip_qkv", optional=True) if arch == "OlmoeForCausalLM" else None
 
@@ -766,6 +880,7 @@ class ModelConfig:
             attention_sinks=arch == "GptOssForCausalLM",
             **moe,
             **linear,
+            **latent,
         )
 
     @classmethod
@@ -799,6 +914,8 @@ _EXPERT_COUNT_NAMES = {
     "OlmoeForCausalLM": ("num_experts", "num_local_experts"),
     "Qwen3_5MoeForCausalLM": ("num_experts",),
     "Qwen3NextForCausalLM": ("num_experts",),
+    "DeepseekV3ForCausalLM": ("n_routed_experts", "num_local_experts"),
+    "DeepseekV2ForCausalLM": ("n_routed_experts", "num_experts"),
 }
 
 
@@ -832,6 +949,8 @@ def _parse_moe(d: Dict[str, Any], arch: str, num_layers: int, get, get_int) -> D
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"config field {key!r} must be a positive number, got {v!r}")
             gpt_oss[key] = float(v)
+    elif arch in MLA_ARCHITECTURES:
+        return _parse_deepseek_moe(arch, num_experts, num_layers, get, get_int)
     elif arch == "Qwen3_5MoeForCausalLM":
         # transformers' Qwen3_5MoeTopKRouter always renormalises, and every layer is routed
         width, renormalize, dense_layers = get_int("moe_intermediate_size"), True, []
@@ -855,6 +974,76 @@ def _parse_moe(d: Dict[str, Any], arch: str, num_layers: int, get, get_int) -> D
     return dict(num_experts=num_experts, num_experts_per_tok=top_k, moe_intermediate_size=width,
                 moe_renormalize=renormalize, dense_mlp_layers=dense_layers,
                 shared_expert_intermediate_size=shared, **gpt_oss)
+
+
+def _parse_deepseek_moe(arch: str, num_experts: int, num_layers: int, get, get_int) -> Dict[str, Any]:
+    """The routed experts of a DeepSeek-V3 / V2 config, as transformers' ``DeepseekV3TopkRouter`` /
+    ``DeepseekV2TopkRouter`` run them. Layers ``[0, first_k_dense_replace)`` have a dense MLP of width
+    ``intermediate_size``; the others ``n_routed_experts`` experts of width ``moe_intermediate_size``,
+    ``num_experts_per_tok`` per token, plus ``n_shared_experts`` shared experts run as one ungated MLP
+    of width ``n_shared_experts * moe_intermediate_size``. The chosen experts' weights are multiplied
+    by ``routed_scaling_factor``.
+
+    - V3: sigmoid scores; the choice adds ``e_score_correction_bias`` to them, keeps the
+      ``topk_group`` best of ``n_group`` groups (a group's score: the sum of its best two) and takes
+      the top-k there; the weights are the chosen experts' scores without the bias, divided by their
+      sum when ``norm_topk_prob``.
+    - V2: softmax scores; ``topk_method`` ``"greedy"`` takes the top-k of all experts,
+      ``"group_limited_greedy"`` the top-k of the ``topk_group`` best groups (a group's score: its
+      best expert's). Never renormalised (transformers' V2 router reads no ``norm_topk_prob``)."""
+    top_k = get_int("num_experts_per_tok")
+    if top_k > num_experts:
+        raise ValueError(f"num_experts_per_tok ({top_k}) is larger than the number of experts ({num_experts})")
+    first_dense = get_int("first_k_dense_replace", minimum=0)
+    shared = get_int("n_shared_experts", minimum=0) * get_int("moe_intermediate_size")
+    factor = get("routed_scaling_factor")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        raise ValueError(f"config field 'routed_scaling_factor' must be a positive number, got {factor!r}")
+    out = dict(num_experts=num_experts, num_experts_per_tok=top_k,
+               moe_intermediate_size=get_int("moe_intermediate_size"),
+               dense_mlp_layers=list(range(min(first_dense, num_layers))), shared_expert_intermediate_size=shared,
+               moe_routed_scaling_factor=float(factor))
+    if arch == "DeepseekV3ForCausalLM":
+        grouping, scoring, renormalize, bias = "top2_sum", "sigmoid", bool(get("norm_topk_prob")), True
+    else:
+        method = get("topk_method")
+        if method not in ("greedy", "group_limited_greedy"):
+            raise ValueError(f"unsupported topk_method {method!r} for {arch} (transformers' DeepseekV2TopkRouter runs "
+                             "'greedy' and 'group_limited_greedy')")
+        grouping = None if method == "greedy" else "max"
+        scoring, renormalize, bias = "softmax", False, False
+    groups = topk_groups = 1
+    if grouping is not None:
+        groups, topk_groups = get_int("n_group"), get_int("topk_group")
+        if num_experts % groups:
+            raise ValueError(f"n_group ({groups}) must divide the number of experts ({num_experts})")
+        if topk_groups > groups:
+            raise ValueError(f"topk_group ({topk_groups}) is larger than n_group ({groups})")
+        per_group = num_experts // groups
+        if grouping == "top2_sum" and per_group < 2:
+            raise ValueError(f"{arch} scores a group by its best two experts: n_group ({groups}) leaves "
+                             f"{per_group} expert per group")
+        if top_k > topk_groups * per_group:
+            raise ValueError(f"num_experts_per_tok ({top_k}) is larger than the experts of the topk_group "
+                             f"({topk_groups}) groups chosen ({topk_groups * per_group})")
+    return dict(out, moe_renormalize=renormalize, moe_scoring=scoring, moe_grouping=grouping, moe_num_groups=groups,
+                moe_topk_groups=topk_groups, moe_correction_bias=bias)
+
+
+def _parse_latent_attention(arch: str, get, get_int) -> Dict[str, Any]:
+    """The multi-head latent attention sizes of a DeepSeek config. The latent cache holds
+    ``kv_lora_rank + qk_rope_head_dim`` values per token; the MLA attention ops run 512 + 64."""
+    q_lora = get("q_lora_rank")
+    if q_lora is not None:
+        q_lora = get_int("q_lora_rank")
+    out = dict(q_lora_rank=q_lora, kv_lora_rank=get_int("kv_lora_rank"), qk_nope_head_dim=get_int("qk_nope_head_dim"),
+               qk_rope_head_dim=get_int("qk_rope_head_dim"), v_head_dim=get_int("v_head_dim"),
+               # V2 rotates interleaved pairs always (as complex numbers), V3 when rope_interleave
+               rope_interleave=arch == "DeepseekV2ForCausalLM" or bool(get("rope_interleave")))
+    if (out["kv_lora_rank"], out["qk_rope_head_dim"]) != MLA_LATENT_DIMS:
+        raise ValueError(f"unsupported kv_lora_rank {out['kv_lora_rank']} / qk_rope_head_dim {out['qk_rope_head_dim']} "
+                         f"(the MLA attention ops run a latent of {MLA_LATENT_DIMS[0]} + {MLA_LATENT_DIMS[1]})")
+    return out
 
 
 def _qwen2_moe_layer_types(d: Dict[str, Any], num_layers: int, get, get_int) -> Tuple[List[str], Optional[int]]:

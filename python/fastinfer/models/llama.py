@@ -56,7 +56,7 @@ from ..distributed import SINGLE, ParallelInfo
 from ..distributed.pipeline import WHOLE_MODEL, PipelineStage
 from ..layers.attention import FP8_KV_CACHE_DTYPE, report_fp8_kv_cache_scales
 from ..ops import Backend, backend
-from .config import GEMMA_ARCHITECTURES, MOE_ARCHITECTURES, ModelConfig
+from .config import GEMMA_ARCHITECTURES, MLA_ARCHITECTURES, MOE_ARCHITECTURES, ModelConfig
 from .rope import build_cos_sin_cache
 
 __all__ = ["LlamaForCausalLM", "PACKED_MODULES", "attention_shards"]
@@ -240,8 +240,10 @@ class LlamaForCausalLM(nn.Module):
                  quant_config: Optional[QuantizationConfig] = None, tp: ParallelInfo = SINGLE,
                  stage: PipelineStage = WHOLE_MODEL):
         super().__init__()
-        if self.decoder_layer is LlamaDecoderLayer and config.architecture in GEMMA_ARCHITECTURES + MOE_ARCHITECTURES:
-            own_class = "GemmaForCausalLM" if config.architecture in GEMMA_ARCHITECTURES else "MoeForCausalLM"
+        if self.decoder_layer is LlamaDecoderLayer and config.architecture in (GEMMA_ARCHITECTURES + MOE_ARCHITECTURES
+                                                                                + MLA_ARCHITECTURES):
+            own_class = ("GemmaForCausalLM" if config.architecture in GEMMA_ARCHITECTURES else "DeepseekForCausalLM"
+                         if config.architecture in MLA_ARCHITECTURES else "MoeForCausalLM")
             raise ValueError(f"{config.architecture} is not a Llama-family dense model: build it with {own_class} "
                              "(fastinfer.models.model_class / load_model choose it)")
         if config.head_dim not in (64, 128, 256):

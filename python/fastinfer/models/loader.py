@@ -27,7 +27,8 @@ from ..distributed import SINGLE, ParallelInfo
 from ..distributed.pipeline import WHOLE_MODEL, PipelineStage
 from ..layers import QuantizationConfig, SafetensorsReader, WeightReader
 from ..ops import Backend
-from .config import GEMMA_ARCHITECTURES, HYBRID_ARCHITECTURES, MOE_ARCHITECTURES, ModelConfig
+from .config import GEMMA_ARCHITECTURES, HYBRID_ARCHITECTURES, MLA_ARCHITECTURES, MOE_ARCHITECTURES, ModelConfig
+from .deepseek import DeepseekForCausalLM
 from .gemma import GemmaForCausalLM
 from .gguf import GGUFWeightReader, find_gguf, gguf_model_config
 from .llama import LlamaForCausalLM
@@ -44,7 +45,10 @@ def model_class(config: ModelConfig) -> Type[LlamaForCausalLM]:
     """The model class that runs ``config``: :class:`GemmaForCausalLM` for Gemma 2 / 3,
     :class:`MoeForCausalLM` for Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE, :class:`GptOssForCausalLM` for
     gpt-oss, :class:`Qwen3_5ForCausalLM`
-    for Qwen3.5, else :class:`LlamaForCausalLM` (all take the same constructor arguments)."""
+    for Qwen3.5, :class:`DeepseekForCausalLM` for DeepSeek-V2 / V3, else :class:`LlamaForCausalLM` (all
+    take the same constructor arguments)."""
+    if config.architecture in MLA_ARCHITECTURES:
+        return DeepseekForCausalLM
     if config.architecture in GEMMA_ARCHITECTURES:
         return GemmaForCausalLM
     if config.architecture in HYBRID_ARCHITECTURES:

@@ -66,7 +66,7 @@ ROWWISE_ELEMENTS = 16384
 # what a deterministic Backend binds into each op (see Backend)
 _DETERMINISTIC_ARGS = {
     **{f: {"fixed_split_size": DETERMINISTIC_SPLIT_SIZE}
-       for f in ("prefill_attention", "paged_prefill_attention", "paged_decode_attention")},
+       for f in ("prefill_attention", "paged_prefill_attention", "paged_decode_attention", "mla_decode_attention")},
     **{f: {"deterministic": True} for f in ("fp8_scaled_mm", "int8_scaled_mm", "int4_gemm", "fp4_gemm",
                                                "gated_delta_rule")},
 }

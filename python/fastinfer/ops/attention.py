@@ -42,7 +42,17 @@ __all__ = [
     "merge_attention_states",
     "move_kv_slots",
     "pack_custom_mask",
+    "mla_cache_write",
+    "mla_decode_attention",
+    "MLA_LATENT_DIM",
+    "MLA_ROPE_DIM",
 ]
+
+#: Multi-head latent attention (DeepSeek-V3 / R1 / V3.2, Kimi K2, GLM-5): a cache row per token is
+#: the compressed latent ``kv_c`` (``MLA_LATENT_DIM`` values) followed by the roped key part
+#: ``k_pe`` (``MLA_ROPE_DIM``), shared by every query head.
+MLA_LATENT_DIM = 512
+MLA_ROPE_DIM = 64
 
 
 #: The deterministic mode of the three attention ops (``fixed_split_size = F > 0``).
@@ -236,7 +246,92 @@ def move_kv_slots(k_cache: Tensor, v_cache: Tensor, src_slots: Tensor, dst_slots
     (lib or torch.ops.fastinfer).move_kv_slots(k_cache, v_cache, src_slots, dst_slots)
 
 
+MLA_CACHE_DOC = """The latent cache is ``[num_blocks, block_size, 576]``: per token ``kv_c`` (512) then
+``k_pe`` (64), in the activations' dtype or ``float8_e4m3fn``. An fp8 cache holds
+``e4m3(clamp(x / scale, -448, 448))`` with ``kv_scale`` float32: one element (per tensor, given by
+the caller) or ``[num_blocks, block_size]`` (per token: :func:`mla_cache_write` writes slot ``s``'s
+``max(amax of its 576 values, 1e-12) / 448``, the latent and rotary parts together, fp8_quantize's
+rule). A cache in the activations' dtype takes no ``kv_scale``."""
+
+
+def mla_cache_write(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor,
+                    kv_scale: Optional[Tensor] = None, *, lib=None) -> None:
+    """**In place**: token ``t``'s ``[kv_c[t] | k_pe[t]]`` into row ``slot_mapping[t]`` of the latent
+    cache viewed as ``[num_blocks * block_size, 576]`` (slot = block * block_size + offset; ``-1``
+    skips the token).
+
+    Args:
+        kv_c: ``[T, 512]`` the normalised compressed latent; k_pe: ``[T, 64]`` the roped key part,
+            same dtype (float16 / bfloat16; CPU also float32), any row stride (slices of the fused
+            projection output).
+        kv_cache: ``[NB, BS, 576]``, contiguous (:data:`MLA_CACHE_DOC`).
+        slot_mapping: ``[T]`` int32 or int64.
+        kv_scale: an fp8 cache's scales: read when per tensor, written (the slots' entries) when
+            per token.
+    """
+    (lib or torch.ops.fastinfer).mla_cache_write(kv_c, k_pe, kv_cache, slot_mapping, kv_scale)
+
+
+def mla_decode_attention(
+    q: Tensor,
+    kv_cache: Tensor,
+    block_table: Tensor,
+    seq_lens: Tensor,
+    cu_seqlens_q: Tensor,
+    scale: float,
+    causal: bool = True,
+    custom_mask: Optional[Tensor] = None,
+    num_splits: int = 0,
+    return_lse: bool = False,
+    kv_scale: Optional[Tensor] = None,
+    fixed_split_size: int = 0,
+    *,
+    lib=None,
+) -> _Result:
+    """Multi-head latent attention of 1..k new query tokens per sequence against a paged latent
+    cache, in the absorbed form (FlashMLA's ``flash_mla_with_kvcache``, FlashInfer's
+    ``BatchMLAPagedAttentionWrapper``).
+
+    Query head ``h`` of token ``t`` is ``q[t, h] = [q_nope W_UK | q_pe]`` (576): its first 512 values
+    the nope query multiplied by the key up-projection, the last 64 the roped rotary query. Key
+    ``j`` is the whole cache row (576), its value the row's first 512 values (the latent), shared by
+    every head: ``s = scale * q . k``, ``out = softmax(s) V`` in latent space (the caller applies the
+    value up-projection). The query tokens of sequence ``b`` are rows ``cu_seqlens_q[b] ..
+    cu_seqlens_q[b + 1] - 1``, its last ``q_len`` tokens, already in the cache (``seq_lens[b]`` keys
+    in all); ``causal`` is bottom-right aligned, and ``custom_mask`` (bool, per sequence a flattened
+    ``[q_len, q_len]`` block, as :func:`paged_prefill_attention` takes it) replaces the causal rule
+    among the trailing keys (tree speculation). ``num_splits = 0`` picks split-KV automatically.
+    ``fixed_split_size``: 0 or the deterministic mode (:data:`FIXED_SPLIT_DOC`; a row's bits do not
+    depend on the batch). :data:`MLA_CACHE_DOC` for an fp8 cache.
+
+    Returns:
+        ``out [T, H, 512]`` in q's dtype, and ``lse [T, H]`` float32 when ``return_lse``.
+    """
+    res = (lib or torch.ops.fastinfer).mla_decode_attention(q, kv_cache, block_table, seq_lens, cu_seqlens_q,
+                                                            float(scale), bool(causal), custom_mask, int(num_splits),
+                                                            bool(return_lse), kv_scale, int(fixed_split_size))
+    return _result(res, return_lse)
+
+
 # ---- fake impls (output shapes for torch.compile, opcheck and meta tensors) ----
+
+
+@fake("mla_cache_write")
+def _mla_cache_write_fake(ns, kv_c, k_pe, kv_cache, slot_mapping, kv_scale=None):
+    same_device(ns, "mla_cache_write", "kv_c", kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping,
+                kv_scale=kv_scale)
+
+
+@fake("mla_decode_attention")
+def _mla_decode_attention_fake(ns, q, kv_cache, block_table, seq_lens, cu_seqlens_q, scale, causal=True,
+                               custom_mask=None, num_splits=0, return_lse=False, kv_scale=None, fixed_split_size=0):
+    op = "mla_decode_attention"
+    check_dim(ns, op, "q", q, 3, "[num_tokens, num_heads, 576]")
+    same_device(ns, op, "q", q, kv_cache=kv_cache, block_table=block_table, seq_lens=seq_lens,
+                cu_seqlens_q=cu_seqlens_q, custom_mask=custom_mask, kv_scale=kv_scale)
+    out = q.new_empty((q.shape[0], q.shape[1], MLA_LATENT_DIM))
+    lse = q.new_empty((q.shape[0], q.shape[1]) if return_lse else (0,), dtype=torch.float32)
+    return out, lse
 
 
 @fake("move_kv_slots")

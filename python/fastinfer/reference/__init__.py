@@ -38,6 +38,8 @@ from .attention import (  # noqa: F401
     visibility_mask,
 )
 
+from .mla import gather_latent, mla_cache_write, mla_decode_attention  # noqa: F401
+
 from .gemm_fp8 import fp8_dequantize, fp8_quantize, fp8_scaled_mm  # noqa: F401
 from .gemm_int8 import int8_dequantize, int8_mm_exact, int8_quantize, int8_scaled_mm  # noqa: F401
 from . import fp4  # noqa: F401  (the FP4 weight formats: e2m1, NVFP4, MXFP4)
@@ -62,6 +64,9 @@ __all__ = [
     "tree_positions",
     "unpack_custom_mask",
     "visibility_mask",
+    "gather_latent",
+    "mla_cache_write",
+    "mla_decode_attention",
     "FP8_E4M3_MAX",
     "fp8_e4m3_quantize",
     "fused_add_rms_norm",

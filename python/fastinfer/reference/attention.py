@@ -129,7 +129,7 @@ def attention_fixed_splits(
     value up to rounding as the unsplit attention (0 = unsplit)."""
     if fixed_split_size <= 0:
         return attention_one_sequence(q, k, v, scale, visible, softcap)
-    out = torch.zeros(q.shape, dtype=torch.float64)
+    out = torch.zeros((*q.shape[:2], v.shape[2]), dtype=torch.float64)
     lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float64)
     for c0 in range(0, k.shape[0], fixed_split_size):
         chunk = torch.zeros_like(visible)

@@ -289,13 +289,19 @@ class DraftModelDrafter(Drafter):
 
 
 def move_slots(ops, kv_caches, src: List[int], dst: List[int], device) -> None:
-    """``move_kv_slots`` on every layer of one pool (no-op without moves)."""
+    """``move_kv_slots`` on every layer of one pool (no-op without moves). A layer whose cache is one
+    tensor, ``(latents, None)`` (multi-head latent attention), moves its token rows with an indexed
+    copy, every source read before any write as ``move_kv_slots`` does."""
     if not src:
         return
     s = host_to_device(src, torch.int64, device)
     d = host_to_device(dst, torch.int64, device)
     for k, v in kv_caches:
-        ops.move_kv_slots(k, v, s, d)
+        if v is None:
+            rows = k.view(-1, k.shape[-1])
+            rows.index_copy_(0, d, rows.index_select(0, s))
+        else:
+            ops.move_kv_slots(k, v, s, d)
 
 
 def read_head_weights(path: str, names: Seq[str] = ("model.safetensors",)) -> Tuple[str, Dict[str, torch.Tensor]]:

@@ -87,6 +87,10 @@ class EagleDraftModel(torch.nn.Module):
 
 def load_eagle(path: str, target) -> EagleDraftModel:
     """The EAGLE head in directory ``path`` for ``target`` (see the module docstring)."""
+    if target.config.is_mla:  # the head's layer rotates with the target's table: 64 rotary dims there
+        raise ValueError(f"EAGLE heads are not supported for {target.config.architecture}: the head rotates q and k "
+                         "with the target's RoPE table, which covers a multi-head latent attention target's "
+                         "rotary dims only (use spec_method='draft')")
     cfg_file = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_file):
         raise ValueError(f"EAGLE directory {path!r} has no config.json")

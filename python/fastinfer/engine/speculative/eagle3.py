@@ -186,6 +186,10 @@ def _vocab_map(reader: _LayoutReader, V: int, Vd: int, device) -> Tensor:
 def load_eagle3(path: str, target) -> Eagle3DraftModel:
     """The EAGLE-3 head in directory ``path`` for ``target`` (see the module docstring); weights of
     any float dtype, computed in the target's."""
+    if target.config.is_mla:  # the head's layer rotates with the target's table: 64 rotary dims there
+        raise ValueError(f"EAGLE-3 heads are not supported for {target.config.architecture}: the head rotates q and k "
+                         "with the target's RoPE table, which covers a multi-head latent attention target's "
+                         "rotary dims only (use spec_method='draft')")
     cfg_file = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_file):
         raise ValueError(f"EAGLE-3 directory {path!r} has no config.json")

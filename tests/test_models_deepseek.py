@@ -1,0 +1,413 @@
+"""DeepSeek-V3 (Kimi K2's architecture) and DeepSeek-V2 / V2-Lite parity: fastinfer's multi-head
+latent attention decoder (CPU ops, float32) against transformers' ``deepseek_v3`` / ``deepseek_v2``.
+
+Tiny random checkpoints written with ``save_pretrained`` (hidden 128, 4 heads, the latent of 512 + 64
+the MLA ops run, 3 layers, vocab 300, 8 experts of width 64 with 2 shared experts, the first layer
+dense), weights re-drawn at a larger scale than transformers' init and the V3 correction bias drawn
+too, so the routing is far from uniform:
+
+- ``v3``: q LoRA, interleaved rotary, 4 groups of which 2 are kept, 3 experts per token,
+  renormalised, routed scaling 2.5; nope 128 + rope 64 (the expanded prefill pads 192 to 256);
+- ``v3_yarn``: YaRN (factor 4, mscale 0.9 / mscale_all_dim 1.0: both the cos/sin attention factor
+  and the softmax-scale correction), rotary by halves (``rope_interleave=False``), not renormalised;
+- ``v2_lite``: no q LoRA, ``greedy`` softmax routing, YaRN with V2-Lite's mscale 0.707, nope 64
+  and v 96 (the expanded prefill pads v to 128);
+- ``v2_grouped``: q LoRA, ``group_limited_greedy`` (a group's best expert), routed scaling 1.5.
+
+Checks: logits at every position of a fresh prompt (the expanded form) and of a chunk continuing a
+cached one plus a decode row (the absorbed form) within 1e-5 relative norm error of transformers;
+32 greedy tokens through the engine equal to transformers'; the router against transformers' router
+module; batching with prefix caching, chunked prefill and preemption against each prompt alone and
+transformers; draft-model speculation (chain and tree) giving the tokens of plain decoding; a
+block-FP8 checkpoint (e4m3 weights with 128 x 128 ``weight_scale_inv`` written by transformers'
+fine-grained FP8 quantiser op) against transformers' dequantisation of it; the config fields against
+transformers'; refusals. ``test_each_deepseek_detail_is_visible`` shows each routing and attention
+detail moves the logits far beyond the tolerance, so the parity tests can fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+import fastinfer  # noqa: E402
+from conftest import SIM_SEEDS, raw_bits, require_sim, sim_seed  # noqa: E402
+from fastinfer import LLM, SamplingParams  # noqa: E402
+from fastinfer.distributed import ParallelInfo  # noqa: E402
+from fastinfer.models import DeepseekForCausalLM, ModelConfig, load_model  # noqa: E402
+from fastinfer.models.deepseek import grouped_topk  # noqa: E402
+from model_helpers import (  # noqa: E402
+    check_batching_prefix_caching_and_preemption,
+    hf_greedy,
+    hf_logits,
+    lazy_checkpoints,
+    make_forward_batch,
+    prefill_logits,
+    random_prompt,
+    reinit_,
+    rel_err,
+)
+
+VOCAB = 300
+BS = 16
+REL_TOL = 1e-5
+GREEDY = dict(temperature=0.0)
+
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
+
+BASE = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
+            max_position_embeddings=512, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+            v_head_dim=128, moe_intermediate_size=64, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=2,
+            first_k_dense_replace=1)
+YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=128, beta_fast=32.0,
+            beta_slow=1.0)
+CASES = {
+    "v3": ("v3", dict(q_lora_rank=96, n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True)),
+    "v3_yarn": ("v3", dict(q_lora_rank=96, n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=False,
+                           rope_interleave=False, rope_parameters=dict(YARN, mscale=0.9, mscale_all_dim=1.0))),
+    "v2_lite": ("v2", dict(q_lora_rank=None, qk_nope_head_dim=64, v_head_dim=96, topk_method="greedy",
+                           rope_parameters=dict(YARN, mscale=0.707, mscale_all_dim=0.707))),
+    "v2_grouped": ("v2", dict(q_lora_rank=64, topk_method="group_limited_greedy", n_group=4, topk_group=2,
+                              routed_scaling_factor=1.5)),
+}
+
+
+def hf_deepseek(kind: str, seed: int = 0, **overrides):
+    """A random transformers DeepSeek-V3 (``kind`` "v3") or V2 model of ``BASE`` + ``overrides``."""
+    cfg_cls, model_cls = ((transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM) if kind == "v3" else
+                          (transformers.DeepseekV2Config, transformers.DeepseekV2ForCausalLM))
+    torch.manual_seed(seed)
+    model = model_cls(cfg_cls(**dict(BASE, **overrides))).eval()
+    reinit_(model, seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():  # transformers initialises the correction bias to zeros: draw it too
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.3 * torch.randn(b.shape, generator=g))
+    return model
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    return lazy_checkpoints(tmp_path_factory, CASES, hf_deepseek)
+
+
+def _prompt(n: int = 40, seed: int = 0):
+    return random_prompt(n, VOCAB, seed)
+
+
+# ------------------------------------------------------------------------------------------------
+# logits and greedy tokens
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(CASES))
+def test_logits_match_transformers(ckpts, name):
+    """Every position of a fresh 40-token prompt (the expanded form); the same prompt as a 25-token
+    chunk then a 15-token chunk continuing it (the absorbed form over the cached latents) and one
+    decode row; all within 1e-5 of transformers."""
+    hf, path = ckpts(name)
+    model = load_model(path, dtype=torch.float32)
+    assert isinstance(model, DeepseekForCausalLM)
+    ids = _prompt()
+    ref = hf_logits(hf, ids)
+    assert rel_err(prefill_logits(model, ids), ref) < REL_TOL
+    caches = model.allocate_kv_cache(4, BS)
+    table = [3, 0, 2, 1]
+    first = model(make_forward_batch([(ids[:25], 0, table)], device=model.device, all_logits=True), caches)
+    assert rel_err(first, ref[:25]) < REL_TOL
+    second = model(make_forward_batch([(ids[25:], 25, table)], device=model.device, all_logits=True), caches)
+    assert rel_err(second, ref[25:]) < REL_TOL
+    nxt = int(ref[-1].argmax())
+    dec = model(make_forward_batch(decode=[(nxt, len(ids), table)], device=model.device), caches)
+    assert rel_err(dec, hf_logits(hf, ids + [nxt])[-1:]) < REL_TOL
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_greedy_32_tokens_match_transformers(ckpts, name):
+    hf, path = ckpts(name)
+    ids = _prompt(20, seed=3)
+    llm = LLM(path, dtype="float32", num_kv_blocks=16, block_size=BS)
+    out = llm.generate([ids], SamplingParams(max_tokens=32, **GREEDY))[0].outputs[0].token_ids
+    assert list(out) == hf_greedy(hf, ids, 32)
+
+
+@pytest.mark.parametrize("name", ["v3", "v2_grouped"])
+def test_router_matches_transformers_router(ckpts, name):
+    """The routing of a routed layer against transformers' router module on 64 random tokens: the
+    same experts, the same weights (routed scaling included)."""
+    hf, path = ckpts(name)
+    model = load_model(path, dtype=torch.float32)
+    x = torch.randn(64, BASE["hidden_size"], generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        _, theirs_w, theirs_ids = hf.model.layers[1].mlp.gate(x)
+        ours_w, ours_ids = model.layers[1].mlp.gate(x)
+    assert ours_ids.dtype == torch.int32 and ours_w.dtype == torch.float32
+    order_t, order_o = theirs_ids.argsort(-1), ours_ids.long().argsort(-1)
+    assert torch.equal(theirs_ids.gather(1, order_t), ours_ids.long().gather(1, order_o))
+    torch.testing.assert_close(ours_w.gather(1, order_o), theirs_w.gather(1, order_t).float(), rtol=1e-6, atol=1e-7)
+
+
+def test_grouped_topk_keeps_the_best_groups():
+    """A hand-worked V3 row: 8 experts in 4 groups, 2 groups kept, 2 experts per token. Scores (after
+    sigmoid) + bias: the group sums of the best two are (0.9+0.8, 0.99+0.1, 0.7+0.6, 0.5+0.4) = (1.7,
+    1.09, 1.3, 0.9): groups 0 and 2 are kept, so expert 2 (0.99, in group 1) is not chosen; the
+    experts are 0 and 1, weighed by their scores without the bias (the bias only chooses)."""
+    choice = torch.tensor([[0.9, 0.8, 0.99, 0.1, 0.7, 0.6, 0.5, 0.4]], dtype=torch.float64)
+    bias = torch.tensor([0.2, 0.2, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float32)
+    scores = choice - bias.double()
+    logits = torch.log(scores / (1 - scores)).float()  # sigmoid(logits) = scores
+    w, ids = grouped_topk(logits, 2, scoring="sigmoid", grouping="top2_sum", num_groups=4, topk_groups=2,
+                          renormalize=True, scaling_factor=2.5, correction_bias=bias)
+    assert sorted(ids[0].tolist()) == [0, 1]
+    s = scores[0, ids[0].long()]
+    torch.testing.assert_close(w[0].double(), 2.5 * s / s.sum(), rtol=1e-6, atol=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# the engine
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["v3", "v2_lite"])
+def test_batching_prefix_caching_chunked_prefill_and_preemption(ckpts, name):
+    hf, path = ckpts(name)
+    check_batching_prefix_caching_and_preemption(hf, path, VOCAB, BS, GREEDY)
+
+
+@pytest.fixture(scope="module")
+def draft(ckpts, tmp_path_factory):
+    """A one-layer draft of ``v3`` (its first layer, embedding, final norm and head)."""
+    hf, _ = ckpts("v3")
+    d = hf_deepseek("v3", **dict(CASES["v3"][1], num_hidden_layers=1))
+    target = hf.state_dict()
+    d.load_state_dict({k: v for k, v in target.items() if k in d.state_dict()}, strict=True)
+    path = tmp_path_factory.mktemp("v3-draft")
+    d.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("mode,sizes", [("chain", dict(num_spec_tokens=4)),
+                                        ("tree", dict(num_spec_tokens=6, spec_tree_topk=2))])
+def test_draft_model_speculation_gives_the_tokens_of_plain_decoding(ckpts, draft, mode, sizes):
+    """A DeepSeek draft proposes chains / trees; the target verifies them (the absorbed form with the
+    tree mask over the cached latents) in a pool small enough to preempt; the tokens are those of
+    plain decoding, drafts were accepted and rejected, every block is freed."""
+    _, path = ckpts("v3")
+    rng = random.Random(5)
+    shared = [rng.randrange(VOCAB) for _ in range(35)]
+    prompts = [(shared if i % 3 == 0 else []) + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))]
+               for i in range(10)]
+    params = [SamplingParams(max_tokens=rng.randint(8, 24), **GREEDY) for _ in prompts]
+    ref = LLM(path, dtype="float32", num_kv_blocks=64, block_size=BS, deterministic=True).generate(prompts, params)
+    llm = LLM(path, dtype="float32", draft_model=draft, spec_mode=mode, **sizes, num_kv_blocks=12, block_size=BS,
+              max_num_seqs=8, max_num_batched_tokens=64, deterministic=True)
+    outs = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == [r.outputs[0].token_ids for r in ref]
+    st = llm.stats()
+    assert st["spec_num_verify"] > 0 and 0 < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"], st
+    assert st["num_preemptions"] > 0 and st["num_free_blocks"] == st["num_kv_blocks"], st
+
+
+def test_latent_cache_sizing(ckpts):
+    """One 576-value latent per token and layer: the pool's bytes per block, the caches' shape."""
+    _, path = ckpts("v3")
+    llm = LLM(path, dtype="float32", num_kv_blocks=5, block_size=BS)
+    runner = llm.executor.runner
+    assert runner.model.kv_cache_bytes_per_block(BS) == 3 * BS * 576 * 4
+    assert len(runner.kv_caches) == 3
+    assert all(c[0].shape == (5, BS, 576) and c[1] is None for c in runner.kv_caches)
+
+
+# ------------------------------------------------------------------------------------------------
+# config, details, refusals
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(CASES))
+def test_config_fields_match_transformers(ckpts, name):
+    hf, path = ckpts(name)
+    c, h = ModelConfig.from_pretrained(path), hf.config
+    assert (c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim) == (
+        h.q_lora_rank, h.kv_lora_rank, h.qk_nope_head_dim, h.qk_rope_head_dim, h.v_head_dim)
+    assert c.head_dim == h.head_dim == c.rotary_dim
+    assert c.num_experts == h.n_routed_experts and c.num_experts_per_tok == h.num_experts_per_tok
+    assert c.dense_mlp_layers == list(range(h.first_k_dense_replace))
+    assert c.shared_expert_intermediate_size == h.n_shared_experts * h.moe_intermediate_size
+    assert c.moe_routed_scaling_factor == h.routed_scaling_factor
+    assert c.attention_scale == pytest.approx(hf.model.layers[0].self_attn.scaling, rel=1e-12)
+
+
+def test_each_deepseek_detail_is_visible(ckpts):
+    """Each detail, changed alone, moves the logits of a prompt far beyond the parity tolerance: the
+    routed scaling factor, the correction bias, the groups, the renormalisation, the rotary layout,
+    YaRN (its tables and softmax-scale correction)."""
+    ids = _prompt()
+    for name, changes in (("v3", dict(moe_routed_scaling_factor=1.0)), ("v3", "no correction bias"),
+                          ("v3", dict(moe_grouping=None)), ("v3", dict(moe_renormalize=False)),
+                          ("v3", dict(rope_interleave=False)), ("v2_lite", dict(rope_scaling=None)),
+                          ("v2_grouped", dict(moe_grouping=None))):
+        hf, path = ckpts(name)
+        config = ModelConfig.from_pretrained(path)
+        model = load_model(path, dtype=torch.float32,
+                           config=dataclasses.replace(config, **changes) if isinstance(changes, dict) else config)
+        if changes == "no correction bias":
+            for layer in model.layers[1:]:
+                layer.mlp.gate.e_score_correction_bias.zero_()
+        assert rel_err(prefill_logits(model, ids), hf_logits(hf, ids)) > 100 * REL_TOL, (name, changes)
+
+
+def _config(kind: str, **changes) -> dict:
+    cfg_cls = transformers.DeepseekV3Config if kind == "v3" else transformers.DeepseekV2Config
+    d = cfg_cls(**dict(BASE, **CASES["v3" if kind == "v3" else "v2_grouped"][1])).to_dict()
+    d["architectures"] = ["DeepseekV3ForCausalLM" if kind == "v3" else "DeepseekV2ForCausalLM"]
+    d.update(changes)
+    return d
+
+
+@pytest.mark.parametrize("kind,changes,match", [
+    ("v2", dict(topk_method="noaux_tc"), "unsupported topk_method 'noaux_tc'"),
+    ("v3", dict(n_group=3), r"n_group \(3\) must divide the number of experts \(8\)"),
+    ("v3", dict(topk_group=5), r"topk_group \(5\) is larger than n_group \(4\)"),
+    ("v3", dict(n_group=8, topk_group=1), "best two experts"),
+    ("v3", dict(num_experts_per_tok=6, topk_group=1), r"num_experts_per_tok \(6\) is larger than the experts"),
+    ("v3", dict(kv_lora_rank=256), "unsupported kv_lora_rank 256"),
+    ("v3", dict(qk_rope_head_dim=32), "qk_rope_head_dim 32"),
+    ("v3", dict(attention_bias=True), "attention_bias=True is not supported"),
+    ("v2", dict(mlp_bias=True), "mlp_bias=True is not supported"),
+    ("v3", dict(routed_scaling_factor=0), "routed_scaling_factor"),
+])
+def test_bad_configs_are_refused(kind, changes, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig.from_dict(_config(kind, **changes))
+
+
+def test_unsupported_runs_are_refused(ckpts):
+    from fastinfer.models import LlamaForCausalLM
+
+    _, path = ckpts("v3")
+    config = ModelConfig.from_pretrained(path)
+    with pytest.raises(ValueError, match="tensor and expert parallelism are not supported for DeepseekV3ForCausalLM"):
+        DeepseekForCausalLM(config, device="meta", tp=ParallelInfo(0, 2))
+    model = load_model(path, dtype=torch.float32)
+    with pytest.raises(ValueError, match="an fp8 KV cache is not supported for DeepseekV3ForCausalLM"):
+        model.allocate_kv_cache(2, BS, torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="build it with DeepseekForCausalLM"):
+        LlamaForCausalLM(config, device="meta")
+
+
+# ------------------------------------------------------------------------------------------------
+# block-FP8 checkpoint
+# ------------------------------------------------------------------------------------------------
+def test_block_fp8_checkpoint(tmp_path):
+    """``v3`` (experts 128 wide) with every decoder projection in e4m3 with 128 x 128 ``weight_scale_inv`` blocks (as
+    DeepSeek ships V3; written by transformers' fine-grained FP8 quantiser op; the router, norms,
+    embedding and head float). transformers' dequantisation of the directory is the oracle:
+    fastinfer on that float checkpoint within 1e-5 of it, and on the fp8 one (``kv_b_proj``
+    dequantised for the absorbed form, the other projections run in fp8 with dynamic fp8
+    activations) within what those activations cost, while the codes without their scales are far
+    off."""
+    from safetensors.torch import load_file, save_file
+    from transformers import FineGrainedFP8Config
+    from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
+
+    # fused_moe_fp8's blocks need experts 128 wide
+    path = str(tmp_path / "float")
+    hf_deepseek("v3", seed=9, **dict(CASES["v3"][1], moe_intermediate_size=128)).save_pretrained(path)
+    qcfg = FineGrainedFP8Config(weight_block_size=(128, 128))
+    op = FineGrainedFP8HfQuantizer(qcfg).get_quantize_ops()
+    out = {}
+    for key, w in load_file(os.path.join(path, "model.safetensors")).items():
+        convert = ".layers." in key and key.endswith(("proj.weight", "proj_with_mqa.weight"))
+        out.update(op.convert({key: w}) if convert else {key: w})
+    assert out["model.layers.1.self_attn.kv_b_proj.weight"].dtype == torch.float8_e4m3fn
+    assert list(out["model.layers.1.self_attn.kv_b_proj.weight_scale_inv"].shape) == [8, 4]
+    assert out["model.layers.1.mlp.experts.0.down_proj.weight"].dtype == torch.float8_e4m3fn
+    assert out["model.layers.1.mlp.gate.weight"].dtype == torch.float32
+    cfg = json.load(open(os.path.join(path, "config.json")))
+
+    def write(name, tensors, config):
+        d = tmp_path / name
+        d.mkdir()
+        save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+        json.dump(config, open(d / "config.json", "w"))
+        return str(d)
+
+    fp8_dir = write("fp8", out, dict(cfg, quantization_config=qcfg.to_dict()))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(fp8_dir, dtype=torch.float32).eval()
+    deq_dir = write("deq", {k: v.detach().clone().contiguous() for k, v in theirs.state_dict().items()}, cfg)
+    ids = _prompt()
+    ref = hf_logits(theirs, ids)
+    assert rel_err(prefill_logits(load_model(deq_dir, dtype=torch.float32), ids), ref) < REL_TOL
+    from fastinfer.models import load_config
+    from fastinfer.quant import resolve_quantization
+
+    fp8 = load_model(fp8_dir, dtype=torch.float32, quant_config=resolve_quantization(load_config(fp8_dir)))
+    assert fp8.layers[1].self_attn.kv_b_proj.weight.dtype == torch.float32
+    err = rel_err(prefill_logits(fp8, ids), ref)
+    caches = fp8.allocate_kv_cache(4, BS)
+    fp8(make_forward_batch([(ids[:25], 0, [0, 1, 2, 3])], device=fp8.device), caches)
+    absorbed = fp8(make_forward_batch([(ids[25:], 25, [0, 1, 2, 3])], device=fp8.device, all_logits=True), caches)
+    assert err < 0.1 and rel_err(absorbed, ref[25:]) < 0.1, err
+    codes = {k: v.float() if v.dtype == torch.float8_e4m3fn else v for k, v in out.items()
+             if not k.endswith("weight_scale_inv")}
+    assert rel_err(prefill_logits(load_model(write("codes", codes, cfg), dtype=torch.float32), ids), ref) > 10 * err
+
+
+def test_deterministic_mode_rows_do_not_depend_on_chunking(ckpts):
+    """The deterministic mode runs the absorbed form for every row: a prompt's logits are the same
+    bits whether it is prefilled whole (a fresh chunk) or as a chunk continuing a cached one."""
+    from fastinfer.ops import backend
+
+    hf, path = ckpts("v3")
+    model = load_model(path, dtype=torch.float32, ops=backend("fastinfer", deterministic=True))
+    ids = _prompt()
+    whole = prefill_logits(model, ids)
+    assert rel_err(whole, hf_logits(hf, ids)) < REL_TOL
+    caches = model.allocate_kv_cache(4, BS)
+    model(make_forward_batch([(ids[:25], 0, [0, 1, 2, 3])], device=model.device), caches)
+    rest = model(make_forward_batch([(ids[25:], 25, [0, 1, 2, 3])], device=model.device, all_logits=True), caches)
+    assert torch.equal(rest, whole[25:])
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_eagle_heads_are_refused(ckpts, tmp_path, method):
+    """An EAGLE head's layer rotates with its target's RoPE table, a DeepSeek target's spans the 64
+    rotary dims only: refused before any head is read."""
+    from fastinfer.engine.speculative.eagle import load_eagle
+    from fastinfer.engine.speculative.eagle3 import load_eagle3
+
+    _, path = ckpts("v3")
+    model = load_model(path, dtype=torch.float32)
+    load = load_eagle if method == "eagle" else load_eagle3
+    with pytest.raises(ValueError, match="heads are not supported for DeepseekV3ForCausalLM"):
+        load(str(tmp_path), model)
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("name", ["v3", "v2_lite"])
+def test_sim_kernels_end_to_end(ckpts, name):
+    """The whole model on the CUDA kernel sources (simt emulator, ``torch.ops.fastinfer_sim``: the
+    expanded form's prefill attention, the MLA cache write and absorbed attention, fused_moe, the
+    norm and rotary kernels) in bf16: a fresh chunk, a chunk continuing it and a decode row against
+    the fp32 CPU logits, bit-identical across emulator schedule seeds."""
+    require_sim()
+    _, path = ckpts(name)
+    ids = _prompt(30, seed=4)
+    ref = prefill_logits(load_model(path, dtype=torch.float32), ids, block_size=BS)
+    model = load_model(path, dtype=torch.bfloat16, ops=fastinfer.ops.backend("fastinfer_sim"))
+    blocks = [1, 0]
+    results = []
+    for seed in SIM_SEEDS:
+        with sim_seed(seed):
+            caches = model.allocate_kv_cache(2, BS)
+            a = model(make_forward_batch(prefill=[(ids[:13], 0, blocks)], block_size=BS, all_logits=True), caches)
+            b = model(make_forward_batch(prefill=[(ids[13:29], 13, blocks)], block_size=BS, all_logits=True), caches)
+            c = model(make_forward_batch(decode=[(ids[29], 29, blocks)], block_size=BS), caches)
+            results.append(torch.cat([a, b, c]))
+    err = rel_err(results[0].float(), ref)
+    assert err < 2e-2, f"{name}: rel err {err:.2e}"
+    for other in results[1:]:
+        assert torch.equal(raw_bits(results[0]), raw_bits(other)), "sim result depends on the schedule seed"
