@@ -312,6 +312,14 @@ __device__ __forceinline__ void mask_half(float (&s)[Traits::kHalfN / 8][4], con
       }
 }
 
+// Byte offset of chunk c (8 keys) of row r of P: 64-byte rows, chunk c stored at c ^ ((r >> 1) & 3),
+// so the 8 rows of an ldmatrix phase land on 8 distinct 16-byte bank groups (unswizzled: 4-way).
+template <typename Traits>
+__device__ __forceinline__ int p_offset(int r, int c) {
+  static_assert(Traits::kPRowBytes == 64, "32-key P rows");
+  return r * Traits::kPRowBytes + ((c ^ ((r >> 1) & 3)) * 16);
+}
+
 // O += P V with P [16 rows][kBlockN keys] of the row group read from shared memory (A fragments).
 template <typename Traits>
 __device__ __forceinline__ void pv_from_smem(float (&o)[Traits::kHeadDim / 8][4], const unsigned char* s_p,
@@ -321,7 +329,7 @@ __device__ __forceinline__ void pv_from_smem(float (&o)[Traits::kHeadDim / 8][4]
 #pragma unroll
   for (int kk = 0; kk < Traits::kBlockN / 16; ++kk) {
     uint32_t pa[4];
-    ptx::ldmatrix_x4(pa, s_p + l.a_row(rg) * Traits::kPRowBytes + (2 * kk + l.a_chunk()) * 16);
+    ptx::ldmatrix_x4(pa, s_p + p_offset<Traits>(l.a_row(rg), 2 * kk + l.a_chunk()));
 #pragma unroll
     for (int dp = 0; dp < Traits::kHeadDim / 16; ++dp) {
       uint32_t b0[2], b1[2];
@@ -493,8 +501,8 @@ __global__ void __launch_bounds__(Traits::kThreads) mla_decode_kernel(const MlaD
         for (int h = 0; h < 2; ++h)
 #pragma unroll
           for (int nt = 0; nt < kHalfN / 8; ++nt)
-            *reinterpret_cast<uint32_t*>(s_p + (rg * 16 + g + 8 * h) * Traits::kPRowBytes +
-                                         (vh * kHalfN + nt * 8 + 2 * tq) * 2) =
+            *reinterpret_cast<uint32_t*>(s_p + p_offset<Traits>(rg * 16 + g + 8 * h, (vh * kHalfN + nt * 8) / 8) +
+                                         4 * tq) =
                 mma::pack2<T>(s[nt][2 * h], s[nt][2 * h + 1]);
       }
       __syncthreads();
