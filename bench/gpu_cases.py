@@ -98,6 +98,7 @@ def sanitize_cases():
           M.case_reshape_and_cache(20),
           M.case_move_kv_slots(moves=16, nb=16), M.case_merge(32),
           M.case_decode(2, 300, 32, 8),  # split-KV: the attention and the merge-splits kernels
+          M.case_mla_decode(2, 300), M.case_mla_decode(1, 2048, fp8=True),  # MLA: unsplit; split-KV, fp8
           M.case_prefill(200, 4, 2, 128, True), M.case_prefill(130, 2, 2, 64, False),
           M.case_prefill(96, 4, 2, 128, True, paged=True),
           M.case_tree_attention(2, 9, 150, 4, 2, 64, fixed_split=64)]  # deterministic tree rows: keys by rank

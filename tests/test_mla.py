@@ -386,3 +386,32 @@ def test_mla_opcheck(ns):
     torch.library.opcheck(be.ns.mla_decode_attention.default,
                           (q, fp8_cache, fp8_table, lens, cu([2, 1]), 0.07, True, None, 0, True, token_scale, 0),
                           test_utils=utils)
+
+
+@pytest.mark.cuda
+def test_mla_decode_is_cuda_graph_capturable():
+    """No host sync and no allocation outside the caching allocator (split-KV workspace, custom mask
+    offsets): capture, then replay."""
+    be = get_backend("cuda")
+    g = make_gen(9)
+    q_lens, seq_lens = [3, 1], [700, 33]
+    cache, table, kv_scale = latent_cache(seq_lens, 64, torch.bfloat16, g, "fp8-token")
+    cache, table, kv_scale = cache.cuda(), table.clamp_min(0).cuda(), kv_scale.nan_to_num(0.01).cuda()
+    q = randn((sum(q_lens), 128, ROW), torch.bfloat16, gen=g).cuda()
+    lens, cq = torch.tensor(seq_lens, dtype=torch.int32, device="cuda"), cu(q_lens).cuda()
+    mask = tree_masks(q_lens, g).cuda()
+
+    def call():
+        return be.ns.mla_decode_attention(q, cache, table, lens, cq, 0.07, True, mask, 0, True, kv_scale, 0)
+
+    eager = call()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):  # warm up on the capture stream
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])

@@ -16,9 +16,12 @@ constexpr int64_t kMinKeysPerSplit = 256;  // a split reads at least this many l
 constexpr int64_t kMaxPartialBytes = int64_t{256} << 20;
 
 int64_t work_items(const MlaDecodeParams& p, int rows) {
-  // sum over sequences of ceil(q_len * H / rows) <= (T * H + nonempty * (rows - 1)) / rows
+  // sum over sequences of ceil(q_len * H / rows) <= (T * H + nonempty * (rows - 1)) / rows, and
+  // <= T * ceil(H / rows) (ceil(q H / R) <= q ceil(H / R)): exact for decode, one token each
   const int64_t nonempty = p.num_q_tokens < p.batch_size ? p.num_q_tokens : p.batch_size;
-  return (p.num_q_tokens * p.num_heads + nonempty * (rows - 1)) / rows;
+  const int64_t by_rows = (p.num_q_tokens * p.num_heads + nonempty * (rows - 1)) / rows;
+  const int64_t by_tokens = p.num_q_tokens * ((p.num_heads + rows - 1) / rows);
+  return by_rows < by_tokens ? by_rows : by_tokens;
 }
 
 int64_t key_bound(const MlaDecodeParams& p) { return p.block_table_stride * p.block_size; }

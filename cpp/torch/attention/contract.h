@@ -189,7 +189,7 @@ inline void validate_paged_decode_attention(const char* op, const Tensor& q, con
   validate_sinks(op, sinks, q);
 }
 
-// ---- multi-head latent attention (attention.h "MLA") ----------------------------------------
+// ---- multi-head latent attention (cuda/include/fastinfer/attention/mla.h) ---------------------
 // A cache row is the compressed latent kv_c (kLatentDim) followed by the roped key part k_pe
 // (kRopeDim): the key is the whole row, the value its latent part.
 constexpr int64_t kMlaLatentDim = 512;

@@ -115,7 +115,14 @@ struct MlaTraits {
   static constexpr int kTileBuffers = kFp8Cache ? 1 : kStages;  // T tiles the mma steps read
   static constexpr int kStagingOffset = kQBytes + kTileBuffers * kTileBytes;
   static constexpr int kScaleOffset = kStagingOffset + (kFp8Cache ? kStages * kFp8TileBytes : 0);
-  static constexpr int kSmemBytes = kScaleOffset + kStages * kBlockN * static_cast<int>(sizeof(float));
+  // kSplitKeys (32-key tiles): the two warps of a row group split the tile's keys for S and
+  // exchange their row maxima, P (in T) and at the end their row sums through shared memory.
+  static constexpr bool kSplitKeys = kBlockN == 32;
+  static constexpr int kHalfN = kBlockN / 2;
+  static constexpr int kPRowBytes = kBlockN * 2;  // P [kRows][kBlockN] in T, plain rows
+  static constexpr int kPOffset = kScaleOffset + kStages * kBlockN * static_cast<int>(sizeof(float));
+  static constexpr int kRowStatOffset = kPOffset + (kSplitKeys ? kRows * kPRowBytes : 0);
+  static constexpr int kSmemBytes = kRowStatOffset + (kSplitKeys ? 2 * kRows * static_cast<int>(sizeof(float)) : 0);
   static_assert(sizeof(T) == 2, "fp16 / bf16 only");
   static_assert(kRows == 64 || kRows == 32, "64 or 32 rows");
   static_assert((kRows * kChunksPerRow) % kThreads == 0 && (kBlockN * kChunksPerRow) % kThreads == 0,
@@ -251,16 +258,85 @@ __device__ __forceinline__ void qk_latent(float (&s)[Traits::kBlockN / 8][4], co
 }
 
 // Each key's fp8 factor into its scores (or P entries): key 8 nt + 2 t + e of the tile.
-template <typename Traits>
-__device__ __forceinline__ void scale_keys(float (&s)[Traits::kBlockN / 8][4], const float* s_scale, int lane) {
+template <int kTiles>
+__device__ __forceinline__ void scale_keys(float (&s)[kTiles][4], const float* s_scale, int lane) {
   const int t = lane % 4;
 #pragma unroll
-  for (int nt = 0; nt < Traits::kBlockN / 8; ++nt) {
+  for (int nt = 0; nt < kTiles; ++nt) {
     const float f0 = s_scale[nt * 8 + 2 * t], f1 = s_scale[nt * 8 + 2 * t + 1];
     s[nt][0] *= f0;
     s[nt][1] *= f1;
     s[nt][2] *= f0;
     s[nt][3] *= f1;
+  }
+}
+
+// ---- the key-split steps (kSplitKeys) ----------------------------------------------------------
+// S for the warp's half of the tile's keys (keys kHalfN vh .. kHalfN vh + kHalfN - 1).
+template <typename Traits>
+__device__ __forceinline__ void qk_latent_half(float (&s)[Traits::kHalfN / 8][4], const unsigned char* s_q,
+                                               const unsigned char* sk, int rg, int vh, int lane) {
+  using T = typename Traits::T;
+  constexpr int kCPR = Traits::kChunksPerRow;
+#pragma unroll
+  for (int nt = 0; nt < Traits::kHalfN / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+  const mma::LdmatrixLane l(lane);
+#pragma unroll 4
+  for (int kk = 0; kk < Traits::kSteps; ++kk) {
+    uint32_t a[4];
+    mma::load_a<kCPR>(a, s_q, l.a_row(rg), 2 * kk + l.a_chunk());
+#pragma unroll
+    for (int np = 0; np < Traits::kHalfN / 16; ++np) {
+      uint32_t b0[2], b1[2];
+      mma::load_b_pair<kCPR>(b0, b1, sk, l.b_row(np) + vh * Traits::kHalfN, 2 * kk + l.b_chunk());
+      ptx::mma_m16n8k16<T>(s[2 * np], a, b0);
+      ptx::mma_m16n8k16<T>(s[2 * np + 1], a, b1);
+    }
+  }
+}
+
+// -inf for the scores of the half tile (keys n0 .. n0 + kHalfN - 1) the mask hides.
+template <typename Traits>
+__device__ __forceinline__ void mask_half(float (&s)[Traits::kHalfN / 8][4], const PrefillTile& tile,
+                                          const SequenceMask& mask, int n0, int rg, int lane) {
+  const FragmentRows rows = fragment_rows(tile, mask, rg, lane);
+  const int t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int nt = 0; nt < Traits::kHalfN / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = n0 + nt * 8 + 2 * t + e;
+        if (!rows.valid[h] || !mask.visible(rows.token[h], rows.pos[h], j)) s[nt][2 * h + e] = -INFINITY;
+      }
+}
+
+// Byte offset of chunk c (8 keys) of row r of P: 64-byte rows, chunk c stored at c ^ ((r >> 1) & 3),
+// so the 8 rows of an ldmatrix phase land on 8 distinct 16-byte bank groups (unswizzled: 4-way).
+template <typename Traits>
+__device__ __forceinline__ int p_offset(int r, int c) {
+  static_assert(Traits::kPRowBytes == 64, "32-key P rows");
+  return r * Traits::kPRowBytes + ((c ^ ((r >> 1) & 3)) * 16);
+}
+
+// O += P V with P [16 rows][kBlockN keys] of the row group read from shared memory (A fragments).
+template <typename Traits>
+__device__ __forceinline__ void pv_from_smem(float (&o)[Traits::kHeadDim / 8][4], const unsigned char* s_p,
+                                             const unsigned char* sv, int rg, int lane) {
+  using T = typename Traits::T;
+  const mma::LdmatrixLane l(lane);
+#pragma unroll
+  for (int kk = 0; kk < Traits::kBlockN / 16; ++kk) {
+    uint32_t pa[4];
+    ptx::ldmatrix_x4(pa, s_p + p_offset<Traits>(l.a_row(rg), 2 * kk + l.a_chunk()));
+#pragma unroll
+    for (int dp = 0; dp < Traits::kHeadDim / 16; ++dp) {
+      uint32_t b0[2], b1[2];
+      mma::load_b_pair<Traits::kChunksPerRow, /*kTrans=*/true>(b0, b1, sv, l.a_row(kk), 2 * dp + l.a_chunk());
+      ptx::mma_m16n8k16<T>(o[2 * dp], pa, b0);
+      ptx::mma_m16n8k16<T>(o[2 * dp + 1], pa, b1);
+    }
   }
 }
 
@@ -318,6 +394,8 @@ __global__ void __launch_bounds__(Traits::kThreads) mla_decode_kernel(const MlaD
   unsigned char* s_tiles = smem + Traits::kQBytes;
   unsigned char* s_staging = smem + Traits::kStagingOffset;
   float* s_scale = reinterpret_cast<float*>(smem + Traits::kScaleOffset);
+  unsigned char* s_p = smem + Traits::kPOffset;
+  float* s_stat = reinterpret_cast<float*>(smem + Traits::kRowStatOffset);  // [2][kRows]: maxima, then sums
 
   // The CTA's key tiles: those its tokens may see, cut into this CTA's chunk or part.
   const int last_row = min(tile.row0 + kRows, tile.rows) - 1;
@@ -366,25 +444,102 @@ __global__ void __launch_bounds__(Traits::kThreads) mla_decode_kernel(const MlaD
       __syncthreads();
     }
     const int n0 = t * kBlockN;
-    if (warp_active && !mask.none_visible(n0, n0 + kBlockN, warp_tok0, warp_tok1)) {
+    const bool active = warp_active && !mask.none_visible(n0, n0 + kBlockN, warp_tok0, warp_tok1);
+    if constexpr (Traits::kSplitKeys) {
+      // Warp (rg, vh): S of keys kHalfN vh .. of the tile, the row maxima exchanged, its P half into
+      // s_p, then P V over all kBlockN keys for its output columns. Both warps of a row group take
+      // the same branches (active depends on rg only) and the same maxima, so their online-softmax
+      // states stay identical; each keeps the sum of its own half.
+      constexpr int kHalfN = Traits::kHalfN;
+      const int g = lane / 4, tq = lane % 4;
+      float s[kHalfN / 8][4];
+      if (active) {
+        qk_latent_half<Traits>(s, s_q, sk, rg, vh, lane);
+        if constexpr (Traits::kFp8Cache) scale_keys(s, s_scale + stage * kBlockN + vh * kHalfN, lane);
+#pragma unroll
+        for (int nt = 0; nt < kHalfN / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[nt][e] *= sc.scale_log2;
+        if (mask.needs_element_mask(n0, n0 + kBlockN, warp_tok0, warp_tok1))
+          mask_half<Traits>(s, tile, mask, n0 + vh * kHalfN, rg, lane);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int nt = 0; nt < kHalfN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+          mx = warp_reduce_max<4>(mx);
+          if (tq == 0) s_stat[vh * kRows + rg * 16 + g + 8 * h] = mx;
+        }
+      }
+      __syncthreads();
+      if (active) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = rg * 16 + g + 8 * h;
+          const float mx = fmaxf(fmaxf(s_stat[r], s_stat[kRows + r]), row_max[h]);
+          // Safe max (online_softmax's rule): a row with no visible key so far keeps -inf.
+          const float m_use = mx == -INFINITY ? 0.f : mx;
+          const float alpha = exp2f(row_max[h] - m_use);
+          row_max[h] = mx;
+          float sum = 0.f;
+#pragma unroll
+          for (int nt = 0; nt < kHalfN / 8; ++nt) {
+            s[nt][2 * h] = exp2f(s[nt][2 * h] - m_use);
+            s[nt][2 * h + 1] = exp2f(s[nt][2 * h + 1] - m_use);
+            sum += s[nt][2 * h] + s[nt][2 * h + 1];
+          }
+          row_sum[h] = row_sum[h] * alpha + sum;
+#pragma unroll
+          for (int dt = 0; dt < Traits::kHeadDim / 8; ++dt) {
+            o[dt][2 * h] *= alpha;
+            o[dt][2 * h + 1] *= alpha;
+          }
+        }
+        if constexpr (Traits::kFp8Cache) scale_keys(s, s_scale + stage * kBlockN + vh * kHalfN, lane);
+        using T = typename Traits::T;
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int nt = 0; nt < kHalfN / 8; ++nt)
+            *reinterpret_cast<uint32_t*>(s_p + p_offset<Traits>(rg * 16 + g + 8 * h, (vh * kHalfN + nt * 8) / 8) +
+                                         4 * tq) =
+                mma::pack2<T>(s[nt][2 * h], s[nt][2 * h + 1]);
+      }
+      __syncthreads();
+      if (active) pv_from_smem<Traits>(o, s_p, sk + vh * Traits::kValueHalfBytes, rg, lane);
+    } else if (active) {
       float s[kBlockN / 8][4];
       qk_latent<Traits>(s, s_q, sk, rg, lane);
-      if constexpr (Traits::kFp8Cache) scale_keys<Traits>(s, s_scale + stage * kBlockN, lane);
+      if constexpr (Traits::kFp8Cache) scale_keys(s, s_scale + stage * kBlockN, lane);
       scores_to_log2<Traits>(s, sc);
       if (mask.needs_element_mask(n0, n0 + kBlockN, warp_tok0, warp_tok1)) mask_scores<Traits>(s, tile, mask, n0, rg, lane);
       online_softmax<Traits>(s, row_max, row_sum, o);
-      if constexpr (Traits::kFp8Cache) scale_keys<Traits>(s, s_scale + stage * kBlockN, lane);
+      if constexpr (Traits::kFp8Cache) scale_keys(s, s_scale + stage * kBlockN, lane);
       pv_tile<Traits>(o, s, sk + vh * Traits::kValueHalfBytes, lane);
     }
-    __syncthreads();  // the stage is refilled by the next iteration's loads
+    __syncthreads();  // the stage (and P) are refilled by the next iteration
   }
   ptx::cp_async_wait<0>();
 
   // Rows g and g + 8 of the warp: normalise and store (out in T and lse, or the split partials).
+  // With kSplitKeys each warp of a row group summed its half of the keys: the two sums are added
+  // in a fixed order (half 0 + half 1), the same in both warps.
   const int g = lane / 4, tq = lane % 4;
+  float l_rows[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) l_rows[h] = warp_reduce_sum<4>(row_sum[h]);
+  if constexpr (Traits::kSplitKeys) {
+    if (tq == 0) {
+      s_stat[vh * kRows + rg * 16 + g] = l_rows[0];
+      s_stat[vh * kRows + rg * 16 + g + 8] = l_rows[1];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l_rows[h] = s_stat[rg * 16 + g + 8 * h] + s_stat[kRows + rg * 16 + g + 8 * h];
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float l = warp_reduce_sum<4>(row_sum[h]);
+    const float l = l_rows[h];
     const float inv = row_inverse(1.f, l);
     const float lse = chunk_lse(row_max[h], l);
     const int row = warp_row0 + g + 8 * h;
