@@ -61,8 +61,11 @@ the normed ``kv_c`` then the rotated ``k_pe``.
 
 Quantisation: the linears and the experts by the quantisation config (block-FP8 checkpoints with
 ``weight_scale_inv`` as DeepSeek ships them), except ``kv_b_proj``, which the absorbed form needs as
-float weights: an fp8 ``kv_b_proj`` is dequantised on load. Not supported (refused): tensor,
-pipeline and expert parallelism; an fp8 KV cache.
+float weights: an fp8 ``kv_b_proj`` is dequantised on load. An fp8 KV cache (``kv_cache_dtype="fp8"``)
+holds the latents in e4m3 with one per-tensor scale per layer, 1.0 (the normalised latent and the
+roped rotary part sit well inside e4m3's range); a fresh prefill attends over its own latents
+unrounded, every read of the cache (decode, later chunks, prefix hits, the deterministic mode) over
+the e4m3 ones. Not supported (refused): tensor, pipeline and expert parallelism.
 """
 
 from __future__ import annotations
@@ -251,6 +254,8 @@ class MultiHeadLatentAttention(nn.Module):
         self.kv_b_proj = ReplicatedLinear(self.rank, [WeightPart(f"{p}.kv_b_proj", H * (self.nope + self.v_dim))],
                                           False, method=RouterMethod(), **kw)
         self.o_proj = RowParallelLinear(H * self.v_dim, [WeightPart(f"{p}.o_proj", c.hidden_size)], False, **lin)
+        # an fp8 latent cache's per-tensor scale (written and read with it)
+        self.register_buffer("kv_scale", torch.ones(1, dtype=torch.float32, device=lin["device"]), persistent=False)
         # W_UK^T [H, 512, nope] and W_UV [H, v, 512]: views of kv_b_proj's weight, made after loading
         self.w_uk_t: Optional[Tensor] = None
         self.w_uv: Optional[Tensor] = None
@@ -274,7 +279,8 @@ class MultiHeadLatentAttention(nn.Module):
         k_pe = kv_a[:, self.rank:].contiguous().view(T, 1, self.rope)
         ops.rotary_embedding(batch.positions, q_pe, k_pe, cos_sin_cache, self.is_neox)
         latents = kv_cache[0]
-        ops.mla_cache_write(kv_c, k_pe.view(T, self.rope), latents, batch.slot_mapping)
+        scale = self.kv_scale if latents.dtype == FP8_KV_CACHE_DTYPE else None
+        ops.mla_cache_write(kv_c, k_pe.view(T, self.rope), latents, batch.slot_mapping, scale)
         q_nope = q[..., : self.nope]
         P = batch.num_prefill_tokens
         parts: List[Tensor] = []
@@ -296,8 +302,9 @@ class MultiHeadLatentAttention(nn.Module):
         """Attention over the cached latents: ``[rows, H, v]``."""
         ops = self.ops
         q = torch.cat([_per_head_matmul(ops, q_nope, self.w_uk_t), q_pe], dim=-1)
+        scale = self.kv_scale if latents.dtype == FP8_KV_CACHE_DTYPE else None
         out = ops.mla_decode_attention(q, latents, block_table, seq_lens, cu_seqlens_q, self.scale, causal=True,
-                                       custom_mask=custom_mask)
+                                       custom_mask=custom_mask, kv_scale=scale)
         return _per_head_matmul(ops, out, self.w_uv)
 
     def _expanded(self, q_nope: Tensor, q_pe: Tensor, kv_c: Tensor, k_pe: Tensor, batch: ForwardBatch) -> Tensor:
@@ -392,11 +399,8 @@ class DeepseekForCausalLM(LlamaForCausalLM):
     def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: Optional[torch.dtype] = None,
                           device=None) -> List[KVCache]:
         """Per layer ``(latents, None)``: a zero ``[num_blocks, block_size, 576]`` cache (model dtype and
-        device by default)."""
+        device by default; ``float8_e4m3fn``: the fp8 latent cache, each layer's ``kv_scale`` 1.0)."""
         dt = self.dtype if dtype is None else dtype
-        if dt == FP8_KV_CACHE_DTYPE:
-            raise ValueError(f"an fp8 KV cache is not supported for {self.config.architecture} (its latent cache "
-                             "is held in the model dtype)")
         dev = self.device if device is None else device
         shape = self.kv_cache_shape(num_blocks, block_size)
         return [(torch.zeros(shape, dtype=dt, device=dev), None) for _ in range(self.num_layers)]
