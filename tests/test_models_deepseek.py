@@ -50,6 +50,7 @@ from model_helpers import (  # noqa: E402
     hf_logits,
     lazy_checkpoints,
     make_forward_batch,
+    plan_logits,
     prefill_logits,
     random_prompt,
     reinit_,
@@ -285,14 +286,107 @@ def test_bad_configs_are_refused(kind, changes, match):
 
 
 def test_unsupported_runs_are_refused(ckpts):
+    """A head count that does not split over the tensor-parallel ranks is refused naming both; a
+    DeepSeek config is not a Llama model."""
     from fastinfer.models import LlamaForCausalLM
 
     _, path = ckpts("v3")
     config = ModelConfig.from_pretrained(path)
-    with pytest.raises(ValueError, match="tensor and expert parallelism are not supported for DeepseekV3ForCausalLM"):
-        DeepseekForCausalLM(config, device="meta", tp=ParallelInfo(0, 2))
+    with pytest.raises(ValueError, match="num_attention_heads=4 does not split over tensor_parallel_size=3"):
+        DeepseekForCausalLM(config, device="meta", tp=ParallelInfo(0, 3))
+    with pytest.raises(ValueError, match="num_attention_heads=4 does not split over tensor_parallel_size=3"):
+        LLM(path, dtype="float32", num_kv_blocks=8, block_size=BS, tensor_parallel_size=3)
     with pytest.raises(ValueError, match="build it with DeepseekForCausalLM"):
         LlamaForCausalLM(config, device="meta")
+
+
+# ------------------------------------------------------------------------------------------------
+# tensor, expert and pipeline parallelism (rank 0 here, one spawned worker)
+# ------------------------------------------------------------------------------------------------
+PARALLEL = dict(dtype="float32", device="cpu", num_kv_blocks=16, block_size=BS)
+PARALLEL_GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+def _parallel_prompts():
+    return [_prompt(40 - 7 * i, seed=10 + i) for i in range(3)]
+
+
+def _equal_to_one_process(one, llm, hf, *, bit_for_bit: bool):
+    """``llm``'s logits (a fresh prefill: the expanded form, then a decode row: the absorbed form)
+    against one process's (within 1e-5, or bit for bit) and transformers', and its greedy tokens."""
+    prompts = _parallel_prompts()
+    a, b = plan_logits(one, prompts[0]), plan_logits(llm, prompts[0])
+    if bit_for_bit:
+        assert torch.equal(a, b), f"max |diff| {(a - b).abs().max():.3e}"
+    else:
+        assert rel_err(b, a) < REL_TOL, rel_err(b, a)
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
+    assert rel_err(b[:-1], hf_logits(hf, prompts[0])) < REL_TOL
+    ref = [o.outputs[0].token_ids for o in one.generate(prompts, PARALLEL_GREEDY)]
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, PARALLEL_GREEDY)]
+    assert got == ref
+    assert list(ref[0]) == hf_greedy(hf, prompts[0], PARALLEL_GREEDY.max_tokens)
+
+
+@pytest.mark.parametrize("name", ["v3", "v2_lite"])
+def test_tensor_parallel_two_ranks(ckpts, engines, monkeypatch, name):
+    """TP=2: each rank holds half the query heads (q_b_proj / q_proj and kv_b_proj column-parallel
+    by heads, so W_UK / W_UV are its heads; o_proj row-parallel), the replicated q/kv LoRA
+    projections and norms, the whole latent cache (576 values per token and layer), each expert's
+    and the shared experts' intermediate rows halved (one all-reduce for both) and the dense first
+    layer split as Llama's; logits within 1e-5 of one process and transformers, the same greedy
+    tokens."""
+    monkeypatch.setenv("FASTINFER_TP_THREADS", "1")
+    hf, path = ckpts(name)
+    one = engines(path, **PARALLEL)
+    llm = engines(path, tensor_parallel_size=2, **PARALLEL)
+    c = llm.model.config
+    attn = llm.model.layers[0].self_attn  # rank 0's shard
+    assert attn.num_heads == c.num_attention_heads // 2
+    q_out = (attn.q_proj or attn.q_b_proj).out_features
+    assert q_out == attn.num_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim)
+    assert attn.kv_b_proj.out_features == attn.num_heads * (c.qk_nope_head_dim + c.v_head_dim)
+    assert attn.w_uk_t.shape[0] == attn.w_uv.shape[0] == attn.num_heads
+    assert attn.o_proj.in_features == attn.num_heads * c.v_head_dim
+    assert attn.kv_a_proj.out_features == 576
+    assert all(cache[0].shape[-1] == 576 for cache in llm.executor.runner.kv_caches)
+    assert llm.model.layers[0].mlp.down_proj.in_features == c.intermediate_size // 2
+    mlp = llm.model.layers[1].mlp
+    assert mlp.experts.w2.shape[2] == c.moe_intermediate_size // 2 and not mlp.experts.reduce_results
+    assert mlp.shared_experts.down_proj.in_features == c.shared_expert_intermediate_size // 2
+    _equal_to_one_process(one, llm, hf, bit_for_bit=False)
+
+
+def test_expert_parallel_two_ranks_bit_for_bit(ckpts, engines, monkeypatch):
+    """EP=2 (attention whole on each rank, half the routed experts whole on each; the router and the
+    shared experts replicated) gives one process's logits bit for bit and its greedy tokens; TP=2 x
+    EP=2 (the experts' shares and the shared experts' partial sums reduced by one all-reduce) within
+    1e-5."""
+    monkeypatch.setenv("FASTINFER_TP_THREADS", "1")  # every rank's kernels as this process's
+    hf, path = ckpts("v3")
+    one = engines(path, **PARALLEL)
+    ep = engines(path, expert_parallel_size=2, **PARALLEL)
+    experts = ep.model.layers[1].mlp.experts
+    assert experts.num_local_experts == experts.num_experts // 2 and ep.executor.runner.worker_pids
+    _equal_to_one_process(one, ep, hf, bit_for_bit=True)
+    assert sum(ep.stats()["expert_parallel_routed_slots"]) > 0
+    one.shutdown()
+    ep.shutdown()
+    both = engines(path, tensor_parallel_size=2, expert_parallel_size=2, **PARALLEL)
+    assert both.model.layers[0].self_attn.num_heads == 2
+    _equal_to_one_process(engines(path, **PARALLEL), both, hf, bit_for_bit=False)
+
+
+def test_pipeline_parallel_two_stages(ckpts, engines, monkeypatch):
+    """PP=2 (layers [0, 2) and [2, 3), each stage its own layers' latent caches): one process's
+    logits within 1e-5 and its greedy tokens."""
+    monkeypatch.setenv("FASTINFER_TP_THREADS", "1")
+    hf, path = ckpts("v2_lite")
+    one = engines(path, **PARALLEL)
+    pp = engines(path, pipeline_parallel_size=2, **PARALLEL)
+    assert [layer.layer_idx for layer in pp.model.layers] == [0, 1]
+    assert len(pp.executor.runner.kv_caches) == 2
+    _equal_to_one_process(one, pp, hf, bit_for_bit=False)
 
 
 # ------------------------------------------------------------------------------------------------

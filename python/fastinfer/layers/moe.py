@@ -104,14 +104,15 @@ class RouterMethod(UnquantizedLinearMethod):
     quantised. A checkpoint whose quantisation config named the router anyway stores it in
     float8_e4m3fn with a ``weight_scale`` (per row ``[E, 1]`` / ``[E]``, per tensor ``[1]``) or a
     ``weight_scale_inv`` (per 128 x 128 block): it is dequantised, ``codes * scale`` in float64 and
-    rounded once (a static ``input_scale`` beside it is not used: the router's input stays float)."""
+    rounded once (a static ``input_scale`` beside it is not used: the router's input stays float). A
+    column-parallel layer keeps its rank's rows of the dequantised weight."""
 
     def load_weights(self, layer: ReplicatedLinear, reader: WeightReader) -> None:
         prefix = layer.parts[0].prefix
         name = prefix + ".weight"
         if not reader.has(name) or reader.get(name).dtype != torch.float8_e4m3fn:
             return super().load_weights(layer, reader)
-        n, k = layer.out_features, layer.in_features
+        n, k = layer.parts[0].rows, layer.in_features
         codes = reader.get(name, (n, k)).double()
         blocks = (-(-n // 128), -(-k // 128))
         scale = None
@@ -132,8 +133,11 @@ class RouterMethod(UnquantizedLinearMethod):
                              "weight_scale_inv to dequantise it with")
         if reader.has(prefix + ".input_scale"):
             reader.skip(prefix + ".input_scale")
+        w = codes * scale
+        if layer.row_shard(0) is not None:
+            w = w.narrow(0, *layer.row_shard(0))
         with torch.no_grad():
-            layer.weight.copy_((codes * scale).to(layer.dtype))
+            layer.weight.copy_(w.to(layer.dtype))
 
 
 class FusedMoEMethod:

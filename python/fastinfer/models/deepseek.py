@@ -65,7 +65,19 @@ float weights: an fp8 ``kv_b_proj`` is dequantised on load. An fp8 KV cache (``k
 holds the latents in e4m3 with one per-tensor scale per layer, 1.0 (the normalised latent and the
 roped rotary part sit well inside e4m3's range); a fresh prefill attends over its own latents
 unrounded, every read of the cache (decode, later chunks, prefix hits, the deterministic mode) over
-the e4m3 ones. Not supported (refused): tensor, pipeline and expert parallelism.
+the e4m3 ones.
+
+Tensor parallelism (``tp``, N ranks; as vLLM and SGLang shard MLA): each rank holds ``H / N`` query
+heads (a head count that does not split is refused). ``q_b_proj`` (or ``q_proj``) and ``kv_b_proj``
+are column-parallel by heads, so ``W_UK`` / ``W_UV`` are the rank's heads; ``q_a_proj``,
+``kv_a_proj_with_mqa`` and the two LoRA norms are replicated, and so is the latent cache: every rank
+writes the same 576 values per token and layer. ``o_proj`` is row-parallel (one all-reduce). The
+dense first layers and the shared experts split as Llama's MLP, each routed expert's intermediate
+dimension as :class:`~fastinfer.layers.FusedMoE` splits it; the experts' and the shared experts'
+partial sums are added and reduced by one all-reduce. The router is replicated. Expert parallelism
+(``tp.ep``) splits the routed experts whole over the ranks as FusedMoE does for the other MoE models
+(the shared experts then as under TP, or whole without it). Pipeline parallelism (``stage``): each
+stage holds its layers and their latent caches, as Llama's.
 """
 
 from __future__ import annotations
@@ -96,6 +108,7 @@ from ..layers import (
 )
 from ..layers.attention import FP8_KV_CACHE_DTYPE
 from ..layers.moe import RouterMethod
+from .moe import PartialRowParallelLinear
 from ..ops import Backend
 from .config import MLA_ARCHITECTURES, MLA_LATENT_DIMS, ModelConfig
 from .llama import LlamaForCausalLM, init_layer_geometry
@@ -178,37 +191,45 @@ class _Router(CheckpointModule):
 
 
 class _SwiGLU(nn.Module):
-    """``down(silu(gate(x)) * up(x))`` of the projections ``{prefix}.{gate,up,down}_proj``."""
+    """``down(silu(gate(x)) * up(x))`` of the projections ``{prefix}.{gate,up,down}_proj`` (gate/up
+    column-parallel, down row-parallel; ``partial``: down returns this rank's partial sum, which the
+    caller reduces)."""
 
-    def __init__(self, hidden: int, width: int, prefix: str, lin: dict):
+    def __init__(self, hidden: int, width: int, prefix: str, lin: dict, partial: bool = False):
         super().__init__()
         self.ops = lin["ops"]
         self.gate_up_proj = ColumnParallelLinear(
             hidden, [WeightPart(f"{prefix}.gate_proj", width), WeightPart(f"{prefix}.up_proj", width)], False, **lin)
-        self.down_proj = RowParallelLinear(width, [WeightPart(f"{prefix}.down_proj", hidden)], False, **lin)
+        down = PartialRowParallelLinear if partial else RowParallelLinear
+        self.down_proj = down(width, [WeightPart(f"{prefix}.down_proj", hidden)], False, **lin)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class _RoutedMLP(nn.Module):
-    """The routed experts plus the shared experts of a DeepSeek MoE layer."""
+    """The routed experts plus the shared experts of a DeepSeek MoE layer (under tensor parallelism
+    the experts' and the shared experts' partial sums are added and reduced by one all-reduce)."""
 
     def __init__(self, c: ModelConfig, prefix: str, lin: dict):
         super().__init__()
+        self.tp = lin["tp"]
+        shared = c.shared_expert_intermediate_size
         self.gate = _Router(c, f"{prefix}.gate", device=lin["device"], ops=lin["ops"])
         self.experts = FusedMoE(c.hidden_size, c.moe_intermediate_size, c.num_experts, c.num_experts_per_tok,
                                 c.moe_renormalize, prefix, ExpertProjections("gate_proj", "up_proj", "down_proj"),
-                                dtype=lin["dtype"], device=lin["device"], ops=lin["ops"], tp=lin["tp"],
-                                quant_config=lin["quant_config"], router_name=None)
-        shared = c.shared_expert_intermediate_size
-        self.shared_experts = _SwiGLU(c.hidden_size, shared, f"{prefix}.shared_experts", lin) if shared else None
+                                dtype=lin["dtype"], device=lin["device"], ops=lin["ops"], tp=self.tp,
+                                reduce_results=not shared, quant_config=lin["quant_config"], router_name=None)
+        self.shared_experts = (_SwiGLU(c.hidden_size, shared, f"{prefix}.shared_experts", lin, partial=True)
+                               if shared else None)
 
     def forward(self, x: Tensor) -> Tensor:
         weights, ids = self.gate(x)
         out = self.experts.run_experts(x, weights, ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
+            if self.tp.world_size > 1:
+                self.tp.comm.all_reduce(out)
         return out
 
 
@@ -222,11 +243,13 @@ def _per_head_matmul(ops: Backend, x: Tensor, w: Tensor) -> Tensor:
 
 class MultiHeadLatentAttention(nn.Module):
     """One MLA layer (see the module docstring): ``forward(x [T, hidden], batch, (latents, None),
-    cos_sin_cache) -> [T, hidden]`` (after ``o_proj``)."""
+    cos_sin_cache) -> [T, hidden]`` (after ``o_proj``). Under tensor parallelism this rank's
+    ``num_heads`` of the ``H`` query heads (the caller checked that they split)."""
 
     def __init__(self, c: ModelConfig, prefix: str, lin: dict):
         super().__init__()
-        H = self.num_heads = c.num_attention_heads
+        H = c.num_attention_heads  # all heads: the checkpoint's rows; this rank's are the column shards
+        self.num_heads = H // lin["tp"].world_size
         self.nope, self.rope, self.v_dim = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
         self.rank = c.kv_lora_rank
         self.qk_dim = self.nope + self.rope
@@ -251,8 +274,8 @@ class MultiHeadLatentAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.rank, _LORA_NORM_EPS, f"{p}.kv_a_layernorm", **kw)
         # float whatever the checkpoint holds (an fp8 one is dequantised): the absorbed form multiplies
         # by its per-head blocks W_UK and W_UV directly
-        self.kv_b_proj = ReplicatedLinear(self.rank, [WeightPart(f"{p}.kv_b_proj", H * (self.nope + self.v_dim))],
-                                          False, method=RouterMethod(), **kw)
+        self.kv_b_proj = ColumnParallelLinear(self.rank, [WeightPart(f"{p}.kv_b_proj", H * (self.nope + self.v_dim))],
+                                              False, method=RouterMethod(), tp=lin["tp"], **kw)
         self.o_proj = RowParallelLinear(H * self.v_dim, [WeightPart(f"{p}.o_proj", c.hidden_size)], False, **lin)
         # an fp8 latent cache's per-tensor scale (written and read with it)
         self.register_buffer("kv_scale", torch.ones(1, dtype=torch.float32, device=lin["device"]), persistent=False)
@@ -295,7 +318,7 @@ class MultiHeadLatentAttention(nn.Module):
             parts.append(self._absorbed(q_nope[P:], q_pe[P:], latents, batch.decode_block_table, batch.decode_seq_lens,
                                         cu, None))
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-        return self.o_proj(out.reshape(T, H * self.v_dim))
+        return self.o_proj(out.reshape(T, H * self.v_dim))  # this rank's heads: o_proj's input columns
 
     def _absorbed(self, q_nope: Tensor, q_pe: Tensor, latents: Tensor, block_table: Tensor, seq_lens: Tensor,
                   cu_seqlens_q: Tensor, custom_mask: Optional[Tensor]) -> Tensor:
@@ -355,8 +378,7 @@ class DeepseekDecoderLayer(nn.Module):
 
 class DeepseekForCausalLM(LlamaForCausalLM):
     """DeepSeek-V3 / Kimi K2 and DeepSeek-V2 causal LM (``DeepseekV3ForCausalLM``,
-    ``DeepseekV2ForCausalLM``; arguments as :class:`~fastinfer.models.LlamaForCausalLM`; one
-    process only: ``tp`` and ``stage`` must be the whole model)."""
+    ``DeepseekV2ForCausalLM``; arguments as :class:`~fastinfer.models.LlamaForCausalLM`)."""
 
     decoder_layer = DeepseekDecoderLayer
 
@@ -366,10 +388,6 @@ class DeepseekForCausalLM(LlamaForCausalLM):
                  stage: PipelineStage = WHOLE_MODEL):
         if config.architecture not in MLA_ARCHITECTURES:
             raise ValueError(f"DeepseekForCausalLM runs {', '.join(MLA_ARCHITECTURES)}, not {config.architecture}")
-        if tp.world_size > 1 or (tp.ep is not None and tp.ep.world_size > 1):
-            raise ValueError(f"tensor and expert parallelism are not supported for {config.architecture}")
-        if stage.num_stages > 1:
-            raise ValueError(f"pipeline_parallel_size={stage.num_stages} is not supported for {config.architecture}")
         super().__init__(config, dtype=dtype, device=device, max_positions=max_positions, ops=ops,
                          quant_config=quant_config, tp=tp, stage=stage)
 

@@ -73,7 +73,7 @@ from ..ops import Backend
 from .config import MOE_ARCHITECTURES, ModelConfig
 from .llama import LlamaDecoderLayer, LlamaForCausalLM, packed_parts
 
-__all__ = ["MoeForCausalLM", "SharedExpert", "init_routed_mlp", "routed_mlp"]
+__all__ = ["MoeForCausalLM", "PartialRowParallelLinear", "SharedExpert", "init_routed_mlp", "routed_mlp"]
 
 Tensor = torch.Tensor
 
@@ -90,7 +90,7 @@ MOE_CHECKPOINT_NAMES: Dict[str, Tuple[str, ExpertProjections]] = {
 }
 
 
-class _PartialRowParallelLinear(RowParallelLinear):
+class PartialRowParallelLinear(RowParallelLinear):
     """A row-parallel linear returning this rank's partial sum (no all-reduce): its caller reduces it
     together with other partial sums."""
 
@@ -138,7 +138,7 @@ class SharedExpert(nn.Module):
         self.ops = lin["ops"]
         self.gate_up_proj = ColumnParallelLinear(
             hidden_size, [WeightPart(f"{expert}.gate_proj", I), WeightPart(f"{expert}.up_proj", I)], False, **lin)
-        self.down_proj = _PartialRowParallelLinear(I, [WeightPart(f"{expert}.down_proj", hidden_size)], False, **lin)
+        self.down_proj = PartialRowParallelLinear(I, [WeightPart(f"{expert}.down_proj", hidden_size)], False, **lin)
         self.gate = _SharedExpertGate(hidden_size, f"{prefix}.shared_expert_gate", dtype=lin["dtype"],
                                       device=lin["device"], ops=lin["ops"])
 
