@@ -392,14 +392,16 @@ def test_pipeline_parallel_two_stages(ckpts, engines, monkeypatch):
 # ------------------------------------------------------------------------------------------------
 # block-FP8 checkpoint
 # ------------------------------------------------------------------------------------------------
-def test_block_fp8_checkpoint(tmp_path):
+def test_block_fp8_checkpoint(tmp_path, engines, monkeypatch):
     """``v3`` (experts 128 wide) with every decoder projection in e4m3 with 128 x 128 ``weight_scale_inv`` blocks (as
     DeepSeek ships V3; written by transformers' fine-grained FP8 quantiser op; the router, norms,
     embedding and head float). transformers' dequantisation of the directory is the oracle:
     fastinfer on that float checkpoint within 1e-5 of it, and on the fp8 one (``kv_b_proj``
     dequantised for the absorbed form, the other projections run in fp8 with dynamic fp8
     activations) within what those activations cost, while the codes without their scales are far
-    off."""
+    off. Under TP = 2 x EP = 2 (the experts whole: 128-wide fp8 blocks do not split) each rank keeps
+    its heads' rows of the dequantised ``kv_b_proj``, and the logits are one process's within
+    1e-5."""
     from safetensors.torch import load_file, save_file
     from transformers import FineGrainedFP8Config
     from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
@@ -445,6 +447,15 @@ def test_block_fp8_checkpoint(tmp_path):
     codes = {k: v.float() if v.dtype == torch.float8_e4m3fn else v for k, v in out.items()
              if not k.endswith("weight_scale_inv")}
     assert rel_err(prefill_logits(load_model(write("codes", codes, cfg), dtype=torch.float32), ids), ref) > 10 * err
+
+    monkeypatch.setenv("FASTINFER_TP_THREADS", "1")
+    one = engines(fp8_dir, **PARALLEL)
+    tp = engines(fp8_dir, tensor_parallel_size=2, expert_parallel_size=2, **PARALLEL)
+    kv_b = tp.model.layers[1].self_attn.kv_b_proj.weight  # rank 0: the first two heads' rows
+    assert torch.equal(kv_b, fp8.layers[1].self_attn.kv_b_proj.weight[: kv_b.shape[0]])
+    assert kv_b.shape[0] * 2 == fp8.layers[1].self_attn.kv_b_proj.weight.shape[0]
+    a, b = plan_logits(one, ids), plan_logits(tp, ids)
+    assert rel_err(b, a) < REL_TOL and torch.equal(a.argmax(-1), b.argmax(-1)), rel_err(b, a)
 
 
 def test_deterministic_mode_rows_do_not_depend_on_chunking(ckpts):
