@@ -20,8 +20,10 @@ cached one plus a decode row (the absorbed form) within 1e-5 relative norm error
 module; batching with prefix caching, chunked prefill and preemption against each prompt alone and
 transformers; draft-model speculation (chain and tree) giving the tokens of plain decoding; a
 block-FP8 checkpoint (e4m3 weights with 128 x 128 ``weight_scale_inv`` written by transformers'
-fine-grained FP8 quantiser op) against transformers' dequantisation of it; the config fields against
-transformers'; refusals. ``test_each_deepseek_detail_is_visible`` shows each routing and attention
+fine-grained FP8 quantiser op) against transformers' dequantisation of it (and under TP = 2 x EP = 2
+against one process); TP = 2, EP = 2 (bit for bit), TP = 2 x EP = 2 and PP = 2 engines (rank 0 here,
+spawned workers) against one process and transformers; the config fields against transformers';
+refusals (a head count that does not split over the tensor-parallel ranks among them). ``test_each_deepseek_detail_is_visible`` shows each routing and attention
 detail moves the logits far beyond the tolerance, so the parity tests can fail.
 """
 
