@@ -108,10 +108,10 @@ from ..layers import (
 )
 from ..layers.attention import FP8_KV_CACHE_DTYPE
 from ..layers.moe import RouterMethod
-from .moe import PartialRowParallelLinear
 from ..ops import Backend
 from .config import MLA_ARCHITECTURES, MLA_LATENT_DIMS, ModelConfig
 from .llama import LlamaForCausalLM, init_layer_geometry
+from .moe import PartialRowParallelLinear
 
 __all__ = ["DeepseekForCausalLM", "MultiHeadLatentAttention", "grouped_topk", "LATENT_DIM"]
 
