@@ -83,6 +83,7 @@ def test_multiple_choice_loglikelihoods_and_accuracy(results):
         assert len(doc_s) == len(doc_r) >= 3
         for (ll_s, greedy_s), (ll_r, greedy_r) in zip(doc_s, doc_r):
             assert ll_s < 0 and ll_r < 0
+            assert greedy_s == greedy_r
             worst = max(worst, abs(ll_s - ll_r))
     print(f"lm-eval mc: worst |loglikelihood difference| {worst:.2e}, acc {served['metrics']['acc,none']:.4f}")
     assert worst < 1e-3, worst
