@@ -302,8 +302,7 @@ class MultiHeadLatentAttention(nn.Module):
         k_pe = kv_a[:, self.rank:].contiguous().view(T, 1, self.rope)
         ops.rotary_embedding(batch.positions, q_pe, k_pe, cos_sin_cache, self.is_neox)
         latents = kv_cache[0]
-        scale = self.kv_scale if latents.dtype == FP8_KV_CACHE_DTYPE else None
-        ops.mla_cache_write(kv_c, k_pe.view(T, self.rope), latents, batch.slot_mapping, scale)
+        ops.mla_cache_write(kv_c, k_pe.view(T, self.rope), latents, batch.slot_mapping, self._cache_scale(latents))
         q_nope = q[..., : self.nope]
         P = batch.num_prefill_tokens
         parts: List[Tensor] = []
@@ -325,10 +324,13 @@ class MultiHeadLatentAttention(nn.Module):
         """Attention over the cached latents: ``[rows, H, v]``."""
         ops = self.ops
         q = torch.cat([_per_head_matmul(ops, q_nope, self.w_uk_t), q_pe], dim=-1)
-        scale = self.kv_scale if latents.dtype == FP8_KV_CACHE_DTYPE else None
         out = ops.mla_decode_attention(q, latents, block_table, seq_lens, cu_seqlens_q, self.scale, causal=True,
-                                       custom_mask=custom_mask, kv_scale=scale)
+                                       custom_mask=custom_mask, kv_scale=self._cache_scale(latents))
         return _per_head_matmul(ops, out, self.w_uv)
+
+    def _cache_scale(self, latents: Tensor) -> Optional[Tensor]:
+        """The scale the cache write and the reads take: ``kv_scale`` for an fp8 cache, else None."""
+        return self.kv_scale if latents.dtype == FP8_KV_CACHE_DTYPE else None
 
     def _expanded(self, q_nope: Tensor, q_pe: Tensor, kv_c: Tensor, k_pe: Tensor, batch: ForwardBatch) -> Tensor:
         """Attention of fresh prefill chunks over their own rows, keys and values expanded from the
